@@ -1,0 +1,55 @@
+"""Typed catalog entries: a pipeline's components, configs and defaults, as data."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DType = Literal["float16", "bfloat16", "float32"]
+
+
+class Defaults(BaseModel):
+    """How the model is meant to be run, from its model card or pipeline defaults."""
+
+    height: int
+    width: int
+    steps: int
+    guidance_scale: float
+    dtype: DType = "float32"
+    num_frames: int | None = None
+
+
+class ComponentEntry(BaseModel):
+    """One pipeline component: its class and the config it is built from."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    class_name: str = Field(alias="class")
+    config: dict[str, Any]
+    published_params: int | None = None
+    published_params_source: str | None = None
+
+
+class PipelineEntry(BaseModel):
+    """A whole pipeline: what the catalog, a local directory or the HF cache describes."""
+
+    id: str
+    aliases: list[str] = []
+    family: str
+    pipeline_class: str
+    defaults: Defaults
+    text_max_length: dict[str, int] = {}
+    components: dict[str, ComponentEntry]
+    sources: dict[str, str] = {}
+    extra: dict[str, Any] = {}
+    notes: str = ""
+    origin: str = "catalog"
+
+    @property
+    def name(self) -> str:
+        return self.aliases[0] if self.aliases else self.id
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.origin == "tiny"

@@ -1,0 +1,187 @@
+"""A family: how one kind of pipeline calls its components, as data plus input builders.
+
+The profile asks a family for its *call plan* (which component runs how often, at
+which batch) and for the inputs of each call. Inputs are built from shapes alone, so
+they work on the meta device. The plan mirrors the real diffusers pipeline exactly:
+the tests run the real pipeline under the FLOP counter and compare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from diffmeter.catalog.entry import PipelineEntry
+from diffmeter.errors import DiffmeterError
+from diffmeter.spec import ProfileSpec
+
+DENOISER, TEXT_ENCODER, VAE_DECODER = "denoiser", "text_encoder", "vae_decoder"
+
+
+@dataclass(frozen=True)
+class Call:
+    """``count`` identical calls of one component; ``build`` makes its inputs on ``device``."""
+
+    component: str
+    role: str
+    batch: int
+    count: int
+    build: Callable[[torch.device], dict[str, Any]]
+    method: str = "forward"
+    note: str = ""
+    #: optional hook installer for the meta run, returning a removable handle
+    prepare: Callable[[torch.nn.Module], Any] | None = None
+
+
+@dataclass
+class Shapes:
+    """Everything an input builder needs: settled spec, configs and derived sizes."""
+
+    entry: PipelineEntry
+    spec: ProfileSpec
+    latent_height: int
+    latent_width: int
+    latent_frames: int | None
+    text_tokens: dict[str, int] = field(default_factory=dict)
+
+    def config(self, component: str) -> dict[str, Any]:
+        return self.entry.components[component].config
+
+    @property
+    def cfg(self) -> bool:
+        return self.spec.guidance_scale > 1.0
+
+
+class Family:
+    """Base description; subclasses set the class attributes and the denoiser inputs."""
+
+    name: ClassVar[str]
+    denoiser: ClassVar[str] = "transformer"
+    decoder: ClassVar[str] = "vae"
+    text_encoders: ClassVar[tuple[str, ...]] = ()
+    #: "batched": uncond and cond in one call of twice the batch; "separate": two calls;
+    #: "never": guidance-distilled or unguided.
+    cfg_mode: ClassVar[str] = "batched"
+    #: whether the negative prompt goes through the text encoders when CFG is on
+    encodes_negative: ClassVar[bool] = True
+    #: patch size in latent pixels along height/width, from the denoiser config
+    patch_key: ClassVar[str | None] = "patch_size"
+    is_video: ClassVar[bool] = False
+    #: name of the latents argument of the decoder's ``decode``
+    decoder_arg: ClassVar[str] = "z"
+    decoder_kwargs: ClassVar[dict[str, Any]] = {}
+
+    # ---- sizes -------------------------------------------------------------------------
+    def vae_scale(self, entry: PipelineEntry) -> int:
+        """Pixels per latent pixel; KL VAEs downsample once per block after the first."""
+        config = entry.components[self.decoder].config
+        return 2 ** (len(config["block_out_channels"]) - 1)
+
+    def latent_channels(self, entry: PipelineEntry) -> int:
+        return entry.components[self.decoder].config["latent_channels"]
+
+    def patch(self, entry: PipelineEntry) -> int:
+        if self.patch_key is None:
+            return 1
+        return entry.components[self.denoiser].config.get(self.patch_key) or 1
+
+    def pixel_multiple(self, entry: PipelineEntry) -> int:
+        return self.vae_scale(entry) * self.patch(entry)
+
+    def shapes(self, entry: PipelineEntry, spec: ProfileSpec) -> Shapes:
+        multiple = self.pixel_multiple(entry)
+        for side in ("height", "width"):
+            value = getattr(spec, side)
+            if value % multiple:
+                raise DiffmeterError(
+                    f"--{side} {value} is not a multiple of {multiple}, which {entry.name} needs "
+                    f"(VAE downsampling x{self.vae_scale(entry)} times patch size {self.patch(entry)}); "
+                    f"try {max(multiple, round(value / multiple) * multiple)}"
+                )
+        scale = self.vae_scale(entry)
+        lengths = {**entry.text_max_length, **spec.text_max_length}
+        return Shapes(entry, spec, spec.height // scale, spec.width // scale, self.latent_frames(entry, spec), lengths)
+
+    def latent_frames(self, entry: PipelineEntry, spec: ProfileSpec) -> int | None:
+        return None
+
+    # ---- the call plan -------------------------------------------------------------------
+    def plan(self, shapes: Shapes) -> list[Call]:
+        return [*self.text_calls(shapes), *self.denoiser_calls(shapes), *self.decoder_calls(shapes)]
+
+    def text_calls(self, shapes: Shapes) -> list[Call]:
+        calls = []
+        negative = shapes.cfg and self.cfg_mode != "never" and self.encodes_negative
+        for encoder in self.text_encoders:
+            if encoder not in shapes.entry.components:
+                continue
+            length = shapes.text_tokens[encoder]
+            batch = shapes.spec.batch_size
+            calls.append(
+                Call(encoder, TEXT_ENCODER, batch, 2 if negative else 1, self._token_builder(batch, length),
+                     note=f"{length} tokens" + (", prompt + negative prompt" if negative else ""))
+            )
+        return calls
+
+    def _token_builder(self, batch: int, length: int):
+        def build(device: torch.device) -> dict[str, Any]:
+            return self.text_inputs(batch, length, device)
+
+        return build
+
+    def text_inputs(self, batch: int, length: int, device: torch.device) -> dict[str, Any]:
+        """Token ids only: a padding mask changes no matmul shape, and reading one is a
+        data-dependent branch in transformers that the meta device cannot take."""
+        return {"input_ids": torch.zeros(batch, length, dtype=torch.long, device=device)}
+
+    def denoiser_calls(self, shapes: Shapes) -> list[Call]:
+        steps, batch = shapes.spec.steps, shapes.spec.batch_size
+        if not shapes.cfg or self.cfg_mode == "never":
+            count, call_batch, note = steps, batch, "no CFG"
+        elif self.cfg_mode == "batched":
+            count, call_batch, note = steps, 2 * batch, "CFG batched: uncond + cond in one call"
+        else:
+            count, call_batch, note = 2 * steps, batch, "CFG: separate uncond and cond calls"
+        return [
+            Call(self.denoiser, DENOISER, call_batch, count,
+                 lambda device: self.denoiser_inputs(shapes, call_batch, device), note=note)
+        ]
+
+    def denoiser_inputs(self, shapes: Shapes, batch: int, device: torch.device) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def decoder_calls(self, shapes: Shapes) -> list[Call]:
+        batch = shapes.spec.batch_size
+        return [Call(self.decoder, VAE_DECODER, batch, 1, lambda device: self.decoder_inputs(shapes, batch, device),
+                     method="decode")]
+
+    def decoder_inputs(self, shapes: Shapes, batch: int, device: torch.device) -> dict[str, Any]:
+        channels = self.latent_channels(shapes.entry)
+        z = latents(batch, channels, shapes.latent_height, shapes.latent_width, device)
+        return {self.decoder_arg: z, **self.decoder_kwargs}
+
+
+def latents(batch: int, channels: int, height: int, width: int, device: torch.device) -> torch.Tensor:
+    return torch.zeros(batch, channels, height, width, device=device)
+
+
+def timesteps(batch: int, device: torch.device) -> torch.Tensor:
+    return torch.zeros(batch, device=device)
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register(cls: type[Family]) -> type[Family]:
+    """Class decorator: add a family to the registry under its ``name``."""
+    FAMILIES[cls.name] = cls()
+    return cls
+
+
+def get_family(name: str) -> Family:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise DiffmeterError(f"unknown family '{name}'; known: {', '.join(sorted(FAMILIES))}") from None

@@ -1,0 +1,31 @@
+"""FLUX.1: MMDiT with 2x2-packed latents, CLIP pooled + T5 sequence, guidance-distilled."""
+
+import torch
+
+from diffmeter.families.base import Family, Shapes, register, timesteps
+
+
+@register
+class Flux(Family):
+    name = "flux"
+    text_encoders = ("text_encoder", "text_encoder_2")
+    cfg_mode = "never"  # FLUX.1 embeds guidance; true CFG only with an explicit negative prompt
+    patch_key = None
+
+    def pixel_multiple(self, entry) -> int:
+        return self.vae_scale(entry) * 2  # latents are packed in 2x2 patches
+
+    def denoiser_inputs(self, shapes: Shapes, batch: int, device):
+        config = shapes.config(self.denoiser)
+        image_tokens = (shapes.latent_height // 2) * (shapes.latent_width // 2)
+        text_tokens = shapes.text_tokens["text_encoder_2"]
+        return {
+            "hidden_states": torch.zeros(batch, image_tokens, config["in_channels"]),
+            "encoder_hidden_states": torch.zeros(batch, text_tokens, config["joint_attention_dim"]),
+            "pooled_projections": torch.zeros(batch, config["pooled_projection_dim"]),
+            "timestep": timesteps(batch, device),
+            "img_ids": torch.zeros(image_tokens, 3),
+            "txt_ids": torch.zeros(text_tokens, 3),
+            "guidance": torch.zeros(batch) if config.get("guidance_embeds") else None,
+            "return_dict": False,
+        }

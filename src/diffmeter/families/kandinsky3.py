@@ -1,0 +1,42 @@
+"""Kandinsky 3: UNet over FLAN-UL2 T5 tokens, decoded by a MoVQ VQ decoder."""
+
+import torch
+
+from diffmeter.families.base import Family, Shapes, latents, register
+
+
+@register
+class Kandinsky3(Family):
+    name = "kandinsky3"
+    denoiser = "unet"
+    decoder = "movq"
+    text_encoders = ("text_encoder",)
+    patch_key = None
+    #: with no negative prompt the pipeline uses zero embeddings for the uncond half
+    encodes_negative = False
+    decoder_arg = "h"
+    decoder_kwargs = {"force_not_quantize": True}
+
+    def vae_scale(self, entry) -> int:
+        return 8  # the pipeline's downscale_height_and_width uses a fixed factor of 8
+
+    def pixel_multiple(self, entry) -> int:
+        return 64  # ... and rounds the latent up to a multiple of 8 latent pixels
+
+    def context_tokens(self, shapes: Shapes) -> int:
+        """The pipeline cuts the context after the longest prompt's last token, plus one."""
+        length = shapes.text_tokens["text_encoder"]
+        if shapes.spec.prompt_tokens is None:
+            return length
+        return min(shapes.spec.prompt_tokens + 1, length)
+
+    def denoiser_inputs(self, shapes: Shapes, batch: int, device):
+        config = shapes.config(self.denoiser)
+        tokens = self.context_tokens(shapes)
+        return {
+            "sample": latents(batch, config["in_channels"], shapes.latent_height, shapes.latent_width, device),
+            "timestep": torch.zeros(batch),
+            "encoder_hidden_states": torch.zeros(batch, tokens, config["encoder_hid_dim"]),
+            "encoder_attention_mask": torch.ones(batch, tokens),
+            "return_dict": False,
+        }

@@ -1,0 +1,95 @@
+"""Lumina-Next and Lumina-Image-2.0: Next-DiT over Gemma tokens, with RoPE."""
+
+import math
+
+import torch
+from diffusers.models.embeddings import get_2d_rotary_pos_embed_lumina
+
+from diffmeter.families.base import DENOISER, Call, Family, Shapes, latents, register, timesteps
+
+
+@register
+class LuminaNext(Family):
+    name = "lumina_next"
+    text_encoders = ("text_encoder",)
+
+    def vae_scale(self, entry) -> int:
+        return 8  # both Lumina pipelines fix vae_scale_factor = 8
+
+    def shapes(self, entry, spec):
+        shapes = super().shapes(entry, spec)
+        # prompts are padded to the longest one, rounded up to a multiple of 8
+        if spec.prompt_tokens is not None and "text_encoder" not in spec.text_max_length:
+            limit = shapes.text_tokens["text_encoder"]
+            shapes.text_tokens["text_encoder"] = min(limit, math.ceil(spec.prompt_tokens / 8) * 8)
+        return shapes
+
+    def denoiser_inputs(self, shapes: Shapes, batch: int, device):
+        config = shapes.config(self.denoiser)
+        tokens = shapes.text_tokens["text_encoder"]
+        head_dim = config["hidden_size"] // config["num_attention_heads"]
+        scaling = math.sqrt(shapes.spec.height * shapes.spec.width / 1024**2)
+        linear, ntk = (scaling, 1.0) if scaling <= 1.0 else (1.0, scaling)
+        return {
+            "hidden_states": latents(batch, config["in_channels"], shapes.latent_height, shapes.latent_width, device),
+            "timestep": timesteps(batch, device),
+            "encoder_hidden_states": torch.zeros(batch, tokens, config["cross_attention_dim"]),
+            "encoder_mask": torch.ones(batch, tokens),
+            "image_rotary_emb": get_2d_rotary_pos_embed_lumina(head_dim, 384, 384, linear_factor=linear, ntk_factor=ntk),
+            "cross_attention_kwargs": {},
+            "return_dict": False,
+        }
+
+
+@register
+class Lumina2(Family):
+    name = "lumina2"
+    vae_scale = LuminaNext.vae_scale
+    text_encoders = ("text_encoder",)
+    cfg_mode = "separate"
+
+    def denoiser_calls(self, shapes: Shapes) -> list[Call]:
+        """The joint sequence is as long as each prompt's real tokens, so cond and uncond differ."""
+        steps, batch = shapes.spec.steps, shapes.spec.batch_size
+        padded = shapes.text_tokens["text_encoder"]
+        prompt = min(shapes.spec.prompt_tokens or padded, padded)
+        lengths = [("cond", prompt)]
+        if shapes.cfg:
+            # the default negative prompt is "" without the system prompt: just <bos>
+            lengths.append(("uncond", min(shapes.spec.negative_prompt_tokens or 1, padded)))
+        return [
+            Call(self.denoiser, DENOISER, batch, steps, self._builder(shapes, batch),
+                 note=f"{label}: {tokens} caption tokens", prepare=_caption_lengths(batch, padded, tokens))
+            for label, tokens in lengths
+        ]
+
+    def _builder(self, shapes: Shapes, batch: int):
+        def build(device):
+            config = shapes.config(self.denoiser)
+            padded = shapes.text_tokens["text_encoder"]
+            return {
+                "hidden_states": latents(batch, config["in_channels"], shapes.latent_height, shapes.latent_width, device),
+                "timestep": timesteps(batch, device),
+                "encoder_hidden_states": torch.zeros(batch, padded, config["cap_feat_dim"]),
+                "encoder_attention_mask": torch.ones(batch, padded, dtype=torch.long),
+                "return_dict": False,
+            }
+
+        return build
+
+
+def _caption_lengths(batch: int, padded: int, tokens: int):
+    """The RoPE embedder reads real caption lengths with ``.tolist()``: hand it a CPU mask
+    holding ``tokens`` ones per row; every other use of the mask only needs its shape."""
+
+    def prepare(transformer):
+        mask = torch.zeros(batch, padded, dtype=torch.long, device="cpu")
+        mask[:, :tokens] = 1
+
+        def with_real_mask(module, args, kwargs):
+            hidden_states = args[0] if args else kwargs["hidden_states"]
+            return (hidden_states, mask), {}
+
+        return transformer.rope_embedder.register_forward_pre_hook(with_real_mask, with_kwargs=True)
+
+    return prepare

@@ -1,0 +1,45 @@
+"""SANA: linear-attention DiT over Gemma-2 tokens, decoded by a 32x DC-AE."""
+
+import torch
+
+from diffmeter.families.base import TEXT_ENCODER, Call, Family, Shapes, latents, register, timesteps
+
+
+@register
+class Sana(Family):
+    name = "sana"
+    text_encoders = ("text_encoder",)
+
+    def vae_scale(self, entry) -> int:
+        return 2 ** (len(entry.components[self.decoder].config["encoder_block_out_channels"]) - 1)
+
+    def text_calls(self, shapes: Shapes) -> list[Call]:
+        # the prompt is prefixed with the "complex human instruction" and padded to
+        # instruction tokens + max_sequence_length - 2; the negative prompt is not.
+        batch = shapes.spec.batch_size
+        length = shapes.text_tokens["text_encoder"]
+        instruction = self.instruction_tokens(shapes)
+        prompt_length = length + instruction - 2 if instruction else length
+        calls = [Call("text_encoder", TEXT_ENCODER, batch, 1, self._token_builder(batch, prompt_length),
+                      note=f"prompt: {prompt_length} tokens incl. {instruction}-token instruction")]
+        if shapes.cfg:
+            calls.append(Call("text_encoder", TEXT_ENCODER, batch, 1, self._token_builder(batch, length),
+                              note=f"negative prompt: {length} tokens"))
+        return calls
+
+    def instruction_tokens(self, shapes: Shapes) -> int:
+        """Tokens of the instruction: the spec's, else the catalog's (Gemma tokenizer count)."""
+        if shapes.spec.instruction_tokens is not None:
+            return shapes.spec.instruction_tokens
+        return shapes.entry.extra.get("instruction_tokens", {}).get("value", 0)
+
+    def denoiser_inputs(self, shapes: Shapes, batch: int, device):
+        config = shapes.config(self.denoiser)
+        tokens = shapes.text_tokens["text_encoder"]
+        return {
+            "hidden_states": latents(batch, config["in_channels"], shapes.latent_height, shapes.latent_width, device),
+            "encoder_hidden_states": torch.zeros(batch, tokens, config["caption_channels"]),
+            "encoder_attention_mask": torch.ones(batch, tokens),
+            "timestep": timesteps(batch, device),
+            "return_dict": False,
+        }

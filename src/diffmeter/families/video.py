@@ -1,0 +1,41 @@
+"""Text-to-video families: Wan 2.1."""
+
+import torch
+
+from diffmeter.families.base import Family, Shapes, register, timesteps
+
+
+@register
+class Wan(Family):
+    name = "wan"
+    text_encoders = ("text_encoder",)
+    cfg_mode = "separate"
+    is_video = True
+
+    def vae_scale(self, entry) -> int:
+        return 2 ** len(entry.components[self.decoder].config["temperal_downsample"])
+
+    def latent_channels(self, entry) -> int:
+        return entry.components[self.decoder].config["z_dim"]
+
+    def patch(self, entry) -> int:
+        return entry.components[self.denoiser].config["patch_size"][1]
+
+    def latent_frames(self, entry, spec) -> int:
+        temporal = 2 ** sum(entry.components[self.decoder].config["temperal_downsample"])
+        return (spec.num_frames - 1) // temporal + 1
+
+    def denoiser_inputs(self, shapes: Shapes, batch: int, device):
+        config = shapes.config(self.denoiser)
+        return {
+            "hidden_states": self._latents(shapes, batch, config["in_channels"]),
+            "timestep": timesteps(batch, device),
+            "encoder_hidden_states": torch.zeros(batch, shapes.text_tokens["text_encoder"], config["text_dim"]),
+            "return_dict": False,
+        }
+
+    def decoder_inputs(self, shapes: Shapes, batch: int, device):
+        return {"z": self._latents(shapes, batch, self.latent_channels(shapes.entry))}
+
+    def _latents(self, shapes: Shapes, batch: int, channels: int) -> torch.Tensor:
+        return torch.zeros(batch, channels, shapes.latent_frames, shapes.latent_height, shapes.latent_width)

@@ -1,0 +1,1 @@
+"""Counting compute: an operator-level counter and the per-pipeline profile built on it."""

@@ -1,0 +1,189 @@
+"""Operator-level FLOP counting with attribution to modules and operator kinds.
+
+torch.utils.flop_counter supplies the per-operator formulas. Two things are added:
+
+* attention is counted once, at the ``F.scaled_dot_product_attention`` call, whatever
+  kernel runs underneath. On the meta device SDPA decomposes into ``bmm``; on CPU it
+  runs ``_scaled_dot_product_flash_attention_for_cpu``, which torch's registry does not
+  know (it would count 0). Counting at the function level gives the same number on
+  every device and lets us report attention as its own kind.
+* counts are attributed to the module path that ran them, to any depth.
+
+SDPA called from inside another function that a torch-function mode handles (e.g.
+``F.multi_head_attention_forward``) is not seen at the function level; there the fused
+kernels torch's registry lacks are counted as attention at the dispatch level, and on
+the meta device the decomposed ``bmm`` pair is counted as matmul: same total.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+aten = torch.ops.aten
+
+MATMUL, CONVOLUTION, ATTENTION = "matmul", "convolution", "attention"
+KINDS = (MATMUL, CONVOLUTION, ATTENTION)
+
+_KIND_OF_OP = {
+    aten.mm: MATMUL,
+    aten.addmm: MATMUL,
+    aten.bmm: MATMUL,
+    aten.baddbmm: MATMUL,
+    aten._scaled_mm: MATMUL,
+    aten.convolution: CONVOLUTION,
+    aten._convolution: CONVOLUTION,
+    aten.cudnn_convolution: CONVOLUTION,
+    aten.convolution_overrideable: CONVOLUTION,
+    aten._slow_conv2d_forward: CONVOLUTION,
+}
+
+
+def attention_flops(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> int:
+    """FLOPs of softmax(Q K^T) V: two batched matmuls (2 FLOPs per multiply-add)."""
+    *batch, q_len, head_dim = query.shape
+    kv_len, v_dim = key.shape[-2], value.shape[-1]
+    batch_size = 1
+    for size in batch:
+        batch_size *= size
+    return 2 * batch_size * q_len * kv_len * head_dim + 2 * batch_size * q_len * kv_len * v_dim
+
+
+@dataclass
+class FlopCounts:
+    """FLOPs gathered by one counting session, keyed by module path and operator kind."""
+
+    by_module: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_module[""].values())
+
+    def by_kind(self, module: str = "") -> dict[str, int]:
+        counts = self.by_module.get(module, {})
+        return {kind: int(counts.get(kind, 0)) for kind in KINDS}
+
+    def modules(self, depth: int) -> dict[str, int]:
+        """Total FLOPs of every module path ``depth`` levels below its root component."""
+        return {
+            path: sum(kinds.values())
+            for path, kinds in self.by_module.items()
+            if path and path.count(".") == depth
+        }
+
+    def add(self, paths: list[str], kind: str, flops: int) -> None:
+        for path in paths:
+            self.by_module[path][kind] += flops
+
+
+def _fused_attention_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
+    return attention_flops(query, key, value)
+
+
+#: fused attention kernels that torch.utils.flop_counter does not know
+_EXTRA_FORMULAS = {
+    aten._scaled_dot_product_flash_attention_for_cpu: _fused_attention_flops,
+    aten._scaled_dot_product_fused_attention_overrideable: _fused_attention_flops,
+}
+_FORMULAS = {**flop_registry, **_EXTRA_FORMULAS}
+_KIND_OF_OP.update({op: ATTENTION for op in _EXTRA_FORMULAS})
+_KIND_OF_OP.update({op: ATTENTION for op in flop_registry if "attention" in str(op)})
+
+
+class _DispatchCounter(TorchDispatchMode):
+    def __init__(self, state: "_State") -> None:
+        super().__init__()
+        self.state = state
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        packet = func._overloadpacket
+        if self.state.inside_attention or packet not in _FORMULAS:
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        flops = _FORMULAS[packet](*args, **kwargs, out_val=out)
+        self.state.counts.add(self.state.paths(), _KIND_OF_OP.get(packet, MATMUL), flops)
+        return out
+
+
+class _AttentionCounter(TorchFunctionMode):
+    def __init__(self, state: "_State") -> None:
+        super().__init__()
+        self.state = state
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention or self.state.inside_attention:
+            return func(*args, **kwargs)
+        query = args[0] if args else kwargs["query"]
+        key = args[1] if len(args) > 1 else kwargs["key"]
+        value = args[2] if len(args) > 2 else kwargs["value"]
+        self.state.counts.add(self.state.paths(), ATTENTION, attention_flops(query, key, value))
+        self.state.inside_attention = True
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.state.inside_attention = False
+
+
+@dataclass
+class _State:
+    counts: FlopCounts
+    stack: list[str] = field(default_factory=list)
+    inside_attention: bool = False
+
+    def paths(self) -> list[str]:
+        """The root, and the innermost running module with each of its ancestors.
+
+        Ancestors come from the path itself, so a component entered through a method
+        other than ``forward`` (``vae.decode``) still gets its FLOPs.
+        """
+        if not self.stack:
+            return [""]
+        parts = self.stack[-1].split(".")
+        return ["", *(".".join(parts[: i + 1]) for i in range(len(parts)))]
+
+
+@contextmanager
+def count_flops(modules: dict[str, torch.nn.Module] | None = None) -> Iterator[FlopCounts]:
+    """Count FLOPs of everything run inside the block.
+
+    ``modules`` maps a name to a root module (e.g. pipeline components); FLOPs run inside
+    a root's forward are attributed to ``name`` and to ``name.sub.module`` paths.
+    """
+    counts = FlopCounts()
+    state = _State(counts)
+    handles = []
+    for root_name, root in (modules or {}).items():
+        for sub_name, module in root.named_modules():
+            path = f"{root_name}.{sub_name}" if sub_name else root_name
+            handles.append(module.register_forward_pre_hook(_push(state, path)))
+            handles.append(module.register_forward_hook(_pop(state), always_call=True))
+    try:
+        with _AttentionCounter(state), _DispatchCounter(state):
+            yield counts
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _push(state: _State, path: str):
+    def hook(module, args):
+        state.stack.append(path)
+
+    return hook
+
+
+def _pop(state: _State):
+    def hook(module, args, output):
+        state.stack.pop()
+
+    return hook

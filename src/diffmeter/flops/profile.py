@@ -1,0 +1,176 @@
+"""The offline compute profile: every component built on the meta device and counted.
+
+FLOPs come from the counter (2 per multiply-add); MACs are half of them, exactly,
+since only matmuls, convolutions and attention are counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from diffmeter.catalog import resolve
+from diffmeter.families import DENOISER, Call, get_family
+from diffmeter.flops.counter import KINDS, count_flops
+from diffmeter.pipelines import build_component, count_params
+from diffmeter.spec import ProfileSpec
+
+BYTES_PER_PARAM = {"float32": 4, "float16": 2, "bfloat16": 2}
+UNITS = {
+    "macs": "multiply-accumulate operations (1 MAC = 1 multiply + 1 add)",
+    "flops": "floating-point operations, 2 per MAC",
+    "params": "parameters (count)",
+    "param_bytes": "bytes of parameters at the profile's dtype",
+}
+
+
+class CallProfile(BaseModel):
+    """``count`` identical calls of a component at one batch size."""
+
+    batch: int
+    count: int
+    macs_per_call: int
+    note: str = ""
+
+
+class ComponentProfile(BaseModel):
+    """Compute of one component over the whole generation."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    name: str
+    role: str
+    class_name: str = Field(serialization_alias="class")
+    params: int
+    param_bytes: int
+    calls: int
+    batch_per_call: int
+    macs_per_call: int
+    macs: int
+    flops: int
+    macs_by_kind: dict[str, int]
+    invocations: list[CallProfile]
+    modules_macs: dict[str, int] | None = None
+
+
+class Profile(BaseModel):
+    """Compute of one generation; every count names its unit (see ``units``)."""
+
+    model: str
+    name: str
+    family: str
+    origin: str
+    height: int
+    width: int
+    num_frames: int | None
+    steps: int
+    batch_size: int
+    guidance_scale: float
+    cfg: bool
+    dtype: str
+    components: list[ComponentProfile]
+    denoiser_macs_per_step: int
+    total_macs: int
+    total_flops: int
+    params: int
+    param_bytes: int
+    units: dict[str, str] = UNITS
+
+    def share(self, component: ComponentProfile) -> float:
+        return component.macs / self.total_macs if self.total_macs else 0.0
+
+    def to_json_dict(self) -> dict:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def profile(model: str, *, depth: int = 0, **settings) -> Profile:
+    """Count MACs/FLOPs of ``model`` at the given settings (see ``ProfileSpec``)."""
+    return profile_spec(ProfileSpec(model=model, **settings), depth=depth)
+
+
+def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
+    entry = resolve(spec.model)
+    family = get_family(entry.family)
+    spec = spec.with_defaults(entry.defaults)
+    if family.is_video and spec.num_frames is None:
+        spec = replace(spec, num_frames=1)
+    shapes = family.shapes(entry, spec)
+    plan = family.plan(shapes)
+    bytes_per_param = BYTES_PER_PARAM[spec.dtype]
+
+    components = []
+    for name in dict.fromkeys(call.component for call in plan):
+        calls = [call for call in plan if call.component == name]
+        module = build_component(entry.components[name], "meta")
+        components.append(_profile_component(name, module, entry.components[name].class_name, calls, depth, bytes_per_param))
+        del module
+
+    denoiser_macs = sum(c.macs for c in components if c.role == DENOISER)
+    total_macs = sum(c.macs for c in components)
+    params = sum(c.params for c in components)
+    return Profile(
+        model=entry.id,
+        name=entry.name,
+        family=entry.family,
+        origin=entry.origin,
+        height=spec.height,
+        width=spec.width,
+        num_frames=spec.num_frames if family.is_video else None,
+        steps=spec.steps,
+        batch_size=spec.batch_size,
+        guidance_scale=spec.guidance_scale,
+        cfg=shapes.cfg and family.cfg_mode != "never",
+        dtype=spec.dtype,
+        components=components,
+        denoiser_macs_per_step=denoiser_macs // spec.steps,
+        total_macs=total_macs,
+        total_flops=2 * total_macs,
+        params=params,
+        param_bytes=params * bytes_per_param,
+    )
+
+
+def count_call(module: torch.nn.Module, name: str, call: Call):
+    """Run one call of ``module`` on the meta device under the counter."""
+    with torch.device("meta"):
+        inputs = call.build(torch.device("meta"))
+    handle = call.prepare(module) if call.prepare else None
+    try:
+        with torch.no_grad(), count_flops({name: module}) as counts:
+            getattr(module, call.method)(**inputs)
+    finally:
+        if handle is not None:
+            handle.remove()
+    return counts
+
+
+def _profile_component(name, module, class_name, calls: list[Call], depth: int, bytes_per_param: int):
+    invocations, kinds, modules = [], dict.fromkeys(KINDS, 0), {}
+    for call in calls:
+        counts = count_call(module, name, call)
+        invocations.append(CallProfile(batch=call.batch, count=call.count, macs_per_call=counts.total // 2, note=call.note))
+        for kind, flops in counts.by_kind().items():
+            kinds[kind] += flops // 2 * call.count
+        if depth:
+            for path, flops in counts.modules(depth).items():
+                modules[path] = modules.get(path, 0) + flops // 2 * call.count
+    macs = sum(i.macs_per_call * i.count for i in invocations)
+    total_calls = sum(i.count for i in invocations)
+    params = count_params(module)
+    return ComponentProfile(
+        name=name,
+        role=calls[0].role,
+        class_name=class_name,
+        params=params,
+        param_bytes=params * bytes_per_param,
+        calls=total_calls,
+        batch_per_call=calls[0].batch,
+        macs_per_call=macs // total_calls,
+        macs=macs,
+        flops=2 * macs,
+        macs_by_kind=kinds,
+        invocations=invocations,
+        modules_macs=dict(sorted(modules.items(), key=lambda kv: -kv[1])) if depth else None,
+    )

@@ -1,0 +1,58 @@
+"""Materialize pipeline components from catalog configs: on the meta device for counting,
+or with random weights on a real device for tiny test pipelines."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+
+import diffusers
+import torch
+import transformers
+
+from diffmeter.catalog.entry import ComponentEntry
+from diffmeter.errors import DiffmeterError
+
+
+def component_class(class_name: str) -> type:
+    """The diffusers or transformers class a component names."""
+    for library in (diffusers, transformers):
+        cls = getattr(library, class_name, None)
+        if cls is not None:
+            return cls
+    raise DiffmeterError(
+        f"component class '{class_name}' is in neither diffusers {diffusers.__version__} nor "
+        f"transformers {transformers.__version__}; upgrade them (pip install -U diffusers transformers)"
+    )
+
+
+def build_component(component: ComponentEntry, device: str | torch.device = "meta") -> torch.nn.Module:
+    """Instantiate a component from its config; on ``meta`` no weight memory is used."""
+    cls = component_class(component.class_name)
+    with _quiet(), torch.device(device):
+        if issubclass(cls, diffusers.ModelMixin):
+            module = cls.from_config(component.config)
+        else:
+            config = transformers.AutoConfig.for_model(**component.config)
+            module = cls(config)
+    return module.eval()
+
+
+def count_params(module: torch.nn.Module) -> int:
+    return sum(parameter.numel() for parameter in module.parameters())
+
+
+@contextmanager
+def _quiet():
+    """Silence the libraries' config warnings while building (unused keys, deprecations)."""
+    loggers = [logging.getLogger(name) for name in ("diffusers", "transformers")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    diffusers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
