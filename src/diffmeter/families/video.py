@@ -1,6 +1,9 @@
-"""Text-to-video families: Wan 2.1."""
+"""Text-to-video families: Wan 2.1 and CogVideoX."""
+
+from types import SimpleNamespace
 
 import torch
+from diffusers import CogVideoXPipeline
 
 from diffmeter.families.base import Family, Shapes, register, timesteps
 
@@ -39,3 +42,39 @@ class Wan(Family):
 
     def _latents(self, shapes: Shapes, batch: int, channels: int) -> torch.Tensor:
         return torch.zeros(batch, channels, shapes.latent_frames, shapes.latent_height, shapes.latent_width)
+
+
+@register
+class CogVideoX(Family):
+    name = "cogvideox"
+    text_encoders = ("text_encoder",)
+    is_video = True
+
+    def latent_frames(self, entry, spec) -> int:
+        temporal = entry.components[self.decoder].config["temporal_compression_ratio"]
+        return (spec.num_frames - 1) // temporal + 1
+
+    def denoiser_inputs(self, shapes: Shapes, batch: int, device):
+        config = shapes.config(self.denoiser)
+        hidden = torch.zeros(batch, shapes.latent_frames, config["in_channels"], shapes.latent_height, shapes.latent_width)
+        rotary = None
+        if config.get("use_rotary_positional_embeddings"):
+            # the pipeline's own RoPE helper, given just the attributes it reads
+            pipeline = SimpleNamespace(
+                vae_scale_factor_spatial=self.vae_scale(shapes.entry),
+                transformer=SimpleNamespace(config=SimpleNamespace(**{"patch_size_t": None, **config})),
+            )
+            rotary = CogVideoXPipeline._prepare_rotary_positional_embeddings(
+                pipeline, shapes.spec.height, shapes.spec.width, shapes.latent_frames, device
+            )
+        return {
+            "hidden_states": hidden,
+            "encoder_hidden_states": torch.zeros(batch, shapes.text_tokens["text_encoder"], config["text_embed_dim"]),
+            "timestep": timesteps(batch, device),
+            "image_rotary_emb": rotary,
+            "return_dict": False,
+        }
+
+    def decoder_inputs(self, shapes: Shapes, batch: int, device):
+        channels = self.latent_channels(shapes.entry)
+        return {"z": torch.zeros(batch, channels, shapes.latent_frames, shapes.latent_height, shapes.latent_width)}

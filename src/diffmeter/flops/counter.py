@@ -153,26 +153,88 @@ class _State:
 
 
 @contextmanager
-def count_flops(modules: dict[str, torch.nn.Module] | None = None) -> Iterator[FlopCounts]:
+def count_flops(
+    modules: dict[str, torch.nn.Module] | None = None, reuse_repeated_blocks: bool = False
+) -> Iterator[FlopCounts]:
     """Count FLOPs of everything run inside the block.
 
     ``modules`` maps a name to a root module (e.g. pipeline components); FLOPs run inside
     a root's forward are attributed to ``name`` and to ``name.sub.module`` paths.
+
+    ``reuse_repeated_blocks`` (meta device only): a block of a ``ModuleList`` that has the
+    same structure and gets inputs of the same shapes as one already run is not run again;
+    its output and counts are replayed. Transformer stacks then cost one block each.
     """
     counts = FlopCounts()
     state = _State(counts)
-    handles = []
+    handles, memo = [], {}
     for root_name, root in (modules or {}).items():
         for sub_name, module in root.named_modules():
             path = f"{root_name}.{sub_name}" if sub_name else root_name
             handles.append(module.register_forward_pre_hook(_push(state, path)))
             handles.append(module.register_forward_hook(_pop(state), always_call=True))
+            if reuse_repeated_blocks and isinstance(module, torch.nn.ModuleList):
+                for index, block in enumerate(module):
+                    handles.append(_ReusedForward(block, f"{path}.{index}", state, memo))
     try:
         with _AttentionCounter(state), _DispatchCounter(state):
             yield counts
     finally:
         for handle in handles:
             handle.remove()
+
+
+class _ReusedForward:
+    """Wraps one block's ``forward`` to replay counts of an identical earlier call."""
+
+    def __init__(self, block: torch.nn.Module, path: str, state: _State, memo: dict) -> None:
+        self.block, self.path, self.state, self.memo = block, path, state, memo
+        self.structure = (repr(block), tuple((n, tuple(t.shape)) for n, t in block.state_dict(keep_vars=True).items()))
+        self.original = block.forward
+        block.forward = self
+
+    def __call__(self, *args, **kwargs):
+        key = (self.structure, _signature(args), _signature(kwargs))
+        if key in self.memo:
+            output, recorded = self.memo[key]
+            for relative, kinds in recorded.items():
+                paths = self.state.paths() if not relative else [f"{self.path}.{relative}"]
+                for kind, flops in kinds.items():
+                    self.state.counts.add(paths, kind, flops)
+            return output
+        before = self._inside()
+        output = self.original(*args, **kwargs)
+        after = self._inside()
+        recorded = {
+            relative: {kind: flops - before.get(relative, {}).get(kind, 0) for kind, flops in kinds.items()}
+            for relative, kinds in after.items()
+        }
+        self.memo[key] = (output, recorded)
+        return output
+
+    def _inside(self) -> dict[str, dict[str, int]]:
+        prefix = self.path + "."
+        return {
+            ("" if path == self.path else path[len(prefix):]): dict(kinds)
+            for path, kinds in self.state.counts.by_module.items()
+            if path == self.path or path.startswith(prefix)
+        }
+
+    def remove(self) -> None:
+        del self.block.forward
+
+
+def _signature(value):
+    """A hashable description of call arguments: shapes for tensors, values otherwise."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.dtype, value.device.type)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_signature(item) for item in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((key, _signature(item)) for key, item in value.items()))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return ("object", type(value).__qualname__, id(value))
 
 
 def _push(state: _State, path: str):

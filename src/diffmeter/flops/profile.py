@@ -12,7 +12,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from diffmeter.catalog import resolve
-from diffmeter.families import DENOISER, Call, get_family
+from diffmeter.families import DENOISER, VAE_DECODER, Call, get_family
 from diffmeter.flops.counter import KINDS, count_flops
 from diffmeter.pipelines import build_component, count_params
 from diffmeter.spec import ProfileSpec
@@ -133,12 +133,15 @@ def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
 
 
 def count_call(module: torch.nn.Module, name: str, call: Call):
-    """Run one call of ``module`` on the meta device under the counter."""
+    """Run one call of ``module`` on the meta device under the counter.
+
+    Repeated blocks are reused except in VAE decoders, whose blocks carry state between
+    calls (Wan's causal-convolution caches)."""
     with torch.device("meta"):
         inputs = call.build(torch.device("meta"))
     handle = call.prepare(module) if call.prepare else None
     try:
-        with torch.no_grad(), count_flops({name: module}) as counts:
+        with torch.no_grad(), count_flops({name: module}, reuse_repeated_blocks=call.role != VAE_DECODER) as counts:
             getattr(module, call.method)(**inputs)
     finally:
         if handle is not None:
