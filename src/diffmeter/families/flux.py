@@ -12,8 +12,8 @@ class Flux(Family):
     cfg_mode = "never"  # FLUX.1 embeds guidance; true CFG only with an explicit negative prompt
     patch_key = None
 
-    def pixel_multiple(self, entry) -> int:
-        return self.vae_scale(entry) * 2  # latents are packed in 2x2 patches
+    def patch(self, entry) -> int:
+        return 2  # the pipeline packs latents in 2x2 patches
 
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)

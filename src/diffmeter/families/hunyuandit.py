@@ -1,8 +1,6 @@
 """HunyuanDiT: DiT over a bilingual CLIP (BERT) and mT5, with 2D RoPE."""
 
 import torch
-from diffusers.models.embeddings import get_2d_rotary_pos_embed
-from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
 
 from diffmeter.families.base import Family, Shapes, latents, register, timesteps
 
@@ -13,6 +11,9 @@ class HunyuanDiT(Family):
     text_encoders = ("text_encoder", "text_encoder_2")
 
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
+        from diffusers.models.embeddings import get_2d_rotary_pos_embed
+        from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
+
         config = shapes.config(self.denoiser)
         patch = config["patch_size"]
         grid = (shapes.latent_height // patch, shapes.latent_width // patch)

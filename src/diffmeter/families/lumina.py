@@ -3,7 +3,6 @@
 import math
 
 import torch
-from diffusers.models.embeddings import get_2d_rotary_pos_embed_lumina
 
 from diffmeter.families.base import DENOISER, Call, Family, Shapes, latents, register, timesteps
 
@@ -25,6 +24,8 @@ class LuminaNext(Family):
         return shapes
 
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
+        from diffusers.models.embeddings import get_2d_rotary_pos_embed_lumina
+
         config = shapes.config(self.denoiser)
         tokens = shapes.text_tokens["text_encoder"]
         head_dim = config["hidden_size"] // config["num_attention_heads"]

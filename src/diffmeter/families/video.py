@@ -3,7 +3,6 @@
 from types import SimpleNamespace
 
 import torch
-from diffusers import CogVideoXPipeline
 
 from diffmeter.families.base import Family, Shapes, register, timesteps
 
@@ -60,6 +59,8 @@ class CogVideoX(Family):
         rotary = None
         if config.get("use_rotary_positional_embeddings"):
             # the pipeline's own RoPE helper, given just the attributes it reads
+            from diffusers import CogVideoXPipeline
+
             pipeline = SimpleNamespace(
                 vae_scale_factor_spatial=self.vae_scale(shapes.entry),
                 transformer=SimpleNamespace(config=SimpleNamespace(**{"patch_size_t": None, **config})),

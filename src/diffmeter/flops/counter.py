@@ -154,7 +154,9 @@ class _State:
 
 @contextmanager
 def count_flops(
-    modules: dict[str, torch.nn.Module] | None = None, reuse_repeated_blocks: bool = False
+    modules: dict[str, torch.nn.Module] | None = None,
+    reuse_repeated_blocks: bool = False,
+    submodules: bool = True,
 ) -> Iterator[FlopCounts]:
     """Count FLOPs of everything run inside the block.
 
@@ -164,18 +166,24 @@ def count_flops(
     ``reuse_repeated_blocks`` (meta device only): a block of a ``ModuleList`` that has the
     same structure and gets inputs of the same shapes as one already run is not run again;
     its output and counts are replayed. Transformer stacks then cost one block each.
+
+    ``submodules=False`` tracks only the roots (and reused blocks): faster, no breakdown.
     """
     counts = FlopCounts()
     state = _State(counts)
     handles, memo = [], {}
     for root_name, root in (modules or {}).items():
+        blocks = {}
+        if reuse_repeated_blocks:
+            blocks = {id(block): index for _, module in root.named_modules()
+                      if isinstance(module, torch.nn.ModuleList) for index, block in enumerate(module)}
         for sub_name, module in root.named_modules():
             path = f"{root_name}.{sub_name}" if sub_name else root_name
-            handles.append(module.register_forward_pre_hook(_push(state, path)))
-            handles.append(module.register_forward_hook(_pop(state), always_call=True))
-            if reuse_repeated_blocks and isinstance(module, torch.nn.ModuleList):
-                for index, block in enumerate(module):
-                    handles.append(_ReusedForward(block, f"{path}.{index}", state, memo))
+            if submodules or not sub_name or id(module) in blocks:
+                handles.append(module.register_forward_pre_hook(_push(state, path)))
+                handles.append(module.register_forward_hook(_pop(state), always_call=True))
+            if id(module) in blocks:
+                handles.append(_ReusedForward(module, path, state, memo))
     try:
         with _AttentionCounter(state), _DispatchCounter(state):
             yield counts
@@ -194,7 +202,7 @@ class _ReusedForward:
         block.forward = self
 
     def __call__(self, *args, **kwargs):
-        key = (self.structure, _signature(args), _signature(kwargs))
+        key = (self.structure, call_signature(args), call_signature(kwargs))
         if key in self.memo:
             output, recorded = self.memo[key]
             for relative, kinds in recorded.items():
@@ -224,14 +232,14 @@ class _ReusedForward:
         del self.block.forward
 
 
-def _signature(value):
+def call_signature(value):
     """A hashable description of call arguments: shapes for tensors, values otherwise."""
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), value.dtype, value.device.type)
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_signature(item) for item in value))
+        return (type(value).__name__, tuple(call_signature(item) for item in value))
     if isinstance(value, dict):
-        return ("dict", tuple((key, _signature(item)) for key, item in value.items()))
+        return ("dict", tuple((key, call_signature(item)) for key, item in value.items()))
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return ("object", type(value).__qualname__, id(value))

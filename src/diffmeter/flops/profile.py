@@ -6,14 +6,15 @@ since only matmuls, convolutions and attention are counted.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from diffmeter.catalog import resolve
+from diffmeter.catalog import ComponentEntry, resolve
 from diffmeter.families import DENOISER, VAE_DECODER, Call, get_family
-from diffmeter.flops.counter import KINDS, count_flops
+from diffmeter.flops.counter import KINDS, FlopCounts, call_signature, count_flops
 from diffmeter.pipelines import build_component, count_params
 from diffmeter.spec import ProfileSpec
 
@@ -103,9 +104,7 @@ def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
     components = []
     for name in dict.fromkeys(call.component for call in plan):
         calls = [call for call in plan if call.component == name]
-        module = build_component(entry.components[name], "meta")
-        components.append(_profile_component(name, module, entry.components[name].class_name, calls, depth, bytes_per_param))
-        del module
+        components.append(_profile_component(name, entry.components[name], calls, depth, bytes_per_param))
 
     denoiser_macs = sum(c.macs for c in components if c.role == DENOISER)
     total_macs = sum(c.macs for c in components)
@@ -132,7 +131,7 @@ def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
     )
 
 
-def count_call(module: torch.nn.Module, name: str, call: Call):
+def count_call(module: torch.nn.Module, name: str, call: Call, submodules: bool = True):
     """Run one call of ``module`` on the meta device under the counter.
 
     Repeated blocks are reused except in VAE decoders, whose blocks carry state between
@@ -141,7 +140,8 @@ def count_call(module: torch.nn.Module, name: str, call: Call):
         inputs = call.build(torch.device("meta"))
     handle = call.prepare(module) if call.prepare else None
     try:
-        with torch.no_grad(), count_flops({name: module}, reuse_repeated_blocks=call.role != VAE_DECODER) as counts:
+        reuse = call.role != VAE_DECODER
+        with torch.no_grad(), count_flops({name: module}, reuse, submodules) as counts:
             getattr(module, call.method)(**inputs)
     finally:
         if handle is not None:
@@ -149,10 +149,47 @@ def count_call(module: torch.nn.Module, name: str, call: Call):
     return counts
 
 
-def _profile_component(name, module, class_name, calls: list[Call], depth: int, bytes_per_param: int):
+class _MetaComponent:
+    """A component built on meta at most once per process, with its counts memoized:
+    catalog pipelines share encoders and VAEs, and sweeps repeat shapes."""
+
+    _counts: dict = {}
+    _params: dict = {}
+
+    def __init__(self, component: ComponentEntry) -> None:
+        self.component = component
+        self.key = (component.class_name, json.dumps(component.config, sort_keys=True, default=str))
+        self._module = None
+
+    @property
+    def module(self) -> torch.nn.Module:
+        if self._module is None:
+            self._module = build_component(self.component, "meta")
+        return self._module
+
+    @property
+    def params(self) -> int:
+        if self.key not in self._params:
+            self._params[self.key] = count_params(self.module)
+        return self._params[self.key]
+
+    def count(self, name: str, call: Call, submodules: bool) -> FlopCounts:
+        with torch.device("meta"):
+            signature = (call.method, call_signature(call.build(torch.device("meta"))), call.prepare is None, call.note)
+        # keyed by structure, not config: configs differing only in scaling factors or
+        # metadata build identical modules
+        key = (type(self.module).__name__, repr(self.module), name, signature, submodules)
+        if key not in self._counts:
+            self._counts[key] = count_call(self.module, name, call, submodules)
+        return self._counts[key]
+
+
+def _profile_component(name, component: ComponentEntry, calls: list[Call], depth: int, bytes_per_param: int):
+    meta = _MetaComponent(component)
+    class_name = component.class_name
     invocations, kinds, modules = [], dict.fromkeys(KINDS, 0), {}
     for call in calls:
-        counts = count_call(module, name, call)
+        counts = meta.count(name, call, submodules=depth > 0)
         invocations.append(CallProfile(batch=call.batch, count=call.count, macs_per_call=counts.total // 2, note=call.note))
         for kind, flops in counts.by_kind().items():
             kinds[kind] += flops // 2 * call.count
@@ -161,7 +198,7 @@ def _profile_component(name, module, class_name, calls: list[Call], depth: int, 
                 modules[path] = modules.get(path, 0) + flops // 2 * call.count
     macs = sum(i.macs_per_call * i.count for i in invocations)
     total_calls = sum(i.count for i in invocations)
-    params = count_params(module)
+    params = meta.params
     return ComponentProfile(
         name=name,
         role=calls[0].role,

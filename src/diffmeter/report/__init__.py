@@ -1,0 +1,1 @@
+"""Presenting results: rich tables for the terminal and CSV for spreadsheets."""

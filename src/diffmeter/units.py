@@ -1,0 +1,29 @@
+"""Human-readable numbers that always carry their unit (decimal prefixes: G = 1e9)."""
+
+_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K"))
+
+
+def _scaled(value: float, unit: str) -> str:
+    for factor, prefix in _PREFIXES:
+        if abs(value) >= factor:
+            return f"{value / factor:,.2f} {prefix}{unit}"
+    return f"{value:,.0f} {unit}"
+
+
+def macs(value: float) -> str:
+    return _scaled(value, "MACs")
+
+
+def flops(value: float) -> str:
+    return _scaled(value, "FLOPs")
+
+
+def nbytes(value: float) -> str:
+    return _scaled(value, "B")
+
+
+def params(value: float) -> str:
+    for factor, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if value >= factor:
+            return f"{value / factor:,.2f}{suffix} params"
+    return f"{value:,.0f} params"
