@@ -6,7 +6,7 @@ import itertools
 import json
 import sys
 import warnings
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -35,23 +35,32 @@ def _sizes(height: str | None, width: str | None) -> list[tuple[int | None, int 
         return [(w, w) for w in widths]
     if len(heights) != len(widths):
         raise DiffmeterError("--height and --width lists must have the same length (they are paired)")
-    return list(zip(heights, widths))
+    return list(zip(heights, widths, strict=True))
 
 
 @app.command()
 def profile(
-    models: Annotated[Optional[list[str]], typer.Argument(help="catalog name or hub id, local diffusers dir, or hub id in the HF cache")] = None,
+    models: Annotated[
+        list[str] | None, typer.Argument(help="catalog name or hub id, local diffusers dir, or hub id in the HF cache")
+    ] = None,
     all_models: Annotated[bool, typer.Option("--all", help="profile every real catalog model")] = False,
-    height: Annotated[Optional[str], typer.Option(help="pixels; a comma list for a scaling table (width follows)")] = None,
-    width: Annotated[Optional[str], typer.Option(help="pixels; comma list paired with --height")] = None,
-    steps: Annotated[Optional[str], typer.Option(help="denoising steps; a comma list for a scaling table")] = None,
+    height: Annotated[str | None, typer.Option(help="pixels; a comma list for a scaling table (width follows)")] = None,
+    width: Annotated[str | None, typer.Option(help="pixels; comma list paired with --height")] = None,
+    steps: Annotated[str | None, typer.Option(help="denoising steps; a comma list for a scaling table")] = None,
     batch_size: Annotated[int, typer.Option(help="prompts per generation")] = 1,
-    guidance_scale: Annotated[Optional[float], typer.Option(help="CFG scale; <= 1 disables CFG")] = None,
-    num_frames: Annotated[Optional[int], typer.Option(help="video models: frames")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="float16 | bfloat16 | float32 (parameter memory)")] = None,
-    prompt_tokens: Annotated[Optional[int], typer.Option(help="real prompt tokens, for pipelines whose compute depends on it (Kandinsky 3, Lumina)")] = None,
-    negative_prompt_tokens: Annotated[Optional[int], typer.Option(help="real negative-prompt tokens (Lumina-Image-2.0)")] = None,
-    instruction_tokens: Annotated[Optional[int], typer.Option(help="SANA: tokens of the complex human instruction")] = None,
+    guidance_scale: Annotated[float | None, typer.Option(help="CFG scale; <= 1 disables CFG")] = None,
+    num_frames: Annotated[int | None, typer.Option(help="video models: frames")] = None,
+    dtype: Annotated[str | None, typer.Option(help="float16 | bfloat16 | float32 (parameter memory)")] = None,
+    prompt_tokens: Annotated[
+        int | None,
+        typer.Option(help="real prompt tokens, for pipelines whose compute depends on it (Kandinsky 3, Lumina)"),
+    ] = None,
+    negative_prompt_tokens: Annotated[
+        int | None, typer.Option(help="real negative-prompt tokens (Lumina-Image-2.0)")
+    ] = None,
+    instruction_tokens: Annotated[
+        int | None, typer.Option(help="SANA: tokens of the complex human instruction")
+    ] = None,
     depth: Annotated[int, typer.Option(help="also break MACs down by module, this many levels deep")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="print CSV, a row per component")] = False,
@@ -73,9 +82,17 @@ def profile(
     results = []
     for name, (h, w), n in itertools.product(names, _sizes(height, width), _numbers(steps, "--steps")):
         spec = ProfileSpec(
-            model=name, height=h, width=w, steps=n, batch_size=batch_size, guidance_scale=guidance_scale,
-            num_frames=num_frames, dtype=dtype, prompt_tokens=prompt_tokens,
-            negative_prompt_tokens=negative_prompt_tokens, instruction_tokens=instruction_tokens,
+            model=name,
+            height=h,
+            width=w,
+            steps=n,
+            batch_size=batch_size,
+            guidance_scale=guidance_scale,
+            num_frames=num_frames,
+            dtype=dtype,
+            prompt_tokens=prompt_tokens,
+            negative_prompt_tokens=negative_prompt_tokens,
+            instruction_tokens=instruction_tokens,
         )
         results.append(profile_spec(spec, depth=depth))
     if as_json:
@@ -99,9 +116,20 @@ def models(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] =
     entries = list(all_entries())
     params = {entry.id: sum(count_params(build_component(c)) for c in entry.components.values()) for entry in entries}
     if as_json:
-        rows = [{"name": e.name, "id": e.id, "aliases": e.aliases, "family": e.family, "origin": e.origin,
-                 "components": {n: c.class_name for n, c in e.components.items()}, "params": params[e.id],
-                 "defaults": e.defaults.model_dump(), "text_max_length": e.text_max_length} for e in entries]
+        rows = [
+            {
+                "name": e.name,
+                "id": e.id,
+                "aliases": e.aliases,
+                "family": e.family,
+                "origin": e.origin,
+                "components": {n: c.class_name for n, c in e.components.items()},
+                "params": params[e.id],
+                "defaults": e.defaults.model_dump(),
+                "text_max_length": e.text_max_length,
+            }
+            for e in entries
+        ]
         print(json.dumps(rows, indent=2))
     else:
         console.print(catalog_table(entries, params))

@@ -42,6 +42,12 @@ def count_params(module: torch.nn.Module) -> int:
     return sum(parameter.numel() for parameter in module.parameters())
 
 
+def count_stored_elements(module: torch.nn.Module) -> int:
+    """Elements a checkpoint stores: parameters plus persistent buffers (e.g. SD3's pos_embed)."""
+    unique = {id(tensor): tensor for tensor in module.state_dict(keep_vars=True).values()}
+    return sum(tensor.numel() for tensor in unique.values())
+
+
 @contextmanager
 def _quiet():
     """Silence the libraries' config warnings while building (unused keys, deprecations)."""
@@ -54,5 +60,5 @@ def _quiet():
     try:
         yield
     finally:
-        for logger, level in zip(loggers, levels):
+        for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)

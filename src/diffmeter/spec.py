@@ -24,7 +24,7 @@ class ProfileSpec:
     instruction_tokens: int | None = None
     text_max_length: dict[str, int] = field(default_factory=dict)
 
-    def with_defaults(self, defaults) -> "ProfileSpec":
+    def with_defaults(self, defaults) -> ProfileSpec:
         """Fill unset fields from a catalog ``Defaults`` and check every value."""
         spec = replace(
             self,

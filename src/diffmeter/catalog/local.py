@@ -31,8 +31,16 @@ FAMILY_OF_PIPELINE = {
     "CogVideoXPipeline": "cogvideox",
 }
 
-_RUNTIME_ONLY = {"scheduler", "tokenizer", "tokenizer_2", "tokenizer_3", "feature_extractor",
-                 "safety_checker", "image_encoder", "id2label"}
+_RUNTIME_ONLY = {
+    "scheduler",
+    "tokenizer",
+    "tokenizer_2",
+    "tokenizer_3",
+    "feature_extractor",
+    "safety_checker",
+    "image_encoder",
+    "id2label",
+}
 
 
 def hf_cache_directory(repo_id: str) -> Path | None:
@@ -48,9 +56,7 @@ def hf_cache_directory(repo_id: str) -> Path | None:
         return None
 
 
-def entry_from_directory(
-    root: Path, known: tuple[PipelineEntry, ...], repo_id: str | None = None
-) -> PipelineEntry:
+def entry_from_directory(root: Path, known: tuple[PipelineEntry, ...], repo_id: str | None = None) -> PipelineEntry:
     """Build an entry from ``root``; defaults come from a catalog entry of the same family."""
     index_path = root / "model_index.json"
     if not index_path.is_file():
@@ -63,9 +69,7 @@ def entry_from_directory(
     family = FAMILY_OF_PIPELINE.get(pipeline_class)
     if family is None:
         supported = ", ".join(sorted(FAMILY_OF_PIPELINE))
-        raise DiffmeterError(
-            f"unknown pipeline family '{pipeline_class}' in {index_path}; supported: {supported}"
-        )
+        raise DiffmeterError(f"unknown pipeline family '{pipeline_class}' in {index_path}; supported: {supported}")
     components = {}
     for name, spec in index.items():
         if name.startswith("_") or name in _RUNTIME_ONLY or not isinstance(spec, list):

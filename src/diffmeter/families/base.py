@@ -8,8 +8,9 @@ the tests run the real pipeline under the FLOP counter and compare.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -120,8 +121,14 @@ class Family:
             length = shapes.text_tokens[encoder]
             batch = shapes.spec.batch_size
             calls.append(
-                Call(encoder, TEXT_ENCODER, batch, 2 if negative else 1, self._token_builder(batch, length),
-                     note=f"{length} tokens" + (", prompt + negative prompt" if negative else ""))
+                Call(
+                    encoder,
+                    TEXT_ENCODER,
+                    batch,
+                    2 if negative else 1,
+                    self._token_builder(batch, length),
+                    note=f"{length} tokens" + (", prompt + negative prompt" if negative else ""),
+                )
             )
         return calls
 
@@ -145,8 +152,14 @@ class Family:
         else:
             count, call_batch, note = 2 * steps, batch, "CFG: separate uncond and cond calls"
         return [
-            Call(self.denoiser, DENOISER, call_batch, count,
-                 lambda device: self.denoiser_inputs(shapes, call_batch, device), note=note)
+            Call(
+                self.denoiser,
+                DENOISER,
+                call_batch,
+                count,
+                lambda device: self.denoiser_inputs(shapes, call_batch, device),
+                note=note,
+            )
         ]
 
     def denoiser_inputs(self, shapes: Shapes, batch: int, device: torch.device) -> dict[str, Any]:
@@ -154,8 +167,16 @@ class Family:
 
     def decoder_calls(self, shapes: Shapes) -> list[Call]:
         batch = shapes.spec.batch_size
-        return [Call(self.decoder, VAE_DECODER, batch, 1, lambda device: self.decoder_inputs(shapes, batch, device),
-                     method="decode")]
+        return [
+            Call(
+                self.decoder,
+                VAE_DECODER,
+                batch,
+                1,
+                lambda device: self.decoder_inputs(shapes, batch, device),
+                method="decode",
+            )
+        ]
 
     def decoder_inputs(self, shapes: Shapes, batch: int, device: torch.device) -> dict[str, Any]:
         channels = self.latent_channels(shapes.entry)

@@ -36,7 +36,9 @@ class LuminaNext(Family):
             "timestep": timesteps(batch, device),
             "encoder_hidden_states": torch.zeros(batch, tokens, config["cross_attention_dim"]),
             "encoder_mask": torch.ones(batch, tokens),
-            "image_rotary_emb": get_2d_rotary_pos_embed_lumina(head_dim, 384, 384, linear_factor=linear, ntk_factor=ntk),
+            "image_rotary_emb": get_2d_rotary_pos_embed_lumina(
+                head_dim, 384, 384, linear_factor=linear, ntk_factor=ntk
+            ),
             "cross_attention_kwargs": {},
             "return_dict": False,
         }
@@ -59,8 +61,15 @@ class Lumina2(Family):
             # the default negative prompt is "" without the system prompt: just <bos>
             lengths.append(("uncond", min(shapes.spec.negative_prompt_tokens or 1, padded)))
         return [
-            Call(self.denoiser, DENOISER, batch, steps, self._builder(shapes, batch),
-                 note=f"{label}: {tokens} caption tokens", prepare=_caption_lengths(batch, padded, tokens))
+            Call(
+                self.denoiser,
+                DENOISER,
+                batch,
+                steps,
+                self._builder(shapes, batch),
+                note=f"{label}: {tokens} caption tokens",
+                prepare=_caption_lengths(batch, padded, tokens),
+            )
             for label, tokens in lengths
         ]
 
@@ -69,7 +78,9 @@ class Lumina2(Family):
             config = shapes.config(self.denoiser)
             padded = shapes.text_tokens["text_encoder"]
             return {
-                "hidden_states": latents(batch, config["in_channels"], shapes.latent_height, shapes.latent_width, device),
+                "hidden_states": latents(
+                    batch, config["in_channels"], shapes.latent_height, shapes.latent_width, device
+                ),
                 "timestep": timesteps(batch, device),
                 "encoder_hidden_states": torch.zeros(batch, padded, config["cap_feat_dim"]),
                 "encoder_attention_mask": torch.ones(batch, padded, dtype=torch.long),

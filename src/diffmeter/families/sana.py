@@ -20,11 +20,27 @@ class Sana(Family):
         length = shapes.text_tokens["text_encoder"]
         instruction = self.instruction_tokens(shapes)
         prompt_length = length + instruction - 2 if instruction else length
-        calls = [Call("text_encoder", TEXT_ENCODER, batch, 1, self._token_builder(batch, prompt_length),
-                      note=f"prompt: {prompt_length} tokens incl. {instruction}-token instruction")]
+        calls = [
+            Call(
+                "text_encoder",
+                TEXT_ENCODER,
+                batch,
+                1,
+                self._token_builder(batch, prompt_length),
+                note=f"prompt: {prompt_length} tokens incl. {instruction}-token instruction",
+            )
+        ]
         if shapes.cfg:
-            calls.append(Call("text_encoder", TEXT_ENCODER, batch, 1, self._token_builder(batch, length),
-                              note=f"negative prompt: {length} tokens"))
+            calls.append(
+                Call(
+                    "text_encoder",
+                    TEXT_ENCODER,
+                    batch,
+                    1,
+                    self._token_builder(batch, length),
+                    note=f"negative prompt: {length} tokens",
+                )
+            )
         return calls
 
     def instruction_tokens(self, shapes: Shapes) -> int:

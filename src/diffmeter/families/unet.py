@@ -17,7 +17,9 @@ class StableDiffusion(Family):
         return {
             "sample": latents(batch, config["in_channels"], shapes.latent_height, shapes.latent_width, device),
             "timestep": torch.zeros((), device=device),
-            "encoder_hidden_states": torch.zeros(batch, shapes.text_tokens["text_encoder"], config["cross_attention_dim"]),
+            "encoder_hidden_states": torch.zeros(
+                batch, shapes.text_tokens["text_encoder"], config["cross_attention_dim"]
+            ),
             "return_dict": False,
         }
 

@@ -55,7 +55,9 @@ class CogVideoX(Family):
 
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)
-        hidden = torch.zeros(batch, shapes.latent_frames, config["in_channels"], shapes.latent_height, shapes.latent_width)
+        hidden = torch.zeros(
+            batch, shapes.latent_frames, config["in_channels"], shapes.latent_height, shapes.latent_width
+        )
         rotary = None
         if config.get("use_rotary_positional_embeddings"):
             # the pipeline's own RoPE helper, given just the attributes it reads

@@ -18,9 +18,9 @@ the meta device the decomposed ``bmm`` pair is counted as matmul: same total.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -74,9 +74,7 @@ class FlopCounts:
     def modules(self, depth: int) -> dict[str, int]:
         """Total FLOPs of every module path ``depth`` levels below its root component."""
         return {
-            path: sum(kinds.values())
-            for path, kinds in self.by_module.items()
-            if path and path.count(".") == depth
+            path: sum(kinds.values()) for path, kinds in self.by_module.items() if path and path.count(".") == depth
         }
 
     def add(self, paths: list[str], kind: str, flops: int) -> None:
@@ -99,7 +97,7 @@ _KIND_OF_OP.update({op: ATTENTION for op in flop_registry if "attention" in str(
 
 
 class _DispatchCounter(TorchDispatchMode):
-    def __init__(self, state: "_State") -> None:
+    def __init__(self, state: _State) -> None:
         super().__init__()
         self.state = state
 
@@ -115,7 +113,7 @@ class _DispatchCounter(TorchDispatchMode):
 
 
 class _AttentionCounter(TorchFunctionMode):
-    def __init__(self, state: "_State") -> None:
+    def __init__(self, state: _State) -> None:
         super().__init__()
         self.state = state
 
@@ -175,8 +173,12 @@ def count_flops(
     for root_name, root in (modules or {}).items():
         blocks = {}
         if reuse_repeated_blocks:
-            blocks = {id(block): index for _, module in root.named_modules()
-                      if isinstance(module, torch.nn.ModuleList) for index, block in enumerate(module)}
+            blocks = {
+                id(block): index
+                for _, module in root.named_modules()
+                if isinstance(module, torch.nn.ModuleList)
+                for index, block in enumerate(module)
+            }
         for sub_name, module in root.named_modules():
             path = f"{root_name}.{sub_name}" if sub_name else root_name
             if submodules or not sub_name or id(module) in blocks:
@@ -223,7 +225,7 @@ class _ReusedForward:
     def _inside(self) -> dict[str, dict[str, int]]:
         prefix = self.path + "."
         return {
-            ("" if path == self.path else path[len(prefix):]): dict(kinds)
+            ("" if path == self.path else path[len(prefix) :]): dict(kinds)
             for path, kinds in self.state.counts.by_module.items()
             if path == self.path or path.startswith(prefix)
         }

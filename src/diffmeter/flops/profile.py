@@ -190,7 +190,9 @@ def _profile_component(name, component: ComponentEntry, calls: list[Call], depth
     invocations, kinds, modules = [], dict.fromkeys(KINDS, 0), {}
     for call in calls:
         counts = meta.count(name, call, submodules=depth > 0)
-        invocations.append(CallProfile(batch=call.batch, count=call.count, macs_per_call=counts.total // 2, note=call.note))
+        invocations.append(
+            CallProfile(batch=call.batch, count=call.count, macs_per_call=counts.total // 2, note=call.note)
+        )
         for kind, flops in counts.by_kind().items():
             kinds[kind] += flops // 2 * call.count
         if depth:

@@ -8,9 +8,31 @@ import io
 from diffmeter.flops.profile import Profile
 
 COLUMNS = (
-    "model", "family", "height", "width", "num_frames", "steps", "batch_size", "guidance_scale", "cfg", "dtype",
-    "component", "role", "class", "params", "calls", "batch_per_call", "macs_per_call", "macs", "flops",
-    "matmul_macs", "convolution_macs", "attention_macs", "denoiser_macs_per_step", "total_macs", "total_flops",
+    "model",
+    "family",
+    "height",
+    "width",
+    "num_frames",
+    "steps",
+    "batch_size",
+    "guidance_scale",
+    "cfg",
+    "dtype",
+    "component",
+    "role",
+    "class",
+    "params",
+    "calls",
+    "batch_per_call",
+    "macs_per_call",
+    "macs",
+    "flops",
+    "matmul_macs",
+    "convolution_macs",
+    "attention_macs",
+    "denoiser_macs_per_step",
+    "total_macs",
+    "total_flops",
 )
 
 
@@ -20,15 +42,33 @@ def profiles_csv(profiles: list[Profile]) -> str:
     writer.writeheader()
     for p in profiles:
         for c in p.components:
-            writer.writerow({
-                "model": p.model, "family": p.family, "height": p.height, "width": p.width,
-                "num_frames": p.num_frames or "", "steps": p.steps, "batch_size": p.batch_size,
-                "guidance_scale": p.guidance_scale, "cfg": p.cfg, "dtype": p.dtype, "component": c.name,
-                "role": c.role, "class": c.class_name, "params": c.params, "calls": c.calls,
-                "batch_per_call": c.batch_per_call, "macs_per_call": c.macs_per_call, "macs": c.macs,
-                "flops": c.flops, "matmul_macs": c.macs_by_kind["matmul"],
-                "convolution_macs": c.macs_by_kind["convolution"], "attention_macs": c.macs_by_kind["attention"],
-                "denoiser_macs_per_step": p.denoiser_macs_per_step, "total_macs": p.total_macs,
-                "total_flops": p.total_flops,
-            })
+            writer.writerow(
+                {
+                    "model": p.model,
+                    "family": p.family,
+                    "height": p.height,
+                    "width": p.width,
+                    "num_frames": p.num_frames or "",
+                    "steps": p.steps,
+                    "batch_size": p.batch_size,
+                    "guidance_scale": p.guidance_scale,
+                    "cfg": p.cfg,
+                    "dtype": p.dtype,
+                    "component": c.name,
+                    "role": c.role,
+                    "class": c.class_name,
+                    "params": c.params,
+                    "calls": c.calls,
+                    "batch_per_call": c.batch_per_call,
+                    "macs_per_call": c.macs_per_call,
+                    "macs": c.macs,
+                    "flops": c.flops,
+                    "matmul_macs": c.macs_by_kind["matmul"],
+                    "convolution_macs": c.macs_by_kind["convolution"],
+                    "attention_macs": c.macs_by_kind["attention"],
+                    "denoiser_macs_per_step": p.denoiser_macs_per_step,
+                    "total_macs": p.total_macs,
+                    "total_flops": p.total_flops,
+                }
+            )
     return buffer.getvalue()

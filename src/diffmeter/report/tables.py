@@ -20,25 +20,62 @@ def _setting(profile: Profile) -> str:
 def profile_table(profile: Profile) -> Table:
     """One generation: a row per component, then the totals."""
     table = Table(title=f"{profile.name} ({profile.model}): {_setting(profile)}", title_justify="left")
-    for column in ("component", "role", "class", "params", "calls x batch", "MACs / call", "MACs total",
-                   "matmul / conv / attn", "share"):
-        table.add_column(column, justify="left" if column in ("component", "role", "class") else "right")
+    table.add_column("component", overflow="fold")
+    for column in (
+        "role",
+        "class",
+        "params",
+        "calls x batch",
+        "MACs / call",
+        "MACs total",
+        "matmul / conv / attn",
+        "share",
+    ):
+        table.add_column(column, justify="left" if column in ("role", "class") else "right")
     for component in profile.components:
         kinds = component.macs_by_kind
-        split = " / ".join(f"{100 * kinds[k] / component.macs:.0f}%" if component.macs else "-"
-                           for k in ("matmul", "convolution", "attention"))
+        split = " / ".join(
+            f"{100 * kinds[k] / component.macs:.0f}%" if component.macs else "-"
+            for k in ("matmul", "convolution", "attention")
+        )
         table.add_row(
-            component.name, component.role, component.class_name, units.params(component.params),
-            f"{component.calls} x {component.batch_per_call}", units.macs(component.macs_per_call),
-            units.macs(component.macs), split, f"{100 * profile.share(component):.1f}%",
+            component.name,
+            component.role,
+            component.class_name,
+            units.params(component.params),
+            f"{component.calls} x {component.batch_per_call}",
+            units.macs(component.macs_per_call),
+            units.macs(component.macs),
+            split,
+            f"{100 * profile.share(component):.1f}%",
         )
         for path, value in (component.modules_macs or {}).items():
-            table.add_row(f"  {path}", "", "", "", "", "", units.macs(value), "",
-                          f"{100 * value / profile.total_macs:.1f}%", style="dim")
+            table.add_row(
+                f"  .{path.removeprefix(component.name + '.')}",
+                "",
+                "",
+                "",
+                "",
+                "",
+                units.macs(value),
+                "",
+                f"{100 * value / profile.total_macs:.1f}%",
+                style="dim",
+            )
     table.add_section()
     table.add_row("denoiser / step", "", "", "", "", "", units.macs(profile.denoiser_macs_per_step), "", "")
-    table.add_row("total", "", "", units.params(profile.params), "", "", units.macs(profile.total_macs),
-                  units.flops(profile.total_flops), "100%", style="bold")
+    table.add_row(
+        "total",
+        "",
+        "",
+        units.params(profile.params),
+        "",
+        "",
+        units.macs(profile.total_macs),
+        units.flops(profile.total_flops),
+        "100%",
+        style="bold",
+    )
     table.caption = (
         f"parameters: {units.nbytes(profile.param_bytes)} at {profile.dtype}. "
         "1 MAC = 1 multiply-add = 2 FLOPs. Calls include classifier-free guidance as the pipeline runs it."
@@ -49,16 +86,33 @@ def profile_table(profile: Profile) -> Table:
 def summary_table(profiles: list[Profile]) -> Table:
     """Many generations (sizes, steps, models): a row each."""
     table = Table(title="compute per generation", title_justify="left")
-    for column in ("model", "size", "steps", "CFG", "denoiser MACs / step", "text enc. MACs", "VAE dec. MACs",
-                   "total MACs", "total FLOPs"):
+    for column in (
+        "model",
+        "size",
+        "steps",
+        "CFG",
+        "denoiser MACs / step",
+        "text enc. MACs",
+        "VAE dec. MACs",
+        "total MACs",
+        "total FLOPs",
+    ):
         table.add_column(column, justify="left" if column == "model" else "right")
     for p in profiles:
-        by_role = {role: sum(c.macs for c in p.components if c.role == role) for role in ("text_encoder", "vae_decoder")}
+        by_role = {
+            role: sum(c.macs for c in p.components if c.role == role) for role in ("text_encoder", "vae_decoder")
+        }
         frames = f"x{p.num_frames}f" if p.num_frames else ""
         table.add_row(
-            p.name, f"{p.width}x{p.height}{frames}", str(p.steps), "yes" if p.cfg else "no",
-            units.macs(p.denoiser_macs_per_step), units.macs(by_role["text_encoder"]),
-            units.macs(by_role["vae_decoder"]), units.macs(p.total_macs), units.flops(p.total_flops),
+            p.name,
+            f"{p.width}x{p.height}{frames}",
+            str(p.steps),
+            "yes" if p.cfg else "no",
+            units.macs(p.denoiser_macs_per_step),
+            units.macs(by_role["text_encoder"]),
+            units.macs(by_role["vae_decoder"]),
+            units.macs(p.total_macs),
+            units.flops(p.total_flops),
         )
     table.caption = "1 MAC = 1 multiply-add = 2 FLOPs. Denoiser per step includes the CFG batch."
     return table
@@ -73,7 +127,11 @@ def catalog_table(entries: list[PipelineEntry], params: dict[str, int]) -> Table
         frames = f"x{d.num_frames}f" if d.num_frames else ""
         components = ", ".join(f"{name}: {c.class_name}" for name, c in entry.components.items())
         table.add_row(
-            entry.name, entry.id, entry.family, components, units.params(params[entry.id]),
+            entry.name,
+            entry.id,
+            entry.family,
+            components,
+            units.params(params[entry.id]),
             f"{d.width}x{d.height}{frames}, {d.steps} steps, guidance {d.guidance_scale:g}, {d.dtype}",
         )
     return table

@@ -1,0 +1,77 @@
+"""The command line: outputs, and one clear line with exit code 2 for bad input."""
+
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from diffmeter.cli import main
+
+
+def run(capsys, monkeypatch, *args):
+    monkeypatch.setattr(sys, "argv", ["diffmeter", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exit:
+        code = exit.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_profile_json_is_one_object(capsys, monkeypatch):
+    code, out, _ = run(capsys, monkeypatch, "profile", "tiny-sd", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["model"] == "diffmeter/tiny-sd" and data["total_flops"] == 2 * data["total_macs"]
+
+
+def test_profile_scaling_table_in_json_and_csv(capsys, monkeypatch):
+    code, out, _ = run(capsys, monkeypatch, "profile", "tiny-sd", "--height", "32,64", "--steps", "2,4", "--json")
+    sizes = [(p["height"], p["width"], p["steps"]) for p in json.loads(out)["profiles"]]
+    assert code == 0 and sizes == [(32, 32, 2), (32, 32, 4), (64, 64, 2), (64, 64, 4)]
+    code, out, _ = run(capsys, monkeypatch, "profile", "tiny-sd", "tiny-dit", "--csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and {r["component"] for r in rows} == {"text_encoder", "unet", "vae", "transformer"}
+    assert all(int(r["flops"]) == 2 * int(r["macs"]) for r in rows)
+
+
+def test_profile_table_names_units(capsys, monkeypatch):
+    code, out, _ = run(capsys, monkeypatch, "profile", "tiny-flux", "--depth", "1")
+    assert code == 0 and "MACs" in out and "FLOPs" in out and "  .transformer_blocks" in out
+
+
+def test_models_lists_the_catalog(capsys, monkeypatch):
+    code, out, _ = run(capsys, monkeypatch, "models", "--json")
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert code == 0 and rows["flux-dev"]["params"] > 16e9 and rows["tiny-sd"]["origin"] == "tiny"
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["profile", "flux-deb"], "unknown model 'flux-deb'"),
+        (["profile", "flux-dev", "--height", "1000"], "not a multiple of 16"),
+        (["profile", "flux-dev", "--steps", "0"], "--steps must be a positive integer"),
+        (["profile", "flux-dev", "--batch-size", "-2"], "--batch-size must be a positive integer"),
+        (["profile", "flux-dev", "--height", "512,abc"], "--height takes numbers"),
+        (["profile", "flux-dev", "--height", "512,768", "--width", "512"], "same length"),
+        (["profile"], "name a MODEL"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, monkeypatch, args, message):
+    code, out, err = run(capsys, monkeypatch, *args)
+    assert code == 2 and message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_local_directory_without_index_exits_2(capsys, monkeypatch, tmp_path):
+    code, _, err = run(capsys, monkeypatch, "profile", str(tmp_path))
+    assert code == 2 and "no model_index.json" in err
+
+
+def test_console_script_is_installed():
+    result = subprocess.run(["diffmeter", "profile", "nope"], capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.startswith("error: unknown model 'nope'")

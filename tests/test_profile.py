@@ -1,0 +1,121 @@
+"""Profile semantics on real catalog configs: CFG, steps, batch, sizes, units, errors."""
+
+import pytest
+
+from diffmeter import DiffmeterError, Profile, profile
+
+
+def _component(result: Profile, name: str):
+    return next(c for c in result.components if c.name == name)
+
+
+def test_python_api_returns_typed_profile_with_units():
+    result = profile("flux-dev", height=1024, width=1024)
+    assert isinstance(result, Profile)
+    assert result.total_flops == 2 * result.total_macs
+    assert result.units["flops"].startswith("floating-point operations, 2 per MAC")
+    assert {c.role for c in result.components} == {"denoiser", "text_encoder", "vae_decoder"}
+    assert result.param_bytes == 2 * result.params  # bfloat16 by default for FLUX
+
+
+def test_guidance_distilled_flux_runs_one_batch_and_no_negative_prompt():
+    result = profile("flux-dev", steps=28)
+    transformer = _component(result, "transformer")
+    assert not result.cfg and transformer.calls == 28 and transformer.batch_per_call == 1
+    assert all(c.calls == 1 for c in result.components if c.role == "text_encoder")
+
+
+def test_cfg_doubles_the_denoiser_batch_and_encodes_the_negative_prompt():
+    guided, unguided = profile("sd15", guidance_scale=7.5), profile("sd15", guidance_scale=1.0)
+    assert _component(guided, "unet").macs == 2 * _component(unguided, "unet").macs
+    assert _component(guided, "text_encoder").calls == 2 and _component(unguided, "text_encoder").calls == 1
+    assert _component(guided, "vae").macs == _component(unguided, "vae").macs
+
+
+def test_sdxl_zeroes_the_empty_negative_prompt_instead_of_encoding_it():
+    result = profile("sdxl")
+    assert result.cfg and _component(result, "text_encoder").calls == 1
+
+
+def test_separate_cfg_calls_for_wan():
+    transformer = _component(profile("wan21-t2v-1.3b", steps=10, num_frames=5), "transformer")
+    assert transformer.calls == 20 and transformer.batch_per_call == 1
+
+
+def test_denoiser_scales_linearly_with_steps_and_batch_fixed_costs_do_not():
+    base, more_steps, bigger_batch = (
+        profile("sd3-medium", steps=10),
+        profile("sd3-medium", steps=30),
+        profile("sd3-medium", steps=10, batch_size=3),
+    )
+    assert _component(more_steps, "transformer").macs == 3 * _component(base, "transformer").macs
+    assert _component(more_steps, "vae").macs == _component(base, "vae").macs
+    assert _component(bigger_batch, "vae").macs == 3 * _component(base, "vae").macs
+    assert base.denoiser_macs_per_step * 10 == _component(base, "transformer").macs
+
+
+def test_vae_decodes_at_the_true_latent_size():
+    # SANA's DC-AE compresses 32x: a 1024px image is a 32x32 latent; SD's KL VAE: 8x
+    sana, sd = profile("sana-600m-1024"), profile("sdxl")
+    assert sana.height == sd.height == 1024
+    assert 0 < _component(sana, "vae").macs < 2 * _component(sd, "vae").macs
+
+
+def test_text_encoders_see_the_padded_lengths_of_the_pipeline():
+    pixart_alpha = _component(profile("pixart-alpha-1024"), "text_encoder").invocations[0]
+    pixart_sigma = _component(profile("pixart-sigma-1024"), "text_encoder").invocations[0]
+    assert "120 tokens" in pixart_alpha.note and "300 tokens" in pixart_sigma.note
+
+
+def test_prompt_dependent_context_lengths():
+    short, full = profile("kandinsky3", prompt_tokens=10), profile("kandinsky3")
+    assert _component(short, "unet").macs < _component(full, "unet").macs
+    lumina = _component(profile("lumina2", prompt_tokens=40, negative_prompt_tokens=1), "transformer")
+    assert [i.note for i in lumina.invocations] == ["cond: 40 caption tokens", "uncond: 1 caption tokens"]
+
+
+def test_module_breakdown_sums_to_the_component():
+    result = profile("pixart-alpha-512", depth=1)
+    transformer = _component(result, "transformer")
+    assert sum(transformer.modules_macs.values()) == transformer.macs
+    assert "transformer.transformer_blocks" in transformer.modules_macs
+
+
+def test_json_contract_keys():
+    data = profile("tiny-sd").to_json_dict()
+    for key in (
+        "model",
+        "family",
+        "height",
+        "width",
+        "steps",
+        "batch_size",
+        "guidance_scale",
+        "components",
+        "denoiser_macs_per_step",
+        "total_macs",
+        "total_flops",
+    ):
+        assert key in data
+    for key in ("name", "role", "class", "params", "calls", "macs", "flops"):
+        assert key in data["components"][0]
+
+
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        ({"height": 1000}, "not a multiple of 16"),
+        ({"width": 1030}, "not a multiple of 16"),
+        ({"steps": 0}, "--steps must be a positive integer"),
+        ({"batch_size": -1}, "--batch-size must be a positive integer"),
+        ({"dtype": "float8"}, "unknown dtype"),
+    ],
+)
+def test_bad_settings_are_refused_with_the_fix(settings, message):
+    with pytest.raises(DiffmeterError, match=message):
+        profile("flux-dev", **settings)
+
+
+def test_kandinsky3_needs_multiples_of_64():
+    with pytest.raises(DiffmeterError, match="multiple of 64"):
+        profile("kandinsky3", height=1000)

@@ -1,0 +1,62 @@
+"""Run a tiny catalog pipeline for real on CPU under the FLOP counter."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from diffmeter.catalog import PipelineEntry, all_entries
+from diffmeter.flops.counter import count_flops
+from diffmeter.tiny import tiny_pipeline
+
+PROMPT = "a photo of a cat riding a horse"
+TINY = [entry for entry in all_entries() if entry.is_tiny]
+REAL = [entry for entry in all_entries() if entry.origin == "catalog"]
+
+
+def token_settings(entry: PipelineEntry, pipe, prompt: str = PROMPT) -> dict[str, int]:
+    """The prompt-dependent lengths of the real run, read from the pipeline's own tokenizer."""
+    if entry.family in ("kandinsky3", "lumina_next"):
+        return {"prompt_tokens": len(pipe.tokenizer(prompt).input_ids)}
+    if entry.family == "lumina2":
+        return {
+            "prompt_tokens": len(pipe.tokenizer(pipe.system_prompt + " <Prompt Start> " + prompt).input_ids),
+            "negative_prompt_tokens": len(pipe.tokenizer("").input_ids),
+        }
+    if entry.family == "sana":
+        instruction = inspect.signature(type(pipe).__call__).parameters["complex_human_instruction"].default
+        return {"instruction_tokens": len(pipe.tokenizer.encode("\n".join(instruction)))}
+    return {}
+
+
+def run_tiny(entry: PipelineEntry, batch_size: int = 1, guidance_scale: float | None = None, steps: int | None = None):
+    """Generate with the real diffusers pipeline; return (pipeline, per-component MACs, settings)."""
+    pipe = tiny_pipeline(entry)
+    defaults = entry.defaults
+    settings = {
+        "height": defaults.height,
+        "width": defaults.width,
+        "steps": steps or defaults.steps,
+        "guidance_scale": defaults.guidance_scale if guidance_scale is None else guidance_scale,
+        "batch_size": batch_size,
+    }
+    kwargs = dict(
+        num_inference_steps=settings["steps"],
+        guidance_scale=settings["guidance_scale"],
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+        **entry.extra["runtime"].get("call", {}),
+    )
+    if entry.family == "dit":
+        inputs = {"class_labels": [1] * batch_size}
+    else:
+        inputs = {"prompt": [PROMPT] * batch_size, "height": defaults.height, "width": defaults.width}
+    if defaults.num_frames:
+        kwargs["num_frames"] = defaults.num_frames
+        settings["num_frames"] = defaults.num_frames
+    components = {name: getattr(pipe, name) for name in entry.components}
+    with torch.no_grad(), count_flops(components) as counts:
+        pipe(**inputs, **kwargs)
+    macs = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in entry.components}
+    return pipe, macs, {**settings, **token_settings(entry, pipe)}
