@@ -58,11 +58,12 @@ def measure(fn, *args):
     return result, seconds, rss_mb()[1] - before
 
 
-def run_cli(args: list[str]) -> tuple[float, float, int]:
-    """Wall seconds and peak RSS (MB) of one cold CLI process; number of profiles it printed."""
+def run_cli(args: list[str]) -> dict:
+    """One cold CLI process: wall and CPU seconds, peak RSS (MB), profiles printed, and the
+    1-minute load average when it started (other work on the machine inflates wall time)."""
     exe = Path(sys.executable).with_name("diffmeter")
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        start = time.perf_counter()
+        load, start = os.getloadavg()[0], time.perf_counter()
         proc = subprocess.Popen([str(exe), *args], stdout=out, stderr=err)
         _, status, usage = os.wait4(proc.pid, 0)  # rusage of this child alone
         seconds = time.perf_counter() - start
@@ -71,7 +72,8 @@ def run_cli(args: list[str]) -> tuple[float, float, int]:
             err.seek(0)
             raise RuntimeError(f"diffmeter {' '.join(args)} failed:\n{err.read().decode()[-2000:]}")
         out.seek(0)
-        return seconds, usage.ru_maxrss / 1024, len(json.load(out)["profiles"])
+        return {"wall_s": seconds, "cpu_s": usage.ru_utime + usage.ru_stime, "mb": usage.ru_maxrss / 1024,
+                "models": len(json.load(out)["profiles"]), "load": load}
 
 
 # -- the three counters ------------------------------------------------------------------
@@ -147,14 +149,16 @@ def optional(module: str):
 
 # -- report ------------------------------------------------------------------------------
 
-def machine() -> list[str]:
+def machine(load_at_start: float) -> list[str]:
     cpu = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
     ram_kb = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1))
     versions = ", ".join(f"{name} {version(name)}" for name in ("torch", "diffusers", "transformers", "thop", "fvcore"))
     return [f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
             f"- machine: {len(os.sched_getaffinity(0))} CPUs (nproc), {cpu.group(1) if cpu else 'unknown CPU'}, "
             f"{ram_kb / 2**20:.1f} GiB RAM; Python {sys.version.split()[0]}",
-            f"- packages: diffmeter {version('diffmeter')}, {versions}"]
+            f"- packages: diffmeter {version('diffmeter')}, {versions}",
+            f"- 1-minute load average: {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end "
+            f"(above ~0.1, other processes shared the CPUs and inflated wall times)"]
 
 
 def version(name: str) -> str:
@@ -172,13 +176,15 @@ def pct(value: float, reference: float) -> str:
     return f"{100 * (value - reference) / reference:+.2f} %"
 
 
-def cli_section(runs: list[tuple[float, float, int]]) -> list[str]:
-    median = statistics.median(s for s, _, _ in runs)
-    peak = max(mb for _, mb, _ in runs)
+def cli_section(runs: list[dict]) -> list[str]:
+    median = statistics.median(run["wall_s"] for run in runs)
+    peak = max(run["mb"] for run in runs)
     lines = ["## 1. `diffmeter profile --all --json`, cold process", "",
-             f"{runs[0][2]} catalog models per run.", "",
-             "| run | wall time (s) | peak RSS of child (MB) |", "|---|---|---|"]
-    lines += [f"| {i} | {s:.2f} | {mb:.0f} |" for i, (s, mb, _) in enumerate(runs, 1)]
+             f"{runs[0]['models']} catalog models per run.", "",
+             "| run | wall time (s) | CPU time, user+sys (s) | peak RSS of child (MB) | load avg at start (1 min) |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {i} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['mb']:.0f} | {r['load']:.2f} |"
+              for i, r in enumerate(runs, 1)]
     lines += ["", f"- median wall time: {median:.2f} s (target < {TARGET_S:.0f} s): "
                   f"**{'PASS' if median < TARGET_S else 'FAIL'}**",
               f"- peak RSS: {peak:.0f} MB (target < {TARGET_MB} MB): **{'PASS' if peak < TARGET_MB else 'FAIL'}**"]
@@ -271,6 +277,7 @@ def linear_check() -> str:
 # -- main --------------------------------------------------------------------------------
 
 def main() -> None:
+    load_at_start = os.getloadavg()[0]
     runs = [run_cli(["profile", "--all", "--json"]) for _ in range(RUNS)]
 
     start = time.perf_counter()
@@ -299,7 +306,7 @@ def main() -> None:
                 result, seconds, mb = measure(fn, model, sample)
                 results[name] = {**result, "seconds": seconds, "mb": mb}
 
-    lines = ["# diffmeter profile speed, and SD 1.5 UNet MACs vs thop and fvcore", "", *machine(), "",
+    lines = ["# diffmeter profile speed, and SD 1.5 UNet MACs vs thop and fvcore", "", *machine(load_at_start), "",
              *cli_section(runs), "",
              *unet_section(dm, build, results.get("thop"), results.get("fvcore"),
                            analytic_attention_macs(entry.components["unet"].config)), "",

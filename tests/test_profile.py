@@ -119,3 +119,11 @@ def test_bad_settings_are_refused_with_the_fix(settings, message):
 def test_kandinsky3_needs_multiples_of_64():
     with pytest.raises(DiffmeterError, match="multiple of 64"):
         profile("kandinsky3", height=1000)
+
+
+def test_committed_json_schema_is_current():
+    import json
+    from pathlib import Path
+
+    committed = json.loads((Path(__file__).parents[1] / "docs" / "profile.schema.json").read_text())
+    assert committed == Profile.model_json_schema(mode="serialization")

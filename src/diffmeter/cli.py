@@ -110,11 +110,11 @@ def profile(
 def models(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
     """List the catalog: family, components, parameters and defaults."""
     from diffmeter.catalog import all_entries
-    from diffmeter.pipelines import build_component, count_params
+    from diffmeter.flops.profile import MetaComponent
     from diffmeter.report.tables import catalog_table
 
     entries = list(all_entries())
-    params = {entry.id: sum(count_params(build_component(c)) for c in entry.components.values()) for entry in entries}
+    params = {entry.id: sum(MetaComponent(c).params for c in entry.components.values()) for entry in entries}
     if as_json:
         rows = [
             {

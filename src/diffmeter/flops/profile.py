@@ -149,7 +149,7 @@ def count_call(module: torch.nn.Module, name: str, call: Call, submodules: bool 
     return counts
 
 
-class _MetaComponent:
+class MetaComponent:
     """A component built on meta at most once per process, with its counts memoized:
     catalog pipelines share encoders and VAEs, and sweeps repeat shapes."""
 
@@ -185,7 +185,7 @@ class _MetaComponent:
 
 
 def _profile_component(name, component: ComponentEntry, calls: list[Call], depth: int, bytes_per_param: int):
-    meta = _MetaComponent(component)
+    meta = MetaComponent(component)
     class_name = component.class_name
     invocations, kinds, modules = [], dict.fromkeys(KINDS, 0), {}
     for call in calls:
