@@ -187,7 +187,10 @@ def cli_section(runs: list[dict]) -> list[str]:
               for i, r in enumerate(runs, 1)]
     lines += ["", f"- median wall time: {median:.2f} s (target < {TARGET_S:.0f} s): "
                   f"**{'PASS' if median < TARGET_S else 'FAIL'}**",
-              f"- peak RSS: {peak:.0f} MB (target < {TARGET_MB} MB): **{'PASS' if peak < TARGET_MB else 'FAIL'}**"]
+              f"- peak RSS: {peak:.0f} MB (target < {TARGET_MB} MB): **{'PASS' if peak < TARGET_MB else 'FAIL'}**",
+              f"- median CPU time: {statistics.median(run['cpu_s'] for run in runs):.2f} s; CPU time / wall time "
+              f"{min(r['cpu_s'] / r['wall_s'] for r in runs):.0%} to {max(r['cpu_s'] / r['wall_s'] for r in runs):.0%} "
+              "(below 100 %: the child waited for a CPU held by other processes)"]
     return lines
 
 

@@ -116,6 +116,11 @@ def test_bad_settings_are_refused_with_the_fix(settings, message):
         profile("flux-dev", **settings)
 
 
+def test_video_frames_must_fit_the_temporal_compression():
+    with pytest.raises(DiffmeterError, match="use 4k\\+1 frames, e.g. 77 or 81"):
+        profile("wan21-t2v-1.3b", num_frames=80)
+
+
 def test_kandinsky3_needs_multiples_of_64():
     with pytest.raises(DiffmeterError, match="multiple of 64"):
         profile("kandinsky3", height=1000)
@@ -127,3 +132,23 @@ def test_committed_json_schema_is_current():
 
     committed = json.loads((Path(__file__).parents[1] / "docs" / "profile.schema.json").read_text())
     assert committed == Profile.model_json_schema(mode="serialization")
+
+
+@pytest.mark.parametrize("name", ["pixart-sigma-1024", "sana-1600m-1024", "hunyuandit"])
+def test_resolution_binning_counts_the_size_the_pipeline_generates(name):
+    binned = profile(name, height=1000, width=600, steps=1)
+    requested = profile(
+        name, height=1024, width=608 if name != "sana-1600m-1024" else 608 + 32, steps=1, resolution_binning=False
+    )
+    assert (binned.height, binned.width) != (1000, 600) and binned.height % 64 == 0
+    assert any("resolution binning: 600x1000 requested" in note for note in binned.notes)
+    assert requested.height == 1024 and not any("binning" in note for note in requested.notes)
+
+
+def test_bin_sizes_are_left_alone():
+    result = profile("pixart-sigma-1024", height=1024, width=1024)
+    assert (result.height, result.width) == (1024, 1024) and not result.notes
+    assert profile("sana-600m-1024").notes == [
+        "the complex-human-instruction length (220 tokens) is an estimate; --instruction-tokens N sets the true "
+        "Gemma token count"
+    ]

@@ -40,6 +40,7 @@ def run_tiny(entry: PipelineEntry, batch_size: int = 1, guidance_scale: float | 
         "steps": steps or defaults.steps,
         "guidance_scale": defaults.guidance_scale if guidance_scale is None else guidance_scale,
         "batch_size": batch_size,
+        "resolution_binning": defaults.resolution_binning,
     }
     kwargs = dict(
         num_inference_steps=settings["steps"],

@@ -61,6 +61,9 @@ def profile(
     instruction_tokens: Annotated[
         int | None, typer.Option(help="SANA: tokens of the complex human instruction")
     ] = None,
+    resolution_binning: Annotated[
+        bool, typer.Option(help="snap sizes to the pipeline's aspect-ratio bins, as PixArt/SANA/HunyuanDiT do")
+    ] = True,
     depth: Annotated[int, typer.Option(help="also break MACs down by module, this many levels deep")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="print CSV, a row per component")] = False,

@@ -22,6 +22,7 @@ class ProfileSpec:
     prompt_tokens: int | None = None
     negative_prompt_tokens: int | None = None
     instruction_tokens: int | None = None
+    resolution_binning: bool | None = None
     text_max_length: dict[str, int] = field(default_factory=dict)
 
     def with_defaults(self, defaults) -> ProfileSpec:
@@ -34,6 +35,9 @@ class ProfileSpec:
             guidance_scale=defaults.guidance_scale if self.guidance_scale is None else self.guidance_scale,
             num_frames=self.num_frames or defaults.num_frames,
             dtype=self.dtype or defaults.dtype,
+            resolution_binning=defaults.resolution_binning
+            if self.resolution_binning is None
+            else self.resolution_binning,
         )
         spec.check()
         return spec

@@ -18,6 +18,8 @@ class Defaults(BaseModel):
     guidance_scale: float
     dtype: DType = "float32"
     num_frames: int | None = None
+    #: the pipeline snaps sizes to aspect-ratio bins by default (PixArt, SANA, HunyuanDiT)
+    resolution_binning: bool = True
 
 
 class ComponentEntry(BaseModel):

@@ -9,7 +9,7 @@ the tests run the real pipeline under the FLOP counter and compare.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import torch
@@ -46,6 +46,8 @@ class Shapes:
     latent_width: int
     latent_frames: int | None
     text_tokens: dict[str, int] = field(default_factory=dict)
+    #: modelling assumptions worth telling the reader (binning, estimates, prompt lengths)
+    notes: list[str] = field(default_factory=list)
 
     def config(self, component: str) -> dict[str, Any]:
         return self.entry.components[component].config
@@ -91,7 +93,19 @@ class Family:
     def pixel_multiple(self, entry: PipelineEntry) -> int:
         return self.vae_scale(entry) * self.patch(entry)
 
+    def binned_size(self, entry: PipelineEntry, height: int, width: int) -> tuple[int, int] | None:
+        """The size the pipeline really generates at when it bins resolutions; None if it does not."""
+        return None
+
     def shapes(self, entry: PipelineEntry, spec: ProfileSpec) -> Shapes:
+        notes = []
+        binned = self.binned_size(entry, spec.height, spec.width) if spec.resolution_binning else None
+        if binned and binned != (spec.height, spec.width):
+            notes.append(
+                f"resolution binning: {spec.width}x{spec.height} requested, the pipeline generates at "
+                f"{binned[1]}x{binned[0]} and resizes the image (--no-resolution-binning to count the request)"
+            )
+            spec = replace(spec, height=binned[0], width=binned[1])
         multiple = self.pixel_multiple(entry)
         for side in ("height", "width"):
             value = getattr(spec, side)
@@ -103,7 +117,8 @@ class Family:
                 )
         scale = self.vae_scale(entry)
         lengths = {**entry.text_max_length, **spec.text_max_length}
-        return Shapes(entry, spec, spec.height // scale, spec.width // scale, self.latent_frames(entry, spec), lengths)
+        frames = self.latent_frames(entry, spec)
+        return Shapes(entry, spec, spec.height // scale, spec.width // scale, frames, lengths, notes)
 
     def latent_frames(self, entry: PipelineEntry, spec: ProfileSpec) -> int | None:
         return None
@@ -199,6 +214,13 @@ def register(cls: type[Family]) -> type[Family]:
     """Class decorator: add a family to the registry under its ``name``."""
     FAMILIES[cls.name] = cls()
     return cls
+
+
+def aspect_ratio_bin(height: int, width: int, bins: dict) -> tuple[int, int]:
+    """diffusers' own bin classifier (PixArtImageProcessor.classify_height_width_bin)."""
+    from diffusers.image_processor import PixArtImageProcessor
+
+    return PixArtImageProcessor.classify_height_width_bin(height, width, ratios=bins)
 
 
 def get_family(name: str) -> Family:

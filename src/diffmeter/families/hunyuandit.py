@@ -10,6 +10,14 @@ class HunyuanDiT(Family):
     name = "hunyuandit"
     text_encoders = ("text_encoder", "text_encoder_2")
 
+    def binned_size(self, entry, height, width):
+        from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import SUPPORTED_SHAPE, map_to_standard_shapes
+
+        if (height, width) in SUPPORTED_SHAPE:
+            return height, width
+        width, height = map_to_standard_shapes(width, height)
+        return int(height), int(width)
+
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         from diffusers.models.embeddings import get_2d_rotary_pos_embed
         from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid

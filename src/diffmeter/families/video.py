@@ -4,7 +4,19 @@ from types import SimpleNamespace
 
 import torch
 
+from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import Family, Shapes, register, timesteps
+
+
+def _latent_frames(entry, num_frames: int, temporal: int) -> int:
+    """Causal video VAEs keep the first frame and compress the rest ``temporal`` times."""
+    if (num_frames - 1) % temporal:
+        fit = (num_frames - 1) // temporal * temporal + 1
+        raise DiffmeterError(
+            f"--num-frames {num_frames} does not fit {entry.name}'s {temporal}x temporal compression: "
+            f"use {temporal}k+1 frames, e.g. {fit} or {fit + temporal}"
+        )
+    return (num_frames - 1) // temporal + 1
 
 
 @register
@@ -25,7 +37,7 @@ class Wan(Family):
 
     def latent_frames(self, entry, spec) -> int:
         temporal = 2 ** sum(entry.components[self.decoder].config["temperal_downsample"])
-        return (spec.num_frames - 1) // temporal + 1
+        return _latent_frames(entry, spec.num_frames, temporal)
 
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)
@@ -51,7 +63,7 @@ class CogVideoX(Family):
 
     def latent_frames(self, entry, spec) -> int:
         temporal = entry.components[self.decoder].config["temporal_compression_ratio"]
-        return (spec.num_frames - 1) // temporal + 1
+        return _latent_frames(entry, spec.num_frames, temporal)
 
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)

@@ -77,6 +77,7 @@ class Profile(BaseModel):
     total_flops: int
     params: int
     param_bytes: int
+    notes: list[str] = []
     units: dict[str, str] = UNITS
 
     def share(self, component: ComponentProfile) -> float:
@@ -99,6 +100,7 @@ def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
         spec = replace(spec, num_frames=1)
     shapes = family.shapes(entry, spec)
     plan = family.plan(shapes)
+    spec = shapes.spec  # binning may have changed the size
     bytes_per_param = BYTES_PER_PARAM[spec.dtype]
 
     components = []
@@ -128,6 +130,7 @@ def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
         total_flops=2 * total_macs,
         params=params,
         param_bytes=params * bytes_per_param,
+        notes=shapes.notes,
     )
 
 

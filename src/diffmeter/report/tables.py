@@ -76,9 +76,12 @@ def profile_table(profile: Profile) -> Table:
         "100%",
         style="bold",
     )
-    table.caption = (
-        f"parameters: {units.nbytes(profile.param_bytes)} at {profile.dtype}. "
-        "1 MAC = 1 multiply-add = 2 FLOPs. Calls include classifier-free guidance as the pipeline runs it."
+    table.caption = "\n".join(
+        [
+            f"parameters: {units.nbytes(profile.param_bytes)} at {profile.dtype}. "
+            "1 MAC = 1 multiply-add = 2 FLOPs. Calls include classifier-free guidance as the pipeline runs it.",
+            *(f"note: {note}" for note in profile.notes),
+        ]
     )
     return table
 
