@@ -12,7 +12,7 @@ Measures:
    c. fvcore: ``FlopCountAnalysis`` on the same module and input.
    All three report MACs (multiply-accumulates); the differences are broken down.
 
-Run from the repo root:  python benchmarks/profile_speed.py   (about 5 minutes on 2 cores)
+Run from the repo root:  python benchmarks/profile_speed.py   (5 to 10 minutes on 2 cores)
 thop and fvcore come with the `compare` extra:  pip install -e '.[compare]'
 The report is printed and written to benchmarks/results/profile_speed.md.
 """
@@ -273,8 +273,8 @@ def linear_check() -> str:
         from fvcore.nn import FlopCountAnalysis
 
         found.append(f"fvcore {int(FlopCountAnalysis(layer, x).total()):,}")
-    return (f"Unit check, nn.Linear(100, 200) on a 3x100 input = 3*100*200 = 60,000 MACs: "
-            f"{', '.join(found) or 'neither tool installed'} (both count MACs, bias adds not counted).")
+    verdict = f"{', '.join(found)}: MACs, bias adds not counted" if found else "neither tool installed"
+    return f"Unit check, nn.Linear(100, 200) on a 3x100 input = 3*100*200 = 60,000 MACs: {verdict}."
 
 
 # -- main --------------------------------------------------------------------------------

@@ -75,3 +75,16 @@ def test_local_directory_without_index_exits_2(capsys, monkeypatch, tmp_path):
 def test_console_script_is_installed():
     result = subprocess.run(["diffmeter", "profile", "nope"], capture_output=True, text=True)
     assert result.returncode == 2 and result.stderr.startswith("error: unknown model 'nope'")
+
+
+def test_parallel_workers_give_the_serial_answer(capsys, monkeypatch):
+    _, serial, _ = run(capsys, monkeypatch, "profile", "tiny-sd", "tiny-dit", "tiny-sd3", "--jobs", "1", "--json")
+    code, parallel, _ = run(capsys, monkeypatch, "profile", "tiny-sd", "tiny-dit", "tiny-sd3", "--jobs", "2", "--json")
+    assert code == 0 and json.loads(parallel) == json.loads(serial)
+
+
+def test_no_resolution_binning_counts_the_requested_size(capsys, monkeypatch):
+    args = ("profile", "pixart-sigma-1024", "--height", "1008", "--width", "608", "--steps", "1", "--json")
+    _, binned, _ = run(capsys, monkeypatch, *args)
+    code, requested, _ = run(capsys, monkeypatch, *args, "--no-resolution-binning")
+    assert code == 0 and json.loads(requested)["width"] == 608 and json.loads(binned)["width"] != 608

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 import warnings
 from typing import Annotated
@@ -65,12 +66,13 @@ def profile(
         bool, typer.Option(help="snap sizes to the pipeline's aspect-ratio bins, as PixArt/SANA/HunyuanDiT do")
     ] = True,
     depth: Annotated[int, typer.Option(help="also break MACs down by module, this many levels deep")] = 0,
+    jobs: Annotated[int, typer.Option(help="worker processes for several profiles (default: CPU count)")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="print CSV, a row per component")] = False,
 ) -> None:
     """Count MACs and FLOPs of a whole generation, per component, from configs alone."""
     from diffmeter.catalog import all_entries
-    from diffmeter.flops.profile import profile_spec
+    from diffmeter.flops.profile import profile_many
     from diffmeter.report.export import profiles_csv
     from diffmeter.report.tables import profile_table, summary_table
     from diffmeter.spec import ProfileSpec
@@ -82,9 +84,10 @@ def profile(
         raise DiffmeterError("name a MODEL (see `diffmeter models`) or pass --all")
     if depth < 0:
         raise DiffmeterError(f"--depth must be 0 or more, got {depth}")
-    results = []
-    for name, (h, w), n in itertools.product(names, _sizes(height, width), _numbers(steps, "--steps")):
-        spec = ProfileSpec(
+    if jobs < 0:
+        raise DiffmeterError(f"--jobs must be 0 (one per CPU) or more, got {jobs}")
+    specs = [
+        ProfileSpec(
             model=name,
             height=h,
             width=w,
@@ -96,8 +99,11 @@ def profile(
             prompt_tokens=prompt_tokens,
             negative_prompt_tokens=negative_prompt_tokens,
             instruction_tokens=instruction_tokens,
+            resolution_binning=None if resolution_binning else False,
         )
-        results.append(profile_spec(spec, depth=depth))
+        for name, (h, w), n in itertools.product(names, _sizes(height, width), _numbers(steps, "--steps"))
+    ]
+    results = profile_many(specs, depth=depth, jobs=jobs or os.cpu_count() or 1)
     if as_json:
         payload = results[0].to_json_dict() if len(results) == 1 else {"profiles": [p.to_json_dict() for p in results]}
         print(json.dumps(payload, indent=2))

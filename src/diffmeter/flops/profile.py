@@ -7,6 +7,8 @@ since only matmuls, convolutions and attention are counted.
 from __future__ import annotations
 
 import json
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
 import torch
@@ -90,6 +92,16 @@ class Profile(BaseModel):
 def profile(model: str, *, depth: int = 0, **settings) -> Profile:
     """Count MACs/FLOPs of ``model`` at the given settings (see ``ProfileSpec``)."""
     return profile_spec(ProfileSpec(model=model, **settings), depth=depth)
+
+
+def profile_many(specs: list[ProfileSpec], depth: int = 0, jobs: int = 1) -> list[Profile]:
+    """Profile several specs, in ``jobs`` forked worker processes when there is more than one."""
+    jobs = min(jobs, len(specs))
+    if jobs <= 1:
+        return [profile_spec(spec, depth) for spec in specs]
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        return list(pool.map(profile_spec, specs, [depth] * len(specs)))
 
 
 def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
