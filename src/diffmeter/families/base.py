@@ -52,6 +52,13 @@ class Shapes:
     def config(self, component: str) -> dict[str, Any]:
         return self.entry.components[component].config
 
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def note_prompt_upper_bound(self, what: str) -> None:
+        self.note(f"{what} (an upper bound); --prompt-tokens N counts a real prompt")
+
     @property
     def cfg(self) -> bool:
         return self.spec.guidance_scale > 1.0

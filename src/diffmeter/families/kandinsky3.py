@@ -27,6 +27,9 @@ class Kandinsky3(Family):
         """The pipeline cuts the context after the longest prompt's last token, plus one."""
         length = shapes.text_tokens["text_encoder"]
         if shapes.spec.prompt_tokens is None:
+            shapes.note_prompt_upper_bound(
+                f"the UNet context is cut after the prompt's tokens; assumed the full {length}"
+            )
             return length
         return min(shapes.spec.prompt_tokens + 1, length)
 

@@ -18,8 +18,10 @@ class LuminaNext(Family):
     def shapes(self, entry, spec):
         shapes = super().shapes(entry, spec)
         # prompts are padded to the longest one, rounded up to a multiple of 8
-        if spec.prompt_tokens is not None and "text_encoder" not in spec.text_max_length:
-            limit = shapes.text_tokens["text_encoder"]
+        limit = shapes.text_tokens["text_encoder"]
+        if spec.prompt_tokens is None:
+            shapes.note_prompt_upper_bound(f"prompts are padded to the longest one; assumed the full {limit} tokens")
+        else:
             shapes.text_tokens["text_encoder"] = min(limit, math.ceil(spec.prompt_tokens / 8) * 8)
         return shapes
 
@@ -56,6 +58,11 @@ class Lumina2(Family):
         steps, batch = shapes.spec.steps, shapes.spec.batch_size
         padded = shapes.text_tokens["text_encoder"]
         prompt = min(shapes.spec.prompt_tokens or padded, padded)
+        if shapes.spec.prompt_tokens is None:
+            shapes.note_prompt_upper_bound(
+                f"the joint sequence holds each prompt's real tokens; assumed all {padded} for the prompt "
+                "and 1 (<bos>) for the default empty negative prompt"
+            )
         lengths = [("cond", prompt)]
         if shapes.cfg:
             # the default negative prompt is "" without the system prompt: just <bos>

@@ -41,7 +41,7 @@ class Sana(Family):
         prompt_length = length + instruction - 2 if instruction else length
         estimate = shapes.entry.extra.get("instruction_tokens", {})
         if shapes.spec.instruction_tokens is None and estimate.get("value") and "ESTIMATE" in estimate.get("note", ""):
-            shapes.notes.append(
+            shapes.note(
                 f"the complex-human-instruction length ({instruction} tokens) is an estimate; "
                 "--instruction-tokens N sets the true Gemma token count"
             )
