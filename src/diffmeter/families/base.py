@@ -100,9 +100,26 @@ class Family:
     def pixel_multiple(self, entry: PipelineEntry) -> int:
         return self.vae_scale(entry) * self.patch(entry)
 
+    #: resolution binning by aspect ratio, as PixArt/SANA pipelines do it: the diffusers module
+    #: holding the tables, and which table each denoiser ``sample_size`` uses
+    bin_tables: ClassVar[tuple[str, dict[int, str]] | None] = None
+
     def binned_size(self, entry: PipelineEntry, height: int, width: int) -> tuple[int, int] | None:
         """The size the pipeline really generates at when it bins resolutions; None if it does not."""
-        return None
+        if self.bin_tables is None:
+            return None
+        import importlib
+
+        from diffusers.image_processor import PixArtImageProcessor
+
+        module, tables = self.bin_tables
+        sample_size = entry.components[self.denoiser].config["sample_size"]
+        if sample_size not in tables:
+            raise DiffmeterError(
+                f"{entry.name}: no resolution bins for sample_size {sample_size}; pass --no-resolution-binning"
+            )
+        bins = getattr(importlib.import_module(module), tables[sample_size])
+        return PixArtImageProcessor.classify_height_width_bin(height, width, ratios=bins)
 
     def shapes(self, entry: PipelineEntry, spec: ProfileSpec) -> Shapes:
         notes = []
@@ -221,13 +238,6 @@ def register(cls: type[Family]) -> type[Family]:
     """Class decorator: add a family to the registry under its ``name``."""
     FAMILIES[cls.name] = cls()
     return cls
-
-
-def aspect_ratio_bin(height: int, width: int, bins: dict) -> tuple[int, int]:
-    """diffusers' own bin classifier (PixArtImageProcessor.classify_height_width_bin)."""
-    from diffusers.image_processor import PixArtImageProcessor
-
-    return PixArtImageProcessor.classify_height_width_bin(height, width, ratios=bins)
 
 
 def get_family(name: str) -> Family:

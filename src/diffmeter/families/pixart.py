@@ -2,32 +2,22 @@
 
 import torch
 
-from diffmeter.errors import DiffmeterError
-from diffmeter.families.base import Family, Shapes, aspect_ratio_bin, latents, register, timesteps
-
-#: transformer sample_size -> the bin table PixArt pipelines use (name in diffusers)
-_BINS = {
-    256: "ASPECT_RATIO_2048_BIN",
-    128: "ASPECT_RATIO_1024_BIN",
-    64: "ASPECT_RATIO_512_BIN",
-    32: "ASPECT_RATIO_256_BIN",
-}
+from diffmeter.families.base import Family, Shapes, latents, register, timesteps
 
 
 @register
 class PixArt(Family):
     name = "pixart"
     text_encoders = ("text_encoder",)
-
-    def binned_size(self, entry, height, width):
-        from diffusers.pipelines.pixart_alpha import pipeline_pixart_sigma
-
-        sample_size = entry.components[self.denoiser].config["sample_size"]
-        if sample_size not in _BINS:
-            raise DiffmeterError(
-                f"{entry.name}: no resolution bins for sample_size {sample_size}; pass --no-resolution-binning"
-            )
-        return aspect_ratio_bin(height, width, getattr(pipeline_pixart_sigma, _BINS[sample_size]))
+    bin_tables = (
+        "diffusers.pipelines.pixart_alpha.pipeline_pixart_sigma",
+        {
+            256: "ASPECT_RATIO_2048_BIN",
+            128: "ASPECT_RATIO_1024_BIN",
+            64: "ASPECT_RATIO_512_BIN",
+            32: "ASPECT_RATIO_256_BIN",
+        },
+    )
 
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)

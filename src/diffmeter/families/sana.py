@@ -2,35 +2,25 @@
 
 import torch
 
-from diffmeter.errors import DiffmeterError
-from diffmeter.families.base import TEXT_ENCODER, Call, Family, Shapes, aspect_ratio_bin, latents, register, timesteps
-
-#: transformer sample_size -> the bin table SanaPipeline uses (name in diffusers)
-_BINS = {
-    128: "ASPECT_RATIO_4096_BIN",
-    64: "ASPECT_RATIO_2048_BIN",
-    32: "ASPECT_RATIO_1024_BIN",
-    16: "ASPECT_RATIO_512_BIN",
-}
+from diffmeter.families.base import TEXT_ENCODER, Call, Family, Shapes, latents, register, timesteps
 
 
 @register
 class Sana(Family):
     name = "sana"
     text_encoders = ("text_encoder",)
+    bin_tables = (
+        "diffusers.pipelines.sana.pipeline_sana",
+        {
+            128: "ASPECT_RATIO_4096_BIN",
+            64: "ASPECT_RATIO_2048_BIN",
+            32: "ASPECT_RATIO_1024_BIN",
+            16: "ASPECT_RATIO_512_BIN",
+        },
+    )
 
     def vae_scale(self, entry) -> int:
         return 2 ** (len(entry.components[self.decoder].config["encoder_block_out_channels"]) - 1)
-
-    def binned_size(self, entry, height, width):
-        from diffusers.pipelines.sana import pipeline_sana
-
-        sample_size = entry.components[self.denoiser].config["sample_size"]
-        if sample_size not in _BINS:
-            raise DiffmeterError(
-                f"{entry.name}: no resolution bins for sample_size {sample_size}; pass --no-resolution-binning"
-            )
-        return aspect_ratio_bin(height, width, getattr(pipeline_sana, _BINS[sample_size]))
 
     def text_calls(self, shapes: Shapes) -> list[Call]:
         # the prompt is prefixed with the "complex human instruction" and padded to
