@@ -43,6 +43,7 @@ EXTRA_HINT = "pip install -e '.[compare]'"
 
 # -- measuring ---------------------------------------------------------------------------
 
+
 def rss_mb() -> tuple[float, float]:
     """Current and peak resident set size of this process, in MB."""
     status = Path("/proc/self/status").read_text()
@@ -94,11 +95,17 @@ def run_cli(args: list[str]) -> dict:
             err.seek(0)
             raise RuntimeError(f"diffmeter {' '.join(args)} failed:\n{err.read().decode()[-2000:]}")
         out.seek(0)
-        return {"wall_s": seconds, "cpu_s": usage.ru_utime + usage.ru_stime, "mb": peak,
-                "models": len(json.load(out)["profiles"]), "load": load}
+        return {
+            "wall_s": seconds,
+            "cpu_s": usage.ru_utime + usage.ru_stime,
+            "mb": peak,
+            "models": len(json.load(out)["profiles"]),
+            "load": load,
+        }
 
 
 # -- the three counters ------------------------------------------------------------------
+
 
 class UNetOneInput(torch.nn.Module):
     """The UNet as a one-tensor module (thop and fvcore call forward positionally)."""
@@ -148,15 +155,20 @@ def fvcore_unet(model: torch.nn.Module, sample: torch.Tensor) -> dict:
         analysis = FlopCountAnalysis(model, (sample,))
         analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
         total = analysis.total()
-    return {"macs": int(total), "by_operator": dict(analysis.by_operator()),
-            "unsupported": dict(analysis.unsupported_ops())}
+    return {
+        "macs": int(total),
+        "by_operator": dict(analysis.by_operator()),
+        "unsupported": dict(analysis.unsupported_ops()),
+    }
 
 
 def analytic_attention_macs(config: dict) -> int:
     """softmax(QK^T)V of SD 1.x's UNet by hand: 2 matmuls of B*Lq*Lkv*C MACs per attention;
     every level but the last has (2 down + 3 up) transformer blocks, the mid block one."""
-    levels = [(config["block_out_channels"][i], (LATENT >> i) ** 2, 2 * config["layers_per_block"] + 1)
-              for i in range(len(config["block_out_channels"]) - 1)]
+    levels = [
+        (config["block_out_channels"][i], (LATENT >> i) ** 2, 2 * config["layers_per_block"] + 1)
+        for i in range(len(config["block_out_channels"]) - 1)
+    ]
     levels.append((config["block_out_channels"][-1], (LATENT >> (len(levels))) ** 2, 1))
     return sum(blocks * 2 * BATCH * length * (length + TOKENS) * channels for channels, length, blocks in levels)
 
@@ -171,16 +183,19 @@ def optional(module: str):
 
 # -- report ------------------------------------------------------------------------------
 
+
 def machine(load_at_start: float) -> list[str]:
     cpu = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
     ram_kb = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1))
     versions = ", ".join(f"{name} {version(name)}" for name in ("torch", "diffusers", "transformers", "thop", "fvcore"))
-    return [f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
-            f"- machine: {len(os.sched_getaffinity(0))} CPUs (nproc), {cpu.group(1) if cpu else 'unknown CPU'}, "
-            f"{ram_kb / 2**20:.1f} GiB RAM; Python {sys.version.split()[0]}",
-            f"- packages: diffmeter {version('diffmeter')}, {versions}",
-            f"- 1-minute load average: {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end "
-            f"(above ~0.1, other processes shared the CPUs and inflated wall times)"]
+    return [
+        f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
+        f"- machine: {len(os.sched_getaffinity(0))} CPUs (nproc), {cpu.group(1) if cpu else 'unknown CPU'}, "
+        f"{ram_kb / 2**20:.1f} GiB RAM; Python {sys.version.split()[0]}",
+        f"- packages: diffmeter {version('diffmeter')}, {versions}",
+        f"- 1-minute load average: {load_at_start:.2f} at start, {os.getloadavg()[0]:.2f} at end "
+        f"(above ~0.1, other processes shared the CPUs and inflated wall times)",
+    ]
 
 
 def version(name: str) -> str:
@@ -201,48 +216,69 @@ def pct(value: float, reference: float) -> str:
 def cli_section(runs: list[dict], serial: dict) -> list[str]:
     median = statistics.median(run["wall_s"] for run in runs)
     peak = max(run["mb"] for run in runs)
-    lines = ["## 1. `diffmeter profile --all --json`, cold process", "",
-             f"{runs[0]['models']} catalog models per run.", "",
-             "| run | wall time (s) | CPU time, user+sys (s) | peak RSS, all processes (MB) | load avg at start (1 min) |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {i} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['mb']:.0f} | {r['load']:.2f} |"
-              for i, r in enumerate(runs, 1)]
-    lines.append(f"| `--jobs 1` (one process) | {serial['wall_s']:.2f} | {serial['cpu_s']:.2f} | {serial['mb']:.0f} | "
-                 f"{serial['load']:.2f} |")
-    lines += ["", f"- median wall time: {median:.2f} s (target < {TARGET_S:.0f} s): "
-                  f"**{'PASS' if median < TARGET_S else 'FAIL'}**",
-              f"- peak RSS: {peak:.0f} MB (target < {TARGET_MB} MB): **{'PASS' if peak < TARGET_MB else 'FAIL'}**",
-              f"- median CPU time: {statistics.median(run['cpu_s'] for run in runs):.2f} s; CPU time / wall time "
-              f"{min(r['cpu_s'] / r['wall_s'] for r in runs):.0%} to {max(r['cpu_s'] / r['wall_s'] for r in runs):.0%} "
-              "(the default forks one worker per CPU, so up to 200 % on 2 cores; lower means waiting for a CPU)"]
+    lines = [
+        "## 1. `diffmeter profile --all --json`, cold process",
+        "",
+        f"{runs[0]['models']} catalog models per run.",
+        "",
+        "| run | wall time (s) | CPU time, user+sys (s) | peak RSS, all processes (MB) | load avg at start (1 min) |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {i} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['mb']:.0f} | {r['load']:.2f} |"
+        for i, r in enumerate(runs, 1)
+    ]
+    lines.append(
+        f"| `--jobs 1` (one process) | {serial['wall_s']:.2f} | {serial['cpu_s']:.2f} | {serial['mb']:.0f} | "
+        f"{serial['load']:.2f} |"
+    )
+    lines += [
+        "",
+        f"- median wall time: {median:.2f} s (target < {TARGET_S:.0f} s): "
+        f"**{'PASS' if median < TARGET_S else 'FAIL'}**",
+        f"- peak RSS: {peak:.0f} MB (target < {TARGET_MB} MB): **{'PASS' if peak < TARGET_MB else 'FAIL'}**",
+        f"- median CPU time: {statistics.median(run['cpu_s'] for run in runs):.2f} s; CPU time / wall time "
+        f"{min(r['cpu_s'] / r['wall_s'] for r in runs):.0%} to {max(r['cpu_s'] / r['wall_s'] for r in runs):.0%} "
+        "(the default forks one worker per CPU, so up to 200 % on 2 cores; lower means waiting for a CPU)",
+    ]
     return lines
 
 
 def unet_section(dm: dict, build: dict | None, thop_r: dict | None, fv: dict | None, analytic: int) -> list[str]:
     ref, kinds = dm["macs"], dm["by_kind"]
     attention = kinds["attention"]
-    lines = ["## 2. SD 1.5 UNet, one call at 512x512, batch 2 (CFG), fp32, CPU", "",
-             f"Inputs: sample {BATCH}x4x{LATENT}x{LATENT}, timestep scalar, text states {BATCH}x{TOKENS}x768. "
-             "MAC = one multiply-accumulate. thop and fvcore run under torch.no_grad() on CPU with random "
-             "real-size weights; diffmeter counts on the meta device (no weights, no arithmetic).", "",
-             "| tool | MACs | difference vs diffmeter | time (s) | peak RSS increase (MB) |", "|---|---|---|---|---|",
-             f"| diffmeter (meta) | {g(ref)} ({ref:,}) | reference | {dm['seconds']:.2f} | {dm['mb']:.0f} |"]
+    lines = [
+        "## 2. SD 1.5 UNet, one call at 512x512, batch 2 (CFG), fp32, CPU",
+        "",
+        f"Inputs: sample {BATCH}x4x{LATENT}x{LATENT}, timestep scalar, text states {BATCH}x{TOKENS}x768. "
+        "MAC = one multiply-accumulate. thop and fvcore run under torch.no_grad() on CPU with random "
+        "real-size weights; diffmeter counts on the meta device (no weights, no arithmetic).",
+        "",
+        "| tool | MACs | difference vs diffmeter | time (s) | peak RSS increase (MB) |",
+        "|---|---|---|---|---|",
+        f"| diffmeter (meta) | {g(ref)} ({ref:,}) | reference | {dm['seconds']:.2f} | {dm['mb']:.0f} |",
+    ]
     if build:
         lines.append(f"| build UNet on CPU (for thop/fvcore) | - | - | {build['seconds']:.2f} | {build['mb']:.0f} |")
     for name, r in (("thop", thop_r), ("fvcore", fv)):
         if r:
-            lines.append(f"| {name} (CPU forward) | {g(r['macs'])} ({r['macs']:,}) | {pct(r['macs'], ref)} | "
-                         f"{r['seconds']:.2f} | {r['mb']:.0f} |")
+            lines.append(
+                f"| {name} (CPU forward) | {g(r['macs'])} ({r['macs']:,}) | {pct(r['macs'], ref)} | "
+                f"{r['seconds']:.2f} | {r['mb']:.0f} |"
+            )
         else:
             lines.append(f"| {name} | not installed: `{EXTRA_HINT}` | | | |")
-    lines += ["", f"diffmeter by kind: matmul {g(kinds['matmul'])}, convolution {g(kinds['convolution'])}, "
-                  f"attention (SDPA: QK^T and AV) {g(attention)} = {100 * attention / ref:.2f} % of the call. "
-                  f"By hand from the config: {g(analytic)} attention "
-                  f"({'matches' if analytic == attention else 'DIFFERS'}).",
-              f"diffmeter timing: first `diffmeter.profile(\"sd15\", steps=1)` in a process after importing diffmeter "
-              f"and the model classes ({dm['import_s']:.2f} s); it builds and counts all 3 components "
-              f"(UNet, CLIP text encoder, VAE) on meta. "
-              f"A repeated call (memoized counts) takes {dm['repeat_s']:.3f} s."]
+    lines += [
+        "",
+        f"diffmeter by kind: matmul {g(kinds['matmul'])}, convolution {g(kinds['convolution'])}, "
+        f"attention (SDPA: QK^T and AV) {g(attention)} = {100 * attention / ref:.2f} % of the call. "
+        f"By hand from the config: {g(analytic)} attention "
+        f"({'matches' if analytic == attention else 'DIFFERS'}).",
+        f'diffmeter timing: first `diffmeter.profile("sd15", steps=1)` in a process after importing diffmeter '
+        f"and the model classes ({dm['import_s']:.2f} s); it builds and counts all 3 components "
+        f"(UNet, CLIP text encoder, VAE) on meta. "
+        f"A repeated call (memoized counts) takes {dm['repeat_s']:.3f} s.",
+    ]
     if thop_r:
         lines += ["", *thop_notes(thop_r, kinds, attention)]
     if fv:
@@ -255,14 +291,16 @@ def thop_notes(r: dict, kinds: dict, attention: int) -> list[str]:
     dense = by_type.get("Conv2d", 0) + by_type.get("Linear", 0)
     missing = kinds["matmul"] + kinds["convolution"] + attention - dense
     others = ", ".join(f"{k} {v:,}" for k, v in sorted(by_type.items()) if k not in ("Conv2d", "Linear") and v)
-    return ["**thop** counts forward hooks on leaf modules by exact type. "
-            f"Conv2d {g(by_type.get('Conv2d', 0))} + Linear {g(by_type.get('Linear', 0))} = {g(dense)}; "
-            f"vs diffmeter's convolution + matmul: {dense - kinds['matmul'] - kinds['convolution']:+,} MACs. "
-            f"It misses {g(missing)} of diffmeter's total, and diffmeter's attention is {g(attention)}: "
-            f"{'exactly the shortfall' if missing == attention else f'off by {missing - attention:+,} MACs'}. "
-            "`F.scaled_dot_product_attention` is a function, not a module, so thop never sees it. "
-            f"thop also adds non-MAC ops: {others or 'none'} (LayerNorm at 4 ops per element); "
-            "GroupNorm, SiLU and GELU have no thop rule and count 0."]
+    return [
+        "**thop** counts forward hooks on leaf modules by exact type. "
+        f"Conv2d {g(by_type.get('Conv2d', 0))} + Linear {g(by_type.get('Linear', 0))} = {g(dense)}; "
+        f"vs diffmeter's convolution + matmul: {dense - kinds['matmul'] - kinds['convolution']:+,} MACs. "
+        f"It misses {g(missing)} of diffmeter's total, and diffmeter's attention is {g(attention)}: "
+        f"{'exactly the shortfall' if missing == attention else f'off by {missing - attention:+,} MACs'}. "
+        "`F.scaled_dot_product_attention` is a function, not a module, so thop never sees it. "
+        f"thop also adds non-MAC ops: {others or 'none'} (LayerNorm at 4 ops per element); "
+        "GroupNorm, SiLU and GELU have no thop rule and count 0."
+    ]
 
 
 FVCORE_DENSE = ("conv", "linear", "matmul", "bmm", "addmm", "einsum", "baddbmm")
@@ -274,15 +312,16 @@ def fvcore_notes(r: dict, kinds: dict, attention: int) -> list[str]:
     missing = kinds["matmul"] + kinds["convolution"] + attention - dense
     extra = ", ".join(f"{op} {v:,}" for op, v in sorted(ops.items()) if op not in FVCORE_DENSE)
     unsupported = ", ".join(f"{op} x{n}" for op, n in sorted(r["unsupported"].items(), key=lambda kv: -kv[1]))
-    return ["**fvcore** traces the model with the JIT and counts per aten op, one \"flop\" per multiply-add "
-            f"(so MACs). By operator: {', '.join(f'{op} {v:,}' for op, v in sorted(ops.items()))}. "
-            f"Its matmul-like ops ({'/'.join(FVCORE_DENSE)}) sum to {g(dense)}; "
-            f"vs diffmeter's convolution + matmul: {dense - kinds['matmul'] - kinds['convolution']:+,} MACs. "
-            f"It misses {g(missing)} of diffmeter's total vs diffmeter's attention {g(attention)}: "
-            f"{'exactly the shortfall' if missing == attention else f'off by {missing - attention:+,} MACs'}. "
-            f"Skipped as unsupported (op x occurrences): {unsupported}. "
-            f"It also adds non-MAC estimates ({extra or 'none'}): norms at ~5 ops per element, upsampling at 1.",
-            ]
+    return [
+        '**fvcore** traces the model with the JIT and counts per aten op, one "flop" per multiply-add '
+        f"(so MACs). By operator: {', '.join(f'{op} {v:,}' for op, v in sorted(ops.items()))}. "
+        f"Its matmul-like ops ({'/'.join(FVCORE_DENSE)}) sum to {g(dense)}; "
+        f"vs diffmeter's convolution + matmul: {dense - kinds['matmul'] - kinds['convolution']:+,} MACs. "
+        f"It misses {g(missing)} of diffmeter's total vs diffmeter's attention {g(attention)}: "
+        f"{'exactly the shortfall' if missing == attention else f'off by {missing - attention:+,} MACs'}. "
+        f"Skipped as unsupported (op x occurrences): {unsupported}. "
+        f"It also adds non-MAC estimates ({extra or 'none'}): norms at ~5 ops per element, upsampling at 1.",
+    ]
 
 
 def linear_check() -> str:
@@ -302,6 +341,7 @@ def linear_check() -> str:
 
 
 # -- main --------------------------------------------------------------------------------
+
 
 def main() -> None:
     load_at_start = os.getloadavg()[0]
@@ -334,11 +374,25 @@ def main() -> None:
                 result, seconds, mb = measure(fn, model, sample)
                 results[name] = {**result, "seconds": seconds, "mb": mb}
 
-    lines = ["# diffmeter profile speed, and SD 1.5 UNet MACs vs thop and fvcore", "", *machine(load_at_start), "",
-             *cli_section(runs, serial), "",
-             *unet_section(dm, build, results.get("thop"), results.get("fvcore"),
-                           analytic_attention_macs(entry.components["unet"].config)), "",
-             linear_check(), "", "Reproduce: `python benchmarks/profile_speed.py` from the repo root."]
+    lines = [
+        "# diffmeter profile speed, and SD 1.5 UNet MACs vs thop and fvcore",
+        "",
+        *machine(load_at_start),
+        "",
+        *cli_section(runs, serial),
+        "",
+        *unet_section(
+            dm,
+            build,
+            results.get("thop"),
+            results.get("fvcore"),
+            analytic_attention_macs(entry.components["unet"].config),
+        ),
+        "",
+        linear_check(),
+        "",
+        "Reproduce: `python benchmarks/profile_speed.py` from the repo root.",
+    ]
     text = "\n".join(lines) + "\n"
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(text)
