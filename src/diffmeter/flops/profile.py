@@ -146,13 +146,17 @@ def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
     )
 
 
-def count_call(module: torch.nn.Module, name: str, call: Call, submodules: bool = True):
+def meta_inputs(call: Call) -> dict:
+    """A call's inputs on the meta device (tensors created without a device land there too)."""
+    with torch.device("meta"):
+        return call.build(torch.device("meta"))
+
+
+def count_call(module: torch.nn.Module, name: str, call: Call, inputs: dict, submodules: bool = True) -> FlopCounts:
     """Run one call of ``module`` on the meta device under the counter.
 
     Repeated blocks are reused except in VAE decoders, whose blocks carry state between
     calls (Wan's causal-convolution caches)."""
-    with torch.device("meta"):
-        inputs = call.build(torch.device("meta"))
     handle = call.prepare(module) if call.prepare else None
     try:
         reuse = call.role != VAE_DECODER
@@ -189,13 +193,13 @@ class MetaComponent:
         return self._params[self.key]
 
     def count(self, name: str, call: Call, submodules: bool) -> FlopCounts:
-        with torch.device("meta"):
-            signature = (call.method, call_signature(call.build(torch.device("meta"))), call.prepare is None, call.note)
+        inputs = meta_inputs(call)
         # keyed by structure, not config: configs differing only in scaling factors or
         # metadata build identical modules
+        signature = (call.method, call_signature(inputs), call.prepare is None, call.note)
         key = (type(self.module).__name__, repr(self.module), name, signature, submodules)
         if key not in self._counts:
-            self._counts[key] = count_call(self.module, name, call, submodules)
+            self._counts[key] = count_call(self.module, name, call, inputs, submodules)
         return self._counts[key]
 
 
