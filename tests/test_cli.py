@@ -88,3 +88,10 @@ def test_no_resolution_binning_counts_the_requested_size(capsys, monkeypatch):
     _, binned, _ = run(capsys, monkeypatch, *args)
     code, requested, _ = run(capsys, monkeypatch, *args, "--no-resolution-binning")
     assert code == 0 and json.loads(requested)["width"] == 608 and json.loads(binned)["width"] != 608
+
+
+def test_version(capsys, monkeypatch):
+    from diffmeter import __version__
+
+    code, out, _ = run(capsys, monkeypatch, "--version")
+    assert code == 0 and out.strip() == f"diffmeter {__version__}"

@@ -39,10 +39,28 @@ def _sizes(height: str | None, width: str | None) -> list[tuple[int | None, int 
     return list(zip(heights, widths, strict=True))
 
 
+def _version(value: bool) -> None:
+    if value:
+        from diffmeter import __version__
+
+        print(f"diffmeter {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """Measure diffusion-model inference: exact MACs/FLOPs per component, from configs alone."""
+
+
 @app.command()
 def profile(
     models: Annotated[
-        list[str] | None, typer.Argument(help="catalog name or hub id, local diffusers dir, or hub id in the HF cache")
+        list[str] | None,
+        typer.Argument(metavar="MODEL", help="catalog name or hub id, local diffusers dir, or hub id in the HF cache"),
     ] = None,
     all_models: Annotated[bool, typer.Option("--all", help="profile every real catalog model")] = False,
     height: Annotated[str | None, typer.Option(help="pixels; a comma list for a scaling table (width follows)")] = None,
