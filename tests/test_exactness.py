@@ -19,10 +19,11 @@ def test_offline_profile_equals_real_pipeline(entry):
     assert offline.total_macs == sum(real.values())
 
 
-@pytest.mark.parametrize("name", ["tiny-sd", "tiny-sd3", "tiny-pixart"])
-def test_exact_without_guidance_and_with_batch(name):
-    entry = next(e for e in TINY if e.name == name)
-    _, real, settings = run_tiny(entry, batch_size=2, guidance_scale=1.0)
+@pytest.mark.parametrize("guidance_scale", [None, 1.0], ids=["default-guidance", "no-guidance"])
+@pytest.mark.parametrize("entry", TINY, ids=lambda e: e.name)
+def test_exact_at_batch_two_with_and_without_guidance(entry, guidance_scale):
+    _, real, settings = run_tiny(entry, batch_size=2, guidance_scale=guidance_scale)
     offline = profile(entry.name, **settings)
     assert {c.name: c.macs for c in offline.components} == real
-    assert not offline.cfg
+    if guidance_scale == 1.0:
+        assert not offline.cfg

@@ -54,6 +54,7 @@ class ComponentProfile(BaseModel):
     macs: int
     flops: int
     macs_by_kind: dict[str, int]
+    share: float = 0.0
     invocations: list[CallProfile]
     modules_macs: dict[str, int] | None = None
 
@@ -81,9 +82,6 @@ class Profile(BaseModel):
     param_bytes: int
     notes: list[str] = []
     units: dict[str, str] = UNITS
-
-    def share(self, component: ComponentProfile) -> float:
-        return component.macs / self.total_macs if self.total_macs else 0.0
 
     def to_json_dict(self) -> dict:
         return self.model_dump(mode="json", by_alias=True)
@@ -122,6 +120,8 @@ def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
 
     denoiser_macs = sum(c.macs for c in components if c.role == DENOISER)
     total_macs = sum(c.macs for c in components)
+    for component in components:
+        component.share = component.macs / total_macs if total_macs else 0.0
     params = sum(c.params for c in components)
     return Profile(
         model=entry.id,

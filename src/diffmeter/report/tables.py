@@ -47,7 +47,7 @@ def profile_table(profile: Profile) -> Table:
             units.macs(component.macs_per_call),
             units.macs(component.macs),
             split,
-            f"{100 * profile.share(component):.1f}%",
+            f"{100 * component.share:.1f}%",
         )
         for path, value in (component.modules_macs or {}).items():
             table.add_row(
