@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import sys
 import warnings
 from typing import Annotated
@@ -121,7 +120,7 @@ def profile(
         )
         for name, (h, w), n in itertools.product(names, _sizes(height, width), _numbers(steps, "--steps"))
     ]
-    results = profile_many(specs, depth=depth, jobs=jobs or os.cpu_count() or 1)
+    results = profile_many(specs, depth=depth, jobs=jobs)
     if as_json:
         payload = results[0].to_json_dict() if len(results) == 1 else {"profiles": [p.to_json_dict() for p in results]}
         print(json.dumps(payload, indent=2))
@@ -137,11 +136,11 @@ def profile(
 def models(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
     """List the catalog: family, components, parameters and defaults."""
     from diffmeter.catalog import all_entries
-    from diffmeter.flops.profile import MetaComponent
+    from diffmeter.parallel import parallel_map
     from diffmeter.report.tables import catalog_table
 
     entries = list(all_entries())
-    params = {entry.id: sum(MetaComponent(c).params for c in entry.components.values()) for entry in entries}
+    params = dict(zip((e.id for e in entries), parallel_map(_entry_params, entries), strict=True))
     if as_json:
         rows = [
             {
@@ -160,6 +159,12 @@ def models(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] =
         print(json.dumps(rows, indent=2))
     else:
         console.print(catalog_table(entries, params))
+
+
+def _entry_params(entry) -> int:
+    from diffmeter.flops.profile import MetaComponent
+
+    return sum(MetaComponent(component).params for component in entry.components.values())
 
 
 def main() -> None:

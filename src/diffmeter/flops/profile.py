@@ -7,9 +7,8 @@ since only matmuls, convolutions and attention are counted.
 from __future__ import annotations
 
 import json
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
+from functools import partial
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from diffmeter.catalog import ComponentEntry, resolve
 from diffmeter.families import DENOISER, VAE_DECODER, Call, get_family
 from diffmeter.flops.counter import KINDS, FlopCounts, call_signature, count_flops
+from diffmeter.parallel import parallel_map
 from diffmeter.pipelines import build_component, count_params
 from diffmeter.spec import ProfileSpec
 
@@ -93,13 +93,8 @@ def profile(model: str, *, depth: int = 0, **settings) -> Profile:
 
 
 def profile_many(specs: list[ProfileSpec], depth: int = 0, jobs: int = 1) -> list[Profile]:
-    """Profile several specs, in ``jobs`` forked worker processes when there is more than one."""
-    jobs = min(jobs, len(specs))
-    if jobs <= 1:
-        return [profile_spec(spec, depth) for spec in specs]
-    context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(jobs, mp_context=context) as pool:
-        return list(pool.map(profile_spec, specs, [depth] * len(specs)))
+    """Profile several specs, in ``jobs`` worker processes (0: one per CPU)."""
+    return parallel_map(partial(profile_spec, depth=depth), specs, jobs)
 
 
 def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
