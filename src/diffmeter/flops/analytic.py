@@ -74,3 +74,71 @@ def dit(config: dict, image: int, text: int) -> int:
     patch = config["patch_size"] ** 2
     out = 256 * d + d * d + 2 * d * d + d * patch * config["out_channels"] * image
     return config["num_layers"] * block + config["in_channels"] * patch * d * image + out
+
+
+@formula("wan")
+def wan(config: dict, image: int, text: int) -> int:
+    d = config["num_attention_heads"] * config["attention_head_dim"]
+    self_attention = 4 * d * d * image + _attention(image, image, d)
+    cross_attention = 2 * d * d * image + 2 * d * d * text + _attention(image, text, d)
+    block = self_attention + cross_attention + 2 * d * config["ffn_dim"] * image
+    patch = config["patch_size"][0] * config["patch_size"][1] * config["patch_size"][2]
+    embed = config["in_channels"] * patch * d * image + config["text_dim"] * d * text + d * d * text
+    conditioning = config["freq_dim"] * d + d * d + 6 * d * d
+    out = d * patch * config["out_channels"] * image
+    return config["num_layers"] * block + embed + conditioning + out
+
+
+@formula("cogvideox")
+def cogvideox(config: dict, image: int, text: int) -> int:
+    d = config["num_attention_heads"] * config["attention_head_dim"]
+    s = image + text
+    time = config["time_embed_dim"]
+    block = 12 * d * d * s + _attention(s, s, d) + 2 * time * 6 * d  # joint attention, 4x MLP; two adaLN
+    patch = config["patch_size"] ** 2
+    embed = config["in_channels"] * patch * d * image + config["text_embed_dim"] * d * text
+    conditioning = d * time + time * time + time * 2 * d
+    out = d * patch * config["out_channels"] * image
+    return config["num_layers"] * block + embed + conditioning + out
+
+
+@formula("hunyuandit")
+def hunyuandit(config: dict, image: int, text: int) -> int:
+    d, layers = config["hidden_size"], config["num_layers"]
+    clip, t5 = config["text_len"], config["text_len_t5"]
+    width, width_t5 = config["cross_attention_dim"], config["cross_attention_dim_t5"]
+    tokens = clip + t5
+    self_attention = 4 * d * d * image + _attention(image, image, d)
+    cross_attention = 2 * d * d * image + 2 * width * d * tokens + _attention(image, tokens, d)
+    mlp = 2 * d * int(d * config["mlp_ratio"]) * image
+    blocks = layers * (self_attention + cross_attention + mlp + d * d) + (layers // 2) * 2 * d * d * image  # skips
+    patch = config["patch_size"] ** 2
+    text_projection = width_t5 * 4 * width * t5 + 4 * width * width * t5
+    pooler = 2 * width * width * (t5 + 1) + 2 * width * width + width * config["pooled_projection_dim"]
+    embed = config["in_channels"] * patch * d * image + text_projection + pooler
+    out = 2 * d * d + d * patch * config["in_channels"] * (2 if config["learn_sigma"] else 1) * image
+    return blocks + embed + out
+
+
+@formula("lumina2")
+def lumina2(config: dict, image: int, text: int, padded_text: int | None = None) -> int:
+    """``text``: the caption's real tokens (the joint layers); ``padded_text``: the padded
+    length the caption embedder and context refiner run over (default: ``text``)."""
+    padded = padded_text or text
+    d, heads, kv_heads = config["hidden_size"], config["num_attention_heads"], config["num_kv_heads"]
+    kv = kv_heads * d // heads  # grouped-query attention: fewer key/value heads
+    inner = int(4 * d * (config.get("ffn_dim_multiplier") or 1))
+    inner = config["multiple_of"] * -(-inner // config["multiple_of"])  # SwiGLU width, rounded up
+    condition = min(d, 1024)
+
+    def layer(tokens: int, modulated: bool) -> int:
+        projections = (2 * d * d + 2 * d * kv) * tokens
+        return projections + _attention(tokens, tokens, d) + 3 * d * inner * tokens + modulated * 4 * d * condition
+
+    s = image + text
+    refiners = config["num_refiner_layers"] * (layer(image, True) + layer(padded, False))
+    patch = config["patch_size"] ** 2
+    embed = patch * config["in_channels"] * d * image + config["cap_feat_dim"] * d * padded
+    conditioning = 256 * condition + condition * condition
+    out = condition * d + d * patch * (config["out_channels"] or config["in_channels"]) * image
+    return config["num_layers"] * layer(s, True) + refiners + embed + conditioning + out
