@@ -95,3 +95,11 @@ def test_version(capsys, monkeypatch):
 
     code, out, _ = run(capsys, monkeypatch, "--version")
     assert code == 0 and out.strip() == f"diffmeter {__version__}"
+
+
+def test_dtype_changes_parameter_memory_not_compute(capsys, monkeypatch):
+    _, half, _ = run(capsys, monkeypatch, "profile", "tiny-sd", "--dtype", "float16", "--json")
+    code, full, _ = run(capsys, monkeypatch, "profile", "tiny-sd", "--dtype", "float32", "--json")
+    half, full = json.loads(half), json.loads(full)
+    assert code == 0 and full["param_bytes"] == 2 * half["param_bytes"] == 4 * full["params"]
+    assert full["total_macs"] == half["total_macs"]
