@@ -59,6 +59,8 @@ def test_models_lists_the_catalog(capsys, monkeypatch):
         (["profile", "flux-dev", "--height", "512,abc"], "--height takes numbers"),
         (["profile", "flux-dev", "--height", "512,768", "--width", "512"], "same length"),
         (["profile"], "name a MODEL"),
+        (["profile", "sd15", "--max-sequence-length", "128"], "takes no max_sequence_length"),
+        (["profile", "flux-dev", "--max-sequence-length", "0"], "--max-sequence-length must be a positive integer"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, monkeypatch, args, message):

@@ -27,3 +27,13 @@ def test_exact_at_batch_two_with_and_without_guidance(entry, guidance_scale):
     assert {c.name: c.macs for c in offline.components} == real
     if guidance_scale == 1.0:
         assert not offline.cfg
+
+
+@pytest.mark.parametrize(
+    "name,length", [("tiny-flux", 16), ("tiny-sd3", 100), ("tiny-pixart-sigma", 64), ("tiny-wan", 40)]
+)
+def test_exact_at_another_max_sequence_length(name, length):
+    entry = next(e for e in TINY if e.name == name)
+    _, real, settings = run_tiny(entry, max_sequence_length=length)
+    offline = profile(entry.name, **settings)
+    assert {c.name: c.macs for c in offline.components} == real

@@ -30,7 +30,13 @@ def token_settings(entry: PipelineEntry, pipe, prompt: str = PROMPT) -> dict[str
     return {}
 
 
-def run_tiny(entry: PipelineEntry, batch_size: int = 1, guidance_scale: float | None = None, steps: int | None = None):
+def run_tiny(
+    entry: PipelineEntry,
+    batch_size: int = 1,
+    guidance_scale: float | None = None,
+    steps: int | None = None,
+    max_sequence_length: int | None = None,
+):
     """Generate with the real diffusers pipeline; return (pipeline, per-component MACs, settings)."""
     pipe = tiny_pipeline(entry)
     defaults = entry.defaults
@@ -53,6 +59,8 @@ def run_tiny(entry: PipelineEntry, batch_size: int = 1, guidance_scale: float | 
         inputs = {"class_labels": [1] * batch_size}
     else:
         inputs = {"prompt": [PROMPT] * batch_size, "height": defaults.height, "width": defaults.width}
+    if max_sequence_length is not None:
+        kwargs["max_sequence_length"] = settings["max_sequence_length"] = max_sequence_length
     if defaults.num_frames:
         kwargs["num_frames"] = defaults.num_frames
         settings["num_frames"] = defaults.num_frames

@@ -76,6 +76,9 @@ def profile(
     negative_prompt_tokens: Annotated[
         int | None, typer.Option(help="real negative-prompt tokens (Lumina-Image-2.0)")
     ] = None,
+    max_sequence_length: Annotated[
+        int | None, typer.Option(help="the pipeline's max_sequence_length: tokens of its T5/Gemma/UMT5 encoder")
+    ] = None,
     instruction_tokens: Annotated[
         int | None, typer.Option(help="SANA: tokens of the complex human instruction")
     ] = None,
@@ -116,6 +119,7 @@ def profile(
             prompt_tokens=prompt_tokens,
             negative_prompt_tokens=negative_prompt_tokens,
             instruction_tokens=instruction_tokens,
+            max_sequence_length=max_sequence_length,
             resolution_binning=None if resolution_binning else False,
         )
         for name, (h, w), n in itertools.product(names, _sizes(height, width), _numbers(steps, "--steps"))

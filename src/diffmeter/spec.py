@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from diffmeter.errors import DiffmeterError
 
@@ -23,7 +23,7 @@ class ProfileSpec:
     negative_prompt_tokens: int | None = None
     instruction_tokens: int | None = None
     resolution_binning: bool | None = None
-    text_max_length: dict[str, int] = field(default_factory=dict)
+    max_sequence_length: int | None = None
 
     def with_defaults(self, defaults) -> ProfileSpec:
         """Fill unset fields from a catalog ``Defaults`` and check every value."""
@@ -49,7 +49,7 @@ class ProfileSpec:
                 raise DiffmeterError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
         if self.num_frames is not None and self.num_frames <= 0:
             raise DiffmeterError(f"--num-frames must be a positive integer, got {self.num_frames}")
-        for name in ("prompt_tokens", "negative_prompt_tokens", "instruction_tokens"):
+        for name in ("prompt_tokens", "negative_prompt_tokens", "instruction_tokens", "max_sequence_length"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise DiffmeterError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")

@@ -79,6 +79,8 @@ class Family:
     #: patch size in latent pixels along height/width, from the denoiser config
     patch_key: ClassVar[str | None] = "patch_size"
     is_video: ClassVar[bool] = False
+    #: the text encoder whose padded length the pipeline's ``max_sequence_length`` sets
+    sequence_encoder: ClassVar[str | None] = None
     #: name of the latents argument of the decoder's ``decode``
     decoder_arg: ClassVar[str] = "z"
     decoder_kwargs: ClassVar[dict[str, Any]] = {}
@@ -140,7 +142,13 @@ class Family:
                     f"try {max(multiple, round(value / multiple) * multiple)}"
                 )
         scale = self.vae_scale(entry)
-        lengths = {**entry.text_max_length, **spec.text_max_length}
+        lengths = dict(entry.text_max_length)
+        if spec.max_sequence_length is not None:
+            if self.sequence_encoder is None:
+                raise DiffmeterError(
+                    f"{entry.name}'s pipeline ({entry.pipeline_class}) takes no max_sequence_length; drop the option"
+                )
+            lengths[self.sequence_encoder] = spec.max_sequence_length
         frames = self.latent_frames(entry, spec)
         return Shapes(entry, spec, spec.height // scale, spec.width // scale, frames, lengths, notes)
 

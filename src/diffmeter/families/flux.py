@@ -9,6 +9,7 @@ from diffmeter.families.base import Family, Shapes, register, timesteps
 class Flux(Family):
     name = "flux"
     text_encoders = ("text_encoder", "text_encoder_2")
+    sequence_encoder = "text_encoder_2"
     cfg_mode = "never"  # FLUX.1 embeds guidance; true CFG only with an explicit negative prompt
     patch_key = None
 

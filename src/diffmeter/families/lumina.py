@@ -11,6 +11,7 @@ from diffmeter.families.base import DENOISER, Call, Family, Shapes, latents, reg
 class LuminaNext(Family):
     name = "lumina_next"
     text_encoders = ("text_encoder",)
+    sequence_encoder = "text_encoder"
 
     def vae_scale(self, entry) -> int:
         return 8  # both Lumina pipelines fix vae_scale_factor = 8
@@ -51,6 +52,7 @@ class Lumina2(Family):
     name = "lumina2"
     vae_scale = LuminaNext.vae_scale
     text_encoders = ("text_encoder",)
+    sequence_encoder = "text_encoder"
     cfg_mode = "separate"
 
     def denoiser_calls(self, shapes: Shapes) -> list[Call]:

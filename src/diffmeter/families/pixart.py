@@ -9,6 +9,7 @@ from diffmeter.families.base import Family, Shapes, latents, register, timesteps
 class PixArt(Family):
     name = "pixart"
     text_encoders = ("text_encoder",)
+    sequence_encoder = "text_encoder"
     bin_tables = (
         "diffusers.pipelines.pixart_alpha.pipeline_pixart_sigma",
         {

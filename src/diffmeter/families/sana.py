@@ -9,6 +9,7 @@ from diffmeter.families.base import TEXT_ENCODER, Call, Family, Shapes, latents,
 class Sana(Family):
     name = "sana"
     text_encoders = ("text_encoder",)
+    sequence_encoder = "text_encoder"
     bin_tables = (
         "diffusers.pipelines.sana.pipeline_sana",
         {

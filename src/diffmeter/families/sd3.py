@@ -9,6 +9,7 @@ from diffmeter.families.base import Family, Shapes, latents, register, timesteps
 class StableDiffusion3(Family):
     name = "sd3"
     text_encoders = ("text_encoder", "text_encoder_2", "text_encoder_3")
+    sequence_encoder = "text_encoder_3"
 
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)

@@ -23,6 +23,7 @@ def _latent_frames(entry, num_frames: int, temporal: int) -> int:
 class Wan(Family):
     name = "wan"
     text_encoders = ("text_encoder",)
+    sequence_encoder = "text_encoder"
     cfg_mode = "separate"
     is_video = True
 
@@ -59,6 +60,7 @@ class Wan(Family):
 class CogVideoX(Family):
     name = "cogvideox"
     text_encoders = ("text_encoder",)
+    sequence_encoder = "text_encoder"
     is_video = True
 
     def latent_frames(self, entry, spec) -> int:
