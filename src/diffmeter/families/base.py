@@ -76,14 +76,15 @@ class Family:
     cfg_mode: ClassVar[str] = "batched"
     #: whether the negative prompt goes through the text encoders when CFG is on
     encodes_negative: ClassVar[bool] = True
-    #: patch size in latent pixels along height/width, from the denoiser config
-    patch_key: ClassVar[str | None] = "patch_size"
     is_video: ClassVar[bool] = False
     #: the text encoder whose padded length the pipeline's ``max_sequence_length`` sets
     sequence_encoder: ClassVar[str | None] = None
     #: name of the latents argument of the decoder's ``decode``
     decoder_arg: ClassVar[str] = "z"
     decoder_kwargs: ClassVar[dict[str, Any]] = {}
+    #: resolution binning by aspect ratio, as PixArt/SANA pipelines do it: the diffusers module
+    #: holding the tables, and which table each denoiser ``sample_size`` uses
+    bin_tables: ClassVar[tuple[str, dict[int, str]] | None] = None
 
     # ---- sizes -------------------------------------------------------------------------
     def vae_scale(self, entry: PipelineEntry) -> int:
@@ -95,16 +96,11 @@ class Family:
         return entry.components[self.decoder].config["latent_channels"]
 
     def patch(self, entry: PipelineEntry) -> int:
-        if self.patch_key is None:
-            return 1
-        return entry.components[self.denoiser].config.get(self.patch_key) or 1
+        """Latent pixels per token side: the denoiser's ``patch_size``, 1 for UNets (which have none)."""
+        return entry.components[self.denoiser].config.get("patch_size") or 1
 
     def pixel_multiple(self, entry: PipelineEntry) -> int:
         return self.vae_scale(entry) * self.patch(entry)
-
-    #: resolution binning by aspect ratio, as PixArt/SANA pipelines do it: the diffusers module
-    #: holding the tables, and which table each denoiser ``sample_size`` uses
-    bin_tables: ClassVar[tuple[str, dict[int, str]] | None] = None
 
     def binned_size(self, entry: PipelineEntry, height: int, width: int) -> tuple[int, int] | None:
         """The size the pipeline really generates at when it bins resolutions; None if it does not."""

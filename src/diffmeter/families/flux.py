@@ -11,7 +11,6 @@ class Flux(Family):
     text_encoders = ("text_encoder", "text_encoder_2")
     sequence_encoder = "text_encoder_2"
     cfg_mode = "never"  # FLUX.1 embeds guidance; true CFG only with an explicit negative prompt
-    patch_key = None
 
     def patch(self, entry) -> int:
         return 2  # the pipeline packs latents in 2x2 patches

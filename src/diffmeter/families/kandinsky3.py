@@ -11,7 +11,6 @@ class Kandinsky3(Family):
     denoiser = "unet"
     decoder = "movq"
     text_encoders = ("text_encoder",)
-    patch_key = None
     #: with no negative prompt the pipeline uses zero embeddings for the uncond half
     encodes_negative = False
     decoder_arg = "h"

@@ -10,7 +10,6 @@ class StableDiffusion(Family):
     name = "sd"
     denoiser = "unet"
     text_encoders = ("text_encoder",)
-    patch_key = None
 
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)
