@@ -1,5 +1,6 @@
 """Test-wide settings: keep library warnings out of test output."""
 
+import sys
 import warnings
 
 import pytest
@@ -15,3 +16,21 @@ def _quiet_libraries():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """Run the `diffmeter` command in-process: ``cli(*args) -> (exit code, stdout, stderr)``."""
+    from diffmeter.cli import main
+
+    def run(*args):
+        monkeypatch.setattr(sys, "argv", ["diffmeter", *map(str, args)])
+        code = 0
+        try:
+            main()
+        except SystemExit as exit:
+            code = exit.code
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run

@@ -4,47 +4,33 @@ import csv
 import io
 import json
 import subprocess
-import sys
 
 import pytest
 
-from diffmeter.cli import main
 
-
-def run(capsys, monkeypatch, *args):
-    monkeypatch.setattr(sys, "argv", ["diffmeter", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exit:
-        code = exit.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def test_profile_json_is_one_object(capsys, monkeypatch):
-    code, out, _ = run(capsys, monkeypatch, "profile", "tiny-sd", "--json")
+def test_profile_json_is_one_object(cli):
+    code, out, _ = cli("profile", "tiny-sd", "--json")
     data = json.loads(out)
     assert code == 0 and data["model"] == "diffmeter/tiny-sd" and data["total_flops"] == 2 * data["total_macs"]
 
 
-def test_profile_scaling_table_in_json_and_csv(capsys, monkeypatch):
-    code, out, _ = run(capsys, monkeypatch, "profile", "tiny-sd", "--height", "32,64", "--steps", "2,4", "--json")
+def test_profile_scaling_table_in_json_and_csv(cli):
+    code, out, _ = cli("profile", "tiny-sd", "--height", "32,64", "--steps", "2,4", "--json")
     sizes = [(p["height"], p["width"], p["steps"]) for p in json.loads(out)["profiles"]]
     assert code == 0 and sizes == [(32, 32, 2), (32, 32, 4), (64, 64, 2), (64, 64, 4)]
-    code, out, _ = run(capsys, monkeypatch, "profile", "tiny-sd", "tiny-dit", "--csv")
+    code, out, _ = cli("profile", "tiny-sd", "tiny-dit", "--csv")
     rows = list(csv.DictReader(io.StringIO(out)))
     assert code == 0 and {r["component"] for r in rows} == {"text_encoder", "unet", "vae", "transformer"}
     assert all(int(r["flops"]) == 2 * int(r["macs"]) for r in rows)
 
 
-def test_profile_table_names_units(capsys, monkeypatch):
-    code, out, _ = run(capsys, monkeypatch, "profile", "tiny-flux", "--depth", "1")
+def test_profile_table_names_units(cli):
+    code, out, _ = cli("profile", "tiny-flux", "--depth", "1")
     assert code == 0 and "MACs" in out and "FLOPs" in out and "  .transformer_blocks" in out
 
 
-def test_models_lists_the_catalog(capsys, monkeypatch):
-    code, out, _ = run(capsys, monkeypatch, "models", "--json")
+def test_models_lists_the_catalog(cli):
+    code, out, _ = cli("models", "--json")
     rows = {row["name"]: row for row in json.loads(out)}
     assert code == 0 and rows["flux-dev"]["params"] > 16e9 and rows["tiny-sd"]["origin"] == "tiny"
 
@@ -63,14 +49,14 @@ def test_models_lists_the_catalog(capsys, monkeypatch):
         (["profile", "flux-dev", "--max-sequence-length", "0"], "--max-sequence-length must be a positive integer"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(capsys, monkeypatch, args, message):
-    code, out, err = run(capsys, monkeypatch, *args)
+def test_bad_input_is_one_line_and_exit_2(cli, args, message):
+    code, out, err = cli(*args)
     assert code == 2 and message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
 
 
-def test_local_directory_without_index_exits_2(capsys, monkeypatch, tmp_path):
-    code, _, err = run(capsys, monkeypatch, "profile", str(tmp_path))
+def test_local_directory_without_index_exits_2(cli, tmp_path):
+    code, _, err = cli("profile", str(tmp_path))
     assert code == 2 and "no model_index.json" in err
 
 
@@ -79,29 +65,29 @@ def test_console_script_is_installed():
     assert result.returncode == 2 and result.stderr.startswith("error: unknown model 'nope'")
 
 
-def test_parallel_workers_give_the_serial_answer(capsys, monkeypatch):
-    _, serial, _ = run(capsys, monkeypatch, "profile", "tiny-sd", "tiny-dit", "tiny-sd3", "--jobs", "1", "--json")
-    code, parallel, _ = run(capsys, monkeypatch, "profile", "tiny-sd", "tiny-dit", "tiny-sd3", "--jobs", "2", "--json")
+def test_parallel_workers_give_the_serial_answer(cli):
+    _, serial, _ = cli("profile", "tiny-sd", "tiny-dit", "tiny-sd3", "--jobs", "1", "--json")
+    code, parallel, _ = cli("profile", "tiny-sd", "tiny-dit", "tiny-sd3", "--jobs", "2", "--json")
     assert code == 0 and json.loads(parallel) == json.loads(serial)
 
 
-def test_no_resolution_binning_counts_the_requested_size(capsys, monkeypatch):
+def test_no_resolution_binning_counts_the_requested_size(cli):
     args = ("profile", "pixart-sigma-1024", "--height", "1008", "--width", "608", "--steps", "1", "--json")
-    _, binned, _ = run(capsys, monkeypatch, *args)
-    code, requested, _ = run(capsys, monkeypatch, *args, "--no-resolution-binning")
+    _, binned, _ = cli(*args)
+    code, requested, _ = cli(*args, "--no-resolution-binning")
     assert code == 0 and json.loads(requested)["width"] == 608 and json.loads(binned)["width"] != 608
 
 
-def test_version(capsys, monkeypatch):
+def test_version(cli):
     from diffmeter import __version__
 
-    code, out, _ = run(capsys, monkeypatch, "--version")
+    code, out, _ = cli("--version")
     assert code == 0 and out.strip() == f"diffmeter {__version__}"
 
 
-def test_dtype_changes_parameter_memory_not_compute(capsys, monkeypatch):
-    _, half, _ = run(capsys, monkeypatch, "profile", "tiny-sd", "--dtype", "float16", "--json")
-    code, full, _ = run(capsys, monkeypatch, "profile", "tiny-sd", "--dtype", "float32", "--json")
+def test_dtype_changes_parameter_memory_not_compute(cli):
+    _, half, _ = cli("profile", "tiny-sd", "--dtype", "float16", "--json")
+    code, full, _ = cli("profile", "tiny-sd", "--dtype", "float32", "--json")
     half, full = json.loads(half), json.loads(full)
     assert code == 0 and full["param_bytes"] == 2 * half["param_bytes"] == 4 * full["params"]
     assert full["total_macs"] == half["total_macs"]

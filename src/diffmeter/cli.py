@@ -6,6 +6,7 @@ import itertools
 import json
 import sys
 import warnings
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
@@ -163,6 +164,124 @@ def models(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] =
         print(json.dumps(rows, indent=2))
     else:
         console.print(catalog_table(entries, params))
+
+
+@app.command()
+def bench(
+    model: Annotated[
+        str,
+        typer.Argument(
+            metavar="MODEL",
+            help="catalog name or hub id (weights from the HF cache), local diffusers dir, or a tiny-* entry",
+        ),
+    ],
+    prompt: Annotated[str | None, typer.Option(help="one prompt for every image")] = None,
+    prompts: Annotated[
+        str | None, typer.Option(metavar="FILE", help="prompts from a .txt (a line each), .jsonl or .csv file")
+    ] = None,
+    num_prompts: Annotated[
+        int | None, typer.Option(help="prompts sampled with the seed (default: batch-size x iterations)")
+    ] = None,
+    batch_size: Annotated[int, typer.Option(help="images per pipeline call")] = 1,
+    height: Annotated[int | None, typer.Option(help="pixels (default: the model's)")] = None,
+    width: Annotated[int | None, typer.Option(help="pixels (default: the model's)")] = None,
+    steps: Annotated[int | None, typer.Option(help="denoising steps (default: the model's)")] = None,
+    guidance_scale: Annotated[float | None, typer.Option(help="CFG scale; <= 1 disables CFG")] = None,
+    num_frames: Annotated[int | None, typer.Option(help="video models: frames")] = None,
+    max_sequence_length: Annotated[int | None, typer.Option(help="tokens of the T5/Gemma/UMT5 encoder")] = None,
+    resolution_binning: Annotated[
+        bool, typer.Option(help="let PixArt/SANA/HunyuanDiT snap sizes to their aspect-ratio bins")
+    ] = True,
+    seed: Annotated[int, typer.Option(help="image n gets seed + n; also samples the prompts")] = 0,
+    dtype: Annotated[
+        str | None, typer.Option(help="bf16 | fp16 | fp32 (default: the model's on CUDA, fp32 on CPU)")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="cuda, cuda:N or cpu (default: cuda when present)")] = None,
+    warmup: Annotated[int, typer.Option(help="untimed calls first; the first is reported as the cold call")] = 1,
+    iterations: Annotated[int, typer.Option(help="measured calls")] = 3,
+    min_duration: Annotated[float, typer.Option(help="keep measuring until this many seconds have passed")] = 0.0,
+    random_weights: Annotated[
+        bool, typer.Option(help="real-size model with random weights from the catalog config (no download)")
+    ] = False,
+    save_images: Annotated[bool, typer.Option(help="write the generated images to images/")] = True,
+    peak_tflops: Annotated[
+        float | None, typer.Option(help="the device's peak TFLOP/s for MFU (default: from the datasheet table)")
+    ] = None,
+    out: Annotated[str, typer.Option(help="folder that receives one run folder per spec")] = "results",
+    force: Annotated[bool, typer.Option(help="replace an existing result for the same spec")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress and no table")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result summary as JSON")] = False,
+) -> None:
+    """Run real generations and measure them: per-stage latency, memory, energy and MFU."""
+    from diffmeter.bench.runner import bench as run_bench
+    from diffmeter.bench.spec import BenchSpec
+    from diffmeter.report.run_table import run_table
+
+    spec = BenchSpec(
+        model=model,
+        prompt=prompt,
+        prompts_file=prompts,
+        num_prompts=num_prompts,
+        batch_size=batch_size,
+        height=height,
+        width=width,
+        steps=steps,
+        guidance_scale=guidance_scale,
+        num_frames=num_frames,
+        max_sequence_length=max_sequence_length,
+        resolution_binning=None if resolution_binning else False,
+        seed=seed,
+        dtype=dtype,
+        device=device,
+        warmup=warmup,
+        iterations=iterations,
+        min_duration_s=min_duration,
+        random_weights=random_weights,
+        save_images=save_images,
+        peak_tflops=peak_tflops,
+    )
+    with _progress(quiet or as_json) as progress:
+        result, folder = run_bench(spec, out=out, force=force, progress=progress)
+    if as_json:
+        print(json.dumps({"folder": str(folder), "summary": result.summary.model_dump(mode="json")}, indent=2))
+    elif not quiet:
+        console.print(run_table(result))
+        console.print(f"results: {folder}", highlight=False)
+
+
+@app.command()
+def show(
+    folder: Annotated[str, typer.Argument(metavar="DIR", help="a run folder (or its results.json)")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the stored result as JSON")] = False,
+) -> None:
+    """Print a stored measured run as a table."""
+    from diffmeter.bench.storage import read_result
+    from diffmeter.report.run_table import run_table
+
+    result = read_result(folder)
+    if as_json:
+        print(json.dumps(result.to_json_dict(), indent=2))
+    else:
+        console.print(run_table(result))
+
+
+@contextmanager
+def _progress(disabled: bool):
+    """A rich progress line on stderr for ``bench``; none when disabled or stderr is not a terminal."""
+    stderr = Console(stderr=True)
+    if disabled or not stderr.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=stderr, transient=True) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def update(what: str, done: int, total: int | None) -> None:
+            bar.update(task, description=what, completed=done, total=total)
+
+        yield update
 
 
 def _entry_params(entry) -> int:

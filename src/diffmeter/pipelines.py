@@ -29,7 +29,7 @@ def component_class(class_name: str) -> type:
 def build_component(component: ComponentEntry, device: str | torch.device = "meta") -> torch.nn.Module:
     """Instantiate a component from its config; on ``meta`` no weight memory is used."""
     cls = component_class(component.class_name)
-    with _quiet(), torch.device(device):
+    with quiet_libraries(), torch.device(device):
         if issubclass(cls, diffusers.ModelMixin):
             module = cls.from_config(component.config)
         else:
@@ -49,7 +49,7 @@ def count_stored_elements(module: torch.nn.Module) -> int:
 
 
 @contextmanager
-def _quiet():
+def quiet_libraries():
     """Silence the libraries' config warnings while building (unused keys, deprecations)."""
     loggers = [logging.getLogger(name) for name in ("diffusers", "transformers")]
     levels = [logger.level for logger in loggers]

@@ -57,14 +57,19 @@ def tiny_pipeline(entry: PipelineEntry, device: str = "cpu", seed: int = 0) -> d
     """The real diffusers pipeline of a tiny catalog entry, with seeded random weights."""
     if not entry.is_tiny:
         raise DiffmeterError(f"'{entry.name}' is not a tiny random entry; pick one of the tiny-* models")
-    runtime = entry.extra["runtime"]
     torch.manual_seed(seed)
     parts = {name: build_component(component, device) for name, component in entry.components.items()}
+    return assemble(entry.pipeline_class, parts, entry.extra["runtime"])
+
+
+def assemble(pipeline_class_name: str, parts: dict, runtime: dict) -> diffusers.DiffusionPipeline:
+    """A pipeline from built components plus a runtime (offline tokenizers, a scheduler config)."""
+    parts = dict(parts)
     for name, kind in runtime["tokenizers"].items():
         parts[name] = TOKENIZERS[kind]()
     scheduler = runtime["scheduler"]
     parts["scheduler"] = getattr(diffusers, scheduler["class"]).from_config(scheduler["config"])
-    pipeline_class = getattr(diffusers, entry.pipeline_class)
+    pipeline_class = getattr(diffusers, pipeline_class_name)
     expected = set(pipeline_class._get_signature_keys(pipeline_class)[0])
     parts.update({name: None for name in expected - set(parts)})
     pipeline = pipeline_class(**{name: part for name, part in parts.items() if name in expected})

@@ -18,6 +18,10 @@ def flops(value: float) -> str:
     return _scaled(value, "FLOPs")
 
 
+def flop_rate(value: float) -> str:
+    return _scaled(value, "FLOP/s")
+
+
 def nbytes(value: float) -> str:
     return _scaled(value, "B")
 
@@ -27,3 +31,12 @@ def params(value: float) -> str:
         if value >= factor:
             return f"{value / factor:,.2f}{suffix} params"
     return f"{value:,.0f} params"
+
+
+def seconds(value: float) -> str:
+    """Seconds, switching to ms below one second."""
+    return f"{value:,.3f} s" if abs(value) >= 1 else f"{value * 1e3:,.2f} ms"
+
+
+def joules(value: float) -> str:
+    return _scaled(value, "J")

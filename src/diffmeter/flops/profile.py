@@ -11,7 +11,7 @@ from dataclasses import replace
 from functools import partial
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from diffmeter.catalog import ComponentEntry, resolve
 from diffmeter.families import DENOISER, VAE_DECODER, Call, get_family
@@ -45,7 +45,7 @@ class ComponentProfile(BaseModel):
 
     name: str
     role: str
-    class_name: str = Field(serialization_alias="class")
+    class_name: str = Field(serialization_alias="class", validation_alias=AliasChoices("class", "class_name"))
     params: int
     param_bytes: int
     calls: int

@@ -1,0 +1,118 @@
+"""The results.json schema of a measured run (exported to docs/bench.schema.json).
+
+Every duration is in seconds (``_s``), memory in bytes, energy in joules (``_j``),
+power in watts (``_w``), throughput in TFLOP/s (10^12 floating-point operations per
+second, 2 per multiply-accumulate).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+from diffmeter.bench.spec import BenchSpec
+from diffmeter.flops.profile import Profile
+from diffmeter.measure.energy import Energy, EnergyReading
+from diffmeter.measure.environment import Environment
+from diffmeter.measure.memory import PeakMemory
+from diffmeter.measure.peaks import Peak
+from diffmeter.measure.stats import Stats
+
+SCHEMA_VERSION = 1
+#: stages in pipeline order; "step" is one denoising step, "denoising" all of them
+STAGES = ("text_encoding", "denoising", "vae_decode", "other")
+
+
+class Stages(BaseModel):
+    """Where one call's time went; the four stages add up to ``Iteration.total_s``."""
+
+    text_encoding_s: float
+    denoising_s: float
+    steps_s: list[float]
+    vae_decode_s: float
+    other_s: float
+
+
+class Iteration(BaseModel):
+    """One pipeline call producing ``images`` images."""
+
+    index: int
+    images: int
+    #: device-timed (CUDA events on GPU): first mark to last
+    total_s: float
+    #: host clock around the call, device synchronized: the check on ``total_s``
+    wall_s: float
+    denoiser_calls: int
+    stages: Stages
+    energy: EnergyReading | None = None
+
+
+class ImageRecord(BaseModel):
+    """A saved output: the prompt (or class label) and the seed that made it."""
+
+    path: str
+    iteration: int
+    seed: int
+    prompt: str | None = None
+    class_label: int | None = None
+
+
+class Summary(BaseModel):
+    """Statistics over the measured iterations."""
+
+    iterations: int
+    images: int
+    latency_s: Stats
+    stages_s: dict[str, Stats]
+    step_s: Stats
+    images_per_s: float
+    s_per_image: float
+    peak_memory: PeakMemory
+    energy: Energy
+    #: FLOPs of each stage per call ("step": one denoising step), from the stored profile
+    flops: dict[str, int]
+    #: those FLOPs divided by the stage's median time, in TFLOP/s
+    achieved_tflops: dict[str, float]
+    peak: Peak | None = None
+    #: achieved_tflops / peak; empty when the peak is unknown (see ``mfu_note``)
+    mfu: dict[str, float] = {}
+    mfu_note: str | None = None
+
+
+class ModelInfo(BaseModel):
+    id: str
+    name: str
+    family: str
+    pipeline_class: str
+    origin: str
+
+
+class BenchResult(BaseModel):
+    """A whole measured run; ``status`` is "complete" or "failed" (then ``error`` says why)."""
+
+    schema_version: int = SCHEMA_VERSION
+    status: Literal["complete", "failed"]
+    created_utc: str
+    spec: BenchSpec
+    model: ModelInfo
+    weights: str
+    weights_random: bool
+    environment: Environment
+    load_s: float | None = None
+    first_call_s: float | None = None
+    first_call: Iteration | None = None
+    warmup_s: list[float] = []
+    iterations: list[Iteration] = []
+    summary: Summary | None = None
+    profile: Profile | None = None
+    images: list[ImageRecord] = []
+    notes: list[str] = []
+    error: str | None = None
+
+    def to_json_dict(self) -> dict:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def json_schema() -> dict:
+    return BenchResult.model_json_schema(by_alias=True, mode="serialization")

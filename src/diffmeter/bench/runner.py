@@ -1,0 +1,263 @@
+"""A measured run: resolve, check, load, warm up, iterate under the stage timer, summarize, store.
+
+Everything that can be refused (unknown model, bad settings, missing weights, an
+existing result, an unwritable folder, an empty prompts file) is refused before a
+folder is created or a weight is loaded. Out-of-memory becomes a stored failed result.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from diffmeter.bench import storage
+from diffmeter.bench.results import BenchResult, ImageRecord, Iteration, ModelInfo, Stages, Summary
+from diffmeter.bench.spec import BenchSpec
+from diffmeter.bench.workload import Workload, outputs, save_output
+from diffmeter.catalog import resolve
+from diffmeter.errors import DiffmeterError
+from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER, get_family
+from diffmeter.flops.profile import Profile, profile_spec
+from diffmeter.loading import load_pipeline, locate_weights
+from diffmeter.measure.clock import clock_for
+from diffmeter.measure.energy import Energy, EnergyMeter
+from diffmeter.measure.environment import collect
+from diffmeter.measure.memory import loaded_bytes, read_peaks, reset_peaks
+from diffmeter.measure.peaks import device_peak
+from diffmeter.measure.stages import StageTimer, StageTimes
+from diffmeter.measure.stats import Stats
+
+#: progress callback: (what is happening, calls done, calls planned or None)
+Progress = Callable[[str, int, int | None], None]
+
+
+def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, progress: Progress | None = None):
+    """Run ``spec`` and store it under ``out``; returns (BenchResult, run folder)."""
+    progress = progress or (lambda *_: None)
+    entry = resolve(spec.model)
+    spec = spec.settle(entry)
+    profile = profile_spec(spec.profile_spec())  # also checks sizes against the model
+    source = locate_weights(entry, spec.random_weights)
+    workload = Workload(spec, entry)
+    folder = storage.RunDirectory(out, storage.run_name(spec, entry), force)
+    staging = folder.open()
+    log = storage.file_logger(staging)
+    try:
+        storage.write_json(staging / storage.REQUESTS, workload.requests(spec.iterations))
+        result = _measure(spec, entry, source, workload, profile, staging, log, progress)
+        log.info("done: %s", result.status)
+        final = folder.commit(result)
+    except BaseException:
+        log.exception("interrupted")
+        raise
+    finally:
+        storage.close_logger(log)
+    if result.status == "failed":
+        raise DiffmeterError(f"{result.error} (recorded as a failed result in {final})")
+    return result, final
+
+
+def _measure(spec, entry, source, workload, profile, staging, log, progress) -> BenchResult:
+    device = torch.device(spec.device)
+    family = get_family(entry.family)
+    base = dict(
+        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        spec=spec,
+        model=ModelInfo(
+            id=entry.id, name=entry.name, family=entry.family, pipeline_class=entry.pipeline_class, origin=entry.origin
+        ),
+        weights=source.describe(),
+        weights_random=source.random,
+        environment=collect(),
+        profile=profile,
+        notes=_notes(spec, entry),
+    )
+    log.info("spec %s", spec.model_dump_json())
+    log.info("weights: %s", source.describe())
+    result = {}
+    try:
+        progress("loading", 0, None)
+        start = time.perf_counter()
+        pipe = load_pipeline(entry, source, device, spec.dtype, spec.seed)
+        _synchronize(device)
+        result["load_s"] = time.perf_counter() - start
+        log.info("loaded in %.3f s", result["load_s"])
+        loaded = loaded_bytes(device)
+        meter = EnergyMeter(device)
+        timer = StageTimer(pipe, list(family.text_encoders), family.denoiser, family.decoder, clock_for(device))
+        with timer:
+            result.update(_iterate(spec, pipe, timer, meter, workload, staging, log, progress, device))
+        summary = _summarize(spec, result["iterations"], read_peaks(device, loaded), meter, result["energy"], profile)
+    except (torch.cuda.OutOfMemoryError, MemoryError) as error:
+        message = f"out of memory on {spec.device}: {(str(error) or type(error).__name__).splitlines()[0]}"
+        log.error(message)
+        return BenchResult(status="failed", error=message, load_s=result.get("load_s"), **base)
+    images = result.pop("images")
+    result.pop("energy")
+    return BenchResult(status="complete", summary=summary, images=images, **result, **base)
+
+
+def _iterate(spec, pipe, timer, meter, workload, staging, log, progress, device) -> dict:
+    """The cold call, the other warm-up calls, then measured calls until both the iteration
+    count and the minimum duration are reached."""
+    calls = spec.warmup + spec.iterations
+    progress("warm-up", 0, calls)
+    first = timed_call(pipe, timer, workload.call_arguments(pipe, workload.batch(0)), 0, None)[0]
+    log.info("first call %.3f s", first.total_s)
+    warmup = [first.total_s]
+    for index in range(1, spec.warmup):
+        progress("warm-up", index, calls)
+        warmup.append(
+            timed_call(pipe, timer, workload.call_arguments(pipe, workload.batch(index)), index, None)[0].total_s
+        )
+    reset_peaks(device)
+    iterations, energy, images = [], [], []
+    elapsed = 0.0
+    while len(iterations) < spec.iterations or elapsed < spec.min_duration_s:
+        index = len(iterations)
+        progress("measuring", spec.warmup + index, calls if index < spec.iterations else None)
+        batch = workload.batch(index)
+        iteration, output = timed_call(pipe, timer, workload.call_arguments(pipe, batch), index, meter)
+        iterations.append(iteration)
+        if iteration.energy is not None:
+            energy.append(iteration.energy)
+        elapsed += iteration.wall_s
+        log.info(
+            "iteration %d: %.4f s (text %.4f, %d steps %.4f, decode %.4f, other %.4f)",
+            index,
+            iteration.total_s,
+            iteration.stages.text_encoding_s,
+            len(iteration.stages.steps_s),
+            iteration.stages.denoising_s,
+            iteration.stages.vae_decode_s,
+            iteration.stages.other_s,
+        )
+        if spec.save_images:
+            images += _save(outputs(output), batch, index, staging)
+    progress("measuring", calls, calls)
+    return {
+        "first_call_s": first.total_s,
+        "first_call": first,
+        "warmup_s": warmup,
+        "iterations": iterations,
+        "energy": energy,
+        "images": images,
+    }
+
+
+def timed_call(pipe, timer: StageTimer, arguments: dict, index: int, meter: EnergyMeter | None):
+    """One timed pipeline call, inside an energy window when a meter is given."""
+    if meter is not None:
+        meter.begin()
+    start = time.perf_counter()
+    timer.begin()
+    output = pipe(**arguments)
+    times = timer.end()
+    wall = time.perf_counter() - start
+    reading = meter.end() if meter is not None else None
+    iteration = Iteration(
+        index=index,
+        images=len(arguments["generator"]),
+        total_s=times.total_s,
+        wall_s=wall,
+        denoiser_calls=times.denoiser_calls,
+        stages=_stages(times),
+        energy=reading,
+    )
+    return iteration, output
+
+
+def _stages(times: StageTimes) -> Stages:
+    return Stages(
+        text_encoding_s=times.text_encoding_s,
+        denoising_s=times.denoising_s,
+        steps_s=times.steps_s,
+        vae_decode_s=times.vae_decode_s,
+        other_s=times.other_s,
+    )
+
+
+def _save(produced: list, batch, index: int, staging: Path) -> list[ImageRecord]:
+    records = []
+    for k, output in enumerate(produced):
+        label = batch.prompts[k] if batch.prompts else f"class-{batch.class_labels[k]}"
+        path = save_output(output, staging / storage.IMAGES, batch.seeds[k], label)
+        records.append(
+            ImageRecord(
+                path=str(path.relative_to(staging)),
+                iteration=index,
+                seed=batch.seeds[k],
+                prompt=batch.prompts[k] if batch.prompts else None,
+                class_label=batch.class_labels[k] if batch.class_labels else None,
+            )
+        )
+    return records
+
+
+def _summarize(spec, iterations: list[Iteration], memory, meter, readings, profile: Profile) -> Summary:
+    totals = [it.total_s for it in iterations]
+    images = sum(it.images for it in iterations)
+    stages = {
+        "text_encoding": Stats.of([it.stages.text_encoding_s for it in iterations]),
+        "denoising": Stats.of([it.stages.denoising_s for it in iterations]),
+        "vae_decode": Stats.of([it.stages.vae_decode_s for it in iterations]),
+        "other": Stats.of([it.stages.other_s for it in iterations]),
+    }
+    step = Stats.of([s for it in iterations for s in it.stages.steps_s] or [0.0])
+    denoising = _flops(profile, DENOISER)
+    flops = {
+        "text_encoding": _flops(profile, TEXT_ENCODER),
+        "denoising": denoising,
+        "step": denoising // spec.steps,
+        "vae_decode": _flops(profile, VAE_DECODER),
+        "total": profile.total_flops,
+    }
+    seconds = {name: stats.median for name, stats in stages.items()}
+    seconds.update(step=step.median, total=statistics.median(totals))
+    achieved = {name: flops[name] / seconds[name] / 1e12 for name in flops if seconds[name] > 0 and flops[name]}
+    device_name = torch.cuda.get_device_name(torch.device(spec.device)) if spec.device.startswith("cuda") else "cpu"
+    peak = (
+        device_peak(device_name, spec.dtype, override_tflops=spec.peak_tflops)
+        if device_name != "cpu" or spec.peak_tflops
+        else None
+    )
+    note = None
+    if peak is None:
+        note = f"no peak TFLOP/s known for {device_name} at {spec.dtype}; pass --peak-tflops to get MFU"
+    return Summary(
+        iterations=len(iterations),
+        images=images,
+        latency_s=Stats.of(totals),
+        stages_s=stages,
+        step_s=step,
+        images_per_s=images / sum(totals),
+        s_per_image=sum(totals) / images,
+        peak_memory=memory,
+        energy=Energy.of(readings, spec.batch_size, meter),
+        flops=flops,
+        achieved_tflops=achieved,
+        peak=peak,
+        mfu={name: value / peak.tflops for name, value in achieved.items()} if peak else {},
+        mfu_note=note,
+    )
+
+
+def _flops(profile: Profile, role: str) -> int:
+    return sum(component.flops for component in profile.components if component.role == role)
+
+
+def _notes(spec: BenchSpec, entry) -> list[str]:
+    notes = []
+    if spec.device == "cpu" and spec.dtype == "float32" and entry.defaults.dtype != "float32":
+        notes.append(f"ran in float32 on CPU; the model's default is {entry.defaults.dtype} on GPU (--dtype)")
+    return notes
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

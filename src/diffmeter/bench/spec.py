@@ -1,0 +1,128 @@
+"""What to benchmark: a model, generation settings, prompts and the measurement plan."""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from diffmeter.catalog.entry import PipelineEntry
+from diffmeter.errors import DiffmeterError
+from diffmeter.spec import ProfileSpec
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+class BenchSpec(BaseModel):
+    """A measured run. ``None`` settings take the model's catalog defaults (see ``settle``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    prompt: str | None = None
+    prompts_file: str | None = None
+    num_prompts: int | None = None
+    batch_size: int = 1
+    height: int | None = None
+    width: int | None = None
+    steps: int | None = None
+    guidance_scale: float | None = None
+    num_frames: int | None = None
+    max_sequence_length: int | None = None
+    resolution_binning: bool | None = None
+    seed: int = 0
+    dtype: str | None = None
+    device: str | None = None
+    warmup: int = 1
+    iterations: int = 3
+    min_duration_s: float = 0.0
+    random_weights: bool = False
+    save_images: bool = True
+    peak_tflops: float | None = None
+
+    def settle(self, entry: PipelineEntry) -> BenchSpec:
+        """Fill defaults from the catalog and the device, and check every value."""
+        self.check()
+        device = resolve_device(self.device)
+        dtype = DTYPES.get(self.dtype, self.dtype)
+        if dtype is None:
+            # half precision on CPU is slow and partly unsupported; the model card means a GPU
+            dtype = entry.defaults.dtype if device.type == "cuda" else "float32"
+        profile = ProfileSpec(
+            model=self.model,
+            height=self.height,
+            width=self.width,
+            steps=self.steps,
+            batch_size=self.batch_size,
+            guidance_scale=self.guidance_scale,
+            num_frames=self.num_frames,
+            dtype=dtype,
+            max_sequence_length=self.max_sequence_length,
+            resolution_binning=self.resolution_binning,
+        ).with_defaults(entry.defaults)
+        return self.model_copy(
+            update={
+                "height": profile.height,
+                "width": profile.width,
+                "steps": profile.steps,
+                "guidance_scale": profile.guidance_scale,
+                "num_frames": profile.num_frames,
+                "resolution_binning": profile.resolution_binning,
+                "dtype": profile.dtype,
+                "device": str(device),
+            }
+        )
+
+    def profile_spec(self) -> ProfileSpec:
+        """The offline profile of the same generation (for FLOP/s and MFU)."""
+        return ProfileSpec(
+            model=self.model,
+            height=self.height,
+            width=self.width,
+            steps=self.steps,
+            batch_size=self.batch_size,
+            guidance_scale=self.guidance_scale,
+            num_frames=self.num_frames,
+            dtype=self.dtype,
+            max_sequence_length=self.max_sequence_length,
+            resolution_binning=self.resolution_binning,
+        )
+
+    def check(self) -> None:
+        for name in ("batch_size", "iterations", "warmup"):
+            value = getattr(self, name)
+            if value < 1:
+                hint = " (the first call is cold and reported apart)" if name == "warmup" else ""
+                raise DiffmeterError(f"--{name.replace('_', '-')} must be at least 1{hint}, got {value}")
+        if self.num_prompts is not None and self.num_prompts < 1:
+            raise DiffmeterError(f"--num-prompts must be at least 1, got {self.num_prompts}")
+        if self.min_duration_s < 0:
+            raise DiffmeterError(f"--min-duration must be 0 or more seconds, got {self.min_duration_s}")
+        if self.prompt is not None and self.prompts_file is not None:
+            raise DiffmeterError("pass either --prompt or --prompts, not both")
+        if self.peak_tflops is not None and self.peak_tflops <= 0:
+            raise DiffmeterError(f"--peak-tflops must be positive, got {self.peak_tflops}")
+        if self.dtype is not None and DTYPES.get(self.dtype, self.dtype) not in DTYPES.values():
+            raise DiffmeterError(f"unknown dtype '{self.dtype}': use bf16, fp16 or fp32")
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """The device to run on: CUDA when present unless told otherwise; absent CUDA is an error."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise DiffmeterError(f"unknown device '{name}': use cuda, cuda:N or cpu") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DiffmeterError(
+                f"--device {name} asked for, but torch {torch.__version__} sees no CUDA device "
+                "(CPU-only build, no driver, or CUDA_VISIBLE_DEVICES empty); use --device cpu"
+            )
+        index = device.index or 0
+        if index >= torch.cuda.device_count():
+            raise DiffmeterError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
+        return torch.device("cuda", index)
+    if device.type not in ("cpu", "mps"):
+        raise DiffmeterError(f"unsupported device '{name}': use cuda, cuda:N or cpu")
+    return device

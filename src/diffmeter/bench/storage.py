@@ -1,0 +1,147 @@
+"""Run directories on disk: named from the spec, built in a hidden staging folder and
+moved into place only when results.json is final, so an interrupted run never leaves
+a result that looks complete and an existing result is replaced only with ``force``.
+
+    <out>/model-<id>+batch-1+size-512x512+steps-20+guidance-7.5+seed-0+float16+cuda/
+        requests.json   prompts, seeds and call settings
+        results.json    the BenchResult (written last, atomically)
+        bench.log       what happened, line by line
+        images/         the generated images (PNG; videos as animated PNG)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from diffmeter.bench.results import BenchResult
+from diffmeter.bench.spec import BenchSpec
+from diffmeter.catalog.entry import PipelineEntry
+from diffmeter.errors import DiffmeterError
+
+RESULTS = "results.json"
+REQUESTS = "requests.json"
+LOG = "bench.log"
+IMAGES = "images"
+
+
+def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: tuple[str, ...] = ()) -> str:
+    """``model-black-forest-labs-FLUX_1-dev+batch-1+size-1024x1024+steps-28+...``, as the seed lays it out."""
+    model = Path(entry.id).name if entry.origin == "local" and os.sep in entry.id else entry.id
+    parts = [
+        f"model-{slug(model)}",
+        f"batch-{spec.batch_size}",
+        f"size-{spec.height}x{spec.width}",
+        *([f"frames-{spec.num_frames}"] if spec.num_frames else []),
+        f"steps-{spec.steps}",
+        f"guidance-{spec.guidance_scale:g}",
+        f"seed-{spec.seed}",
+        spec.dtype,
+        spec.device.replace(":", ""),
+        *(["random-weights"] if spec.random_weights else []),
+        *(f"opt-{slug(name)}" for name in optimizations),
+    ]
+    return "+".join(parts)
+
+
+def slug(text: str, limit: int = 80) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", text.replace("/", "-").replace(".", "_")).strip("_")[:limit]
+
+
+class RunDirectory:
+    """A run's folder: ``open()`` checks and stages, ``commit()`` moves it into place."""
+
+    def __init__(self, out: str | Path, name: str, force: bool = False) -> None:
+        self.final = Path(out).expanduser() / name
+        self.force = force
+        self.staging = self.final.parent / f".{name}.partial-{os.getpid()}"
+
+    def check(self) -> None:
+        """Refuse before any work: an existing result (without force) or an unwritable folder."""
+        existing = self.final / RESULTS
+        if existing.exists() and not self.force:
+            raise DiffmeterError(
+                f"a result for this spec already exists at {self.final}; "
+                "pass --force to replace it, or --out DIR to write elsewhere"
+            )
+        try:
+            self.final.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.final.parent):
+                pass
+        except OSError as error:
+            raise DiffmeterError(
+                f"cannot write results under {self.final.parent}: {error.strerror or error}; pass --out DIR"
+            ) from None
+
+    def open(self) -> Path:
+        self.check()
+        for stale in self.final.parent.glob(f".{self.final.name}.partial-*"):
+            shutil.rmtree(stale, ignore_errors=True)  # left by interrupted runs
+        (self.staging / IMAGES).mkdir(parents=True)
+        return self.staging
+
+    def commit(self, result: BenchResult) -> Path:
+        """Write results.json, then swap the staged folder in for any previous one."""
+        write_json(self.staging / RESULTS, result.to_json_dict())
+        previous = self.final.parent / f".{self.final.name}.replaced-{os.getpid()}"
+        if self.final.exists():
+            self.final.rename(previous)
+        self.staging.rename(self.final)
+        shutil.rmtree(previous, ignore_errors=True)
+        return self.final
+
+    def discard(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def write_json(path: Path, data) -> None:
+    """Atomically: a temporary file in the same folder, flushed, then renamed over ``path``."""
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def read_result(path: str | Path) -> BenchResult:
+    """A stored result from its run folder or its results.json; one clear line if it is not one."""
+    path = Path(path).expanduser()
+    file = path / RESULTS if path.is_dir() else path
+    if not file.is_file():
+        hint = " (an interrupted run leaves none)" if path.is_dir() else ""
+        raise DiffmeterError(f"no {RESULTS} at {file}{hint}; point at a run folder written by `diffmeter bench`")
+    try:
+        return BenchResult.model_validate_json(file.read_text(encoding="utf-8"))
+    except (ValidationError, ValueError, OSError) as error:
+        reason = str(error).splitlines()[0]
+        raise DiffmeterError(f"{file} is not a readable diffmeter result ({reason}); re-run the benchmark") from None
+
+
+def file_logger(folder: Path) -> logging.Logger:
+    """A logger writing to ``folder/bench.log`` (closed by ``close_logger``)."""
+    logger = logging.getLogger(f"diffmeter.bench.{folder.name}")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    handler = logging.FileHandler(folder / LOG, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    return logger
+
+
+def close_logger(logger: logging.Logger) -> None:
+    for handler in list(logger.handlers):
+        handler.close()
+        logger.removeHandler(handler)

@@ -1,0 +1,105 @@
+"""What each pipeline call gets (prompts or class labels, seeds, settings) and what it returns."""
+
+from __future__ import annotations
+
+import inspect
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from diffmeter.bench.prompts import prompt_pool
+from diffmeter.bench.spec import BenchSpec
+from diffmeter.catalog.entry import PipelineEntry
+from diffmeter.families import get_family
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The inputs of one call: a prompt (or an ImageNet class for DiT) and a seed per image."""
+
+    prompts: list[str] | None
+    class_labels: list[int] | None
+    seeds: list[int]
+
+
+class Workload:
+    """Batches for warm-up and measured calls. Image ``n`` of a run always gets seed ``seed + n``
+    and the ``n``-th prompt of the pool, so a run with other settings reproduces it."""
+
+    def __init__(self, spec: BenchSpec, entry: PipelineEntry) -> None:
+        self.spec = spec
+        self.entry = entry
+        self.family = get_family(entry.family)
+        self.class_conditional = entry.family == "dit"
+        count = spec.num_prompts or spec.batch_size * spec.iterations
+        if self.class_conditional:
+            classes = entry.components[self.family.denoiser].config.get("num_embeds_ada_norm") or 1000
+            rng = random.Random(spec.seed)
+            self.pool = [rng.randrange(classes) for _ in range(count)]
+        else:
+            self.pool = prompt_pool(spec.prompt, spec.prompts_file, count, spec.seed)
+
+    def batch(self, iteration: int) -> Batch:
+        size = self.spec.batch_size
+        first = iteration * size
+        picked = [self.pool[(first + k) % len(self.pool)] for k in range(size)]
+        seeds = [self.spec.seed + first + k for k in range(size)]
+        if self.class_conditional:
+            return Batch(None, picked, seeds)
+        return Batch(picked, None, seeds)
+
+    def call_arguments(self, pipe, batch: Batch) -> dict:
+        """Keyword arguments for ``pipe(...)``: the spec's settings in the pipeline's own names."""
+        spec = self.spec
+        accepted = inspect.signature(type(pipe).__call__).parameters
+        arguments = dict(self.entry.extra.get("runtime", {}).get("call", {}))
+        arguments.update(
+            num_inference_steps=spec.steps,
+            guidance_scale=spec.guidance_scale,
+            # CPU generators: the same seed gives the same noise on every device
+            generator=[torch.Generator("cpu").manual_seed(seed) for seed in batch.seeds],
+            output_type="pil",
+        )
+        if self.class_conditional:
+            arguments["class_labels"] = batch.class_labels
+        else:
+            arguments.update(prompt=batch.prompts, height=spec.height, width=spec.width)
+        if self.family.is_video:
+            arguments["num_frames"] = spec.num_frames
+        if spec.max_sequence_length is not None:
+            arguments["max_sequence_length"] = spec.max_sequence_length
+        if "use_resolution_binning" in accepted:
+            arguments["use_resolution_binning"] = spec.resolution_binning
+        return {name: value for name, value in arguments.items() if name in accepted}
+
+    def requests(self, iterations: int) -> dict:
+        """requests.json: the inputs of every measured call."""
+        calls = []
+        for index in range(iterations):
+            batch = self.batch(index)
+            calls.append(
+                {"iteration": index, "prompts": batch.prompts, "class_labels": batch.class_labels, "seeds": batch.seeds}
+            )
+        return {"spec": self.spec.model_dump(mode="json"), "calls": calls}
+
+
+def outputs(result) -> list:
+    """The images (PIL) or videos (lists of PIL frames) a pipeline call returned."""
+    frames = getattr(result, "frames", None)
+    if frames is not None:
+        return list(frames)
+    return list(result.images)
+
+
+def save_output(output, folder: Path, number: int, label: str) -> Path:
+    """PNG for an image; animated PNG (lossless, readable by PIL) for a video."""
+    from diffmeter.bench.storage import slug
+
+    path = folder / f"{number:05d}_{slug(label, 48) or 'image'}.png"
+    if isinstance(output, list | tuple):
+        output[0].save(path, save_all=True, append_images=list(output[1:]), duration=125, loop=0)
+    else:
+        output.save(path)
+    return path

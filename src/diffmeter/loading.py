@@ -1,0 +1,145 @@
+"""Runnable pipelines for measured runs: pretrained weights from a local directory or the
+HF cache, or random weights (tiny catalog entries, or real-size ones from catalog configs).
+
+``locate_weights`` only looks at the disk, so a missing checkpoint is reported before
+anything is written or loaded.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+
+import diffusers
+import torch
+
+from diffmeter.catalog import all_entries
+from diffmeter.catalog.entry import PipelineEntry
+from diffmeter.catalog.local import hf_cache_directory
+from diffmeter.errors import DiffmeterError
+from diffmeter.pipelines import build_component, quiet_libraries
+from diffmeter.tiny import assemble, tiny_pipeline
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
+@dataclass(frozen=True)
+class WeightsSource:
+    """Where the weights come from: ``pretrained`` (a directory), ``random`` or ``tiny-random``."""
+
+    kind: str
+    path: Path | None = None
+    variant: str | None = None
+
+    @property
+    def random(self) -> bool:
+        return self.kind != "pretrained"
+
+    def describe(self) -> str:
+        if self.kind == "pretrained":
+            return f"pretrained weights from {self.path}" + (f" (variant {self.variant})" if self.variant else "")
+        if self.kind == "tiny-random":
+            return "tiny random weights (a test pipeline: timings say nothing about the real model)"
+        return "random weights at real size, from the catalog configs (timing and memory are real; images are noise)"
+
+
+def locate_weights(entry: PipelineEntry, random_weights: bool) -> WeightsSource:
+    """Decide where weights come from, or fail with where we looked and how to get them."""
+    if entry.is_tiny:
+        return WeightsSource("tiny-random")
+    if random_weights:
+        return WeightsSource("random")
+    if entry.origin == "local":
+        root = Path(entry.sources["configs"])
+    else:
+        root = hf_cache_directory(entry.id)
+        if root is None:
+            from huggingface_hub.constants import HF_HUB_CACHE
+
+            raise DiffmeterError(
+                f"weights for {entry.id} are not in the local Hugging Face cache (looked in {HF_HUB_CACHE}): "
+                f"download them with `hf download {entry.id}`, pass a local diffusers directory as MODEL, "
+                "or add --random-weights to time the architecture with random weights"
+            )
+    return WeightsSource("pretrained", root, _variant(entry, root))
+
+
+def _variant(entry: PipelineEntry, root: Path) -> str | None:
+    """``fp16`` when a component ships only fp16-variant files; fail when weights are missing."""
+    missing, fp16_only = [], []
+    for name in entry.components:
+        files = [f.name for f in (root / name).glob("*") if f.name.endswith(WEIGHT_SUFFIXES)]
+        if not files:
+            missing.append(name)
+        elif all(".fp16." in file for file in files):
+            fp16_only.append(name)
+    if missing:
+        raise DiffmeterError(
+            f"{root} has configs but no weights for {', '.join(missing)} (looked for *.safetensors and *.bin): "
+            f"download the full pipeline (`hf download {entry.id}`) or add --random-weights"
+        )
+    return "fp16" if fp16_only else None
+
+
+def load_pipeline(
+    entry: PipelineEntry, source: WeightsSource, device: torch.device, dtype: str, seed: int = 0
+) -> diffusers.DiffusionPipeline:
+    """The pipeline on ``device`` at ``dtype``, progress bar off."""
+    torch_dtype = getattr(torch, dtype)
+    if source.kind == "pretrained":
+        pipe = _pretrained(entry, source, torch_dtype)  # already at dtype, fp32-only modules kept
+    else:
+        if source.kind == "tiny-random":
+            pipe = tiny_pipeline(entry, "cpu", seed)
+        else:
+            pipe = random_pipeline(entry, device, torch_dtype, seed)
+        for component in pipe.components.values():
+            if isinstance(component, torch.nn.Module):
+                component.to(torch_dtype)
+                _keep_fp32_modules(component)
+    pipe.to(device)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _keep_fp32_modules(module: torch.nn.Module) -> None:
+    """Put back in float32 what the model class says must stay there, as from_pretrained does."""
+    keep = getattr(module, "_keep_in_fp32_modules", None) or []
+    for name, child in module.named_modules():
+        if keep and any(part in keep for part in name.split(".")):
+            child.float()
+
+
+def _pretrained(entry: PipelineEntry, source: WeightsSource, torch_dtype: torch.dtype):
+    pipeline_class = getattr(diffusers, entry.pipeline_class, diffusers.DiffusionPipeline)
+    extra = {}
+    if "safety_checker" in inspect.signature(pipeline_class.__init__).parameters:
+        extra["safety_checker"] = None  # benchmarks time the model, not the NSFW filter
+    try:
+        with quiet_libraries():
+            return pipeline_class.from_pretrained(
+                source.path, torch_dtype=torch_dtype, variant=source.variant, local_files_only=True, **extra
+            )
+    except (OSError, ValueError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DiffmeterError(f"cannot load {entry.id} from {source.path}: {first_line}") from None
+
+
+def random_pipeline(entry: PipelineEntry, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    """Real-size components with random weights, built straight on ``device`` at ``dtype``.
+
+    Tokenizers and the scheduler come from the family's tiny entry: token ids stay inside
+    every real vocabulary, and padded lengths follow the pipeline's own settings.
+    """
+    template = next((e for e in all_entries() if e.is_tiny and e.family == entry.family), None)
+    if template is None:
+        raise DiffmeterError(f"no tiny {entry.family} entry to borrow tokenizers and a scheduler from")
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        parts = {name: build_component(component, device) for name, component in entry.components.items()}
+    finally:
+        torch.set_default_dtype(previous)
+    return assemble(entry.pipeline_class, parts, template.extra["runtime"])

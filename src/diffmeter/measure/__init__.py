@@ -1,0 +1,1 @@
+"""Measuring a running pipeline: device clocks, per-stage timing, memory, energy, peaks."""

@@ -1,0 +1,115 @@
+"""Where a measurement ran: library versions, devices, driver, CPU, settings, our commit."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel
+
+#: variables that change what a run measures
+RELEVANT_VARIABLES = (
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_LAUNCH_BLOCKING",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "NVIDIA_TF32_OVERRIDE",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HF_HUB_OFFLINE",
+)
+RELEVANT_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE", "DIFFMETER_")
+LIBRARIES = ("torch", "diffusers", "transformers", "accelerate", "zeus", "numpy")
+
+
+class Environment(BaseModel):
+    python: str
+    platform: str
+    cpu: str
+    cpu_count: int
+    libraries: dict[str, str | None]
+    cuda: str | None
+    cudnn: int | None
+    driver: str | None
+    devices: list[str]
+    device_memory_bytes: list[int]
+    torch_threads: int
+    tf32_matmul: bool
+    variables: dict[str, str]
+    diffmeter: str
+    diffmeter_commit: str | None
+
+
+def collect() -> Environment:
+    cuda = torch.cuda.is_available()
+    devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
+    memory = [torch.cuda.get_device_properties(i).total_memory for i in range(len(devices))]
+    return Environment(
+        python=platform.python_version(),
+        platform=platform.platform(),
+        cpu=_cpu_name(),
+        cpu_count=os.cpu_count() or 1,
+        libraries={name: _version(name) for name in LIBRARIES},
+        cuda=torch.version.cuda,
+        cudnn=torch.backends.cudnn.version() if cuda else None,
+        driver=_driver() if cuda else None,
+        devices=devices,
+        device_memory_bytes=memory,
+        torch_threads=torch.get_num_threads(),
+        tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
+        variables={
+            k: v for k, v in sorted(os.environ.items()) if k in RELEVANT_VARIABLES or k.startswith(RELEVANT_PREFIXES)
+        },
+        diffmeter=_version("diffmeter") or "unknown",
+        diffmeter_commit=_commit(),
+    )
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _driver() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlSystemGetDriverVersion()
+    except Exception:  # pynvml missing or NVML unusable: fall back to nvidia-smi
+        return _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+
+
+def _commit() -> str | None:
+    """The git commit of the diffmeter source, with ``-dirty`` if it has local changes."""
+    source = Path(__file__).resolve().parent
+    commit = _run(["git", "-C", str(source), "rev-parse", "HEAD"])
+    if commit is None:
+        return None
+    dirty = _run(["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"])
+    return commit + ("-dirty" if dirty else "")
+
+
+def _run(command: list[str]) -> str | None:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip().splitlines()[0] if done.stdout.strip() else ""

@@ -1,0 +1,184 @@
+"""`diffmeter bench` on tiny pipelines of several families: what lands on disk and what it says."""
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+from diffmeter.bench.results import BenchResult, json_schema
+from diffmeter.bench.runner import bench
+from diffmeter.bench.spec import BenchSpec
+from diffmeter.bench.storage import RESULTS, read_result
+from diffmeter.errors import DiffmeterError
+from diffmeter.flops.profile import profile_spec
+
+# UNet, MMDiT, DiT with T5, class-conditional DiT, separate-CFG Lumina-2, video (Wan)
+FAMILIES = ["tiny-sd", "tiny-flux", "tiny-pixart", "tiny-dit", "tiny-lumina2", "tiny-wan"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    return {name: bench(BenchSpec(model=name, batch_size=2, steps=3, iterations=2), out=out) for name in FAMILIES}
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_results_json_round_trips_through_the_schema(runs, name):
+    result, folder = runs[name]
+    stored = json.loads((folder / RESULTS).read_text())
+    assert BenchResult.model_validate(stored) == result
+    assert read_result(folder) == result and result.status == "complete"
+    assert stored["schema_version"] == 1 and stored["weights_random"] is True
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_one_step_time_per_scheduler_step_and_the_profile_agrees_on_calls(runs, name):
+    result, _ = runs[name]
+    denoiser_calls = sum(c.calls for c in result.profile.components if c.role == "denoiser")
+    for iteration in [result.first_call, *result.iterations]:
+        assert len(iteration.stages.steps_s) == result.spec.steps == 3
+        assert all(step > 0 for step in iteration.stages.steps_s)
+        assert iteration.denoiser_calls == denoiser_calls  # CFG batched or separate, as profiled
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_stages_add_up_to_the_total_and_the_total_to_the_wall_clock(runs, name):
+    result, _ = runs[name]
+    for iteration in result.iterations:
+        stages = iteration.stages
+        parts = [stages.text_encoding_s, stages.denoising_s, stages.vae_decode_s, stages.other_s]
+        assert min(parts) >= 0 and stages.denoising_s == pytest.approx(sum(stages.steps_s))
+        assert sum(parts) == pytest.approx(iteration.total_s, rel=1e-9)
+        assert sum(parts) == pytest.approx(iteration.wall_s, rel=0.05)
+    assert all(stats.median > 0 for name, stats in result.summary.stages_s.items() if name != "text_encoding")
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_images_are_written_readable_and_at_the_requested_size(runs, name):
+    result, folder = runs[name]
+    spec = result.spec
+    assert len(result.images) == spec.batch_size * spec.iterations
+    assert [image.seed for image in result.images] == [spec.seed + n for n in range(len(result.images))]
+    for record in result.images:
+        with Image.open(folder / record.path) as image:
+            assert image.size == (spec.width, spec.height)
+            assert getattr(image, "n_frames", 1) == (spec.num_frames or 1)
+
+
+def test_requests_record_every_measured_call(runs):
+    result, folder = runs["tiny-sd"]
+    requests = json.loads((folder / "requests.json").read_text())
+    assert [call["seeds"] for call in requests["calls"]] == [[0, 1], [2, 3]]
+    prompts = [prompt for call in requests["calls"] for prompt in call["prompts"]]
+    assert prompts == [image.prompt for image in result.images]
+    assert len(set(prompts)) == 4  # sampled without replacement from the shipped set
+    labels = json.loads((runs["tiny-dit"][1] / "requests.json").read_text())["calls"][0]["class_labels"]
+    assert len(labels) == 2 and all(0 <= label < 1000 for label in labels)
+
+
+def test_the_stored_profile_is_the_profile_of_the_same_spec(runs):
+    result, _ = runs["tiny-flux"]
+    assert result.profile == profile_spec(result.spec.profile_spec())
+    summary = result.summary
+    assert summary.flops["total"] == result.profile.total_flops
+    assert summary.flops["step"] * result.spec.steps == summary.flops["denoising"]
+    expected = summary.flops["total"] / summary.latency_s.median / 1e12
+    assert summary.achieved_tflops["total"] == pytest.approx(expected)
+
+
+def test_cpu_runs_say_what_was_not_measured(runs):
+    summary = runs["tiny-sd"][0].summary
+    assert summary.energy.available is False and summary.energy.reason
+    assert summary.energy.gpu_j_per_image is None
+    assert summary.mfu == {} and "--peak-tflops" in summary.mfu_note
+    assert summary.peak_memory.cuda_max_allocated_bytes is None
+    assert summary.peak_memory.process_peak_rss_bytes > 50e6
+
+
+def test_peak_override_gives_mfu_on_any_device(tmp_path):
+    result, _ = bench(BenchSpec(model="tiny-sd", steps=2, iterations=1, peak_tflops=2.0), out=tmp_path)
+    summary = result.summary
+    assert summary.peak.tflops == 2.0
+    assert summary.mfu["total"] == pytest.approx(summary.achieved_tflops["total"] / 2.0)
+
+
+def test_an_existing_result_is_not_overwritten_without_force(tmp_path):
+    spec = BenchSpec(model="tiny-sd", steps=2, iterations=1)
+    _, folder = bench(spec, out=tmp_path)
+    before = (folder / RESULTS).read_bytes()
+    with pytest.raises(DiffmeterError, match="already exists.*--force"):
+        bench(spec, out=tmp_path)
+    assert (folder / RESULTS).read_bytes() == before
+    bench(spec, out=tmp_path, force=True)
+    assert (folder / RESULTS).read_bytes() != before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [folder.name]  # no staging left behind
+
+
+def test_an_interrupted_run_leaves_no_result_and_keeps_the_previous_one(tmp_path):
+    spec = BenchSpec(model="tiny-sd", steps=2, iterations=3)
+    _, folder = bench(spec, out=tmp_path)
+    before = (folder / RESULTS).read_bytes()
+
+    def interrupt(what, done, total):  # Ctrl-C in the middle of the measured calls
+        if what == "measuring" and done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        bench(spec, out=tmp_path, force=True, progress=interrupt)
+    assert (folder / RESULTS).read_bytes() == before
+    fresh = tmp_path / "fresh"
+    with pytest.raises(KeyboardInterrupt):
+        bench(spec, out=fresh, progress=interrupt)
+    assert not any(path.name == RESULTS for path in fresh.rglob("*") if not path.parent.name.startswith("."))
+    assert not (fresh / folder.name).exists()
+
+
+def test_out_of_memory_is_stored_as_a_failed_result(tmp_path):
+    spec = BenchSpec(model="tiny-sd", steps=2, iterations=2)
+
+    def exhaust(what, done, total):  # a CUDA OOM cannot happen on this CPU machine: raise the real type
+        if what == "measuring" and done == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    with pytest.raises(DiffmeterError, match="out of memory.*failed result"):
+        bench(spec, out=tmp_path, progress=exhaust)
+    (folder,) = tmp_path.iterdir()
+    failed = read_result(folder)
+    assert failed.status == "failed" and "Tried to allocate" in failed.error and failed.summary is None
+    assert failed.load_s > 0
+
+
+def test_committed_json_schema_is_current():
+    from pathlib import Path
+
+    committed = json.loads((Path(__file__).parents[1] / "docs" / "bench.schema.json").read_text())
+    assert committed == json_schema()
+
+
+def test_pretrained_weights_from_a_local_directory(tmp_path):
+    from diffmeter.catalog import resolve
+    from diffmeter.tiny import tiny_pipeline
+
+    tiny_pipeline(resolve("tiny-pixart"), seed=3).save_pretrained(tmp_path / "my-pixart")
+    result, folder = bench(
+        BenchSpec(
+            model=str(tmp_path / "my-pixart"), steps=2, iterations=1, height=32, width=32, resolution_binning=False
+        ),
+        out=tmp_path / "out",
+    )
+    assert result.weights_random is False and "pretrained weights from" in result.weights
+    assert result.model.origin == "local" and folder.name.startswith("model-my-pixart+")
+    assert result.profile.total_flops == profile_spec(result.spec.profile_spec()).total_flops
+
+
+def test_a_directory_with_configs_but_no_weights_is_refused_before_anything_is_written(tmp_path):
+    from diffmeter.catalog import resolve
+    from diffmeter.tiny import tiny_pipeline
+
+    tiny_pipeline(resolve("tiny-sd")).save_pretrained(tmp_path / "sd")
+    for weights in (tmp_path / "sd" / "unet").glob("*.safetensors"):
+        weights.unlink()
+    with pytest.raises(DiffmeterError, match="no weights for unet"):
+        bench(BenchSpec(model=str(tmp_path / "sd")), out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,105 @@
+"""`diffmeter bench` and `diffmeter show` from the command line, bad input included."""
+
+import json
+
+import pytest
+import torch
+
+from diffmeter.bench.storage import RESULTS
+
+
+def test_bench_prints_the_stage_table_and_show_reprints_it(cli, tmp_path):
+    code, out, err = cli("bench", "tiny-sd", "--steps", "2", "--iterations", "2", "--out", tmp_path)
+    assert code == 0, err
+    for text in ("text encoding", "denoising (2 steps)", "one step", "VAE decode", "total", "images/s", "results:"):
+        assert text in out
+    (folder,) = tmp_path.iterdir()
+    code, shown, _ = cli("show", folder)
+    assert code == 0 and "denoising (2 steps)" in shown and "tiny random weights" in shown
+    code, stored, _ = cli("show", folder / RESULTS, "--json")
+    assert code == 0 and json.loads(stored)["status"] == "complete"
+
+
+def test_bench_json_prints_the_summary_only(cli, tmp_path):
+    code, out, _ = cli("bench", "tiny-dit", "--steps", "2", "--iterations", "1", "--out", tmp_path, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["summary"]["images"] == 1 and data["folder"].startswith(str(tmp_path))
+    assert data["summary"]["latency_s"]["median"] > 0 and "--peak-tflops" in data["summary"]["mfu_note"]
+
+
+def test_prompts_file_and_quiet(cli, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "a red cat"}\n"a blue dog"\n')
+    code, out, err = cli(
+        "bench", "tiny-sd", "--steps", "1", "--iterations", "2", "--prompts", prompts, "--out", tmp_path / "o", "-q"
+    )
+    assert code == 0 and out == "" and err == ""
+    (folder,) = (tmp_path / "o").iterdir()
+    stored = json.loads((folder / RESULTS).read_text())
+    assert sorted(image["prompt"] for image in stored["images"]) == ["a blue dog", "a red cat"]
+
+
+def _empty_file(tmp_path):
+    path = tmp_path / "empty.txt"
+    path.write_text("\n  \n")
+    return path
+
+
+def _file_in_the_way(tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a folder")
+    return blocker / "results"
+
+
+BAD = [
+    (["nope-model"], "unknown model 'nope-model'"),
+    (["tiny-sd", "--height", "33"], "is not a multiple of 2"),
+    (["tiny-sd", "--warmup", "0"], "--warmup must be at least 1"),
+    (["tiny-sd", "--iterations", "0"], "--iterations must be at least 1"),
+    (["tiny-sd", "--dtype", "int8"], "unknown dtype 'int8'"),
+    (["tiny-sd", "--device", "tpu"], "unknown device 'tpu'"),
+    (["tiny-sd", "--prompts", "missing.txt"], "cannot read prompts file"),
+    (["tiny-sd", "--prompt", "a", "--prompts", "b.txt"], "either --prompt or --prompts"),
+    (["sd15"], "not in the local Hugging Face cache"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, tmp_path, monkeypatch, args, message):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli("bench", *args, "--out", tmp_path / "out")
+    assert code == 2 and message in err
+    assert err.startswith("error:") and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message when CUDA is absent")
+def test_cuda_asked_for_but_absent(cli, tmp_path):
+    code, _, err = cli("bench", "tiny-sd", "--device", "cuda", "--out", tmp_path / "out")
+    assert code == 2 and "sees no CUDA device" in err and "--device cpu" in err
+
+
+@pytest.mark.parametrize("make", [_empty_file, _file_in_the_way])
+def test_empty_prompts_file_and_unwritable_output(cli, tmp_path, make):
+    target = make(tmp_path)
+    args = ["--prompts", target] if target.name == "empty.txt" else ["--out", target]
+    code, _, err = cli("bench", "tiny-sd", *args)
+    assert code == 2 and ("holds no prompts" in err or "cannot write results under" in err)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_existing_result_needs_force(cli, tmp_path):
+    args = ("bench", "tiny-sd", "--steps", "1", "--iterations", "1", "--out", tmp_path, "-q")
+    assert cli(*args)[0] == 0
+    code, _, err = cli(*args)
+    assert code == 2 and "already exists" in err and "--force" in err
+    assert cli(*args, "--force")[0] == 0
+
+
+def test_show_refuses_what_is_not_a_result(cli, tmp_path):
+    code, _, err = cli("show", tmp_path)
+    assert code == 2 and "no results.json" in err
+    (tmp_path / RESULTS).write_text('{"status": "compl')
+    code, _, err = cli("show", tmp_path)
+    assert code == 2 and "is not a readable diffmeter result" in err and len(err.strip().splitlines()) == 1
