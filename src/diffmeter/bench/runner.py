@@ -50,6 +50,8 @@ def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, pro
     try:
         storage.write_json(staging / storage.REQUESTS, workload.requests(spec.iterations))
         result = _measure(spec, entry, source, workload, profile, staging, log, progress)
+        if len(result.iterations) > spec.iterations:  # --min-duration asked for more calls
+            storage.write_json(staging / storage.REQUESTS, workload.requests(len(result.iterations)))
         log.info("done: %s", result.status)
         final = folder.commit(result)
     except BaseException:
