@@ -6,8 +6,11 @@
 """
 
 from diffmeter.errors import DiffmeterError
-from diffmeter.flops.profile import ComponentProfile, Profile, profile
-from diffmeter.spec import ProfileSpec
+from diffmeter.quiet import quiet_import
+
+with quiet_import():  # diffusers probes optional packages (torchao) at import
+    from diffmeter.flops.profile import ComponentProfile, Profile, profile
+    from diffmeter.spec import ProfileSpec
 
 __all__ = ["ComponentProfile", "DiffmeterError", "Profile", "ProfileSpec", "profile"]
 __version__ = "0.1.0"

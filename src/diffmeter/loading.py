@@ -18,7 +18,8 @@ from diffmeter.catalog import all_entries
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.catalog.local import hf_cache_directory
 from diffmeter.errors import DiffmeterError
-from diffmeter.pipelines import build_component, quiet_libraries
+from diffmeter.pipelines import build_component
+from diffmeter.quiet import quiet_libraries
 from diffmeter.tiny import assemble, tiny_pipeline
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin")

@@ -3,15 +3,13 @@ or with random weights on a real device for tiny test pipelines."""
 
 from __future__ import annotations
 
-import logging
-from contextlib import contextmanager
-
 import diffusers
 import torch
 import transformers
 
 from diffmeter.catalog.entry import ComponentEntry
 from diffmeter.errors import DiffmeterError
+from diffmeter.quiet import quiet_libraries
 
 
 def component_class(class_name: str) -> type:
@@ -46,19 +44,3 @@ def count_stored_elements(module: torch.nn.Module) -> int:
     """Elements a checkpoint stores: parameters plus persistent buffers (e.g. SD3's pos_embed)."""
     unique = {id(tensor): tensor for tensor in module.state_dict(keep_vars=True).values()}
     return sum(tensor.numel() for tensor in unique.values())
-
-
-@contextmanager
-def quiet_libraries():
-    """Silence the libraries' config warnings while building (unused keys, deprecations)."""
-    loggers = [logging.getLogger(name) for name in ("diffusers", "transformers")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    diffusers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)

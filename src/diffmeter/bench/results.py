@@ -7,7 +7,7 @@ second, 2 per multiply-accumulate).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -17,6 +17,7 @@ from diffmeter.measure.energy import Energy, EnergyReading
 from diffmeter.measure.environment import Environment
 from diffmeter.measure.memory import PeakMemory
 from diffmeter.measure.peaks import Peak
+from diffmeter.measure.quality import Quality
 from diffmeter.measure.stats import Stats
 
 SCHEMA_VERSION = 1
@@ -68,6 +69,8 @@ class Summary(BaseModel):
     step_s: Stats
     images_per_s: float
     s_per_image: float
+    #: first call minus the steady-state median: compilation, autotuning, lazy initialization
+    cold_start_overhead_s: float
     peak_memory: PeakMemory
     energy: Energy
     #: FLOPs of each stage per call ("step": one denoising step), from the stored profile
@@ -78,6 +81,16 @@ class Summary(BaseModel):
     #: achieved_tflops / peak; empty when the peak is unknown (see ``mfu_note``)
     mfu: dict[str, float] = {}
     mfu_note: str | None = None
+
+
+class AppliedOptimization(BaseModel):
+    """A technique applied to the run, as the registry describes it."""
+
+    name: str
+    label: str
+    kind: str
+    lossless: bool
+    params: dict[str, Any] = {}
 
 
 class ModelInfo(BaseModel):
@@ -106,6 +119,9 @@ class BenchResult(BaseModel):
     iterations: list[Iteration] = []
     summary: Summary | None = None
     profile: Profile | None = None
+    optimizations: list[AppliedOptimization] = []
+    #: images against the unoptimized run at the same seeds (``--compare-baseline``)
+    quality: Quality | None = None
     images: list[ImageRecord] = []
     notes: list[str] = []
     error: str | None = None

@@ -7,6 +7,7 @@ folder is created or a weight is loaded. Out-of-memory becomes a stored failed r
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -16,7 +17,15 @@ from pathlib import Path
 import torch
 
 from diffmeter.bench import storage
-from diffmeter.bench.results import BenchResult, ImageRecord, Iteration, ModelInfo, Stages, Summary
+from diffmeter.bench.results import (
+    AppliedOptimization,
+    BenchResult,
+    ImageRecord,
+    Iteration,
+    ModelInfo,
+    Stages,
+    Summary,
+)
 from diffmeter.bench.spec import BenchSpec
 from diffmeter.bench.workload import Workload, outputs, save_output
 from diffmeter.catalog import resolve
@@ -29,8 +38,10 @@ from diffmeter.measure.energy import Energy, EnergyMeter
 from diffmeter.measure.environment import collect
 from diffmeter.measure.memory import loaded_bytes, read_peaks, reset_peaks
 from diffmeter.measure.peaks import device_peak
+from diffmeter.measure.quality import Quality, compare, summarize
 from diffmeter.measure.stages import StageTimer, StageTimes
 from diffmeter.measure.stats import Stats
+from diffmeter.optimize import Target, build, check
 
 #: progress callback: (what is happening, calls done, calls planned or None)
 Progress = Callable[[str, int, int | None], None]
@@ -42,16 +53,23 @@ def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, pro
     entry = resolve(spec.model)
     spec = spec.settle(entry)
     profile = profile_spec(spec.profile_spec())  # also checks sizes against the model
+    target = Target(entry, get_family(entry.family), torch.device(spec.device), spec.dtype, spec.steps)
+    optimizations = build(spec.optimizations)
+    check(optimizations, target)
     source = locate_weights(entry, spec.random_weights)
     workload = Workload(spec, entry)
-    folder = storage.RunDirectory(out, storage.run_name(spec, entry), force)
+    folder = storage.RunDirectory(out, storage.run_name(spec, entry, [o.label() for o in optimizations]), force)
+    folder.check()
+    baseline = _baseline(spec, out, progress) if spec.compare_baseline and optimizations else None
     staging = folder.open()
     log = storage.file_logger(staging)
     try:
         storage.write_json(staging / storage.REQUESTS, workload.requests(spec.iterations))
-        result = _measure(spec, entry, source, workload, profile, staging, log, progress)
+        result = _measure(spec, entry, source, workload, profile, staging, log, progress, optimizations, target)
         if len(result.iterations) > spec.iterations:  # --min-duration asked for more calls
             storage.write_json(staging / storage.REQUESTS, workload.requests(len(result.iterations)))
+        if baseline is not None and result.status == "complete":
+            result.quality = compare_with_baseline(result, staging, *baseline)
         log.info("done: %s", result.status)
         final = folder.commit(result)
     except BaseException:
@@ -64,7 +82,31 @@ def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, pro
     return result, final
 
 
-def _measure(spec, entry, source, workload, profile, staging, log, progress) -> BenchResult:
+def _baseline(spec: BenchSpec, out, progress) -> tuple[BenchResult, Path]:
+    """The unoptimized run with the same prompts and seeds: reused from ``out`` when stored."""
+    baseline = spec.baseline()
+    entry = resolve(spec.model)
+    folder = Path(out).expanduser() / storage.run_name(baseline, entry)
+    if (folder / storage.RESULTS).exists():
+        stored = storage.read_result(folder)
+        wanted = {seed for index in range(spec.iterations) for seed in Workload(spec, entry).batch(index).seeds}
+        if stored.status == "complete" and wanted <= {image.seed for image in stored.images}:
+            return stored, folder
+    return bench(baseline, out=out, force=True, progress=progress)
+
+
+def compare_with_baseline(result: BenchResult, folder: Path, baseline: BenchResult, baseline_folder: Path) -> Quality:
+    """Each image of ``result`` (in ``folder``) against the baseline's image with the same seed."""
+    by_seed = {image.seed: image for image in baseline.images}
+    compared = [
+        compare(folder / image.path, baseline_folder / by_seed[image.seed].path, image.seed)
+        for image in result.images
+        if image.seed in by_seed
+    ]
+    return summarize(str(baseline_folder), compared)
+
+
+def _measure(spec, entry, source, workload, profile, staging, log, progress, optimizations, target) -> BenchResult:
     device = torch.device(spec.device)
     family = get_family(entry.family)
     base = dict(
@@ -77,7 +119,11 @@ def _measure(spec, entry, source, workload, profile, staging, log, progress) -> 
         weights_random=source.random,
         environment=collect(),
         profile=profile,
-        notes=_notes(spec, entry),
+        notes=_notes(spec, entry, optimizations),
+        optimizations=[
+            AppliedOptimization(name=o.name, label=o.label(), kind=o.kind, lossless=o.lossless, params=o.spec().params)
+            for o in optimizations
+        ],
     )
     log.info("spec %s", spec.model_dump_json())
     log.info("weights: %s", source.describe())
@@ -85,16 +131,29 @@ def _measure(spec, entry, source, workload, profile, staging, log, progress) -> 
     try:
         progress("loading", 0, None)
         start = time.perf_counter()
-        pipe = load_pipeline(entry, source, device, spec.dtype, spec.seed)
+        placed = any(o.places_pipeline for o in optimizations)
+        pipe = load_pipeline(entry, source, torch.device("cpu") if placed else device, spec.dtype, spec.seed)
+        for optimization in optimizations:
+            log.info("applying %s", optimization.label())
+            optimization.apply(pipe, target)
         _synchronize(device)
         result["load_s"] = time.perf_counter() - start
-        log.info("loaded in %.3f s", result["load_s"])
+        log.info("loaded and optimized in %.3f s", result["load_s"])
         loaded = loaded_bytes(device)
         meter = EnergyMeter(device)
         timer = StageTimer(pipe, list(family.text_encoders), family.denoiser, family.decoder, clock_for(device))
         with timer:
-            result.update(_iterate(spec, pipe, timer, meter, workload, staging, log, progress, device))
-        summary = _summarize(spec, result["iterations"], read_peaks(device, loaded), meter, result["energy"], profile)
+            contexts = [o.call_context for o in optimizations]
+            result.update(_iterate(spec, pipe, timer, meter, workload, staging, log, progress, device, contexts))
+        summary = _summarize(
+            spec,
+            result["iterations"],
+            read_peaks(device, loaded),
+            meter,
+            result["energy"],
+            profile,
+            result["first_call_s"],
+        )
     except (torch.cuda.OutOfMemoryError, MemoryError) as error:
         message = f"out of memory on {spec.device}: {(str(error) or type(error).__name__).splitlines()[0]}"
         log.error(message)
@@ -104,18 +163,20 @@ def _measure(spec, entry, source, workload, profile, staging, log, progress) -> 
     return BenchResult(status="complete", summary=summary, images=images, **result, **base)
 
 
-def _iterate(spec, pipe, timer, meter, workload, staging, log, progress, device) -> dict:
+def _iterate(spec, pipe, timer, meter, workload, staging, log, progress, device, contexts) -> dict:
     """The cold call, the other warm-up calls, then measured calls until both the iteration
     count and the minimum duration are reached."""
     calls = spec.warmup + spec.iterations
     progress("warm-up", 0, calls)
-    first = timed_call(pipe, timer, workload.call_arguments(pipe, workload.batch(0)), 0, None)[0]
+    first = timed_call(pipe, timer, workload.call_arguments(pipe, workload.batch(0)), 0, None, contexts)[0]
     log.info("first call %.3f s", first.total_s)
     warmup = [first.total_s]
     for index in range(1, spec.warmup):
         progress("warm-up", index, calls)
         warmup.append(
-            timed_call(pipe, timer, workload.call_arguments(pipe, workload.batch(index)), index, None)[0].total_s
+            timed_call(pipe, timer, workload.call_arguments(pipe, workload.batch(index)), index, None, contexts)[
+                0
+            ].total_s
         )
     reset_peaks(device)
     iterations, energy, images = [], [], []
@@ -124,7 +185,7 @@ def _iterate(spec, pipe, timer, meter, workload, staging, log, progress, device)
         index = len(iterations)
         progress("measuring", spec.warmup + index, calls if index < spec.iterations else None)
         batch = workload.batch(index)
-        iteration, output = timed_call(pipe, timer, workload.call_arguments(pipe, batch), index, meter)
+        iteration, output = timed_call(pipe, timer, workload.call_arguments(pipe, batch), index, meter, contexts)
         iterations.append(iteration)
         if iteration.energy is not None:
             energy.append(iteration.energy)
@@ -152,13 +213,17 @@ def _iterate(spec, pipe, timer, meter, workload, staging, log, progress, device)
     }
 
 
-def timed_call(pipe, timer: StageTimer, arguments: dict, index: int, meter: EnergyMeter | None):
-    """One timed pipeline call, inside an energy window when a meter is given."""
+def timed_call(pipe, timer: StageTimer, arguments: dict, index: int, meter: EnergyMeter | None, contexts=()):
+    """One timed pipeline call, inside an energy window when a meter is given, and inside
+    the per-call contexts of the optimizations (``contexts``: callables returning one)."""
     if meter is not None:
         meter.begin()
     start = time.perf_counter()
     timer.begin()
-    output = pipe(**arguments)
+    with contextlib.ExitStack() as stack:
+        for context in contexts:
+            stack.enter_context(context())
+        output = pipe(**arguments)
     times = timer.end()
     wall = time.perf_counter() - start
     reading = meter.end() if meter is not None else None
@@ -201,7 +266,7 @@ def _save(produced: list, batch, index: int, staging: Path) -> list[ImageRecord]
     return records
 
 
-def _summarize(spec, iterations: list[Iteration], memory, meter, readings, profile: Profile) -> Summary:
+def _summarize(spec, iterations: list[Iteration], memory, meter, readings, profile: Profile, first_call_s) -> Summary:
     totals = [it.total_s for it in iterations]
     images = sum(it.images for it in iterations)
     stages = {
@@ -239,6 +304,7 @@ def _summarize(spec, iterations: list[Iteration], memory, meter, readings, profi
         step_s=step,
         images_per_s=images / sum(totals),
         s_per_image=sum(totals) / images,
+        cold_start_overhead_s=first_call_s - statistics.median(totals),
         peak_memory=memory,
         energy=Energy.of(readings, spec.batch_size, meter),
         flops=flops,
@@ -253,8 +319,13 @@ def _flops(profile: Profile, role: str) -> int:
     return sum(component.flops for component in profile.components if component.role == role)
 
 
-def _notes(spec: BenchSpec, entry) -> list[str]:
+def _notes(spec: BenchSpec, entry, optimizations) -> list[str]:
     notes = []
+    if any(o.kind == "cache" for o in optimizations):
+        notes.append(
+            "a cache skips work: achieved FLOP/s and MFU divide the full (uncached) profile by the time, "
+            "so they are effective rates, not executed ones"
+        )
     if spec.device == "cpu" and spec.dtype == "float32" and entry.defaults.dtype != "float32":
         notes.append(f"ran in float32 on CPU; the model's default is {entry.defaults.dtype} on GPU (--dtype)")
     return notes

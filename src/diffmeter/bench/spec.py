@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict
 
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
+from diffmeter.optimize.base import OptimizationSpec
 from diffmeter.spec import ProfileSpec
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -38,6 +39,12 @@ class BenchSpec(BaseModel):
     random_weights: bool = False
     save_images: bool = True
     peak_tflops: float | None = None
+    #: speed-ups by name (see ``diffmeter optimizations``), applied in registry order
+    optimizations: list[OptimizationSpec] = []
+    #: TF32 for float32 matmuls; None: on for CUDA runs (it is added to ``optimizations``)
+    tf32: bool | None = None
+    #: also run the unoptimized pipeline and compare images (PSNR, SSIM)
+    compare_baseline: bool = False
 
     def settle(self, entry: PipelineEntry) -> BenchSpec:
         """Fill defaults from the catalog and the device, and check every value."""
@@ -59,8 +66,17 @@ class BenchSpec(BaseModel):
             max_sequence_length=self.max_sequence_length,
             resolution_binning=self.resolution_binning,
         ).with_defaults(entry.defaults)
+        optimizations = list(self.optimizations)
+        names = [o.name for o in optimizations]
+        tf32 = device.type == "cuda" if self.tf32 is None else self.tf32
+        if tf32 and "tf32" not in names:
+            optimizations.append(OptimizationSpec(name="tf32"))
+        if not tf32 and "tf32" in names:
+            raise DiffmeterError("--no-tf32 contradicts the tf32 optimization asked for")
         return self.model_copy(
             update={
+                "optimizations": optimizations,
+                "tf32": tf32,
                 "height": profile.height,
                 "width": profile.width,
                 "steps": profile.steps,
@@ -71,6 +87,10 @@ class BenchSpec(BaseModel):
                 "device": str(device),
             }
         )
+
+    def baseline(self) -> BenchSpec:
+        """The same run without any optimization (TF32 off): what lossy techniques are compared to."""
+        return self.model_copy(update={"optimizations": [], "tf32": False, "compare_baseline": False})
 
     def profile_spec(self) -> ProfileSpec:
         """The offline profile of the same generation (for FLOP/s and MFU)."""
@@ -99,6 +119,8 @@ class BenchSpec(BaseModel):
             raise DiffmeterError(f"--min-duration must be 0 or more seconds, got {self.min_duration_s}")
         if self.prompt is not None and self.prompts_file is not None:
             raise DiffmeterError("pass either --prompt or --prompts, not both")
+        if self.compare_baseline and not self.save_images:
+            raise DiffmeterError("--compare-baseline compares saved images; drop --no-save-images")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise DiffmeterError(f"--peak-tflops must be positive, got {self.peak_tflops}")
         if self.dtype is not None and DTYPES.get(self.dtype, self.dtype) not in DTYPES.values():

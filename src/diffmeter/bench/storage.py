@@ -32,7 +32,7 @@ LOG = "bench.log"
 IMAGES = "images"
 
 
-def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: tuple[str, ...] = ()) -> str:
+def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | tuple[str, ...] = ()) -> str:
     """``model-black-forest-labs-FLUX_1-dev+batch-1+size-1024x1024+steps-28+...``, as the seed lays it out."""
     model = Path(entry.id).name if entry.origin == "local" and os.sep in entry.id else entry.id
     parts = [

@@ -91,6 +91,23 @@ def _facts(result: BenchResult) -> Text:
     else:
         lines.append(f"energy: not measured ({energy.reason})")
     lines.append(f"MFU against {summary.peak.description}" if summary.peak else f"MFU: {summary.mfu_note}")
+    if result.optimizations:
+        applied = ", ".join(f"{o.label} ({'lossless' if o.lossless else 'lossy'})" for o in result.optimizations)
+        lines.append(f"optimizations: {applied}")
+    if result.quality is not None:
+        lines.append(quality_line(result.quality))
     lines.append(f"weights: {result.weights}")
     lines += [f"note: {note}" for note in result.notes]
     return Text("\n".join(lines))
+
+
+def quality_line(quality) -> str:
+    psnr = (
+        f"PSNR mean {quality.mean_psnr_db:.2f} dB (min {quality.min_psnr_db:.2f} dB)"
+        if quality.mean_psnr_db is not None
+        else "PSNR infinite (identical)"
+    )
+    return (
+        f"quality vs unoptimized (same seeds): {psnr}, SSIM mean {quality.mean_ssim:.4f} "
+        f"(min {quality.min_ssim:.4f}), {quality.identical} of {len(quality.images)} images identical"
+    )

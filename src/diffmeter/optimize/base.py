@@ -1,0 +1,148 @@
+"""What every optimization is: a name, a kind, whether it changes the images, a pydantic
+config, a check that names why it does not apply, and ``apply``.
+
+``supports`` only looks at a ``Target`` (the catalog entry, its family and component
+classes, device, dtype), so an unsupported combination is refused before any weight is
+loaded. ``apply`` then changes a loaded pipeline in place; ``call_context`` wraps each
+pipeline call for techniques that act per call (SDPA kernel selection).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import inspect
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from diffmeter.catalog.entry import PipelineEntry
+from diffmeter.families.base import Family
+from diffmeter.pipelines import component_class
+
+#: families whose denoiser predicts a flow velocity (flow-matching schedulers only)
+FLOW_FAMILIES = frozenset({"flux", "sd3", "sana", "lumina2", "lumina_next", "wan"})
+
+
+class OptimizationSpec(BaseModel):
+    """A technique asked for by name, with its parameters (as stored in results)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    params: dict[str, Any] = {}
+
+
+class NoParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a technique is checked against before loading: configs, classes, device, dtype."""
+
+    entry: PipelineEntry
+    family: Family
+    device: torch.device
+    dtype: str
+    steps: int
+
+    @cached_property
+    def denoiser_class(self) -> type:
+        return component_class(self.entry.components[self.family.denoiser].class_name)
+
+    @cached_property
+    def pipeline_class(self) -> type:
+        import diffusers
+
+        return getattr(diffusers, self.entry.pipeline_class)
+
+    @property
+    def is_unet(self) -> bool:
+        return self.family.denoiser == "unet"
+
+    @property
+    def is_flow(self) -> bool:
+        return self.entry.family in FLOW_FAMILIES
+
+    def denoiser_source_mentions(self, text: str) -> bool:
+        """Whether the module defining the denoiser class uses ``text`` (e.g. dispatch_attention_fn)."""
+        module = inspect.getmodule(self.denoiser_class)
+        try:
+            return text in inspect.getsource(module)
+        except (OSError, TypeError):
+            return False
+
+
+class Optimization:
+    """Base class; subclasses set the class attributes and override what they need."""
+
+    name: ClassVar[str]
+    #: precision | compile | attention | fusion | cache | scheduler | memory | quantization
+    kind: ClassVar[str]
+    #: True when images stay the same up to floating-point reassociation
+    lossless: ClassVar[bool]
+    summary: ClassVar[str]
+    Config: ClassVar[type[BaseModel]] = NoParams
+    #: (importable module, pip extra of diffmeter that installs it)
+    package: ClassVar[tuple[str, str] | None] = None
+    #: only one technique of this kind at a time (two caches, two schedulers ...)
+    exclusive: ClassVar[bool] = False
+    #: the pipeline stays on the CPU when loaded; ``apply`` places it (offloading)
+    places_pipeline: ClassVar[bool] = False
+
+    def __init__(self, config: BaseModel) -> None:
+        self.config = config
+
+    @classmethod
+    def missing_package(cls) -> str | None:
+        if cls.package is None:
+            return None
+        module, extra = cls.package
+        if importlib.util.find_spec(module) is None:
+            return f"{cls.name} needs the {module} package: pip install 'diffmeter[{extra}]'"
+        return None
+
+    def supports(self, target: Target) -> str | None:
+        """None when the technique applies to ``target``; otherwise the reason it does not."""
+        return None
+
+    @classmethod
+    def variants(cls) -> list[Optimization]:
+        """Instances that span the technique's choices, for the compatibility matrix."""
+        return [cls(cls.Config())]
+
+    def apply(self, pipe, target: Target) -> None:
+        raise NotImplementedError
+
+    def call_context(self):
+        """A context entered around every pipeline call (most techniques need none)."""
+        return contextlib.nullcontext()
+
+    def label(self) -> str:
+        """Name plus the parameters that differ from the defaults, for run folders and tables."""
+        defaults = type(self.config)().model_dump() if _has_defaults(type(self.config)) else {}
+        changed = {k: v for k, v in self.config.model_dump().items() if defaults.get(k, object()) != v}
+        if not changed:
+            return self.name
+        return self.name + "-" + "-".join(f"{k}={_short(v)}" for k, v in sorted(changed.items()))
+
+    def spec(self) -> OptimizationSpec:
+        return OptimizationSpec(name=self.name, params=self.config.model_dump(exclude_defaults=True, mode="json"))
+
+
+def _has_defaults(config: type[BaseModel]) -> bool:
+    return all(not field.is_required() for field in config.model_fields.values())
+
+
+def _short(value) -> str:
+    if isinstance(value, list | tuple):
+        return "+".join(map(str, value))
+    return str(value)
+
+
+def denoiser(pipe, target: Target) -> torch.nn.Module:
+    return getattr(pipe, target.family.denoiser)

@@ -1,0 +1,56 @@
+"""Layerwise float8 storage for the large text encoders (the seed's "fp8 T5").
+
+Weights are stored in float8 (e4m3) and upcast layer by layer to the compute dtype,
+halving the encoder's weight memory. Uses diffusers' ``apply_layerwise_casting``.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from diffmeter.optimize.base import Optimization, Target
+from diffmeter.optimize.registry import register
+
+#: text encoders big enough for fp8 storage to matter (T5-XXL, UMT5, Gemma, ...)
+LARGE_ENCODERS = ("T5EncoderModel", "UMT5EncoderModel", "Gemma2Model", "Gemma2ForCausalLM", "Qwen2_5_VLModel")
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    storage: str = "float8_e4m3fn"
+
+
+@register
+class FP8TextEncoder(Optimization):
+    name = "fp8-text-encoder"
+    kind = "precision"
+    lossless = False
+    summary = "store large text encoders (T5, UMT5, Gemma) in float8, compute in the run's dtype"
+    Config = Config
+
+    def encoders(self, target: Target) -> list[str]:
+        return [
+            name
+            for name in target.family.text_encoders
+            if name in target.entry.components and target.entry.components[name].class_name in LARGE_ENCODERS
+        ]
+
+    def supports(self, target: Target) -> str | None:
+        if not self.encoders(target):
+            return "it has no large text encoder (T5/UMT5/Gemma) to store in float8"
+        if not hasattr(torch, self.config.storage):
+            return f"torch {torch.__version__} has no {self.config.storage}"
+        return None
+
+    def apply(self, pipe, target: Target) -> None:
+        from diffusers.hooks import apply_layerwise_casting
+
+        for name in self.encoders(target):
+            encoder = getattr(pipe, name)
+            apply_layerwise_casting(
+                encoder,
+                storage_dtype=getattr(torch, self.config.storage),
+                compute_dtype=getattr(torch, target.dtype),
+                skip_modules_pattern=("embed", "norm", "shared"),
+            )

@@ -1,0 +1,49 @@
+"""The compatibility of every registered technique with a model, computed from the registry."""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel
+
+from diffmeter.catalog.entry import PipelineEntry
+from diffmeter.families import get_family
+from diffmeter.optimize.base import Target
+from diffmeter.optimize.registry import REGISTRY
+
+
+class Compatibility(BaseModel):
+    """One technique on one model: which of its variants apply, or why none does."""
+
+    name: str
+    kind: str
+    lossless: bool
+    summary: str
+    parameters: dict[str, object]
+    applies: bool
+    #: the variants that apply, when the technique has several (schedulers)
+    variants: list[str] = []
+    reason: str | None = None
+
+
+def compatibility(entry: PipelineEntry, device: torch.device, dtype: str | None = None) -> list[Compatibility]:
+    target = Target(entry, get_family(entry.family), device, dtype or entry.defaults.dtype, entry.defaults.steps)
+    rows = []
+    for name, cls in sorted(REGISTRY.items(), key=lambda item: (item[1].kind, item[0])):
+        missing = cls.missing_package()
+        reasons = {}
+        for variant in cls.variants():
+            reasons[variant.label()] = missing or variant.supports(target)
+        fitting = [label for label, reason in reasons.items() if reason is None]
+        rows.append(
+            Compatibility(
+                name=name,
+                kind=cls.kind,
+                lossless=cls.lossless,
+                summary=cls.summary,
+                parameters={key: field.default for key, field in cls.Config.model_fields.items()},
+                applies=bool(fitting),
+                variants=fitting if len(reasons) > 1 else [],
+                reason=None if fitting else next(iter(reasons.values())),
+            )
+        )
+    return rows

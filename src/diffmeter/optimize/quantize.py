@@ -1,0 +1,60 @@
+"""Weight-only quantization with torchao: int8 (any device) or float8 (GPUs with FP8 tensor
+cores, compute capability 8.9+), for the denoiser or named components."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from diffmeter.optimize.base import Optimization, Target
+from diffmeter.optimize.registry import register
+from diffmeter.quiet import quiet_import
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    weights: Literal["int8", "fp8"] = "int8"
+    #: components to quantize; empty means the denoiser
+    components: list[str] = []
+
+
+@register
+class Quantize(Optimization):
+    name = "quantize"
+    kind = "quantization"
+    lossless = False
+    exclusive = True
+    summary = "torchao weight-only quantization: int8 or fp8 weights, dequantized in the matmul"
+    Config = Config
+    package = ("torchao", "quant")
+
+    def components(self, target: Target) -> list[str]:
+        return self.config.components or [target.family.denoiser]
+
+    def supports(self, target: Target) -> str | None:
+        unknown = [name for name in self.components(target) if name not in target.entry.components]
+        if unknown:
+            return f"it has no component {', '.join(unknown)}"
+        if self.config.weights == "fp8":
+            if target.device.type != "cuda":
+                return f"fp8 weights need a GPU with FP8 tensor cores; this run is on {target.device.type}"
+            if torch.cuda.is_available() and torch.cuda.get_device_capability(target.device) < (8, 9):
+                return "fp8 weights need compute capability 8.9 or newer (Ada, Hopper)"
+        return None
+
+    @classmethod
+    def variants(cls) -> list[Optimization]:
+        return [cls(Config(weights=weights)) for weights in ("int8", "fp8")]
+
+    def apply(self, pipe, target: Target) -> None:
+        with quiet_import():
+            from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+
+        config = Int8WeightOnlyConfig() if self.config.weights == "int8" else Float8WeightOnlyConfig()
+        for name in self.components(target):
+            quantize_(getattr(pipe, name), config)
+
+    def label(self) -> str:
+        return f"quantize-{self.config.weights}"

@@ -1,0 +1,67 @@
+"""The registry of techniques, and the checks run before anything is loaded."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from diffmeter.errors import DiffmeterError
+from diffmeter.optimize.base import Optimization, OptimizationSpec, Target
+
+REGISTRY: dict[str, type[Optimization]] = {}
+#: the order techniques are applied in: samplers and weights first, caches on the final
+#: modules, offloading before compilation wraps the denoiser
+ORDER = ("scheduler", "precision", "fusion", "quantization", "attention", "cache", "memory", "compile")
+
+
+def register(cls: type[Optimization]) -> type[Optimization]:
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def build(specs: list[OptimizationSpec]) -> list[Optimization]:
+    """Instantiate techniques by name; unknown names and parameters are one clear line."""
+    built = []
+    for spec in specs:
+        cls = REGISTRY.get(spec.name)
+        if cls is None:
+            import difflib
+
+            close = difflib.get_close_matches(spec.name, REGISTRY, n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise DiffmeterError(
+                f"unknown optimization '{spec.name}'.{hint} Run `diffmeter optimizations` for the list"
+            )
+        try:
+            built.append(cls(cls.Config(**spec.params)))
+        except ValidationError as error:
+            problem = error.errors()[0]
+            where = ".".join(map(str, problem["loc"])) or "parameters"
+            fields = ", ".join(cls.Config.model_fields) or "none"
+            raise DiffmeterError(
+                f"{spec.name}: bad parameter {where}: {problem['msg']} (its parameters: {fields})"
+            ) from None
+    return sorted(built, key=lambda optimization: ORDER.index(optimization.kind))
+
+
+def check(optimizations: list[Optimization], target: Target) -> None:
+    """Refuse a missing package, an unsupported model or a clashing pair, with the reason."""
+    seen: dict[str, str] = {}
+    for optimization in optimizations:
+        if optimization.name in seen.values():
+            raise DiffmeterError(f"{optimization.name} is asked for twice")
+        if optimization.exclusive and optimization.kind in seen:
+            raise DiffmeterError(
+                f"{seen[optimization.kind]} and {optimization.name} are both {optimization.kind} techniques; pick one"
+            )
+        seen[optimization.kind if optimization.exclusive else optimization.name] = optimization.name
+        reason = optimization.missing_package() or optimization.supports(target)
+        if reason:
+            raise DiffmeterError(f"{optimization.name} cannot be used with {target.entry.name}: {reason}")
+    names = {optimization.name for optimization in optimizations}
+    if "compile" in names and "offload" in names:
+        offload = next(o for o in optimizations if o.name == "offload")
+        if offload.config.mode == "sequential":
+            raise DiffmeterError(
+                "compile and sequential offload do not combine: weights move on every layer call, so the "
+                "compiled graph is rebuilt or broken up; use offload mode=model or group"
+            )

@@ -1,0 +1,68 @@
+"""Swap the scheduler for a faster sampler, keeping the pipeline's own noise schedule config.
+
+Only samplers that fit the model are allowed: flow-matching models take flow-matching
+schedulers, epsilon/v-prediction models the others. The step count is the run's --steps.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from diffmeter.optimize.base import Optimization, Target
+from diffmeter.optimize.registry import register
+
+#: name -> (diffusers class, config overrides, for flow-matching models)
+SCHEDULERS = {
+    "ddim": ("DDIMScheduler", {}, False),
+    "dpm++2m": ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver++", "solver_order": 2}, False),
+    "dpm++2m-karras": (
+        "DPMSolverMultistepScheduler",
+        {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True},
+        False,
+    ),
+    "euler": ("EulerDiscreteScheduler", {}, False),
+    "unipc": ("UniPCMultistepScheduler", {}, False),
+    "flow-euler": ("FlowMatchEulerDiscreteScheduler", {}, True),
+}
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: Literal["ddim", "dpm++2m", "dpm++2m-karras", "euler", "unipc", "flow-euler"]
+
+
+@register
+class Scheduler(Optimization):
+    name = "scheduler"
+    kind = "scheduler"
+    lossless = False
+    exclusive = True
+    summary = "another sampler: ddim, dpm++2m, dpm++2m-karras, euler, unipc, flow-euler"
+    Config = Config
+
+    def supports(self, target: Target) -> str | None:
+        flow = SCHEDULERS[self.config.name][2]
+        if flow and not target.is_flow:
+            return f"{self.config.name} is a flow-matching sampler; {target.entry.name} predicts noise, not a flow"
+        if not flow and target.is_flow:
+            fitting = ", ".join(name for name, (_, _, is_flow) in SCHEDULERS.items() if is_flow)
+            return (
+                f"{self.config.name} is not a flow-matching sampler, and {target.entry.name} is a flow model: "
+                f"use {fitting}"
+            )
+        return None
+
+    @classmethod
+    def variants(cls) -> list[Optimization]:
+        return [cls(Config(name=name)) for name in SCHEDULERS]
+
+    def apply(self, pipe, target: Target) -> None:
+        import diffusers
+
+        class_name, overrides, _ = SCHEDULERS[self.config.name]
+        pipe.scheduler = getattr(diffusers, class_name).from_config(pipe.scheduler.config, **overrides)
+
+    def label(self) -> str:
+        return f"scheduler-{self.config.name}"
