@@ -365,8 +365,6 @@ def bench(
 
 def _with_config_file(ctx: typer.Context, config: str | None) -> dict:
     """The command's values, with options left at their defaults taken from ``config``."""
-    from click.core import ParameterSource
-
     from diffmeter.optimize.options import read_config_file
 
     values = dict(ctx.params)
@@ -378,7 +376,7 @@ def _with_config_file(ctx: typer.Context, config: str | None) -> dict:
             values["file_optimizations"] = value
         elif key not in values or key in ("model", "config"):
             raise DiffmeterError(f"config file {config}: unknown option '{key}' (use the bench option names)")
-        elif ctx.get_parameter_source(key) == ParameterSource.DEFAULT:
+        elif ctx.get_parameter_source(key).name == "DEFAULT":  # by name: typer may vendor its own click
             values[key] = value
     return values
 

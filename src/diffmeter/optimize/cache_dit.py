@@ -35,6 +35,12 @@ class CacheDiT(Optimization):
         probe = type(target.entry.pipeline_class, (), {})()  # the registry matches class names
         if not BlockAdapterRegister.is_supported(probe):
             return f"cache-dit has no block adapter for {target.entry.pipeline_class}"
+        blocks = target.entry.components[target.family.denoiser].config.get("num_layers")
+        if blocks is not None and self.config.fn + self.config.bn >= blocks:
+            return (
+                f"fn={self.config.fn} + bn={self.config.bn} always-computed blocks leave none to cache in its "
+                f"{blocks} transformer blocks; lower fn"
+            )
         return None
 
     def apply(self, pipe, target: Target) -> None:

@@ -52,5 +52,6 @@ class FP8TextEncoder(Optimization):
                 encoder,
                 storage_dtype=getattr(torch, self.config.storage),
                 compute_dtype=getattr(torch, target.dtype),
-                skip_modules_pattern=("embed", "norm", "shared"),
+                # T5's feed-forward casts its input to wo's weight dtype, so wo keeps the compute dtype
+                skip_modules_pattern=("embed", "norm", "shared", r"\.wo$"),
             )

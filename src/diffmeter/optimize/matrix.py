@@ -40,7 +40,10 @@ def compatibility(entry: PipelineEntry, device: torch.device, dtype: str | None 
                 kind=cls.kind,
                 lossless=cls.lossless,
                 summary=cls.summary,
-                parameters={key: field.default for key, field in cls.Config.model_fields.items()},
+                parameters={
+                    key: "(required)" if field.is_required() else field.default
+                    for key, field in cls.Config.model_fields.items()
+                },
                 applies=bool(fitting),
                 variants=fitting if len(reasons) > 1 else [],
                 reason=None if fitting else next(iter(reasons.values())),

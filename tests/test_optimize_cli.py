@@ -1,0 +1,153 @@
+"""Optimizations from the command line: flags, config file, DIFFMETER_* variables, refusals,
+the registry listing, quality against the baseline, and the ladder."""
+
+import json
+
+import pytest
+
+from diffmeter.bench.storage import RESULTS
+from diffmeter.optimize import REGISTRY
+from diffmeter.optimize.base import Optimization
+from diffmeter.optimize.registry import register
+
+QUICK = ("--steps", "3", "--iterations", "1", "-q")
+
+
+def stored(folder):
+    return json.loads((folder / RESULTS).read_text())
+
+
+def test_lossy_technique_is_compared_with_the_unoptimized_images(cli, tmp_path):
+    code, _, err = cli(
+        "bench",
+        "tiny-sd",
+        *QUICK,
+        "--batch-size",
+        "2",
+        "--scheduler",
+        "dpm++2m",
+        "--compare-baseline",
+        "--out",
+        tmp_path,
+    )
+    assert code == 0, err
+    folders = sorted(p.name for p in tmp_path.iterdir())
+    assert len(folders) == 2 and folders[0].endswith("+cpu") and folders[1].endswith("+opt-scheduler-dpm_2m")
+    result = stored(tmp_path / folders[1])
+    quality = result["quality"]
+    assert result["optimizations"][0]["label"] == "scheduler-dpm++2m" and not result["optimizations"][0]["lossless"]
+    assert len(quality["images"]) == 2 and quality["identical"] == 0
+    assert 10 < quality["mean_psnr_db"] < 100 and 0 < quality["mean_ssim"] < 1
+    assert quality["baseline"] == str(tmp_path / folders[0])
+
+
+def test_lossless_technique_gives_identical_images_and_reuses_the_stored_baseline(cli, tmp_path):
+    assert cli("bench", "tiny-sd", *QUICK, "--out", tmp_path)[0] == 0
+    (baseline,) = tmp_path.iterdir()
+    before = (baseline / RESULTS).stat().st_mtime_ns
+    code, _, err = cli("bench", "tiny-sd", *QUICK, "--fuse-qkv", "--compare-baseline", "--out", tmp_path)
+    assert code == 0, err
+    assert (baseline / RESULTS).stat().st_mtime_ns == before  # the stored baseline was reused
+    quality = stored(next(p for p in tmp_path.iterdir() if p != baseline))["quality"]
+    assert quality["identical"] == 1 and quality["mean_psnr_db"] is None and quality["mean_ssim"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cache", "first-block-cache"], "first-block-cache cannot be used with tiny-sd"),
+        (["--cache-threshold", "0.1"], "need --cache NAME"),
+        (["--cache", "taylorseer", "--cache-threshold", "0.1"], "--cache-threshold does not apply to taylorseer"),
+        (["--opt", "fuse-qvk"], "Did you mean fuse-qkv"),
+        (["--scheduler", "heun"], "scheduler: bad parameter name"),
+        (["--compile-fullgraph"], "need --compile MODE"),
+        (["--tf32"], "TF32 is an NVIDIA tensor-core mode"),
+        (["--scheduler", "ddim", "--opt", "scheduler:name=euler"], "scheduler is asked for twice"),
+    ],
+)
+def test_refusals_come_before_anything_is_loaded_or_written(cli, tmp_path, args, message):
+    code, _, err = cli("bench", "tiny-sd", *args, "--out", tmp_path / "out")
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_flags_beat_variables_which_beat_the_config_file(cli, tmp_path, monkeypatch):
+    config = tmp_path / "run.yaml"
+    config.write_text("steps: 4\niterations: 1\nbatch_size: 2\noptimizations:\n  fuse-qkv: {}\n")
+    monkeypatch.setenv("DIFFMETER_SCHEDULER", "ddim")
+    code, _, err = cli("bench", "tiny-sd", "--config", config, "--steps", "2", "--out", tmp_path / "out", "-q")
+    assert code == 0, err
+    (folder,) = (tmp_path / "out").iterdir()
+    result = stored(folder)
+    assert result["spec"]["steps"] == 2 and result["spec"]["batch_size"] == 2  # flag over file; file over default
+    assert [o["label"] for o in result["optimizations"]] == ["scheduler-ddim", "fuse-qkv"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("stepz: 3\n")
+    code, _, err = cli("bench", "tiny-sd", "--config", bad, "--out", tmp_path / "out2")
+    assert code == 2 and "unknown option 'stepz'" in err
+
+
+def test_optimizations_lists_the_registry_and_why_not(cli):
+    code, out, _ = cli("optimizations", "tiny-sd", "--device", "cpu", "--json")
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert code == 0 and set(rows) == set(REGISTRY)
+    assert rows["deep-cache"]["applies"] and not rows["first-block-cache"]["applies"]
+    assert "CacheMixin" in rows["first-block-cache"]["reason"]
+    assert rows["scheduler"]["variants"] == [
+        "scheduler-ddim",
+        "scheduler-dpm++2m",
+        "scheduler-dpm++2m-karras",
+        "scheduler-euler",
+        "scheduler-unipc",
+    ]
+    code, out, _ = cli("optimizations", "tiny-flux", "--device", "cpu")
+    assert code == 0 and "first-block-cache" in out and "offloading moves weights" in out
+
+
+def test_the_matrix_is_computed_from_the_registry(cli):
+    @register
+    class Everywhere(Optimization):  # a technique registered at runtime shows up with no table edited
+        name, kind, lossless, summary = "test-everywhere", "fusion", True, "applies to anything"
+
+        def supports(self, target):
+            return None if target.entry.family == "sd" else "only Stable Diffusion"
+
+    try:
+        code, out, _ = cli("optimizations", "--json")
+        cells = json.loads(out)["test-everywhere"]
+        assert code == 0 and cells["sd"]["applies"] and not cells["flux"]["applies"]
+        assert cells["flux"]["reason"] == "only Stable Diffusion"
+    finally:
+        del REGISTRY["test-everywhere"]
+
+
+def test_ladder_adds_one_technique_per_rung_and_resumes(cli, tmp_path):
+    args = (
+        "ladder",
+        "tiny-flux",
+        "--rungs",
+        "scheduler,half,attention,cache",
+        "--steps",
+        "6",
+        "--fast-steps",
+        "3",
+        "--iterations",
+        "1",
+        "--out",
+        tmp_path,
+        "--json",
+    )
+    code, out, err = cli(*args)
+    assert code == 0, err
+    rows = {row["rung"]: row for row in json.loads(out)["rows"]}
+    assert list(rows) == ["baseline", "scheduler", "half", "attention", "cache"]
+    assert (
+        rows["baseline"]["speedup"] == 1.0 and rows["baseline"]["steps"] == 6 and rows["baseline"]["dtype"] == "float32"
+    )
+    assert rows["scheduler"]["steps"] == 3 and rows["scheduler"]["quality"]["mean_psnr_db"] > 0
+    assert rows["half"]["dtype"] == "bfloat16" and rows["cache"]["adds"] == "first-block-cache"
+    assert rows["attention"]["skipped"]  # no faster attention kernel on CPU, and it says why
+    assert len(list(tmp_path.glob("ladder-*.json"))) == 1
+    mtimes = {p: (p / RESULTS).stat().st_mtime_ns for p in tmp_path.iterdir() if p.is_dir()}
+    assert cli(*args)[0] == 0
+    assert {p: (p / RESULTS).stat().st_mtime_ns for p in mtimes} == mtimes  # every rung reused
