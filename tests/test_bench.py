@@ -189,3 +189,23 @@ def test_min_duration_keeps_measuring_past_the_iteration_count(tmp_path):
     assert len(result.iterations) > 1 and sum(it.wall_s for it in result.iterations) >= 0.3
     assert len(json.loads((folder / "requests.json").read_text())["calls"]) == len(result.iterations)
     assert result.summary.latency_s.n == len(result.iterations) == result.summary.images
+
+
+def test_pretrained_weights_from_the_local_hf_cache(tmp_path, monkeypatch):
+    """A hub id whose snapshot (configs and weights) sits in the HF cache loads offline."""
+    import huggingface_hub.constants as constants
+
+    from diffmeter.catalog import resolve
+    from diffmeter.tiny import tiny_pipeline
+
+    repo = tmp_path / "hub" / "models--someone--my-sd"
+    snapshot = repo / "snapshots" / "0123456789abcdef"
+    tiny_pipeline(resolve("tiny-sd"), seed=5).save_pretrained(snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123456789abcdef")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    spec = BenchSpec(model="someone/my-sd", steps=2, iterations=1, height=32, width=32, guidance_scale=7.5)
+    result, folder = bench(spec, out=tmp_path / "out")
+    assert result.weights == f"pretrained weights from {snapshot}" and not result.weights_random
+    assert folder.name.startswith("model-someone-my-sd+") and len(result.images) == 1

@@ -151,3 +151,58 @@ def test_ladder_adds_one_technique_per_rung_and_resumes(cli, tmp_path):
     mtimes = {p: (p / RESULTS).stat().st_mtime_ns for p in tmp_path.iterdir() if p.is_dir()}
     assert cli(*args)[0] == 0
     assert {p: (p / RESULTS).stat().st_mtime_ns for p in mtimes} == mtimes  # every rung reused
+
+
+def _tiny_clip(folder):
+    """A random-weight CLIP checkpoint written offline: the CLIP-score path, not its values."""
+    import transformers
+
+    from diffmeter.tiny import TOKENIZERS
+
+    tokenizer = TOKENIZERS["clip"]()
+    config = transformers.CLIPConfig(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": 32,
+            "intermediate_size": 37,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "max_position_embeddings": 77,
+        },
+        vision_config={
+            "image_size": 32,
+            "patch_size": 8,
+            "hidden_size": 32,
+            "intermediate_size": 37,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+        },
+        projection_dim=16,
+    )
+    transformers.CLIPModel(config).save_pretrained(folder)
+    processor = transformers.CLIPProcessor(
+        image_processor=transformers.CLIPImageProcessor(
+            size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
+        ),
+        tokenizer=tokenizer,
+    )
+    processor.save_pretrained(folder)
+
+
+def test_clip_score_when_a_local_checkpoint_exists_and_why_not_otherwise(cli, tmp_path, monkeypatch):
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    args = ("bench", "tiny-sd", *QUICK, "--scheduler", "ddim", "--compare-baseline")
+    assert cli(*args, "--out", tmp_path / "a")[0] == 0
+    quality = stored(next(p for p in (tmp_path / "a").iterdir() if "opt-" in p.name))["quality"]
+    assert quality["mean_clip_score"] is None and "no CLIP checkpoint" in quality["not_computed"]["clip_score"]
+    assert "LPIPS" in quality["not_computed"]["lpips"]
+
+    _tiny_clip(tmp_path / "clip")
+    monkeypatch.setenv("DIFFMETER_CLIP_MODEL", str(tmp_path / "clip"))
+    assert cli(*args, "--out", tmp_path / "b")[0] == 0
+    quality = stored(next(p for p in (tmp_path / "b").iterdir() if "opt-" in p.name))["quality"]
+    assert quality["clip_model"] == str(tmp_path / "clip") and "clip_score" not in quality["not_computed"]
+    assert 0 <= quality["mean_clip_score"] <= 100 and 0 <= quality["mean_baseline_clip_score"] <= 100
+    assert quality["images"][0]["clip_score"] is not None

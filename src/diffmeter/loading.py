@@ -13,6 +13,7 @@ from pathlib import Path
 
 import diffusers
 import torch
+import transformers
 
 from diffmeter.catalog import all_entries
 from diffmeter.catalog.entry import PipelineEntry
@@ -117,6 +118,8 @@ def _pretrained(entry: PipelineEntry, source: WeightsSource, torch_dtype: torch.
     extra = {}
     if "safety_checker" in inspect.signature(pipeline_class.__init__).parameters:
         extra["safety_checker"] = None  # benchmarks time the model, not the NSFW filter
+    diffusers.utils.logging.disable_progress_bar()  # the bench's own progress is enough
+    transformers.utils.logging.disable_progress_bar()
     try:
         with quiet_libraries():
             return pipeline_class.from_pretrained(

@@ -38,7 +38,7 @@ from diffmeter.measure.energy import Energy, EnergyMeter
 from diffmeter.measure.environment import collect
 from diffmeter.measure.memory import loaded_bytes, read_peaks, reset_peaks
 from diffmeter.measure.peaks import device_peak
-from diffmeter.measure.quality import Quality, compare, summarize
+from diffmeter.measure.quality import Quality, clip_scorer, compare, summarize
 from diffmeter.measure.stages import StageTimer, StageTimes
 from diffmeter.measure.stats import Stats
 from diffmeter.optimize import Target, build, check
@@ -98,12 +98,13 @@ def _baseline(spec: BenchSpec, out, progress) -> tuple[BenchResult, Path]:
 def compare_with_baseline(result: BenchResult, folder: Path, baseline: BenchResult, baseline_folder: Path) -> Quality:
     """Each image of ``result`` (in ``folder``) against the baseline's image with the same seed."""
     by_seed = {image.seed: image for image in baseline.images}
+    clip, reason = clip_scorer()
     compared = [
-        compare(folder / image.path, baseline_folder / by_seed[image.seed].path, image.seed)
+        compare(folder / image.path, baseline_folder / by_seed[image.seed].path, image.seed, image.prompt, clip)
         for image in result.images
         if image.seed in by_seed
     ]
-    return summarize(str(baseline_folder), compared)
+    return summarize(str(baseline_folder), compared, clip.name if clip else None, reason)
 
 
 def _measure(spec, entry, source, workload, profile, staging, log, progress, optimizations, target) -> BenchResult:

@@ -34,7 +34,8 @@ IMAGES = "images"
 
 def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | tuple[str, ...] = ()) -> str:
     """``model-black-forest-labs-FLUX_1-dev+batch-1+size-1024x1024+steps-28+...``, as the seed lays it out."""
-    model = Path(entry.id).name if entry.origin == "local" and os.sep in entry.id else entry.id
+    # a local directory is named by its folder; catalog names and hub ids stay whole
+    model = Path(entry.id).name if entry.origin == "local" and Path(entry.id).expanduser().is_dir() else entry.id
     parts = [
         f"model-{slug(model)}",
         f"batch-{spec.batch_size}",

@@ -1,4 +1,6 @@
-"""Image quality against the unoptimized run at the same seed: PSNR and SSIM (torchmetrics).
+"""Image quality against the unoptimized run at the same seed: PSNR and SSIM (torchmetrics),
+and CLIP score (prompt alignment, transformers' CLIP) when a CLIP checkpoint is in the local
+Hugging Face cache.
 
 Images are compared as saved (8-bit PNG, videos frame by frame). Identical images have no
 finite PSNR; they are counted as ``identical`` and left out of the PSNR mean.
@@ -14,11 +16,9 @@ import torch
 from PIL import Image, ImageSequence
 from pydantic import BaseModel
 
-#: what the optional perceptual metrics would need, said in the result instead of a number
-NOT_COMPUTED = {
-    "lpips": "not computed: LPIPS needs torchvision and pretrained AlexNet/VGG weights, not loaded offline",
-    "clip_score": "not computed: CLIP score needs a CLIP checkpoint in the local Hugging Face cache",
-}
+#: CLIP checkpoints looked for in the local HF cache, best first (DIFFMETER_CLIP_MODEL overrides)
+CLIP_MODELS = ("openai/clip-vit-large-patch14", "openai/clip-vit-base-patch16", "openai/clip-vit-base-patch32")
+LPIPS_NOT_COMPUTED = "not computed: LPIPS needs torchvision and pretrained AlexNet/VGG weights, not loaded offline"
 
 
 class ImageQuality(BaseModel):
@@ -31,6 +31,9 @@ class ImageQuality(BaseModel):
     #: decibels; None when identical (infinite)
     psnr_db: float | None
     ssim: float
+    #: 100 x cosine(image, prompt) in CLIP space, floored at 0, for the image and its baseline
+    clip_score: float | None = None
+    baseline_clip_score: float | None = None
 
 
 class Quality(BaseModel):
@@ -43,7 +46,11 @@ class Quality(BaseModel):
     min_psnr_db: float | None
     mean_ssim: float
     min_ssim: float
-    not_computed: dict[str, str] = NOT_COMPUTED
+    clip_model: str | None = None
+    mean_clip_score: float | None = None
+    mean_baseline_clip_score: float | None = None
+    #: metrics that could not be computed here, and why
+    not_computed: dict[str, str] = {}
 
 
 def load_frames(path: Path) -> torch.Tensor:
@@ -53,7 +60,59 @@ def load_frames(path: Path) -> torch.Tensor:
     return torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2)
 
 
-def compare(path: Path, baseline_path: Path, seed: int) -> ImageQuality:
+class ClipScorer:
+    """CLIP score with a local checkpoint: 100 x max(cosine(image, text), 0), frames averaged."""
+
+    def __init__(self, directory: Path, name: str) -> None:
+        import transformers
+
+        self.name = name
+        self.model = transformers.CLIPModel.from_pretrained(directory, local_files_only=True).eval()
+        self.processor = transformers.CLIPProcessor.from_pretrained(directory, local_files_only=True)
+
+    @torch.no_grad()
+    def __call__(self, path: Path, prompt: str) -> float:
+        with Image.open(path) as image:
+            frames = [frame.convert("RGB") for frame in ImageSequence.Iterator(image)]
+        inputs = self.processor(text=[prompt], images=frames, return_tensors="pt", padding=True, truncation=True)
+        image_features = _features(self.model.get_image_features(pixel_values=inputs["pixel_values"]))
+        text_features = _features(
+            self.model.get_text_features(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+        )
+        cosine = torch.nn.functional.cosine_similarity(image_features, text_features)
+        return float(100 * cosine.clamp(min=0).mean())
+
+
+def _features(output) -> torch.Tensor:
+    """Embeddings from get_*_features, which newer transformers wrap in an output object."""
+    return output if isinstance(output, torch.Tensor) else output.pooler_output
+
+
+def clip_scorer() -> tuple[ClipScorer | None, str | None]:
+    """A scorer from the local HF cache (or DIFFMETER_CLIP_MODEL), or why there is none."""
+    import os
+
+    from diffmeter.catalog.local import hf_cache_directory
+
+    override = os.environ.get("DIFFMETER_CLIP_MODEL")
+    for name in [override] if override else CLIP_MODELS:
+        directory = Path(name).expanduser() if Path(name).expanduser().is_dir() else hf_cache_directory(name)
+        if directory is not None and (directory / "config.json").is_file():
+            try:
+                return ClipScorer(directory, name), None
+            except (OSError, ValueError) as error:
+                return None, f"not computed: cannot load CLIP from {directory}: {str(error).splitlines()[0]}"
+    wanted = override or ", ".join(CLIP_MODELS)
+    return (
+        None,
+        f"not computed: no CLIP checkpoint in the local Hugging Face cache (looked for {wanted}); "
+        f"`hf download {CLIP_MODELS[1]}` or set DIFFMETER_CLIP_MODEL to a local CLIP folder",
+    )
+
+
+def compare(
+    path: Path, baseline_path: Path, seed: int, prompt: str | None = None, clip: ClipScorer | None = None
+) -> ImageQuality:
     from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
 
     image, reference = load_frames(path), load_frames(baseline_path)
@@ -62,14 +121,26 @@ def compare(path: Path, baseline_path: Path, seed: int) -> ImageQuality:
     identical = bool(torch.equal(image, reference))
     psnr = None if identical else float(peak_signal_noise_ratio(image, reference, data_range=1.0))
     ssim = float(structural_similarity_index_measure(image, reference, data_range=1.0))
+    scored = clip is not None and prompt is not None
     return ImageQuality(
-        path=str(path.name), baseline_path=str(baseline_path), seed=seed, identical=identical, psnr_db=psnr, ssim=ssim
+        path=str(path.name),
+        baseline_path=str(baseline_path),
+        seed=seed,
+        identical=identical,
+        psnr_db=psnr,
+        ssim=ssim,
+        clip_score=clip(path, prompt) if scored else None,
+        baseline_clip_score=clip(baseline_path, prompt) if scored else None,
     )
 
 
-def summarize(baseline: str, images: list[ImageQuality]) -> Quality:
+def summarize(baseline: str, images: list[ImageQuality], clip_model: str | None, clip_reason: str | None) -> Quality:
     psnrs = [image.psnr_db for image in images if image.psnr_db is not None and math.isfinite(image.psnr_db)]
     ssims = [image.ssim for image in images]
+    clips = [(image.clip_score, image.baseline_clip_score) for image in images if image.clip_score is not None]
+    not_computed = {"lpips": LPIPS_NOT_COMPUTED}
+    if clip_reason:
+        not_computed["clip_score"] = clip_reason
     return Quality(
         baseline=baseline,
         images=images,
@@ -78,4 +149,8 @@ def summarize(baseline: str, images: list[ImageQuality]) -> Quality:
         min_psnr_db=min(psnrs) if psnrs else None,
         mean_ssim=sum(ssims) / len(ssims),
         min_ssim=min(ssims),
+        clip_model=clip_model if clips else None,
+        mean_clip_score=sum(c for c, _ in clips) / len(clips) if clips else None,
+        mean_baseline_clip_score=sum(b for _, b in clips) / len(clips) if clips else None,
+        not_computed=not_computed,
     )

@@ -68,7 +68,8 @@ def _facts(result: BenchResult) -> Text:
         f"throughput: {summary.images_per_s:,.3f} images/s, {units.seconds(summary.s_per_image)} per image "
         f"({summary.iterations} iterations, {summary.images} images)",
         f"load: {units.seconds(result.load_s)}; first call (cold): {units.seconds(result.first_call_s)} "
-        f"vs median {units.seconds(summary.latency_s.median)}",
+        f"vs median {units.seconds(summary.latency_s.median)} "
+        f"(cold-start overhead {units.seconds(summary.cold_start_overhead_s)}: compilation, autotuning, lazy init)",
     ]
     if memory.cuda_max_allocated_bytes is not None:
         lines.append(
@@ -107,7 +108,12 @@ def quality_line(quality) -> str:
         if quality.mean_psnr_db is not None
         else "PSNR infinite (identical)"
     )
+    clip = (
+        f", CLIP score {quality.mean_clip_score:.2f} (baseline {quality.mean_baseline_clip_score:.2f})"
+        if quality.mean_clip_score is not None
+        else ""
+    )
     return (
         f"quality vs unoptimized (same seeds): {psnr}, SSIM mean {quality.mean_ssim:.4f} "
-        f"(min {quality.min_ssim:.4f}), {quality.identical} of {len(quality.images)} images identical"
+        f"(min {quality.min_ssim:.4f}){clip}, {quality.identical} of {len(quality.images)} images identical"
     )
