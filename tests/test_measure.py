@@ -36,7 +36,7 @@ def test_stage_timer_leaves_the_pipeline_as_it_found_it():
         timer.begin()
         pipe("a cat", num_inference_steps=3, height=32, width=32, output_type="np")
         times = timer.end()
-    assert len(times.steps_s) == 3 and times.denoiser_calls == 3 and times.vae_decode_s > 0
+    assert len(times.stages.steps_s) == 3 and times.denoiser_calls == 3 and times.stages.vae_decode_s > 0
     assert "step" not in vars(pipe.scheduler) and "decode" not in vars(pipe.vae)
     after = {
         name: dict(module._forward_pre_hooks)

@@ -145,7 +145,7 @@ def test_schedulers_run_the_steps_asked_for(scheduler):
             **t.entry.extra["runtime"].get("call", {}),
         )
         times = timer.end()
-    assert len(times.steps_s) == 5
+    assert len(times.stages.steps_s) == 5
 
 
 REFUSALS = [

@@ -18,21 +18,12 @@ from diffmeter.measure.environment import Environment
 from diffmeter.measure.memory import PeakMemory
 from diffmeter.measure.peaks import Peak
 from diffmeter.measure.quality import Quality
+from diffmeter.measure.stages import Stages
 from diffmeter.measure.stats import Stats
 
 SCHEMA_VERSION = 1
 #: stages in pipeline order; "step" is one denoising step, "denoising" all of them
 STAGES = ("text_encoding", "denoising", "vae_decode", "other")
-
-
-class Stages(BaseModel):
-    """Where one call's time went; the four stages add up to ``Iteration.total_s``."""
-
-    text_encoding_s: float
-    denoising_s: float
-    steps_s: list[float]
-    vae_decode_s: float
-    other_s: float
 
 
 class Iteration(BaseModel):

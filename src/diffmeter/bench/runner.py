@@ -23,7 +23,6 @@ from diffmeter.bench.results import (
     ImageRecord,
     Iteration,
     ModelInfo,
-    Stages,
     Summary,
 )
 from diffmeter.bench.spec import BenchSpec
@@ -39,7 +38,7 @@ from diffmeter.measure.environment import collect
 from diffmeter.measure.memory import loaded_bytes, read_peaks, reset_peaks
 from diffmeter.measure.peaks import device_peak
 from diffmeter.measure.quality import Quality, clip_scorer, compare, summarize
-from diffmeter.measure.stages import StageTimer, StageTimes
+from diffmeter.measure.stages import StageTimer
 from diffmeter.measure.stats import Stats
 from diffmeter.optimize import Target, build, check
 
@@ -234,20 +233,10 @@ def timed_call(pipe, timer: StageTimer, arguments: dict, index: int, meter: Ener
         total_s=times.total_s,
         wall_s=wall,
         denoiser_calls=times.denoiser_calls,
-        stages=_stages(times),
+        stages=times.stages,
         energy=reading,
     )
     return iteration, output
-
-
-def _stages(times: StageTimes) -> Stages:
-    return Stages(
-        text_encoding_s=times.text_encoding_s,
-        denoising_s=times.denoising_s,
-        steps_s=times.steps_s,
-        vae_decode_s=times.vae_decode_s,
-        other_s=times.other_s,
-    )
 
 
 def _save(produced: list, batch, index: int, staging: Path) -> list[ImageRecord]:

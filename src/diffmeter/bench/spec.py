@@ -54,18 +54,7 @@ class BenchSpec(BaseModel):
         if dtype is None:
             # half precision on CPU is slow and partly unsupported; the model card means a GPU
             dtype = entry.defaults.dtype if device.type == "cuda" else "float32"
-        profile = ProfileSpec(
-            model=self.model,
-            height=self.height,
-            width=self.width,
-            steps=self.steps,
-            batch_size=self.batch_size,
-            guidance_scale=self.guidance_scale,
-            num_frames=self.num_frames,
-            dtype=dtype,
-            max_sequence_length=self.max_sequence_length,
-            resolution_binning=self.resolution_binning,
-        ).with_defaults(entry.defaults)
+        profile = self.model_copy(update={"dtype": dtype}).profile_spec().with_defaults(entry.defaults)
         optimizations = list(self.optimizations)
         names = [o.name for o in optimizations]
         tf32 = device.type == "cuda" if self.tf32 is None else self.tf32

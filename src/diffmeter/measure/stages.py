@@ -14,23 +14,29 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from pydantic import BaseModel
+
 from diffmeter.measure.clock import CudaEventClock, HostClock
+
+
+class Stages(BaseModel):
+    """Seconds per stage of one call; ``steps_s`` has one entry per scheduler step, and the
+    four stages add up to the call's device-timed total."""
+
+    text_encoding_s: float
+    denoising_s: float
+    steps_s: list[float]
+    vae_decode_s: float
+    other_s: float
 
 
 @dataclass
 class StageTimes:
-    """Seconds spent per stage in one call; ``steps_s`` has one entry per scheduler step."""
+    """One call: its device-timed total, its stages and how often the denoiser ran."""
 
     total_s: float
-    text_encoding_s: float
-    steps_s: list[float]
-    vae_decode_s: float
-    other_s: float
+    stages: Stages
     denoiser_calls: int
-
-    @property
-    def denoising_s(self) -> float:
-        return sum(self.steps_s)
 
 
 class StageTimer:
@@ -137,11 +143,11 @@ class StageTimer:
             else:
                 spans[stage] += seconds(opened.pop(stage), mark)
         other = total - spans["text"] - sum(steps) - spans["decode"]
-        return StageTimes(
-            total_s=total,
+        stages = Stages(
             text_encoding_s=spans["text"],
+            denoising_s=sum(steps),
             steps_s=steps,
             vae_decode_s=spans["decode"],
             other_s=other,
-            denoiser_calls=self._denoiser_calls,
         )
+        return StageTimes(total_s=total, stages=stages, denoiser_calls=self._denoiser_calls)
