@@ -1,6 +1,7 @@
 """`diffmeter bench` on tiny pipelines of several families: what lands on disk and what it says."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -94,6 +95,11 @@ def test_cpu_runs_say_what_was_not_measured(runs):
     assert summary.mfu == {} and "--peak-tflops" in summary.mfu_note
     assert summary.peak_memory.cuda_max_allocated_bytes is None
     assert summary.peak_memory.process_peak_rss_bytes > 50e6
+    if sys.platform == "linux":  # the high-water mark is reset before the measured iterations
+        from diffmeter.measure.memory import peak_rss_bytes
+
+        assert summary.peak_memory.process_peak_rss_scope == "measured iterations"
+        assert summary.peak_memory.process_peak_rss_bytes <= peak_rss_bytes()
 
 
 def test_peak_override_gives_mfu_on_any_device(tmp_path):

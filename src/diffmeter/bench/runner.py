@@ -148,7 +148,7 @@ def _measure(spec, entry, source, workload, profile, staging, log, progress, opt
         summary = _summarize(
             spec,
             result["iterations"],
-            read_peaks(device, loaded),
+            read_peaks(device, loaded, result.pop("rss_was_reset")),
             meter,
             result["energy"],
             profile,
@@ -178,7 +178,7 @@ def _iterate(spec, pipe, timer, meter, workload, staging, log, progress, device,
                 0
             ].total_s
         )
-    reset_peaks(device)
+    rss_was_reset = reset_peaks(device)
     iterations, energy, images = [], [], []
     elapsed = 0.0
     while len(iterations) < spec.iterations or elapsed < spec.min_duration_s:
@@ -210,6 +210,7 @@ def _iterate(spec, pipe, timer, meter, workload, staging, log, progress, device,
         "iterations": iterations,
         "energy": energy,
         "images": images,
+        "rss_was_reset": rss_was_reset,
     }
 
 

@@ -1,9 +1,16 @@
-"""Peak memory: the CUDA caching allocator's high-water marks and the process's peak RSS."""
+"""Peak memory: the CUDA caching allocator's high-water marks and the process's peak RSS.
+
+On Linux the RSS high-water mark (VmHWM) is reset before the measured iterations, so the
+peak is theirs; elsewhere it is the process's lifetime peak, and ``process_peak_rss_scope``
+says which.
+"""
 
 from __future__ import annotations
 
+import re
 import resource
 import sys
+from pathlib import Path
 
 import torch
 from pydantic import BaseModel
@@ -17,29 +24,50 @@ class PeakMemory(BaseModel):
     #: allocated right after loading (weights and buffers): what the model occupies at rest
     cuda_loaded_bytes: int | None = None
     process_peak_rss_bytes: int
+    #: "measured iterations" (reset before them) or "process lifetime" (no reset possible)
+    process_peak_rss_scope: str = "process lifetime"
 
 
 def loaded_bytes(device: torch.device) -> int | None:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else None
 
 
-def reset_peaks(device: torch.device) -> None:
+def reset_peaks(device: torch.device) -> bool:
+    """Reset the high-water marks; True when the RSS one could be reset too (Linux)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    except OSError:
+        return False
+    return _vm_hwm_bytes() is not None
+
+
+def _vm_hwm_bytes() -> int | None:
+    try:
+        match = re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())
+    except OSError:
+        return None
+    return int(match.group(1)) * 1024 if match else None
 
 
 def peak_rss_bytes() -> int:
-    """The process's peak resident set size (Linux reports KiB, macOS bytes)."""
+    """The process's lifetime peak resident set size (Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def read_peaks(device: torch.device, loaded: int | None) -> PeakMemory:
+def read_peaks(device: torch.device, loaded: int | None, rss_was_reset: bool) -> PeakMemory:
+    hwm = _vm_hwm_bytes() if rss_was_reset else None
+    rss = {
+        "process_peak_rss_bytes": hwm if hwm is not None else peak_rss_bytes(),
+        "process_peak_rss_scope": "measured iterations" if hwm is not None else "process lifetime",
+    }
     if device.type == "cuda":
         return PeakMemory(
             cuda_max_allocated_bytes=torch.cuda.max_memory_allocated(device),
             cuda_max_reserved_bytes=torch.cuda.max_memory_reserved(device),
             cuda_loaded_bytes=loaded,
-            process_peak_rss_bytes=peak_rss_bytes(),
+            **rss,
         )
-    return PeakMemory(process_peak_rss_bytes=peak_rss_bytes())
+    return PeakMemory(**rss)

@@ -76,10 +76,13 @@ def _facts(result: BenchResult) -> Text:
             f"peak memory: {units.nbytes(memory.cuda_max_allocated_bytes)} allocated, "
             f"{units.nbytes(memory.cuda_max_reserved_bytes)} reserved (CUDA); "
             f"{units.nbytes(memory.cuda_loaded_bytes)} after load; "
-            f"process peak RSS {units.nbytes(memory.process_peak_rss_bytes)}"
+            f"process peak RSS {units.nbytes(memory.process_peak_rss_bytes)} ({memory.process_peak_rss_scope})"
         )
     else:
-        lines.append(f"peak memory: process peak RSS {units.nbytes(memory.process_peak_rss_bytes)}")
+        lines.append(
+            f"peak memory: process peak RSS {units.nbytes(memory.process_peak_rss_bytes)} "
+            f"({memory.process_peak_rss_scope})"
+        )
     if energy.available:
         parts = []
         if energy.gpu_j_per_image is not None:
