@@ -61,6 +61,7 @@ BAD = [
     (["tiny-sd", "--prompts", "missing.txt"], "cannot read prompts file"),
     (["tiny-sd", "--prompt", "a", "--prompts", "b.txt"], "either --prompt or --prompts"),
     (["sd15"], "not in the local Hugging Face cache"),
+    (["tiny-dit", "--prompt", "a cat"], "is class-conditional"),
 ]
 
 

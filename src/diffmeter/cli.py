@@ -561,7 +561,8 @@ def main() -> None:
     except DiffmeterError as error:
         Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
         raise SystemExit(2) from None
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):
+        Console(stderr=True).print("interrupted: nothing was stored for the unfinished run", highlight=False)
         raise SystemExit(130) from None
     except Exception as error:  # click usage errors carry their own exit code
         import click

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from diffmeter.bench import storage
 from diffmeter.bench.results import BenchResult
-from diffmeter.bench.runner import Progress, bench, compare_with_baseline
+from diffmeter.bench.runner import Progress, compare_with_baseline, stored_or_run
 from diffmeter.bench.spec import BenchSpec
 from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
@@ -135,7 +135,7 @@ def climb(rungs: list[Rung], out: str | Path, force: bool = False, progress: Pro
         if rung.spec is None:
             results.append((rung, None, None))
             continue
-        results.append((rung, *_run_or_reuse(rung.spec, out, force, progress)))
+        results.append((rung, *stored_or_run(rung.spec, out, progress, rerun=force)))
     baseline, baseline_folder = results[0][1], results[0][2]
     rows = []
     for rung, result, folder in results:
@@ -166,15 +166,3 @@ def climb(rungs: list[Rung], out: str | Path, force: bool = False, progress: Pro
         Path(out).expanduser() / f"ladder-{Path(baseline_folder).name}.json", ladder.model_dump(mode="json")
     )
     return ladder
-
-
-def _run_or_reuse(spec: BenchSpec, out, force: bool, progress) -> tuple[BenchResult, Path]:
-    entry = resolve(spec.model)
-    settled = spec.settle(entry)
-    labels = [o.label() for o in build(settled.optimizations)]
-    folder = Path(out).expanduser() / storage.run_name(settled, entry, labels)
-    if not force and (folder / storage.RESULTS).exists():
-        stored = storage.read_result(folder)
-        if stored.status == "complete":
-            return stored, folder
-    return bench(spec, out=out, force=True, progress=progress)

@@ -59,7 +59,7 @@ def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, pro
     workload = Workload(spec, entry)
     folder = storage.RunDirectory(out, storage.run_name(spec, entry, [o.label() for o in optimizations]), force)
     folder.check()
-    baseline = _baseline(spec, out, progress) if spec.compare_baseline and optimizations else None
+    baseline = stored_or_run(spec.baseline(), out, progress) if spec.compare_baseline and optimizations else None
     staging = folder.open()
     log = storage.file_logger(staging)
     try:
@@ -81,17 +81,20 @@ def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, pro
     return result, final
 
 
-def _baseline(spec: BenchSpec, out, progress) -> tuple[BenchResult, Path]:
-    """The unoptimized run with the same prompts and seeds: reused from ``out`` when stored."""
-    baseline = spec.baseline()
+def stored_or_run(spec: BenchSpec, out, progress: Progress | None = None, rerun: bool = False):
+    """The complete result of ``spec`` stored in ``out`` when it holds every image the spec
+    asks for (same seeds); otherwise run it, replacing what is there. Returns (result, folder)."""
     entry = resolve(spec.model)
-    folder = Path(out).expanduser() / storage.run_name(baseline, entry)
-    if (folder / storage.RESULTS).exists():
+    settled = spec.settle(entry)
+    labels = [optimization.label() for optimization in build(settled.optimizations)]
+    folder = Path(out).expanduser() / storage.run_name(settled, entry, labels)
+    if not rerun and (folder / storage.RESULTS).exists():
         stored = storage.read_result(folder)
-        wanted = {seed for index in range(spec.iterations) for seed in Workload(spec, entry).batch(index).seeds}
+        workload = Workload(settled, entry)
+        wanted = {seed for index in range(settled.iterations) for seed in workload.batch(index).seeds}
         if stored.status == "complete" and wanted <= {image.seed for image in stored.images}:
             return stored, folder
-    return bench(baseline, out=out, force=True, progress=progress)
+    return bench(spec, out=out, force=True, progress=progress)
 
 
 def compare_with_baseline(result: BenchResult, folder: Path, baseline: BenchResult, baseline_folder: Path) -> Quality:

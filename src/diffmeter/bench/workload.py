@@ -12,6 +12,7 @@ import torch
 from diffmeter.bench.prompts import prompt_pool
 from diffmeter.bench.spec import BenchSpec
 from diffmeter.catalog.entry import PipelineEntry
+from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 
 
@@ -35,6 +36,11 @@ class Workload:
         self.class_conditional = entry.family == "dit"
         count = spec.num_prompts or spec.batch_size * spec.iterations
         if self.class_conditional:
+            if spec.prompt is not None or spec.prompts_file is not None:
+                raise DiffmeterError(
+                    f"{entry.name} is class-conditional: it generates ImageNet classes (sampled with --seed), "
+                    "not prompts; drop --prompt/--prompts"
+                )
             classes = entry.components[self.family.denoiser].config.get("num_embeds_ada_norm") or 1000
             rng = random.Random(spec.seed)
             self.pool = [rng.randrange(classes) for _ in range(count)]
