@@ -206,3 +206,15 @@ def test_clip_score_when_a_local_checkpoint_exists_and_why_not_otherwise(cli, tm
     assert quality["clip_model"] == str(tmp_path / "clip") and "clip_score" not in quality["not_computed"]
     assert 0 <= quality["mean_clip_score"] <= 100 and 0 <= quality["mean_baseline_clip_score"] <= 100
     assert quality["images"][0]["clip_score"] is not None
+
+
+def test_a_stored_baseline_with_other_prompts_is_not_reused(cli, tmp_path):
+    assert cli("bench", "tiny-sd", *QUICK, "--prompt", "a red cat", "--out", tmp_path)[0] == 0
+    (baseline,) = tmp_path.iterdir()
+    before = (baseline / RESULTS).read_bytes()
+    code, _, err = cli(
+        "bench", "tiny-sd", *QUICK, "--prompt", "a blue dog", "--fuse-qkv", "--compare-baseline", "--out", tmp_path
+    )
+    assert code == 0, err
+    assert (baseline / RESULTS).read_bytes() != before  # re-run: same seeds, other prompt
+    assert stored(baseline)["images"][0]["prompt"] == "a blue dog"

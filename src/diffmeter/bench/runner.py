@@ -83,7 +83,8 @@ def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, pro
 
 def stored_or_run(spec: BenchSpec, out, progress: Progress | None = None, rerun: bool = False):
     """The complete result of ``spec`` stored in ``out`` when it holds every image the spec
-    asks for (same seeds); otherwise run it, replacing what is there. Returns (result, folder)."""
+    asks for (same seed and prompt or class); otherwise run it, replacing what is there.
+    Returns (result, folder)."""
     entry = resolve(spec.model)
     settled = spec.settle(entry)
     labels = [optimization.label() for optimization in build(settled.optimizations)]
@@ -91,8 +92,14 @@ def stored_or_run(spec: BenchSpec, out, progress: Progress | None = None, rerun:
     if not rerun and (folder / storage.RESULTS).exists():
         stored = storage.read_result(folder)
         workload = Workload(settled, entry)
-        wanted = {seed for index in range(settled.iterations) for seed in workload.batch(index).seeds}
-        if stored.status == "complete" and wanted <= {image.seed for image in stored.images}:
+        wanted = set()
+        for index in range(settled.iterations):
+            batch = workload.batch(index)
+            wanted |= set(zip(batch.seeds, batch.prompts or batch.class_labels, strict=True))
+        held = {
+            (image.seed, image.prompt if image.prompt is not None else image.class_label) for image in stored.images
+        }
+        if stored.status == "complete" and wanted <= held:
             return stored, folder
     return bench(spec, out=out, force=True, progress=progress)
 
