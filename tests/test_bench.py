@@ -216,3 +216,25 @@ def test_pretrained_weights_from_the_local_hf_cache(tmp_path, monkeypatch):
     result, folder = bench(spec, out=tmp_path / "out")
     assert result.weights == f"pretrained weights from {snapshot}" and not result.weights_random
     assert folder.name.startswith("model-someone-my-sd+") and len(result.images) == 1
+
+
+def test_random_real_size_path_builds_at_dtype_and_keeps_fp32_modules():
+    """The --random-weights path, on a tiny config posing as a catalog entry (real sizes take minutes on CPU)."""
+    from diffmeter.catalog import resolve
+    from diffmeter.loading import load_pipeline, locate_weights
+
+    entry = resolve("tiny-wan").model_copy(update={"origin": "catalog"})
+    source = locate_weights(entry, random_weights=True)
+    assert source.kind == "random" and source.random and "random weights at real size" in source.describe()
+    pipe = load_pipeline(entry, source, torch.device("cpu"), "bfloat16")
+    keep = pipe.transformer._keep_in_fp32_modules
+    dtypes = {
+        name: parameter.dtype
+        for name, parameter in pipe.transformer.named_parameters()
+        if not any(part in keep for part in name.split("."))
+    }
+    assert set(dtypes.values()) == {torch.bfloat16}
+    kept = [p.dtype for n, p in pipe.transformer.named_parameters() if any(part in keep for part in n.split("."))]
+    assert kept and set(kept) == {torch.float32}  # as from_pretrained keeps them
+    frames = pipe("a cat", num_inference_steps=1, height=16, width=16, num_frames=5, output_type="np").frames
+    assert frames.shape[1] == 5

@@ -104,3 +104,37 @@ def test_show_refuses_what_is_not_a_result(cli, tmp_path):
     (tmp_path / RESULTS).write_text('{"status": "compl')
     code, _, err = cli("show", tmp_path)
     assert code == 2 and "is not a readable diffmeter result" in err and len(err.strip().splitlines()) == 1
+
+
+def test_measurement_options_reach_the_result(cli, tmp_path):
+    code, _, err = cli(
+        "bench",
+        "tiny-sd",
+        "--steps",
+        "1",
+        "--iterations",
+        "2",
+        "--warmup",
+        "2",
+        "--num-prompts",
+        "1",
+        "--batch-size",
+        "2",
+        "--no-save-images",
+        "--peak-tflops",
+        "0.5",
+        "--seed",
+        "7",
+        "--out",
+        tmp_path,
+        "-q",
+    )
+    assert code == 0, err
+    (folder,) = tmp_path.iterdir()
+    result = json.loads((folder / RESULTS).read_text())
+    assert len(result["warmup_s"]) == 2 and len(result["iterations"]) == 2 and result["images"] == []
+    assert not any((folder / "images").iterdir())
+    assert result["summary"]["peak"]["tflops"] == 0.5 and result["summary"]["mfu"]["total"] > 0
+    calls = json.loads((folder / "requests.json").read_text())["calls"]
+    assert len({p for call in calls for p in call["prompts"]}) == 1  # one prompt, cycled
+    assert calls[0]["seeds"] == [7, 8] and "seed-7" in folder.name

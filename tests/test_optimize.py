@@ -191,3 +191,50 @@ def test_techniques_are_applied_in_registry_order():
     names = ["compile", "first-block-cache", "fuse-qkv", "scheduler"]
     built = build([OptimizationSpec(name=n, params={"name": "flow-euler"} if n == "scheduler" else {}) for n in names])
     assert [o.name for o in built] == ["scheduler", "fuse-qkv", "first-block-cache", "compile"]
+
+
+def test_every_flag_maps_to_its_technique_and_parameter():
+    from diffmeter.optimize.options import from_flags
+
+    specs = from_flags(
+        compile="max-autotune",
+        compile_fullgraph=True,
+        compile_regional=True,
+        compile_components="transformer,vae",
+        compile_inductor_flags=True,
+        channels_last=True,
+        attention="flash",
+        sdpa_kernel="efficient",
+        fuse_qkv=True,
+        cache="first-block-cache",
+        cache_threshold=0.1,
+        scheduler="unipc",
+        offload="group",
+        vae_tiling=True,
+        vae_slicing=True,
+        quantize="int8",
+        fp8_text_encoder=True,
+        opt=["taylorseer:cache_interval=4,max_order=2"],
+    )
+    assert {spec.name: spec.params for spec in specs} == {
+        "compile": {
+            "mode": "max-autotune",
+            "fullgraph": True,
+            "regional": True,
+            "components": ["transformer", "vae"],
+            "inductor_flags": True,
+            "channels_last": True,
+        },
+        "attention": {"backend": "flash"},
+        "sdpa-kernel": {"kernel": "efficient"},
+        "fuse-qkv": {},
+        "first-block-cache": {"threshold": 0.1},
+        "scheduler": {"name": "unipc"},
+        "offload": {"mode": "group"},
+        "vae-tiling": {},
+        "vae-slicing": {},
+        "quantize": {"weights": "int8"},
+        "fp8-text-encoder": {},
+        "taylorseer": {"cache_interval": 4, "max_order": 2},
+    }
+    assert all(build([spec]) for spec in specs)  # every one is a valid registry entry with valid parameters

@@ -106,11 +106,14 @@ def load_pipeline(
 
 
 def _keep_fp32_modules(module: torch.nn.Module) -> None:
-    """Put back in float32 what the model class says must stay there, as from_pretrained does."""
+    """Put back in float32 what the model class says must stay there, matching parameter and
+    buffer names part by part as from_pretrained does (``scale_shift_table`` is a bare parameter)."""
     keep = getattr(module, "_keep_in_fp32_modules", None) or []
-    for name, child in module.named_modules():
-        if keep and any(part in keep for part in name.split(".")):
-            child.float()
+    if not keep:
+        return
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        if tensor.is_floating_point() and any(part in keep for part in name.split(".")):
+            tensor.data = tensor.data.float()
 
 
 def _pretrained(entry: PipelineEntry, source: WeightsSource, torch_dtype: torch.dtype):
