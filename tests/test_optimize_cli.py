@@ -147,7 +147,9 @@ def test_ladder_adds_one_technique_per_rung_and_resumes(cli, tmp_path):
     assert rows["scheduler"]["steps"] == 3 and rows["scheduler"]["quality"]["mean_psnr_db"] > 0
     assert rows["half"]["dtype"] == "bfloat16" and rows["cache"]["adds"] == "first-block-cache"
     assert rows["attention"]["skipped"]  # no faster attention kernel on CPU, and it says why
-    assert len(list(tmp_path.glob("ladder-*.json"))) == 1
+    (stored_ladder,) = tmp_path.glob("ladder-*.json")
+    code, shown, _ = cli("show", stored_ladder)
+    assert code == 0 and "optimization ladder" in shown and "first-block-cache" in shown
     mtimes = {p: (p / RESULTS).stat().st_mtime_ns for p in tmp_path.iterdir() if p.is_dir()}
     assert cli(*args)[0] == 0
     assert {p: (p / RESULTS).stat().st_mtime_ns for p in mtimes} == mtimes  # every rung reused

@@ -417,13 +417,26 @@ def _bench_spec(values: dict):
 
 @app.command()
 def show(
-    folder: Annotated[str, typer.Argument(metavar="DIR", help="a run folder (or its results.json)")],
+    folder: Annotated[
+        str, typer.Argument(metavar="DIR", help="a run folder (or its results.json), or a ladder-*.json")
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="print the stored result as JSON")] = False,
 ) -> None:
-    """Print a stored measured run as a table."""
-    from diffmeter.bench.storage import read_result
+    """Print a stored measured run (or ladder) as a table."""
+    from pathlib import Path
+
+    from diffmeter.bench.storage import read_ladder, read_result
     from diffmeter.report.run_table import run_table
 
+    if Path(folder).name.startswith("ladder-") and Path(folder).is_file():
+        from diffmeter.report.ladder_table import ladder_table
+
+        ladder = read_ladder(folder)
+        if as_json:
+            print(json.dumps(ladder.model_dump(mode="json"), indent=2))
+        else:
+            console.print(ladder_table(ladder))
+        return
     result = read_result(folder)
     if as_json:
         print(json.dumps(result.to_json_dict(), indent=2))

@@ -131,6 +131,20 @@ def read_result(path: str | Path) -> BenchResult:
         raise DiffmeterError(f"{file} is not a readable diffmeter result ({reason}); re-run the benchmark") from None
 
 
+def read_ladder(path: str | Path):
+    """A stored ladder-*.json; one clear line if it is not one."""
+    from diffmeter.bench.ladder import Ladder
+
+    path = Path(path).expanduser()
+    try:
+        return Ladder.model_validate_json(path.read_text(encoding="utf-8"))
+    except (ValidationError, ValueError, OSError) as error:
+        reason = str(error).splitlines()[0]
+        raise DiffmeterError(
+            f"{path} is not a readable diffmeter ladder ({reason}); re-run `diffmeter ladder`"
+        ) from None
+
+
 def file_logger(folder: Path) -> logging.Logger:
     """A logger writing to ``folder/bench.log`` (closed by ``close_logger``)."""
     logger = logging.getLogger(f"diffmeter.bench.{folder.name}")
