@@ -199,7 +199,7 @@ def test_clip_score_when_a_local_checkpoint_exists_and_why_not_otherwise(cli, tm
     assert cli(*args, "--out", tmp_path / "a")[0] == 0
     quality = stored(next(p for p in (tmp_path / "a").iterdir() if "opt-" in p.name))["quality"]
     assert quality["mean_clip_score"] is None and "no CLIP checkpoint" in quality["not_computed"]["clip_score"]
-    assert "LPIPS" in quality["not_computed"]["lpips"]
+    assert "LPIPS needs torchvision" in quality["not_computed"]["lpips"] and quality["mean_lpips"] is None
 
     _tiny_clip(tmp_path / "clip")
     monkeypatch.setenv("DIFFMETER_CLIP_MODEL", str(tmp_path / "clip"))

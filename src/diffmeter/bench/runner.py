@@ -37,7 +37,7 @@ from diffmeter.measure.energy import Energy, EnergyMeter
 from diffmeter.measure.environment import collect
 from diffmeter.measure.memory import loaded_bytes, read_peaks, reset_peaks
 from diffmeter.measure.peaks import device_peak
-from diffmeter.measure.quality import Quality, clip_scorer, compare, summarize
+from diffmeter.measure.quality import Quality, clip_scorer, compare, lpips_scorer, summarize
 from diffmeter.measure.stages import StageTimer
 from diffmeter.measure.stats import Stats
 from diffmeter.optimize import Target, build, check
@@ -107,13 +107,15 @@ def stored_or_run(spec: BenchSpec, out, progress: Progress | None = None, rerun:
 def compare_with_baseline(result: BenchResult, folder: Path, baseline: BenchResult, baseline_folder: Path) -> Quality:
     """Each image of ``result`` (in ``folder``) against the baseline's image with the same seed."""
     by_seed = {image.seed: image for image in baseline.images}
-    clip, reason = clip_scorer()
+    clip, clip_reason = clip_scorer()
+    lpips, lpips_reason = lpips_scorer()
     compared = [
-        compare(folder / image.path, baseline_folder / by_seed[image.seed].path, image.seed, image.prompt, clip)
+        compare(folder / image.path, baseline_folder / by_seed[image.seed].path, image.seed, image.prompt, clip, lpips)
         for image in result.images
         if image.seed in by_seed
     ]
-    return summarize(str(baseline_folder), compared, clip.name if clip else None, reason)
+    reasons = {name: reason for name, reason in (("lpips", lpips_reason), ("clip_score", clip_reason)) if reason}
+    return summarize(str(baseline_folder), compared, clip.name if clip else None, reasons)
 
 
 def _measure(spec, entry, source, workload, profile, staging, log, progress, optimizations, target) -> BenchResult:

@@ -1,6 +1,6 @@
-"""Image quality against the unoptimized run at the same seed: PSNR and SSIM (torchmetrics),
-and CLIP score (prompt alignment, transformers' CLIP) when a CLIP checkpoint is in the local
-Hugging Face cache.
+"""Image quality against the unoptimized run at the same seed: PSNR and SSIM (torchmetrics);
+LPIPS (torchmetrics, AlexNet) when torchvision and its AlexNet weights are on disk; CLIP score
+(prompt alignment, transformers' CLIP) when a CLIP checkpoint is in the local HF cache.
 
 Images are compared as saved (8-bit PNG, videos frame by frame). Identical images have no
 finite PSNR; they are counted as ``identical`` and left out of the PSNR mean.
@@ -18,7 +18,6 @@ from pydantic import BaseModel
 
 #: CLIP checkpoints looked for in the local HF cache, best first (DIFFMETER_CLIP_MODEL overrides)
 CLIP_MODELS = ("openai/clip-vit-large-patch14", "openai/clip-vit-base-patch16", "openai/clip-vit-base-patch32")
-LPIPS_NOT_COMPUTED = "not computed: LPIPS needs torchvision and pretrained AlexNet/VGG weights, not loaded offline"
 
 
 class ImageQuality(BaseModel):
@@ -31,6 +30,8 @@ class ImageQuality(BaseModel):
     #: decibels; None when identical (infinite)
     psnr_db: float | None
     ssim: float
+    #: perceptual distance to the baseline image (0 = same; AlexNet LPIPS)
+    lpips: float | None = None
     #: 100 x cosine(image, prompt) in CLIP space, floored at 0, for the image and its baseline
     clip_score: float | None = None
     baseline_clip_score: float | None = None
@@ -46,6 +47,7 @@ class Quality(BaseModel):
     min_psnr_db: float | None
     mean_ssim: float
     min_ssim: float
+    mean_lpips: float | None = None
     clip_model: str | None = None
     mean_clip_score: float | None = None
     mean_baseline_clip_score: float | None = None
@@ -58,6 +60,34 @@ def load_frames(path: Path) -> torch.Tensor:
     with Image.open(path) as image:
         frames = [np.asarray(frame.convert("RGB"), dtype=np.float32) / 255.0 for frame in ImageSequence.Iterator(image)]
     return torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2)
+
+
+class LpipsScorer:
+    """LPIPS (AlexNet) from torchmetrics; its linear heads ship with torchmetrics, the backbone
+    weights come from torchvision's cache."""
+
+    def __init__(self) -> None:
+        from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
+
+        self.metric = LearnedPerceptualImagePatchSimilarity(net_type="alex", normalize=True).eval()
+
+    @torch.no_grad()
+    def __call__(self, image: torch.Tensor, reference: torch.Tensor) -> float:
+        return float(self.metric(image, reference))
+
+
+def lpips_scorer() -> tuple[LpipsScorer | None, str | None]:
+    """A scorer when torchvision and its AlexNet checkpoint are on disk (nothing is downloaded)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is None:
+        return None, "not computed: LPIPS needs torchvision (pip install torchvision) and its AlexNet weights"
+    from torchvision.models import AlexNet_Weights
+
+    checkpoint = Path(torch.hub.get_dir()) / "checkpoints" / Path(AlexNet_Weights.DEFAULT.url).name
+    if not checkpoint.is_file():
+        return None, f"not computed: LPIPS needs torchvision's AlexNet weights at {checkpoint} (not downloaded offline)"
+    return LpipsScorer(), None
 
 
 class ClipScorer:
@@ -111,7 +141,12 @@ def clip_scorer() -> tuple[ClipScorer | None, str | None]:
 
 
 def compare(
-    path: Path, baseline_path: Path, seed: int, prompt: str | None = None, clip: ClipScorer | None = None
+    path: Path,
+    baseline_path: Path,
+    seed: int,
+    prompt: str | None = None,
+    clip: ClipScorer | None = None,
+    lpips: LpipsScorer | None = None,
 ) -> ImageQuality:
     from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
 
@@ -129,18 +164,19 @@ def compare(
         identical=identical,
         psnr_db=psnr,
         ssim=ssim,
+        lpips=lpips(image, reference) if lpips is not None else None,
         clip_score=clip(path, prompt) if scored else None,
         baseline_clip_score=clip(baseline_path, prompt) if scored else None,
     )
 
 
-def summarize(baseline: str, images: list[ImageQuality], clip_model: str | None, clip_reason: str | None) -> Quality:
+def summarize(
+    baseline: str, images: list[ImageQuality], clip_model: str | None, not_computed: dict[str, str]
+) -> Quality:
     psnrs = [image.psnr_db for image in images if image.psnr_db is not None and math.isfinite(image.psnr_db)]
     ssims = [image.ssim for image in images]
     clips = [(image.clip_score, image.baseline_clip_score) for image in images if image.clip_score is not None]
-    not_computed = {"lpips": LPIPS_NOT_COMPUTED}
-    if clip_reason:
-        not_computed["clip_score"] = clip_reason
+    lpips = [image.lpips for image in images if image.lpips is not None]
     return Quality(
         baseline=baseline,
         images=images,
@@ -149,6 +185,7 @@ def summarize(baseline: str, images: list[ImageQuality], clip_model: str | None,
         min_psnr_db=min(psnrs) if psnrs else None,
         mean_ssim=sum(ssims) / len(ssims),
         min_ssim=min(ssims),
+        mean_lpips=sum(lpips) / len(lpips) if lpips else None,
         clip_model=clip_model if clips else None,
         mean_clip_score=sum(c for c, _ in clips) / len(clips) if clips else None,
         mean_baseline_clip_score=sum(b for _, b in clips) / len(clips) if clips else None,
