@@ -238,3 +238,19 @@ def test_random_real_size_path_builds_at_dtype_and_keeps_fp32_modules():
     assert kept and set(kept) == {torch.float32}  # as from_pretrained keeps them
     frames = pipe("a cat", num_inference_steps=1, height=16, width=16, num_frames=5, output_type="np").frames
     assert frames.shape[1] == 5
+
+
+def test_prompt_dependent_families_are_profiled_with_the_real_prompts(runs):
+    """Lumina-2's compute follows its prompts' token counts: the stored profile uses them."""
+    from dataclasses import replace
+
+    from diffmeter.catalog import resolve
+    from diffmeter.families import get_family
+    from diffmeter.tiny import tiny_pipeline
+
+    result, _ = runs["tiny-lumina2"]
+    prompts = [image.prompt for image in result.images]
+    settings = get_family("lumina2").prompt_settings(tiny_pipeline(resolve("tiny-lumina2")), prompts)
+    assert result.profile == profile_spec(replace(result.spec.profile_spec(), **settings))
+    assert result.profile != profile_spec(result.spec.profile_spec())  # the catalog default differs
+    assert any("longest prompt" in note for note in result.notes)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from diffmeter.catalog import PipelineEntry, all_entries
+from diffmeter.families import get_family
 from diffmeter.flops.counter import count_flops
 from diffmeter.tiny import tiny_pipeline
 
@@ -17,17 +16,7 @@ REAL = [entry for entry in all_entries() if entry.origin == "catalog"]
 
 def token_settings(entry: PipelineEntry, pipe, prompt: str = PROMPT) -> dict[str, int]:
     """The prompt-dependent lengths of the real run, read from the pipeline's own tokenizer."""
-    if entry.family in ("kandinsky3", "lumina_next"):
-        return {"prompt_tokens": len(pipe.tokenizer(prompt).input_ids)}
-    if entry.family == "lumina2":
-        return {
-            "prompt_tokens": len(pipe.tokenizer(pipe.system_prompt + " <Prompt Start> " + prompt).input_ids),
-            "negative_prompt_tokens": len(pipe.tokenizer("").input_ids),
-        }
-    if entry.family == "sana":
-        instruction = inspect.signature(type(pipe).__call__).parameters["complex_human_instruction"].default
-        return {"instruction_tokens": len(pipe.tokenizer.encode("\n".join(instruction)))}
-    return {}
+    return get_family(entry.family).prompt_settings(pipe, [prompt])
 
 
 def run_tiny(

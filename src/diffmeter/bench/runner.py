@@ -8,6 +8,7 @@ folder is created or a weight is loaded. Out-of-memory becomes a stored failed r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -151,6 +152,7 @@ def _measure(spec, entry, source, workload, profile, staging, log, progress, opt
         _synchronize(device)
         result["load_s"] = time.perf_counter() - start
         log.info("loaded and optimized in %.3f s", result["load_s"])
+        profile = _profile_of_the_prompts(spec, family, pipe, workload, profile, base)
         loaded = loaded_bytes(device)
         meter = EnergyMeter(device)
         timer = StageTimer(pipe, list(family.text_encoders), family.denoiser, family.decoder, clock_for(device))
@@ -267,6 +269,24 @@ def _save(produced: list, batch, index: int, staging: Path) -> list[ImageRecord]
             )
         )
     return records
+
+
+def _profile_of_the_prompts(spec, family, pipe, workload, profile: Profile, base: dict) -> Profile:
+    """Re-count families whose compute depends on the prompt (Kandinsky 3, Lumina, SANA's
+    instruction) with the real token counts; the longest prompt makes its batch exact."""
+    if workload.class_conditional:
+        return profile
+    settings = family.prompt_settings(pipe, workload.pool)
+    if not settings:
+        return profile
+    profile = profile_spec(dataclasses.replace(spec.profile_spec(), **settings))
+    base["profile"] = profile
+    counts = ", ".join(f"{name} {value}" for name, value in settings.items())
+    base["notes"].append(
+        f"the stored profile counts this run's prompts with the pipeline's tokenizer ({counts}, longest prompt): "
+        "exact for batches holding the longest prompt, an upper bound for the others"
+    )
+    return profile
 
 
 def _summarize(spec, iterations: list[Iteration], memory, meter, readings, profile: Profile, first_call_s) -> Summary:

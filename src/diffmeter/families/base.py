@@ -86,6 +86,13 @@ class Family:
     #: holding the tables, and which table each denoiser ``sample_size`` uses
     bin_tables: ClassVar[tuple[str, dict[int, str]] | None] = None
 
+    # ---- prompts -----------------------------------------------------------------------
+    def prompt_settings(self, pipe, prompts: list[str]) -> dict[str, int]:
+        """ProfileSpec fields that depend on the real prompts, read with the loaded pipeline's own
+        tokenizer (the longest prompt counts); empty for families whose compute does not depend
+        on them (padded encoders)."""
+        return {}
+
     # ---- sizes -------------------------------------------------------------------------
     def vae_scale(self, entry: PipelineEntry) -> int:
         """Pixels per latent pixel; KL VAEs downsample once per block after the first."""

@@ -22,6 +22,9 @@ class Kandinsky3(Family):
     def pixel_multiple(self, entry) -> int:
         return 64  # ... and rounds the latent up to a multiple of 8 latent pixels
 
+    def prompt_settings(self, pipe, prompts: list[str]) -> dict[str, int]:
+        return {"prompt_tokens": max(len(pipe.tokenizer(prompt).input_ids) for prompt in prompts)}
+
     def context_tokens(self, shapes: Shapes) -> int:
         """The pipeline cuts the context after the longest prompt's last token, plus one."""
         length = shapes.text_tokens["text_encoder"]

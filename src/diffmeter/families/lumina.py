@@ -16,6 +16,9 @@ class LuminaNext(Family):
     def vae_scale(self, entry) -> int:
         return 8  # both Lumina pipelines fix vae_scale_factor = 8
 
+    def prompt_settings(self, pipe, prompts: list[str]) -> dict[str, int]:
+        return {"prompt_tokens": max(len(pipe.tokenizer(prompt).input_ids) for prompt in prompts)}
+
     def shapes(self, entry, spec):
         shapes = super().shapes(entry, spec)
         # prompts are padded to the longest one, rounded up to a multiple of 8
@@ -54,6 +57,14 @@ class Lumina2(Family):
     text_encoders = ("text_encoder",)
     sequence_encoder = "text_encoder"
     cfg_mode = "separate"
+
+    def prompt_settings(self, pipe, prompts: list[str]) -> dict[str, int]:
+        """The pipeline prefixes its system prompt; the default negative prompt is empty."""
+        template = pipe.system_prompt + " <Prompt Start> "
+        return {
+            "prompt_tokens": max(len(pipe.tokenizer(template + prompt).input_ids) for prompt in prompts),
+            "negative_prompt_tokens": len(pipe.tokenizer("").input_ids),
+        }
 
     def denoiser_calls(self, shapes: Shapes) -> list[Call]:
         """The joint sequence is as long as each prompt's real tokens, so cond and uncond differ."""

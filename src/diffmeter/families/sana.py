@@ -59,6 +59,13 @@ class Sana(Family):
             )
         return calls
 
+    def prompt_settings(self, pipe, prompts: list[str]) -> dict[str, int]:
+        """The complex human instruction the pipeline prepends by default, counted exactly."""
+        import inspect
+
+        instruction = inspect.signature(type(pipe).__call__).parameters["complex_human_instruction"].default
+        return {"instruction_tokens": len(pipe.tokenizer.encode("\n".join(instruction)))} if instruction else {}
+
     def instruction_tokens(self, shapes: Shapes) -> int:
         """Tokens of the instruction: the spec's, else the catalog's (Gemma tokenizer count)."""
         if shapes.spec.instruction_tokens is not None:
