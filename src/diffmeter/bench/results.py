@@ -22,8 +22,6 @@ from diffmeter.measure.stages import Stages
 from diffmeter.measure.stats import Stats
 
 SCHEMA_VERSION = 1
-#: stages in pipeline order; "step" is one denoising step, "denoising" all of them
-STAGES = ("text_encoding", "denoising", "vae_decode", "other")
 
 
 class Iteration(BaseModel):

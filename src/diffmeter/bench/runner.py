@@ -58,7 +58,7 @@ def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, pro
     check(optimizations, target)
     source = locate_weights(entry, spec.random_weights)
     workload = Workload(spec, entry)
-    folder = storage.RunDirectory(out, storage.run_name(spec, entry, [o.label() for o in optimizations]), force)
+    folder = storage.RunDirectory(out, _run_name(spec, entry, optimizations), force)
     folder.check()
     baseline = stored_or_run(spec.baseline(), out, progress) if spec.compare_baseline and optimizations else None
     staging = folder.open()
@@ -88,8 +88,7 @@ def stored_or_run(spec: BenchSpec, out, progress: Progress | None = None, rerun:
     Returns (result, folder)."""
     entry = resolve(spec.model)
     settled = spec.settle(entry)
-    labels = [optimization.label() for optimization in build(settled.optimizations)]
-    folder = Path(out).expanduser() / storage.run_name(settled, entry, labels)
+    folder = Path(out).expanduser() / _run_name(settled, entry, build(settled.optimizations))
     if not rerun and (folder / storage.RESULTS).exists():
         stored = storage.read_result(folder)
         workload = Workload(settled, entry)
@@ -103,6 +102,10 @@ def stored_or_run(spec: BenchSpec, out, progress: Progress | None = None, rerun:
         if stored.status == "complete" and wanted <= held:
             return stored, folder
     return bench(spec, out=out, force=True, progress=progress)
+
+
+def _run_name(spec: BenchSpec, entry, optimizations) -> str:
+    return storage.run_name(spec, entry, [optimization.label() for optimization in optimizations])
 
 
 def compare_with_baseline(result: BenchResult, folder: Path, baseline: BenchResult, baseline_folder: Path) -> Quality:

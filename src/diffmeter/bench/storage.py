@@ -124,25 +124,22 @@ def read_result(path: str | Path) -> BenchResult:
     if not file.is_file():
         hint = " (an interrupted run leaves none)" if path.is_dir() else ""
         raise DiffmeterError(f"no {RESULTS} at {file}{hint}; point at a run folder written by `diffmeter bench`")
-    try:
-        return BenchResult.model_validate_json(file.read_text(encoding="utf-8"))
-    except (ValidationError, ValueError, OSError) as error:
-        reason = str(error).splitlines()[0]
-        raise DiffmeterError(f"{file} is not a readable diffmeter result ({reason}); re-run the benchmark") from None
+    return _read_model(file, BenchResult, "result", "re-run the benchmark")
 
 
 def read_ladder(path: str | Path):
     """A stored ladder-*.json; one clear line if it is not one."""
     from diffmeter.bench.ladder import Ladder
 
-    path = Path(path).expanduser()
+    return _read_model(Path(path).expanduser(), Ladder, "ladder", "re-run `diffmeter ladder`")
+
+
+def _read_model(file: Path, model, what: str, fix: str):
     try:
-        return Ladder.model_validate_json(path.read_text(encoding="utf-8"))
+        return model.model_validate_json(file.read_text(encoding="utf-8"))
     except (ValidationError, ValueError, OSError) as error:
         reason = str(error).splitlines()[0]
-        raise DiffmeterError(
-            f"{path} is not a readable diffmeter ladder ({reason}); re-run `diffmeter ladder`"
-        ) from None
+        raise DiffmeterError(f"{file} is not a readable diffmeter {what} ({reason}); {fix}") from None
 
 
 def file_logger(folder: Path) -> logging.Logger:

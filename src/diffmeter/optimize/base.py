@@ -61,10 +61,6 @@ class Target:
         return getattr(diffusers, self.entry.pipeline_class)
 
     @property
-    def is_unet(self) -> bool:
-        return self.family.denoiser == "unet"
-
-    @property
     def is_flow(self) -> bool:
         return self.entry.family in FLOW_FAMILIES
 
