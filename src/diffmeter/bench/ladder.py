@@ -166,3 +166,8 @@ def climb(rungs: list[Rung], out: str | Path, force: bool = False, progress: Pro
         Path(out).expanduser() / f"ladder-{Path(baseline_folder).name}.json", ladder.model_dump(mode="json")
     )
     return ladder
+
+
+def read_ladder(path: str | Path) -> Ladder:
+    """A stored ladder-*.json; one clear line if it is not one."""
+    return storage.read_model(Path(path).expanduser(), Ladder, "ladder", "re-run `diffmeter ladder`")

@@ -124,17 +124,11 @@ def read_result(path: str | Path) -> BenchResult:
     if not file.is_file():
         hint = " (an interrupted run leaves none)" if path.is_dir() else ""
         raise DiffmeterError(f"no {RESULTS} at {file}{hint}; point at a run folder written by `diffmeter bench`")
-    return _read_model(file, BenchResult, "result", "re-run the benchmark")
+    return read_model(file, BenchResult, "result", "re-run the benchmark")
 
 
-def read_ladder(path: str | Path):
-    """A stored ladder-*.json; one clear line if it is not one."""
-    from diffmeter.bench.ladder import Ladder
-
-    return _read_model(Path(path).expanduser(), Ladder, "ladder", "re-run `diffmeter ladder`")
-
-
-def _read_model(file: Path, model, what: str, fix: str):
+def read_model(file: Path, model, what: str, fix: str):
+    """``file`` validated as the pydantic ``model``; one clear line naming ``what`` and the ``fix`` if not."""
     try:
         return model.model_validate_json(file.read_text(encoding="utf-8"))
     except (ValidationError, ValueError, OSError) as error:

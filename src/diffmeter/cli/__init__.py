@@ -1,0 +1,13 @@
+"""The `diffmeter` command line: one module per command group, options shared from ``options``.
+
+Modules import torch, diffusers and the rest only inside the commands that need them, so
+``--help`` and ``--version`` start fast. Commands are listed in the order imported here.
+"""
+# isort: skip_file
+
+from diffmeter.cli.app import app, main
+from diffmeter.cli import profile  # noqa: F401  (registers profile, models)
+from diffmeter.cli import bench  # noqa: F401  (registers bench, show)
+from diffmeter.cli import optimizations  # noqa: F401  (registers optimizations, ladder)
+
+__all__ = ["app", "main"]

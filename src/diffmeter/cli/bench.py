@@ -1,0 +1,212 @@
+"""`diffmeter bench`: measured runs, and `diffmeter show` to print a stored one."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from diffmeter.cli import options as o
+from diffmeter.cli.app import command, console
+from diffmeter.cli.progress import progress_bar
+from diffmeter.errors import DiffmeterError
+
+#: the bench parameters that are optimization shorthands (see optimize/options.py)
+OPTIMIZATION_FLAGS = (
+    "compile",
+    "compile_fullgraph",
+    "compile_regional",
+    "compile_components",
+    "compile_inductor_flags",
+    "channels_last",
+    "attention",
+    "sdpa_kernel",
+    "fuse_qkv",
+    "cache",
+    "cache_threshold",
+    "cache_interval",
+    "scheduler",
+    "offload",
+    "vae_tiling",
+    "vae_slicing",
+    "quantize",
+    "fp8_text_encoder",
+    "opt",
+)
+
+
+@command()
+def bench(
+    ctx: typer.Context,
+    model: o.ModelArgument,
+    prompt: Annotated[str | None, typer.Option(help="one prompt for every image")] = None,
+    prompts: Annotated[
+        str | None, typer.Option(metavar="FILE", help="prompts from a .txt (a line each), .jsonl or .csv file")
+    ] = None,
+    num_prompts: Annotated[
+        int | None, typer.Option(help="prompts sampled with the seed (default: batch-size x iterations)")
+    ] = None,
+    batch_size: o.BatchSize = 1,
+    height: o.Height = None,
+    width: o.Width = None,
+    steps: o.Steps = None,
+    guidance_scale: o.GuidanceScale = None,
+    num_frames: o.NumFrames = None,
+    max_sequence_length: o.MaxSequenceLength = None,
+    resolution_binning: o.ResolutionBinning = True,
+    seed: o.Seed = 0,
+    dtype: Annotated[
+        str | None,
+        typer.Option(help="bf16 | fp16 | fp32 (default: the model's on CUDA, fp32 on CPU)", envvar="DIFFMETER_DTYPE"),
+    ] = None,
+    device: o.Device = None,
+    warmup: o.Warmup = 1,
+    iterations: o.Iterations = 3,
+    min_duration: Annotated[float, typer.Option(help="keep measuring until this many seconds have passed")] = 0.0,
+    random_weights: o.RandomWeights = False,
+    save_images: Annotated[bool, typer.Option(help="write the generated images to images/")] = True,
+    peak_tflops: Annotated[
+        float | None, typer.Option(help="the device's peak TFLOP/s for MFU (default: from the datasheet table)")
+    ] = None,
+    tf32: Annotated[
+        bool | None,
+        typer.Option("--tf32/--no-tf32", help="TF32 matmuls (default: on for CUDA)", envvar="DIFFMETER_TF32"),
+    ] = None,
+    compile: o.Compile = None,
+    compile_fullgraph: o.CompileFullgraph = False,
+    compile_regional: o.CompileRegional = False,
+    compile_components: o.CompileComponents = None,
+    compile_inductor_flags: o.CompileInductorFlags = False,
+    channels_last: o.ChannelsLast = False,
+    attention: o.Attention = None,
+    sdpa_kernel: o.SdpaKernel = None,
+    fuse_qkv: o.FuseQkv = False,
+    cache: o.Cache = None,
+    cache_threshold: o.CacheThreshold = None,
+    cache_interval: o.CacheInterval = None,
+    scheduler: o.Scheduler = None,
+    offload: o.Offload = None,
+    vae_tiling: o.VaeTiling = False,
+    vae_slicing: o.VaeSlicing = False,
+    quantize: o.Quantize = None,
+    fp8_text_encoder: o.Fp8TextEncoder = False,
+    opt: o.Opt = None,
+    compare_baseline: Annotated[
+        bool,
+        typer.Option(
+            help="also run without optimizations; store PSNR/SSIM against it", rich_help_panel=o.OPTIMIZATIONS
+        ),
+    ] = False,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FILE", help="YAML/JSON file of these options; flags and variables win", envvar="DIFFMETER_CONFIG"
+        ),
+    ] = None,
+    out: o.Out = "results",
+    force: o.Force = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress and no table")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result summary as JSON")] = False,
+) -> None:
+    """Run real generations and measure per-stage latency, memory, energy and MFU, with speed-ups applied by name."""
+    from diffmeter.bench.runner import bench as run_bench
+    from diffmeter.report.run_table import run_table
+
+    values = _with_config_file(ctx, config)
+    spec = _bench_spec(values)
+    with progress_bar(quiet or as_json) as progress:
+        result, folder = run_bench(spec, out=values["out"], force=force, progress=progress)
+    if as_json:
+        summary = {"folder": str(folder), "summary": result.summary.model_dump(mode="json")}
+        if result.quality is not None:
+            summary["quality"] = result.quality.model_dump(mode="json", exclude={"images"})
+        print(json.dumps(summary, indent=2))
+    elif not quiet:
+        console.print(run_table(result))
+        console.print(f"results: {folder}", highlight=False, markup=False)
+
+
+def _with_config_file(ctx: typer.Context, config: str | None) -> dict:
+    """The command's values, with options left at their defaults taken from ``config``."""
+    from diffmeter.optimize.options import read_config_file
+
+    values = dict(ctx.params)
+    values["file_optimizations"] = None
+    if config is None:
+        return values
+    for key, value in read_config_file(config).items():
+        if key == "optimizations":
+            values["file_optimizations"] = value
+        elif key not in values or key in ("model", "config"):
+            raise DiffmeterError(f"config file {config}: unknown option '{key}' (use the bench option names)")
+        elif ctx.get_parameter_source(key).name == "DEFAULT":  # by name: typer may vendor its own click
+            values[key] = value
+    return values
+
+
+def _bench_spec(values: dict):
+    from diffmeter.bench.spec import BenchSpec
+    from diffmeter.optimize.options import from_config, from_flags
+
+    optimizations = from_config(values["file_optimizations"]) if values["file_optimizations"] else []
+    optimizations += from_flags(**{name: values[name] for name in OPTIMIZATION_FLAGS})
+    return BenchSpec(
+        model=values["model"],
+        prompt=values["prompt"],
+        prompts_file=values["prompts"],
+        num_prompts=values["num_prompts"],
+        batch_size=values["batch_size"],
+        height=values["height"],
+        width=values["width"],
+        steps=values["steps"],
+        guidance_scale=values["guidance_scale"],
+        num_frames=values["num_frames"],
+        max_sequence_length=values["max_sequence_length"],
+        resolution_binning=None if values["resolution_binning"] else False,
+        seed=values["seed"],
+        dtype=values["dtype"],
+        device=values["device"],
+        warmup=values["warmup"],
+        iterations=values["iterations"],
+        min_duration_s=values["min_duration"],
+        random_weights=values["random_weights"],
+        save_images=values["save_images"],
+        peak_tflops=values["peak_tflops"],
+        tf32=values["tf32"],
+        optimizations=optimizations,
+        compare_baseline=values["compare_baseline"],
+    )
+
+
+@command()
+def show(
+    folder: Annotated[
+        str,
+        typer.Argument(
+            metavar="DIR", help="a run folder (or its results.json), or a ladder-*.json", show_default=False
+        ),
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="print the stored result as JSON")] = False,
+) -> None:
+    """Print a stored measured run (or ladder) as a table."""
+    from pathlib import Path
+
+    from diffmeter.bench.storage import read_result
+    from diffmeter.report.run_table import run_table
+
+    if Path(folder).name.startswith("ladder-") and Path(folder).is_file():
+        from diffmeter.bench.ladder import read_ladder
+        from diffmeter.report.ladder_table import ladder_table
+
+        ladder = read_ladder(folder)
+        if as_json:
+            print(json.dumps(ladder.model_dump(mode="json"), indent=2))
+        else:
+            console.print(ladder_table(ladder))
+        return
+    result = read_result(folder)
+    if as_json:
+        print(json.dumps(result.to_json_dict(), indent=2))
+    else:
+        console.print(run_table(result))

@@ -1,0 +1,108 @@
+"""`diffmeter optimizations` (the registry and why a technique does not apply) and
+`diffmeter ladder` (one technique added per rung, measured)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from diffmeter.cli import options as o
+from diffmeter.cli.app import command, console
+from diffmeter.cli.progress import progress_bar
+
+
+@command()
+def optimizations(
+    model: Annotated[
+        str | None,
+        typer.Argument(metavar="MODEL", help="say which techniques apply to MODEL, and why not", show_default=False),
+    ] = None,
+    device: Annotated[
+        str | None, typer.Option(help="the device the run would use: cuda or cpu (default: cuda when present)")
+    ] = None,
+    as_json: o.AsJson = False,
+) -> None:
+    """The optimization registry: every technique, and which apply to a model and why not."""
+    import diffmeter.optimize  # noqa: F401  (registers the techniques)
+    from diffmeter.bench.spec import resolve_device
+    from diffmeter.catalog import all_entries, resolve
+    from diffmeter.optimize.matrix import compatibility
+    from diffmeter.report.optimizations_table import matrix_table, model_table
+
+    target_device = resolve_device(device)
+    if model is not None:
+        entry = resolve(model)
+        rows = compatibility(entry, target_device)
+        if as_json:
+            print(json.dumps([row.model_dump(mode="json") for row in rows], indent=2))
+        else:
+            console.print(model_table(f"optimizations for {entry.name} ({entry.id}) on {target_device.type}", rows))
+        return
+    families = {}
+    for entry in all_entries():
+        if entry.origin == "catalog":
+            families.setdefault(entry.family, entry)
+    columns = {family: compatibility(entry, target_device) for family, entry in families.items()}
+    names = [row.name for row in next(iter(columns.values()))]
+    matrix = {name: [next(r for r in rows if r.name == name) for rows in columns.values()] for name in names}
+    if as_json:
+        payload = {
+            name: {family: cell.model_dump(mode="json") for family, cell in zip(columns, cells, strict=True)}
+            for name, cells in matrix.items()
+        }
+        print(json.dumps(payload, indent=2))
+    else:
+        title = f"optimizations x families on {target_device.type} (one catalog model per family)"
+        console.print(matrix_table(title, list(columns), matrix))
+
+
+@command()
+def ladder(
+    model: o.ModelArgument,
+    rungs: Annotated[
+        str, typer.Option(help="techniques added in turn: scheduler, compile, half, attention, cache")
+    ] = "scheduler,compile,half,attention,cache",
+    steps: Annotated[int | None, typer.Option(help="baseline steps (default: the model's)")] = None,
+    fast_steps: Annotated[
+        int | None, typer.Option(help="steps from the scheduler rung on (default: min(20, steps))")
+    ] = None,
+    compile_mode: Annotated[str, typer.Option(help="torch.compile mode of the compile rung")] = "default",
+    batch_size: o.BatchSize = 1,
+    height: o.Height = None,
+    width: o.Width = None,
+    seed: o.Seed = 0,
+    device: o.Device = None,
+    warmup: Annotated[int, typer.Option(help="untimed calls per rung, the first one cold")] = 1,
+    iterations: Annotated[int, typer.Option(help="measured calls per rung")] = 3,
+    random_weights: o.RandomWeights = False,
+    out: Annotated[str, typer.Option(help="folder for the rung runs and ladder-*.json")] = "results",
+    force: Annotated[bool, typer.Option(help="re-run rungs already stored in --out")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the ladder as JSON")] = False,
+) -> None:
+    """Measure a ladder of speed-ups: the baseline, then one technique added per rung, each against the baseline."""
+    from diffmeter.bench.ladder import climb, plan
+    from diffmeter.bench.spec import BenchSpec
+    from diffmeter.report.ladder_table import ladder_table
+
+    spec = BenchSpec(
+        model=model,
+        steps=steps,
+        batch_size=batch_size,
+        height=height,
+        width=width,
+        seed=seed,
+        device=device,
+        warmup=warmup,
+        iterations=iterations,
+        random_weights=random_weights,
+    )
+    names = tuple(part.strip() for part in rungs.split(",") if part.strip())
+    planned = plan(spec, names, fast_steps, compile_mode)
+    with progress_bar(as_json) as progress:
+        result = climb(planned, out, force=force, progress=progress)
+    if as_json:
+        print(json.dumps(result.model_dump(mode="json"), indent=2))
+    else:
+        console.print(ladder_table(result))

@@ -1,0 +1,161 @@
+"""`diffmeter profile` and `diffmeter models`: compute from configs alone."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from diffmeter.cli.app import command, console
+from diffmeter.cli.options import (
+    AsJson,
+    BatchSize,
+    GuidanceScale,
+    MaxSequenceLength,
+    NumFrames,
+    ResolutionBinning,
+)
+from diffmeter.errors import DiffmeterError
+
+
+def numbers(text: str | None, option: str, kind=int) -> list:
+    """Parse '512,768,1024' into numbers, or fail with one clear line."""
+    if text is None:
+        return [None]
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise DiffmeterError(f"{option} takes numbers separated by commas, got '{text}'") from None
+
+
+def sizes(height: str | None, width: str | None) -> list[tuple[int | None, int | None]]:
+    """Paired --height/--width lists; a list given alone sets both sides."""
+    heights, widths = numbers(height, "--height"), numbers(width, "--width")
+    if width is None:
+        return [(h, h) for h in heights]
+    if height is None:
+        return [(w, w) for w in widths]
+    if len(heights) != len(widths):
+        raise DiffmeterError("--height and --width lists must have the same length (they are paired)")
+    return list(zip(heights, widths, strict=True))
+
+
+@command()
+def profile(
+    models: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="MODEL",
+            help="catalog names or hub ids, local diffusers folders, or hub ids in the HF cache",
+            show_default=False,
+        ),
+    ] = None,
+    all_models: Annotated[bool, typer.Option("--all", help="profile every real catalog model")] = False,
+    height: Annotated[
+        str | None, typer.Option(help="pixels; a comma list for a scaling table; alone, the width follows it")
+    ] = None,
+    width: Annotated[str | None, typer.Option(help="pixels; a comma list paired with --height")] = None,
+    steps: Annotated[str | None, typer.Option(help="denoising steps; a comma list for a scaling table")] = None,
+    batch_size: BatchSize = 1,
+    guidance_scale: GuidanceScale = None,
+    num_frames: NumFrames = None,
+    dtype: Annotated[str | None, typer.Option(help="float16 | bfloat16 | float32 (parameter memory)")] = None,
+    prompt_tokens: Annotated[
+        int | None,
+        typer.Option(help="real prompt tokens, for pipelines whose compute depends on it (Kandinsky 3, Lumina)"),
+    ] = None,
+    negative_prompt_tokens: Annotated[
+        int | None, typer.Option(help="real negative-prompt tokens (Lumina-Image-2.0)")
+    ] = None,
+    max_sequence_length: MaxSequenceLength = None,
+    instruction_tokens: Annotated[
+        int | None, typer.Option(help="SANA: tokens of the complex human instruction")
+    ] = None,
+    resolution_binning: ResolutionBinning = True,
+    depth: Annotated[int, typer.Option(help="also break MACs down by module, this many levels deep")] = 0,
+    jobs: Annotated[int, typer.Option(help="worker processes for several profiles (default: CPU count)")] = 0,
+    as_json: AsJson = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="print CSV, a row per component")] = False,
+) -> None:
+    """Count MACs and FLOPs of a whole generation, per component, from configs alone."""
+    from diffmeter.catalog import all_entries
+    from diffmeter.flops.profile import profile_many
+    from diffmeter.report.export import profiles_csv
+    from diffmeter.report.tables import profile_table, summary_table
+    from diffmeter.spec import ProfileSpec
+
+    names = list(models or [])
+    if all_models:
+        names += [entry.name for entry in all_entries() if not entry.is_tiny]
+    if not names:
+        raise DiffmeterError("name a MODEL (see `diffmeter models`) or pass --all")
+    if depth < 0:
+        raise DiffmeterError(f"--depth must be 0 or more, got {depth}")
+    if jobs < 0:
+        raise DiffmeterError(f"--jobs must be 0 (one per CPU) or more, got {jobs}")
+    specs = [
+        ProfileSpec(
+            model=name,
+            height=h,
+            width=w,
+            steps=n,
+            batch_size=batch_size,
+            guidance_scale=guidance_scale,
+            num_frames=num_frames,
+            dtype=dtype,
+            prompt_tokens=prompt_tokens,
+            negative_prompt_tokens=negative_prompt_tokens,
+            instruction_tokens=instruction_tokens,
+            max_sequence_length=max_sequence_length,
+            resolution_binning=None if resolution_binning else False,
+        )
+        for name, (h, w), n in itertools.product(names, sizes(height, width), numbers(steps, "--steps"))
+    ]
+    results = profile_many(specs, depth=depth, jobs=jobs)
+    if as_json:
+        payload = results[0].to_json_dict() if len(results) == 1 else {"profiles": [p.to_json_dict() for p in results]}
+        print(json.dumps(payload, indent=2))
+    elif as_csv:
+        sys.stdout.write(profiles_csv(results))
+    elif len(results) == 1:
+        console.print(profile_table(results[0]))
+    else:
+        console.print(summary_table(results))
+
+
+@command()
+def models(as_json: AsJson = False) -> None:
+    """List the catalog: family, components, parameters and defaults."""
+    from diffmeter.catalog import all_entries
+    from diffmeter.parallel import parallel_map
+    from diffmeter.report.tables import catalog_table
+
+    entries = list(all_entries())
+    params = dict(zip((e.id for e in entries), parallel_map(_entry_params, entries), strict=True))
+    if as_json:
+        rows = [
+            {
+                "name": e.name,
+                "id": e.id,
+                "aliases": e.aliases,
+                "family": e.family,
+                "origin": e.origin,
+                "components": {n: c.class_name for n, c in e.components.items()},
+                "params": params[e.id],
+                "defaults": e.defaults.model_dump(),
+                "text_max_length": e.text_max_length,
+            }
+            for e in entries
+        ]
+        print(json.dumps(rows, indent=2))
+    else:
+        console.print(catalog_table(entries, params))
+
+
+def _entry_params(entry) -> int:
+    from diffmeter.flops.profile import MetaComponent
+
+    return sum(MetaComponent(component).params for component in entry.components.values())
