@@ -30,7 +30,7 @@ def test_results_json_round_trips_through_the_schema(runs, name):
     stored = json.loads((folder / RESULTS).read_text())
     assert BenchResult.model_validate(stored) == result
     assert read_result(folder) == result and result.status == "complete"
-    assert stored["schema_version"] == 1 and stored["weights_random"] is True
+    assert stored["schema_version"] == 2 and stored["weights_random"] is True
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -254,3 +254,60 @@ def test_prompt_dependent_families_are_profiled_with_the_real_prompts(runs):
     assert result.profile == profile_spec(replace(result.spec.profile_spec(), **settings))
     assert result.profile != profile_spec(result.spec.profile_spec())  # the catalog default differs
     assert any("longest prompt" in note for note in result.notes)
+
+
+def test_compiled_runs_warm_up_every_prompt_shape_so_measured_calls_do_not_recompile(tmp_path):
+    """Lumina 2's compute follows its prompts' token counts: each new length is a new input shape
+    that dynamo compiles (or a CUDA graph records) on first sight, so warm-up covers them all."""
+    from diffmeter.optimize import OptimizationSpec
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\na red cat in the city at night\na photo of a blue dog riding a horse at sunset\n")
+    spec = BenchSpec(
+        model="tiny-lumina2",
+        steps=2,
+        iterations=3,
+        prompts_file=str(prompts),
+        optimizations=[OptimizationSpec(name="compile", params={"backend": "eager"})],
+    )
+    result, _ = bench(spec, out=tmp_path / "out")
+    assert result.summary.compilation.clean and result.summary.compilation.graphs_compiled == 0
+    assert len(result.warmup_s) == 3  # the cold call, then one per prompt length not yet seen
+    assert any("2 extra warm-up call(s)" in note for note in result.notes)
+
+
+def test_an_interrupted_run_leaves_no_staging_folder(tmp_path):
+    def interrupt(what, done, total):
+        if what == "measuring":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        bench(BenchSpec(model="tiny-sd", steps=1, iterations=2), out=tmp_path, progress=interrupt)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cold_start_overhead_is_never_negative():
+    """A first call that happens to be faster than the median is noise, not negative compilation."""
+    from diffmeter.bench.results import Iteration
+    from diffmeter.bench.runner import _summarize
+    from diffmeter.catalog import resolve
+    from diffmeter.measure.compilation import Compilation
+    from diffmeter.measure.energy import Energy
+    from diffmeter.measure.memory import PeakMemory
+    from diffmeter.measure.stages import Stages
+
+    spec = BenchSpec(model="tiny-sd").settle(resolve("tiny-sd"))
+    stages = Stages(text_encoding_s=0.1, denoising_s=0.5, steps_s=[0.25, 0.25], vae_decode_s=0.3, other_s=0.1)
+    iterations = [
+        Iteration(index=i, images=1, total_s=1.0, wall_s=1.0, denoiser_calls=2, stages=stages) for i in range(3)
+    ]
+    summary = _summarize(
+        spec.model_copy(update={"steps": 2}),
+        iterations,
+        PeakMemory(process_peak_rss_bytes=1),
+        Energy.unavailable("test"),
+        profile_spec(spec.profile_spec()),
+        0.8,
+        Compilation(),
+    )
+    assert summary.cold_start_overhead_s == 0.0

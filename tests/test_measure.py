@@ -11,7 +11,7 @@ from diffmeter.catalog import resolve
 from diffmeter.measure.clock import HostClock
 from diffmeter.measure.energy import Energy, EnergyMeter
 from diffmeter.measure.environment import collect
-from diffmeter.measure.peaks import device_peak
+from diffmeter.measure.peaks import PEAKS, device_peak
 from diffmeter.measure.stages import StageTimer
 from diffmeter.measure.stats import Stats
 from diffmeter.tiny import tiny_pipeline
@@ -46,47 +46,113 @@ def test_stage_timer_leaves_the_pipeline_as_it_found_it():
     assert after == before
 
 
-def test_peaks_come_from_the_datasheet_table_without_sparsity():
-    assert device_peak("NVIDIA H100 80GB HBM3", "bfloat16").tflops == 989.4
-    assert device_peak("NVIDIA H100 PCIe", "float16").tflops == 756.0
-    assert device_peak("NVIDIA H200", "bfloat16").tflops == 989.4
+#: device names as nvidia-smi and torch.cuda.get_device_name() spell them -> dense bf16 TFLOP/s (None: unknown)
+DEVICE_NAMES = {
+    "NVIDIA H100 80GB HBM3": 989.5,
+    "NVIDIA H100 PCIe": 756.5,
+    "NVIDIA H100 NVL": 835.5,
+    "NVIDIA H200": 989.5,
+    "NVIDIA H200 NVL": 835.5,
+    "NVIDIA GH200 480GB": 989.5,
+    "NVIDIA GH200 144G HBM3e": 989.5,
+    "NVIDIA H800": 989.5,
+    "NVIDIA H20": 148.0,
+    "NVIDIA B200": 2250.0,
+    "NVIDIA GB200": 2500.0,
+    "NVIDIA A100-SXM4-80GB": 312.0,
+    "NVIDIA A100-SXM4-40GB": 312.0,
+    "NVIDIA A100-PCIE-40GB": 312.0,
+    "NVIDIA A100 80GB PCIe": 312.0,
+    "NVIDIA A800-SXM4-80GB": 312.0,
+    "NVIDIA A10G": 70.0,
+    "NVIDIA A10": 125.0,
+    "NVIDIA A40": 149.7,
+    "NVIDIA L4": 121.0,
+    "NVIDIA L40": 181.05,
+    "NVIDIA L40S": 362.05,
+    "NVIDIA GeForce RTX 4090": 165.2,
+    "NVIDIA GeForce RTX 3090": 71.0,
+    "NVIDIA RTX 6000 Ada Generation": 364.2,
+    "NVIDIA RTX A6000": 154.8,
+    # look-alikes that must not borrow a neighbour's figure
+    "NVIDIA GeForce RTX 4090 D": None,
+    "NVIDIA H200 MIG 2g.35gb": None,
+    "NVIDIA H100": None,
+    "NVIDIA H20-3e": None,
+    "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": None,
+    "Some Future GPU": None,
+}
+
+
+@pytest.mark.parametrize(("name", "bf16"), DEVICE_NAMES.items())
+def test_peaks_match_real_device_names_by_whole_tokens(name, bf16):
+    peak = device_peak(name, "bfloat16")
+    assert (peak.tflops if peak else None) == bf16
+
+
+def test_peaks_are_dense_and_follow_the_precision_that_ran():
     assert device_peak("NVIDIA A100-SXM4-80GB", "float32", tf32=False).tflops == 19.5
     assert device_peak("NVIDIA A100-SXM4-80GB", "float32", tf32=True).tflops == 156.0
-    assert device_peak("NVIDIA L40S", "bfloat16").tflops == 362.05  # not "NVIDIA L4"
-    assert device_peak("Some Future GPU", "bfloat16") is None
+    assert device_peak("NVIDIA H100 80GB HBM3", "float32", tf32=True).tflops == 494.5  # not the 67 of plain FP32
+    assert device_peak("Tesla T4", "float16").tflops == 65.0 and device_peak("Tesla T4", "bfloat16") is None
+    assert device_peak("Tesla V100-SXM2-32GB", "float16").tflops == 125.0
     assert device_peak("Some Future GPU", "bfloat16", override_tflops=123.0).tflops == 123.0
+    # one figure copied from a sparse column would break the 2 : 1 : 0.5 pattern of fp8 : half : tf32
+    # (within the datasheets' own rounding: the L40S sheet says 362.05 bf16 next to 733 fp8)
+    for peak in PEAKS:
+        half = peak.tflops.get("bf16", peak.tflops["fp16"])
+        assert peak.tflops.get("fp8", 2 * half) <= 2.03 * half and peak.tflops.get("tf32", half / 2) <= 0.51 * half
 
 
 class _FakeZeus:
-    """Stands in for Zeus's NVML energy counter, which cannot exist on this GPU-less machine."""
+    """Stands in for Zeus's NVML energy counter, which cannot exist on this GPU-less machine.
+    ``joules`` lists what successive windows read, in the order they end."""
 
     gpu_indices, cpu_indices = [0], []
 
-    def __init__(self):
-        self.windows = {}
+    def __init__(self, joules):
+        self.joules = list(joules)
 
     def begin_window(self, key):
-        self.windows[key] = True
+        pass
 
     def end_window(self, key):
-        return types.SimpleNamespace(time=2.0, gpu_energy={0: 500.0}, cpu_energy=None, dram_energy=None)
+        return types.SimpleNamespace(time=2.0, gpu_energy={0: self.joules.pop(0)}, cpu_energy=None, dram_energy=None)
 
 
-def test_energy_per_image_and_average_power_from_zeus_windows():
-    meter = EnergyMeter(torch.device("cuda"), monitor=_FakeZeus())
+def _measure(meter, calls):
+    """A measured loop of ``calls`` calls: one window per call inside one window over the loop."""
+    loop = meter.begin()
     readings = []
-    for _ in range(3):
-        meter.begin()
-        readings.append(meter.end())
-    energy = Energy.of(readings, images_per_iteration=4, meter=meter)
-    assert energy.available and energy.gpu_j_per_iteration == 500.0 and energy.gpu_j_per_image == 125.0
-    assert energy.gpu_avg_power_w == 250.0 and energy.cpu_j_per_image is None
+    for _ in range(calls):
+        readings.append(meter.end(meter.begin()))
+    return readings, meter.end(loop)
+
+
+def test_energy_per_image_from_per_call_windows_when_every_one_moved():
+    meter = EnergyMeter(torch.device("cuda"), monitor=_FakeZeus([500.0, 500.0, 500.0, 1600.0]))
+    energy = Energy.of(*_measure(meter, 3), images=12, meter=meter)
+    assert energy.available and energy.basis == "per-call windows"
+    assert energy.gpu_j_per_iteration == 500.0 and energy.gpu_j_per_image == 125.0
+    assert energy.gpu_avg_power_w == 250.0 and energy.cpu_j_per_image is None and energy.loop_s == 2.0
+
+
+def test_a_window_too_short_for_the_counter_is_not_a_zero_measurement():
+    """Zeus returns 0 J for a window shorter than the counter's update step: it is never stored."""
+    meter = EnergyMeter(torch.device("cuda"), monitor=_FakeZeus([0.0, 400.0, 0.0, 900.0]))
+    readings, loop = _measure(meter, 3)
+    assert [reading.gpu_j for reading in readings] == [None, 400.0, None]
+    energy = Energy.of(readings, loop, images=3, meter=meter)
+    assert energy.basis == "measured loop" and energy.gpu_j_per_image == 300.0 and energy.gpu_j_per_iteration == 300.0
+    nothing = EnergyMeter(torch.device("cuda"), monitor=_FakeZeus([0.0, 0.0, 0.0]))
+    energy = Energy.of(*_measure(nothing, 2), images=2, meter=nothing)
+    assert not energy.available and "--min-duration" in energy.reason and energy.gpu_j_per_image is None
 
 
 def test_energy_without_zeus_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "zeus", None)  # as if the extra were not installed
     meter = EnergyMeter(torch.device("cpu"))
-    energy = Energy.of([], 1, meter)
+    energy = Energy.of([], None, 1, meter)
     assert not energy.available and "pip install 'diffmeter[energy]'" in energy.reason
     assert energy.gpu_j_per_image is None and energy.cpu_j_per_image is None
 
@@ -96,7 +162,7 @@ def test_energy_on_a_machine_without_counters_says_why():
     meter = EnergyMeter(torch.device("cpu"))
     if meter.available:
         pytest.skip("this machine has readable RAPL counters")
-    assert not Energy.of([], 1, meter).available and "RAPL" in meter.reason
+    assert not Energy.of([], None, 1, meter).available and "RAPL" in meter.reason
 
 
 def test_environment_names_versions_and_our_commit():

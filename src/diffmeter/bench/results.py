@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from diffmeter.bench.spec import BenchSpec
 from diffmeter.flops.profile import Profile
+from diffmeter.measure.compilation import Compilation
 from diffmeter.measure.energy import Energy, EnergyReading
 from diffmeter.measure.environment import Environment
 from diffmeter.measure.memory import PeakMemory
@@ -21,7 +22,7 @@ from diffmeter.measure.quality import Quality
 from diffmeter.measure.stages import Stages
 from diffmeter.measure.stats import Stats
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class Iteration(BaseModel):
@@ -58,7 +59,8 @@ class Summary(BaseModel):
     step_s: Stats
     images_per_s: float
     s_per_image: float
-    #: first call minus the steady-state median: compilation, autotuning, lazy initialization
+    #: first call minus the steady-state median (0 when the first call was not slower):
+    #: compilation, autotuning, lazy initialization
     cold_start_overhead_s: float
     peak_memory: PeakMemory
     energy: Energy
@@ -70,6 +72,8 @@ class Summary(BaseModel):
     #: achieved_tflops / peak; empty when the peak is unknown (see ``mfu_note``)
     mfu: dict[str, float] = {}
     mfu_note: str | None = None
+    #: compilation inside the measured calls (should be none: see notes when not)
+    compilation: Compilation = Compilation()
 
 
 class AppliedOptimization(BaseModel):
@@ -102,6 +106,8 @@ class BenchResult(BaseModel):
     weights_random: bool
     environment: Environment
     load_s: float | None = None
+    #: how float32 matmuls and convolutions ran in the measured calls ("tf32" or "ieee"); CUDA only
+    fp32_precision: dict[str, str] | None = None
     first_call_s: float | None = None
     first_call: Iteration | None = None
     warmup_s: list[float] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -33,7 +34,8 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER, get_family
 from diffmeter.flops.profile import Profile, profile_spec
 from diffmeter.loading import load_pipeline, locate_weights
-from diffmeter.measure.clock import clock_for
+from diffmeter.measure.clock import clock_for, device_scope
+from diffmeter.measure.compilation import watch_compilation
 from diffmeter.measure.energy import Energy, EnergyMeter
 from diffmeter.measure.environment import collect
 from diffmeter.measure.memory import loaded_bytes, read_peaks, reset_peaks
@@ -42,6 +44,7 @@ from diffmeter.measure.quality import Quality, clip_scorer, compare, lpips_score
 from diffmeter.measure.stages import StageTimer
 from diffmeter.measure.stats import Stats
 from diffmeter.optimize import Target, build, check
+from diffmeter.optimize.tf32 import fp32_math, fp32_precision
 
 #: progress callback: (what is happening, calls done, calls planned or None)
 Progress = Callable[[str, int, int | None], None]
@@ -74,9 +77,10 @@ def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, pro
         final = folder.commit(result)
     except BaseException:
         log.exception("interrupted")
-        raise
-    finally:
         storage.close_logger(log)
+        folder.discard()  # nothing half-written stays behind
+        raise
+    storage.close_logger(log)
     if result.status == "failed":
         raise DiffmeterError(f"{result.error} (recorded as a failed result in {final})")
     return result, final
@@ -143,99 +147,149 @@ def _measure(spec, entry, source, workload, profile, staging, log, progress, opt
     )
     log.info("spec %s", spec.model_dump_json())
     log.info("weights: %s", source.describe())
-    result = {}
+    result, applied, pipe = {}, [], None
     try:
-        progress("loading", 0, None)
-        start = time.perf_counter()
-        placed = any(o.places_pipeline for o in optimizations)
-        pipe = load_pipeline(entry, source, torch.device("cpu") if placed else device, spec.dtype, spec.seed)
-        for optimization in optimizations:
-            log.info("applying %s", optimization.label())
-            optimization.apply(pipe, target)
-        _synchronize(device)
-        result["load_s"] = time.perf_counter() - start
-        log.info("loaded and optimized in %.3f s", result["load_s"])
-        profile = _profile_of_the_prompts(spec, family, pipe, workload, profile, base)
-        loaded = loaded_bytes(device)
-        meter = EnergyMeter(device)
-        timer = StageTimer(pipe, list(family.text_encoders), family.denoiser, family.decoder, clock_for(device))
-        with timer:
-            contexts = [o.call_context for o in optimizations]
-            result.update(_iterate(spec, pipe, timer, meter, workload, staging, log, progress, device, contexts))
-        summary = _summarize(
-            spec,
-            result["iterations"],
-            read_peaks(device, loaded, result.pop("rss_was_reset")),
-            meter,
-            result["energy"],
-            profile,
-            result["first_call_s"],
-        )
+        with device_scope(device), _strict_fp32(device):
+            progress("loading", 0, None)
+            start = time.perf_counter()
+            placed = any(o.places_pipeline for o in optimizations)
+            pipe = load_pipeline(entry, source, torch.device("cpu") if placed else device, spec.dtype, spec.seed)
+            for optimization in optimizations:
+                log.info("applying %s", optimization.label())
+                optimization.apply(pipe, target)
+                applied.append(optimization)
+            _synchronize(device)
+            result["load_s"] = time.perf_counter() - start
+            log.info("loaded and optimized in %.3f s", result["load_s"])
+            profile = _profile_of_the_prompts(spec, family, pipe, workload, profile, base)
+            loaded = loaded_bytes(device)
+            meter = EnergyMeter(device)
+            timer = StageTimer(pipe, list(family.text_encoders), family.denoiser, family.decoder, clock_for(device))
+            compiling = any(o.kind == "compile" for o in optimizations)
+            with timer:
+                contexts = [o.call_context for o in optimizations]
+                result.update(
+                    _iterate(spec, pipe, timer, meter, workload, staging, log, progress, device, contexts, compiling)
+                )
+            summary = _summarize(
+                spec,
+                result["iterations"],
+                read_peaks(device, loaded, result.pop("rss_was_reset")),
+                Energy.of(result.pop("energy"), result.pop("energy_loop"), result["images_measured"], meter),
+                profile,
+                result["first_call_s"],
+                result.pop("compilation"),
+            )
     except (torch.cuda.OutOfMemoryError, MemoryError) as error:
         message = f"out of memory on {spec.device}: {(str(error) or type(error).__name__).splitlines()[0]}"
         log.error(message)
         return BenchResult(status="failed", error=message, load_s=result.get("load_s"), **base)
+    finally:
+        for optimization in reversed(applied):
+            optimization.restore(pipe, target)
+    base["notes"] += _measurement_notes(summary, result.pop("shape_warmups"))
     images = result.pop("images")
-    result.pop("energy")
+    result.pop("images_measured")
     return BenchResult(status="complete", summary=summary, images=images, **result, **base)
 
 
-def _iterate(spec, pipe, timer, meter, workload, staging, log, progress, device, contexts) -> dict:
-    """The cold call, the other warm-up calls, then measured calls until both the iteration
-    count and the minimum duration are reached."""
-    calls = spec.warmup + spec.iterations
+def _strict_fp32(device: torch.device):
+    """On CUDA, float32 matmuls and convolutions in strict IEEE float32 unless a technique (tf32)
+    says otherwise for its calls; PyTorch's own default runs convolutions in TF32."""
+    return fp32_math(False) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _iterate(spec, pipe, timer, meter, workload, staging, log, progress, device, contexts, compiling) -> dict:
+    """The cold call, the other warm-up calls (plus one per input shape not yet seen when
+    compiling), then measured calls until both the iteration count and the minimum duration
+    are reached."""
+    warmups = list(range(spec.warmup))
+    shape_warmups = _unseen_shapes(spec, pipe, workload) if compiling else []
+    calls = len(warmups) + len(shape_warmups) + spec.iterations
     progress("warm-up", 0, calls)
-    first = timed_call(pipe, timer, workload.call_arguments(pipe, workload.batch(0)), 0, None, contexts)[0]
-    log.info("first call %.3f s", first.total_s)
-    warmup = [first.total_s]
-    for index in range(1, spec.warmup):
-        progress("warm-up", index, calls)
-        warmup.append(
-            timed_call(pipe, timer, workload.call_arguments(pipe, workload.batch(index)), index, None, contexts)[
-                0
-            ].total_s
-        )
+    warmup = []
+    for done, index in enumerate(warmups + shape_warmups):
+        progress("warm-up", done, calls)
+        iteration = timed_call(
+            pipe, timer, workload.call_arguments(pipe, workload.batch(index)), index, None, contexts
+        )[0]
+        warmup.append(iteration.total_s)
+        if done == 0:
+            first = iteration
+            log.info("first call %.3f s", first.total_s)
+    with contextlib.ExitStack() as stack:
+        for context in contexts:
+            stack.enter_context(context())
+        precision = fp32_precision() if device.type == "cuda" else None
     rss_was_reset = reset_peaks(device)
     iterations, energy, images = [], [], []
     elapsed = 0.0
-    while len(iterations) < spec.iterations or elapsed < spec.min_duration_s:
-        index = len(iterations)
-        progress("measuring", spec.warmup + index, calls if index < spec.iterations else None)
-        batch = workload.batch(index)
-        iteration, output = timed_call(pipe, timer, workload.call_arguments(pipe, batch), index, meter, contexts)
-        iterations.append(iteration)
-        if iteration.energy is not None:
+    with watch_compilation() as compilation:
+        loop = meter.begin()
+        while len(iterations) < spec.iterations or elapsed < spec.min_duration_s:
+            index = len(iterations)
+            progress("measuring", len(warmup) + index, calls if index < spec.iterations else None)
+            batch = workload.batch(index)
+            iteration, output = timed_call(pipe, timer, workload.call_arguments(pipe, batch), index, meter, contexts)
+            iterations.append(iteration)
             energy.append(iteration.energy)
-        elapsed += iteration.wall_s
-        log.info(
-            "iteration %d: %.4f s (text %.4f, %d steps %.4f, decode %.4f, other %.4f)",
-            index,
-            iteration.total_s,
-            iteration.stages.text_encoding_s,
-            len(iteration.stages.steps_s),
-            iteration.stages.denoising_s,
-            iteration.stages.vae_decode_s,
-            iteration.stages.other_s,
-        )
-        if spec.save_images:
-            images += _save(outputs(output), batch, index, staging)
+            elapsed += iteration.wall_s
+            log.info(
+                "iteration %d: %.4f s (text %.4f, %d steps %.4f, decode %.4f, other %.4f)",
+                index,
+                iteration.total_s,
+                iteration.stages.text_encoding_s,
+                len(iteration.stages.steps_s),
+                iteration.stages.denoising_s,
+                iteration.stages.vae_decode_s,
+                iteration.stages.other_s,
+            )
+            if spec.save_images:
+                images += _save(outputs(output), batch, index, staging)
+        energy_loop = meter.end(loop)
     progress("measuring", calls, calls)
     return {
         "first_call_s": first.total_s,
         "first_call": first,
         "warmup_s": warmup,
         "iterations": iterations,
-        "energy": energy,
+        "energy": energy if meter.available else [],
+        "energy_loop": energy_loop,
         "images": images,
+        "images_measured": sum(iteration.images for iteration in iterations),
         "rss_was_reset": rss_was_reset,
+        "compilation": compilation,
+        "shape_warmups": len(shape_warmups),
+        "fp32_precision": precision,
     }
+
+
+def _unseen_shapes(spec, pipe, workload) -> list[int]:
+    """Measured batches whose input shapes (prompt-dependent token counts: Kandinsky 3, Lumina,
+    SANA) the warm-up calls have not run, one per shape: a compiled model recompiles (or records
+    a new CUDA graph) on a new shape, which must not happen inside a measured call."""
+    if workload.class_conditional:
+        return []
+    family = workload.family
+
+    def shape(index: int) -> tuple:
+        return tuple(sorted(family.prompt_settings(pipe, workload.batch(index).prompts).items()))
+
+    seen = {shape(index) for index in range(spec.warmup)}
+    period = len(workload.pool) // math.gcd(len(workload.pool), spec.batch_size)  # batches repeat after this
+    unseen = []
+    for index in range(max(spec.iterations, period)):
+        key = shape(index)
+        if key not in seen:
+            seen.add(key)
+            unseen.append(index)
+    return unseen
 
 
 def timed_call(pipe, timer: StageTimer, arguments: dict, index: int, meter: EnergyMeter | None, contexts=()):
     """One timed pipeline call, inside an energy window when a meter is given, and inside
     the per-call contexts of the optimizations (``contexts``: callables returning one)."""
-    if meter is not None:
-        meter.begin()
+    window = meter.begin() if meter is not None else None
     start = time.perf_counter()
     timer.begin()
     with contextlib.ExitStack() as stack:
@@ -244,7 +298,7 @@ def timed_call(pipe, timer: StageTimer, arguments: dict, index: int, meter: Ener
         output = pipe(**arguments)
     times = timer.end()
     wall = time.perf_counter() - start
-    reading = meter.end() if meter is not None else None
+    reading = meter.end(window) if meter is not None else None
     iteration = Iteration(
         index=index,
         images=len(arguments["generator"]),
@@ -292,7 +346,7 @@ def _profile_of_the_prompts(spec, family, pipe, workload, profile: Profile, base
     return profile
 
 
-def _summarize(spec, iterations: list[Iteration], memory, meter, readings, profile: Profile, first_call_s) -> Summary:
+def _summarize(spec, iterations: list[Iteration], memory, energy: Energy, profile: Profile, first_call_s, compilation):
     totals = [it.total_s for it in iterations]
     images = sum(it.images for it in iterations)
     stages = {
@@ -315,13 +369,14 @@ def _summarize(spec, iterations: list[Iteration], memory, meter, readings, profi
     achieved = {name: flops[name] / seconds[name] / 1e12 for name in flops if seconds[name] > 0 and flops[name]}
     device_name = torch.cuda.get_device_name(torch.device(spec.device)) if spec.device.startswith("cuda") else "cpu"
     peak = (
-        device_peak(device_name, spec.dtype, override_tflops=spec.peak_tflops)
+        device_peak(device_name, spec.dtype, tf32=spec.tf32, override_tflops=spec.peak_tflops)
         if device_name != "cpu" or spec.peak_tflops
         else None
     )
     note = None
     if peak is None:
-        note = f"no peak TFLOP/s known for {device_name} at {spec.dtype}; pass --peak-tflops to get MFU"
+        precision = "tf32" if spec.tf32 and spec.dtype == "float32" else spec.dtype
+        note = f"no peak TFLOP/s known for {device_name} at {precision}; pass --peak-tflops to get MFU"
     return Summary(
         iterations=len(iterations),
         images=images,
@@ -330,14 +385,15 @@ def _summarize(spec, iterations: list[Iteration], memory, meter, readings, profi
         step_s=step,
         images_per_s=images / sum(totals),
         s_per_image=sum(totals) / images,
-        cold_start_overhead_s=first_call_s - statistics.median(totals),
+        cold_start_overhead_s=max(0.0, first_call_s - statistics.median(totals)),
         peak_memory=memory,
-        energy=Energy.of(readings, spec.batch_size, meter),
+        energy=energy,
         flops=flops,
         achieved_tflops=achieved,
         peak=peak,
         mfu={name: value / peak.tflops for name, value in achieved.items()} if peak else {},
         mfu_note=note,
+        compilation=compilation,
     )
 
 
@@ -354,6 +410,25 @@ def _notes(spec: BenchSpec, entry, optimizations) -> list[str]:
         )
     if spec.device == "cpu" and spec.dtype == "float32" and entry.defaults.dtype != "float32":
         notes.append(f"ran in float32 on CPU; the model's default is {entry.defaults.dtype} on GPU (--dtype)")
+    return notes
+
+
+def _measurement_notes(summary: Summary, shape_warmups: int) -> list[str]:
+    """What a reader must know to trust the figures: recompilation inside measured calls, MFU
+    above 100%, extra warm-up calls."""
+    notes = []
+    compilation = summary.compilation
+    if not compilation.clean:
+        notes.append(
+            f"compilation inside the measured calls ({compilation.graphs_compiled} graphs compiled, "
+            f"{compilation.cuda_graphs_recorded} CUDA graphs recorded): their time is in the figures"
+        )
+    if any(value > 1.0 for value in summary.mfu.values()):
+        notes.append("MFU above 100%: the peak used is below what ran (see --peak-tflops), or a cache skipped work")
+    if shape_warmups:
+        notes.append(
+            f"{shape_warmups} extra warm-up call(s), one per prompt-dependent input shape the measured calls use"
+        )
     return notes
 
 

@@ -134,6 +134,11 @@ def resolve_device(name: str | None) -> torch.device:
         if index >= torch.cuda.device_count():
             raise DiffmeterError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
         return torch.device("cuda", index)
-    if device.type not in ("cpu", "mps"):
+    if device.type == "mps":
+        raise DiffmeterError(
+            "--device mps is not supported: diffmeter times stages with CUDA events or the host clock, and neither "
+            "is honest for Apple's asynchronous MPS queue; use --device cpu"
+        )
+    if device.type != "cpu":
         raise DiffmeterError(f"unsupported device '{name}': use cuda, cuda:N or cpu")
     return device

@@ -77,6 +77,9 @@ class Family:
     #: whether the negative prompt goes through the text encoders when CFG is on
     encodes_negative: ClassVar[bool] = True
     is_video: ClassVar[bool] = False
+    #: the denoiser passes an attention mask to scaled-dot-product attention (text padding
+    #: masks in PixArt, SANA, Kandinsky 3, Lumina): kernels that refuse masks cannot run it
+    masks_attention: ClassVar[bool] = False
     #: the text encoder whose padded length the pipeline's ``max_sequence_length`` sets
     sequence_encoder: ClassVar[str | None] = None
     #: name of the latents argument of the decoder's ``decode``

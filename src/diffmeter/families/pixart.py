@@ -8,6 +8,7 @@ from diffmeter.families.base import Family, Shapes, latents, register, timesteps
 @register
 class PixArt(Family):
     name = "pixart"
+    masks_attention = True
     text_encoders = ("text_encoder",)
     sequence_encoder = "text_encoder"
     bin_tables = (

@@ -8,6 +8,7 @@ from diffmeter.families.base import TEXT_ENCODER, Call, Family, Shapes, latents,
 @register
 class Sana(Family):
     name = "sana"
+    masks_attention = True
     text_encoders = ("text_encoder",)
     sequence_encoder = "text_encoder"
     bin_tables = (

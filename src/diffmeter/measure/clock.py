@@ -1,12 +1,13 @@
-"""Timestamps that are honest on every device.
+"""Timestamps that are honest on every device, and the device a run is pinned to.
 
-On CUDA a mark is an event recorded on the current stream, so taking it never waits
-for the GPU; elapsed times are read once, after one synchronization. On CPU work is
-synchronous and the host clock is the truth.
+On CUDA a mark is an event recorded on the run's device's current stream, so taking it
+never waits for the GPU; elapsed times are read once, after one synchronization. On CPU
+work is synchronous and the host clock is the truth.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -27,14 +28,14 @@ class HostClock:
 
 
 class CudaEventClock:
-    """CUDA events recorded on the current stream; read only after ``synchronize``."""
+    """CUDA events recorded on ``device``'s current stream; read only after ``synchronize``."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
 
     def mark(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))
         return event
 
     def synchronize(self) -> None:
@@ -47,3 +48,12 @@ class CudaEventClock:
 
 def clock_for(device: torch.device) -> HostClock | CudaEventClock:
     return CudaEventClock(device) if device.type == "cuda" else HostClock()
+
+
+def device_scope(device: torch.device):
+    """Make ``device`` the current CUDA device for the block, so that everything created without
+    an explicit device (streams, events, offload buffers, library workspaces) lands on it and no
+    context is opened on GPU 0 for a ``cuda:1`` run."""
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()

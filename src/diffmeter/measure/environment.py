@@ -39,7 +39,6 @@ class Environment(BaseModel):
     devices: list[str]
     device_memory_bytes: list[int]
     torch_threads: int
-    tf32_matmul: bool
     variables: dict[str, str]
     diffmeter: str
     diffmeter_commit: str | None
@@ -61,7 +60,6 @@ def collect() -> Environment:
         devices=devices,
         device_memory_bytes=memory,
         torch_threads=torch.get_num_threads(),
-        tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
         variables={
             k: v for k, v in sorted(os.environ.items()) if k in RELEVANT_VARIABLES or k.startswith(RELEVANT_PREFIXES)
         },

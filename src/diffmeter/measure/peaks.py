@@ -1,86 +1,268 @@
 """Peak dense tensor throughput per GPU and precision, for model FLOP utilization (MFU).
 
-Figures are NVIDIA datasheet numbers in TFLOP/s, *without* structured sparsity (the
-datasheets headline the 2x sparse figure; MFU against it would halve every result).
-"fp32" is plain CUDA-core FP32; "tf32" applies when float32 matmuls may use TF32.
-Override with ``--peak-tflops`` for any device not listed or clocked differently.
+Figures are NVIDIA datasheet numbers in TFLOP/s *without* structured sparsity: datasheets
+headline the 2x sparse figure for tensor-core precisions, and MFU against it would halve
+every result, so tensor figures here are half the headline where the sheet marks it sparse.
+"fp32" is plain CUDA-core FP32; "tf32" applies when float32 matmuls may use TF32. GeForce
+"bf16"/"fp16" are the FP32-accumulate rates (what PyTorch runs). Memory is in GB, memory
+bandwidth in GB/s, both from the same sheets; None where a name covers several sizes.
+
+A device name (``torch.cuda.get_device_name()``, as nvidia-smi spells it) matches a row when
+it holds every token the row requires, and no token beyond those, the row's allowed ones and
+neutral ones (vendor, brand, memory size): "NVIDIA L40" is not an L4, "NVIDIA H200 NVL" not an
+H200 SXM, and "NVIDIA GeForce RTX 4090 D" or a MIG slice match nothing. An unknown device
+gets no MFU rather than a wrong one; ``--peak-tflops`` covers it.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-import torch
 from pydantic import BaseModel
 
 
 @dataclass(frozen=True)
 class DevicePeak:
     name: str
-    #: lower-case substrings of ``torch.cuda.get_device_name()``, all of which must match
-    match: tuple[str, ...]
+    #: lower-case tokens the device name must hold
+    requires: tuple[str, ...]
     tflops: dict[str, float]
     source: str
+    #: tokens the name may also hold (form factors with the same peaks)
+    allows: tuple[str, ...] = ()
+    memory_gb: float | None = None
+    bandwidth_gb_s: float | None = None
 
 
+HOPPER = "NVIDIA H100/H200 Tensor Core GPU datasheets (dense = half the sparse figure)"
+AMPERE = "NVIDIA A100/A800 Tensor Core GPU datasheet (SXM and PCIe share the peaks; dense = half the sparse figure)"
 PEAKS = (
     DevicePeak(
-        "H200 SXM",
-        ("h200",),
-        {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9},
-        "NVIDIA H200 Tensor Core GPU datasheet (dense = half the sparse figure)",
+        "H100 SXM",
+        ("h100", "hbm3"),
+        {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979.0},
+        HOPPER + ", SXM column",
+        memory_gb=80,
+        bandwidth_gb_s=3350,
+    ),
+    DevicePeak(
+        "H100 PCIe",
+        ("h100", "pcie"),
+        {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5, "fp8": 1513.0},
+        HOPPER + ", PCIe column",
+        memory_gb=80,
+        bandwidth_gb_s=2000,
     ),
     DevicePeak(
         "H100 NVL",
         ("h100", "nvl"),
         {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5, "fp8": 1670.5},
-        "NVIDIA H100 Tensor Core GPU datasheet, H100 NVL column",
+        HOPPER + ", H100 NVL per-card column",
+        memory_gb=94,
+        bandwidth_gb_s=3900,
     ),
     DevicePeak(
-        "H100 PCIe",
-        ("h100", "pcie"),
-        {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0, "fp8": 1513.0},
-        "NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe column",
+        "H200 NVL",
+        ("h200", "nvl"),
+        {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5, "fp8": 1670.5},
+        HOPPER + ", H200 NVL column",
+        memory_gb=141,
+        bandwidth_gb_s=4800,
     ),
     DevicePeak(
-        "H100 SXM",
-        ("h100",),
-        {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9},
-        "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column",
+        "H200 SXM",
+        ("h200",),
+        {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979.0},
+        HOPPER + ", H200 SXM column",
+        memory_gb=141,
+        bandwidth_gb_s=4800,
+    ),
+    DevicePeak(
+        "GH200",
+        ("gh200",),
+        {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979.0},
+        "NVIDIA GH200 Grace Hopper Superchip datasheet, GPU side",
+    ),
+    DevicePeak(
+        "H800 PCIe",
+        ("h800", "pcie"),
+        {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5, "fp16": 756.5, "fp8": 1513.0},
+        "NVIDIA H800 PCIe datasheet (the H100 PCIe compute figures)",
+        memory_gb=80,
+        bandwidth_gb_s=2000,
+    ),
+    DevicePeak(
+        "H800 SXM",
+        ("h800",),
+        {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979.0},
+        "NVIDIA H800 SXM datasheet (the H100 SXM compute figures)",
+        memory_gb=80,
+        bandwidth_gb_s=3350,
+    ),
+    DevicePeak(
+        "H20",
+        ("h20",),
+        {"fp32": 44.0, "tf32": 74.0, "bf16": 148.0, "fp16": 148.0, "fp8": 296.0},
+        "NVIDIA H20 specification sheet (dense)",
+        memory_gb=96,
+        bandwidth_gb_s=4000,
+    ),
+    DevicePeak(
+        "B200",
+        ("b200",),
+        {"fp32": 75.0, "tf32": 1100.0, "bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0},
+        "NVIDIA HGX B200 specifications (dense = half the sparse figure)",
+        memory_gb=180,
+        bandwidth_gb_s=7700,
+    ),
+    DevicePeak(
+        "GB200",
+        ("gb200",),
+        {"fp32": 80.0, "tf32": 1250.0, "bf16": 2500.0, "fp16": 2500.0, "fp8": 5000.0},
+        "NVIDIA GB200 NVL72 specifications, per GPU (dense = half the sparse figure)",
+        memory_gb=186,
+        bandwidth_gb_s=8000,
     ),
     DevicePeak(
         "A100",
         ("a100",),
         {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
-        "NVIDIA A100 Tensor Core GPU datasheet",
+        AMPERE,
+        allows=("sxm4", "pcie"),
     ),
     DevicePeak(
-        "L40S",
-        ("l40s",),
-        {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05, "fp8": 733.0},
-        "NVIDIA L40S datasheet",
+        "A800",
+        ("a800",),
+        {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+        AMPERE,
+        allows=("sxm4", "pcie", "lc", "active"),
     ),
     DevicePeak(
-        "L4",
-        ("l4",),
-        {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0, "fp8": 242.5},
-        "NVIDIA L4 datasheet",
+        "A10G",
+        ("a10g",),
+        {"fp32": 35.0, "tf32": 35.0, "bf16": 70.0, "fp16": 70.0},
+        "NVIDIA A10G (AWS) datasheet: not the A10's figures",
+        memory_gb=24,
+        bandwidth_gb_s=600,
     ),
     DevicePeak(
         "A10",
         ("a10",),
         {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0},
-        "NVIDIA A10 datasheet",
+        "NVIDIA A10 datasheet (dense = half the sparse figure)",
+        memory_gb=24,
+        bandwidth_gb_s=600,
+    ),
+    DevicePeak(
+        "A40",
+        ("a40",),
+        {"fp32": 37.4, "tf32": 74.8, "bf16": 149.7, "fp16": 149.7},
+        "NVIDIA A40 datasheet (dense = half the sparse figure)",
+        memory_gb=48,
+        bandwidth_gb_s=696,
+    ),
+    DevicePeak(
+        "A30",
+        ("a30",),
+        {"fp32": 10.3, "tf32": 82.0, "bf16": 165.0, "fp16": 165.0},
+        "NVIDIA A30 datasheet (dense = half the sparse figure)",
+        memory_gb=24,
+        bandwidth_gb_s=933,
+    ),
+    DevicePeak(
+        "L4",
+        ("l4",),
+        {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0, "fp8": 242.5},
+        "NVIDIA L4 datasheet (dense = half the sparse figure)",
+        memory_gb=24,
+        bandwidth_gb_s=300,
+    ),
+    DevicePeak(
+        "L40",
+        ("l40",),
+        {"fp32": 90.5, "tf32": 90.5, "bf16": 181.05, "fp16": 181.05, "fp8": 362.0},
+        "NVIDIA L40 datasheet (dense = half the sparse figure)",
+        memory_gb=48,
+        bandwidth_gb_s=864,
+    ),
+    DevicePeak(
+        "L40S",
+        ("l40s",),
+        {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05, "fp8": 733.0},
+        "NVIDIA L40S datasheet (dense column)",
+        memory_gb=48,
+        bandwidth_gb_s=864,
+    ),
+    DevicePeak(
+        "T4",
+        ("t4",),
+        {"fp32": 8.1, "fp16": 65.0},
+        "NVIDIA T4 datasheet (no bfloat16 or TF32 tensor cores)",
+        memory_gb=16,
+        bandwidth_gb_s=320,
+    ),
+    DevicePeak(
+        "V100 SXM2",
+        ("v100", "sxm2"),
+        {"fp32": 15.7, "fp16": 125.0},
+        "NVIDIA V100 datasheet, SXM2 column (no bfloat16 or TF32 tensor cores)",
+        bandwidth_gb_s=900,
+    ),
+    DevicePeak(
+        "V100 PCIe",
+        ("v100", "pcie"),
+        {"fp32": 14.0, "fp16": 112.0},
+        "NVIDIA V100 datasheet, PCIe column (no bfloat16 or TF32 tensor cores)",
+        bandwidth_gb_s=900,
+    ),
+    DevicePeak(
+        "V100S PCIe",
+        ("v100s", "pcie"),
+        {"fp32": 16.4, "fp16": 130.0},
+        "NVIDIA V100S datasheet (no bfloat16 or TF32 tensor cores)",
+        memory_gb=32,
+        bandwidth_gb_s=1134,
     ),
     DevicePeak(
         "RTX 4090",
-        ("4090",),
-        {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2},
-        "NVIDIA Ada GPU architecture whitepaper, GeForce RTX 4090 (FP16/BF16 with FP32 accumulate)",
+        ("rtx", "4090"),
+        {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2, "fp8": 330.3},
+        "NVIDIA Ada GPU architecture whitepaper, GeForce RTX 4090 (FP32 accumulate)",
+        memory_gb=24,
+        bandwidth_gb_s=1008,
+    ),
+    DevicePeak(
+        "RTX 3090",
+        ("rtx", "3090"),
+        {"fp32": 35.6, "tf32": 35.6, "bf16": 71.0, "fp16": 71.0},
+        "NVIDIA GA102 whitepaper, GeForce RTX 3090 (FP32 accumulate)",
+        memory_gb=24,
+        bandwidth_gb_s=936,
+    ),
+    DevicePeak(
+        "RTX 6000 Ada",
+        ("rtx", "6000", "ada"),
+        {"fp32": 91.1, "tf32": 182.1, "bf16": 364.2, "fp16": 364.2, "fp8": 728.5},
+        "NVIDIA RTX 6000 Ada Generation datasheet (dense = half the sparse figure)",
+        allows=("generation",),
+        memory_gb=48,
+        bandwidth_gb_s=960,
+    ),
+    DevicePeak(
+        "RTX A6000",
+        ("rtx", "a6000"),
+        {"fp32": 38.7, "tf32": 77.4, "bf16": 154.8, "fp16": 154.8},
+        "NVIDIA RTX A6000 datasheet (dense = half the sparse figure)",
+        memory_gb=48,
+        bandwidth_gb_s=768,
     ),
 )
 
 PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+#: tokens any device name may carry without changing what it is
+NEUTRAL = frozenset({"nvidia", "tesla", "geforce", "hbm2", "hbm2e", "hbm3", "hbm3e"})
+MEMORY_SIZE = re.compile(r"\d+g(b)?")
 
 
 class Peak(BaseModel):
@@ -90,22 +272,32 @@ class Peak(BaseModel):
     description: str
 
 
-def device_peak(
-    device_name: str, dtype: str, tf32: bool | None = None, override_tflops: float | None = None
-) -> Peak | None:
+def tokens(device_name: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", device_name.lower())
+
+
+def find_device(device_name: str) -> DevicePeak | None:
+    """The table's row for a device name, matched by whole tokens; None for an unknown device."""
+    words = tokens(device_name)
+    for peak in PEAKS:
+        extra = [w for w in words if w not in peak.requires and w not in peak.allows and w not in NEUTRAL]
+        if all(token in words for token in peak.requires) and not any(
+            not MEMORY_SIZE.fullmatch(word) for word in extra
+        ):
+            return peak
+    return None
+
+
+def device_peak(device_name: str, dtype: str, tf32: bool = False, override_tflops: float | None = None) -> Peak | None:
     """The peak for ``device_name`` at ``dtype``; an override wins; None when unknown.
 
-    float32 matmuls run on TF32 tensor cores when allowed (``tf32``; default: torch's
-    current ``torch.backends.cuda.matmul.allow_tf32``)."""
+    float32 matmuls run on TF32 tensor cores when the run allows it (``tf32``)."""
     if override_tflops is not None:
         return Peak(tflops=override_tflops, description=f"--peak-tflops {override_tflops:g}")
-    if tf32 is None:
-        tf32 = torch.backends.cuda.matmul.allow_tf32
     key = PRECISION[dtype]
     if key == "fp32" and tf32:
         key = "tf32"
-    lowered = device_name.lower()
-    for peak in PEAKS:
-        if all(part in lowered for part in peak.match) and key in peak.tflops:
-            return Peak(tflops=peak.tflops[key], description=f"{peak.name} {key} dense, {peak.source}")
-    return None
+    peak = find_device(device_name)
+    if peak is None or key not in peak.tflops:
+        return None
+    return Peak(tflops=peak.tflops[key], description=f"{peak.name} {key} dense, {peak.source}")

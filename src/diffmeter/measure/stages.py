@@ -18,6 +18,8 @@ from pydantic import BaseModel
 
 from diffmeter.measure.clock import CudaEventClock, HostClock
 
+_NOTHING = object()
+
 
 class Stages(BaseModel):
     """Seconds per stage of one call; ``steps_s`` has one entry per scheduler step, and the
@@ -60,6 +62,8 @@ class StageTimer:
         self.denoiser = getattr(pipe, denoiser)
         self.decoder = getattr(pipe, decoder)
         self._handles: list = []
+        #: (owner, method name, what the owner's own __dict__ held before wrapping, if anything)
+        self._wrapped: list[tuple[object, str, object]] = []
         self._marks: list[tuple[str, object]] = []
         self._depth = {"text": 0, "decode": 0}
         self._denoiser_calls = 0
@@ -77,14 +81,17 @@ class StageTimer:
     def __exit__(self, *exc) -> None:
         for handle in self._handles:
             handle.remove()
-        for owner, name in ((self.pipe.scheduler, "step"), (self.decoder, "decode")):
-            if name in vars(owner):
+        for owner, name, previous in reversed(self._wrapped):
+            if previous is _NOTHING:
                 delattr(owner, name)  # the class method shows through again
+            else:
+                setattr(owner, name, previous)  # e.g. a compiled decode
         self._handles.clear()
+        self._wrapped.clear()
 
-    @staticmethod
-    def _wrap(owner, name: str, before=None, after=None) -> None:
+    def _wrap(self, owner, name: str, before=None, after=None) -> None:
         method = getattr(owner, name)
+        self._wrapped.append((owner, name, vars(owner).get(name, _NOTHING)))
 
         @functools.wraps(method)
         def timed(*args, **kwargs):

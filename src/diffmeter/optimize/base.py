@@ -4,7 +4,9 @@ config, a check that names why it does not apply, and ``apply``.
 ``supports`` only looks at a ``Target`` (the catalog entry, its family and component
 classes, device, dtype), so an unsupported combination is refused before any weight is
 loaded. ``apply`` then changes a loaded pipeline in place; ``call_context`` wraps each
-pipeline call for techniques that act per call (SDPA kernel selection).
+pipeline call for techniques that act per call (TF32); ``restore`` undoes what ``apply``
+changed outside the pipeline (process-wide settings), so runs in one process do not leak
+into each other.
 """
 
 from __future__ import annotations
@@ -111,12 +113,21 @@ class Optimization:
         """Instances that span the technique's choices, for the compatibility matrix."""
         return [cls(cls.Config())]
 
+    def clashes(self, others: list[Optimization]) -> str | None:
+        """None when the technique combines with ``others`` (the rest of the run's techniques);
+        otherwise why it does not."""
+        return None
+
     def apply(self, pipe, target: Target) -> None:
         raise NotImplementedError
 
     def call_context(self):
         """A context entered around every pipeline call (most techniques need none)."""
         return contextlib.nullcontext()
+
+    def restore(self, pipe, target: Target) -> None:
+        """Undo what ``apply`` changed beyond ``pipe`` (global settings, patched classes); called
+        after the run in reverse order of application, even when the run failed."""
 
     def label(self) -> str:
         """Name plus the parameters that differ from the defaults, for run folders and tables."""

@@ -59,3 +59,11 @@ class CacheDiT(Optimization):
                     num_inference_steps=target.steps,
                 ),
             )
+
+    def restore(self, pipe, target: Target) -> None:
+        """cache-dit patches the pipeline *class*'s ``__call__``: every later pipeline of that class
+        in this process would be cached too."""
+        with quiet_import():
+            import cache_dit
+
+            cache_dit.disable_cache(pipe)

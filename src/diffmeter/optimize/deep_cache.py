@@ -36,3 +36,7 @@ class DeepCache(Optimization):
         self.helper = DeepCacheSDHelper(pipe=pipe)
         self.helper.set_params(cache_interval=self.config.cache_interval, cache_branch_id=self.config.cache_branch_id)
         self.helper.enable()
+
+    def restore(self, pipe, target: Target) -> None:
+        if hasattr(self, "helper"):
+            self.helper.disable()

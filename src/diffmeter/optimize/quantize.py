@@ -52,9 +52,18 @@ class Quantize(Optimization):
         with quiet_import():
             from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
 
+        import torch._inductor.config as inductor
+
+        self._inductor = inductor.get_config_copy()  # torchao sets its recommended inductor flags globally
         config = Int8WeightOnlyConfig() if self.config.weights == "int8" else Float8WeightOnlyConfig()
         for name in self.components(target):
             quantize_(getattr(pipe, name), config)
+
+    def restore(self, pipe, target: Target) -> None:
+        import torch._inductor.config as inductor
+
+        if hasattr(self, "_inductor"):
+            inductor.load_config(self._inductor)
 
     def label(self) -> str:
         return f"quantize-{self.config.weights}"

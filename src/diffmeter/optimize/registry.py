@@ -9,8 +9,8 @@ from diffmeter.optimize.base import Optimization, OptimizationSpec, Target
 
 REGISTRY: dict[str, type[Optimization]] = {}
 #: the order techniques are applied in: samplers and weights first, caches on the final
-#: modules, offloading before compilation wraps the denoiser
-ORDER = ("scheduler", "precision", "fusion", "quantization", "attention", "cache", "memory", "compile")
+#: modules, compilation in place before offloading wraps the compiled methods in its hooks
+ORDER = ("scheduler", "precision", "fusion", "quantization", "attention", "cache", "compile", "memory")
 
 
 def register(cls: type[Optimization]) -> type[Optimization]:
@@ -57,11 +57,7 @@ def check(optimizations: list[Optimization], target: Target) -> None:
         reason = optimization.missing_package() or optimization.supports(target)
         if reason:
             raise DiffmeterError(f"{optimization.name} cannot be used with {target.entry.name}: {reason}")
-    names = {optimization.name for optimization in optimizations}
-    if "compile" in names and "offload" in names:
-        offload = next(o for o in optimizations if o.name == "offload")
-        if offload.config.mode == "sequential":
-            raise DiffmeterError(
-                "compile and sequential offload do not combine: weights move on every layer call, so the "
-                "compiled graph is rebuilt or broken up; use offload mode=model or group"
-            )
+    for optimization in optimizations:
+        clash = optimization.clashes([other for other in optimizations if other is not optimization])
+        if clash:
+            raise DiffmeterError(clash)

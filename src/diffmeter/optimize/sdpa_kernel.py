@@ -1,5 +1,11 @@
 """Pick PyTorch's scaled-dot-product-attention kernel (flash, memory-efficient, cuDNN, math)
-for every call, for models that call SDPA directly (UNets, SD3, PixArt, SANA, ...)."""
+inside the denoiser, for models that call SDPA directly (UNets, SD3, PixArt, SANA, ...).
+
+The choice is scoped to the denoiser's forward: text encoders keep PyTorch's own choice
+(T5 passes padding masks that the flash kernel refuses). The kernels' limits follow
+PyTorch's ``sdp_utils.cpp``: flash and cuDNN take float16/bfloat16 inputs only, and flash
+takes no attention mask.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +13,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from diffmeter.optimize.base import Optimization, Target
+from diffmeter.optimize.base import Optimization, Target, denoiser
 from diffmeter.optimize.registry import register
 
 KERNELS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION", "math": "MATH"}
+#: kernels that run float16/bfloat16 only, and kernels that refuse an attention mask
+HALF_ONLY = ("flash", "cudnn")
+NO_MASK = ("flash",)
 
 
 class Config(BaseModel):
@@ -24,12 +33,23 @@ class SDPAKernel(Optimization):
     kind = "attention"
     lossless = True
     exclusive = True
-    summary = "restrict torch SDPA to one kernel (flash, efficient, cudnn, math) during each call"
+    summary = "restrict torch SDPA inside the denoiser to one kernel (flash, efficient, cudnn, math)"
     Config = Config
 
     def supports(self, target: Target) -> str | None:
-        if self.config.kernel in ("flash", "efficient", "cudnn") and target.device.type != "cuda":
-            return f"the {self.config.kernel} SDPA kernel runs on CUDA only; this run is on {target.device.type}"
+        kernel = self.config.kernel
+        if kernel != "math" and target.device.type != "cuda":
+            return f"the {kernel} SDPA kernel runs on CUDA only; this run is on {target.device.type}"
+        if kernel in HALF_ONLY and target.dtype == "float32":
+            return (
+                f"the {kernel} SDPA kernel takes float16/bfloat16 inputs only and this run is float32; "
+                "use --dtype bf16, or kernel=efficient"
+            )
+        if kernel in NO_MASK and target.family.masks_attention:
+            return (
+                f"{target.denoiser_class.__name__} passes an attention mask to SDPA, which the flash kernel refuses; "
+                "use kernel=efficient"
+            )
         return None
 
     @classmethod
@@ -37,12 +57,28 @@ class SDPAKernel(Optimization):
         return [cls(Config(kernel=kernel)) for kernel in KERNELS]
 
     def apply(self, pipe, target: Target) -> None:
-        """Nothing to change on the pipeline: the kernel choice is per call (see ``call_context``)."""
-
-    def call_context(self):
+        """Enter the kernel choice before each denoiser call and leave it after (hooks)."""
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        return sdpa_kernel(getattr(SDPBackend, KERNELS[self.config.kernel]))
+        module = denoiser(pipe, target)
+        backend = getattr(SDPBackend, KERNELS[self.config.kernel])
+        active = []
+
+        def enter(*_):
+            active.append(sdpa_kernel(backend))
+            active[-1].__enter__()
+
+        def leave(*_):
+            active.pop().__exit__(None, None, None)
+
+        self._handles = [
+            module.register_forward_pre_hook(enter),
+            module.register_forward_hook(leave, always_call=True),
+        ]
+
+    def restore(self, pipe, target: Target) -> None:
+        for handle in getattr(self, "_handles", ()):
+            handle.remove()
 
     def label(self) -> str:
         return f"sdpa-kernel-{self.config.kernel}"

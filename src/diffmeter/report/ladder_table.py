@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
 from diffmeter import units
@@ -9,7 +10,7 @@ from diffmeter.bench.ladder import Ladder
 
 
 def ladder_table(ladder: Ladder) -> Table:
-    table = Table(title=f"optimization ladder: {ladder.model} on {ladder.device}", title_justify="left")
+    table = Table(title=escape(f"optimization ladder: {ladder.model} on {ladder.device}"), title_justify="left")
     for column in (
         "rung",
         "adds",
@@ -28,7 +29,7 @@ def ladder_table(ladder: Ladder) -> Table:
         if row.skipped:
             last = row.skipped.split("; ")[-1]  # the last option tried; --json has every reason
             last = last.split(": ", 1)[-1] if " cannot be used with " in last else last
-            table.add_row(row.rung, f"[dim]skipped: {last}[/]", *[""] * 9)
+            table.add_row(row.rung, f"[dim]skipped: {escape(last)}[/]", *[""] * 9)
             continue
         quality = row.quality
         if quality is None:
@@ -39,12 +40,12 @@ def ladder_table(ladder: Ladder) -> Table:
             psnr, ssim = f"{quality.mean_psnr_db:.2f} dB", f"{quality.mean_ssim:.4f}"
         table.add_row(
             row.rung,
-            row.adds,
+            escape(row.adds),
             str(row.steps),
             row.dtype,
             units.seconds(row.latency_s),
             f"{row.speedup:.2f}x",
-            units.seconds(row.cold_start_overhead_s),
+            units.seconds(row.cold_start_overhead_s) if row.cold_start_overhead_s else "none",
             units.nbytes(row.peak_memory_bytes),
             units.joules(row.energy_j_per_image) if row.energy_j_per_image is not None else "-",
             psnr,

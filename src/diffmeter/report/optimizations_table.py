@@ -3,13 +3,14 @@ technique x family matrix, both computed from ``supports``."""
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
 from diffmeter.optimize.matrix import Compatibility
 
 
 def model_table(title: str, rows: list[Compatibility]) -> Table:
-    table = Table(title=title, title_justify="left")
+    table = Table(title=escape(title), title_justify="left")
     for column in ("technique", "kind", "images", "applies", "parameters (defaults) / why not"):
         table.add_column(column, overflow="fold")
     for row in rows:
@@ -21,7 +22,7 @@ def model_table(title: str, rows: list[Compatibility]) -> Table:
             row.kind,
             "same" if row.lossless else "changed",
             "[green]yes[/]" if row.applies else "[red]no[/]",
-            detail,
+            escape(detail),
         )
     table.caption = "images: 'same' = lossless up to float reassociation; 'changed' = compare with --compare-baseline"
     return table

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -30,7 +31,7 @@ def run_table(result: BenchResult) -> Group:
     if result.status != "complete" or result.summary is None:
         return Group(Text(title, style="bold"), Text(f"failed: {result.error}", style="red"))
     summary = result.summary
-    table = Table(title=title, title_justify="left")
+    table = Table(title=escape(title), title_justify="left")
     for column in ("stage", "median", "mean", "p90", "std", "share", "FLOPs / call", "achieved", "MFU"):
         table.add_column(column, justify="left" if column == "stage" else "right")
     total_median = summary.latency_s.median
@@ -68,8 +69,7 @@ def _facts(result: BenchResult) -> Text:
         f"throughput: {summary.images_per_s:,.3f} images/s, {units.seconds(summary.s_per_image)} per image "
         f"({summary.iterations} iterations, {summary.images} images)",
         f"load: {units.seconds(result.load_s)}; first call (cold): {units.seconds(result.first_call_s)} "
-        f"vs median {units.seconds(summary.latency_s.median)} "
-        f"(cold-start overhead {units.seconds(summary.cold_start_overhead_s)}: compilation, autotuning, lazy init)",
+        f"vs median {units.seconds(summary.latency_s.median)} ({_cold_start(summary.cold_start_overhead_s)})",
     ]
     if memory.cuda_max_allocated_bytes is not None:
         lines.append(
@@ -91,7 +91,7 @@ def _facts(result: BenchResult) -> Text:
             parts.append(f"CPU {units.joules(energy.cpu_j_per_image)}/image")
         if energy.dram_j_per_image is not None:
             parts.append(f"DRAM {units.joules(energy.dram_j_per_image)}/image")
-        lines.append(f"energy ({energy.source}): " + ", ".join(parts))
+        lines.append(f"energy ({energy.source}, {energy.basis}): " + ", ".join(parts))
     else:
         lines.append(f"energy: not measured ({energy.reason})")
     lines.append(f"MFU against {summary.peak.description}" if summary.peak else f"MFU: {summary.mfu_note}")
@@ -103,6 +103,12 @@ def _facts(result: BenchResult) -> Text:
     lines.append(f"weights: {result.weights}")
     lines += [f"note: {note}" for note in result.notes]
     return Text("\n".join(lines))
+
+
+def _cold_start(overhead_s: float) -> str:
+    if overhead_s <= 0:
+        return "no cold-start overhead: the first call was not slower than the median"
+    return f"cold-start overhead {units.seconds(overhead_s)}: compilation, autotuning, lazy init"
 
 
 def quality_line(quality) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
 from diffmeter import units
@@ -19,7 +20,7 @@ def _setting(profile: Profile) -> str:
 
 def profile_table(profile: Profile) -> Table:
     """One generation: a row per component, then the totals."""
-    table = Table(title=f"{profile.name} ({profile.model}): {_setting(profile)}", title_justify="left")
+    table = Table(title=escape(f"{profile.name} ({profile.model}): {_setting(profile)}"), title_justify="left")
     table.add_column("component", overflow="fold")
     for column in (
         "role",
@@ -39,7 +40,7 @@ def profile_table(profile: Profile) -> Table:
             for k in ("matmul", "convolution", "attention")
         )
         table.add_row(
-            component.name,
+            escape(component.name),
             component.role,
             component.class_name,
             units.params(component.params),
@@ -80,7 +81,7 @@ def profile_table(profile: Profile) -> Table:
         [
             f"parameters: {units.nbytes(profile.param_bytes)} at {profile.dtype}. "
             "1 MAC = 1 multiply-add = 2 FLOPs. Calls include classifier-free guidance as the pipeline runs it.",
-            *(f"note: {note}" for note in profile.notes),
+            *(f"note: {escape(note)}" for note in profile.notes),
         ]
     )
     return table
@@ -107,7 +108,7 @@ def summary_table(profiles: list[Profile]) -> Table:
         }
         frames = f"x{p.num_frames}f" if p.num_frames else ""
         table.add_row(
-            p.name,
+            escape(p.name),
             f"{p.width}x{p.height}{frames}",
             str(p.steps),
             "yes" if p.cfg else "no",
@@ -130,8 +131,8 @@ def catalog_table(entries: list[PipelineEntry], params: dict[str, int]) -> Table
         frames = f"x{d.num_frames}f" if d.num_frames else ""
         components = ", ".join(f"{name}: {c.class_name}" for name, c in entry.components.items())
         table.add_row(
-            entry.name,
-            entry.id,
+            escape(entry.name),
+            escape(entry.id),
             entry.family,
             components,
             units.params(params[entry.id]),
