@@ -220,3 +220,18 @@ def test_a_stored_baseline_with_other_prompts_is_not_reused(cli, tmp_path):
     assert code == 0, err
     assert (baseline / RESULTS).read_bytes() != before  # re-run: same seeds, other prompt
     assert stored(baseline)["images"][0]["prompt"] == "a blue dog"
+
+
+def test_install_hints_keep_their_extra_and_the_header_names_the_device(cli, monkeypatch, tmp_path):
+    import importlib.util
+
+    import torch
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "DeepCache" else real(name, *a))
+    code, out, _ = cli("optimizations", "tiny-sd")
+    assert code == 0 and "pip install 'diffmeter[deepcache]'" in " ".join(out.split())
+    if not torch.cuda.is_available():
+        assert "on cpu" in out and "on cuda" not in out
+    code, _, err = cli("bench", "tiny-sd", "--cache", "deep-cache", "--out", tmp_path)
+    assert code == 2 and "pip install 'diffmeter[deepcache]'" in err and len(err.strip().splitlines()) == 1

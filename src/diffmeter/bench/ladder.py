@@ -22,6 +22,8 @@ from diffmeter.optimize import OptimizationSpec, Target, build, check
 from diffmeter.optimize.base import FLOW_FAMILIES
 
 RUNGS = ("scheduler", "compile", "half", "attention", "cache")
+#: why a rung with no candidate on this device is skipped
+NOTHING_TO_ADD = {"attention": "on CPU, PyTorch's SDPA already runs its flash kernel; faster attention is a CUDA rung"}
 #: caches tried in order for the cache rung
 CACHES = ("first-block-cache", "deep-cache", "cache-dit", "taylorseer")
 
@@ -79,7 +81,9 @@ def plan(spec: BenchSpec, rungs: tuple[str, ...], fast_steps: int | None, compil
                 break
             reasons.append(reason)
         else:
-            ladder.append(Rung(rung, "-", None, skipped="; ".join(reasons) or "nothing to add"))
+            ladder.append(
+                Rung(rung, "-", None, skipped="; ".join(reasons) or NOTHING_TO_ADD.get(rung, "nothing to add"))
+            )
     return ladder
 
 
@@ -106,6 +110,8 @@ def _candidates(rung: str, current: BenchSpec, entry, fast_steps: int | None, co
             half = "bfloat16"  # CPU kernels for float16 are slow or missing
         return [(f"{half} weights and activations", {"dtype": half}, None)]
     if rung == "attention":
+        if device.type != "cuda":
+            return []  # PyTorch's CPU SDPA already runs its flash kernel: nothing faster to add
         options = [
             ("flash-attention backend", OptimizationSpec(name="attention", params={"backend": b}))
             for b in ("_flash_3", "flash", "sage")

@@ -51,12 +51,12 @@ def collect() -> Environment:
     return Environment(
         python=platform.python_version(),
         platform=platform.platform(),
-        cpu=_cpu_name(),
+        cpu=cpu_name(),
         cpu_count=os.cpu_count() or 1,
         libraries={name: _version(name) for name in LIBRARIES},
         cuda=torch.version.cuda,
         cudnn=torch.backends.cudnn.version() if cuda else None,
-        driver=_driver() if cuda else None,
+        driver=driver_version() if cuda else None,
         devices=devices,
         device_memory_bytes=memory,
         torch_threads=torch.get_num_threads(),
@@ -75,7 +75,7 @@ def _version(distribution: str) -> str | None:
         return None
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -85,7 +85,7 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _driver() -> str | None:
+def driver_version() -> str | None:
     try:
         import pynvml
 

@@ -93,7 +93,7 @@ class Attention(Optimization):
         except (RuntimeError, ImportError) as error:
             return str(error).splitlines()[0]
         if backend not in ANY_DEVICE and target.device.type != "cuda":
-            return f"the {backend} backend runs on CUDA only; this run is on {target.device.type}"
+            return f"the {backend} backend is for CUDA GPUs; this run is on {target.device.type}"
         accepted = dtypes_accepted(backend)
         if accepted and target.dtype not in accepted:
             return (

@@ -2,9 +2,10 @@
 inside the denoiser, for models that call SDPA directly (UNets, SD3, PixArt, SANA, ...).
 
 The choice is scoped to the denoiser's forward: text encoders keep PyTorch's own choice
-(T5 passes padding masks that the flash kernel refuses). The kernels' limits follow
-PyTorch's ``sdp_utils.cpp``: flash and cuDNN take float16/bfloat16 inputs only, and flash
-takes no attention mask.
+(T5 passes padding masks that the CUDA flash kernel refuses). The kernels' limits follow
+PyTorch's ``sdp_utils.cpp``: on CUDA, flash and cuDNN take float16/bfloat16 inputs only
+and flash takes no attention mask; on CPU, PyTorch has a flash kernel (any float dtype,
+masks) and math, and no memory-efficient or cuDNN kernel.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from diffmeter.optimize.base import Optimization, Target, denoiser
 from diffmeter.optimize.registry import register
 
 KERNELS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION", "math": "MATH"}
-#: kernels that run float16/bfloat16 only, and kernels that refuse an attention mask
+#: on CUDA: kernels that run float16/bfloat16 only, and kernels that refuse an attention mask
 HALF_ONLY = ("flash", "cudnn")
 NO_MASK = ("flash",)
+#: kernels PyTorch has only for CUDA
+CUDA_ONLY = ("efficient", "cudnn")
 
 
 class Config(BaseModel):
@@ -38,8 +41,10 @@ class SDPAKernel(Optimization):
 
     def supports(self, target: Target) -> str | None:
         kernel = self.config.kernel
-        if kernel != "math" and target.device.type != "cuda":
-            return f"the {kernel} SDPA kernel runs on CUDA only; this run is on {target.device.type}"
+        if target.device.type != "cuda":
+            if kernel in CUDA_ONLY:
+                return f"the {kernel} SDPA kernel runs on CUDA only; this run is on {target.device.type}"
+            return None
         if kernel in HALF_ONLY and target.dtype == "float32":
             return (
                 f"the {kernel} SDPA kernel takes float16/bfloat16 inputs only and this run is float32; "

@@ -1,0 +1,101 @@
+"""`diffmeter doctor` on the terminal: what this machine can measure, one screen."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from diffmeter import units
+from diffmeter.doctor import DTYPES, Doctor, Kernel
+
+SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def doctor_report(doctor: Doctor) -> Group:
+    parts = [_facts(doctor), _gpus(doctor)]
+    parts += [_kernels("PyTorch SDPA kernels (forced, on a 128-token call)", doctor.sdpa_kernels, doctor.device)]
+    parts += [_kernels("diffusers attention backends", doctor.attention_backends, doctor.device)]
+    parts += [_packages(doctor), _cache(doctor)]
+    return Group(*parts)
+
+
+def _facts(doctor: Doctor) -> Text:
+    energy = doctor.energy
+    lines = [
+        f"diffmeter {doctor.diffmeter}, Python {doctor.python}, {doctor.platform}",
+        f"torch {doctor.torch} ({doctor.build})"
+        + (f", cuDNN {doctor.cudnn}" if doctor.cudnn else "")
+        + (f", NCCL {doctor.nccl}" if doctor.nccl else "")
+        + (f", driver {doctor.driver}" if doctor.driver else ""),
+        f"CPU: {doctor.cpu}",
+        "timing: CUDA events per stage" if doctor.gpus else "timing: host clock (no CUDA GPU: CPU runs only)",
+        "energy, GPU: " + ("measurable (Zeus, NVML counters)" if energy.gpu is None else f"not measured: {energy.gpu}"),
+        "energy, CPU: " + ("measurable (Zeus, RAPL counters)" if energy.cpu is None else f"not measured: {energy.cpu}"),
+    ]
+    return Text("\n".join(lines))
+
+
+def _gpus(doctor: Doctor) -> Table | Text:
+    if not doctor.gpus:
+        return Text("GPUs: none visible (CPU-only torch build, no driver, or CUDA_VISIBLE_DEVICES empty)")
+    table = Table(title="GPUs and the dense peaks used for MFU (TFLOP/s)", title_justify="left")
+    for column in ("#", "name", "memory", "capability", "table row", "fp32", "tf32", "bf16", "fp16", "fp8"):
+        table.add_column(column, justify="left" if column in ("name", "table row") else "right")
+    for gpu in doctor.gpus:
+        peaks = [f"{gpu.peak_tflops[key]:g}" if key in gpu.peak_tflops else "-" for key in ("fp32", "tf32", "bf16")]
+        peaks += [f"{gpu.peak_tflops[key]:g}" if key in gpu.peak_tflops else "-" for key in ("fp16", "fp8")]
+        table.add_row(
+            str(gpu.index),
+            escape(gpu.name),
+            units.nbytes(gpu.memory_bytes),
+            gpu.compute_capability,
+            gpu.peak_row or "[yellow]unknown: pass --peak-tflops for MFU[/]",
+            *peaks,
+        )
+    return table
+
+
+def _kernels(title: str, kernels: list[Kernel], device: str) -> Table:
+    """A row per kernel, "yes" or "no (n)" per dtype; each distinct reason once, numbered, below."""
+    table = Table(title=f"{title} on {device}", title_justify="left", caption_justify="left")
+    table.add_column("name")
+    for dtype in DTYPES:
+        table.add_column(SHORT[dtype])
+    table.add_column("with a mask")
+    reasons: dict[str, int] = {}
+    for kernel in kernels:
+        cells = []
+        for dtype in DTYPES:
+            reason = kernel.dtypes[dtype]
+            if reason is None:
+                cells.append("[green]yes[/]")
+            else:
+                cells.append(f"[red]no[/] ({reasons.setdefault(reason, len(reasons) + 1)})")
+        table.add_row(kernel.name, *cells, {True: "yes", False: "no", None: "-"}[kernel.masks])
+    table.caption = "\n".join(f"({number}) {escape(reason)}" for reason, number in reasons.items())
+    return table
+
+
+def _packages(doctor: Doctor) -> Table:
+    table = Table(title="optional packages", title_justify="left")
+    for column in ("package", "version", "for", "install"):
+        table.add_column(column)
+    for package in doctor.packages:
+        table.add_row(
+            package.name,
+            package.version or "[dim]not installed[/]",
+            package.purpose,
+            "" if package.version else escape(package.install),
+        )
+    return table
+
+
+def _cache(doctor: Doctor) -> Text:
+    models = ", ".join(doctor.cached_models) if doctor.cached_models else "none"
+    return Text(
+        f"Hugging Face cache: {doctor.hf_cache}\n"
+        f"catalog models with weights there: {len(doctor.cached_models)} of {doctor.catalog_models} ({models}); "
+        "the others run with --random-weights, or after `hf download HUB_ID`"
+    )
