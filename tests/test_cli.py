@@ -39,7 +39,18 @@ def test_models_lists_the_catalog(cli):
     "args,message",
     [
         (["profile", "flux-deb"], "unknown model 'flux-deb'"),
-        (["profile", "flux-dev", "--height", "1000"], "not a multiple of 16"),
+        (["profile", "sd3-medium", "--height", "1000"], "not a multiple of 16"),
+        (["profile", "sd15", "--bogus"], "No such option: --bogus"),
+        (["profil", "sd15"], "No such command 'profil'. Did you mean 'profile'?"),
+        (["bench"], "Missing argument 'MODEL'"),
+        (["bench", "tiny-sd", "--steps", "abc"], "Invalid value for '--steps'"),
+        (["bench", "tiny-sd", "--cache", "pab", "--cache", "taylorseer"], "--cache is given twice"),
+        (["profile", "sd15", "--json", "--csv"], "pick one"),
+        (["profile", "sd15", "--all"], "--all profiles every catalog model: drop sd15"),
+        (["profile", "sd15", "--num-frames", "9"], "--num-frames is for video models"),
+        (["profile", "my[red]model"], "unknown model 'my[red]model'"),
+        (["ladder", "tiny-sd", "--fast-steps", "50", "--steps", "2"], "--fast-steps 50 must be between 1 and"),
+        (["ladder", "tiny-sd", "--compile-mode", "fastest"], "compile: bad parameter mode"),
         (["profile", "flux-dev", "--steps", "0"], "--steps must be a positive integer"),
         (["profile", "flux-dev", "--batch-size", "-2"], "--batch-size must be a positive integer"),
         (["profile", "flux-dev", "--height", "512,abc"], "--height takes numbers"),
@@ -91,3 +102,44 @@ def test_dtype_changes_parameter_memory_not_compute(cli):
     half, full = json.loads(half), json.loads(full)
     assert code == 0 and full["param_bytes"] == 2 * half["param_bytes"] == 4 * full["params"]
     assert full["total_macs"] == half["total_macs"]
+
+
+def test_every_option_of_every_command_has_help():
+    import typer.main
+
+    from diffmeter.cli import app
+
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():
+        for param in command.params:
+            assert param.param_type_name != "option" or (param.help or "").strip(), f"{name} {param.opts}"
+            assert param.param_type_name != "argument" or (param.help or "").strip(), f"{name} {param.name}"
+
+
+def test_usage_lines_name_arguments_plainly(cli):
+    code, out, _ = cli("optimizations", "--help")
+    assert code == 0 and "Usage: diffmeter optimizations [OPTIONS] [MODEL]" in " ".join(out.split())
+    code, out, _ = cli("bench", "--help")
+    assert "Usage: diffmeter bench [OPTIONS] MODEL" in " ".join(out.split()) and "{MODEL}" not in out
+
+
+def test_brackets_in_paths_and_names_are_printed_as_written(cli, tmp_path):
+    out_dir = tmp_path / "q[/]"
+    code, out, err = cli("bench", "tiny-sd", "--steps", "1", "--iterations", "1", "--out", out_dir)
+    assert code == 0, err
+    assert "results: " + str(out_dir) in " ".join(out.split())
+
+
+def test_profile_accepts_the_dtype_names_bench_accepts(cli):
+    _, short, _ = cli("profile", "tiny-sd", "--dtype", "fp16", "--json")
+    code, long, _ = cli("profile", "tiny-sd", "--dtype", "float16", "--json")
+    assert code == 0 and json.loads(short) == json.loads(long) and json.loads(short)["dtype"] == "float16"
+
+
+def test_csv_with_depth_keeps_the_module_rows(cli):
+    code, out, _ = cli("profile", "tiny-sd", "--depth", "1", "--csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    modules = [row for row in rows if row["module"]]
+    assert code == 0 and modules and all(row["module"].startswith(row["component"] + ".") for row in modules)
+    unet = next(row for row in rows if row["component"] == "unet" and not row["module"])
+    assert sum(int(row["macs"]) for row in modules if row["component"] == "unet") == int(unet["macs"])

@@ -104,16 +104,18 @@ def test_json_contract_keys():
 @pytest.mark.parametrize(
     "settings,message",
     [
-        ({"height": 1000}, "not a multiple of 16"),
+        ({"height": 1000}, "not a multiple of 16, which StableDiffusion3Pipeline requires"),
         ({"width": 1030}, "not a multiple of 16"),
         ({"steps": 0}, "--steps must be a positive integer"),
         ({"batch_size": -1}, "--batch-size must be a positive integer"),
         ({"dtype": "float8"}, "unknown dtype"),
+        ({"height": 4096}, "cannot generate 4096x4096 .WxH.: its transformer .SD3Transformer2DModel. says: Height"),
+        ({"height": 1048576}, "cannot generate|too large to count"),
     ],
 )
 def test_bad_settings_are_refused_with_the_fix(settings, message):
     with pytest.raises(DiffmeterError, match=message):
-        profile("flux-dev", **settings)
+        profile("sd3-medium", **settings)
 
 
 def test_video_frames_must_fit_the_temporal_compression():
@@ -121,9 +123,14 @@ def test_video_frames_must_fit_the_temporal_compression():
         profile("wan21-t2v-1.3b", num_frames=80)
 
 
-def test_kandinsky3_needs_multiples_of_64():
-    with pytest.raises(DiffmeterError, match="multiple of 64"):
-        profile("kandinsky3", height=1000)
+def test_pipelines_that_round_sizes_are_counted_at_the_size_they_generate():
+    kandinsky = profile("kandinsky3", height=1000, width=1000, steps=1)  # rounds up to multiples of 64
+    flux = profile("flux-dev", height=1000, width=1000, steps=1)  # rounds down to multiples of 16
+    assert (kandinsky.height, flux.height) == (1024, 992) and (kandinsky.requested_height, flux.requested_height) == (
+        1000,
+        1000,
+    )
+    assert profile("kandinsky3", height=1024, width=1024, steps=1).total_macs == kandinsky.total_macs
 
 
 def test_committed_json_schema_is_current():
@@ -141,7 +148,7 @@ def test_resolution_binning_counts_the_size_the_pipeline_generates(name):
         name, height=1024, width=608 if name != "sana-1600m-1024" else 608 + 32, steps=1, resolution_binning=False
     )
     assert (binned.height, binned.width) != (1000, 600) and binned.height % 64 == 0
-    assert any("resolution binning: 600x1000 requested" in note for note in binned.notes)
+    assert any("resolution binning: 600x1000 (WxH) requested" in note for note in binned.notes)
     assert requested.height == 1024 and not any("binning" in note for note in requested.notes)
 
 

@@ -3,3 +3,7 @@
 
 class DiffmeterError(Exception):
     """A user-facing error. The CLI prints ``str(error)`` and exits with code 2."""
+
+
+class MissingPackage(DiffmeterError):
+    """A technique would apply, but the optional package it needs is not installed."""

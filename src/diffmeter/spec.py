@@ -6,6 +6,28 @@ from dataclasses import dataclass, replace
 
 from diffmeter.errors import DiffmeterError
 
+#: the short dtype names users type, and the torch names diffmeter stores
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def normalize_dtype(name: str | None) -> str | None:
+    """``bf16``/``bfloat16`` -> ``bfloat16`` (and so on); one clear line for anything else."""
+    if name is None:
+        return None
+    dtype = DTYPE_ALIASES.get(name.lower(), name.lower())
+    if dtype not in DTYPE_ALIASES.values():
+        raise DiffmeterError(f"unknown dtype '{name}': use bf16, fp16 or fp32 (or bfloat16, float16, float32)")
+    return dtype
+
+
+def paired_size(height: int | None, width: int | None) -> tuple[int | None, int | None]:
+    """One side given alone sets both (a square), in every command and the Python API alike."""
+    if height is not None and width is None:
+        return height, height
+    if width is not None and height is None:
+        return width, width
+    return height, width
+
 
 @dataclass(frozen=True)
 class ProfileSpec:
@@ -27,14 +49,16 @@ class ProfileSpec:
 
     def with_defaults(self, defaults) -> ProfileSpec:
         """Fill unset fields from a catalog ``Defaults`` and check every value."""
+        self.check()
+        height, width = paired_size(self.height, self.width)
         spec = replace(
             self,
-            height=self.height or defaults.height,
-            width=self.width or defaults.width,
+            height=defaults.height if height is None else height,
+            width=defaults.width if width is None else width,
             steps=self.steps if self.steps is not None else defaults.steps,
             guidance_scale=defaults.guidance_scale if self.guidance_scale is None else self.guidance_scale,
-            num_frames=self.num_frames or defaults.num_frames,
-            dtype=self.dtype or defaults.dtype,
+            num_frames=self.num_frames if self.num_frames is not None else defaults.num_frames,
+            dtype=normalize_dtype(self.dtype) or defaults.dtype,
             resolution_binning=defaults.resolution_binning
             if self.resolution_binning is None
             else self.resolution_binning,
@@ -53,5 +77,4 @@ class ProfileSpec:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise DiffmeterError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
-        if self.dtype not in (None, "float16", "bfloat16", "float32"):
-            raise DiffmeterError(f"unknown dtype '{self.dtype}': use float16, bfloat16 or float32")
+        normalize_dtype(self.dtype)

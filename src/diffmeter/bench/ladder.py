@@ -64,6 +64,14 @@ def plan(spec: BenchSpec, rungs: tuple[str, ...], fast_steps: int | None, compil
     unknown = [rung for rung in rungs if rung not in RUNGS]
     if unknown:
         raise DiffmeterError(f"unknown ladder rung {', '.join(unknown)}: pick from {', '.join(RUNGS)}")
+    if fast_steps is not None and not 0 < fast_steps <= base.steps:
+        raise DiffmeterError(
+            f"--fast-steps {fast_steps} must be between 1 and the baseline's {base.steps} steps: "
+            "the scheduler rung runs fewer steps than the baseline"
+        )
+    build([OptimizationSpec(name="compile", params={"mode": compile_mode})])  # a bad mode is one line now
+    if fast_steps is not None and "scheduler" not in rungs:
+        raise DiffmeterError("--fast-steps sets the scheduler rung's steps; add scheduler to --rungs or drop it")
     family = get_family(entry.family)
     ladder = [Rung("baseline", f"{base.dtype}, the pipeline's scheduler, {base.steps} steps, eager", base)]
     current = base

@@ -77,7 +77,8 @@ class Summary(BaseModel):
 
 
 class AppliedOptimization(BaseModel):
-    """A technique applied to the run, as the registry describes it."""
+    """A technique applied to the run, as the registry describes it; ``params`` holds every
+    parameter value that ran, defaults included."""
 
     name: str
     label: str

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from diffmeter.bench import storage
+from diffmeter.bench.memory_check import check_fits
 from diffmeter.bench.results import (
     AppliedOptimization,
     BenchResult,
@@ -60,8 +61,10 @@ def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, pro
     optimizations = build(spec.optimizations)
     check(optimizations, target)
     source = locate_weights(entry, spec.random_weights)
+    if spec.memory_check:
+        check_fits(spec, entry, target.family.decoder, profile)
     workload = Workload(spec, entry)
-    folder = storage.RunDirectory(out, _run_name(spec, entry, optimizations), force)
+    folder = storage.RunDirectory(out, _run_name(spec, entry, optimizations), force, spec)
     folder.check()
     baseline = stored_or_run(spec.baseline(), out, progress) if spec.compare_baseline and optimizations else None
     staging = folder.open()
@@ -141,7 +144,9 @@ def _measure(spec, entry, source, workload, profile, staging, log, progress, opt
         profile=profile,
         notes=_notes(spec, entry, optimizations),
         optimizations=[
-            AppliedOptimization(name=o.name, label=o.label(), kind=o.kind, lossless=o.lossless, params=o.spec().params)
+            AppliedOptimization(
+                name=o.name, label=o.label(), kind=o.kind, lossless=o.lossless, params=o.config.model_dump(mode="json")
+            )
             for o in optimizations
         ],
     )
@@ -180,7 +185,9 @@ def _measure(spec, entry, source, workload, profile, staging, log, progress, opt
                 result["first_call_s"],
                 result.pop("compilation"),
             )
-    except (torch.cuda.OutOfMemoryError, MemoryError) as error:
+    except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError) as error:
+        if not out_of_memory(error):
+            raise
         message = f"out of memory on {spec.device}: {(str(error) or type(error).__name__).splitlines()[0]}"
         log.error(message)
         return BenchResult(status="failed", error=message, load_s=result.get("load_s"), **base)
@@ -191,6 +198,13 @@ def _measure(spec, entry, source, workload, profile, staging, log, progress, opt
     images = result.pop("images")
     result.pop("images_measured")
     return BenchResult(status="complete", summary=summary, images=images, **result, **base)
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
+    if isinstance(error, torch.cuda.OutOfMemoryError | MemoryError):
+        return True
+    return "can't allocate memory" in str(error) or "not enough memory" in str(error).lower()
 
 
 def _strict_fp32(device: torch.device):

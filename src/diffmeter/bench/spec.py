@@ -7,10 +7,9 @@ from pydantic import BaseModel, ConfigDict
 
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
+from diffmeter.families import get_family
 from diffmeter.optimize.base import OptimizationSpec
-from diffmeter.spec import ProfileSpec
-
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+from diffmeter.spec import ProfileSpec, normalize_dtype
 
 
 class BenchSpec(BaseModel):
@@ -45,16 +44,24 @@ class BenchSpec(BaseModel):
     tf32: bool | None = None
     #: also run the unoptimized pipeline and compare images (PSNR, SSIM)
     compare_baseline: bool = False
+    #: refuse up front a run whose lower-bound memory exceeds what the device has available
+    memory_check: bool = True
 
     def settle(self, entry: PipelineEntry) -> BenchSpec:
         """Fill defaults from the catalog and the device, and check every value."""
         self.check()
         device = resolve_device(self.device)
-        dtype = DTYPES.get(self.dtype, self.dtype)
+        dtype = normalize_dtype(self.dtype)
         if dtype is None:
             # half precision on CPU is slow and partly unsupported; the model card means a GPU
             dtype = entry.defaults.dtype if device.type == "cuda" else "float32"
         profile = self.model_copy(update={"dtype": dtype}).profile_spec().with_defaults(entry.defaults)
+        family = get_family(entry.family)
+        height, width = profile.height, profile.width
+        if not family.bins(entry, profile):
+            height, width, _ = family.pipeline_size(entry, height, width)
+        elif not family.restores_binned_size:  # the images come out at the binned size
+            height, width = family.binned_size(entry, height, width)
         optimizations = list(self.optimizations)
         names = [o.name for o in optimizations]
         tf32 = device.type == "cuda" if self.tf32 is None else self.tf32
@@ -66,8 +73,8 @@ class BenchSpec(BaseModel):
             update={
                 "optimizations": optimizations,
                 "tf32": tf32,
-                "height": profile.height,
-                "width": profile.width,
+                "height": height,
+                "width": width,
                 "steps": profile.steps,
                 "guidance_scale": profile.guidance_scale,
                 "num_frames": profile.num_frames,
@@ -112,8 +119,7 @@ class BenchSpec(BaseModel):
             raise DiffmeterError("--compare-baseline compares saved images; drop --no-save-images")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise DiffmeterError(f"--peak-tflops must be positive, got {self.peak_tflops}")
-        if self.dtype is not None and DTYPES.get(self.dtype, self.dtype) not in DTYPES.values():
-            raise DiffmeterError(f"unknown dtype '{self.dtype}': use bf16, fp16 or fp32")
+        normalize_dtype(self.dtype)
 
 
 def resolve_device(name: str | None) -> torch.device:

@@ -2,7 +2,7 @@
 moved into place only when results.json is final, so an interrupted run never leaves
 a result that looks complete and an existing result is replaced only with ``force``.
 
-    <out>/model-<id>+batch-1+size-512x512+steps-20+guidance-7.5+seed-0+float16+cuda/
+    <out>/model-<id>+batch-1+width-512+height-512+steps-20+guidance-7.5+seed-0+float16+cuda/
         requests.json   prompts, seeds and call settings
         results.json    the BenchResult (written last, atomically)
         bench.log       what happened, line by line
@@ -33,13 +33,15 @@ IMAGES = "images"
 
 
 def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | tuple[str, ...] = ()) -> str:
-    """``model-black-forest-labs-FLUX_1-dev+batch-1+size-1024x1024+steps-28+...``, as the seed lays it out."""
+    """``model-black-forest-labs-FLUX_1-dev+batch-1+width-1024+height-1024+steps-28+...``: every
+    setting that changes what is generated, so two different runs never share a folder."""
     # a local directory is named by its folder; catalog names and hub ids stay whole
     model = Path(entry.id).name if entry.origin == "local" and Path(entry.id).expanduser().is_dir() else entry.id
     parts = [
         f"model-{slug(model)}",
         f"batch-{spec.batch_size}",
-        f"size-{spec.height}x{spec.width}",
+        f"width-{spec.width}",
+        f"height-{spec.height}",
         *([f"frames-{spec.num_frames}"] if spec.num_frames else []),
         f"steps-{spec.steps}",
         f"guidance-{spec.guidance_scale:g}",
@@ -47,9 +49,29 @@ def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | t
         spec.dtype,
         spec.device.replace(":", ""),
         *(["random-weights"] if spec.random_weights else []),
+        *([f"max-sequence-length-{spec.max_sequence_length}"] if spec.max_sequence_length else []),
+        *(["no-binning"] if spec.resolution_binning is False else []),
+        *_prompts(spec),
         *(f"opt-{slug(name)}" for name in optimizations),
     ]
     return "+".join(parts)
+
+
+def _prompts(spec: BenchSpec) -> list[str]:
+    """Where the prompts come from, when not the shipped set: the text or file, with a hash of its content."""
+    if spec.prompt is not None:
+        return [f"prompt-{slug(spec.prompt, 24)}-{_digest(spec.prompt)}"]
+    if spec.prompts_file is not None:
+        path = Path(spec.prompts_file).expanduser()
+        content = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else str(path)
+        return [f"prompts-{slug(path.stem, 24)}-{_digest(content)}"]
+    return []
+
+
+def _digest(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def slug(text: str, limit: int = 80) -> str:
@@ -59,9 +81,10 @@ def slug(text: str, limit: int = 80) -> str:
 class RunDirectory:
     """A run's folder: ``open()`` checks and stages, ``commit()`` moves it into place."""
 
-    def __init__(self, out: str | Path, name: str, force: bool = False) -> None:
+    def __init__(self, out: str | Path, name: str, force: bool = False, spec: BenchSpec | None = None) -> None:
         self.final = Path(out).expanduser() / name
         self.force = force
+        self.spec = spec
         self.staging = self.final.parent / f".{name}.partial-{os.getpid()}"
 
     def check(self) -> None:
@@ -69,7 +92,7 @@ class RunDirectory:
         existing = self.final / RESULTS
         if existing.exists() and not self.force:
             raise DiffmeterError(
-                f"a result for this spec already exists at {self.final}; "
+                f"a result for this spec already exists at {self.final}{self._difference(existing)}; "
                 "pass --force to replace it, or --out DIR to write elsewhere"
             )
         try:
@@ -80,6 +103,22 @@ class RunDirectory:
             raise DiffmeterError(
                 f"cannot write results under {self.final.parent}: {error.strerror or error}; pass --out DIR"
             ) from None
+
+    def _difference(self, existing: Path) -> str:
+        """What the stored run and the new one share (the folder name) and where they differ."""
+        if self.spec is None:
+            return ""
+        try:
+            stored = json.loads(existing.read_text(encoding="utf-8"))["spec"]
+        except (OSError, ValueError, KeyError):
+            return ""
+        new = self.spec.model_dump(mode="json")
+        changed = [f"{key} {stored.get(key)!r} -> {value!r}" for key, value in new.items() if stored.get(key) != value]
+        if not changed:
+            return " (the same settings)"
+        return (
+            f" (same model, size, steps, seed, dtype, device, prompts and techniques; different {', '.join(changed)})"
+        )
 
     def open(self) -> Path:
         self.check()
@@ -106,6 +145,7 @@ def write_json(path: Path, data) -> None:
     """Atomically: a temporary file in the same folder, flushed, then renamed over ``path``."""
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes it private; results are ordinary files
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             json.dump(data, handle, indent=2)
             handle.write("\n")
@@ -115,6 +155,12 @@ def write_json(path: Path, data) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def read_result(path: str | Path) -> BenchResult:

@@ -25,10 +25,22 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 class Command(typer.core.TyperCommand):
-    """A command whose usage line names arguments plainly (``MODEL``, not typer's ``{MODEL}``)."""
+    """A command whose usage line names arguments plainly (``MODEL``, not typer's ``{MODEL}``),
+    and that refuses an option given twice instead of silently keeping the last one."""
 
     def collect_usage_pieces(self, ctx) -> list[str]:
         return [re.sub(r"\{([^{}]*)\}", r"\1", piece) for piece in super().collect_usage_pieces(ctx)]
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        if args:
+            _, _, order = self.make_parser(ctx).parse_args(args=list(args))
+            seen = set()
+            for param in order:
+                repeatable = getattr(param, "multiple", False) or getattr(param, "count", False)
+                if param.param_type_name == "option" and not repeatable and param.name in seen:
+                    raise DiffmeterError(f"{'/'.join(param.opts + param.secondary_opts)} is given twice; pass it once")
+                seen.add(param.name)
+        return super().parse_args(ctx, args)
 
 
 def command(**settings):
@@ -81,6 +93,19 @@ def _aborts() -> tuple[type[BaseException], ...]:
     return tuple(aborts)
 
 
+def load_libraries() -> None:
+    """Import torch, diffusers and transformers once, keeping what they print at import (optional
+    kernel probes, deprecation notices) off the user's terminal; commands call it first."""
+    from diffmeter.quiet import quiet_import
+
+    with quiet_import():
+        import diffusers
+        import torch  # noqa: F401
+        import transformers
+    diffusers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.set_verbosity_error()
+
+
 def fail(message: str, code: int = 2) -> None:
     """Print ``message`` as one line on stderr (brackets shown as written) and exit with ``code``."""
     line = " ".join(str(message).split())
@@ -88,16 +113,19 @@ def fail(message: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
+#: the exit code of a run stopped with Ctrl-C (128 + SIGINT)
+INTERRUPTED = 130
+
+
 def main() -> None:
     """Entry point: user errors become one line on stderr and exit code 2; Ctrl-C exits 130."""
     warnings.filterwarnings("ignore")
     try:
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="diffmeter")
     except DiffmeterError as error:
         fail(str(error))
     except _aborts():
-        Console(stderr=True).print("interrupted: nothing was stored for the unfinished run", highlight=False)
-        raise SystemExit(130) from None
+        code = INTERRUPTED
     except _usage_errors() as error:
         message = error.format_message()
         if not message.strip() or "Usage:" in message:  # no arguments: the help was shown
@@ -105,6 +133,8 @@ def main() -> None:
         name = sys.argv[1] if len(sys.argv) > 1 else ""
         hint = f" (see `diffmeter {name} --help`)" if name in app_commands() else " (see `diffmeter --help`)"
         fail(message + hint, getattr(error, "exit_code", 2))
+    if code == INTERRUPTED:  # typer turns Ctrl-C into this exit code itself
+        Console(stderr=True).print("interrupted: nothing was stored for the unfinished run", highlight=False)
     raise SystemExit(code if isinstance(code, int) else 0)
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from diffmeter.cli import options as o
-from diffmeter.cli.app import command, console
+from diffmeter.cli.app import command, console, load_libraries
 from diffmeter.cli.progress import progress_bar
 from diffmeter.errors import DiffmeterError
 
@@ -98,6 +98,9 @@ def bench(
             help="also run without optimizations; store PSNR/SSIM against it", rich_help_panel=o.OPTIMIZATIONS
         ),
     ] = False,
+    memory_check: Annotated[
+        bool, typer.Option(help="refuse up front a run that cannot fit in the device's available memory")
+    ] = True,
     config: Annotated[
         str | None,
         typer.Option(
@@ -110,6 +113,7 @@ def bench(
     as_json: Annotated[bool, typer.Option("--json", help="print the result summary as JSON")] = False,
 ) -> None:
     """Run real generations and measure per-stage latency, memory, energy and MFU, with speed-ups applied by name."""
+    load_libraries()
     from diffmeter.bench.runner import bench as run_bench
     from diffmeter.report.run_table import run_table
 
@@ -176,6 +180,7 @@ def _bench_spec(values: dict):
         tf32=values["tf32"],
         optimizations=optimizations,
         compare_baseline=values["compare_baseline"],
+        memory_check=values["memory_check"],
     )
 
 
@@ -190,6 +195,7 @@ def show(
     as_json: Annotated[bool, typer.Option("--json", help="print the stored result as JSON")] = False,
 ) -> None:
     """Print a stored measured run (or ladder) as a table."""
+    load_libraries()
     from pathlib import Path
 
     from diffmeter.bench.storage import read_result

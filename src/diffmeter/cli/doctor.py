@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 
-from diffmeter.cli.app import command, console
+from diffmeter.cli.app import command, console, load_libraries
 from diffmeter.cli.options import AsJson
 
 
 @command()
 def doctor(as_json: AsJson = False) -> None:
     """Say what this machine can measure: GPUs and their peaks, energy counters, attention kernels, extras."""
+    load_libraries()
     from diffmeter.doctor import examine
     from diffmeter.quiet import quiet_libraries
     from diffmeter.report.doctor_table import doctor_report

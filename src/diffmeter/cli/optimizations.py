@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from diffmeter.cli import options as o
-from diffmeter.cli.app import command, console
+from diffmeter.cli.app import command, console, load_libraries
 from diffmeter.cli.progress import progress_bar
 
 
@@ -25,6 +25,7 @@ def optimizations(
     as_json: o.AsJson = False,
 ) -> None:
     """The optimization registry: every technique, and which apply to a model and why not."""
+    load_libraries()
     import diffmeter.optimize  # noqa: F401  (registers the techniques)
     from diffmeter.bench.spec import resolve_device
     from diffmeter.catalog import all_entries, resolve
@@ -82,6 +83,7 @@ def ladder(
     as_json: Annotated[bool, typer.Option("--json", help="print the ladder as JSON")] = False,
 ) -> None:
     """Measure a ladder of speed-ups: the baseline, then one technique added per rung, each against the baseline."""
+    load_libraries()
     from diffmeter.bench.ladder import climb, plan
     from diffmeter.bench.spec import BenchSpec
     from diffmeter.report.ladder_table import ladder_table

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from diffmeter.cli.app import command, console
+from diffmeter.cli.app import command, console, load_libraries
 from diffmeter.cli.options import (
     AsJson,
     BatchSize,
@@ -18,6 +18,7 @@ from diffmeter.cli.options import (
     NumFrames,
     ResolutionBinning,
 )
+from diffmeter.cli.progress import progress_bar
 from diffmeter.errors import DiffmeterError
 
 
@@ -81,6 +82,7 @@ def profile(
     as_csv: Annotated[bool, typer.Option("--csv", help="print CSV, a row per component")] = False,
 ) -> None:
     """Count MACs and FLOPs of a whole generation, per component, from configs alone."""
+    load_libraries()
     from diffmeter.catalog import all_entries
     from diffmeter.flops.profile import profile_many
     from diffmeter.report.export import profiles_csv
@@ -88,10 +90,14 @@ def profile(
     from diffmeter.spec import ProfileSpec
 
     names = list(models or [])
+    if all_models and names:
+        raise DiffmeterError(f"--all profiles every catalog model: drop {' '.join(names)}, or drop --all")
     if all_models:
-        names += [entry.name for entry in all_entries() if not entry.is_tiny]
+        names = [entry.name for entry in all_entries() if not entry.is_tiny]
     if not names:
         raise DiffmeterError("name a MODEL (see `diffmeter models`) or pass --all")
+    if as_json and as_csv:
+        raise DiffmeterError("--json and --csv are two output formats: pick one")
     if depth < 0:
         raise DiffmeterError(f"--depth must be 0 or more, got {depth}")
     if jobs < 0:
@@ -114,7 +120,9 @@ def profile(
         )
         for name, (h, w), n in itertools.product(names, sizes(height, width), numbers(steps, "--steps"))
     ]
-    results = profile_many(specs, depth=depth, jobs=jobs)
+    with progress_bar(False) as progress:
+        report = (lambda finished, total: progress("profiling", finished, total)) if progress else None
+        results = profile_many(specs, depth=depth, jobs=jobs, done=report)
     if as_json:
         payload = results[0].to_json_dict() if len(results) == 1 else {"profiles": [p.to_json_dict() for p in results]}
         print(json.dumps(payload, indent=2))
@@ -129,12 +137,15 @@ def profile(
 @command()
 def models(as_json: AsJson = False) -> None:
     """List the catalog: family, components, parameters and defaults."""
+    load_libraries()
     from diffmeter.catalog import all_entries
     from diffmeter.parallel import parallel_map
     from diffmeter.report.tables import catalog_table
 
     entries = list(all_entries())
-    params = dict(zip((e.id for e in entries), parallel_map(_entry_params, entries), strict=True))
+    with progress_bar(False) as progress:
+        report = (lambda finished, total: progress("counting parameters", finished, total)) if progress else None
+        params = dict(zip((e.id for e in entries), parallel_map(_entry_params, entries, done=report), strict=True))
     if as_json:
         rows = [
             {

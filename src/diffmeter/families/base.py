@@ -8,6 +8,7 @@ the tests run the real pipeline under the FLOP counter and compare.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -88,6 +89,11 @@ class Family:
     #: resolution binning by aspect ratio, as PixArt/SANA pipelines do it: the diffusers module
     #: holding the tables, and which table each denoiser ``sample_size`` uses
     bin_tables: ClassVar[tuple[str, dict[int, str]] | None] = None
+    #: a binning pipeline resizes the image back to the requested size (PixArt, SANA; not HunyuanDiT)
+    restores_binned_size: ClassVar[bool] = True
+    #: what the pipeline does with a size that is not a multiple of ``size_multiple``: "refuse"
+    #: (its check_inputs raises), or generate at the multiple just "down" (FLUX) or "up" (Kandinsky 3)
+    size_rounding: ClassVar[str] = "refuse"
 
     # ---- prompts -----------------------------------------------------------------------
     def prompt_settings(self, pipe, prompts: list[str]) -> dict[str, int]:
@@ -110,7 +116,45 @@ class Family:
         return entry.components[self.denoiser].config.get("patch_size") or 1
 
     def pixel_multiple(self, entry: PipelineEntry) -> int:
+        """Pixels per latent token side: what the VAE and the patching need to divide."""
         return self.vae_scale(entry) * self.patch(entry)
+
+    def size_multiple(self, entry: PipelineEntry) -> int:
+        """Pixels per side the pipeline requires: most pipelines check for multiples of 8 whatever
+        the VAE; never less than the latent grid needs."""
+        return math.lcm(8, self.pixel_multiple(entry))
+
+    def pipeline_size(self, entry: PipelineEntry, height: int, width: int) -> tuple[int, int, str | None]:
+        """The size the pipeline generates at for a request, with a note when it differs; a size the
+        pipeline refuses is refused here, in one line naming its rule."""
+        step = self.size_multiple(entry)
+        made = []
+        for side, value in (("height", height), ("width", width)):
+            down, up = value // step * step, -(-value // step) * step
+            if value % step == 0:
+                made.append(value)
+            elif self.size_rounding == "refuse" or (self.size_rounding == "down" and down == 0):
+                options = " or ".join(str(size) for size in dict.fromkeys((down, up)) if size > 0)
+                raise DiffmeterError(
+                    f"--{side} {value} is not a multiple of {step}, which {entry.pipeline_class} requires "
+                    f"for {entry.name}; try {options}"
+                )
+            else:
+                made.append(down if self.size_rounding == "down" else up)
+        if (made[0], made[1]) == (height, width):
+            return height, width, None
+        return (
+            made[0],
+            made[1],
+            (
+                f"{entry.pipeline_class} generates {width}x{height} (WxH) at {made[1]}x{made[0]}: it rounds each side "
+                f"{self.size_rounding} to a multiple of {step} pixels"
+            ),
+        )
+
+    def bins(self, entry: PipelineEntry, spec: ProfileSpec) -> bool:
+        """Whether the pipeline snaps this request to an aspect-ratio bin (and resizes the image back)."""
+        return bool(spec.resolution_binning) and self.binned_size(entry, spec.height, spec.width) is not None
 
     def binned_size(self, entry: PipelineEntry, height: int, width: int) -> tuple[int, int] | None:
         """The size the pipeline really generates at when it bins resolutions; None if it does not."""
@@ -131,22 +175,21 @@ class Family:
 
     def shapes(self, entry: PipelineEntry, spec: ProfileSpec) -> Shapes:
         notes = []
+        if not self.is_video and spec.num_frames is not None:
+            raise DiffmeterError(
+                f"{entry.name} generates images; --num-frames is for video models (Wan, CogVideoX): drop it"
+            )
         binned = self.binned_size(entry, spec.height, spec.width) if spec.resolution_binning else None
         if binned and binned != (spec.height, spec.width):
             notes.append(
-                f"resolution binning: {spec.width}x{spec.height} requested, the pipeline generates at "
+                f"resolution binning: {spec.width}x{spec.height} (WxH) requested, the pipeline generates at "
                 f"{binned[1]}x{binned[0]} and resizes the image (--no-resolution-binning to count the request)"
             )
             spec = replace(spec, height=binned[0], width=binned[1])
-        multiple = self.pixel_multiple(entry)
-        for side in ("height", "width"):
-            value = getattr(spec, side)
-            if value % multiple:
-                raise DiffmeterError(
-                    f"--{side} {value} is not a multiple of {multiple}, which {entry.name} needs "
-                    f"(VAE downsampling x{self.vae_scale(entry)} times patch size {self.patch(entry)}); "
-                    f"try {max(multiple, round(value / multiple) * multiple)}"
-                )
+        height, width, rounded = self.pipeline_size(entry, spec.height, spec.width)
+        if rounded:
+            notes.append(rounded)
+            spec = replace(spec, height=height, width=width)
         scale = self.vae_scale(entry)
         lengths = dict(entry.text_max_length)
         if spec.max_sequence_length is not None:

@@ -8,12 +8,17 @@ from diffmeter.families.base import Family, Shapes, register, timesteps
 @register
 class Flux(Family):
     name = "flux"
+    #: FluxPipeline warns and generates at the multiple of 16 just below a size it cannot take
+    size_rounding = "down"
     text_encoders = ("text_encoder", "text_encoder_2")
     sequence_encoder = "text_encoder_2"
     cfg_mode = "never"  # FLUX.1 embeds guidance; true CFG only with an explicit negative prompt
 
     def patch(self, entry) -> int:
         return 2  # the pipeline packs latents in 2x2 patches
+
+    def size_multiple(self, entry) -> int:
+        return self.pixel_multiple(entry)  # FluxPipeline: vae_scale_factor * 2
 
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)

@@ -1,5 +1,7 @@
 """HunyuanDiT: DiT over a bilingual CLIP (BERT) and mT5, with 2D RoPE."""
 
+import math
+
 import torch
 
 from diffmeter.families.base import Family, Shapes, latents, register, timesteps
@@ -9,10 +11,18 @@ from diffmeter.families.base import Family, Shapes, latents, register, timesteps
 class HunyuanDiT(Family):
     name = "hunyuandit"
     text_encoders = ("text_encoder", "text_encoder_2")
+    #: HunyuanDiTPipeline first rounds each side down to a multiple of 16, then bins, and
+    #: returns the image at the binned size
+    size_rounding = "down"
+    restores_binned_size = False
+
+    def size_multiple(self, entry) -> int:
+        return math.lcm(16, self.pixel_multiple(entry))
 
     def binned_size(self, entry, height, width):
         from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import SUPPORTED_SHAPE, map_to_standard_shapes
 
+        height, width = height // 16 * 16, width // 16 * 16
         if (height, width) in SUPPORTED_SHAPE:
             return height, width
         width, height = map_to_standard_shapes(width, height)

@@ -20,8 +20,11 @@ class Kandinsky3(Family):
     def vae_scale(self, entry) -> int:
         return 8  # the pipeline's downscale_height_and_width uses a fixed factor of 8
 
-    def pixel_multiple(self, entry) -> int:
-        return 64  # ... and rounds the latent up to a multiple of 8 latent pixels
+    #: downscale_height_and_width rounds each side up to a multiple of 64 pixels
+    size_rounding = "up"
+
+    def size_multiple(self, entry) -> int:
+        return 64
 
     def prompt_settings(self, pipe, prompts: list[str]) -> dict[str, int]:
         return {"prompt_tokens": max(len(pipe.tokenizer(prompt).input_ids) for prompt in prompts)}

@@ -17,6 +17,9 @@ class LuminaNext(Family):
     def vae_scale(self, entry) -> int:
         return 8  # both Lumina pipelines fix vae_scale_factor = 8
 
+    def size_multiple(self, entry) -> int:
+        return self.vae_scale(entry) * 2  # both Lumina pipelines: vae_scale_factor * 2
+
     def prompt_settings(self, pipe, prompts: list[str]) -> dict[str, int]:
         return {"prompt_tokens": max(len(pipe.tokenizer(prompt).input_ids) for prompt in prompts)}
 
@@ -56,6 +59,7 @@ class Lumina2(Family):
     name = "lumina2"
     masks_attention = True
     vae_scale = LuminaNext.vae_scale
+    size_multiple = LuminaNext.size_multiple
     text_encoders = ("text_encoder",)
     sequence_encoder = "text_encoder"
     cfg_mode = "separate"

@@ -1,5 +1,7 @@
 """SANA: linear-attention DiT over Gemma-2 tokens, decoded by a 32x DC-AE."""
 
+import math
+
 import torch
 
 from diffmeter.families.base import TEXT_ENCODER, Call, Family, Shapes, latents, register, timesteps
@@ -23,6 +25,9 @@ class Sana(Family):
 
     def vae_scale(self, entry) -> int:
         return 2 ** (len(entry.components[self.decoder].config["encoder_block_out_channels"]) - 1)
+
+    def size_multiple(self, entry) -> int:
+        return math.lcm(32, self.pixel_multiple(entry))  # SanaPipeline.check_inputs: multiples of 32
 
     def text_calls(self, shapes: Shapes) -> list[Call]:
         # the prompt is prefixed with the "complex human instruction" and padded to

@@ -11,6 +11,9 @@ class StableDiffusion3(Family):
     text_encoders = ("text_encoder", "text_encoder_2", "text_encoder_3")
     sequence_encoder = "text_encoder_3"
 
+    def size_multiple(self, entry) -> int:
+        return self.pixel_multiple(entry)  # StableDiffusion3Pipeline: vae_scale_factor * patch_size
+
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)
         # the pipeline concatenates the 77 CLIP tokens with the T5 tokens (zeros if T5 is absent)

@@ -1,5 +1,6 @@
 """Text-to-video families: Wan 2.1 and CogVideoX."""
 
+import math
 from types import SimpleNamespace
 
 import torch
@@ -26,6 +27,9 @@ class Wan(Family):
     sequence_encoder = "text_encoder"
     cfg_mode = "separate"
     is_video = True
+
+    def size_multiple(self, entry) -> int:
+        return math.lcm(16, self.pixel_multiple(entry))  # WanPipeline.check_inputs: multiples of 16
 
     def vae_scale(self, entry) -> int:
         return 2 ** len(entry.components[self.decoder].config["temperal_downsample"])

@@ -14,6 +14,7 @@ import torch
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from diffmeter.catalog import ComponentEntry, resolve
+from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, VAE_DECODER, Call, get_family
 from diffmeter.flops.counter import KINDS, FlopCounts, call_signature, count_flops
 from diffmeter.parallel import parallel_map
@@ -66,8 +67,12 @@ class Profile(BaseModel):
     name: str
     family: str
     origin: str
+    #: the size generated at (pixels): after the pipeline's resolution binning or rounding
     height: int
     width: int
+    #: the size asked for, when the pipeline generates at another one (None otherwise)
+    requested_height: int | None = None
+    requested_width: int | None = None
     num_frames: int | None
     steps: int
     batch_size: int
@@ -92,9 +97,10 @@ def profile(model: str, *, depth: int = 0, **settings) -> Profile:
     return profile_spec(ProfileSpec(model=model, **settings), depth=depth)
 
 
-def profile_many(specs: list[ProfileSpec], depth: int = 0, jobs: int = 1) -> list[Profile]:
-    """Profile several specs, in ``jobs`` worker processes (0: one per CPU)."""
-    return parallel_map(partial(profile_spec, depth=depth), specs, jobs)
+def profile_many(specs: list[ProfileSpec], depth: int = 0, jobs: int = 1, done=None) -> list[Profile]:
+    """Profile several specs, in ``jobs`` worker processes (0: one per CPU); ``done(finished, total)``
+    reports progress."""
+    return parallel_map(partial(profile_spec, depth=depth), specs, jobs, done)
 
 
 def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
@@ -103,15 +109,29 @@ def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
     spec = spec.with_defaults(entry.defaults)
     if family.is_video and spec.num_frames is None:
         spec = replace(spec, num_frames=1)
+    requested = (spec.height, spec.width)
     shapes = family.shapes(entry, spec)
     plan = family.plan(shapes)
-    spec = shapes.spec  # binning may have changed the size
+    spec = shapes.spec  # binning or the pipeline's rounding may have changed the size
+    resized = (spec.height, spec.width) != requested
     bytes_per_param = BYTES_PER_PARAM[spec.dtype]
 
     components = []
     for name in dict.fromkeys(call.component for call in plan):
         calls = [call for call in plan if call.component == name]
-        components.append(_profile_component(name, entry.components[name], calls, depth, bytes_per_param))
+        try:
+            components.append(_profile_component(name, entry.components[name], calls, depth, bytes_per_param))
+        except ValueError as error:  # the model's own refusal (a size beyond its position embeddings)
+            raise DiffmeterError(
+                f"{entry.name} cannot generate {spec.width}x{spec.height} (WxH): its {name} "
+                f"({entry.components[name].class_name}) says: {str(error).strip().splitlines()[0]}"
+            ) from None
+        except RuntimeError as error:
+            if "overflow" not in str(error):
+                raise
+            raise DiffmeterError(
+                f"{spec.width}x{spec.height} (WxH) is too large to count: its tensors overflow PyTorch's size limits"
+            ) from None
 
     denoiser_macs = sum(c.macs for c in components if c.role == DENOISER)
     total_macs = sum(c.macs for c in components)
@@ -125,6 +145,8 @@ def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
         origin=entry.origin,
         height=spec.height,
         width=spec.width,
+        requested_height=requested[0] if resized else None,
+        requested_width=requested[1] if resized else None,
         num_frames=spec.num_frames if family.is_video else None,
         steps=spec.steps,
         batch_size=spec.batch_size,

@@ -91,6 +91,8 @@ class Optimization:
     exclusive: ClassVar[bool] = False
     #: the pipeline stays on the CPU when loaded; ``apply`` places it (offloading)
     places_pipeline: ClassVar[bool] = False
+    #: ``supports`` needs the package itself to decide (cache-dit's adapter registry)
+    package_decides_support: ClassVar[bool] = False
 
     def __init__(self, config: BaseModel) -> None:
         self.config = config
@@ -107,6 +109,15 @@ class Optimization:
     def supports(self, target: Target) -> str | None:
         """None when the technique applies to ``target``; otherwise the reason it does not."""
         return None
+
+    def refusal(self, target: Target) -> tuple[str | None, bool]:
+        """(why the technique cannot run on ``target``, whether only a missing package stops it).
+        Not applying comes first: a package is only worth installing for a technique that fits."""
+        missing = self.missing_package()
+        if missing and self.package_decides_support:
+            return f"{missing} (needed to tell whether it applies)", True
+        reason = self.supports(target)
+        return (reason, False) if reason else (missing, missing is not None)
 
     @classmethod
     def variants(cls) -> list[Optimization]:

@@ -27,6 +27,7 @@ class CacheDiT(Optimization):
     summary = "cache-dit DBCache: dual-block residual caching for DiT pipelines"
     Config = Config
     package = ("cache_dit", "cache-dit")
+    package_decides_support = True
 
     def supports(self, target: Target) -> str | None:
         with quiet_import():

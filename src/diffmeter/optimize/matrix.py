@@ -29,10 +29,7 @@ def compatibility(entry: PipelineEntry, device: torch.device, dtype: str | None 
     target = Target(entry, get_family(entry.family), device, dtype or entry.defaults.dtype, entry.defaults.steps)
     rows = []
     for name, cls in sorted(REGISTRY.items(), key=lambda item: (item[1].kind, item[0])):
-        missing = cls.missing_package()
-        reasons = {}
-        for variant in cls.variants():
-            reasons[variant.label()] = missing or variant.supports(target)
+        reasons = {variant.label(): variant.refusal(target)[0] for variant in cls.variants()}
         fitting = [label for label, reason in reasons.items() if reason is None]
         rows.append(
             Compatibility(

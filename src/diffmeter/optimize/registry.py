@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from diffmeter.errors import DiffmeterError
+from diffmeter.errors import DiffmeterError, MissingPackage
 from diffmeter.optimize.base import Optimization, OptimizationSpec, Target
 
 REGISTRY: dict[str, type[Optimization]] = {}
@@ -54,7 +54,9 @@ def check(optimizations: list[Optimization], target: Target) -> None:
                 f"{seen[optimization.kind]} and {optimization.name} are both {optimization.kind} techniques; pick one"
             )
         seen[optimization.kind if optimization.exclusive else optimization.name] = optimization.name
-        reason = optimization.missing_package() or optimization.supports(target)
+        reason, missing = optimization.refusal(target)
+        if missing:
+            raise MissingPackage(f"{optimization.name} would apply to {target.entry.name}, but {reason}")
         if reason:
             raise DiffmeterError(f"{optimization.name} cannot be used with {target.entry.name}: {reason}")
     for optimization in optimizations:

@@ -1,4 +1,5 @@
-"""CSV export: one row per component per profile."""
+"""CSV export: one row per component per profile, and with ``--depth`` one more per module
+(``module`` names its path; a component's own row leaves it empty)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ COLUMNS = (
     "cfg",
     "dtype",
     "component",
+    "module",
     "role",
     "class",
     "params",
@@ -43,6 +45,19 @@ def profiles_csv(profiles: list[Profile]) -> str:
     writer.writeheader()
     for p in profiles:
         for c in p.components:
+            setting = {
+                "model": p.model,
+                "family": p.family,
+                "height": p.height,
+                "width": p.width,
+                "num_frames": p.num_frames or "",
+                "steps": p.steps,
+                "batch_size": p.batch_size,
+                "guidance_scale": p.guidance_scale,
+                "cfg": p.cfg,
+                "dtype": p.dtype,
+                "component": c.name,
+            }
             writer.writerow(
                 {
                     "model": p.model,
@@ -73,4 +88,7 @@ def profiles_csv(profiles: list[Profile]) -> str:
                     "total_flops": p.total_flops,
                 }
             )
+            for path, macs in (c.modules_macs or {}).items():
+                module = {"module": path, "macs": macs, "flops": 2 * macs, "share": round(macs / p.total_macs, 6)}
+                writer.writerow({**setting, **module})
     return buffer.getvalue()

@@ -27,9 +27,9 @@ def ladder_table(ladder: Ladder) -> Table:
         table.add_column(column, justify="left" if column in ("rung", "adds", "dtype") else "right", overflow="fold")
     for row in ladder.rows:
         if row.skipped:
-            last = row.skipped.split("; ")[-1]  # the last option tried; --json has every reason
-            last = last.split(": ", 1)[-1] if " cannot be used with " in last else last
-            table.add_row(row.rung, f"[dim]skipped: {escape(last)}[/]", *[""] * 9)
+            first = row.skipped.split("; ")[0]  # a missing package first, else the first refusal; --json has all
+            first = first.split(": ", 1)[-1] if " cannot be used with " in first else first
+            table.add_row(row.rung, f"[dim]skipped: {escape(first)}[/]", *[""] * 9)
             continue
         quality = row.quality
         if quality is None:

@@ -10,10 +10,18 @@ from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.flops.profile import Profile
 
 
-def _setting(profile: Profile) -> str:
+def size(profile: Profile) -> str:
+    """``WxH`` (with frames for video), and the size asked for when the pipeline made another."""
     frames = f"x{profile.num_frames}f" if profile.num_frames else ""
+    made = f"{profile.width}x{profile.height}{frames}"
+    if profile.requested_width is None:
+        return made
+    return f"{made} (asked {profile.requested_width}x{profile.requested_height})"
+
+
+def _setting(profile: Profile) -> str:
     return (
-        f"{profile.width}x{profile.height}{frames}, {profile.steps} steps, batch {profile.batch_size}, "
+        f"{size(profile)} px (WxH), {profile.steps} steps, batch {profile.batch_size}, "
         f"guidance {profile.guidance_scale:g} ({'CFG' if profile.cfg else 'no CFG'}), {profile.dtype}"
     )
 
@@ -92,7 +100,7 @@ def summary_table(profiles: list[Profile]) -> Table:
     table = Table(title="compute per generation", title_justify="left")
     for column in (
         "model",
-        "size",
+        "size (WxH)",
         "steps",
         "CFG",
         "denoiser MACs / step",
@@ -106,10 +114,9 @@ def summary_table(profiles: list[Profile]) -> Table:
         by_role = {
             role: sum(c.macs for c in p.components if c.role == role) for role in ("text_encoder", "vae_decoder")
         }
-        frames = f"x{p.num_frames}f" if p.num_frames else ""
         table.add_row(
             escape(p.name),
-            f"{p.width}x{p.height}{frames}",
+            size(p),
             str(p.steps),
             "yes" if p.cfg else "no",
             units.macs(p.denoiser_macs_per_step),
@@ -119,6 +126,10 @@ def summary_table(profiles: list[Profile]) -> Table:
             units.flops(p.total_flops),
         )
     table.caption = "1 MAC = 1 multiply-add = 2 FLOPs. Denoiser per step includes the CFG batch."
+    if any(p.requested_width is not None for p in profiles):
+        table.caption += (
+            " asked: the size requested; the pipeline binned or rounded it and generates at the size shown."
+        )
     return table
 
 

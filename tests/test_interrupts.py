@@ -1,0 +1,56 @@
+"""Ctrl-C, as a terminal sends it: exit 130, one line, and nothing staged left behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+
+def _start(*args: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        ["diffmeter", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+
+
+def _interrupt(process: subprocess.Popen) -> tuple[int, str]:
+    """SIGINT to the whole process group (workers too), as Ctrl-C in a terminal does."""
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        _, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
+    return process.returncode, err
+
+
+def _wait_for(condition, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "timed out waiting for the run to start"
+        time.sleep(0.2)
+
+
+def test_ctrl_c_during_a_measured_run_exits_130_and_leaves_nothing_staged(tmp_path):
+    out = tmp_path / "out"
+    process = _start("bench", "tiny-sd", "--steps", "20", "--iterations", "100000", "--out", str(out), cwd=tmp_path)
+    _wait_for(lambda: any(out.glob(".*partial*/images/*.png")), process)  # measuring: images are being saved
+    code, err = _interrupt(process)
+    assert code == 130, err
+    assert err.strip().splitlines() == ["interrupted: nothing was stored for the unfinished run"]
+    assert list(out.iterdir()) == []
+
+
+def test_ctrl_c_during_parallel_profiles_exits_130_with_one_line(tmp_path):
+    process = _start("profile", "--all", "--jobs", "2", cwd=tmp_path)
+    time.sleep(8)  # imports done, workers counting
+    assert process.poll() is None, "profile --all finished before the interrupt"
+    code, err = _interrupt(process)
+    assert code == 130 and "Traceback" not in err
+    assert err.strip().splitlines() == ["interrupted: nothing was stored for the unfinished run"]

@@ -1,0 +1,121 @@
+"""Sizes mean one thing everywhere: the pipeline's own rule decides (refuse, or round and say so),
+width follows height when only one is given, and every size is printed width x height."""
+
+import inspect
+import json
+
+import pytest
+import torch
+
+from diffmeter.catalog import all_entries
+from diffmeter.errors import DiffmeterError
+from diffmeter.families import get_family
+from diffmeter.tiny import tiny_pipeline
+
+TINY = [entry for entry in all_entries() if entry.is_tiny and entry.family != "dit"]
+
+
+def generated_latent_size(entry, height: int, width: int):
+    """What the real pipeline does with a size: the decoder's latent height and width, or the
+    exception it raises."""
+    family = get_family(entry.family)
+    pipe = tiny_pipeline(entry)
+    decoder = getattr(pipe, family.decoder)
+    decode, seen = decoder.decode, []
+
+    def spy(*args, **kwargs):
+        seen.append((args[0] if args else next(iter(kwargs.values()))).shape[-2:])
+        return decode(*args, **kwargs)
+
+    decoder.decode = spy
+    arguments = dict(
+        prompt="a cat",
+        height=height,
+        width=width,
+        num_inference_steps=1,
+        guidance_scale=1.0,
+        output_type="np",
+        **entry.extra["runtime"].get("call", {}),
+    )
+    if "use_resolution_binning" in inspect.signature(type(pipe).__call__).parameters:
+        arguments["use_resolution_binning"] = False
+    if entry.defaults.num_frames:
+        arguments["num_frames"] = entry.defaults.num_frames
+    try:
+        with torch.no_grad():
+            pipe(**arguments)
+    except Exception as error:  # the pipeline's refusal, whatever it raises
+        return error
+    return tuple(seen[0])
+
+
+@pytest.mark.parametrize("entry", TINY, ids=lambda e: e.name)
+def test_each_family_applies_its_pipelines_own_size_rule(entry):
+    """For sizes on, between and off the family's multiple: diffmeter refuses exactly what the
+    real pipeline refuses, and counts the size the real pipeline generates at."""
+    family = get_family(entry.family)
+    step = family.size_multiple(entry)
+    base = entry.defaults.height
+    for height, width in ((base, base), (base + 8, base), (base, base + 4), (base + step // 2, base + step)):
+        real = generated_latent_size(entry, height, width)
+        try:
+            made_height, made_width, _ = family.pipeline_size(entry, height, width)
+        except DiffmeterError:
+            assert isinstance(real, Exception), f"{height}x{width}: refused, but the pipeline ran"
+            continue
+        assert not isinstance(real, Exception), f"{height}x{width}: accepted, but the pipeline raised {real!r}"
+        scale = family.vae_scale(entry)
+        assert (real[0] * scale, real[1] * scale) == (made_height, made_width)
+
+
+def test_dit_makes_one_size_only(cli):
+    code, _, err = cli("profile", "dit-xl-2-256", "--height", "384", "--width", "256")
+    assert code == 2 and "generates 256x256 images only" in err and "Traceback" not in err
+    code, _, err = cli("bench", "tiny-dit", "--height", "64")
+    assert code == 2 and "images only" in err
+
+
+def test_one_side_given_sets_both_in_every_command(cli, tmp_path):
+    code, out, _ = cli("profile", "tiny-sd", "--height", "48", "--json")
+    assert code == 0 and (json.loads(out)["height"], json.loads(out)["width"]) == (48, 48)
+    code, out, err = cli("bench", "tiny-sd", "--height", "48", "--steps", "1", "--iterations", "1", "--out", tmp_path)
+    assert code == 0, err
+    (folder,) = tmp_path.iterdir()
+    result = json.loads((folder / "results.json").read_text())
+    assert (result["spec"]["height"], result["spec"]["width"]) == (48, 48)
+    assert "width-48+height-48" in folder.name
+    from diffmeter import profile
+
+    assert (profile("tiny-sd", width=40).height, profile("tiny-sd", width=40).width) == (40, 40)
+
+
+@pytest.mark.parametrize("command", ["profile", "bench"])
+@pytest.mark.parametrize("size", ["0", "-512"])
+def test_zero_and_negative_sizes_are_refused(cli, tmp_path, command, size):
+    code, _, err = cli(command, "tiny-sd", "--height", size, *(["--out", tmp_path] if command == "bench" else []))
+    assert code == 2 and "--height must be a positive integer" in err
+
+
+def test_a_size_the_pipeline_refuses_is_refused_by_profile_and_bench_alike(cli, tmp_path):
+    for command in ("profile", "bench"):
+        code, _, err = cli(command, "tiny-sd", "--height", "36", *(["--out", tmp_path] if command == "bench" else []))
+        assert code == 2 and "not a multiple of 8, which StableDiffusionPipeline requires" in err
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_rounding_pipeline_is_counted_at_the_size_it_makes(cli):
+    code, out, _ = cli("profile", "flux-dev", "--height", "1000", "--json")
+    profile = json.loads(out)
+    assert code == 0 and (profile["height"], profile["width"]) == (992, 992)
+    assert any("generates 1000x1000 (WxH) at 992x992" in note for note in profile["notes"])
+
+
+def test_binned_sizes_are_marked_in_the_summary_table(cli):
+    code, out, _ = cli("profile", "pixart-sigma-1024", "sd15", "--height", "768", "--width", "512", "--json")
+    pixart, sd = json.loads(out)["profiles"]
+    assert code == 0 and (sd["width"], sd["height"]) == (512, 768) and sd["requested_width"] is None
+    assert (pixart["requested_width"], pixart["requested_height"]) == (512, 768)
+    assert (pixart["width"], pixart["height"]) != (512, 768)
+    code, out, _ = cli("profile", "pixart-sigma-1024", "sd15", "--height", "768", "--width", "512")
+    binned = f"{pixart['width']}x{pixart['height']}"
+    assert code == 0 and f"{binned} (asked 512x768)" in out and "size (WxH)" in out
