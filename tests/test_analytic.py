@@ -6,7 +6,7 @@ from diffmeter import profile
 from diffmeter.catalog import resolve
 from diffmeter.flops.analytic import FORMULAS
 
-CASES = [
+MODELS = [
     "flux-dev",
     "flux-schnell",
     "sd3-medium",
@@ -15,9 +15,9 @@ CASES = [
     "pixart-alpha-512",
     "pixart-alpha-1024",
     "pixart-sigma-1024",
-    "dit-xl-2-256",
-    "dit-xl-2-512",
 ]
+#: (model, size): DiT makes one size only (its sample_size), the others two each
+CASES = [(name, size) for name in MODELS for size in (512, 1024)] + [("dit-xl-2-256", 256), ("dit-xl-2-512", 512)]
 
 
 def _text_tokens(entry) -> int:
@@ -30,8 +30,7 @@ def _text_tokens(entry) -> int:
     }[entry.family]
 
 
-@pytest.mark.parametrize("name", CASES)
-@pytest.mark.parametrize("size", [512, 1024])
+@pytest.mark.parametrize(("name", "size"), CASES)
 def test_closed_form_matches_counted_denoiser_call(name, size):
     entry = resolve(name)
     counted = next(

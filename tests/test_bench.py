@@ -309,5 +309,6 @@ def test_cold_start_overhead_is_never_negative():
         profile_spec(spec.profile_spec()),
         0.8,
         Compilation(),
+        None,
     )
     assert summary.cold_start_overhead_s == 0.0

@@ -53,7 +53,10 @@ def _file_in_the_way(tmp_path):
 
 BAD = [
     (["nope-model"], "unknown model 'nope-model'"),
-    (["tiny-sd", "--height", "33"], "is not a multiple of 2"),
+    (["tiny-sd", "--height", "33"], "is not a multiple of 8, which StableDiffusionPipeline requires"),
+    (["tiny-sd", "--device", "mps"], "--device mps is not supported"),
+    (["tiny-sd", "--target-precision", "2"], "--target-precision is a fraction"),
+    (["tiny-sd", "--batch-size", "10000000"], "needs at least"),
     (["tiny-sd", "--warmup", "0"], "--warmup must be at least 1"),
     (["tiny-sd", "--iterations", "0"], "--iterations must be at least 1"),
     (["tiny-sd", "--dtype", "int8"], "unknown dtype 'int8'"),

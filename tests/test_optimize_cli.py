@@ -212,14 +212,17 @@ def test_clip_score_when_a_local_checkpoint_exists_and_why_not_otherwise(cli, tm
 
 def test_a_stored_baseline_with_other_prompts_is_not_reused(cli, tmp_path):
     assert cli("bench", "tiny-sd", *QUICK, "--prompt", "a red cat", "--out", tmp_path)[0] == 0
-    (baseline,) = tmp_path.iterdir()
-    before = (baseline / RESULTS).read_bytes()
+    (red,) = tmp_path.iterdir()
+    before = (red / RESULTS).read_bytes()
     code, _, err = cli(
         "bench", "tiny-sd", *QUICK, "--prompt", "a blue dog", "--fuse-qkv", "--compare-baseline", "--out", tmp_path
     )
     assert code == 0, err
-    assert (baseline / RESULTS).read_bytes() != before  # re-run: same seeds, other prompt
-    assert stored(baseline)["images"][0]["prompt"] == "a blue dog"
+    assert (red / RESULTS).read_bytes() == before  # the prompts name the run: the red-cat baseline is kept
+    (blue,) = [p for p in tmp_path.iterdir() if "a_blue_dog" in p.name and "opt-" not in p.name]
+    optimized = next(p for p in tmp_path.iterdir() if "opt-fuse-qkv" in p.name)
+    assert stored(blue)["images"][0]["prompt"] == "a blue dog"
+    assert stored(optimized)["quality"]["baseline"] == str(blue)
 
 
 def test_install_hints_keep_their_extra_and_the_header_names_the_device(cli, monkeypatch, tmp_path):

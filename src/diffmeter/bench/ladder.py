@@ -4,20 +4,25 @@ stored run, every image compared with the baseline's at the same seed."""
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import torch
 from pydantic import BaseModel
 
+from diffmeter import units
 from diffmeter.bench import storage
 from diffmeter.bench.results import BenchResult
-from diffmeter.bench.runner import Progress, compare_with_baseline, stored_or_run
+from diffmeter.bench.runner import Progress, bench, compare_with_baseline, stored_or_run
 from diffmeter.bench.spec import BenchSpec
 from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
+from diffmeter.measure.conditions import Conditions
 from diffmeter.measure.quality import Quality
+from diffmeter.measure.stats import ratio_interval
 from diffmeter.optimize import OptimizationSpec, Target, build, check
 from diffmeter.optimize.base import FLOW_FAMILIES
 
@@ -44,7 +49,13 @@ class LadderRow(BaseModel):
     steps: int | None = None
     dtype: str | None = None
     latency_s: float | None = None
+    #: where the median latency lies (see Stats.ci_low/ci_high/ci_level)
+    latency_interval_s: tuple[float, float] | None = None
     speedup: float | None = None
+    #: a conservative interval for the speed-up, from the rung's and the baseline's intervals
+    speedup_interval: tuple[float, float] | None = None
+    measured_utc: str | None = None
+    conditions: Conditions | None = None
     cold_start_overhead_s: float | None = None
     peak_memory_bytes: int | None = None
     energy_j_per_image: float | None = None
@@ -55,6 +66,11 @@ class Ladder(BaseModel):
     model: str
     device: str
     rows: list[LadderRow]
+    #: the baseline measured again after the last rung: did conditions hold?
+    baseline_recheck_s: float | None = None
+    baseline_recheck_interval_s: tuple[float, float] | None = None
+    #: what a reader must know to trust the speed-ups (drift, rungs reused from other sessions, load)
+    notes: list[str] = []
 
 
 def plan(spec: BenchSpec, rungs: tuple[str, ...], fast_steps: int | None, compile_mode: str) -> list[Rung]:
@@ -142,8 +158,11 @@ def _refusal(spec: BenchSpec, entry, family) -> str | None:
     return None
 
 
-def climb(rungs: list[Rung], out: str | Path, force: bool = False, progress: Progress | None = None) -> Ladder:
-    """Run (or reuse from ``out``) every rung, then compare each rung's images with the baseline's."""
+def climb(
+    rungs: list[Rung], out: str | Path, force: bool = False, progress: Progress | None = None, recheck: bool = True
+) -> Ladder:
+    """Run (or reuse from ``out``) every rung, compare each rung's images with the baseline's, and
+    (``recheck``) measure the baseline again at the end, so drift in the machine's speed shows."""
     results: list[tuple[Rung, BenchResult | None, Path | None]] = []
     for rung in rungs:
         if rung.spec is None:
@@ -151,6 +170,7 @@ def climb(rungs: list[Rung], out: str | Path, force: bool = False, progress: Pro
             continue
         results.append((rung, *stored_or_run(rung.spec, out, progress, rerun=force)))
     baseline, baseline_folder = results[0][1], results[0][2]
+    base = baseline.summary.latency_s
     rows = []
     for rung, result, folder in results:
         if result is None:
@@ -160,6 +180,7 @@ def climb(rungs: list[Rung], out: str | Path, force: bool = False, progress: Pro
         memory = summary.peak_memory
         energy = summary.energy
         quality = None if rung.name == "baseline" else compare_with_baseline(result, folder, baseline, baseline_folder)
+        low, high, _ = ratio_interval(base, summary.latency_s)
         rows.append(
             LadderRow(
                 rung=rung.name,
@@ -168,7 +189,11 @@ def climb(rungs: list[Rung], out: str | Path, force: bool = False, progress: Pro
                 steps=result.spec.steps,
                 dtype=result.spec.dtype,
                 latency_s=summary.latency_s.median,
-                speedup=baseline.summary.latency_s.median / summary.latency_s.median,
+                latency_interval_s=(summary.latency_s.ci_low, summary.latency_s.ci_high),
+                speedup=base.median / summary.latency_s.median,
+                speedup_interval=(low, high),
+                measured_utc=result.created_utc,
+                conditions=summary.conditions,
                 cold_start_overhead_s=summary.cold_start_overhead_s,
                 peak_memory_bytes=memory.cuda_max_allocated_bytes or memory.process_peak_rss_bytes,
                 energy_j_per_image=energy.gpu_j_per_image if energy.available else None,
@@ -176,10 +201,45 @@ def climb(rungs: list[Rung], out: str | Path, force: bool = False, progress: Pro
             )
         )
     ladder = Ladder(model=baseline.model.id, device=baseline.spec.device, rows=rows)
+    if recheck and len([row for row in rows if row.folder]) > 1:
+        _recheck_baseline(ladder, rungs[0].spec, base, out, progress)
+    ladder.notes += _trust_notes(rows)
     storage.write_json(
         Path(out).expanduser() / f"ladder-{Path(baseline_folder).name}.json", ladder.model_dump(mode="json")
     )
     return ladder
+
+
+def _recheck_baseline(ladder: Ladder, spec: BenchSpec, base, out: str | Path, progress) -> None:
+    """Measure the baseline again (not stored) and note when its interval moved away from the first one's."""
+    with tempfile.TemporaryDirectory(dir=Path(out).expanduser(), prefix=".ladder-recheck-") as scratch:
+        again, _ = bench(spec.model_copy(update={"save_images": False}), out=scratch, force=True, progress=progress)
+    latency = again.summary.latency_s
+    ladder.baseline_recheck_s = latency.median
+    ladder.baseline_recheck_interval_s = (latency.ci_low, latency.ci_high)
+    if latency.ci_low > base.ci_high or latency.ci_high < base.ci_low:
+        change = latency.median / base.median - 1
+        ladder.notes.append(
+            f"the machine's speed changed during the ladder: the baseline took {units.seconds(base.median)} at the "
+            f"start and {units.seconds(latency.median)} at the end ({100 * change:+.0f}%, intervals apart); speed-ups "
+            "carry that uncertainty: re-run with --force on a quieter machine"
+        )
+
+
+def _trust_notes(rows: list[LadderRow]) -> list[str]:
+    """Rungs measured in other sessions (reused from --out), or while other processes were busy."""
+    notes = []
+    measured = [row for row in rows if row.measured_utc]
+    times = sorted(datetime.fromisoformat(row.measured_utc) for row in measured)
+    if times and (times[-1] - times[0]).total_seconds() > 3600:
+        notes.append(
+            f"rungs were measured {times[0]:%Y-%m-%d %H:%M} to {times[-1]:%Y-%m-%d %H:%M} UTC (some reused from "
+            "--out): conditions may differ between them; --force measures every rung now"
+        )
+    busy = [row.rung for row in measured if row.conditions is not None and row.conditions.disturbed()]
+    if busy:
+        notes.append(f"other processes were busy during {', '.join(busy)}: those rungs may read slow")
+    return notes
 
 
 def read_ladder(path: str | Path) -> Ladder:

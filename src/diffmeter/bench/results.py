@@ -1,5 +1,7 @@
 """The results.json schema of a measured run (exported to docs/bench.schema.json).
 
+"images" counts outputs: an image, or a whole video for video models.
+
 Every duration is in seconds (``_s``), memory in bytes, energy in joules (``_j``),
 power in watts (``_w``), throughput in TFLOP/s (10^12 floating-point operations per
 second, 2 per multiply-accumulate).
@@ -14,13 +16,14 @@ from pydantic import BaseModel
 from diffmeter.bench.spec import BenchSpec
 from diffmeter.flops.profile import Profile
 from diffmeter.measure.compilation import Compilation
+from diffmeter.measure.conditions import Conditions
 from diffmeter.measure.energy import Energy, EnergyReading
 from diffmeter.measure.environment import Environment
 from diffmeter.measure.memory import PeakMemory
 from diffmeter.measure.peaks import Peak
 from diffmeter.measure.quality import Quality
 from diffmeter.measure.stages import Stages
-from diffmeter.measure.stats import Stats
+from diffmeter.measure.stats import Stats, ratio_interval
 
 SCHEMA_VERSION = 2
 
@@ -74,6 +77,33 @@ class Summary(BaseModel):
     mfu_note: str | None = None
     #: compilation inside the measured calls (should be none: see notes when not)
     compilation: Compilation = Compilation()
+    #: what else the machine was doing during the measured calls
+    conditions: Conditions | None = None
+    #: the precision --target-precision asked for (None: a fixed number of calls)
+    target_precision: float | None = None
+
+
+class Speedup(BaseModel):
+    """How many times faster a run is than another one (its unoptimized baseline): the ratio of
+    their median latencies, with a conservative interval from the two medians' intervals."""
+
+    baseline: str
+    factor: float
+    ci_low: float
+    ci_high: float
+    #: the least probability the interval covers the true ratio (Bonferroni over the two intervals)
+    ci_level: float
+
+    @property
+    def within_noise(self) -> bool:
+        return self.ci_low <= 1.0 <= self.ci_high
+
+    @classmethod
+    def of(cls, latency: Stats, baseline_latency: Stats, baseline: str) -> Speedup:
+        low, high, level = ratio_interval(baseline_latency, latency)
+        return cls(
+            baseline=baseline, factor=baseline_latency.median / latency.median, ci_low=low, ci_high=high, ci_level=level
+        )
 
 
 class AppliedOptimization(BaseModel):
@@ -118,6 +148,8 @@ class BenchResult(BaseModel):
     optimizations: list[AppliedOptimization] = []
     #: images against the unoptimized run at the same seeds (``--compare-baseline``)
     quality: Quality | None = None
+    #: speed against that same unoptimized run (``--compare-baseline``)
+    speedup: Speedup | None = None
     images: list[ImageRecord] = []
     notes: list[str] = []
     error: str | None = None

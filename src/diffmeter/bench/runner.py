@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from diffmeter import units
 from diffmeter.bench import storage
 from diffmeter.bench.memory_check import check_fits
 from diffmeter.bench.results import (
@@ -26,6 +27,7 @@ from diffmeter.bench.results import (
     ImageRecord,
     Iteration,
     ModelInfo,
+    Speedup,
     Summary,
 )
 from diffmeter.bench.spec import BenchSpec
@@ -37,16 +39,19 @@ from diffmeter.flops.profile import Profile, profile_spec
 from diffmeter.loading import load_pipeline, locate_weights
 from diffmeter.measure.clock import clock_for, device_scope
 from diffmeter.measure.compilation import watch_compilation
+from diffmeter.measure.conditions import ConditionsMonitor
 from diffmeter.measure.energy import Energy, EnergyMeter
 from diffmeter.measure.environment import collect
 from diffmeter.measure.memory import loaded_bytes, read_peaks, reset_peaks
 from diffmeter.measure.peaks import device_peak
 from diffmeter.measure.quality import Quality, clip_scorer, compare, lpips_scorer, summarize
 from diffmeter.measure.stages import StageTimer
-from diffmeter.measure.stats import Stats
+from diffmeter.measure.stats import CONFIDENCE, Stats
 from diffmeter.optimize import Target, build, check
 from diffmeter.optimize.tf32 import fp32_math, fp32_precision
 
+#: the median latency's interval half-width, as a fraction of it, above which a run is flagged noisy
+NOISY = 0.05
 #: progress callback: (what is happening, calls done, calls planned or None)
 Progress = Callable[[str, int, int | None], None]
 
@@ -76,6 +81,7 @@ def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, pro
             storage.write_json(staging / storage.REQUESTS, workload.requests(len(result.iterations)))
         if baseline is not None and result.status == "complete":
             result.quality = compare_with_baseline(result, staging, *baseline)
+            result.speedup = Speedup.of(result.summary.latency_s, baseline[0].summary.latency_s, str(baseline[1]))
         log.info("done: %s", result.status)
         final = folder.commit(result)
     except BaseException:
@@ -184,6 +190,7 @@ def _measure(spec, entry, source, workload, profile, staging, log, progress, opt
                 profile,
                 result["first_call_s"],
                 result.pop("compilation"),
+                result.pop("conditions"),
             )
     except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError) as error:
         if not out_of_memory(error):
@@ -238,9 +245,11 @@ def _iterate(spec, pipe, timer, meter, workload, staging, log, progress, device,
     rss_was_reset = reset_peaks(device)
     iterations, energy, images = [], [], []
     elapsed = 0.0
+    monitor = ConditionsMonitor(device.index or 0 if device.type == "cuda" else None)
+    monitor.start()
     with watch_compilation() as compilation:
         loop = meter.begin()
-        while len(iterations) < spec.iterations or elapsed < spec.min_duration_s:
+        while _keep_measuring(spec, iterations, elapsed):
             index = len(iterations)
             progress("measuring", len(warmup) + index, calls if index < spec.iterations else None)
             batch = workload.batch(index)
@@ -261,6 +270,7 @@ def _iterate(spec, pipe, timer, meter, workload, staging, log, progress, device,
             if spec.save_images:
                 images += _save(outputs(output), batch, index, staging)
         energy_loop = meter.end(loop)
+    conditions = monitor.stop()
     progress("measuring", calls, calls)
     return {
         "first_call_s": first.total_s,
@@ -273,9 +283,21 @@ def _iterate(spec, pipe, timer, meter, workload, staging, log, progress, device,
         "images_measured": sum(iteration.images for iteration in iterations),
         "rss_was_reset": rss_was_reset,
         "compilation": compilation,
+        "conditions": conditions,
         "shape_warmups": len(shape_warmups),
         "fp32_precision": precision,
     }
+
+
+def _keep_measuring(spec: BenchSpec, iterations: list[Iteration], elapsed: float) -> bool:
+    """Until the iteration count and the minimum duration are reached, and, with a target
+    precision, until the median's 95% interval is that narrow (or the call budget is spent)."""
+    if len(iterations) < spec.iterations or elapsed < spec.min_duration_s:
+        return True
+    if spec.target_precision is None or len(iterations) >= spec.max_iterations:
+        return False
+    latency = Stats.of([iteration.total_s for iteration in iterations])
+    return latency.ci_level < CONFIDENCE or latency.relative_ci > spec.target_precision
 
 
 def _unseen_shapes(spec, pipe, workload) -> list[int]:
@@ -360,7 +382,9 @@ def _profile_of_the_prompts(spec, family, pipe, workload, profile: Profile, base
     return profile
 
 
-def _summarize(spec, iterations: list[Iteration], memory, energy: Energy, profile: Profile, first_call_s, compilation):
+def _summarize(
+    spec, iterations: list[Iteration], memory, energy: Energy, profile: Profile, first_call_s, compilation, conditions
+):
     totals = [it.total_s for it in iterations]
     images = sum(it.images for it in iterations)
     stages = {
@@ -408,6 +432,8 @@ def _summarize(spec, iterations: list[Iteration], memory, energy: Energy, profil
         mfu={name: value / peak.tflops for name, value in achieved.items()} if peak else {},
         mfu_note=note,
         compilation=compilation,
+        conditions=conditions,
+        target_precision=spec.target_precision,
     )
 
 
@@ -428,9 +454,25 @@ def _notes(spec: BenchSpec, entry, optimizations) -> list[str]:
 
 
 def _measurement_notes(summary: Summary, shape_warmups: int) -> list[str]:
-    """What a reader must know to trust the figures: recompilation inside measured calls, MFU
-    above 100%, extra warm-up calls."""
+    """What a reader must know to trust the figures: noise, other load on the machine,
+    recompilation inside measured calls, MFU above 100%, extra warm-up calls."""
     notes = []
+    latency = summary.latency_s
+    if latency.relative_ci > NOISY:
+        interval = f"{units.seconds(latency.ci_low)} - {units.seconds(latency.ci_high)}"
+        notes.append(
+            f"noisy: the median latency {units.seconds(latency.median)} is only known to within {interval} "
+            f"({100 * latency.ci_level:.0f}% interval, {latency.n} calls); do not compare it closely: "
+            "measure longer with --target-precision 0.02 on a quieter machine"
+        )
+    target = summary.target_precision
+    if target and (latency.ci_level < CONFIDENCE or latency.relative_ci > target):
+        notes.append(
+            f"--target-precision {target:g} not reached: +-{100 * latency.relative_ci:.1f}% after "
+            f"{latency.n} calls (--max-iterations)"
+        )
+    if summary.conditions is not None and summary.conditions.disturbed():
+        notes.append(summary.conditions.disturbed())
     compilation = summary.compilation
     if not compilation.clean:
         notes.append(

@@ -35,6 +35,10 @@ class BenchSpec(BaseModel):
     warmup: int = 1
     iterations: int = 3
     min_duration_s: float = 0.0
+    #: keep measuring until the median latency's 95% interval is within +- this fraction of it
+    target_precision: float | None = None
+    #: the most measured calls --target-precision may take
+    max_iterations: int = 100
     random_weights: bool = False
     save_images: bool = True
     peak_tflops: float | None = None
@@ -113,6 +117,14 @@ class BenchSpec(BaseModel):
             raise DiffmeterError(f"--num-prompts must be at least 1, got {self.num_prompts}")
         if self.min_duration_s < 0:
             raise DiffmeterError(f"--min-duration must be 0 or more seconds, got {self.min_duration_s}")
+        if self.target_precision is not None and not 0 < self.target_precision < 1:
+            raise DiffmeterError(
+                f"--target-precision is a fraction of the median (0.02 for +-2%), got {self.target_precision}"
+            )
+        if self.target_precision is not None and self.max_iterations < self.iterations:
+            raise DiffmeterError(
+                f"--max-iterations {self.max_iterations} is below --iterations {self.iterations}; raise it"
+            )
         if self.prompt is not None and self.prompts_file is not None:
             raise DiffmeterError("pass either --prompt or --prompts, not both")
         if self.compare_baseline and not self.save_images:

@@ -3,6 +3,7 @@ one line and an exit code (2 for bad input, 130 for Ctrl-C) instead of a traceba
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import warnings
@@ -21,7 +22,8 @@ app = typer.Typer(
     help="Measure diffusion-model inference: exact MACs/FLOPs per component, measured latency, memory, energy.",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-console = Console(width=None if sys.stdout.isatty() else 160)
+#: a terminal's width, or $COLUMNS; 160 columns when writing to a file or a pipe
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
 
 
 class Command(typer.core.TyperCommand):

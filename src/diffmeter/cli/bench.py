@@ -64,6 +64,13 @@ def bench(
     warmup: o.Warmup = 1,
     iterations: o.Iterations = 3,
     min_duration: Annotated[float, typer.Option(help="keep measuring until this many seconds have passed")] = 0.0,
+    target_precision: Annotated[
+        float | None,
+        typer.Option(
+            help="keep measuring until the median latency's 95% interval is within +- this fraction (0.02: +-2%)"
+        ),
+    ] = None,
+    max_iterations: Annotated[int, typer.Option(help="the most measured calls --target-precision may take")] = 100,
     random_weights: o.RandomWeights = False,
     save_images: Annotated[bool, typer.Option(help="write the generated images to images/")] = True,
     peak_tflops: Annotated[
@@ -174,6 +181,8 @@ def _bench_spec(values: dict):
         warmup=values["warmup"],
         iterations=values["iterations"],
         min_duration_s=values["min_duration"],
+        target_precision=values["target_precision"],
+        max_iterations=values["max_iterations"],
         random_weights=values["random_weights"],
         save_images=values["save_images"],
         peak_tflops=values["peak_tflops"],

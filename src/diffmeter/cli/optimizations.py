@@ -80,6 +80,9 @@ def ladder(
     random_weights: o.RandomWeights = False,
     out: Annotated[str, typer.Option(help="folder for the rung runs and ladder-*.json")] = "results",
     force: Annotated[bool, typer.Option(help="re-run rungs already stored in --out")] = False,
+    recheck: Annotated[
+        bool, typer.Option(help="measure the baseline again after the last rung, to show drift in the machine's speed")
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print the ladder as JSON")] = False,
 ) -> None:
     """Measure a ladder of speed-ups: the baseline, then one technique added per rung, each against the baseline."""
@@ -103,7 +106,7 @@ def ladder(
     names = tuple(part.strip() for part in rungs.split(",") if part.strip())
     planned = plan(spec, names, fast_steps, compile_mode)
     with progress_bar(as_json) as progress:
-        result = climb(planned, out, force=force, progress=progress)
+        result = climb(planned, out, force=force, progress=progress, recheck=recheck)
     if as_json:
         print(json.dumps(result.model_dump(mode="json"), indent=2))
     else:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from rich.console import Group
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
 from diffmeter import units
 from diffmeter.doctor import DTYPES, Doctor, Kernel
+from diffmeter.report.layout import Column, FittedTable
 
 SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
@@ -37,33 +37,39 @@ def _facts(doctor: Doctor) -> Text:
     return Text("\n".join(lines))
 
 
-def _gpus(doctor: Doctor) -> Table | Text:
+def _gpus(doctor: Doctor) -> FittedTable | Text:
     if not doctor.gpus:
         return Text("GPUs: none visible (CPU-only torch build, no driver, or CUDA_VISIBLE_DEVICES empty)")
-    table = Table(title="GPUs and the dense peaks used for MFU (TFLOP/s)", title_justify="left")
-    for column in ("#", "name", "memory", "capability", "table row", "fp32", "tf32", "bf16", "fp16", "fp8"):
-        table.add_column(column, justify="left" if column in ("name", "table row") else "right")
+    precisions = ("fp32", "tf32", "bf16", "fp16", "fp8")
+    table = FittedTable(
+        "GPUs and the dense peaks used for MFU (TFLOP/s)",
+        [
+            Column("#"),
+            Column("name", justify="left"),
+            Column("memory", drop=2),
+            Column("capability", drop=1),
+            Column("table row", justify="left"),
+            *(Column(key, drop=3) for key in precisions),
+        ],
+    )
     for gpu in doctor.gpus:
-        peaks = [f"{gpu.peak_tflops[key]:g}" if key in gpu.peak_tflops else "-" for key in ("fp32", "tf32", "bf16")]
-        peaks += [f"{gpu.peak_tflops[key]:g}" if key in gpu.peak_tflops else "-" for key in ("fp16", "fp8")]
         table.add_row(
             str(gpu.index),
             escape(gpu.name),
             units.nbytes(gpu.memory_bytes),
             gpu.compute_capability,
             gpu.peak_row or "[yellow]unknown: pass --peak-tflops for MFU[/]",
-            *peaks,
+            *(f"{gpu.peak_tflops[key]:g}" if key in gpu.peak_tflops else "-" for key in precisions),
         )
     return table
 
 
-def _kernels(title: str, kernels: list[Kernel], device: str) -> Table:
+def _kernels(title: str, kernels: list[Kernel], device: str) -> FittedTable:
     """A row per kernel, "yes" or "no (n)" per dtype; each distinct reason once, numbered, below."""
-    table = Table(title=f"{title} on {device}", title_justify="left", caption_justify="left")
-    table.add_column("name")
-    for dtype in DTYPES:
-        table.add_column(SHORT[dtype])
-    table.add_column("with a mask")
+    table = FittedTable(
+        f"{title} on {device}",
+        [Column("name", justify="left"), *(Column(SHORT[dtype]) for dtype in DTYPES), Column("with a mask")],
+    )
     reasons: dict[str, int] = {}
     for kernel in kernels:
         cells = []
@@ -74,14 +80,20 @@ def _kernels(title: str, kernels: list[Kernel], device: str) -> Table:
             else:
                 cells.append(f"[red]no[/] ({reasons.setdefault(reason, len(reasons) + 1)})")
         table.add_row(kernel.name, *cells, {True: "yes", False: "no", None: "-"}[kernel.masks])
-    table.caption = "\n".join(f"({number}) {escape(reason)}" for reason, number in reasons.items())
+    table.caption = "\n".join(f"({number}) {escape(reason)}" for reason, number in reasons.items()) or None
     return table
 
 
-def _packages(doctor: Doctor) -> Table:
-    table = Table(title="optional packages", title_justify="left")
-    for column in ("package", "version", "for", "install"):
-        table.add_column(column)
+def _packages(doctor: Doctor) -> FittedTable:
+    table = FittedTable(
+        "optional packages",
+        [
+            Column("package", justify="left"),
+            Column("version", justify="left"),
+            Column("for", justify="left", drop=1),
+            Column("install", justify="left"),
+        ],
+    )
     for package in doctor.packages:
         table.add_row(
             package.name,

@@ -3,33 +3,35 @@
 from __future__ import annotations
 
 from rich.markup import escape
-from rich.table import Table
 
 from diffmeter import units
 from diffmeter.bench.ladder import Ladder
+from diffmeter.report.layout import Column, FittedTable
 
 
-def ladder_table(ladder: Ladder) -> Table:
-    table = Table(title=escape(f"optimization ladder: {ladder.model} on {ladder.device}"), title_justify="left")
-    for column in (
-        "rung",
-        "adds",
-        "steps",
-        "dtype",
-        "latency",
-        "speed-up",
-        "cold start",
-        "peak memory",
-        "energy / image",
-        "PSNR vs baseline",
-        "SSIM",
-    ):
-        table.add_column(column, justify="left" if column in ("rung", "adds", "dtype") else "right", overflow="fold")
+def ladder_table(ladder: Ladder) -> FittedTable:
+    table = FittedTable(
+        escape(f"optimization ladder: {ladder.model} on {ladder.device}"),
+        [
+            Column("rung", justify="left"),
+            Column("adds", justify="left", drop=6),
+            Column("steps", drop=2),
+            Column("dtype", justify="left", drop=3),
+            Column("latency"),
+            Column("speed-up"),
+            Column("interval", drop=5),
+            Column("cold start", drop=1),
+            Column("peak memory", drop=4),
+            Column("energy / image", drop=0),
+            Column("PSNR vs baseline", drop=7),
+            Column("SSIM", drop=4),
+        ],
+    )
     for row in ladder.rows:
         if row.skipped:
             first = row.skipped.split("; ")[0]  # a missing package first, else the first refusal; --json has all
             first = first.split(": ", 1)[-1] if " cannot be used with " in first else first
-            table.add_row(row.rung, f"[dim]skipped: {escape(first)}[/]", *[""] * 9)
+            table.add_row(row.rung, f"[dim]skipped: {escape(first)}[/]", *[""] * 10)
             continue
         quality = row.quality
         if quality is None:
@@ -38,6 +40,7 @@ def ladder_table(ladder: Ladder) -> Table:
             psnr, ssim = "identical", f"{quality.mean_ssim:.4f}"
         else:
             psnr, ssim = f"{quality.mean_psnr_db:.2f} dB", f"{quality.mean_ssim:.4f}"
+        interval = f"{row.speedup_interval[0]:.2f}-{row.speedup_interval[1]:.2f}x" if row.speedup_interval else "-"
         table.add_row(
             row.rung,
             escape(row.adds),
@@ -45,15 +48,21 @@ def ladder_table(ladder: Ladder) -> Table:
             row.dtype,
             units.seconds(row.latency_s),
             f"{row.speedup:.2f}x",
+            interval if row.rung != "baseline" else "",
             units.seconds(row.cold_start_overhead_s) if row.cold_start_overhead_s else "none",
             units.nbytes(row.peak_memory_bytes),
             units.joules(row.energy_j_per_image) if row.energy_j_per_image is not None else "-",
             psnr,
             ssim,
         )
-    table.caption = (
-        "each rung adds one technique to the one above; latency = median per call; cold start = first call minus "
-        "median (compilation); peak memory = CUDA max allocated, else process peak RSS; quality = images against "
-        "the baseline's at the same seeds"
-    )
+    captions = [
+        "each rung adds one technique to the one above; latency = median per call; interval: a conservative one "
+        "for the speed-up, from both medians' intervals; cold start = first call minus median (compilation); "
+        "peak memory = CUDA max allocated, else process peak RSS; quality = images against the baseline's at the "
+        "same seeds"
+    ]
+    if ladder.baseline_recheck_s is not None:
+        captions.append(f"baseline measured again at the end: {units.seconds(ladder.baseline_recheck_s)}")
+    captions += [f"note: {escape(note)}" for note in ladder.notes]
+    table.caption = "\n".join(captions)
     return table

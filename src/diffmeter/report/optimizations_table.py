@@ -1,18 +1,26 @@
-"""The registry as tables: techniques for one model (applies, or why not), and the
-technique x family matrix, both computed from ``supports``."""
+"""The registry as tables: techniques for one model (applies, or why not), and the technique x
+family matrix, both computed from ``supports``."""
 
 from __future__ import annotations
 
 from rich.markup import escape
-from rich.table import Table
 
 from diffmeter.optimize.matrix import Compatibility
+from diffmeter.report.layout import Column, FittedTable
 
 
-def model_table(title: str, rows: list[Compatibility]) -> Table:
-    table = Table(title=escape(title), title_justify="left")
-    for column in ("technique", "kind", "images", "applies", "parameters (defaults) / why not"):
-        table.add_column(column, overflow="fold")
+def model_table(title: str, rows: list[Compatibility]) -> FittedTable:
+    table = FittedTable(
+        escape(title),
+        [
+            Column("technique", justify="left"),
+            Column("kind", justify="left", drop=1),
+            Column("images", justify="left", drop=2),
+            Column("applies", justify="left"),
+            Column("parameters (defaults) / why not", justify="left"),
+        ],
+        caption="images: 'same' = lossless up to float reassociation; 'changed' = compare with --compare-baseline",
+    )
     for row in rows:
         detail = row.reason if not row.applies else _parameters(row)
         if row.variants:
@@ -24,19 +32,25 @@ def model_table(title: str, rows: list[Compatibility]) -> Table:
             "[green]yes[/]" if row.applies else "[red]no[/]",
             escape(detail),
         )
-    table.caption = "images: 'same' = lossless up to float reassociation; 'changed' = compare with --compare-baseline"
     return table
 
 
-def matrix_table(title: str, columns: list[str], rows: dict[str, list[Compatibility]]) -> Table:
-    """rows: technique -> one Compatibility per column (model or family)."""
-    table = Table(title=title, title_justify="left")
-    table.add_column("technique")
-    for column in columns:
-        table.add_column(column, justify="center")
+def matrix_table(title: str, columns: list[str], rows: dict[str, list[Compatibility]]) -> FittedTable:
+    """rows: technique -> one Compatibility per column (model or family), listed as words so the
+    table reads at any width."""
+    table = FittedTable(
+        escape(title),
+        [
+            Column("technique", justify="left"),
+            Column("applies to", justify="left"),
+            Column("does not apply to", justify="left", drop=1),
+        ],
+        caption="`diffmeter optimizations MODEL` says why a technique does not apply",
+    )
     for name, cells in rows.items():
-        table.add_row(name, *("[green]✓[/]" if cell.applies else "[red]✗[/]" for cell in cells))
-    table.caption = "✗: `diffmeter optimizations MODEL` says why"
+        fits = [column for column, cell in zip(columns, cells, strict=True) if cell.applies]
+        misses = [column for column, cell in zip(columns, cells, strict=True) if not cell.applies]
+        table.add_row(name, ", ".join(fits) or "[dim]none here[/]", ", ".join(misses) or "-")
     return table
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from rich.console import Group
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
 from diffmeter import units
 from diffmeter.bench.results import BenchResult
+from diffmeter.report.layout import Column, FittedTable
 
 STAGE_LABELS = {
     "text_encoding": "text encoding",
@@ -25,32 +25,54 @@ def run_table(result: BenchResult) -> Group:
         device = result.environment.devices[int(spec.device.partition(":")[2] or 0)]
     frames = f"x{spec.num_frames}f" if spec.num_frames else ""
     title = (
-        f"{result.model.name} ({result.model.id}) on {device}: {spec.width}x{spec.height}{frames}, "
+        f"{result.model.name} ({result.model.id}) on {device}: {spec.width}x{spec.height}{frames} px (WxH), "
         f"{spec.steps} steps, batch {spec.batch_size}, guidance {spec.guidance_scale:g}, {spec.dtype}"
     )
     if result.status != "complete" or result.summary is None:
         return Group(Text(title, style="bold"), Text(f"failed: {result.error}", style="red"))
     summary = result.summary
-    table = Table(title=escape(title), title_justify="left")
-    for column in ("stage", "median", "mean", "p90", "std", "share", "FLOPs / call", "achieved", "MFU"):
-        table.add_column(column, justify="left" if column == "stage" else "right")
-    total_median = summary.latency_s.median
+    table = FittedTable(
+        escape(title),
+        [
+            Column("stage", justify="left"),
+            Column("median"),
+            Column("interval", drop=4),
+            Column("p90", drop=2),
+            Column("share", drop=5),
+            Column("FLOPs / call", drop=1),
+            Column("achieved", drop=3),
+            Column("MFU", drop=6),
+        ],
+    )
+    total_mean = summary.latency_s.mean
     for name, stats in summary.stages_s.items():
         if stats.max == 0 and not summary.flops.get(name):
             continue  # a stage this pipeline does not have (DiT encodes no text)
         label = STAGE_LABELS[name] + (f" ({spec.steps} steps)" if name == "denoising" else "")
-        share = f"{100 * stats.median / total_median:.1f}%"
+        share = f"{100 * stats.mean / total_mean:.1f}%"  # means add up, as the stages of every call do
         table.add_row(label, *_stats_cells(stats), share, *_compute(summary, name))
         if name == "denoising":
             table.add_row("  one step", *_stats_cells(summary.step_s), "", *_compute(summary, "step"), style="dim")
-    table.add_section()
-    table.add_row("total", *_stats_cells(summary.latency_s), "100%", *_compute(summary, "total"), style="bold")
-    table.caption = "times per call (one batch); FLOPs from the stored profile (1 MAC = 2 FLOPs)"
+    table.add_row(
+        "total", *_stats_cells(summary.latency_s), "100%", *_compute(summary, "total"), style="bold", section=True
+    )
+    latency = summary.latency_s
+    table.caption = (
+        f"times per call (one batch of {spec.batch_size}); interval: where the median lies, "
+        f"{100 * latency.ci_level:.0f}% coverage with {latency.n} calls (95% from 6); share: of the mean call; "
+        "FLOPs from the stored profile (1 MAC = 2 FLOPs)"
+    )
     return Group(table, _facts(result))
 
 
 def _stats_cells(stats) -> list[str]:
-    return [units.seconds(stats.median), units.seconds(stats.mean), units.seconds(stats.p90), units.seconds(stats.std)]
+    return [units.seconds(stats.median), _interval(stats.ci_low, stats.ci_high), units.seconds(stats.p90)]
+
+
+def _interval(low: float, high: float) -> str:
+    """Both ends in one unit: "61.52-75.80 ms"."""
+    scale, unit = (1.0, "s") if high >= 1 else (1e3, "ms")
+    return f"{low * scale:,.2f}-{high * scale:,.2f} {unit}"
 
 
 def _compute(summary, stage: str) -> list[str]:
@@ -65,9 +87,16 @@ def _compute(summary, stage: str) -> list[str]:
 def _facts(result: BenchResult) -> Text:
     summary = result.summary
     memory, energy = summary.peak_memory, summary.energy
+    output = "video" if result.spec.num_frames else "image"
+    throughput = (
+        f"throughput: {summary.images_per_s:,.3f} {output}s/s, {units.seconds(summary.s_per_image)} per {output}"
+    )
+    if result.spec.num_frames:
+        throughput += (
+            f" ({result.spec.num_frames} frames each: {summary.images_per_s * result.spec.num_frames:,.2f} frames/s)"
+        )
     lines = [
-        f"throughput: {summary.images_per_s:,.3f} images/s, {units.seconds(summary.s_per_image)} per image "
-        f"({summary.iterations} iterations, {summary.images} images)",
+        f"{throughput} ({summary.iterations} calls, {summary.images} {output}s)",
         f"load: {units.seconds(result.load_s)}; first call (cold): {units.seconds(result.first_call_s)} "
         f"vs median {units.seconds(summary.latency_s.median)} ({_cold_start(summary.cold_start_overhead_s)})",
     ]
@@ -98,8 +127,12 @@ def _facts(result: BenchResult) -> Text:
     if result.optimizations:
         applied = ", ".join(f"{o.label} ({'lossless' if o.lossless else 'lossy'})" for o in result.optimizations)
         lines.append(f"optimizations: {applied}")
+    if result.speedup is not None:
+        lines.append(speedup_line(result.speedup))
     if result.quality is not None:
         lines.append(quality_line(result.quality))
+    if summary.conditions is not None:
+        lines.append(conditions_line(summary.conditions))
     lines.append(f"weights: {result.weights}")
     lines += [f"note: {note}" for note in result.notes]
     return Text("\n".join(lines))
@@ -109,6 +142,29 @@ def _cold_start(overhead_s: float) -> str:
     if overhead_s <= 0:
         return "no cold-start overhead: the first call was not slower than the median"
     return f"cold-start overhead {units.seconds(overhead_s)}: compilation, autotuning, lazy init"
+
+
+def speedup_line(speedup) -> str:
+    verdict = "within noise" if speedup.within_noise else ("faster" if speedup.factor > 1 else "slower")
+    return (
+        f"speed vs unoptimized (same seeds): {speedup.factor:.2f}x, {verdict} (interval {speedup.ci_low:.2f}-"
+        f"{speedup.ci_high:.2f}x, at least {100 * speedup.ci_level:.0f}% coverage, from the two medians' intervals)"
+    )
+
+
+def conditions_line(conditions) -> str:
+    parts = []
+    if conditions.other_processes_cores is not None:
+        parts.append(f"other processes {conditions.other_processes_cores.mean:.1f} of {conditions.cpu_count} cores")
+    if conditions.load_average is not None:
+        parts.append(f"load average {conditions.load_average.mean:.1f}")
+    if conditions.cpu_mhz is not None:
+        parts.append(f"CPU {conditions.cpu_mhz.min:,.0f}-{conditions.cpu_mhz.max:,.0f} MHz")
+    if conditions.gpu_sm_mhz is not None:
+        parts.append(f"GPU SM {conditions.gpu_sm_mhz.min:,.0f}-{conditions.gpu_sm_mhz.max:,.0f} MHz")
+    if conditions.gpu_temperature_c is not None:
+        parts.append(f"GPU {conditions.gpu_temperature_c.max:.0f} C at most")
+    return "machine during the measured calls: " + (", ".join(parts) or "not sampled (too short)")
 
 
 def quality_line(quality) -> str:

@@ -1,13 +1,13 @@
-"""Rich tables for profiles and the catalog."""
+"""Rich tables for profiles and the catalog (laid out to the terminal's width, see ``layout``)."""
 
 from __future__ import annotations
 
 from rich.markup import escape
-from rich.table import Table
 
 from diffmeter import units
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.flops.profile import Profile
+from diffmeter.report.layout import Column, FittedTable
 
 
 def size(profile: Profile) -> str:
@@ -26,21 +26,22 @@ def _setting(profile: Profile) -> str:
     )
 
 
-def profile_table(profile: Profile) -> Table:
+def profile_table(profile: Profile) -> FittedTable:
     """One generation: a row per component, then the totals."""
-    table = Table(title=escape(f"{profile.name} ({profile.model}): {_setting(profile)}"), title_justify="left")
-    table.add_column("component", overflow="fold")
-    for column in (
-        "role",
-        "class",
-        "params",
-        "calls x batch",
-        "MACs / call",
-        "MACs total",
-        "matmul / conv / attn",
-        "share",
-    ):
-        table.add_column(column, justify="left" if column in ("role", "class") else "right")
+    table = FittedTable(
+        escape(f"{profile.name} ({profile.model}): {_setting(profile)}"),
+        [
+            Column("component", justify="left"),
+            Column("role", justify="left", drop=2),
+            Column("class", justify="left", drop=3),
+            Column("params", drop=5),
+            Column("calls x batch", drop=4),
+            Column("MACs / call", drop=1),
+            Column("MACs total"),
+            Column("matmul / conv / attn", drop=0),
+            Column("share", drop=6),
+        ],
+    )
     for component in profile.components:
         kinds = component.macs_by_kind
         split = " / ".join(
@@ -60,19 +61,14 @@ def profile_table(profile: Profile) -> Table:
         )
         for path, value in (component.modules_macs or {}).items():
             table.add_row(
-                f"  .{path.removeprefix(component.name + '.')}",
-                "",
-                "",
-                "",
-                "",
-                "",
+                escape(f"  .{path.removeprefix(component.name + '.')}"),
+                *[""] * 5,
                 units.macs(value),
                 "",
                 f"{100 * value / profile.total_macs:.1f}%",
                 style="dim",
             )
-    table.add_section()
-    table.add_row("denoiser / step", "", "", "", "", "", units.macs(profile.denoiser_macs_per_step), "", "")
+    table.add_row("denoiser / step", *[""] * 5, units.macs(profile.denoiser_macs_per_step), "", "", section=True)
     table.add_row(
         "total",
         "",
@@ -95,21 +91,22 @@ def profile_table(profile: Profile) -> Table:
     return table
 
 
-def summary_table(profiles: list[Profile]) -> Table:
+def summary_table(profiles: list[Profile]) -> FittedTable:
     """Many generations (sizes, steps, models): a row each."""
-    table = Table(title="compute per generation", title_justify="left")
-    for column in (
-        "model",
-        "size (WxH)",
-        "steps",
-        "CFG",
-        "denoiser MACs / step",
-        "text enc. MACs",
-        "VAE dec. MACs",
-        "total MACs",
-        "total FLOPs",
-    ):
-        table.add_column(column, justify="left" if column == "model" else "right")
+    table = FittedTable(
+        "compute per generation",
+        [
+            Column("model", justify="left"),
+            Column("size (WxH)"),
+            Column("steps", drop=4),
+            Column("CFG", drop=1),
+            Column("denoiser MACs / step", drop=5),
+            Column("text enc. MACs", drop=2),
+            Column("VAE dec. MACs", drop=3),
+            Column("total MACs"),
+            Column("total FLOPs", drop=6),
+        ],
+    )
     for p in profiles:
         by_role = {
             role: sum(c.macs for c in p.components if c.role == role) for role in ("text_encoder", "vae_decoder")
@@ -127,16 +124,22 @@ def summary_table(profiles: list[Profile]) -> Table:
         )
     table.caption = "1 MAC = 1 multiply-add = 2 FLOPs. Denoiser per step includes the CFG batch."
     if any(p.requested_width is not None for p in profiles):
-        table.caption += (
-            " asked: the size requested; the pipeline binned or rounded it and generates at the size shown."
-        )
+        table.caption += " asked: the size requested; the pipeline binned or rounded it and made the size shown."
     return table
 
 
-def catalog_table(entries: list[PipelineEntry], params: dict[str, int]) -> Table:
-    table = Table(title="diffmeter catalog", title_justify="left")
-    for column in ("name", "hub id", "family", "components", "params", "defaults"):
-        table.add_column(column, justify="right" if column == "params" else "left")
+def catalog_table(entries: list[PipelineEntry], params: dict[str, int]) -> FittedTable:
+    table = FittedTable(
+        "diffmeter catalog",
+        [
+            Column("name", justify="left"),
+            Column("hub id", justify="left"),
+            Column("family", justify="left", drop=3),
+            Column("components", justify="left", drop=1),
+            Column("params", drop=4),
+            Column("defaults", justify="left", drop=2),
+        ],
+    )
     for entry in entries:
         d = entry.defaults
         frames = f"x{d.num_frames}f" if d.num_frames else ""
@@ -147,6 +150,6 @@ def catalog_table(entries: list[PipelineEntry], params: dict[str, int]) -> Table
             entry.family,
             components,
             units.params(params[entry.id]),
-            f"{d.width}x{d.height}{frames}, {d.steps} steps, guidance {d.guidance_scale:g}, {d.dtype}",
+            f"{d.width}x{d.height}{frames} (WxH), {d.steps} steps, guidance {d.guidance_scale:g}, {d.dtype}",
         )
     return table
