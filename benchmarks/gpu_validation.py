@@ -37,8 +37,8 @@ import diffusers
 import torch
 import transformers
 
-from diffmeter.bench.runner import bench
-from diffmeter.bench.spec import BenchSpec
+from diffmeter.runs.runner import bench
+from diffmeter.runs.spec import BenchSpec
 from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family

@@ -34,8 +34,8 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from diffmeter.bench.ladder import climb, plan  # noqa: E402
-from diffmeter.bench.spec import BenchSpec  # noqa: E402
+from diffmeter.runs.ladder import climb, plan  # noqa: E402
+from diffmeter.runs.spec import BenchSpec  # noqa: E402
 from diffmeter.report.ladder_table import ladder_table  # noqa: E402
 
 HERE = Path(__file__).parent / "results"

@@ -2,7 +2,7 @@
 
 For each setting, one tiny pipeline object is called in interleaved pairs:
   bare:    t = perf_counter(); pipe(**arguments); perf_counter() - t
-  runner:  diffmeter.bench.runner.timed_call: the exact code of one measured iteration
+  runner:  diffmeter.runs.runner.timed_call: the exact code of one measured iteration
            (stage hooks on text encoders, denoiser, scheduler.step and vae.decode; the
            ``total_s`` it records, and the host ``wall_s`` around it)
 Pairs alternate which call goes first, so drift, frequency changes and cache effects hit
@@ -26,9 +26,9 @@ import diffusers
 import torch
 import transformers
 
-from diffmeter.bench.runner import timed_call
-from diffmeter.bench.spec import BenchSpec
-from diffmeter.bench.workload import Workload
+from diffmeter.runs.runner import timed_call
+from diffmeter.runs.spec import BenchSpec
+from diffmeter.runs.workload import Workload
 from diffmeter.catalog import resolve
 from diffmeter.families import get_family
 from diffmeter.measure.clock import HostClock

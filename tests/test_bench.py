@@ -7,12 +7,12 @@ import pytest
 import torch
 from PIL import Image
 
-from diffmeter.bench.results import BenchResult, json_schema
-from diffmeter.bench.runner import bench
-from diffmeter.bench.spec import BenchSpec
-from diffmeter.bench.storage import RESULTS, read_result
 from diffmeter.errors import DiffmeterError
 from diffmeter.flops.profile import profile_spec
+from diffmeter.runs.results import BenchResult, json_schema
+from diffmeter.runs.runner import bench
+from diffmeter.runs.spec import BenchSpec
+from diffmeter.runs.storage import RESULTS, read_result
 
 # UNet, MMDiT, DiT with T5, class-conditional DiT, separate-CFG Lumina-2, video (Wan)
 FAMILIES = ["tiny-sd", "tiny-flux", "tiny-pixart", "tiny-dit", "tiny-lumina2", "tiny-wan"]
@@ -288,13 +288,13 @@ def test_an_interrupted_run_leaves_no_staging_folder(tmp_path):
 
 def test_cold_start_overhead_is_never_negative():
     """A first call that happens to be faster than the median is noise, not negative compilation."""
-    from diffmeter.bench.results import Iteration
-    from diffmeter.bench.runner import _summarize
     from diffmeter.catalog import resolve
     from diffmeter.measure.compilation import Compilation
     from diffmeter.measure.energy import Energy
     from diffmeter.measure.memory import PeakMemory
     from diffmeter.measure.stages import Stages
+    from diffmeter.runs.results import Iteration
+    from diffmeter.runs.runner import _summarize
 
     spec = BenchSpec(model="tiny-sd").settle(resolve("tiny-sd"))
     stages = Stages(text_encoding_s=0.1, denoising_s=0.5, steps_s=[0.25, 0.25], vae_decode_s=0.3, other_s=0.1)
@@ -312,3 +312,57 @@ def test_cold_start_overhead_is_never_negative():
         None,
     )
     assert summary.cold_start_overhead_s == 0.0
+
+
+def test_target_precision_measures_until_the_median_is_known_that_well(tmp_path):
+    loose, _ = bench(BenchSpec(model="tiny-dit", steps=1, iterations=1, target_precision=0.5), out=tmp_path / "a")
+    assert loose.summary.latency_s.n >= 6 and loose.summary.latency_s.ci_level >= 0.95  # 95% needs 6 calls
+    assert loose.summary.latency_s.relative_ci <= 0.5
+    tight, _ = bench(
+        BenchSpec(model="tiny-dit", steps=1, iterations=1, target_precision=1e-9, max_iterations=7), out=tmp_path / "b"
+    )
+    assert tight.summary.latency_s.n == 7 and any("--target-precision 1e-09 not reached" in n for n in tight.notes)
+
+
+def test_stage_shares_add_up_and_videos_are_counted_as_videos(cli, tmp_path):
+    code, out, err = cli("bench", "tiny-wan", "--steps", "2", "--iterations", "2", "--out", tmp_path)
+    assert code == 0, err
+    assert "videos/s" in out and "frames/s" in out and "images/s" not in out
+    (folder,) = tmp_path.iterdir()
+    summary = read_result(folder).summary
+    shares = [summary.stages_s[name].mean / summary.latency_s.mean for name in summary.stages_s]
+    assert sum(shares) == pytest.approx(1.0)
+
+
+def test_compare_baseline_reports_the_speed_up_with_its_interval(tmp_path):
+    from diffmeter.optimize import OptimizationSpec
+
+    result, _ = bench(
+        BenchSpec(
+            model="tiny-sd",
+            steps=4,
+            iterations=6,
+            optimizations=[OptimizationSpec(name="scheduler", params={"name": "ddim"})],
+            compare_baseline=True,
+        ),
+        out=tmp_path,
+    )
+    speedup = result.speedup
+    baseline = read_result(speedup.baseline)
+    assert speedup.factor == pytest.approx(baseline.summary.latency_s.median / result.summary.latency_s.median)
+    assert speedup.ci_low <= speedup.factor <= speedup.ci_high and speedup.ci_level >= 0.9
+    assert speedup.within_noise == (speedup.ci_low <= 1 <= speedup.ci_high)
+
+
+def test_the_python_api_runs_and_returns_the_stored_result(tmp_path):
+    import diffmeter
+
+    result = diffmeter.bench(
+        "tiny-sd", steps=2, iterations=1, out=tmp_path, optimizations=["fuse-qkv", "scheduler:name=ddim"]
+    )
+    assert isinstance(result, diffmeter.BenchResult) and result.folder.parent == tmp_path
+    assert read_result(result.folder) == result
+    assert {o.label: o.params for o in result.optimizations} == {"scheduler-ddim": {"name": "ddim"}, "fuse-qkv": {}}
+    with pytest.raises(DiffmeterError, match="first-block-cache cannot be used with tiny-sd"):
+        diffmeter.bench("tiny-sd", out=tmp_path / "x", optimizations=["first-block-cache"])
+    assert not (tmp_path / "x").exists()  # refused before anything ran or was written

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from diffmeter.bench.storage import RESULTS
+from diffmeter.runs.storage import RESULTS
 
 
 def test_bench_prints_the_stage_table_and_show_reprints_it(cli, tmp_path):

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from diffmeter.bench.runner import bench
-from diffmeter.bench.spec import BenchSpec
+from diffmeter.runs.runner import bench
+from diffmeter.runs.spec import BenchSpec
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

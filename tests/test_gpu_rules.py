@@ -400,7 +400,7 @@ def test_cuda_graph_recordings_inside_a_window_are_counted(monkeypatch):
 
 
 def test_mps_is_refused_with_the_reason():
-    from diffmeter.bench.spec import resolve_device
+    from diffmeter.runs.spec import resolve_device
 
     with pytest.raises(DiffmeterError, match="--device mps is not supported.*--device cpu"):
         resolve_device("mps")

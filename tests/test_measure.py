@@ -170,3 +170,27 @@ def test_environment_names_versions_and_our_commit():
     assert environment.libraries["torch"] == torch.__version__
     assert environment.libraries["diffusers"] and environment.cpu_count >= 1
     assert environment.diffmeter_commit is None or len(environment.diffmeter_commit.split("-")[0]) == 40
+
+
+def test_conditions_name_other_processes_busy_during_the_measured_calls():
+    import subprocess
+    import time
+
+    from diffmeter.measure.conditions import ConditionsMonitor
+
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 3\nwhile time.time() < end: pass"])
+    try:
+        time.sleep(0.5)
+        monitor = ConditionsMonitor()
+        monitor.start()
+        time.sleep(1.5)
+        conditions = monitor.stop()
+    finally:
+        busy.kill()
+    assert conditions.samples >= 4 and conditions.cpu_count >= 1
+    assert conditions.other_processes_cores.mean > 0.5  # the busy process held about one core
+    assert "other processes used" in conditions.disturbed()
+    quiet = ConditionsMonitor()
+    quiet.start()
+    time.sleep(1.0)
+    assert quiet.stop().other_processes_cores.mean < conditions.other_processes_cores.mean

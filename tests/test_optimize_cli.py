@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from diffmeter.bench.storage import RESULTS
 from diffmeter.optimize import REGISTRY
 from diffmeter.optimize.base import Optimization
 from diffmeter.optimize.registry import register
+from diffmeter.runs.storage import RESULTS
 
 QUICK = ("--steps", "3", "--iterations", "1", "-q")
 

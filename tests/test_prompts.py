@@ -2,8 +2,8 @@
 
 import pytest
 
-from diffmeter.bench.prompts import builtin_prompts, prompt_pool, read_prompts
 from diffmeter.errors import DiffmeterError
+from diffmeter.runs.prompts import builtin_prompts, prompt_pool, read_prompts
 
 
 def test_shipped_set_is_large_varied_and_unique():

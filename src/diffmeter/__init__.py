@@ -1,8 +1,10 @@
 """diffmeter: measure diffusion-model inference.
 
 >>> import diffmeter
->>> profile = diffmeter.profile("flux-dev", height=1024, width=1024)
+>>> profile = diffmeter.profile("flux-dev", height=1024, width=1024)   # compute, from configs alone
 >>> profile.denoiser_macs_per_step
+>>> result = diffmeter.bench("tiny-sd", steps=4, optimizations=["fuse-qkv"])   # a measured run
+>>> result.summary.latency_s.median, result.folder
 
 The heavy parts (torch, diffusers) are imported on first use, so the command line starts fast.
 """
@@ -10,7 +12,16 @@ The heavy parts (torch, diffusers) are imported on first use, so the command lin
 from diffmeter.errors import DiffmeterError
 
 __version__ = "0.1.0"
-__all__ = ["ComponentProfile", "DiffmeterError", "Profile", "ProfileSpec", "profile"]
+__all__ = [
+    "BenchResult",
+    "BenchSpec",
+    "ComponentProfile",
+    "DiffmeterError",
+    "Profile",
+    "ProfileSpec",
+    "bench",
+    "profile",
+]
 
 #: public name -> the module that defines it
 _LAZY = {
@@ -18,6 +29,9 @@ _LAZY = {
     "Profile": "diffmeter.flops.profile",
     "profile": "diffmeter.flops.profile",
     "ProfileSpec": "diffmeter.spec",
+    "bench": "diffmeter.runs.runner:measure",
+    "BenchResult": "diffmeter.runs.results",
+    "BenchSpec": "diffmeter.runs.spec",
 }
 
 
@@ -28,7 +42,8 @@ def __getattr__(name: str):
 
     from diffmeter.quiet import quiet_import
 
+    module, _, attribute = _LAZY[name].partition(":")
     with quiet_import():  # diffusers probes optional packages (torchao) at import
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(module), attribute or name)
     globals()[name] = value
     return value

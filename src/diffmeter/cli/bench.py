@@ -121,8 +121,8 @@ def bench(
 ) -> None:
     """Run real generations and measure per-stage latency, memory, energy and MFU, with speed-ups applied by name."""
     load_libraries()
-    from diffmeter.bench.runner import bench as run_bench
     from diffmeter.report.run_table import run_table
+    from diffmeter.runs.runner import bench as run_bench
 
     values = _with_config_file(ctx, config)
     spec = _bench_spec(values)
@@ -157,8 +157,8 @@ def _with_config_file(ctx: typer.Context, config: str | None) -> dict:
 
 
 def _bench_spec(values: dict):
-    from diffmeter.bench.spec import BenchSpec
     from diffmeter.optimize.options import from_config, from_flags
+    from diffmeter.runs.spec import BenchSpec
 
     optimizations = from_config(values["file_optimizations"]) if values["file_optimizations"] else []
     optimizations += from_flags(**{name: values[name] for name in OPTIMIZATION_FLAGS})
@@ -207,12 +207,12 @@ def show(
     load_libraries()
     from pathlib import Path
 
-    from diffmeter.bench.storage import read_result
     from diffmeter.report.run_table import run_table
+    from diffmeter.runs.storage import read_result
 
     if Path(folder).name.startswith("ladder-") and Path(folder).is_file():
-        from diffmeter.bench.ladder import read_ladder
         from diffmeter.report.ladder_table import ladder_table
+        from diffmeter.runs.ladder import read_ladder
 
         ladder = read_ladder(folder)
         if as_json:

@@ -27,10 +27,10 @@ def optimizations(
     """The optimization registry: every technique, and which apply to a model and why not."""
     load_libraries()
     import diffmeter.optimize  # noqa: F401  (registers the techniques)
-    from diffmeter.bench.spec import resolve_device
     from diffmeter.catalog import all_entries, resolve
     from diffmeter.optimize.matrix import compatibility
     from diffmeter.report.optimizations_table import matrix_table, model_table
+    from diffmeter.runs.spec import resolve_device
 
     target_device = resolve_device(device)
     if model is not None:
@@ -87,9 +87,9 @@ def ladder(
 ) -> None:
     """Measure a ladder of speed-ups: the baseline, then one technique added per rung, each against the baseline."""
     load_libraries()
-    from diffmeter.bench.ladder import climb, plan
-    from diffmeter.bench.spec import BenchSpec
     from diffmeter.report.ladder_table import ladder_table
+    from diffmeter.runs.ladder import climb, plan
+    from diffmeter.runs.spec import BenchSpec
 
     spec = BenchSpec(
         model=model,

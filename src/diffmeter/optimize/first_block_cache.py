@@ -11,7 +11,7 @@ from diffmeter.optimize.registry import register
 
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    #: relative change of the first block's residual below which the rest is skipped (the seed's default)
+    #: relative change of the first block's residual below which the rest is skipped
     threshold: float = Field(0.2, gt=0)
 
 

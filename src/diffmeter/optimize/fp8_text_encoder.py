@@ -1,4 +1,4 @@
-"""Layerwise float8 storage for the large text encoders (the seed's "fp8 T5").
+"""Layerwise float8 storage for the large text encoders ("fp8 T5").
 
 Weights are stored in float8 (e4m3) and upcast layer by layer to the compute dtype,
 halving the encoder's weight memory. Uses diffusers' ``apply_layerwise_casting``.

@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.markup import escape
 
 from diffmeter import units
-from diffmeter.bench.ladder import Ladder
 from diffmeter.report.layout import Column, FittedTable
+from diffmeter.runs.ladder import Ladder
 
 
 def ladder_table(ladder: Ladder) -> FittedTable:

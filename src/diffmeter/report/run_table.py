@@ -7,8 +7,8 @@ from rich.markup import escape
 from rich.text import Text
 
 from diffmeter import units
-from diffmeter.bench.results import BenchResult
 from diffmeter.report.layout import Column, FittedTable
+from diffmeter.runs.results import BenchResult
 
 STAGE_LABELS = {
     "text_encoding": "text encoding",

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import torch
 
-from diffmeter.bench.prompts import prompt_pool
-from diffmeter.bench.spec import BenchSpec
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
+from diffmeter.runs.prompts import prompt_pool
+from diffmeter.runs.spec import BenchSpec
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def outputs(result) -> list:
 
 def save_output(output, folder: Path, number: int, label: str) -> Path:
     """PNG for an image; animated PNG (lossless, readable by PIL) for a video."""
-    from diffmeter.bench.storage import slug
+    from diffmeter.runs.storage import slug
 
     path = folder / f"{number:05d}_{slug(label, 48) or 'image'}.png"
     if isinstance(output, list | tuple):

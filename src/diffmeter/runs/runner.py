@@ -19,19 +19,6 @@ from pathlib import Path
 import torch
 
 from diffmeter import units
-from diffmeter.bench import storage
-from diffmeter.bench.memory_check import check_fits
-from diffmeter.bench.results import (
-    AppliedOptimization,
-    BenchResult,
-    ImageRecord,
-    Iteration,
-    ModelInfo,
-    Speedup,
-    Summary,
-)
-from diffmeter.bench.spec import BenchSpec
-from diffmeter.bench.workload import Workload, outputs, save_output
 from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER, get_family
@@ -47,8 +34,21 @@ from diffmeter.measure.peaks import device_peak
 from diffmeter.measure.quality import Quality, clip_scorer, compare, lpips_scorer, summarize
 from diffmeter.measure.stages import StageTimer
 from diffmeter.measure.stats import CONFIDENCE, Stats
-from diffmeter.optimize import Target, build, check
+from diffmeter.optimize import OptimizationSpec, Target, build, check
 from diffmeter.optimize.tf32 import fp32_math, fp32_precision
+from diffmeter.runs import storage
+from diffmeter.runs.memory_check import check_fits
+from diffmeter.runs.results import (
+    AppliedOptimization,
+    BenchResult,
+    ImageRecord,
+    Iteration,
+    ModelInfo,
+    Speedup,
+    Summary,
+)
+from diffmeter.runs.spec import BenchSpec
+from diffmeter.runs.workload import Workload, outputs, save_output
 
 #: the median latency's interval half-width, as a fraction of it, above which a run is flagged noisy
 NOISY = 0.05
@@ -90,9 +90,35 @@ def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, pro
         folder.discard()  # nothing half-written stays behind
         raise
     storage.close_logger(log)
+    result._folder = final
     if result.status == "failed":
         raise DiffmeterError(f"{result.error} (recorded as a failed result in {final})")
     return result, final
+
+
+def measure(
+    model: str,
+    *,
+    out: str | Path = "results",
+    force: bool = False,
+    optimizations: list[str | dict | OptimizationSpec] = (),
+    progress: Progress | None = None,
+    **settings,
+) -> BenchResult:
+    """Measure ``model`` (what ``diffmeter bench`` does) and return the stored result.
+
+    ``settings`` are :class:`BenchSpec` fields (``steps``, ``batch_size``, ``height``, ``dtype``,
+    ``iterations``, ``target_precision``, ...); ``optimizations`` are technique names,
+    ``"name:key=value,..."`` strings, ``{"name": ..., "params": {...}}`` mappings or
+    ``OptimizationSpec``s. The result's ``folder`` is where it was written.
+    """
+    from diffmeter.optimize.options import from_config
+
+    techniques = [o if isinstance(o, OptimizationSpec) else from_config([o])[0] for o in optimizations]
+    result, _ = bench(
+        BenchSpec(model=model, optimizations=techniques, **settings), out=out, force=force, progress=progress
+    )
+    return result
 
 
 def stored_or_run(spec: BenchSpec, out, progress: Progress | None = None, rerun: bool = False):

@@ -1,4 +1,4 @@
-"""The seed tutorial's results table, built for real: a baseline, then one technique added
+"""The classic speed-up table, built for real: a baseline, then one technique added
 per rung (faster sampler, compile, half precision, attention kernel, cache), every rung a
 stored run, every image compared with the baseline's at the same seed."""
 
@@ -13,10 +13,6 @@ import torch
 from pydantic import BaseModel
 
 from diffmeter import units
-from diffmeter.bench import storage
-from diffmeter.bench.results import BenchResult
-from diffmeter.bench.runner import Progress, bench, compare_with_baseline, stored_or_run
-from diffmeter.bench.spec import BenchSpec
 from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
@@ -25,6 +21,10 @@ from diffmeter.measure.quality import Quality
 from diffmeter.measure.stats import ratio_interval
 from diffmeter.optimize import OptimizationSpec, Target, build, check
 from diffmeter.optimize.base import FLOW_FAMILIES
+from diffmeter.runs import storage
+from diffmeter.runs.results import BenchResult
+from diffmeter.runs.runner import Progress, bench, compare_with_baseline, stored_or_run
+from diffmeter.runs.spec import BenchSpec
 
 RUNGS = ("scheduler", "compile", "half", "attention", "cache")
 #: why a rung with no candidate on this device is skipped

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from diffmeter.bench.results import BenchResult
-from diffmeter.bench.spec import BenchSpec
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
+from diffmeter.runs.results import BenchResult
+from diffmeter.runs.spec import BenchSpec
 
 RESULTS = "results.json"
 REQUESTS = "requests.json"
@@ -170,7 +170,9 @@ def read_result(path: str | Path) -> BenchResult:
     if not file.is_file():
         hint = " (an interrupted run leaves none)" if path.is_dir() else ""
         raise DiffmeterError(f"no {RESULTS} at {file}{hint}; point at a run folder written by `diffmeter bench`")
-    return read_model(file, BenchResult, "result", "re-run the benchmark")
+    result = read_model(file, BenchResult, "result", "re-run the benchmark")
+    result._folder = file.parent
+    return result
 
 
 def read_model(file: Path, model, what: str, fix: str):
@@ -184,7 +186,7 @@ def read_model(file: Path, model, what: str, fix: str):
 
 def file_logger(folder: Path) -> logging.Logger:
     """A logger writing to ``folder/bench.log`` (closed by ``close_logger``)."""
-    logger = logging.getLogger(f"diffmeter.bench.{folder.name}")
+    logger = logging.getLogger(f"diffmeter.runs.{folder.name}")
     logger.setLevel(logging.INFO)
     logger.propagate = False
     handler = logging.FileHandler(folder / LOG, encoding="utf-8")

@@ -16,7 +16,7 @@ PROMPT_KEYS = ("prompt", "text", "caption")
 
 def builtin_prompts() -> list[str]:
     """The prompt set shipped with diffmeter: 240 prompts, 12 subjects, short to long."""
-    text = (resources.files("diffmeter.bench") / "data" / "prompts.txt").read_text(encoding="utf-8")
+    text = (resources.files("diffmeter.runs") / "data" / "prompts.txt").read_text(encoding="utf-8")
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 

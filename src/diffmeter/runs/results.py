@@ -9,11 +9,11 @@ second, 2 per multiply-accumulate).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, PrivateAttr
 
-from diffmeter.bench.spec import BenchSpec
 from diffmeter.flops.profile import Profile
 from diffmeter.measure.compilation import Compilation
 from diffmeter.measure.conditions import Conditions
@@ -24,6 +24,7 @@ from diffmeter.measure.peaks import Peak
 from diffmeter.measure.quality import Quality
 from diffmeter.measure.stages import Stages
 from diffmeter.measure.stats import Stats, ratio_interval
+from diffmeter.runs.spec import BenchSpec
 
 SCHEMA_VERSION = 2
 
@@ -153,6 +154,13 @@ class BenchResult(BaseModel):
     images: list[ImageRecord] = []
     notes: list[str] = []
     error: str | None = None
+
+    #: the run folder it was stored in or read from (not part of results.json)
+    _folder: Path | None = PrivateAttr(default=None)
+
+    @property
+    def folder(self) -> Path | None:
+        return self._folder
 
     def to_json_dict(self) -> dict:
         return self.model_dump(mode="json", by_alias=True)

@@ -1,1 +1,0 @@
-"""Measured runs: spec, prompts, workload, runner, results schema and storage."""

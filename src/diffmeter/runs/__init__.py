@@ -1,0 +1,1 @@
+"""Measured runs: spec, prompts, workload, runner, results schema and storage, ladders."""

@@ -1,0 +1,81 @@
+"""Tables at 80 and 120 columns: nothing truncated, no word or number broken, ids whole."""
+
+import io
+
+import pytest
+from rich.console import Console
+from rich.text import Text
+
+from diffmeter import profile
+from diffmeter.catalog import all_entries
+from diffmeter.report.layout import FittedTable
+from diffmeter.report.tables import catalog_table, profile_table, summary_table
+
+WIDTHS = [80, 120]
+MODELS = ["flux-dev", "wan21-t2v-14b", "pixart-sigma-1024", "sd15"]
+
+
+def render(renderable, width: int) -> str:
+    console = Console(width=width, file=io.StringIO(), color_system=None)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+def cell_words(table: FittedTable, width: int) -> list[str]:
+    """Every word of every cell in the columns shown at ``width``."""
+    shown = {column.header for column in table.fitted(width).columns}
+    words = []
+    for row in table.rows:
+        for column, cell in zip(table.columns, row.cells, strict=True):
+            if column.header in shown:
+                words += Text.from_markup(cell).plain.split()
+    return words
+
+
+def check(table: FittedTable, width: int, whole: list[str]) -> str:
+    text = render(table, width)
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert "…" not in text
+    flat = " ".join(text.split())
+    for value in whole:
+        assert value in flat, f"{value!r} broken or missing at {width} columns"
+    lines = text.splitlines()
+    for word in cell_words(table, width):
+        assert any(word in line for line in lines), f"{word!r} broken at {width} columns"
+    return text
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_profile_tables_fit(width):
+    profiles = [profile(name, steps=1) for name in MODELS]
+    check(profile_table(profiles[0]), width, ["black-forest-labs/FLUX.1-dev", "text_encoder_2", "37.19 TMACs"])
+    text = check(summary_table(profiles), width, MODELS)
+    if width == 80:
+        assert "not shown at this width:" in text  # columns give way, and the caption says which
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_catalog_table_keeps_hub_ids_whole(width):
+    from diffmeter.flops.profile import MetaComponent
+
+    entries = [entry for entry in all_entries() if entry.origin == "catalog"][:8]
+    params = {e.id: sum(MetaComponent(c).params for c in e.components.values()) for e in entries}
+    check(catalog_table(entries, params), width, [entry.id for entry in entries])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_run_and_optimization_tables_fit(width, tmp_path):
+    import torch
+
+    from diffmeter.optimize.matrix import compatibility
+    from diffmeter.report.optimizations_table import model_table
+    from diffmeter.report.run_table import run_table
+    from diffmeter.runs.runner import bench
+    from diffmeter.runs.spec import BenchSpec
+
+    result, _ = bench(BenchSpec(model="tiny-flux", steps=2, iterations=1), out=tmp_path)
+    text = render(run_table(result), width)
+    assert max(len(line) for line in text.splitlines()) <= width and "…" not in text
+    assert "diffmeter/tiny-flux" in " ".join(text.split())
+    rows = compatibility(all_entries()[0], torch.device("cpu"))
+    check(model_table("optimizations for flux-dev on cpu", rows), width, ["first-block-cache", "fp8-text-encoder"])
