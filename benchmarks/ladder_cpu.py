@@ -34,9 +34,9 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from rich.console import Console  # noqa: E402
 
+from diffmeter.report.ladder_table import ladder_table  # noqa: E402
 from diffmeter.runs.ladder import climb, plan  # noqa: E402
 from diffmeter.runs.spec import BenchSpec  # noqa: E402
-from diffmeter.report.ladder_table import ladder_table  # noqa: E402
 
 HERE = Path(__file__).parent / "results"
 RUNS = HERE / "ladder_cpu_runs"

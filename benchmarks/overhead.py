@@ -26,13 +26,13 @@ import diffusers
 import torch
 import transformers
 
-from diffmeter.runs.runner import timed_call
-from diffmeter.runs.spec import BenchSpec
-from diffmeter.runs.workload import Workload
 from diffmeter.catalog import resolve
 from diffmeter.families import get_family
 from diffmeter.measure.clock import HostClock
 from diffmeter.measure.stages import StageTimer
+from diffmeter.runs.runner import timed_call
+from diffmeter.runs.spec import BenchSpec
+from diffmeter.runs.workload import Workload
 from diffmeter.tiny import tiny_pipeline
 
 PAIRS, TARGET = 60, 0.03

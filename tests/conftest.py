@@ -1,9 +1,13 @@
-"""Test-wide settings: keep library warnings out of test output."""
+"""Test-wide settings: keep library warnings out of test output; count, do not read a cache."""
 
+import os
 import sys
 import warnings
 
 import pytest
+
+# the tests check counting itself; tests of the cache point DIFFMETER_CACHE at a folder of their own
+os.environ["DIFFMETER_CACHE"] = "off"
 
 
 @pytest.fixture(autouse=True)

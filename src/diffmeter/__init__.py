@@ -25,8 +25,8 @@ __all__ = [
 
 #: public name -> the module that defines it
 _LAZY = {
-    "ComponentProfile": "diffmeter.flops.profile",
-    "Profile": "diffmeter.flops.profile",
+    "ComponentProfile": "diffmeter.flops.schema",
+    "Profile": "diffmeter.flops.schema",
     "profile": "diffmeter.flops.profile",
     "ProfileSpec": "diffmeter.spec",
     "bench": "diffmeter.runs.runner:measure",

@@ -82,9 +82,8 @@ def profile(
     as_csv: Annotated[bool, typer.Option("--csv", help="print CSV, a row per component")] = False,
 ) -> None:
     """Count MACs and FLOPs of a whole generation, per component, from configs alone."""
-    load_libraries()
     from diffmeter.catalog import all_entries
-    from diffmeter.flops.profile import profile_many
+    from diffmeter.flops.cached import cached_profile
     from diffmeter.report.export import profiles_csv
     from diffmeter.report.tables import profile_table, summary_table
     from diffmeter.spec import ProfileSpec
@@ -120,9 +119,16 @@ def profile(
         )
         for name, (h, w), n in itertools.product(names, sizes(height, width), numbers(steps, "--steps"))
     ]
-    with progress_bar(False) as progress:
-        report = (lambda finished, total: progress("profiling", finished, total)) if progress else None
-        results = profile_many(specs, depth=depth, jobs=jobs, done=report)
+    results = [cached_profile(spec, depth) for spec in specs]  # answered before: no library to load
+    missing = [spec for spec, found in zip(specs, results, strict=True) if found is None]
+    if missing:
+        load_libraries()
+        from diffmeter.flops.profile import profile_many
+
+        with progress_bar(False) as progress:
+            report = (lambda finished, total: progress("profiling", finished, total)) if progress else None
+            counted = iter(profile_many(missing, depth=depth, jobs=jobs, done=report))
+        results = [found if found is not None else next(counted) for found in results]
     if as_json:
         payload = results[0].to_json_dict() if len(results) == 1 else {"profiles": [p.to_json_dict() for p in results]}
         print(json.dumps(payload, indent=2))
@@ -137,15 +143,23 @@ def profile(
 @command()
 def models(as_json: AsJson = False) -> None:
     """List the catalog: family, components, parameters and defaults."""
-    load_libraries()
     from diffmeter.catalog import all_entries
-    from diffmeter.parallel import parallel_map
+    from diffmeter.flops.cached import cached_params
     from diffmeter.report.tables import catalog_table
 
     entries = list(all_entries())
-    with progress_bar(False) as progress:
-        report = (lambda finished, total: progress("counting parameters", finished, total)) if progress else None
-        params = dict(zip((e.id for e in entries), parallel_map(_entry_params, entries, done=report), strict=True))
+    stored = [[cached_params(component) for component in e.components.values()] for e in entries]
+    counts = [sum(values) if None not in values else None for values in stored]
+    missing = [entry for entry, count in zip(entries, counts, strict=True) if count is None]
+    if missing:  # counted once per configuration, then answered from the cache
+        load_libraries()
+        from diffmeter.parallel import parallel_map
+
+        with progress_bar(False) as progress:
+            report = (lambda finished, total: progress("counting parameters", finished, total)) if progress else None
+            counted = iter(parallel_map(_entry_params, missing, done=report))
+        counts = [count if count is not None else next(counted) for count in counts]
+    params = dict(zip((e.id for e in entries), counts, strict=True))
     if as_json:
         rows = [
             {

@@ -11,85 +11,16 @@ from dataclasses import replace
 from functools import partial
 
 import torch
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from diffmeter.catalog import ComponentEntry, resolve
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, VAE_DECODER, Call, get_family
+from diffmeter.flops.cached import cached_params, cached_profile, remember_params, remember_profile
 from diffmeter.flops.counter import KINDS, FlopCounts, call_signature, count_flops
+from diffmeter.flops.schema import BYTES_PER_PARAM, CallProfile, ComponentProfile, Profile
 from diffmeter.parallel import parallel_map
 from diffmeter.pipelines import build_component, count_params
 from diffmeter.spec import ProfileSpec
-
-BYTES_PER_PARAM = {"float32": 4, "float16": 2, "bfloat16": 2}
-UNITS = {
-    "macs": "multiply-accumulate operations (1 MAC = 1 multiply + 1 add)",
-    "flops": "floating-point operations, 2 per MAC",
-    "params": "parameters (count)",
-    "param_bytes": "bytes of parameters at the profile's dtype",
-}
-
-
-class CallProfile(BaseModel):
-    """``count`` identical calls of a component at one batch size."""
-
-    batch: int
-    count: int
-    macs_per_call: int
-    note: str = ""
-
-
-class ComponentProfile(BaseModel):
-    """Compute of one component over the whole generation."""
-
-    model_config = ConfigDict(populate_by_name=True)
-
-    name: str
-    role: str
-    class_name: str = Field(serialization_alias="class", validation_alias=AliasChoices("class", "class_name"))
-    params: int
-    param_bytes: int
-    calls: int
-    batch_per_call: int
-    macs_per_call: int
-    macs: int
-    flops: int
-    macs_by_kind: dict[str, int]
-    share: float = 0.0
-    invocations: list[CallProfile]
-    modules_macs: dict[str, int] | None = None
-
-
-class Profile(BaseModel):
-    """Compute of one generation; every count names its unit (see ``units``)."""
-
-    model: str
-    name: str
-    family: str
-    origin: str
-    #: the size generated at (pixels): after the pipeline's resolution binning or rounding
-    height: int
-    width: int
-    #: the size asked for, when the pipeline generates at another one (None otherwise)
-    requested_height: int | None = None
-    requested_width: int | None = None
-    num_frames: int | None
-    steps: int
-    batch_size: int
-    guidance_scale: float
-    cfg: bool
-    dtype: str
-    components: list[ComponentProfile]
-    denoiser_macs_per_step: int
-    total_macs: int
-    total_flops: int
-    params: int
-    param_bytes: int
-    notes: list[str] = []
-    units: dict[str, str] = UNITS
-
-    def to_json_dict(self) -> dict:
-        return self.model_dump(mode="json", by_alias=True)
 
 
 def profile(model: str, *, depth: int = 0, **settings) -> Profile:
@@ -104,6 +35,16 @@ def profile_many(specs: list[ProfileSpec], depth: int = 0, jobs: int = 1, done=N
 
 
 def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
+    """The profile of ``spec``: from the disk cache when this exact question was answered before
+    with the same configs, libraries and diffmeter code, else counted (and remembered)."""
+    found = cached_profile(spec, depth)
+    if found is None:
+        found = _count(spec, depth)
+        remember_profile(spec, depth, found)
+    return found
+
+
+def _count(spec: ProfileSpec, depth: int) -> Profile:
     entry = resolve(spec.model)
     family = get_family(entry.family)
     spec = spec.with_defaults(entry.defaults)
@@ -206,7 +147,11 @@ class MetaComponent:
     @property
     def params(self) -> int:
         if self.key not in self._params:
-            self._params[self.key] = count_params(self.module)
+            stored = cached_params(self.component)
+            if stored is None:
+                stored = count_params(self.module)
+                remember_params(self.component, stored)
+            self._params[self.key] = stored
         return self._params[self.key]
 
     def count(self, name: str, call: Call, submodules: bool) -> FlopCounts:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 
-from diffmeter.flops.profile import Profile
+from diffmeter.flops.schema import Profile
 
 COLUMNS = (
     "model",

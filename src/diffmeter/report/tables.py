@@ -6,7 +6,7 @@ from rich.markup import escape
 
 from diffmeter import units
 from diffmeter.catalog.entry import PipelineEntry
-from diffmeter.flops.profile import Profile
+from diffmeter.flops.schema import Profile
 from diffmeter.report.layout import Column, FittedTable
 
 

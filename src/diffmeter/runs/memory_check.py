@@ -14,7 +14,7 @@ import torch
 
 from diffmeter import units
 from diffmeter.errors import DiffmeterError
-from diffmeter.flops.profile import Profile
+from diffmeter.flops.schema import Profile
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 #: decoder config keys holding the channels of the full-resolution feature map, by VAE kind

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, PrivateAttr
 
-from diffmeter.flops.profile import Profile
+from diffmeter.flops.schema import Profile
 from diffmeter.measure.compilation import Compilation
 from diffmeter.measure.conditions import Conditions
 from diffmeter.measure.energy import Energy, EnergyReading

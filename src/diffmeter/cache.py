@@ -1,0 +1,82 @@
+"""A disk cache of what diffmeter derives from configs alone (profiles, parameter counts), so a
+repeated command answers without loading torch or diffusers.
+
+An entry is keyed by everything the answer depends on: the configs and settings asked about,
+the installed torch, diffusers and transformers versions, and a hash of diffmeter's own source.
+Any change to any of them is a miss, never a stale answer. The cache lives in
+``$DIFFMETER_CACHE`` (``off`` disables it), else ``$XDG_CACHE_HOME/diffmeter`` or
+``~/.cache/diffmeter``; it is best-effort: a cache that cannot be read or written is skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+
+#: the libraries whose code decides what a count comes to
+LIBRARIES = ("torch", "diffusers", "transformers")
+
+
+def directory() -> Path | None:
+    setting = os.environ.get("DIFFMETER_CACHE")
+    if setting == "off":
+        return None
+    if setting:
+        return Path(setting).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "diffmeter"
+
+
+@cache
+def fingerprint() -> str:
+    """The library versions and a hash of every source file of diffmeter itself."""
+    digest = hashlib.sha256()
+    for library in LIBRARIES:
+        try:
+            digest.update(f"{library}={metadata.version(library)};".encode())
+        except metadata.PackageNotFoundError:
+            digest.update(f"{library}=none;".encode())
+    package = Path(__file__).parent
+    for source in sorted(package.rglob("*.py")):
+        digest.update(str(source.relative_to(package)).encode())
+        digest.update(source.read_bytes())
+    return digest.hexdigest()
+
+
+def _path(kind: str, payload) -> Path | None:
+    root = directory()
+    if root is None:
+        return None
+    text = json.dumps({"payload": payload, "code": fingerprint()}, sort_keys=True, default=str)
+    return root / kind / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
+
+
+def load(kind: str, payload):
+    """The stored answer for ``payload``, or None."""
+    path = _path(kind, payload)
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path is not None else None
+    except (OSError, ValueError):
+        return None
+
+
+def store(kind: str, payload, answer) -> None:
+    """Remember ``answer`` for ``payload`` (atomically; silently skipped when the disk says no)."""
+    path = _path(kind, payload)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    except OSError:
+        return
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            json.dump(answer, handle)
+        os.replace(temporary, path)
+    except OSError:
+        Path(temporary).unlink(missing_ok=True)

@@ -1,0 +1,76 @@
+"""What a profile is (pydantic), importable without torch: a cached profile is read and printed
+without loading any library."""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+BYTES_PER_PARAM = {"float32": 4, "float16": 2, "bfloat16": 2}
+UNITS = {
+    "macs": "multiply-accumulate operations (1 MAC = 1 multiply + 1 add)",
+    "flops": "floating-point operations, 2 per MAC",
+    "params": "parameters (count)",
+    "param_bytes": "bytes of parameters at the profile's dtype",
+}
+
+
+class CallProfile(BaseModel):
+    """``count`` identical calls of a component at one batch size."""
+
+    batch: int
+    count: int
+    macs_per_call: int
+    note: str = ""
+
+
+class ComponentProfile(BaseModel):
+    """Compute of one component over the whole generation."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    name: str
+    role: str
+    class_name: str = Field(serialization_alias="class", validation_alias=AliasChoices("class", "class_name"))
+    params: int
+    param_bytes: int
+    calls: int
+    batch_per_call: int
+    macs_per_call: int
+    macs: int
+    flops: int
+    macs_by_kind: dict[str, int]
+    share: float = 0.0
+    invocations: list[CallProfile]
+    modules_macs: dict[str, int] | None = None
+
+
+class Profile(BaseModel):
+    """Compute of one generation; every count names its unit (see ``units``)."""
+
+    model: str
+    name: str
+    family: str
+    origin: str
+    #: the size generated at (pixels): after the pipeline's resolution binning or rounding
+    height: int
+    width: int
+    #: the size asked for, when the pipeline generates at another one (None otherwise)
+    requested_height: int | None = None
+    requested_width: int | None = None
+    num_frames: int | None
+    steps: int
+    batch_size: int
+    guidance_scale: float
+    cfg: bool
+    dtype: str
+    components: list[ComponentProfile]
+    denoiser_macs_per_step: int
+    total_macs: int
+    total_flops: int
+    params: int
+    param_bytes: int
+    notes: list[str] = []
+    units: dict[str, str] = UNITS
+
+    def to_json_dict(self) -> dict:
+        return self.model_dump(mode="json", by_alias=True)

@@ -1,0 +1,42 @@
+"""The disk cache answers repeated questions without loading torch, and never answers a changed one."""
+
+import json
+import os
+import subprocess
+import sys
+
+from diffmeter.catalog import resolve
+from diffmeter.flops.cached import cached_params, cached_profile
+from diffmeter.spec import ProfileSpec
+
+
+def test_a_profile_is_remembered_and_a_changed_question_is_a_miss(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIFFMETER_CACHE", str(tmp_path))
+    from diffmeter import profile
+
+    spec = ProfileSpec(model="tiny-sd", steps=2)
+    assert cached_profile(spec) is None
+    counted = profile("tiny-sd", steps=2)
+    assert cached_profile(spec) == counted
+    assert cached_profile(ProfileSpec(model="tiny-sd", steps=3)) is None  # another setting
+    assert cached_profile(spec, depth=1) is None  # another level of detail
+    component = resolve("tiny-sd").components["unet"]
+    assert cached_params(component) is not None
+    changed = component.model_copy(update={"config": {**component.config, "layers_per_block": 3}})
+    assert cached_params(changed) is None  # another config
+
+
+def test_a_cached_profile_is_printed_without_importing_torch(tmp_path):
+    script = (
+        "import sys\n"
+        "from diffmeter.cli import main\n"
+        "sys.argv = ['diffmeter', 'profile', 'tiny-flux', '--json']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')\n"
+    )
+    environment = {**os.environ, "DIFFMETER_CACHE": str(tmp_path)}
+    first = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment)
+    second = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment)
+    assert first.stdout.strip().endswith("TORCH") and second.stdout.strip().endswith("NO-TORCH")
+    payload = lambda out: json.loads(out[: out.rindex("}") + 1])  # noqa: E731
+    assert payload(first.stdout) == payload(second.stdout)
