@@ -66,8 +66,8 @@ def main() -> None:
                 arguments = command.split()
                 old = timed(arguments, before, lambda run: "off")
                 fresh = Path(scratch) / command.replace(" ", "_")
-                empty = timed(arguments, ROOT, lambda run: str(fresh / f"empty-{run}"))  # nothing cached yet
-                cached = timed(arguments, ROOT, lambda run: str(fresh / "empty-0"))  # filled by the first run
+                empty = timed(arguments, ROOT, lambda run, fresh=fresh: str(fresh / f"empty-{run}"))  # none cached
+                cached = timed(arguments, ROOT, lambda run, fresh=fresh: str(fresh / "empty-0"))  # filled above
                 rows.append((command, old, empty, cached, target))
                 print(f"{command:16s} before {old:6.2f} s   now, empty cache {empty:6.2f} s   cached {cached:6.2f} s")
         finally:
