@@ -42,7 +42,7 @@ def timed(arguments: list[str], source: Path, cache) -> float:
     script = f"import sys; sys.path.insert(0, {str(source / 'src')!r}); from diffmeter.cli import main; main()"
     times = []
     for run in range(RUNS):
-        environment = {**os.environ, "DIFFMETER_CACHE": cache(run), "PYTHONWARNINGS": "ignore"}
+        environment = {**os.environ, "DIFFMETER_CACHE_DIR": cache(run), "PYTHONWARNINGS": "ignore"}
         start = time.perf_counter()
         done = subprocess.run(
             [sys.executable, "-c", script, *arguments], env=environment, capture_output=True, text=True

@@ -6,8 +6,8 @@ import warnings
 
 import pytest
 
-# the tests check counting itself; tests of the cache point DIFFMETER_CACHE at a folder of their own
-os.environ["DIFFMETER_CACHE"] = "off"
+# the tests check counting itself; tests of the cache point DIFFMETER_CACHE_DIR at a folder of their own
+os.environ["DIFFMETER_CACHE_DIR"] = "off"
 
 
 @pytest.fixture(autouse=True)

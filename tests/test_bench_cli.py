@@ -141,3 +141,63 @@ def test_measurement_options_reach_the_result(cli, tmp_path):
     calls = json.loads((folder / "requests.json").read_text())["calls"]
     assert len({p for call in calls for p in call["prompts"]}) == 1  # one prompt, cycled
     assert calls[0]["seeds"] == [7, 8] and "seed-7" in folder.name
+
+
+def test_results_are_ordinary_readable_files(cli, tmp_path):
+    import os
+    import stat
+
+    code, _, err = cli("bench", "tiny-sd", "--steps", "1", "--iterations", "1", "--out", tmp_path, "-q")
+    assert code == 0, err
+    (folder,) = tmp_path.iterdir()
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("results.json", "requests.json", "bench.log"):
+        assert stat.S_IMODE((folder / name).stat().st_mode) == 0o666 & ~umask  # not mkstemp's private 0600
+
+
+def test_an_existing_result_says_what_it_shares_and_what_differs(cli, tmp_path):
+    args = ("bench", "tiny-sd", "--steps", "1", "--out", tmp_path, "-q")
+    assert cli(*args, "--iterations", "1")[0] == 0
+    code, _, err = cli(*args, "--iterations", "2")
+    assert code == 2 and "already exists" in err and "different iterations 1 -> 2" in err
+
+
+def test_the_parameters_that_ran_are_recorded_defaults_included(cli, tmp_path):
+    code, _, err = cli(
+        "bench",
+        "tiny-flux",
+        "--steps",
+        "2",
+        "--iterations",
+        "1",
+        "--cache",
+        "first-block-cache",
+        "--out",
+        tmp_path,
+        "-q",
+    )
+    assert code == 0, err
+    (folder,) = tmp_path.iterdir()
+    (applied,) = json.loads((folder / RESULTS).read_text())["optimizations"]
+    assert applied["name"] == "first-block-cache" and applied["params"] == {"threshold": 0.2}
+
+
+def test_running_out_of_cpu_memory_is_a_stored_failed_result(tmp_path):
+    """A real allocator failure: the address space is capped below what the batch needs."""
+    import resource
+    import subprocess
+
+    def cap_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (9 * 2**30, 9 * 2**30))
+
+    command = ["diffmeter", "bench", "tiny-sd", "--batch-size", "100000", "--steps", "1", "--iterations", "1"]
+    done = subprocess.run(
+        [*command, "--no-memory-check", "--out", str(tmp_path)], capture_output=True, text=True, preexec_fn=cap_memory
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "out of memory on cpu" in lines[0] and "Traceback" not in done.stderr
+    (folder,) = tmp_path.iterdir()
+    failed = json.loads((folder / RESULTS).read_text())
+    assert failed["status"] == "failed" and "can't allocate memory" in failed["error"]

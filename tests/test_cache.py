@@ -11,9 +11,11 @@ from diffmeter.spec import ProfileSpec
 
 
 def test_a_profile_is_remembered_and_a_changed_question_is_a_miss(tmp_path, monkeypatch):
-    monkeypatch.setenv("DIFFMETER_CACHE", str(tmp_path))
+    monkeypatch.setenv("DIFFMETER_CACHE_DIR", str(tmp_path))
     from diffmeter import profile
+    from diffmeter.flops.profile import MetaComponent
 
+    MetaComponent._params.clear()  # counted earlier in this process: forget it, so it is counted and stored
     spec = ProfileSpec(model="tiny-sd", steps=2)
     assert cached_profile(spec) is None
     counted = profile("tiny-sd", steps=2)
@@ -34,7 +36,7 @@ def test_a_cached_profile_is_printed_without_importing_torch(tmp_path):
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')\n"
     )
-    environment = {**os.environ, "DIFFMETER_CACHE": str(tmp_path)}
+    environment = {**os.environ, "DIFFMETER_CACHE_DIR": str(tmp_path)}
     first = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment)
     second = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment)
     assert first.stdout.strip().endswith("TORCH") and second.stdout.strip().endswith("NO-TORCH")

@@ -238,3 +238,52 @@ def test_install_hints_keep_their_extra_and_the_header_names_the_device(cli, mon
         assert "on cpu" in out and "on cuda" not in out
     code, _, err = cli("bench", "tiny-sd", "--cache", "deep-cache", "--out", tmp_path)
     assert code == 2 and "pip install 'diffmeter[deepcache]'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_rung_that_would_apply_if_installed_says_so_before_what_does_not_apply(cli, tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "DeepCache" else real(name, *a))
+    code, out, err = cli(
+        "ladder",
+        "tiny-sd",
+        "--rungs",
+        "cache",
+        "--steps",
+        "2",
+        "--iterations",
+        "1",
+        "--no-recheck",
+        "--out",
+        tmp_path,
+        "--json",
+    )
+    assert code == 0, err
+    cache = next(row for row in json.loads(out)["rows"] if row["rung"] == "cache")
+    first = cache["skipped"].split("; ")[0]
+    assert first.startswith("deep-cache would apply to tiny-sd, but") and "pip install 'diffmeter[deepcache]'" in first
+
+
+def test_the_ladder_measures_its_baseline_again_at_the_end(cli, tmp_path):
+    code, out, err = cli(
+        "ladder",
+        "tiny-sd",
+        "--rungs",
+        "scheduler",
+        "--steps",
+        "4",
+        "--fast-steps",
+        "2",
+        "--iterations",
+        "1",
+        "--out",
+        tmp_path,
+        "--json",
+    )
+    assert code == 0, err
+    ladder = json.loads(out)
+    assert ladder["baseline_recheck_s"] > 0 and len(ladder["baseline_recheck_interval_s"]) == 2
+    scheduler = ladder["rows"][1]
+    assert scheduler["speedup_interval"][0] <= scheduler["speedup"] <= scheduler["speedup_interval"][1]
+    assert not any(path.name.startswith(".ladder-recheck") for path in tmp_path.iterdir())  # nothing left behind

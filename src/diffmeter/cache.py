@@ -4,7 +4,7 @@ repeated command answers without loading torch or diffusers.
 An entry is keyed by everything the answer depends on: the configs and settings asked about,
 the installed torch, diffusers and transformers versions, and a hash of diffmeter's own source.
 Any change to any of them is a miss, never a stale answer. The cache lives in
-``$DIFFMETER_CACHE`` (``off`` disables it), else ``$XDG_CACHE_HOME/diffmeter`` or
+``$DIFFMETER_CACHE_DIR`` (``off`` disables it), else ``$XDG_CACHE_HOME/diffmeter`` or
 ``~/.cache/diffmeter``; it is best-effort: a cache that cannot be read or written is skipped.
 """
 
@@ -23,7 +23,7 @@ LIBRARIES = ("torch", "diffusers", "transformers")
 
 
 def directory() -> Path | None:
-    setting = os.environ.get("DIFFMETER_CACHE")
+    setting = os.environ.get("DIFFMETER_CACHE_DIR")
     if setting == "off":
         return None
     if setting:

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from diffmeter import units
 from diffmeter.catalog import resolve
-from diffmeter.errors import DiffmeterError
+from diffmeter.errors import DiffmeterError, MissingPackage
 from diffmeter.families import get_family
 from diffmeter.measure.conditions import Conditions
 from diffmeter.measure.quality import Quality
@@ -93,21 +93,25 @@ def plan(spec: BenchSpec, rungs: tuple[str, ...], fast_steps: int | None, compil
     current = base
     for rung in rungs:
         candidates = _candidates(rung, current, entry, fast_steps, compile_mode)
-        reasons = []
+        reasons, missing = [], []
         for adds, update, extra in candidates:
             candidate = current.model_copy(
                 update={**update, "optimizations": [*current.optimizations, *([extra] if extra else [])]}
             )
-            reason = _refusal(candidate, entry, family)
-            if reason is None:
-                ladder.append(Rung(rung, adds, candidate))
-                current = candidate
-                break
-            reasons.append(reason)
-        else:
-            ladder.append(
-                Rung(rung, "-", None, skipped="; ".join(reasons) or NOTHING_TO_ADD.get(rung, "nothing to add"))
-            )
+            try:
+                _check(candidate, entry, family)
+            except MissingPackage as error:
+                missing.append(str(error))
+                continue
+            except DiffmeterError as error:
+                reasons.append(str(error))
+                continue
+            ladder.append(Rung(rung, adds, candidate))
+            current = candidate
+            break
+        else:  # what would apply if installed says more than what does not apply
+            skipped = "; ".join(missing + reasons) or NOTHING_TO_ADD.get(rung, "nothing to add")
+            ladder.append(Rung(rung, "-", None, skipped=skipped))
     return ladder
 
 
@@ -148,14 +152,11 @@ def _candidates(rung: str, current: BenchSpec, entry, fast_steps: int | None, co
     return [(name, {}, OptimizationSpec(name=name)) for name in CACHES]
 
 
-def _refusal(spec: BenchSpec, entry, family) -> str | None:
-    try:
-        settled = spec.settle(entry)
-        target = Target(entry, family, torch.device(settled.device), settled.dtype, settled.steps)
-        check(build(settled.optimizations), target)
-    except DiffmeterError as error:
-        return str(error)
-    return None
+def _check(spec: BenchSpec, entry, family) -> None:
+    """Raise what ``bench`` would refuse the spec for (MissingPackage when only a package is missing)."""
+    settled = spec.settle(entry)
+    target = Target(entry, family, torch.device(settled.device), settled.dtype, settled.steps)
+    check(build(settled.optimizations), target)
 
 
 def climb(
