@@ -60,17 +60,7 @@ def profiles_csv(profiles: list[Profile]) -> str:
             }
             writer.writerow(
                 {
-                    "model": p.model,
-                    "family": p.family,
-                    "height": p.height,
-                    "width": p.width,
-                    "num_frames": p.num_frames or "",
-                    "steps": p.steps,
-                    "batch_size": p.batch_size,
-                    "guidance_scale": p.guidance_scale,
-                    "cfg": p.cfg,
-                    "dtype": p.dtype,
-                    "component": c.name,
+                    **setting,
                     "role": c.role,
                     "class": c.class_name,
                     "params": c.params,

@@ -115,11 +115,11 @@ def _facts(result: BenchResult) -> Text:
     if energy.available:
         parts = []
         if energy.gpu_j_per_image is not None:
-            parts.append(f"GPU {units.joules(energy.gpu_j_per_image)}/image at {energy.gpu_avg_power_w:,.0f} W")
+            parts.append(f"GPU {units.joules(energy.gpu_j_per_image)}/{output} at {energy.gpu_avg_power_w:,.0f} W")
         if energy.cpu_j_per_image is not None:
-            parts.append(f"CPU {units.joules(energy.cpu_j_per_image)}/image")
+            parts.append(f"CPU {units.joules(energy.cpu_j_per_image)}/{output}")
         if energy.dram_j_per_image is not None:
-            parts.append(f"DRAM {units.joules(energy.dram_j_per_image)}/image")
+            parts.append(f"DRAM {units.joules(energy.dram_j_per_image)}/{output}")
         lines.append(f"energy ({energy.source}, {energy.basis}): " + ", ".join(parts))
     else:
         lines.append(f"energy: not measured ({energy.reason})")

@@ -77,11 +77,12 @@ def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, pro
     try:
         storage.write_json(staging / storage.REQUESTS, workload.requests(spec.iterations))
         result = _measure(spec, entry, source, workload, profile, staging, log, progress, optimizations, target)
-        if len(result.iterations) > spec.iterations:  # --min-duration asked for more calls
+        if len(result.iterations) > spec.iterations:  # --min-duration or --target-precision asked for more
             storage.write_json(staging / storage.REQUESTS, workload.requests(len(result.iterations)))
         if baseline is not None and result.status == "complete":
             result.quality = compare_with_baseline(result, staging, *baseline)
             result.speedup = Speedup.of(result.summary.latency_s, baseline[0].summary.latency_s, str(baseline[1]))
+            result.notes += _baseline_notes(result, baseline[0])
         log.info("done: %s", result.status)
         final = folder.commit(result)
     except BaseException:
@@ -145,6 +146,17 @@ def stored_or_run(spec: BenchSpec, out, progress: Progress | None = None, rerun:
 
 def _run_name(spec: BenchSpec, entry, optimizations) -> str:
     return storage.run_name(spec, entry, [optimization.label() for optimization in optimizations])
+
+
+def _baseline_notes(result: BenchResult, baseline: BenchResult) -> list[str]:
+    """A baseline reused from another session was measured under conditions that may differ."""
+    apart = abs(datetime.fromisoformat(result.created_utc) - datetime.fromisoformat(baseline.created_utc))
+    if apart.total_seconds() <= 3600:
+        return []
+    return [
+        f"the baseline was measured {baseline.created_utc} and this run {result.created_utc}: the speed-up compares "
+        "two sessions; --force on the baseline's folder, or a fresh --out, measures both now"
+    ]
 
 
 def compare_with_baseline(result: BenchResult, folder: Path, baseline: BenchResult, baseline_folder: Path) -> Quality:
