@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from diffmeter.catalog import pipeline_defaults
 from diffmeter.catalog.entry import ComponentEntry, Defaults, PipelineEntry
 from diffmeter.errors import DiffmeterError
 
@@ -57,7 +58,8 @@ def hf_cache_directory(repo_id: str) -> Path | None:
 
 
 def entry_from_directory(root: Path, known: tuple[PipelineEntry, ...], repo_id: str | None = None) -> PipelineEntry:
-    """Build an entry from ``root``; defaults come from a catalog entry of the same family."""
+    """Build an entry from ``root``: its configs, and the defaults of its own pipeline class (a
+    catalog entry of the same family fills what the class does not say)."""
     index_path = root / "model_index.json"
     if not index_path.is_file():
         raise DiffmeterError(
@@ -81,8 +83,8 @@ def entry_from_directory(root: Path, known: tuple[PipelineEntry, ...], repo_id: 
             raise DiffmeterError(f"component '{name}' has no config at {config_path}")
         config = {k: v for k, v in _read_json(config_path).items() if not k.startswith("_")}
         components[name] = ComponentEntry(class_name=spec[1], config=config)
-    template = _same_family(known, family, repo_id or index.get("_name_or_path"))
-    return PipelineEntry(
+    template, same_model = _same_family(known, family, repo_id or index.get("_name_or_path"))
+    entry = PipelineEntry(
         id=repo_id or str(root),
         aliases=[],
         family=family,
@@ -94,6 +96,11 @@ def entry_from_directory(root: Path, known: tuple[PipelineEntry, ...], repo_id: 
         extra=template.extra if template else {},
         origin="local",
     )
+    if same_model:  # the catalog's own model: keep its model-card defaults
+        return entry
+    defaults, lengths = pipeline_defaults.derive(entry, root, template)
+    sources = {**entry.sources, "defaults": f"{pipeline_class}.__call__ defaults and the folder's configs"}
+    return entry.model_copy(update={"defaults": defaults, "text_max_length": lengths, "sources": sources})
 
 
 def _read_json(path: Path) -> dict:
@@ -104,6 +111,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _same_family(known: tuple[PipelineEntry, ...], family: str, repo_id: str | None):
+    """(a catalog entry of ``family``, whether it is the very model ``repo_id`` names)."""
     real = [entry for entry in known if entry.family == family and entry.origin == "catalog"]
     exact = [entry for entry in real if repo_id and entry.id.lower() == repo_id.lower()]
-    return (exact or real or [None])[0]
+    return (exact or real or [None])[0], bool(exact)

@@ -152,6 +152,16 @@ class Family:
             ),
         )
 
+    def default_size(self, entry: PipelineEntry) -> tuple[int, int]:
+        """(height, width) the pipeline makes when called without a size: most pipelines take the
+        denoiser's ``sample_size`` times the VAE's scale."""
+        side = entry.components[self.denoiser].config["sample_size"] * self.vae_scale(entry)
+        return side, side
+
+    def default_frames(self, entry: PipelineEntry) -> int | None:
+        """Frames the pipeline makes when ``__call__`` names no default (None: images, or ``__call__`` does)."""
+        return None
+
     def bins(self, entry: PipelineEntry, spec: ProfileSpec) -> bool:
         """Whether the pipeline snaps this request to an aspect-ratio bin (and resizes the image back)."""
         return bool(spec.resolution_binning) and self.binned_size(entry, spec.height, spec.width) is not None

@@ -20,6 +20,10 @@ class Flux(Family):
     def size_multiple(self, entry) -> int:
         return self.pixel_multiple(entry)  # FluxPipeline: vae_scale_factor * 2
 
+    def default_size(self, entry) -> tuple[int, int]:
+        side = 128 * self.vae_scale(entry)  # FluxPipeline.default_sample_size = 128
+        return side, side
+
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)
         image_tokens = (shapes.latent_height // 2) * (shapes.latent_width // 2)

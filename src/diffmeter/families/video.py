@@ -71,6 +71,13 @@ class CogVideoX(Family):
         temporal = entry.components[self.decoder].config["temporal_compression_ratio"]
         return _latent_frames(entry, spec.num_frames, temporal)
 
+    def default_size(self, entry) -> tuple[int, int]:
+        config, scale = entry.components[self.denoiser].config, self.vae_scale(entry)
+        return config["sample_height"] * scale, config["sample_width"] * scale
+
+    def default_frames(self, entry) -> int:
+        return entry.components[self.denoiser].config["sample_frames"]  # CogVideoXPipeline's num_frames default
+
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)
         hidden = torch.zeros(
