@@ -130,8 +130,23 @@ def test_directory_without_model_index_is_refused(tmp_path):
 
 def test_unknown_pipeline_family_is_refused(tmp_path):
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "MysteryPipeline"}))
-    with pytest.raises(DiffmeterError, match="unknown pipeline family 'MysteryPipeline'"):
+    with pytest.raises(DiffmeterError, match="no diffmeter family describes MysteryPipeline .*adding-a-family.md"):
         resolve(str(tmp_path))
+
+
+def test_an_unknown_pipeline_names_the_family_sharing_its_components(tmp_path):
+    index = {
+        "_class_name": "MyFluxInpaintPipeline",
+        "transformer": ["diffusers", "FluxTransformer2DModel"],
+        "vae": ["diffusers", "AutoencoderKL"],
+        "text_encoder_2": ["transformers", "T5EncoderModel"],
+    }
+    (tmp_path / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(DiffmeterError) as refused:
+        resolve(str(tmp_path))
+    message = str(refused.value)
+    assert "nearest family is 'flux' (shares AutoencoderKL, FluxTransformer2DModel, T5EncoderModel)" in message
+    assert "\n" not in message and "docs/adding-a-family.md" in message
 
 
 def test_missing_component_config_is_named(tmp_path):

@@ -37,3 +37,32 @@ def test_exact_at_another_max_sequence_length(name, length):
     _, real, settings = run_tiny(entry, max_sequence_length=length)
     offline = profile(entry.name, **settings)
     assert {c.name: c.macs for c in offline.components} == real
+
+
+def test_sana_without_its_complex_human_instruction_is_a_valid_call():
+    """``complex_human_instruction=None`` is how SanaPipeline runs a bare prompt: --instruction-tokens 0."""
+    import torch
+
+    from diffmeter.families import get_family
+    from diffmeter.flops.counter import count_flops
+    from diffmeter.tiny import tiny_pipeline
+
+    entry = next(e for e in TINY if e.name == "tiny-sana")
+    pipe = tiny_pipeline(entry)
+    components = {name: getattr(pipe, name) for name in entry.components}
+    with torch.no_grad(), count_flops(components) as counts:
+        pipe(
+            "a red cat",
+            height=32,
+            width=32,
+            num_inference_steps=2,
+            complex_human_instruction=None,
+            output_type="np",
+            **entry.extra["runtime"]["call"],
+        )
+    real = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in entry.components}
+    offline = profile("tiny-sana", instruction_tokens=0)
+    assert {c.name: c.macs for c in offline.components} == real
+    instruction = get_family("sana").prompt_settings(pipe, ["a red cat"])["instruction_tokens"]
+    with_instruction = {c.name: c.macs for c in profile("tiny-sana", instruction_tokens=instruction).components}
+    assert with_instruction["text_encoder"] > real["text_encoder"]  # the instruction costs compute

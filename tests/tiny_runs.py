@@ -39,7 +39,7 @@ def run_tiny(
     }
     kwargs = dict(
         num_inference_steps=settings["steps"],
-        guidance_scale=settings["guidance_scale"],
+        **get_family(entry.family).guidance_arguments(entry, settings["guidance_scale"]),
         output_type="np",
         generator=torch.Generator().manual_seed(0),
         **entry.extra["runtime"].get("call", {}),

@@ -149,4 +149,4 @@ def random_pipeline(entry: PipelineEntry, device: torch.device, dtype: torch.dty
         parts = {name: build_component(component, device) for name, component in entry.components.items()}
     finally:
         torch.set_default_dtype(previous)
-    return assemble(entry.pipeline_class, parts, template.extra["runtime"])
+    return assemble(entry.pipeline_class, parts, template.extra["runtime"], entry.extra.get("pipeline_init", {}))

@@ -44,6 +44,9 @@ class ProfileSpec:
     prompt_tokens: int | None = None
     negative_prompt_tokens: int | None = None
     instruction_tokens: int | None = None
+    #: tokens a pipeline's prompt template adds around the prompt (system turn, chat markers), as
+    #: its own tokenizer counts them; None: the catalog's count. Set from the real tokenizer by bench.
+    template_tokens: int | None = None
     resolution_binning: bool | None = None
     max_sequence_length: int | None = None
 
@@ -73,8 +76,14 @@ class ProfileSpec:
                 raise DiffmeterError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
         if self.num_frames is not None and self.num_frames <= 0:
             raise DiffmeterError(f"--num-frames must be a positive integer, got {self.num_frames}")
-        for name in ("prompt_tokens", "negative_prompt_tokens", "instruction_tokens", "max_sequence_length"):
+        for name in ("prompt_tokens", "negative_prompt_tokens", "max_sequence_length"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise DiffmeterError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+        if self.template_tokens is not None and self.template_tokens < 0:
+            raise DiffmeterError(f"template_tokens must be 0 or more, got {self.template_tokens}")
+        if self.instruction_tokens is not None and self.instruction_tokens < 0:
+            raise DiffmeterError(
+                f"--instruction-tokens must be 0 (no instruction) or more, got {self.instruction_tokens}"
+            )
         normalize_dtype(self.dtype)

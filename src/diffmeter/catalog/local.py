@@ -6,6 +6,7 @@ so a directory without weights profiles just as well.
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 
@@ -13,23 +14,10 @@ from diffmeter.catalog import pipeline_defaults
 from diffmeter.catalog.entry import ComponentEntry, Defaults, PipelineEntry
 from diffmeter.errors import DiffmeterError
 
-FAMILY_OF_PIPELINE = {
-    "FluxPipeline": "flux",
-    "StableDiffusionPipeline": "sd",
-    "StableDiffusionXLPipeline": "sdxl",
-    "StableDiffusion3Pipeline": "sd3",
-    "PixArtAlphaPipeline": "pixart",
-    "PixArtSigmaPipeline": "pixart",
-    "SanaPipeline": "sana",
-    "Lumina2Pipeline": "lumina2",
+#: pipeline classes that run like a catalog family but name no catalog entry (older aliases)
+PIPELINE_ALIASES = {
     "Lumina2Text2ImgPipeline": "lumina2",
-    "LuminaPipeline": "lumina_next",
     "LuminaText2ImgPipeline": "lumina_next",
-    "Kandinsky3Pipeline": "kandinsky3",
-    "HunyuanDiTPipeline": "hunyuandit",
-    "DiTPipeline": "dit",
-    "WanPipeline": "wan",
-    "CogVideoXPipeline": "cogvideox",
 }
 
 _RUNTIME_ONLY = {
@@ -68,13 +56,15 @@ def entry_from_directory(root: Path, known: tuple[PipelineEntry, ...], repo_id: 
         )
     index = _read_json(index_path)
     pipeline_class = index.get("_class_name", "")
-    family = FAMILY_OF_PIPELINE.get(pipeline_class)
+    family = family_of_pipeline(known).get(pipeline_class)
     if family is None:
-        supported = ", ".join(sorted(FAMILY_OF_PIPELINE))
-        raise DiffmeterError(f"unknown pipeline family '{pipeline_class}' in {index_path}; supported: {supported}")
-    components = {}
+        raise DiffmeterError(unknown_pipeline_message(pipeline_class, index, known, index_path))
+    components, init = {}, {}
     for name, spec in index.items():
-        if name.startswith("_") or name in _RUNTIME_ONLY or not isinstance(spec, list):
+        if name.startswith("_") or name in _RUNTIME_ONLY:
+            continue
+        if not isinstance(spec, list):
+            init[name] = spec  # a plain __init__ argument (Wan 2.2's boundary_ratio)
             continue
         if spec[1] is None:
             continue
@@ -82,6 +72,9 @@ def entry_from_directory(root: Path, known: tuple[PipelineEntry, ...], repo_id: 
         if not config_path.is_file():
             raise DiffmeterError(f"component '{name}' has no config at {config_path}")
         config = {k: v for k, v in _read_json(config_path).items() if not k.startswith("_")}
+        if spec[1].endswith("Guidance"):  # a guider: configuration, not a module to count
+            init[name] = {"class": spec[1], "config": config}
+            continue
         components[name] = ComponentEntry(class_name=spec[1], config=config)
     template, same_model = _same_family(known, family, repo_id or index.get("_name_or_path"))
     entry = PipelineEntry(
@@ -93,7 +86,7 @@ def entry_from_directory(root: Path, known: tuple[PipelineEntry, ...], repo_id: 
         text_max_length=dict(template.text_max_length) if template else {},
         components=components,
         sources={"configs": str(root)},
-        extra=template.extra if template else {},
+        extra={**(template.extra if template else {}), "pipeline_init": init},
         origin="local",
     )
     if same_model:  # the catalog's own model: keep its model-card defaults
@@ -101,6 +94,33 @@ def entry_from_directory(root: Path, known: tuple[PipelineEntry, ...], repo_id: 
     defaults, lengths = pipeline_defaults.derive(entry, root, template)
     sources = {**entry.sources, "defaults": f"{pipeline_class}.__call__ defaults and the folder's configs"}
     return entry.model_copy(update={"defaults": defaults, "text_max_length": lengths, "sources": sources})
+
+
+def family_of_pipeline(known: tuple[PipelineEntry, ...]) -> dict[str, str]:
+    """Pipeline class -> family, from the catalog's own entries (and older class aliases)."""
+    return {**PIPELINE_ALIASES, **{entry.pipeline_class: entry.family for entry in known}}
+
+
+def unknown_pipeline_message(pipeline_class: str, index: dict, known: tuple[PipelineEntry, ...], path: Path) -> str:
+    """One line: no family describes ``pipeline_class``; the nearest one, and where adding one is explained."""
+    classes = {spec[1] for spec in index.values() if isinstance(spec, list) and len(spec) == 2}
+    shared = {}
+    for entry in known:
+        common = classes & {component.class_name for component in entry.components.values()}
+        if len(common) > len(shared.get(entry.family, ())):
+            shared[entry.family] = common
+    if shared:
+        family, common = max(shared.items(), key=lambda item: len(item[1]))
+        why = f"shares {', '.join(sorted(common))}"
+    else:
+        names = family_of_pipeline(known)
+        close = difflib.get_close_matches(pipeline_class, names, n=1, cutoff=0.0)
+        family, why = (names[close[0]], f"closest class name {close[0]}") if close else (None, "")
+    nearest = f"; the nearest family is '{family}' ({why})" if family else ""
+    return (
+        f"no diffmeter family describes {pipeline_class or 'a pipeline without _class_name'} ({path}){nearest}; "
+        "docs/adding-a-family.md shows how to add one"
+    )
 
 
 def _read_json(path: Path) -> dict:

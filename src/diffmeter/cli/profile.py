@@ -73,7 +73,8 @@ def profile(
     ] = None,
     max_sequence_length: MaxSequenceLength = None,
     instruction_tokens: Annotated[
-        int | None, typer.Option(help="SANA: tokens of the complex human instruction")
+        int | None,
+        typer.Option(help="SANA: tokens of the complex human instruction; 0 for none (complex_human_instruction=None)"),
     ] = None,
     resolution_binning: ResolutionBinning = True,
     depth: Annotated[int, typer.Option(help="also break MACs down by module, this many levels deep")] = 0,

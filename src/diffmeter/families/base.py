@@ -102,6 +102,11 @@ class Family:
         on them (padded encoders)."""
         return {}
 
+    def guidance_arguments(self, entry: PipelineEntry, guidance_scale: float) -> dict[str, Any]:
+        """The pipeline's own ``__call__`` arguments for diffmeter's guidance scale: most pipelines
+        call it ``guidance_scale``; some guide under another name or only with a negative prompt."""
+        return {"guidance_scale": guidance_scale}
+
     # ---- sizes -------------------------------------------------------------------------
     def vae_scale(self, entry: PipelineEntry) -> int:
         """Pixels per latent pixel; KL VAEs downsample once per block after the first."""

@@ -49,7 +49,9 @@ class Sana(Family):
                 batch,
                 1,
                 self._token_builder(batch, prompt_length),
-                note=f"prompt: {prompt_length} tokens incl. {instruction}-token instruction",
+                note=f"prompt: {prompt_length} tokens incl. {instruction}-token instruction"
+                if instruction
+                else f"prompt: {prompt_length} tokens, no instruction",
             )
         ]
         if shapes.cfg:

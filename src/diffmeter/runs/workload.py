@@ -63,7 +63,7 @@ class Workload:
         arguments = dict(self.entry.extra.get("runtime", {}).get("call", {}))
         arguments.update(
             num_inference_steps=spec.steps,
-            guidance_scale=spec.guidance_scale,
+            **self.family.guidance_arguments(self.entry, spec.guidance_scale),
             # CPU generators: the same seed gives the same noise on every device
             generator=[torch.Generator("cpu").manual_seed(seed) for seed in batch.seeds],
             output_type="pil",

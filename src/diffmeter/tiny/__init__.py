@@ -1,0 +1,55 @@
+"""Tiny random-weight pipelines, built offline: real diffusers pipeline classes, real
+schedulers, and small real tokenizers made from an in-memory vocabulary.
+
+Tokenizer builders live in ``tokenizers.py``; every other module of this package is imported
+too, so a family that needs its own kind of tokenizer adds one file here."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import diffusers
+import torch
+
+from diffmeter.catalog.entry import PipelineEntry
+from diffmeter.errors import DiffmeterError
+from diffmeter.pipelines import build_component
+from diffmeter.tiny.tokenizers import TOKENIZERS
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["TOKENIZERS", "assemble", "tiny_pipeline"]
+
+
+def tiny_pipeline(entry: PipelineEntry, device: str = "cpu", seed: int = 0) -> diffusers.DiffusionPipeline:
+    """The real diffusers pipeline of a tiny catalog entry, with seeded random weights."""
+    if not entry.is_tiny:
+        raise DiffmeterError(f"'{entry.name}' is not a tiny random entry; pick one of the tiny-* models")
+    torch.manual_seed(seed)
+    parts = {name: build_component(component, device) for name, component in entry.components.items()}
+    return assemble(entry.pipeline_class, parts, entry.extra["runtime"], entry.extra.get("pipeline_init", {}))
+
+
+def assemble(
+    pipeline_class_name: str, parts: dict, runtime: dict, init: dict | None = None
+) -> diffusers.DiffusionPipeline:
+    """A pipeline from built components plus a runtime (offline tokenizers, a scheduler config)
+    and ``init``: the pipeline's other ``__init__`` arguments as its model_index.json holds them,
+    plain values (Wan 2.2's ``boundary_ratio``) or ``{"class", "config"}`` of diffusers config
+    objects (HunyuanImage's guiders)."""
+    parts = dict(parts)
+    for name, kind in runtime["tokenizers"].items():
+        parts[name] = TOKENIZERS[kind]()
+    scheduler = runtime["scheduler"]
+    parts["scheduler"] = getattr(diffusers, scheduler["class"]).from_config(scheduler["config"])
+    for name, value in (init or {}).items():
+        configured = isinstance(value, dict) and "class" in value
+        parts[name] = getattr(diffusers, value["class"]).from_config(value["config"]) if configured else value
+    pipeline_class = getattr(diffusers, pipeline_class_name)
+    expected = set(pipeline_class._get_signature_keys(pipeline_class)[0])
+    parts.update({name: None for name in expected - set(parts)})
+    pipeline = pipeline_class(**{name: part for name, part in parts.items() if name in expected})
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
