@@ -38,3 +38,17 @@ def cli(capsys, monkeypatch):
         return code, captured.out, captured.err
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def _isolated_compiler_state():
+    """Each test starts from the compiler state the one before it found: inductor settings (which
+    torchao and --compile-inductor-flags change process-wide) and dynamo's compiled-code caches,
+    whose per-function recompile limit otherwise makes a later test fall back to eager."""
+    import torch._inductor.config as inductor
+
+    settings = inductor.get_config_copy()
+    yield
+    inductor.load_config(settings)
+    if "torch._dynamo" in sys.modules:
+        sys.modules["torch._dynamo"].reset()

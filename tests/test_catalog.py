@@ -153,3 +153,13 @@ def test_missing_component_config_is_named(tmp_path):
     _write_pipeline_dir(tmp_path, resolve("tiny-sd"), drop=("vae",))
     with pytest.raises(DiffmeterError, match="component 'vae' has no config"):
         resolve(str(tmp_path))
+
+
+@pytest.mark.parametrize("entry", [e for e in all_entries() if "runtime" in e.extra], ids=lambda e: e.name)
+def test_flow_matching_families_are_the_ones_shipped_with_flow_matching_schedulers(entry):
+    """Family.flow_matching picks the ladder's sampler and refuses noise-prediction schedulers:
+    it must agree with the scheduler the pipeline really ships."""
+    from diffmeter.families import get_family
+
+    scheduler = entry.extra["runtime"]["scheduler"]["class"]
+    assert get_family(entry.family).flow_matching == scheduler.startswith("FlowMatch"), scheduler

@@ -93,7 +93,7 @@ def test_masks_attention_says_what_each_denoiser_passes_to_sdpa(entry):
     if defaults.num_frames:
         arguments["num_frames"] = defaults.num_frames
     with torch.no_grad():
-        pipe(guidance_scale=defaults.guidance_scale, **arguments)
+        pipe(**family.guidance_arguments(entry, defaults.guidance_scale), **arguments)
     assert family.masks_attention == spy.masked
 
 

@@ -47,7 +47,7 @@ def generate(model: str, optimizations=(), steps: int = 3, batch: int = 2, count
         height=defaults.height,
         width=defaults.width,
         num_inference_steps=steps,
-        guidance_scale=defaults.guidance_scale,
+        **t.family.guidance_arguments(t.entry, defaults.guidance_scale),
         output_type="np",
         generator=[torch.Generator().manual_seed(seed) for seed in range(batch)],
         **t.entry.extra["runtime"].get("call", {}),

@@ -33,8 +33,8 @@ def generated_latent_size(entry, height: int, width: int):
         height=height,
         width=width,
         num_inference_steps=1,
-        guidance_scale=1.0,
         output_type="np",
+        **family.guidance_arguments(entry, 1.0),
         **entry.extra["runtime"].get("call", {}),
     )
     if "use_resolution_binning" in inspect.signature(type(pipe).__call__).parameters:

@@ -78,6 +78,8 @@ class Family:
     #: whether the negative prompt goes through the text encoders when CFG is on
     encodes_negative: ClassVar[bool] = True
     is_video: ClassVar[bool] = False
+    #: the denoiser predicts a flow velocity (flow-matching samplers only), not noise
+    flow_matching: ClassVar[bool] = False
     #: the denoiser passes an attention mask to scaled-dot-product attention (text padding
     #: masks in PixArt, SANA, Kandinsky 3, Lumina): kernels that refuse masks cannot run it
     masks_attention: ClassVar[bool] = False

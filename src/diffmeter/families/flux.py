@@ -8,6 +8,7 @@ from diffmeter.families.base import Family, Shapes, register, timesteps
 @register
 class Flux(Family):
     name = "flux"
+    flow_matching = True
     #: FluxPipeline warns and generates at the multiple of 16 just below a size it cannot take
     size_rounding = "down"
     text_encoders = ("text_encoder", "text_encoder_2")

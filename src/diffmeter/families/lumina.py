@@ -10,6 +10,7 @@ from diffmeter.families.base import DENOISER, Call, Family, Shapes, latents, reg
 @register
 class LuminaNext(Family):
     name = "lumina_next"
+    flow_matching = True
     masks_attention = True
     text_encoders = ("text_encoder",)
     sequence_encoder = "text_encoder"
@@ -57,6 +58,7 @@ class LuminaNext(Family):
 @register
 class Lumina2(Family):
     name = "lumina2"
+    flow_matching = True
     masks_attention = True
     vae_scale = LuminaNext.vae_scale
     size_multiple = LuminaNext.size_multiple

@@ -10,6 +10,7 @@ from diffmeter.families.base import TEXT_ENCODER, Call, Family, Shapes, latents,
 @register
 class Sana(Family):
     name = "sana"
+    flow_matching = True
     masks_attention = True
     text_encoders = ("text_encoder",)
     sequence_encoder = "text_encoder"

@@ -23,6 +23,7 @@ def _latent_frames(entry, num_frames: int, temporal: int) -> int:
 @register
 class Wan(Family):
     name = "wan"
+    flow_matching = True
     text_encoders = ("text_encoder",)
     sequence_encoder = "text_encoder"
     cfg_mode = "separate"

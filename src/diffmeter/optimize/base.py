@@ -25,9 +25,6 @@ from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.families.base import Family
 from diffmeter.pipelines import component_class
 
-#: families whose denoiser predicts a flow velocity (flow-matching schedulers only)
-FLOW_FAMILIES = frozenset({"flux", "sd3", "sana", "lumina2", "lumina_next", "wan"})
-
 
 class OptimizationSpec(BaseModel):
     """A technique asked for by name, with its parameters (as stored in results)."""
@@ -64,7 +61,7 @@ class Target:
 
     @property
     def is_flow(self) -> bool:
-        return self.entry.family in FLOW_FAMILIES
+        return self.family.flow_matching
 
     def denoiser_source_mentions(self, text: str) -> bool:
         """Whether the module defining the denoiser class uses ``text`` (e.g. dispatch_attention_fn)."""

@@ -20,7 +20,6 @@ from diffmeter.measure.conditions import Conditions
 from diffmeter.measure.quality import Quality
 from diffmeter.measure.stats import ratio_interval
 from diffmeter.optimize import OptimizationSpec, Target, build, check
-from diffmeter.optimize.base import FLOW_FAMILIES
 from diffmeter.runs import storage
 from diffmeter.runs.results import BenchResult
 from diffmeter.runs.runner import Progress, bench, compare_with_baseline, stored_or_run
@@ -120,7 +119,7 @@ def _candidates(rung: str, current: BenchSpec, entry, fast_steps: int | None, co
     device = torch.device(current.device)
     if rung == "scheduler":
         steps = fast_steps or min(20, current.steps)
-        name = "flow-euler" if entry.family in FLOW_FAMILIES else "dpm++2m"
+        name = "flow-euler" if get_family(entry.family).flow_matching else "dpm++2m"
         return [
             (
                 f"{name} sampler, {steps} steps",
