@@ -163,3 +163,30 @@ def test_flow_matching_families_are_the_ones_shipped_with_flow_matching_schedule
 
     scheduler = entry.extra["runtime"]["scheduler"]["class"]
     assert get_family(entry.family).flow_matching == scheduler.startswith("FlowMatch"), scheduler
+
+
+PUBLISHED_COMPUTE = [(e, f) for e in all_entries() for f in e.extra.get("published_compute", [])]
+
+
+@pytest.mark.parametrize(("entry", "figure"), PUBLISHED_COMPUTE, ids=[e.name for e, _ in PUBLISHED_COMPUTE])
+def test_published_compute_figures_agree_with_the_count(entry, figure):
+    """A compute figure an entry cites (docs/catalog-compute.md shows them) is what diffmeter counts for
+    the same thing at the same settings, within 1%."""
+    from diffmeter.flops.profile import profile
+
+    counted = profile(entry.name, **figure["settings"])
+    if figure["counts"] == "generation":
+        ours = counted.total_macs
+    else:
+        (component,) = [c for c in counted.components if c.name == figure["component"]]
+        ours = component.macs_per_call
+    assert ours == pytest.approx(figure["macs"], rel=0.01), figure["figure"]
+
+
+def test_the_compute_table_in_the_docs_lists_every_catalog_model():
+    """docs/catalog-compute.md is generated (python benchmarks/catalog_compute.py): a new entry needs a rerun."""
+    from pathlib import Path
+
+    table = (Path(__file__).parents[1] / "docs" / "catalog-compute.md").read_text()
+    missing = [e.name for e in all_entries() if not e.is_tiny and f"| {e.name} |" not in table]
+    assert not missing, f"rerun python benchmarks/catalog_compute.py for {missing}"

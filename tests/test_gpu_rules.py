@@ -86,14 +86,16 @@ def test_masks_attention_says_what_each_denoiser_passes_to_sdpa(entry):
     denoiser.register_forward_hook(leave)
     defaults = entry.defaults
     arguments = dict(num_inference_steps=1, output_type="np", **entry.extra["runtime"].get("call", {}))
-    if entry.family == "dit":
-        arguments["class_labels"] = [1]
-    else:
-        arguments.update(prompt="a cat", height=defaults.height, width=defaults.width)
     if defaults.num_frames:
         arguments["num_frames"] = defaults.num_frames
+    if entry.family == "dit":
+        calls = [dict(class_labels=[1])]
+    else:  # a short prompt, and a batch of unequal ones (which pipelines that do not pad must mask)
+        size = dict(height=defaults.height, width=defaults.width)
+        calls = [dict(prompt="a cat", **size), dict(prompt=["a cat", " ".join(["a photo of a cat"] * 12)], **size)]
     with torch.no_grad():
-        pipe(**family.guidance_arguments(entry, defaults.guidance_scale), **arguments)
+        for call in calls:
+            pipe(**family.guidance_arguments(entry, defaults.guidance_scale), **arguments, **call)
     assert family.masks_attention == spy.masked
 
 
@@ -404,3 +406,23 @@ def test_mps_is_refused_with_the_reason():
 
     with pytest.raises(DiffmeterError, match="--device mps is not supported.*--device cpu"):
         resolve_device("mps")
+
+
+def test_techniques_on_the_denoiser_reach_both_wan22_experts():
+    """Wan 2.2 A14B runs its low-noise expert (transformer_2) for most steps: compiling, quantizing or
+    hooking `transformer` alone would measure a technique on part of the steps only."""
+    t = target("tiny-wan22")
+    (compiled,) = techniques(("compile", {"backend": "diffmeter_test_counting"}))
+    assert compiled.components(t) == ["transformer", "transformer_2"]
+    pipe = tiny_pipeline(t.entry)
+    compiled.apply(pipe, t)
+    with_experts = get_family("wan").expert_steps(t.entry, 2)
+    assert with_experts == {"transformer": 1, "transformer_2": 1}
+    assert graph_runs_per_call(pipe, calls=1, num_frames=5) == [2]  # one step on each expert, both compiled
+
+    (kernel,) = techniques(("sdpa-kernel", {"kernel": "math"}))
+    pipe = tiny_pipeline(t.entry)
+    kernel.apply(pipe, t)
+    assert all(module._forward_pre_hooks for module in (pipe.transformer, pipe.transformer_2))
+    kernel.restore(pipe, t)
+    assert not any(module._forward_pre_hooks for module in (pipe.transformer, pipe.transformer_2))

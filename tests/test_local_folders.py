@@ -7,6 +7,7 @@ import torch
 
 from diffmeter import profile
 from diffmeter.catalog import resolve
+from diffmeter.catalog.pipeline_defaults import call_defaults
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 from diffmeter.flops.counter import count_flops
@@ -14,7 +15,17 @@ from diffmeter.tiny import tiny_pipeline
 
 PROMPT = "a photo of a cat riding a horse"
 #: PixArt-Sigma pads T5 to 300 tokens where PixArt-Alpha pads to 120: the case a shared template got wrong
-FOLDERS = ["tiny-pixart-sigma", "tiny-flux", "tiny-sd", "tiny-sd3", "tiny-sana", "tiny-cogvideox"]
+#: Qwen-Image's __call__ has guidance_scale=None; Z-Image's guidance_scale is w in cond + w * (cond - uncond)
+FOLDERS = [
+    "tiny-pixart-sigma",
+    "tiny-flux",
+    "tiny-sd",
+    "tiny-sd3",
+    "tiny-sana",
+    "tiny-cogvideox",
+    "tiny-qwenimage",
+    "tiny-z-image",
+]
 
 
 @pytest.mark.parametrize("name", FOLDERS)
@@ -53,3 +64,13 @@ def test_the_pixart_sigma_folder_pads_t5_to_its_own_300_tokens(tmp_path):
         (tmp_path / "alpha" / "model_index.json").read_text().replace("PixArtAlphaPipeline", "PixArtSigmaPipeline")
     )
     assert resolve(str(tmp_path / "alpha")).text_max_length["text_encoder"] == 300  # PixArtSigmaPipeline's default
+
+
+def test_a_local_z_image_folder_guides_with_the_scale_its_pipeline_uses(tmp_path):
+    """ZImagePipeline's guidance_scale w means the usual CFG scale w + 1: a folder called with its defaults
+    (w = 5) is shown as guidance 6 and run as w = 5."""
+    tiny_pipeline(resolve("tiny-z-image")).save_pretrained(tmp_path / "z")
+    local = resolve(str(tmp_path / "z"))
+    w = call_defaults("ZImagePipeline")["guidance_scale"]
+    assert local.defaults.guidance_scale == w + 1
+    assert get_family(local.family).guidance_arguments(local, local.defaults.guidance_scale) == {"guidance_scale": w}

@@ -159,3 +159,22 @@ def test_bin_sizes_are_left_alone():
         "the complex-human-instruction length (220 tokens) is an estimate; --instruction-tokens N sets the true "
         "Gemma token count"
     ]
+
+
+def test_costliest_work_starts_first_and_results_keep_their_order():
+    """profile --all starts video models first (they count longest); results come back in the order asked."""
+    from diffmeter.parallel import parallel_map
+
+    items = [("a", 0.0), ("b", 1.0), ("c", 0.5), ("d", 2.0)]
+    started = parallel_map(_start_time, items, jobs=2, cost=lambda item: item[1])
+    assert [item for item, _ in started] == ["a", "b", "c", "d"]
+    by_start = [item for item, _ in sorted(started, key=lambda pair: pair[1])]
+    assert set(by_start[:2]) == {"d", "b"}, by_start  # two workers: the two costliest go first
+
+
+def _start_time(item):
+    import time
+
+    started = time.monotonic()
+    time.sleep(0.2)
+    return item[0], started

@@ -136,8 +136,8 @@ def _pretrained(entry: PipelineEntry, source: WeightsSource, torch_dtype: torch.
 def random_pipeline(entry: PipelineEntry, device: torch.device, dtype: torch.dtype, seed: int = 0):
     """Real-size components with random weights, built straight on ``device`` at ``dtype``.
 
-    Tokenizers and the scheduler come from the family's tiny entry: token ids stay inside
-    every real vocabulary, and padded lengths follow the pipeline's own settings.
+    Tokenizers come from the family's tiny entry (token ids stay inside every real vocabulary, and
+    padded lengths follow the pipeline's own settings); the scheduler too, unless the entry ships one.
     """
     template = next((e for e in all_entries() if e.is_tiny and e.family == entry.family), None)
     if template is None:
@@ -149,4 +149,7 @@ def random_pipeline(entry: PipelineEntry, device: torch.device, dtype: torch.dty
         parts = {name: build_component(component, device) for name, component in entry.components.items()}
     finally:
         torch.set_default_dtype(previous)
-    return assemble(entry.pipeline_class, parts, template.extra["runtime"], entry.extra.get("pipeline_init", {}))
+    runtime = dict(template.extra["runtime"])
+    if isinstance(entry.extra.get("scheduler"), dict):  # the entry ships its own (Wan 2.2's experts switch on it)
+        runtime["scheduler"] = entry.extra["scheduler"]
+    return assemble(entry.pipeline_class, parts, runtime, entry.extra.get("pipeline_init", {}))

@@ -16,9 +16,11 @@ def parallel_map(
     items: Sequence[T],
     jobs: int = 0,
     done: Callable[[int, int], None] | None = None,
+    cost: Callable[[T], float] | None = None,
 ) -> list[R]:
     """``[function(item) for item in items]`` in up to ``jobs`` processes (0: one per CPU), in order;
-    ``done(finished, total)`` is called as results come in.
+    ``done(finished, total)`` is called as results come in. With ``cost``, the costliest items start
+    first, so a long one started last does not keep one worker busy while the others idle.
 
     Workers are forked, so they start with everything the parent has imported; errors raised in
     a worker (a ``DiffmeterError`` for bad input) are raised here unchanged. Workers ignore
@@ -32,14 +34,15 @@ def parallel_map(
             results.append(function(item))
             done(len(results), len(items))
         return results
+    order = sorted(range(len(items)), key=lambda index: -cost(items[index])) if cost else list(range(len(items)))
     pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_ignore_interrupts)
     try:
-        results = []
-        for result in pool.imap(function, items):
-            results.append(result)
+        results: dict[int, R] = {}
+        for index, result in zip(order, pool.imap(function, [items[index] for index in order]), strict=True):
+            results[index] = result
             done(len(results), len(items))
         pool.close()
-        return results
+        return [results[index] for index in range(len(items))]
     except BaseException:
         pool.terminate()
         raise

@@ -49,7 +49,7 @@ def derive(entry: PipelineEntry, root: Path, template: PipelineEntry | None) -> 
         height=height,
         width=width,
         steps=called.get("num_inference_steps") or fallback.steps,
-        guidance_scale=called.get("guidance_scale", fallback.guidance_scale),
+        guidance_scale=_or(family.called_guidance(entry, called), fallback.guidance_scale),
         dtype=fallback.dtype,
         num_frames=frames if frames is not None else fallback.num_frames,
         resolution_binning=called.get("use_resolution_binning", fallback.resolution_binning),
@@ -66,6 +66,10 @@ def derive(entry: PipelineEntry, root: Path, template: PipelineEntry | None) -> 
             if limit is not None:
                 lengths[encoder] = limit
     return defaults, lengths
+
+
+def _or(value, fallback):
+    return fallback if value is None else value
 
 
 def _model_max_length(path: Path) -> int | None:

@@ -35,6 +35,9 @@ class Call:
     note: str = ""
     #: optional hook installer for the meta run, returning a removable handle
     prepare: Callable[[torch.nn.Module], Any] | None = None
+    #: submodules called once per frame whose repeated calls (same input shapes, same cache state
+    #: in their arguments) may be replayed instead of run again: a causal video VAE's decoder
+    replayed: tuple[str, ...] = ()
 
 
 @dataclass
@@ -110,6 +113,11 @@ class Family:
         return {"guidance_scale": guidance_scale}
 
     # ---- sizes -------------------------------------------------------------------------
+    def called_guidance(self, entry: PipelineEntry, call_defaults: dict[str, Any]) -> float | None:
+        """diffmeter's guidance scale (CFG when > 1) for a pipeline called with its ``__call__`` defaults
+        alone: the inverse of ``guidance_arguments``; None when the signature does not say."""
+        return call_defaults.get("guidance_scale")
+
     def vae_scale(self, entry: PipelineEntry) -> int:
         """Pixels per latent pixel; KL VAEs downsample once per block after the first."""
         config = entry.components[self.decoder].config
@@ -255,6 +263,11 @@ class Family:
         """Token ids only: a padding mask changes no matmul shape, and reading one is a
         data-dependent branch in transformers that the meta device cannot take."""
         return {"input_ids": torch.zeros(batch, length, dtype=torch.long, device=device)}
+
+    def denoisers(self, entry: PipelineEntry) -> tuple[str, ...]:
+        """The denoiser components a generation calls: the denoiser, and any expert the pipeline
+        switches to between steps. Stage timing and the optimizations act on each of them."""
+        return (self.denoiser,)
 
     def denoiser_calls(self, shapes: Shapes) -> list[Call]:
         steps, batch = shapes.spec.steps, shapes.spec.batch_size

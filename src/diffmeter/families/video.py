@@ -1,12 +1,15 @@
-"""Text-to-video families: Wan 2.1 and CogVideoX."""
+"""Text-to-video families: Wan 2.1 and 2.2, and CogVideoX."""
 
-import math
+import dataclasses
+import inspect
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
 from diffmeter.errors import DiffmeterError
-from diffmeter.families.base import Family, Shapes, register, timesteps
+from diffmeter.families.base import DENOISER, Call, Family, Shapes, register, timesteps
 
 
 def _latent_frames(entry, num_frames: int, temporal: int) -> int:
@@ -22,18 +25,53 @@ def _latent_frames(entry, num_frames: int, temporal: int) -> int:
 
 @register
 class Wan(Family):
+    """WanPipeline: Wan 2.1, Wan 2.2's two experts (``boundary_ratio``) and its TI2V-5B model
+    (``expand_timesteps``, the 16x-compressing Wan 2.2 VAE)."""
+
     name = "wan"
     flow_matching = True
     text_encoders = ("text_encoder",)
     sequence_encoder = "text_encoder"
     cfg_mode = "separate"
     is_video = True
+    #: the low-noise expert of Wan 2.2, run on the steps whose timestep falls below the boundary
+    low_noise = "transformer_2"
 
     def size_multiple(self, entry) -> int:
-        return math.lcm(16, self.pixel_multiple(entry))  # WanPipeline.check_inputs: multiples of 16
+        return 16  # WanPipeline.check_inputs refuses sides that are not multiples of 16
+
+    def pipeline_size(self, entry, height: int, width: int) -> tuple[int, int, str | None]:
+        """check_inputs refuses sides off a multiple of 16; __call__ then floors each side to a multiple
+        of the VAE's spatial factor times the patch (32 pixels for the Wan 2.2 VAE)."""
+        step = self.pixel_multiple(entry)
+        made = []
+        for side, value in (("height", height), ("width", width)):
+            if value % 16:
+                down, up = value // 16 * 16, -(-value // 16) * 16
+                options = " or ".join(str(size) for size in dict.fromkeys((down, up)) if size > 0)
+                raise DiffmeterError(
+                    f"--{side} {value} is not a multiple of 16, which {entry.pipeline_class} requires for "
+                    f"{entry.name}; try {options}"
+                )
+            if value < step:
+                raise DiffmeterError(
+                    f"--{side} {value} is below {entry.name}'s {step}-pixel latent token: "
+                    f"{entry.pipeline_class} would floor it to 0; try {step}"
+                )
+            made.append(value // step * step)
+        if (made[0], made[1]) == (height, width):
+            return height, width, None
+        return (
+            made[0],
+            made[1],
+            (
+                f"{entry.pipeline_class} generates {width}x{height} (WxH) at {made[1]}x{made[0]}: it floors each side "
+                f"to a multiple of {step} pixels (VAE {self.vae_scale(entry)}x, patch {self.patch(entry)})"
+            ),
+        )
 
     def vae_scale(self, entry) -> int:
-        return 2 ** len(entry.components[self.decoder].config["temperal_downsample"])
+        return _vae_setting(entry, self.decoder, "scale_factor_spatial")  # what WanPipeline reads
 
     def latent_channels(self, entry) -> int:
         return entry.components[self.decoder].config["z_dim"]
@@ -42,23 +80,133 @@ class Wan(Family):
         return entry.components[self.denoiser].config["patch_size"][1]
 
     def latent_frames(self, entry, spec) -> int:
-        temporal = 2 ** sum(entry.components[self.decoder].config["temperal_downsample"])
-        return _latent_frames(entry, spec.num_frames, temporal)
+        return _latent_frames(entry, spec.num_frames, _vae_setting(entry, self.decoder, "scale_factor_temporal"))
 
-    def denoiser_inputs(self, shapes: Shapes, batch: int, device):
-        config = shapes.config(self.denoiser)
+    def guidance_arguments(self, entry, guidance_scale: float) -> dict:
+        """Wan 2.2 A14B's model card guides the low-noise expert with its own ``guidance_scale_2``;
+        whether the uncond branch runs at all is still decided by ``guidance_scale`` alone."""
+        arguments = {"guidance_scale": guidance_scale}
+        if _init(entry, "boundary_ratio") is not None and entry.extra.get("guidance_scale_2") is not None:
+            arguments["guidance_scale_2"] = entry.extra["guidance_scale_2"]
+        return arguments
+
+    # ---- the expert switch ----------------------------------------------------------------
+    def denoisers(self, entry) -> tuple[str, ...]:
+        """Wan 2.2 A14B ships a low-noise expert (``transformer_2``) next to the high-noise one."""
+        return (self.denoiser, self.low_noise) if self.low_noise in entry.components else (self.denoiser,)
+
+    def expert_steps(self, entry, steps: int) -> dict[str, int]:
+        """Steps per expert, from the timesteps the pipeline's own scheduler gives: WanPipeline runs
+        ``transformer`` where ``t >= boundary_ratio * num_train_timesteps``, ``transformer_2`` below."""
+        ratio = _init(entry, "boundary_ratio")
+        if ratio is None:
+            return {self.denoiser: steps}
+        scheduler = _scheduler(entry)
+        scheduler.set_timesteps(steps, device="cpu")
+        boundary = ratio * scheduler.config.num_train_timesteps
+        high = sum(bool(t >= boundary) for t in scheduler.timesteps)
+        return {self.denoiser: high, self.low_noise: len(scheduler.timesteps) - high}
+
+    def denoiser_calls(self, shapes: Shapes) -> list[Call]:
+        batch = shapes.spec.batch_size
+        split = self.expert_steps(shapes.entry, shapes.spec.steps)
+        cfg = shapes.cfg  # WanPipeline: guidance_scale > 1, for both experts (guidance_scale_2 only weighs)
+        if len(split) > 1:
+            scheduler = _scheduler_spec(shapes.entry)
+            shift = scheduler["config"].get("flow_shift", scheduler["config"].get("shift"))
+            shapes.note(
+                f"Wan 2.2 experts: {split[self.denoiser]} of {shapes.spec.steps} steps on the high-noise transformer, "
+                f"{split[self.low_noise]} on the low-noise transformer_2 (timesteps of {scheduler['class']}"
+                + (f" with shift {shift}" if shift is not None else "")
+                + f" against the boundary {_init(shapes.entry, 'boundary_ratio')} x num_train_timesteps)"
+            )
+        calls = []
+        for expert, steps in split.items():
+            if steps == 0:
+                continue
+            note = "CFG: separate uncond and cond calls" if cfg else "no CFG"
+            if len(split) > 1:
+                label = "high-noise expert" if expert == self.denoiser else "low-noise expert"
+                note = f"{label}, {steps} step{'' if steps == 1 else 's'}; {note}"
+            calls.append(
+                Call(
+                    expert,
+                    DENOISER,
+                    batch,
+                    2 * steps if cfg else steps,
+                    lambda device, expert=expert: self.denoiser_inputs(shapes, batch, device, expert),
+                    note=note,
+                )
+            )
+        return calls
+
+    def denoiser_inputs(self, shapes: Shapes, batch: int, device, component: str | None = None):
+        config = shapes.config(component or self.denoiser)
+        if _init(shapes.entry, "expand_timesteps"):
+            # Wan 2.2 TI2V: one timestep per latent token, (mask[0][0][:, ::2, ::2] * t).flatten()
+            tokens = shapes.latent_frames * -(-shapes.latent_height // 2) * -(-shapes.latent_width // 2)
+            timestep = torch.zeros(batch, tokens, device=device)
+        else:
+            timestep = timesteps(batch, device)
         return {
             "hidden_states": self._latents(shapes, batch, config["in_channels"]),
-            "timestep": timesteps(batch, device),
+            "timestep": timestep,
             "encoder_hidden_states": torch.zeros(batch, shapes.text_tokens["text_encoder"], config["text_dim"]),
             "return_dict": False,
         }
+
+    def decoder_calls(self, shapes: Shapes) -> list[Call]:
+        """AutoencoderKLWan decodes one latent frame per ``decoder`` call, its causal caches passed in
+        the call (``feat_cache``; ``feat_idx`` reset to [0] before each frame): once the caches are full,
+        a frame's call has the same inputs as the one before, and is replayed rather than run again."""
+        return [dataclasses.replace(call, replayed=("decoder",)) for call in super().decoder_calls(shapes)]
 
     def decoder_inputs(self, shapes: Shapes, batch: int, device):
         return {"z": self._latents(shapes, batch, self.latent_channels(shapes.entry))}
 
     def _latents(self, shapes: Shapes, batch: int, channels: int) -> torch.Tensor:
         return torch.zeros(batch, channels, shapes.latent_frames, shapes.latent_height, shapes.latent_width)
+
+
+def _vae_setting(entry, decoder: str, key: str) -> int:
+    """A Wan VAE setting as the loaded model's config holds it: the file's value, else the
+    AutoencoderKLWan default (8x spatial, 4x temporal for the Wan 2.1 VAE)."""
+    config = entry.components[decoder].config
+    if config.get(key) is not None:
+        return config[key]
+    from diffusers import AutoencoderKLWan
+
+    return inspect.signature(AutoencoderKLWan.__init__).parameters[key].default
+
+
+def _init(entry, name: str):
+    """A WanPipeline __init__ argument as model_index.json holds it (``extra.pipeline_init``)."""
+    return entry.extra.get("pipeline_init", {}).get(name)
+
+
+def _scheduler_spec(entry) -> dict:
+    """The scheduler the pipeline ships: a catalog entry's ``extra.scheduler``, a tiny entry's runtime
+    scheduler, or a local folder's own scheduler/scheduler_config.json."""
+    if entry.origin == "local":
+        path = Path(entry.sources.get("configs", "")) / "scheduler" / "scheduler_config.json"
+        if path.is_file():
+            config = json.loads(path.read_text())
+            return {"class": config.get("_class_name"), "config": config}
+        raise DiffmeterError(
+            f"{entry.name} switches experts at a timestep boundary, which depends on its scheduler: {path} is missing"
+        )
+    spec = entry.extra.get("scheduler") or entry.extra.get("runtime", {}).get("scheduler")
+    if spec is None:
+        raise DiffmeterError(f"{entry.name} switches experts but its catalog entry names no scheduler")
+    return spec
+
+
+def _scheduler(entry):
+    import diffusers
+
+    spec = _scheduler_spec(entry)
+    config = {k: v for k, v in spec["config"].items() if not k.startswith("_")}
+    return getattr(diffusers, spec["class"]).from_config(config)
 
 
 @register

@@ -155,6 +155,7 @@ def count_flops(
     modules: dict[str, torch.nn.Module] | None = None,
     reuse_repeated_blocks: bool = False,
     submodules: bool = True,
+    replayed: tuple[str, ...] = (),
 ) -> Iterator[FlopCounts]:
     """Count FLOPs of everything run inside the block.
 
@@ -166,14 +167,18 @@ def count_flops(
     its output and counts are replayed. Transformer stacks then cost one block each.
 
     ``submodules=False`` tracks only the roots (and reused blocks): faster, no breakdown.
+
+    ``replayed`` names submodules of the roots (e.g. ``decoder``) whose repeated calls with inputs of
+    the same shapes and values are replayed the same way, whether or not reuse is on: for a module
+    called once per frame whose state, if any, lives in its arguments (see ``Call.replayed``).
     """
     counts = FlopCounts()
     state = _State(counts)
     handles, memo = [], {}
     for root_name, root in (modules or {}).items():
-        blocks = {}
+        blocks = {id(root.get_submodule(name)): name for name in replayed}
         if reuse_repeated_blocks:
-            blocks = {
+            blocks |= {
                 id(block): index
                 for _, module in root.named_modules()
                 if isinstance(module, torch.nn.ModuleList)

@@ -31,7 +31,12 @@ def profile(model: str, *, depth: int = 0, **settings) -> Profile:
 def profile_many(specs: list[ProfileSpec], depth: int = 0, jobs: int = 1, done=None) -> list[Profile]:
     """Profile several specs, in ``jobs`` worker processes (0: one per CPU); ``done(finished, total)``
     reports progress."""
-    return parallel_map(partial(profile_spec, depth=depth), specs, jobs, done)
+    return parallel_map(partial(profile_spec, depth=depth), specs, jobs, done, cost=_video_first)
+
+
+def _video_first(spec: ProfileSpec) -> float:
+    """Videos take the longest to count (a causal VAE decodes frame by frame): start them first."""
+    return 1.0 if spec.num_frames or resolve(spec.model).defaults.num_frames else 0.0
 
 
 def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
@@ -114,11 +119,11 @@ def count_call(module: torch.nn.Module, name: str, call: Call, inputs: dict, sub
     """Run one call of ``module`` on the meta device under the counter.
 
     Repeated blocks are reused except in VAE decoders, whose blocks carry state between
-    calls (Wan's causal-convolution caches)."""
+    calls (Wan's causal-convolution caches); a call may name submodules to replay instead."""
     handle = call.prepare(module) if call.prepare else None
     try:
         reuse = call.role != VAE_DECODER
-        with torch.no_grad(), count_flops({name: module}, reuse, submodules) as counts:
+        with torch.no_grad(), count_flops({name: module}, reuse, submodules, call.replayed) as counts:
             getattr(module, call.method)(**inputs)
     finally:
         if handle is not None:
@@ -158,7 +163,7 @@ class MetaComponent:
         inputs = meta_inputs(call)
         # keyed by structure, not config: configs differing only in scaling factors or
         # metadata build identical modules
-        signature = (call.method, call_signature(inputs), call.prepare is None, call.note)
+        signature = (call.method, call_signature(inputs), call.prepare is None, call.note, call.replayed)
         key = (type(self.module).__name__, repr(self.module), name, signature, submodules)
         if key not in self._counts:
             self._counts[key] = count_call(self.module, name, call, inputs, submodules)

@@ -52,14 +52,16 @@ class StageTimer:
         self,
         pipe,
         text_encoders: list[str],
-        denoiser: str,
+        denoiser: str | list[str],
         decoder: str,
         clock: HostClock | CudaEventClock,
     ) -> None:
         self.pipe = pipe
         self.clock = clock
         self.text_encoders = [getattr(pipe, name) for name in text_encoders if getattr(pipe, name, None) is not None]
-        self.denoiser = getattr(pipe, denoiser)
+        #: the denoiser, and the experts a pipeline switches to between steps (Wan 2.2's transformer_2)
+        names = [denoiser] if isinstance(denoiser, str) else denoiser
+        self.denoisers = [getattr(pipe, name) for name in names if getattr(pipe, name, None) is not None]
         self.decoder = getattr(pipe, decoder)
         self._handles: list = []
         #: (owner, method name, what the owner's own __dict__ held before wrapping, if anything)
@@ -73,7 +75,8 @@ class StageTimer:
         for encoder in self.text_encoders:
             self._handles.append(encoder.register_forward_pre_hook(lambda *_: self._enter("text")))
             self._handles.append(encoder.register_forward_hook(lambda *_: self._leave("text"), always_call=True))
-        self._handles.append(self.denoiser.register_forward_pre_hook(lambda *_: self._denoiser_called()))
+        for denoiser in self.denoisers:
+            self._handles.append(denoiser.register_forward_pre_hook(lambda *_: self._denoiser_called()))
         self._wrap(self.pipe.scheduler, "step", after=lambda: self._marks.append(("step<", self.clock.mark())))
         self._wrap(self.decoder, "decode", before=lambda: self._enter("decode"), after=lambda: self._leave("decode"))
         return self

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from diffmeter.optimize.base import Optimization, Target, denoiser
+from diffmeter.optimize.base import Optimization, Target, denoisers
 from diffmeter.optimize.registry import register
 
 #: the package each backend family needs, as the user installs it
@@ -110,7 +110,8 @@ class Attention(Optimization):
         from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
         self._previous = _AttentionBackendRegistry._active_backend  # set_attention_backend changes it globally
-        denoiser(pipe, target).set_attention_backend(self.config.backend)
+        for module in denoisers(pipe, target):
+            module.set_attention_backend(self.config.backend)
 
     def restore(self, pipe, target: Target) -> None:
         from diffusers.models.attention_dispatch import _AttentionBackendRegistry

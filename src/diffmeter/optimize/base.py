@@ -159,5 +159,8 @@ def _short(value) -> str:
     return str(value)
 
 
-def denoiser(pipe, target: Target) -> torch.nn.Module:
-    return getattr(pipe, target.family.denoiser)
+def denoisers(pipe, target: Target) -> list[torch.nn.Module]:
+    """The denoiser and any expert the pipeline switches to between steps (Wan 2.2's transformer_2):
+    a technique on "the denoiser" applies to each, or half the steps would run without it."""
+    names = target.family.denoisers(target.entry)
+    return [getattr(pipe, name) for name in names if getattr(pipe, name, None) is not None]

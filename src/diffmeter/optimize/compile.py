@@ -42,7 +42,7 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
     mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     fullgraph: bool = False
-    #: pipeline components to compile; empty means the denoiser
+    #: pipeline components to compile; empty means the denoiser (and the experts it switches to)
     components: list[str] = []
     #: compile only the repeated blocks (diffusers' compile_repeated_blocks): much faster to compile
     regional: bool = False
@@ -65,7 +65,7 @@ class Compile(Optimization):
         return self.config.backend == "inductor" and self.config.mode in CUDA_GRAPH_MODES
 
     def components(self, target: Target) -> list[str]:
-        return self.config.components or [target.family.denoiser]
+        return self.config.components or list(target.family.denoisers(target.entry))
 
     def supports(self, target: Target) -> str | None:
         names = self.components(target)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from diffmeter.optimize.base import Optimization, Target, denoiser
+from diffmeter.optimize.base import Optimization, Target, denoisers
 from diffmeter.optimize.registry import register
 
 
@@ -19,4 +19,5 @@ class FuseQKV(Optimization):
         return None
 
     def apply(self, pipe, target: Target) -> None:
-        denoiser(pipe, target).fuse_qkv_projections()
+        for module in denoisers(pipe, target):
+            module.fuse_qkv_projections()

@@ -3,7 +3,7 @@ FasterCache, TaylorSeer, MagCache): they attach to denoisers built on ``CacheMix
 
 from __future__ import annotations
 
-from diffmeter.optimize.base import Optimization, Target, denoiser
+from diffmeter.optimize.base import Optimization, Target, denoisers
 
 
 class HookCache(Optimization):
@@ -27,4 +27,5 @@ class HookCache(Optimization):
         raise NotImplementedError
 
     def apply(self, pipe, target: Target) -> None:
-        denoiser(pipe, target).enable_cache(self.hook_config(pipe, target))
+        for module in denoisers(pipe, target):
+            module.enable_cache(self.hook_config(pipe, target))

@@ -31,7 +31,7 @@ class Quantize(Optimization):
     package = ("torchao", "quant")
 
     def components(self, target: Target) -> list[str]:
-        return self.config.components or [target.family.denoiser]
+        return self.config.components or list(target.family.denoisers(target.entry))
 
     def supports(self, target: Target) -> str | None:
         unknown = [name for name in self.components(target) if name not in target.entry.components]

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from diffmeter.optimize.base import Optimization, Target, denoiser
+from diffmeter.optimize.base import Optimization, Target, denoisers
 from diffmeter.optimize.registry import register
 
 KERNELS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION", "math": "MATH"}
@@ -65,7 +65,6 @@ class SDPAKernel(Optimization):
         """Enter the kernel choice before each denoiser call and leave it after (hooks)."""
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        module = denoiser(pipe, target)
         backend = getattr(SDPBackend, KERNELS[self.config.kernel])
         active = []
 
@@ -77,8 +76,12 @@ class SDPAKernel(Optimization):
             active.pop().__exit__(None, None, None)
 
         self._handles = [
-            module.register_forward_pre_hook(enter),
-            module.register_forward_hook(leave, always_call=True),
+            handle
+            for module in denoisers(pipe, target)
+            for handle in (
+                module.register_forward_pre_hook(enter),
+                module.register_forward_hook(leave, always_call=True),
+            )
         ]
 
     def restore(self, pipe, target: Target) -> None:

@@ -213,7 +213,9 @@ def _measure(spec, entry, source, workload, profile, staging, log, progress, opt
             profile = _profile_of_the_prompts(spec, family, pipe, workload, profile, base)
             loaded = loaded_bytes(device)
             meter = EnergyMeter(device)
-            timer = StageTimer(pipe, list(family.text_encoders), family.denoiser, family.decoder, clock_for(device))
+            timer = StageTimer(
+                pipe, list(family.text_encoders), list(family.denoisers(entry)), family.decoder, clock_for(device)
+            )
             compiling = any(o.kind == "compile" for o in optimizations)
             with timer:
                 contexts = [o.call_context for o in optimizations]

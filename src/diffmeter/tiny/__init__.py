@@ -48,8 +48,10 @@ def assemble(
         configured = isinstance(value, dict) and "class" in value
         parts[name] = getattr(diffusers, value["class"]).from_config(value["config"]) if configured else value
     pipeline_class = getattr(diffusers, pipeline_class_name)
-    expected = set(pipeline_class._get_signature_keys(pipeline_class)[0])
+    expected, optional = pipeline_class._get_signature_keys(pipeline_class)
+    expected = set(expected)
     parts.update({name: None for name in expected - set(parts)})
-    pipeline = pipeline_class(**{name: part for name, part in parts.items() if name in expected})
+    accepted = expected | set(optional)  # optional: plain __init__ arguments such as boundary_ratio
+    pipeline = pipeline_class(**{name: part for name, part in parts.items() if name in accepted})
     pipeline.set_progress_bar_config(disable=True)
     return pipeline

@@ -1,0 +1,101 @@
+"""FLUX.2: an MMDiT over 2x2-patchified 128-channel latents, conditioned on stacked hidden states
+of one LLM text encoder (FLUX.2 [dev]: Mistral Small 3.x; FLUX.2 [klein]: Qwen3).
+
+Both pipelines pad the chat-formatted prompt to ``max_sequence_length`` (512) tokens and run the
+whole ...ForConditionalGeneration / ...ForCausalLM forward (every layer and the ``lm_head`` logits),
+then stack three intermediate hidden states ((10, 20, 30) for dev, (9, 18, 27) for klein) into
+``3 * hidden_size`` = the transformer's ``joint_attention_dim``. Text compute therefore does not
+depend on the prompt. [dev] is guidance-distilled (embedded guidance, one call per step); [klein]
+runs real CFG (a second transformer call per step and the empty negative prompt encoded) unless
+its ``model_index.json`` says ``is_distilled``.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from diffmeter.families.base import Family, Shapes, register, timesteps
+
+
+class _Flux2Base(Family):
+    flow_matching = True
+    #: Flux2Pipeline / Flux2KleinPipeline warn and floor sides to multiples of vae_scale_factor * 2
+    size_rounding = "down"
+    text_encoders = ("text_encoder",)
+    sequence_encoder = "text_encoder"
+    # text calls: the base class's padded input_ids. The pipelines also pass the attention mask,
+    # output_hidden_states=True and use_cache=False, none of which changes a matmul; passing use_cache=False
+    # without a mask would make transformers probe for packed sequences with .item(), which meta cannot run.
+
+    def patch(self, entry) -> int:
+        return 2  # the pipeline patchifies latents 2x2 (32 -> 128 channels) before packing
+
+    def size_multiple(self, entry) -> int:
+        return self.pixel_multiple(entry)  # vae_scale_factor * 2
+
+    def default_size(self, entry) -> tuple[int, int]:
+        side = 128 * self.vae_scale(entry)  # default_sample_size = 128
+        return side, side
+
+    def guidance(self, batch: int, config: dict):
+        return None
+
+    def denoiser_inputs(self, shapes: Shapes, batch: int, device):
+        config = shapes.config(self.denoiser)
+        image_tokens = (shapes.latent_height // 2) * (shapes.latent_width // 2)
+        text_tokens = shapes.text_tokens["text_encoder"]
+        return {
+            "hidden_states": torch.zeros(batch, image_tokens, config["in_channels"]),
+            "encoder_hidden_states": torch.zeros(batch, text_tokens, config["joint_attention_dim"]),
+            "timestep": timesteps(batch, device),
+            "img_ids": torch.zeros(batch, image_tokens, 4),
+            "txt_ids": torch.zeros(batch, text_tokens, 4),
+            "guidance": self.guidance(batch, config),
+            "return_dict": False,
+        }
+
+
+@register
+class Flux2(_Flux2Base):
+    """Flux2Pipeline (FLUX.2 [dev]): guidance embedded in the timestep embedding, never CFG."""
+
+    name = "flux2"
+    cfg_mode = "never"
+
+    def guidance(self, batch: int, config: dict):
+        # the pipeline always passes guidance; the transformer embeds it when it has a guidance embedder
+        # (Flux2Transformer2DModel's guidance_embeds defaults to True)
+        return torch.zeros(batch) if config.get("guidance_embeds", True) else None
+
+
+@dataclass
+class _DistilledShapes(Shapes):
+    """Shapes of a step-distilled klein: the pipeline ignores guidance_scale (no CFG at any scale)."""
+
+    @property
+    def cfg(self) -> bool:
+        return False
+
+
+@register
+class Flux2Klein(_Flux2Base):
+    """Flux2KleinPipeline: Qwen3 prompts, no guidance embedding; CFG as two sequential transformer calls
+    per step (cond, then uncond on the encoded empty prompt) unless the pipeline is ``is_distilled``."""
+
+    name = "flux2_klein"
+    cfg_mode = "separate"
+
+    @staticmethod
+    def is_distilled(entry) -> bool:
+        return bool(entry.extra.get("pipeline_init", {}).get("is_distilled", False))
+
+    def shapes(self, entry, spec):
+        shapes = super().shapes(entry, spec)
+        if not self.is_distilled(entry):
+            return shapes
+        if spec.guidance_scale > 1.0:
+            shapes.note(
+                f"{entry.name} is step-distilled (is_distilled): Flux2KleinPipeline ignores guidance_scale "
+                f"{spec.guidance_scale:g} and runs no CFG"
+            )
+        return _DistilledShapes(**{name: getattr(shapes, name) for name in Shapes.__dataclass_fields__})

@@ -1,0 +1,131 @@
+"""LTX-Video (LTXPipeline, and LTXConditionPipeline run as text-to-video): a DiT over 32x/8x video
+latents packed into tokens, one T5 prompt padded to ``max_sequence_length``, batched CFG, and a VAE
+whose decoder may be conditioned on a decode timestep."""
+
+import math
+
+import torch
+
+from diffmeter.families.base import Family, Shapes, register, timesteps
+
+#: ``frame_rate`` default of both pipelines' ``__call__``; it scales RoPE coordinates, never a shape
+FRAME_RATE = 25
+
+
+def spatial_compression(vae: dict) -> int:
+    """``AutoencoderKLLTXVideo.spatial_compression_ratio``: the config's value, else the patch times one
+    2x per scaling block."""
+    return vae.get("spatial_compression_ratio") or vae.get("patch_size", 4) * 2 ** sum(
+        vae.get("spatio_temporal_scaling", (True, True, True, False))
+    )
+
+
+def temporal_compression(vae: dict) -> int:
+    """``AutoencoderKLLTXVideo.temporal_compression_ratio``, computed the same way."""
+    return vae.get("temporal_compression_ratio") or vae.get("patch_size_t", 1) * 2 ** sum(
+        vae.get("spatio_temporal_scaling", (True, True, True, False))
+    )
+
+
+@register
+class LTXVideo(Family):
+    name = "ltx"
+    text_encoders = ("text_encoder",)
+    sequence_encoder = "text_encoder"
+    is_video = True
+    flow_matching = True
+    #: the cross-attention gets the T5 padding mask as an additive bias
+    masks_attention = True
+
+    def vae_scale(self, entry) -> int:
+        return spatial_compression(entry.components[self.decoder].config)
+
+    def latent_channels(self, entry) -> int:
+        return entry.components[self.decoder].config.get("latent_channels", 128)
+
+    def size_multiple(self, entry) -> int:
+        return math.lcm(32, self.pixel_multiple(entry))  # check_inputs: multiples of 32, whatever the VAE
+
+    def default_size(self, entry) -> tuple[int, int]:
+        return 512, 704  # LTXPipeline/LTXConditionPipeline.__call__ defaults
+
+    def default_frames(self, entry) -> int:
+        return 161  # both pipelines' __call__ default
+
+    def latent_frames(self, entry, spec) -> int:
+        return (spec.num_frames - 1) // temporal_compression(entry.components[self.decoder].config) + 1
+
+    def shapes(self, entry, spec) -> Shapes:
+        """The LTX pipelines take any frame count as ``(num_frames - 1) // 8 + 1`` latent frames, which the
+        VAE decodes to ``8k + 1`` frames: said when the request is not of that form."""
+        shapes = super().shapes(entry, spec)
+        temporal = temporal_compression(entry.components[self.decoder].config)
+        if (spec.num_frames - 1) % temporal:
+            shapes.note(
+                f"{entry.pipeline_class} takes {spec.num_frames} frames as {shapes.latent_frames} latent frames, "
+                f"decoded to {(shapes.latent_frames - 1) * temporal + 1} frames (its VAE makes {temporal}k+1)"
+            )
+        if entry.pipeline_class == "LTXConditionPipeline":
+            shapes.note(
+                "LTXConditionPipeline counted as text-to-video: no image or video conditions (each would add a VAE "
+                "encode and, past frame 0, conditioning tokens)"
+            )
+        return shapes
+
+    def tokens(self, shapes: Shapes) -> tuple[int, int, int]:
+        """(frames, height, width) in tokens after the pipeline's patch packing."""
+        config = shapes.config(self.denoiser)
+        patch, patch_t = config.get("patch_size", 1), config.get("patch_size_t", 1)
+        return shapes.latent_frames // patch_t, shapes.latent_height // patch, shapes.latent_width // patch
+
+    def denoiser_inputs(self, shapes: Shapes, batch: int, device):
+        config = shapes.config(self.denoiser)
+        frames, height, width = self.tokens(shapes)
+        text = shapes.text_tokens["text_encoder"]
+        inputs = {
+            "hidden_states": torch.zeros(batch, frames * height * width, config["in_channels"], device=device),
+            "encoder_hidden_states": torch.zeros(batch, text, config["caption_channels"], device=device),
+            "encoder_attention_mask": torch.ones(batch, text, device=device),
+            "attention_kwargs": None,
+            "return_dict": False,
+        }
+        vae = shapes.config(self.decoder)
+        spatial, temporal = spatial_compression(vae), temporal_compression(vae)
+        if shapes.entry.pipeline_class == "LTXConditionPipeline":
+            # a (batch, 1) timestep and the pixel coordinates of each token, as prepare_latents makes them
+            from diffusers import LTXConditionPipeline
+
+            coords = LTXConditionPipeline._prepare_video_ids(
+                batch,
+                shapes.latent_frames,
+                shapes.latent_height,
+                shapes.latent_width,
+                patch_size=config.get("patch_size", 1),
+                patch_size_t=config.get("patch_size_t", 1),
+                device=device,
+            )
+            coords = LTXConditionPipeline._scale_video_ids(coords, spatial, temporal, 0, device).float()
+            coords[:, 0] = coords[:, 0] * (1.0 / FRAME_RATE)
+            inputs.update(timestep=timesteps(batch, device).unsqueeze(-1), video_coords=coords)
+        else:
+            inputs.update(
+                timestep=timesteps(batch, device),
+                num_frames=shapes.latent_frames,
+                height=shapes.latent_height,
+                width=shapes.latent_width,
+                rope_interpolation_scale=(temporal / FRAME_RATE, spatial, spatial),
+            )
+        return inputs
+
+    def decoder_inputs(self, shapes: Shapes, batch: int, device):
+        z = torch.zeros(
+            batch,
+            self.latent_channels(shapes.entry),
+            shapes.latent_frames,
+            shapes.latent_height,
+            shapes.latent_width,
+            device=device,
+        )
+        # a timestep-conditioned decoder (the 0.9.1+ VAEs) gets one decode timestep per video; else None
+        temb = timesteps(batch, device) if shapes.config(self.decoder).get("timestep_conditioning") else None
+        return {"z": z, "temb": temb, "return_dict": False}
