@@ -121,9 +121,7 @@ class Wan(Family):
                 + f" against the boundary {_init(shapes.entry, 'boundary_ratio')} x num_train_timesteps)"
             )
         calls = []
-        for expert, steps in split.items():
-            if steps == 0:
-                continue
+        for expert, steps in split.items():  # an expert given no step is still loaded: 0 calls, its parameters
             note = "CFG: separate uncond and cond calls" if cfg else "no CFG"
             if len(split) > 1:
                 label = "high-noise expert" if expert == self.denoiser else "low-noise expert"

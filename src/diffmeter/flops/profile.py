@@ -175,6 +175,9 @@ def _profile_component(name, component: ComponentEntry, calls: list[Call], depth
     class_name = component.class_name
     invocations, kinds, modules = [], dict.fromkeys(KINDS, 0), {}
     for call in calls:
+        if not call.count:  # loaded, never called at these settings (an expert given no step)
+            invocations.append(CallProfile(batch=call.batch, count=0, macs_per_call=0, note=call.note))
+            continue
         counts = meta.count(name, call, submodules=depth > 0)
         invocations.append(
             CallProfile(batch=call.batch, count=call.count, macs_per_call=counts.total // 2, note=call.note)
@@ -195,7 +198,7 @@ def _profile_component(name, component: ComponentEntry, calls: list[Call], depth
         param_bytes=params * bytes_per_param,
         calls=total_calls,
         batch_per_call=calls[0].batch,
-        macs_per_call=macs // total_calls,
+        macs_per_call=macs // total_calls if total_calls else 0,
         macs=macs,
         flops=2 * macs,
         macs_by_kind=kinds,
