@@ -88,6 +88,11 @@ class Family:
     masks_attention: ClassVar[bool] = False
     #: the text encoder whose padded length the pipeline's ``max_sequence_length`` sets
     sequence_encoder: ClassVar[str | None] = None
+    #: the largest ``max_sequence_length`` the pipeline's check_inputs accepts (None: no limit)
+    max_sequence_limit: ClassVar[int | None] = None
+    #: a pipeline's hard-coded ``default_sample_size`` (FLUX, Chroma, Qwen-Image: 128), used for the
+    #: default size instead of the denoiser's ``sample_size``
+    default_sample_size: ClassVar[int | None] = None
     #: name of the latents argument of the decoder's ``decode``
     decoder_arg: ClassVar[str] = "z"
     decoder_kwargs: ClassVar[dict[str, Any]] = {}
@@ -170,7 +175,8 @@ class Family:
     def default_size(self, entry: PipelineEntry) -> tuple[int, int]:
         """(height, width) the pipeline makes when called without a size: most pipelines take the
         denoiser's ``sample_size`` times the VAE's scale."""
-        side = entry.components[self.denoiser].config["sample_size"] * self.vae_scale(entry)
+        sample_size = self.default_sample_size or entry.components[self.denoiser].config["sample_size"]
+        side = sample_size * self.vae_scale(entry)
         return side, side
 
     def default_frames(self, entry: PipelineEntry) -> int | None:
@@ -221,6 +227,11 @@ class Family:
             if self.sequence_encoder is None:
                 raise DiffmeterError(
                     f"{entry.name}'s pipeline ({entry.pipeline_class}) takes no max_sequence_length; drop the option"
+                )
+            if self.max_sequence_limit is not None and spec.max_sequence_length > self.max_sequence_limit:
+                raise DiffmeterError(
+                    f"--max-sequence-length {spec.max_sequence_length}: {entry.pipeline_class} refuses more than "
+                    f"{self.max_sequence_limit} tokens; use at most {self.max_sequence_limit}"
                 )
             lengths[self.sequence_encoder] = spec.max_sequence_length
         frames = self.latent_frames(entry, spec)

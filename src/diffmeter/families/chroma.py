@@ -11,11 +11,7 @@ vectors per sample, instead of FLUX's per-block AdaLN linears.
 
 import torch
 
-from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import Family, Shapes, register, timesteps
-
-#: ChromaPipeline.check_inputs refuses longer prompts
-MAX_SEQUENCE_LENGTH = 512
 
 
 @register
@@ -27,6 +23,8 @@ class Chroma(Family):
     size_rounding = "down"
     text_encoders = ("text_encoder",)
     sequence_encoder = "text_encoder"
+    max_sequence_limit = 512  # ChromaPipeline.check_inputs refuses longer prompts
+    default_sample_size = 128  # ChromaPipeline.default_sample_size
     cfg_mode = "separate"  # noise_pred then neg_noise_pred: two transformer calls per step
 
     def patch(self, entry) -> int:
@@ -34,18 +32,6 @@ class Chroma(Family):
 
     def size_multiple(self, entry) -> int:
         return self.pixel_multiple(entry)  # ChromaPipeline: vae_scale_factor * 2
-
-    def default_size(self, entry) -> tuple[int, int]:
-        side = 128 * self.vae_scale(entry)  # ChromaPipeline.default_sample_size = 128
-        return side, side
-
-    def shapes(self, entry, spec) -> Shapes:
-        if spec.max_sequence_length is not None and spec.max_sequence_length > MAX_SEQUENCE_LENGTH:
-            raise DiffmeterError(
-                f"--max-sequence-length {spec.max_sequence_length}: {entry.pipeline_class} refuses more than "
-                f"{MAX_SEQUENCE_LENGTH} tokens"
-            )
-        return super().shapes(entry, spec)
 
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)

@@ -33,16 +33,13 @@ class Flux(Family):
     text_encoders = ("text_encoder", "text_encoder_2")
     sequence_encoder = "text_encoder_2"
     cfg_mode = "never"  # FLUX.1 embeds guidance; true CFG only with an explicit negative prompt
+    default_sample_size = 128  # FluxPipeline.default_sample_size
 
     def patch(self, entry) -> int:
         return 2  # the pipeline packs latents in 2x2 patches
 
     def size_multiple(self, entry) -> int:
         return self.pixel_multiple(entry)  # FluxPipeline: vae_scale_factor * 2
-
-    def default_size(self, entry) -> tuple[int, int]:
-        side = 128 * self.vae_scale(entry)  # FluxPipeline.default_sample_size = 128
-        return side, side
 
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)

@@ -23,6 +23,7 @@ class _Flux2Base(Family):
     size_rounding = "down"
     text_encoders = ("text_encoder",)
     sequence_encoder = "text_encoder"
+    default_sample_size = 128  # Flux2Pipeline / Flux2KleinPipeline.default_sample_size
     # text calls: the base class's padded input_ids. The pipelines also pass the attention mask,
     # output_hidden_states=True and use_cache=False, none of which changes a matmul; passing use_cache=False
     # without a mask would make transformers probe for packed sequences with .item(), which meta cannot run.
@@ -32,10 +33,6 @@ class _Flux2Base(Family):
 
     def size_multiple(self, entry) -> int:
         return self.pixel_multiple(entry)  # vae_scale_factor * 2
-
-    def default_size(self, entry) -> tuple[int, int]:
-        side = 128 * self.vae_scale(entry)  # default_sample_size = 128
-        return side, side
 
     def guidance(self, batch: int, config: dict):
         return None

@@ -10,15 +10,12 @@ batch 1) and the transformer runs a second, separate call per step on that text.
 
 import torch
 
-from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import DENOISER, TEXT_ENCODER, Call, Family, Shapes, register, timesteps
 
 #: QwenImagePipeline.prompt_template_encode_start_idx: leading template tokens dropped after encoding
 DROPPED_TOKENS = 34
 #: QwenImagePipeline.tokenizer_max_length: the tokenizer truncates at this + the dropped tokens
 TOKENIZER_MAX_LENGTH = 1024
-#: QwenImagePipeline.default_sample_size (latent pixels per side when no size is given)
-DEFAULT_SAMPLE_SIZE = 128
 
 
 @register
@@ -28,6 +25,8 @@ class QwenImage(Family):
     text_encoders = ("text_encoder",)
     #: max_sequence_length caps the text tokens the transformer gets (encode_prompt slices the embeddings)
     sequence_encoder = "text_encoder"
+    max_sequence_limit = TOKENIZER_MAX_LENGTH  # check_inputs refuses more
+    default_sample_size = 128  # QwenImagePipeline.default_sample_size
     cfg_mode = "separate"
     #: the transformer gets a text mask when the prompts of one batch differ in length (encode_prompt
     #: drops an all-ones mask): kernels that refuse masks would fail on such a batch
@@ -68,18 +67,6 @@ class QwenImage(Family):
 
     def size_multiple(self, entry) -> int:
         return self.pixel_multiple(entry)  # vae_scale_factor * 2
-
-    def default_size(self, entry) -> tuple[int, int]:
-        side = DEFAULT_SAMPLE_SIZE * self.vae_scale(entry)
-        return side, side
-
-    def shapes(self, entry, spec):
-        if spec.max_sequence_length is not None and spec.max_sequence_length > TOKENIZER_MAX_LENGTH:
-            raise DiffmeterError(
-                f"--max-sequence-length {spec.max_sequence_length}: {entry.pipeline_class} takes at most "
-                f"{TOKENIZER_MAX_LENGTH}"
-            )
-        return super().shapes(entry, spec)
 
     # ---- text lengths ------------------------------------------------------------------
     def _template(self, shapes: Shapes) -> int:
