@@ -55,10 +55,14 @@ def defaults_row(profile) -> str:
     )
 
 
+def settings_text(figure: dict) -> str:
+    return ", ".join(f"{key} {value}" for key, value in figure["settings"].items())
+
+
 def published_rows(entry, counted) -> list[str]:
     rows = []
-    for figure in entry.extra.get("published_compute", []):
-        profile = counted[(entry.name, figure["settings_key"])]
+    for index, figure in enumerate(entry.extra.get("published_compute", [])):
+        profile = counted[(entry.name, index)]
         if figure["counts"] == "generation":
             ours = profile.total_macs
         else:  # one call of one component
@@ -66,7 +70,7 @@ def published_rows(entry, counted) -> list[str]:
             ours = component.macs_per_call
         rows.append(
             f"| {entry.name} | {figure['figure']} ({figure['counts']}"
-            f"{', ' + figure['component'] if figure['counts'] == 'call' else ''}; {figure['settings_text']}) "
+            f"{', ' + figure['component'] if figure['counts'] == 'call' else ''}; {settings_text(figure)}) "
             f"| {ours / 1e9:,.1f} GMACs | {ours / figure['macs']:.3f} | {figure['note']} [source]({figure['source']}) |"
         )
     return rows
@@ -79,10 +83,8 @@ def main() -> None:
         specs.append(ProfileSpec(model=entry.name))
         keys.append((entry.name, "defaults"))
         for index, figure in enumerate(entry.extra.get("published_compute", [])):
-            figure["settings_key"] = f"published-{index}"
-            figure["settings_text"] = ", ".join(f"{k} {v}" for k, v in figure["settings"].items())
             specs.append(ProfileSpec(model=entry.name, **figure["settings"]))
-            keys.append((entry.name, figure["settings_key"]))
+            keys.append((entry.name, index))
     counted = dict(zip(keys, profile_many(specs, jobs=0), strict=True))
 
     lines = [
