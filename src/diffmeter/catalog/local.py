@@ -77,6 +77,12 @@ def entry_from_directory(root: Path, known: tuple[PipelineEntry, ...], repo_id: 
             continue
         components[name] = ComponentEntry(class_name=spec[1], config=config)
     template, same_model = _same_family(known, family, repo_id or index.get("_name_or_path"))
+    extra = {**(template.extra if template else {}), "pipeline_init": init}
+    extra.pop("scheduler", None)  # the folder's own scheduler, never the template's
+    scheduler_path = root / "scheduler" / "scheduler_config.json"
+    if scheduler_path.is_file():  # Wan 2.2 switches experts where its timesteps cross a boundary
+        scheduler = _read_json(scheduler_path)
+        extra["scheduler"] = {"class": scheduler.get("_class_name"), "config": scheduler}
     entry = PipelineEntry(
         id=repo_id or str(root),
         aliases=[],
@@ -86,7 +92,7 @@ def entry_from_directory(root: Path, known: tuple[PipelineEntry, ...], repo_id: 
         text_max_length=dict(template.text_max_length) if template else {},
         components=components,
         sources={"configs": str(root)},
-        extra={**(template.extra if template else {}), "pipeline_init": init},
+        extra=extra,
         origin="local",
     )
     if same_model:  # the catalog's own model: keep its model-card defaults

@@ -2,7 +2,6 @@
 
 import dataclasses
 import inspect
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -185,14 +184,14 @@ def _init(entry, name: str):
 def _scheduler_spec(entry) -> dict:
     """The scheduler the pipeline ships: a catalog entry's ``extra.scheduler``, a tiny entry's runtime
     scheduler, or a local folder's own scheduler/scheduler_config.json."""
-    if entry.origin == "local":
-        path = Path(entry.sources.get("configs", "")) / "scheduler" / "scheduler_config.json"
-        if path.is_file():
-            config = json.loads(path.read_text())
-            return {"class": config.get("_class_name"), "config": config}
-        raise DiffmeterError(
-            f"{entry.name} switches experts at a timestep boundary, which depends on its scheduler: {path} is missing"
-        )
+    if entry.origin == "local":  # catalog/local.py reads the folder's scheduler/scheduler_config.json
+        if "scheduler" not in entry.extra:
+            path = Path(entry.sources.get("configs", "")) / "scheduler" / "scheduler_config.json"
+            raise DiffmeterError(
+                f"{entry.name} switches experts at a timestep boundary, which depends on its scheduler: "
+                f"{path} is missing"
+            )
+        return entry.extra["scheduler"]
     spec = entry.extra.get("scheduler") or entry.extra.get("runtime", {}).get("scheduler")
     if spec is None:
         raise DiffmeterError(f"{entry.name} switches experts but its catalog entry names no scheduler")
