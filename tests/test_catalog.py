@@ -7,7 +7,7 @@ from tiny_runs import REAL
 
 from diffmeter.catalog import all_entries, resolve
 from diffmeter.errors import DiffmeterError
-from diffmeter.pipelines import build_component, count_stored_elements
+from diffmeter.pipelines import build_component, component_class, count_stored_elements
 
 REQUIRED = [
     "black-forest-labs/FLUX.1-dev",
@@ -190,3 +190,11 @@ def test_the_compute_table_in_the_docs_lists_every_catalog_model():
     table = (Path(__file__).parents[1] / "docs" / "catalog-compute.md").read_text()
     missing = [e.name for e in all_entries() if not e.is_tiny and f"| {e.name} |" not in table]
     assert not missing, f"rerun python benchmarks/catalog_compute.py for {missing}"
+
+
+def test_component_classes_only_a_pipeline_package_exports_are_found():
+    """LTX-2's text connectors and vocoder live in diffusers.pipelines.ltx2, not at diffusers' top level."""
+    connectors = component_class("LTX2TextConnectors")
+    assert connectors.__module__ == "diffusers.pipelines.ltx2.connectors"
+    with pytest.raises(DiffmeterError, match="'NoSuchModel' is in neither diffusers"):
+        component_class("NoSuchModel")

@@ -3,6 +3,10 @@ or with random weights on a real device for tiny test pipelines."""
 
 from __future__ import annotations
 
+import functools
+import importlib
+import pkgutil
+
 import diffusers
 import torch
 import transformers
@@ -18,10 +22,27 @@ def component_class(class_name: str) -> type:
         cls = getattr(library, class_name, None)
         if cls is not None:
             return cls
+    module = _pipeline_module_exporting(class_name)
+    if module is not None:  # a model only its pipeline's package exports (LTX-2's connectors and vocoder)
+        return getattr(importlib.import_module(module), class_name)
     raise DiffmeterError(
         f"component class '{class_name}' is in neither diffusers {diffusers.__version__} nor "
         f"transformers {transformers.__version__}; upgrade them (pip install -U diffusers transformers)"
     )
+
+
+@functools.cache
+def _pipeline_module_exporting(class_name: str) -> str | None:
+    """The ``diffusers.pipelines`` package whose lazy exports name ``class_name``, if any."""
+    with quiet_libraries():
+        for info in pkgutil.iter_modules(diffusers.pipelines.__path__):
+            if not info.ispkg:
+                continue
+            name = f"diffusers.pipelines.{info.name}"
+            structure = getattr(importlib.import_module(name), "_import_structure", {})
+            if any(class_name in names for names in structure.values()):
+                return name
+    return None
 
 
 def build_component(component: ComponentEntry, device: str | torch.device = "meta") -> torch.nn.Module:
