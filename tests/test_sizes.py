@@ -3,13 +3,16 @@ width follows height when only one is given, and every size is printed width x h
 
 import inspect
 import json
+import re
 
+import diffusers
 import pytest
 import torch
 
 from diffmeter.catalog import all_entries
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
+from diffmeter.flops.profile import profile
 from diffmeter.tiny import tiny_pipeline
 
 TINY = [entry for entry in all_entries() if entry.is_tiny and entry.family != "dit"]
@@ -119,3 +122,27 @@ def test_binned_sizes_are_marked_in_the_summary_table(cli):
     code, out, _ = cli("profile", "pixart-sigma-1024", "sd15", "--height", "768", "--width", "512")
     binned = f"{pixart['width']}x{pixart['height']}"
     assert code == 0 and f"{binned} (asked 512x768)" in out and "size (WxH)" in out
+
+
+def _pipeline_refuses_sequences_longer_than(pipeline_class: str) -> int | None:
+    """The limit a pipeline's check_inputs puts on max_sequence_length, read from its source."""
+    limits = re.findall(r"max_sequence_length > (\d+):", inspect.getsource(getattr(diffusers, pipeline_class)))
+    return int(limits[0]) if limits else None
+
+
+@pytest.mark.parametrize(
+    "entry", list({e.pipeline_class: e for e in all_entries()}.values()), ids=lambda e: e.pipeline_class
+)
+def test_each_family_refuses_the_sequence_lengths_its_pipeline_refuses(entry):
+    family = get_family(entry.family)
+    assert family.max_sequence_limit == _pipeline_refuses_sequences_longer_than(entry.pipeline_class)
+
+
+@pytest.mark.parametrize("name", ["tiny-flux", "tiny-sd3", "tiny-lumina2"])
+def test_one_token_over_the_limit_is_refused_by_the_pipeline_and_by_diffmeter(name):
+    entry = next(e for e in all_entries() if e.name == name)
+    limit = get_family(entry.family).max_sequence_limit
+    with pytest.raises(ValueError, match=f"cannot be greater than {limit}"):
+        tiny_pipeline(entry)(prompt="a cat", num_inference_steps=1, max_sequence_length=limit + 1)
+    with pytest.raises(DiffmeterError, match=f"refuses more than {limit} tokens; use at most {limit}"):
+        profile(name, max_sequence_length=limit + 1)

@@ -27,6 +27,7 @@ def kontext_max_area(entry) -> int:
 @register
 class Flux(Family):
     name = "flux"
+    max_sequence_limit = 512  # the pipeline's check_inputs refuses longer prompts
     flow_matching = True
     #: FluxPipeline warns and generates at the multiple of 16 just below a size it cannot take
     size_rounding = "down"

@@ -58,6 +58,7 @@ class LuminaNext(Family):
 @register
 class Lumina2(Family):
     name = "lumina2"
+    max_sequence_limit = 512  # the pipeline's check_inputs refuses longer prompts
     flow_matching = True
     masks_attention = True
     vae_scale = LuminaNext.vae_scale

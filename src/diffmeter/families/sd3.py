@@ -8,6 +8,7 @@ from diffmeter.families.base import Family, Shapes, latents, register, timesteps
 @register
 class StableDiffusion3(Family):
     name = "sd3"
+    max_sequence_limit = 512  # the pipeline's check_inputs refuses longer prompts
     flow_matching = True
     text_encoders = ("text_encoder", "text_encoder_2", "text_encoder_3")
     sequence_encoder = "text_encoder_3"
