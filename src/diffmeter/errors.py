@@ -7,3 +7,7 @@ class DiffmeterError(Exception):
 
 class MissingPackage(DiffmeterError):
     """A technique would apply, but the optional package it needs is not installed."""
+
+
+class DoesNotFit(DiffmeterError):
+    """A run refused up front because its lower-bound memory exceeds what the device has."""

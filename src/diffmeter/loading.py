@@ -39,6 +39,8 @@ class WeightsSource:
         return self.kind != "pretrained"
 
     def describe(self) -> str:
+        if self.kind == "pretrained" and self.path is None:
+            return "pretrained weights, located on the machine that runs it"
         if self.kind == "pretrained":
             return f"pretrained weights from {self.path}" + (f" (variant {self.variant})" if self.variant else "")
         if self.kind == "tiny-random":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from diffmeter import units
-from diffmeter.errors import DiffmeterError
+from diffmeter.errors import DoesNotFit
 from diffmeter.flops.schema import Profile
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -55,7 +55,7 @@ def check_fits(spec, entry, decoder: str, profile: Profile) -> None:
     needed = parameters + decode
     available = available_bytes(device)
     if needed > available:
-        raise DiffmeterError(
+        raise DoesNotFit(
             f"this run needs at least {units.nbytes(needed)} on {spec.device} (parameters {units.nbytes(parameters)} "
             f"+ the VAE decoder's {channels}-channel full-resolution activations {units.nbytes(decode)}) and "
             f"{units.nbytes(available)} is available: lower --batch-size or the size, add --vae-slicing or "

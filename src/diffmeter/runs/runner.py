@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 
 from diffmeter import units
-from diffmeter.catalog import resolve
+from diffmeter.catalog import PipelineEntry, resolve
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER, get_family
 from diffmeter.flops.profile import Profile, profile_spec
-from diffmeter.loading import load_pipeline, locate_weights
+from diffmeter.loading import WeightsSource, load_pipeline, locate_weights
 from diffmeter.measure.clock import clock_for, device_scope
 from diffmeter.measure.compilation import watch_compilation
 from diffmeter.measure.conditions import ConditionsMonitor
@@ -56,27 +56,54 @@ NOISY = 0.05
 Progress = Callable[[str, int, int | None], None]
 
 
-def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, progress: Progress | None = None):
-    """Run ``spec`` and store it under ``out``; returns (BenchResult, run folder)."""
-    progress = progress or (lambda *_: None)
+@dataclasses.dataclass
+class PreparedRun:
+    """A run checked before anything loads: settled spec, offline profile, techniques, weights, folder name."""
+
+    spec: BenchSpec
+    entry: PipelineEntry
+    profile: Profile
+    target: Target
+    optimizations: list
+    source: WeightsSource
+    name: str
+
+
+def prepare(spec: BenchSpec, here: bool = True) -> PreparedRun:
+    """Every refusal that needs no weights: defaults and values, sizes (the offline profile),
+    techniques against the model and device, weights on disk and, ``here`` (on this machine's
+    devices), the memory lower bound. Raises DiffmeterError with the reason."""
     entry = resolve(spec.model)
-    spec = spec.settle(entry)
+    spec = spec.settle(entry, here=here)
     profile = profile_spec(spec.profile_spec())  # also checks sizes against the model
     target = Target(entry, get_family(entry.family), torch.device(spec.device), spec.dtype, spec.steps)
     optimizations = build(spec.optimizations)
     check(optimizations, target)
-    source = locate_weights(entry, spec.random_weights)
-    if spec.memory_check:
+    if here or entry.is_tiny or spec.random_weights:
+        source = locate_weights(entry, spec.random_weights)
+    else:  # the weights are looked for where the run happens
+        source = WeightsSource("pretrained")
+    if spec.memory_check and here:
         check_fits(spec, entry, target.family.decoder, profile)
+    return PreparedRun(spec, entry, profile, target, optimizations, source, _run_name(spec, entry, optimizations))
+
+
+def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, progress: Progress | None = None):
+    """Run ``spec`` and store it under ``out``; returns (BenchResult, run folder)."""
+    progress = progress or (lambda *_: None)
+    run = prepare(spec)
+    spec, entry, optimizations = run.spec, run.entry, run.optimizations
     workload = Workload(spec, entry)
-    folder = storage.RunDirectory(out, _run_name(spec, entry, optimizations), force, spec)
+    folder = storage.RunDirectory(out, run.name, force, spec)
     folder.check()
     baseline = stored_or_run(spec.baseline(), out, progress) if spec.compare_baseline and optimizations else None
     staging = folder.open()
     log = storage.file_logger(staging)
     try:
         storage.write_json(staging / storage.REQUESTS, workload.requests(spec.iterations))
-        result = _measure(spec, entry, source, workload, profile, staging, log, progress, optimizations, target)
+        result = _measure(
+            spec, entry, run.source, workload, run.profile, staging, log, progress, optimizations, run.target
+        )
         if len(result.iterations) > spec.iterations:  # --min-duration or --target-precision asked for more
             storage.write_json(staging / storage.REQUESTS, workload.requests(len(result.iterations)))
         if baseline is not None and result.status == "complete":
@@ -173,10 +200,9 @@ def compare_with_baseline(result: BenchResult, folder: Path, baseline: BenchResu
     return summarize(str(baseline_folder), compared, clip.name if clip else None, reasons)
 
 
-def _measure(spec, entry, source, workload, profile, staging, log, progress, optimizations, target) -> BenchResult:
-    device = torch.device(spec.device)
-    family = get_family(entry.family)
-    base = dict(
+def _result_fields(spec, entry, source, profile, optimizations) -> dict:
+    """What every result of ``spec`` records, measured or not."""
+    return dict(
         created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         spec=spec,
         model=ModelInfo(
@@ -194,6 +220,22 @@ def _measure(spec, entry, source, workload, profile, staging, log, progress, opt
             for o in optimizations
         ],
     )
+
+
+def store_failure(run: PreparedRun, out: str | Path, error: str) -> Path:
+    """A failed result for a run that died before it could store one itself (killed, crashed, timed out)."""
+    folder = storage.RunDirectory(out, run.name, force=True, spec=run.spec)
+    folder.open()
+    result = BenchResult(
+        status="failed", error=error, **_result_fields(run.spec, run.entry, run.source, run.profile, run.optimizations)
+    )
+    return folder.commit(result)
+
+
+def _measure(spec, entry, source, workload, profile, staging, log, progress, optimizations, target) -> BenchResult:
+    device = torch.device(spec.device)
+    family = get_family(entry.family)
+    base = _result_fields(spec, entry, source, profile, optimizations)
     log.info("spec %s", spec.model_dump_json())
     log.info("weights: %s", source.describe())
     result, applied, pipe = {}, [], None

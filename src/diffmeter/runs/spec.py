@@ -51,10 +51,11 @@ class BenchSpec(BaseModel):
     #: refuse up front a run whose lower-bound memory exceeds what the device has available
     memory_check: bool = True
 
-    def settle(self, entry: PipelineEntry) -> BenchSpec:
-        """Fill defaults from the catalog and the device, and check every value."""
+    def settle(self, entry: PipelineEntry, here: bool = True) -> BenchSpec:
+        """Fill defaults from the catalog and the device, and check every value; ``here=False``
+        (a run planned for another machine) names the device without looking for it."""
         self.check()
-        device = resolve_device(self.device)
+        device = resolve_device(self.device) if here else _named_device(self.device)
         dtype = normalize_dtype(self.dtype)
         if dtype is None:
             # half precision on CPU is slow and partly unsupported; the model card means a GPU
@@ -132,6 +133,12 @@ class BenchSpec(BaseModel):
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise DiffmeterError(f"--peak-tflops must be positive, got {self.peak_tflops}")
         normalize_dtype(self.dtype)
+
+
+def _named_device(name: str | None) -> torch.device:
+    """The device a run on another machine will use: ``cuda`` is its first GPU; no name is CUDA."""
+    device = torch.device(name or "cuda")
+    return torch.device("cuda", device.index or 0) if device.type == "cuda" else device
 
 
 def resolve_device(name: str | None) -> torch.device:

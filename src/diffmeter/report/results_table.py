@@ -1,0 +1,143 @@
+"""``diffmeter table``: stored runs, one row each, with units; tiny and random-weight runs marked."""
+
+from __future__ import annotations
+
+import math
+
+from rich.markup import escape
+
+from diffmeter import units
+from diffmeter.report.layout import Column, FittedTable
+
+
+def _present(value) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _or_dash(value, render) -> str:
+    return render(value) if _present(value) else "-"
+
+
+def _psnr(row) -> str:
+    if _present(row["psnr_db"]):
+        return f"{row['psnr_db']:.2f} dB"
+    return "identical" if _present(row["identical_images"]) and row["identical_images"] else "-"
+
+
+def results_table(frame, title: str) -> FittedTable:
+    """The key columns of a ``load_results`` frame."""
+    table = FittedTable(
+        escape(title),
+        [
+            Column("model", justify="left"),
+            Column("size", drop=6),
+            Column("batch", drop=5),
+            Column("steps", drop=3),
+            Column("dtype", justify="left", drop=2),
+            Column("optimizations", justify="left", drop=7),
+            Column("status", justify="left"),
+            Column("s / image"),
+            Column("p90", drop=1),
+            Column("images / s", drop=4),
+            Column("denoise share", drop=1),
+            Column("peak memory", drop=4),
+            Column("J / image", drop=2),
+            Column("MFU", drop=2),
+            Column("PSNR", drop=3),
+            Column("SSIM", drop=1),
+            Column("speed-up", drop=6),
+        ],
+    )
+    marked = False
+    for row in frame.to_dict(orient="records"):
+        weights = {"tiny-random": " (tiny)", "random": " (random weights)"}.get(row["weights"], "")
+        marked |= bool(weights)
+        size = f"{row['width']}x{row['height']}" + (f"x{row['frames']}f" if _present(row["frames"]) else "")
+        memory = row["peak_cuda_bytes"] if _present(row["peak_cuda_bytes"]) else row["peak_rss_bytes"]
+        status = row["status"] if row["status"] == "complete" else f"[red]{row['status']}[/]"
+        table.add_row(
+            escape(f"{row['model']}{weights}"),
+            size,
+            str(row["batch"]),
+            str(row["steps"]),
+            row["dtype"],
+            escape(row["optimizations"] or "none"),
+            status,
+            _or_dash(row["s_per_image"], units.seconds),
+            _or_dash(row["s_per_image_p90"], units.seconds),
+            _or_dash(row["images_per_s"], lambda v: f"{v:,.3g}"),
+            _or_dash(row["denoise_share"], lambda v: f"{v:.0%}"),
+            _or_dash(memory, units.nbytes),
+            _or_dash(row["gpu_j_per_image"], units.joules),
+            _or_dash(row["mfu"], lambda v: f"{v:.1%}"),
+            _psnr(row),
+            _or_dash(row["ssim"], lambda v: f"{v:.4f}"),
+            _or_dash(row["speedup"], lambda v: f"{v:.2f}x"),
+        )
+    captions = [
+        "s / image: median call latency / batch (p90 likewise); peak memory: CUDA max allocated, else process "
+        "peak RSS; J / image: GPU energy (Zeus); MFU: the denoising loop's; PSNR/SSIM: against the unoptimized "
+        "images at the same seeds; speed-up: against the unoptimized run of the same settings"
+    ]
+    if marked:
+        captions.append("(tiny) and (random weights): timings of test or random-weight pipelines, not of the model")
+    table.caption = "\n".join(captions)
+    return table
+
+
+def sweep_plan_table(planned, out) -> FittedTable:
+    """``sweep --dry-run``: every cell, its status and its offline compute."""
+    table = FittedTable(
+        escape(f"sweep plan: {len(planned)} cells, results under {out}"),
+        [
+            Column("#"),
+            Column("cell", justify="left"),
+            Column("status", justify="left"),
+            Column("compute / call", drop=2),
+            Column("reason", justify="left"),
+        ],
+    )
+    for index, cell in enumerate(planned, 1):
+        detail = cell.reason or ""
+        status = cell.status + (" (batch search)" if cell.cell.batch_auto and cell.status == "to run" else "")
+        table.add_row(
+            str(index),
+            escape(cell.cell.label),
+            status,
+            units.flops(cell.tflops * 1e12) if cell.tflops is not None else "-",
+            escape(detail or ""),
+        )
+    table.caption = (
+        "compute / call: the offline profile of one pipeline call (the whole batch), in FLOPs; done: a complete "
+        "result is stored (skipped); failed: a failed one is (rerun with --retry-failed)"
+    )
+    return table
+
+
+def sweep_summary_table(record) -> FittedTable:
+    """After a sweep: every cell's status, time and folder (or why it has none)."""
+    counts = record.counts()
+    title = ", ".join(f"{count} {status}" for status, count in counts.items() if count)
+    table = FittedTable(
+        escape(f"sweep {record.name}: {title}"),
+        [
+            Column("cell", justify="left"),
+            Column("status", justify="left"),
+            Column("time"),
+            Column("reason", justify="left"),
+        ],
+    )
+    for cell in record.cells:
+        status = cell.status if cell.status in ("done", "skipped") else f"[red]{cell.status}[/]"
+        detail = (cell.reason or "").splitlines()[0] if cell.reason else ""
+        table.add_row(
+            escape(cell.label),
+            status,
+            units.seconds(cell.seconds) if cell.seconds is not None else "-",
+            escape(detail),
+        )
+    table.caption = (
+        "time: the cell's process, loading included; skipped: stored by an earlier run; the run folders and "
+        "why each cell has none are in the sweep's record"
+    )
+    return table

@@ -1,0 +1,191 @@
+"""Every run folder under a directory as one tidy table: a row per run (``diffmeter table``,
+``diffmeter.load_results``). Columns and units are listed in ``COLUMNS``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from diffmeter.errors import DiffmeterError
+from diffmeter.runs import storage
+from diffmeter.runs.results import BenchResult
+
+#: column -> what it holds, with its unit (documented in docs/table.md)
+COLUMNS: dict[str, str] = {
+    "folder": "the run folder, relative to the directory read",
+    "model": "catalog name, hub id or local folder",
+    "weights": "pretrained | random (real size, random weights) | tiny-random (a test pipeline)",
+    "width": "pixels",
+    "height": "pixels",
+    "frames": "frames per video (video models)",
+    "batch": "images (videos) per pipeline call",
+    "steps": "denoising steps",
+    "guidance": "guidance scale",
+    "dtype": "float16 | bfloat16 | float32",
+    "device": "cuda:N or cpu, as run",
+    "hardware": "the GPU's name, or the CPU's for CPU runs",
+    "optimizations": "techniques applied, joined by + (empty: none)",
+    "status": "complete | failed",
+    "error": "why a failed run failed",
+    "s_per_image": "seconds per image: median call latency / batch",
+    "s_per_image_p90": "seconds per image: 90th-percentile call latency / batch",
+    "images_per_s": "images per second over the measured calls",
+    "text_share": "fraction of the median call spent encoding text",
+    "denoise_share": "fraction spent in the denoising loop",
+    "decode_share": "fraction spent decoding latents (VAE)",
+    "other_share": "fraction spent elsewhere in the pipeline",
+    "peak_cuda_bytes": "bytes: the largest CUDA allocation during the measured calls",
+    "peak_rss_bytes": "bytes: the process's peak resident memory",
+    "gpu_j_per_image": "joules of GPU energy per image (Zeus)",
+    "cpu_j_per_image": "joules of CPU package energy per image (Zeus, RAPL)",
+    "tflops_per_image": "TFLOPs (10^12 floating-point operations) per image, from the offline profile",
+    "denoise_tflops_per_s": "achieved TFLOP/s of the denoising loop",
+    "mfu": "denoising loop's achieved TFLOP/s / the device's dense peak",
+    "psnr_db": "mean PSNR in dB against the unoptimized images at the same seeds (empty when all are identical)",
+    "identical_images": "images bit-identical to the unoptimized run's at the same seed",
+    "ssim": "mean SSIM against the unoptimized images",
+    "lpips": "mean LPIPS against the unoptimized images (lower is closer)",
+    "speedup": "unoptimized median latency / this run's, same model and settings",
+    "iterations": "measured calls",
+    "created_utc": "when the run was stored",
+}
+
+#: the settings that make two runs the same generation (a run and its unoptimized baseline)
+_SAME_GENERATION = ("model", "width", "height", "frames", "batch", "steps", "guidance", "dtype", "device", "weights")
+
+
+def find_results(directory: str | Path) -> list[Path]:
+    """Every results.json under ``directory`` (any depth), skipping staging and hidden folders."""
+    root = Path(directory).expanduser()
+    if not root.is_dir():
+        raise DiffmeterError(f"{root} is not a folder; point at the --out folder of bench, ladder or sweep")
+    found = [
+        path
+        for path in sorted(root.rglob(storage.RESULTS))
+        if not any(part.startswith(".") for part in path.relative_to(root).parts)
+    ]
+    return found
+
+
+def rows(directory: str | Path) -> list[dict[str, Any]]:
+    """One dict per stored run, with the keys of ``COLUMNS`` (None where not measured)."""
+    root = Path(directory).expanduser()
+    table = []
+    for path in find_results(root):
+        result = storage.read_result(path.parent)
+        table.append(row(result, str(path.parent.relative_to(root))))
+    _add_speedups(table)
+    return table
+
+
+def row(result: BenchResult, folder: str) -> dict[str, Any]:
+    spec, summary, quality = result.spec, result.summary, result.quality
+    weights = "tiny-random" if result.model.origin == "tiny" else "random" if result.weights_random else "pretrained"
+    labels = [o.label for o in result.optimizations]
+    values: dict[str, Any] = dict.fromkeys(COLUMNS)
+    values.update(
+        folder=folder,
+        model=result.model.name,
+        weights=weights,
+        width=spec.width,
+        height=spec.height,
+        frames=spec.num_frames,
+        batch=spec.batch_size,
+        steps=spec.steps,
+        guidance=spec.guidance_scale,
+        dtype=spec.dtype,
+        device=spec.device,
+        hardware=_hardware(result),
+        optimizations="+".join(labels),
+        status=result.status,
+        error=result.error,
+        created_utc=result.created_utc,
+    )
+    if result.profile is not None:
+        values["tflops_per_image"] = result.profile.total_flops / 1e12 / spec.batch_size
+    if summary is not None:
+        stages = {name: stats.median for name, stats in summary.stages_s.items()}
+        total = sum(stages.values()) or 1.0
+        memory, energy = summary.peak_memory, summary.energy
+        values.update(
+            s_per_image=summary.latency_s.median / spec.batch_size,
+            s_per_image_p90=summary.latency_s.p90 / spec.batch_size,
+            images_per_s=summary.images_per_s,
+            text_share=stages.get("text_encoding", 0.0) / total,
+            denoise_share=stages.get("denoising", 0.0) / total,
+            decode_share=stages.get("vae_decode", 0.0) / total,
+            other_share=stages.get("other", 0.0) / total,
+            peak_cuda_bytes=memory.cuda_max_allocated_bytes,
+            peak_rss_bytes=memory.process_peak_rss_bytes,
+            gpu_j_per_image=energy.gpu_j_per_image,
+            cpu_j_per_image=energy.cpu_j_per_image,
+            denoise_tflops_per_s=summary.achieved_tflops.get("denoising"),
+            mfu=summary.mfu.get("denoising"),
+            iterations=summary.iterations,
+        )
+    if quality is not None:
+        values.update(
+            psnr_db=quality.mean_psnr_db,
+            identical_images=quality.identical,
+            ssim=quality.mean_ssim,
+            lpips=quality.mean_lpips,
+        )
+    if result.speedup is not None:
+        values["speedup"] = result.speedup.factor
+    return values
+
+
+def _hardware(result: BenchResult) -> str:
+    device = result.spec.device or "cpu"
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        devices = result.environment.devices
+        return devices[index] if index < len(devices) else device
+    return result.environment.cpu
+
+
+def _add_speedups(table: list[dict[str, Any]]) -> None:
+    """Speed-up against the unoptimized run of the same generation, when the table holds one."""
+    baselines = {
+        _generation(row): row
+        for row in table
+        if row["status"] == "complete" and not row["optimizations"] and row["s_per_image"]
+    }
+    for row in table:
+        baseline = baselines.get(_generation(row))
+        if row["speedup"] is None and baseline is not None and row["s_per_image"]:
+            row["speedup"] = baseline["s_per_image"] / row["s_per_image"]
+
+
+def _generation(row: dict[str, Any]) -> tuple:
+    return tuple(row[key] for key in _SAME_GENERATION)
+
+
+def load_results(directory: str | Path):
+    """Every run under ``directory`` as a pandas DataFrame, one row per run (columns: ``COLUMNS``)."""
+    import pandas
+
+    return pandas.DataFrame(rows(directory), columns=list(COLUMNS))
+
+
+def filtered(frame, where: str | None, sort: str | None):
+    """``frame`` restricted by a pandas query expression and sorted by a column; bad input in one line."""
+    if where:
+        try:
+            frame = frame.query(where, engine="python")
+        except Exception as error:
+            raise DiffmeterError(
+                f"--where {where!r}: {' '.join(str(error).split())}; write a pandas query such as "
+                "\"model == 'sdxl' and batch >= 2\" (columns: see docs/table.md)"
+            ) from None
+    if sort:
+        column, descending = sort.lstrip("-"), sort.startswith("-")
+        if column not in frame.columns:
+            raise DiffmeterError(f"--sort {sort}: no column '{column}'; the columns are {', '.join(frame.columns)}")
+        frame = frame.sort_values(column, ascending=not descending, na_position="last", kind="stable")
+    return frame
+
+
+def to_json(frame) -> str:
+    return json.dumps(json.loads(frame.to_json(orient="records")), indent=2)

@@ -1,0 +1,61 @@
+"""Each cell checked before anything loads: refused (with the reason), already done, failed
+before, or to run; and its offline compute from the profiler."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from diffmeter.errors import DiffmeterError
+from diffmeter.runs import storage
+from diffmeter.runs.runner import PreparedRun, prepare
+from diffmeter.sweep.file import Cell
+
+TO_RUN, DONE, FAILED, REFUSED = "to run", "done", "failed", "refused"
+
+
+@dataclass
+class PlannedCell:
+    cell: Cell
+    status: str
+    run: PreparedRun | None = None
+    reason: str | None = None
+
+    @property
+    def tflops(self) -> float | None:
+        """Offline compute of one pipeline call (one batch), in TFLOPs."""
+        return self.run.profile.total_flops / 1e12 if self.run else None
+
+
+def plan(cells: list[Cell], out: str | Path, retry_failed: bool = False, here: bool = True) -> list[PlannedCell]:
+    """The cells in order, each with its status under ``out``."""
+    return [plan_cell(cell, out, retry_failed, here) for cell in cells]
+
+
+def plan_cell(cell: Cell, out: str | Path, retry_failed: bool = False, here: bool = True) -> PlannedCell:
+    try:
+        run = prepare(cell.spec, here=here)
+    except DiffmeterError as error:
+        return PlannedCell(cell, REFUSED, reason=str(error))
+    stored = stored_status(Path(out).expanduser() / run.name)
+    if stored == "complete" and not cell.batch_auto:
+        return PlannedCell(cell, DONE, run)
+    if stored == "failed" and not retry_failed and not cell.batch_auto:
+        return PlannedCell(cell, FAILED, run, reason=stored_error(Path(out).expanduser() / run.name))
+    return PlannedCell(cell, TO_RUN, run)
+
+
+def stored_status(folder: Path) -> str | None:
+    """ "complete" or "failed" for a stored result, None when there is none (never run, or interrupted)."""
+    try:
+        return json.loads((folder / storage.RESULTS).read_text(encoding="utf-8")).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def stored_error(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / storage.RESULTS).read_text(encoding="utf-8")).get("error")
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,218 @@
+"""Run a sweep: plan every cell, run the baselines other cells compare against first, then the
+rest through an executor (local processes or Ray tasks), store a failed result for every cell
+that died without one, and keep the sweep's record current after each cell."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from diffmeter.errors import DiffmeterError, DoesNotFit
+from diffmeter.runs.runner import PreparedRun, prepare, store_failure
+from diffmeter.runs.storage import RESULTS
+from diffmeter.sweep import record as rec
+from diffmeter.sweep.file import Cell, SweepFile, expand
+from diffmeter.sweep.local import Job, Outcome
+from diffmeter.sweep.plan import DONE, FAILED, REFUSED, TO_RUN, PlannedCell, plan, stored_error, stored_status
+
+#: the exit code of a cell stopped by Ctrl-C
+INTERRUPTED = 130
+
+
+@dataclass
+class Callbacks:
+    """What the command shows: a cell starts (its label), a cell ends (its record)."""
+
+    started: Callable[[str], None] = lambda label: None
+    finished: Callable[[rec.CellRecord], None] = lambda cell: None
+
+
+@dataclass
+class _Work:
+    job: Job
+    run: PreparedRun
+    records: list[rec.CellRecord] = field(default_factory=list)
+
+
+def run_sweep(
+    sweep: SweepFile,
+    out: Path,
+    executor,
+    retry_failed: bool = False,
+    here: bool = True,
+    callbacks: Callbacks | None = None,
+) -> rec.SweepRecord:
+    """Every cell of ``sweep`` run or accounted for; returns the record also written to ``out``."""
+    callbacks = callbacks or Callbacks()
+    out.mkdir(parents=True, exist_ok=True)
+    with rec.exclusive(out):
+        planned = plan(expand(sweep), out, retry_failed, here)
+        record = rec.SweepRecord(
+            name=sweep.name or "sweep",
+            created_utc=rec.now(),
+            updated_utc=rec.now(),
+            executor=executor.describe(),
+            definition=sweep,
+            cells=[_initial(cell) for cell in planned],
+        )
+        rec.save(record, out)
+        for cell in record.cells:
+            if cell.status != rec.PENDING:
+                callbacks.finished(cell)
+        baselines, rest = _phases(planned, record, out, here)
+        for phase in (baselines, rest):
+            _run_phase(phase, executor, out, record, callbacks)
+        for index, cell in enumerate(planned):
+            if cell.status == TO_RUN and cell.cell.batch_auto:
+                _search_batch(cell.cell, record.cells[index], executor, out, record, callbacks, here, retry_failed)
+        return record
+
+
+def _initial(cell: PlannedCell) -> rec.CellRecord:
+    status = {TO_RUN: rec.PENDING, DONE: rec.SKIPPED, FAILED: rec.FAILED, REFUSED: rec.REFUSED}[cell.status]
+    return rec.CellRecord(
+        label=cell.cell.label,
+        values=cell.cell.values,
+        status=status,
+        folder=cell.run.name if cell.run else None,
+        reason=cell.reason,
+        tflops=cell.tflops,
+    )
+
+
+def _phases(planned: list[PlannedCell], record: rec.SweepRecord, out: Path, here: bool):
+    """Jobs in two phases: the baselines that cells with --compare-baseline need (so two cells
+    never measure the same baseline at once), then every other cell."""
+    work: dict[str, _Work] = {}
+    for cell, cell_record in zip(planned, record.cells, strict=True):
+        if cell.status == TO_RUN and not cell.cell.batch_auto:
+            work.setdefault(cell.run.name, _Work(_job(cell.run), cell.run)).records.append(cell_record)
+    first: dict[str, _Work] = {}
+    for cell in planned:
+        spec = cell.run.spec if cell.run else None
+        if cell.status != TO_RUN or spec is None or not spec.compare_baseline or not cell.run.optimizations:
+            continue
+        try:
+            baseline = prepare(spec.baseline(), here=here)
+        except DiffmeterError:
+            continue  # the cell itself reports it when it runs
+        if baseline.name in work:
+            first[baseline.name] = work.pop(baseline.name)
+        elif stored_status(out / baseline.name) != "complete":
+            first.setdefault(baseline.name, _Work(_job(baseline), baseline))
+    return list(first.values()), list(work.values())
+
+
+def _job(run: PreparedRun) -> Job:
+    baseline = None
+    if run.spec.compare_baseline and run.optimizations:
+        try:
+            baseline = prepare(run.spec.baseline(), here=False).name
+        except DiffmeterError:
+            pass  # the cell reports it when it runs
+    return Job(run.spec, run.name, gpus=1 if run.spec.device.startswith("cuda") else 0, baseline=baseline)
+
+
+def _run_phase(phase: list[_Work], executor, out: Path, record: rec.SweepRecord, callbacks: Callbacks) -> None:
+    by_name = {work.job.name: work for work in phase}
+    previous = {name: _stamp(out / name) for name in by_name}  # results a rerun replaces (--retry-failed)
+
+    def started(job: Job) -> None:
+        callbacks.started(" | ".join(r.label for r in by_name[job.name].records) or f"baseline {job.spec.model}")
+
+    def finished(job: Job, outcome: Outcome) -> None:
+        work = by_name[job.name]
+        status, reason = settle_outcome(work.run, out, outcome, previous[job.name])
+        for cell in work.records:
+            cell.status, cell.reason, cell.seconds, cell.where = status, reason, outcome.seconds, outcome.where
+            callbacks.finished(cell)
+        rec.save(record, out)
+
+    try:
+        executor.map([work.job for work in phase], started, finished)
+    finally:
+        rec.save(record, out)
+
+
+def _stamp(folder: Path) -> int | None:
+    """When the folder's result was written (None: it has none)."""
+    try:
+        return (folder / RESULTS).stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def settle_outcome(
+    run: PreparedRun, out: Path, outcome: Outcome, previous: int | None = None
+) -> tuple[str, str | None]:
+    """The cell's status after its process ended; a cell that died without storing a new result
+    (``previous``: the one it was to replace) gets a failed one stored, with the reason and its
+    output's last lines."""
+    folder = out / run.name
+    stored = stored_status(folder) if _stamp(folder) != previous else None
+    if stored == "complete":
+        return rec.DONE, None
+    if stored == "failed":
+        return rec.FAILED, stored_error(folder)
+    if outcome.code == INTERRUPTED:
+        raise KeyboardInterrupt
+    if outcome.timed_out:
+        why = "stopped at the sweep's per-cell timeout"
+    elif outcome.code is not None and outcome.code < 0:
+        why = f"the cell's process was killed by {_signal_name(-outcome.code)}"
+    else:
+        why = f"the cell's process exited with code {outcome.code} without a result"
+    error = f"{why} after {outcome.seconds:.1f} s on {outcome.where}; its last output:\n{outcome.tail}".rstrip()
+    store_failure(run, out, error)
+    return rec.FAILED, error
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _search_batch(cell: Cell, cell_record, executor, out: Path, record, callbacks, here: bool, retry: bool) -> None:
+    """``batch_size: auto``: double the batch from 1 until a run does not fit (refused by the
+    memory check, or out of memory); record the largest that fit. Every batch tried is its own
+    run folder, so a resumed search reuses what it already measured."""
+    batch, largest, tried, limit = 1, None, [], cell.batch_limit
+    while batch <= limit:
+        tried.append(batch)
+        try:
+            run = prepare(cell.spec.model_copy(update={"batch_size": batch}), here=here)
+        except DoesNotFit:
+            break
+        except DiffmeterError as error:
+            cell_record.status, cell_record.reason = rec.FAILED, str(error)
+            break
+        status = stored_status(out / run.name)
+        if status is None or (status == "failed" and retry and not _out_of_memory(stored_error(out / run.name))):
+            quiet = Callbacks(started=callbacks.started)  # the cell is finished once, when the search ends
+            _run_phase([_Work(_job(run), run, [cell_record])], executor, out, record, quiet)
+            status = stored_status(out / run.name)
+        if status != "complete":
+            if not _out_of_memory(stored_error(out / run.name)):
+                cell_record.status, cell_record.reason = rec.FAILED, stored_error(out / run.name)
+                largest = None
+            break
+        largest, cell_record.folder = batch, run.name
+        batch *= 2
+    cell_record.largest_batch, cell_record.batches_tried = largest, tried
+    if largest is not None:
+        cell_record.status = rec.DONE
+        cell_record.reason = f"largest batch that fit: {largest}" + (
+            f" (the search stops at {limit}: raise batch_limit)" if largest * 2 > limit and batch > limit else ""
+        )
+    elif cell_record.status != rec.FAILED:
+        cell_record.status, cell_record.reason = rec.FAILED, "even batch 1 does not fit"
+    callbacks.finished(cell_record)
+    rec.save(record, out)
+
+
+def _out_of_memory(error: str | None) -> bool:
+    return error is not None and "out of memory" in error

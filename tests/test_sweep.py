@@ -1,0 +1,306 @@
+"""`diffmeter sweep`: expansion, refusals, the dry run, cells in their own processes (a cell that
+raises, one killed by a signal, one past its timeout), resume after the sweep is killed, the
+batch-size search, and the Ray executor on a local instance."""
+
+import importlib.util
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from diffmeter.catalog import resolve
+from diffmeter.errors import DiffmeterError
+from diffmeter.runs.storage import RESULTS, read_result
+from diffmeter.sweep.file import SweepFile, expand, read_sweep_file
+from diffmeter.sweep.local import LocalExecutor
+from diffmeter.sweep.run import run_sweep
+from diffmeter.tiny import tiny_pipeline
+
+#: every cell: the tiny SD pipeline, one measured call of one step on CPU
+FAST = {"steps": 1, "iterations": 1, "device": "cpu", "save_images": False}
+
+
+def stored(out: Path) -> dict[str, dict]:
+    """Run folder name -> its results.json, for every stored run."""
+    return {path.parent.name: json.loads(path.read_text()) for path in out.glob(f"*/{RESULTS}")}
+
+
+def corrupt_folder(tmp_path: Path) -> Path:
+    """A saved tiny SD pipeline whose UNet weights are garbage: found on disk, fails when loaded."""
+    folder = tmp_path / "broken-sd"
+    tiny_pipeline(resolve("tiny-sd")).save_pretrained(folder)
+    (weights,) = (folder / "unet").glob("*.safetensors")
+    weights.write_bytes(b"not a safetensors file")
+    return folder
+
+
+def test_axes_expand_to_every_combination_minus_exclude_plus_include():
+    sweep = SweepFile(
+        axes={"model": ["tiny-sd", "tiny-pixart"], "batch_size": [1, 2], "optimizations": ["", "fuse-qkv"]},
+        fixed={"steps": 2},
+        exclude=[{"model": "tiny-pixart", "optimizations": "fuse-qkv"}],
+        include=[{"model": "tiny-sd", "batch_size": 2, "seed": 7}, {"model": "tiny-flux", "size": "48x32"}],
+    )
+    cells = expand(sweep)
+    assert len(cells) == 2 * 2 * 2 - 2 + 1
+    assert all(cell.spec.steps == 2 for cell in cells)
+    pixart = [cell for cell in cells if cell.spec.model == "tiny-pixart"]
+    assert len(pixart) == 2 and all(not cell.spec.optimizations for cell in pixart)
+    extended = [cell for cell in cells if cell.spec.seed == 7]
+    assert {(c.spec.model, c.spec.batch_size) for c in extended} == {("tiny-sd", 2)} and len(extended) == 2
+    (added,) = [cell for cell in cells if cell.spec.model == "tiny-flux"]
+    assert (added.spec.width, added.spec.height, added.spec.batch_size) == (48, 32, 1)
+    (fused,) = [c for c in cells if c.spec.model == "tiny-sd" and c.spec.batch_size == 1 and c.spec.optimizations]
+    assert [o.name for o in fused.spec.optimizations] == ["fuse-qkv"]
+    combined = expand(
+        SweepFile(axes={"model": ["tiny-sd"], "optimizations": ["fuse-qkv+first-block-cache:threshold=0.2"]})
+    )
+    assert [(o.name, o.params) for o in combined[0].spec.optimizations] == [
+        ("fuse-qkv", {}),
+        ("first-block-cache", {"threshold": 0.2}),
+    ]
+
+
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        ("axes: {model: [tiny-sd]}\nrepeats: 3\n", "unknown key 'repeats'"),
+        ("axes: {model: [tiny-sd], batchsize: [1, 2]}\n", "unknown option 'batchsize' in axes"),
+        ("axes: {model: [tiny-sd]}\nfixed: {iteration: 3}\n", "unknown option 'iteration' in fixed"),
+        ("axes: {model: [tiny-sd]}\nexclude: [{modle: tiny-sd}]\n", "unknown option 'modle' in exclude[0]"),
+        ("axes: {model: []}\n", "axis 'model' has no values"),
+        ("axes: {steps: [1, 2]}\n", "no model"),
+        ("axes: {model: [tiny-sd], steps: [1]}\nfixed: {steps: 2}\n", "'steps' is both an axis and fixed"),
+    ],
+)
+def test_a_sweep_file_with_an_unknown_or_wrong_key_is_refused_naming_it(tmp_path, cli, text, named):
+    path = tmp_path / "study.yaml"
+    path.write_text(text)
+    with pytest.raises(DiffmeterError, match=named.replace("[", r"\[").replace("]", r"\]")):
+        read_sweep_file(path)
+    code, out, err = cli("sweep", path, "--out", tmp_path / "out", "--dry-run")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_shipped_json_schema_is_current_and_refuses_unknown_keys():
+    from diffmeter.sweep.file import json_schema
+
+    committed = json.loads((Path(__file__).parents[1] / "docs" / "sweep.schema.json").read_text())
+    assert committed == json_schema()
+    assert (
+        committed["additionalProperties"] is False
+        and "batch_size" in committed["properties"]["axes"]["propertyNames"]["enum"]
+    )
+
+
+def test_the_dry_run_shows_each_cell_done_refused_or_to_run_with_its_compute(tmp_path, cli):
+    from diffmeter.flops.profile import profile
+    from diffmeter.runs.runner import bench
+    from diffmeter.runs.spec import BenchSpec
+
+    out = tmp_path / "out"
+    bench(BenchSpec(model="tiny-sd", batch_size=2, **FAST), out=out)
+    study = tmp_path / "study.yaml"
+    study.write_text(
+        "axes:\n  model: [tiny-sd]\n  batch_size: [1, 2]\n  optimizations: ['', first-block-cache]\n"
+        f"fixed: {json.dumps(FAST)}\n"
+    )
+    code, text, _ = cli("sweep", study, "--out", out, "--dry-run", "--json")
+    assert code == 0
+    cells = json.loads(text)
+    assert [(c["values"]["batch_size"], c["values"]["optimizations"], c["status"]) for c in cells] == [
+        (1, "", "to run"),
+        (1, "first-block-cache", "refused"),
+        (2, "", "done"),
+        (2, "first-block-cache", "refused"),
+    ]
+    assert "UNet2DConditionModel has no diffusers cache hooks" in cells[1]["reason"]
+    assert cells[2]["tflops_per_call"] == profile("tiny-sd", steps=1, batch_size=2).total_flops / 1e12
+    code, text, _ = cli("sweep", study, "--out", out, "--dry-run")
+    assert code == 0 and "refused" in text and "GFLOPs" in text
+    assert len(stored(out)) == 1  # nothing ran
+
+
+def test_cells_run_in_their_own_processes_and_a_failing_cell_is_stored_failed(tmp_path, cli):
+    """One cell loads a corrupt checkpoint and raises; the other completes; a rerun skips both
+    and --retry-failed runs the failed one again."""
+    broken = corrupt_folder(tmp_path)
+    out = tmp_path / "out"
+    study = tmp_path / "study.yaml"
+    study.write_text(f"name: mixed\naxes:\n  model: [tiny-sd, '{broken}']\nfixed: {json.dumps(FAST)}\n")
+    code, text, _ = cli("sweep", study, "--out", out)
+    assert code == 1  # a failed cell: the sweep finished, and says so
+    runs = stored(out)
+    assert sorted(run["status"] for run in runs.values()) == ["complete", "failed"]
+    (failed,) = [run for run in runs.values() if run["status"] == "failed"]
+    assert "exited with code 2 without a result" in failed["error"] and "safetensors" in failed["error"].lower()
+    record = json.loads((out / "sweep-mixed.json").read_text())
+    assert [cell["status"] for cell in record["cells"]] == ["done", "failed"]
+    assert os.getpid() not in [p.ppid() for p in psutil.process_iter()]  # no cell process left
+
+    before = {name: (out / name / RESULTS).read_bytes() for name in runs}
+    code, text, _ = cli("sweep", study, "--out", out)
+    assert code == 1 and {name: (out / name / RESULTS).read_bytes() for name in runs} == before
+    assert [c["status"] for c in json.loads((out / "sweep-mixed.json").read_text())["cells"]] == ["skipped", "failed"]
+    code, text, _ = cli("sweep", study, "--out", out, "--retry-failed")
+    assert code == 1 and stored(out).keys() == runs.keys()
+    (name,) = [name for name, run in runs.items() if run["status"] == "failed"]
+    retried = json.loads((out / name / RESULTS).read_text())
+    assert retried["status"] == "failed" and retried["error"] != failed["error"]  # run again: its own duration
+    assert (out / next(n for n in runs if n != name) / RESULTS).read_bytes() == before[
+        next(n for n in runs if n != name)
+    ]
+
+
+def test_a_cell_past_its_timeout_is_stopped_and_stored_failed(tmp_path):
+    out = tmp_path / "out"
+    sweep = SweepFile(name="slow", axes={"model": ["tiny-sd"]}, fixed=FAST, timeout_s=1.0)
+    record = run_sweep(sweep, out, LocalExecutor(out, slots=[None], timeout_s=sweep.timeout_s))
+    (cell,) = record.cells
+    assert cell.status == "failed" and "timeout" in cell.reason
+    (run,) = stored(out).values()
+    assert run["status"] == "failed" and "stopped at the sweep's per-cell timeout" in run["error"]
+
+
+def test_a_cell_killed_by_a_signal_is_stored_failed_and_the_sweep_goes_on(tmp_path):
+    out = tmp_path / "out"
+    sweep = SweepFile(name="crash", axes={"model": ["tiny-sd"], "steps": [1, 2]}, fixed=FAST)
+    executor = LocalExecutor(out, slots=[None])
+    killed = []
+
+    def kill_first_cell():  # a segfault cannot be provoked on purpose in a healthy run: deliver its signal
+        while not killed:
+            for child in psutil.Process().children(recursive=True):
+                if "diffmeter.sweep.cell" in " ".join(child.cmdline()):
+                    child.send_signal(signal.SIGSEGV)
+                    killed.append(child.pid)
+                    return
+            time.sleep(0.05)
+
+    threading.Thread(target=kill_first_cell, daemon=True).start()
+    record = run_sweep(sweep, out, executor)
+    assert killed and [cell.status for cell in record.cells] == ["failed", "done"]
+    assert "killed by SIGSEGV" in record.cells[0].reason
+    assert sorted(run["status"] for run in stored(out).values()) == ["complete", "failed"]
+
+
+@pytest.mark.slow
+def test_killing_the_sweep_at_a_random_moment_loses_and_duplicates_nothing(tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, "-c", "from diffmeter.cli import main; main()", "sweep", "--model", "tiny-sd"]
+    command += ["--steps", "1,2,3", "--iterations", "1", "--device", "cpu", "--out", str(out)]
+    sweep = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not stored(out) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(random.uniform(0.0, 3.0))  # somewhere in the second cell (or the third)
+    sweep.kill()
+    sweep.wait()
+    time.sleep(1.0)
+    cells = [p for p in psutil.process_iter(["cmdline"]) if "diffmeter.sweep.cell" in " ".join(p.info["cmdline"] or [])]
+    assert not cells, "a cell outlived the sweep that started it"
+    survivors = {name: (out / name / RESULTS).read_bytes() for name in stored(out)}
+    assert 1 <= len(survivors) <= 3
+
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    runs = stored(out)
+    assert len(runs) == 3 and all(run["status"] == "complete" for run in runs.values())
+    assert sorted(run["spec"]["steps"] for run in runs.values()) == [1, 2, 3]  # each cell once
+    assert {name: (out / name / RESULTS).read_bytes() for name in survivors} == survivors  # kept, not rerun
+    assert not [path for path in out.iterdir() if ".partial-" in path.name]
+    record = json.loads((out / "sweep-cli.json").read_text())
+    assert sorted(cell["status"] for cell in record["cells"]) == sorted(
+        ["skipped"] * len(survivors) + ["done"] * (3 - len(survivors))
+    )
+
+
+class InProcessExecutor:
+    """Runs cells with diffmeter's own runner in this process, failing every batch above ``fits``
+    with CUDA's out-of-memory error: the search stops on it; a real OOM cannot happen on this CPU."""
+
+    def __init__(self, out: Path, fits: int) -> None:
+        self.out, self.fits, self.batches = out, fits, []
+
+    def describe(self) -> str:
+        return "in-process test executor"
+
+    def map(self, jobs, started, finished):
+        import torch
+
+        from diffmeter.runs.runner import bench
+        from diffmeter.sweep.local import Outcome
+
+        for job in jobs:
+            started(job)
+            self.batches.append(job.spec.batch_size)
+
+            def exhaust(what, done, total, batch=job.spec.batch_size):
+                if what == "measuring" and batch > self.fits:
+                    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+
+            try:
+                bench(job.spec, out=self.out, force=True, progress=exhaust)
+            except DiffmeterError:
+                pass
+            finished(job, Outcome(0, "", 0.0))
+
+
+def test_batch_size_auto_doubles_until_out_of_memory_and_records_the_largest_that_fit(tmp_path):
+    out = tmp_path / "out"
+    sweep = SweepFile(name="search", axes={"model": ["tiny-sd"], "batch_size": ["auto"]}, fixed=FAST)
+    executor = InProcessExecutor(out, fits=2)
+    (cell,) = run_sweep(sweep, out, executor).cells
+    assert executor.batches == [1, 2, 4]
+    assert cell.status == "done" and cell.largest_batch == 2 and cell.batches_tried == [1, 2, 4]
+    assert read_result(out / cell.folder).spec.batch_size == 2
+    assert sorted((r["spec"]["batch_size"], r["status"]) for r in stored(out).values()) == [
+        (1, "complete"),
+        (2, "complete"),
+        (4, "failed"),
+    ]
+    resumed = InProcessExecutor(out, fits=2)
+    (again,) = run_sweep(sweep, out, resumed).cells
+    assert resumed.batches == [] and again.largest_batch == 2  # every batch tried was stored
+    limited = SweepFile(name="cap", axes={"model": ["tiny-sd"], "batch_size": ["auto"]}, fixed=FAST, batch_limit=2)
+    (capped,) = run_sweep(limited, out, InProcessExecutor(out, fits=64)).cells
+    assert capped.largest_batch == 2 and "raise batch_limit" in capped.reason
+
+
+@pytest.mark.slow
+def test_the_ray_executor_runs_cells_as_tasks_and_ships_results_back(tmp_path):
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed (pip install 'diffmeter[ray]')")
+    from diffmeter.sweep.ray_executor import RayExecutor  # imports Ray past amdsmi's import-time failure
+
+    broken = corrupt_folder(tmp_path)
+    out = tmp_path / "out"
+    sweep = SweepFile(name="cluster", axes={"model": ["tiny-sd", str(broken)]}, fixed=FAST)
+    try:
+        executor = RayExecutor(out, "auto", num_cpus=2)
+        record = run_sweep(sweep, out, executor, here=False)
+        assert [cell.status for cell in record.cells] == ["done", "failed"]
+        assert "Ray cluster" in record.executor and all("pid" in cell.where for cell in record.cells)
+        runs = stored(out)
+        assert sorted(run["status"] for run in runs.values()) == ["complete", "failed"]
+        (complete,) = [name for name, run in runs.items() if run["status"] == "complete"]
+        assert read_result(out / complete).summary.iterations == 1 and (out / complete / "bench.log").is_file()
+        resumed = run_sweep(sweep, out, executor, here=False)
+        assert [cell.status for cell in resumed.cells] == ["skipped", "failed"]
+    finally:
+        sys.modules["ray"].shutdown()
+
+
+def test_ray_missing_is_one_line_naming_the_extra(tmp_path, cli, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    code, _, err = cli("sweep", "--model", "tiny-sd", "--steps", "1", "--out", tmp_path, "--ray", "auto")
+    assert code == 2 and "pip install 'diffmeter[ray]'" in err and len(err.strip().splitlines()) == 1
