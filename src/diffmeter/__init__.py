@@ -5,6 +5,7 @@
 >>> profile.denoiser_macs_per_step
 >>> result = diffmeter.bench("tiny-sd", steps=4, optimizations=["fuse-qkv"])   # a measured run
 >>> result.summary.latency_s.median, result.folder
+>>> table = diffmeter.load_results("results")   # every stored run: a pandas DataFrame, a row each
 
 The heavy parts (torch, diffusers) are imported on first use, so the command line starts fast.
 """
@@ -20,6 +21,7 @@ __all__ = [
     "Profile",
     "ProfileSpec",
     "bench",
+    "load_results",
     "profile",
 ]
 
@@ -32,6 +34,7 @@ _LAZY = {
     "bench": "diffmeter.runs.runner:measure",
     "BenchResult": "diffmeter.runs.results",
     "BenchSpec": "diffmeter.runs.spec",
+    "load_results": "diffmeter.runs.collect",
 }
 
 

@@ -1,0 +1,103 @@
+"""`diffmeter table` and `diffmeter.load_results`: one tidy row per stored run, any depth, with the
+speed-up against the unoptimized run of the same settings; CSV and Parquet round trips."""
+
+import json
+import math
+
+import pandas
+import pytest
+import torch
+
+import diffmeter
+from diffmeter.errors import DiffmeterError
+from diffmeter.optimize.options import parse_opt
+from diffmeter.runs.collect import COLUMNS
+from diffmeter.runs.runner import bench
+from diffmeter.runs.spec import BenchSpec
+
+FAST = {"model": "tiny-sd", "steps": 1, "iterations": 2, "device": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A baseline, an optimized run compared with it, the same optimized run stored elsewhere
+    without comparing, another batch size, and a failed run."""
+    out = tmp_path_factory.mktemp("runs")
+    bench(BenchSpec(**FAST), out=out / "study")
+    fused = [parse_opt("fuse-qkv")]
+    bench(BenchSpec(**FAST, optimizations=fused, compare_baseline=True), out=out / "study")
+    bench(BenchSpec(**FAST, optimizations=fused), out=out / "elsewhere" / "deeper")
+    bench(BenchSpec(**FAST, batch_size=2), out=out / "study")
+
+    def exhaust(what, done, total):  # a CUDA OOM cannot happen on this CPU machine: raise the real type
+        if what == "measuring":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    with pytest.raises(DiffmeterError):
+        bench(BenchSpec(**FAST, batch_size=4), out=out / "study", progress=exhaust)
+    return out
+
+
+def test_one_row_per_run_at_any_depth_with_units_and_speedups(runs):
+    frame = diffmeter.load_results(runs)
+    assert list(frame.columns) == list(COLUMNS) and len(frame) == 5
+    complete = frame[frame.status == "complete"]
+    assert (complete.weights == "tiny-random").all() and (complete.s_per_image > 0).all()
+    shares = complete[["text_share", "denoise_share", "decode_share", "other_share"]].sum(axis=1)
+    assert all(math.isclose(total, 1.0, rel_tol=1e-9) for total in shares)
+    baseline = complete[(complete.optimizations == "") & (complete.batch == 1)].iloc[0]
+    compared = complete[complete.folder.str.startswith("study") & (complete.optimizations == "fuse-qkv")].iloc[0]
+    elsewhere = complete[complete.folder.str.startswith("elsewhere")].iloc[0]
+    stored = json.loads((runs / compared.folder / "results.json").read_text())
+    assert compared.speedup == stored["speedup"]["factor"]  # the run's own comparison
+    assert elsewhere.speedup == pytest.approx(baseline.s_per_image / elsewhere.s_per_image)  # matched in the table
+    assert compared.identical_images == 2 or compared.psnr_db > 30  # fuse-qkv is lossless up to rounding
+    batch2 = complete[complete.batch == 2].iloc[0]
+    assert batch2.speedup == 1.0  # an unoptimized run is its own baseline
+    (failed,) = frame[frame.status == "failed"].itertuples()
+    assert "out of memory" in failed.error and math.isnan(failed.s_per_image) and failed.batch == 4
+    assert math.isnan(failed.speedup)
+    assert batch2.tflops_per_image == pytest.approx(baseline.tflops_per_image)
+
+
+def test_csv_and_parquet_round_trip(runs, cli, tmp_path):
+    frame = diffmeter.load_results(runs)
+    code, out, _ = cli("table", runs, "--csv", tmp_path / "t.csv", "--parquet", tmp_path / "t.parquet")
+    assert code == 0 and "5 rows written" in out
+    from_csv = pandas.read_csv(tmp_path / "t.csv", keep_default_na=True)
+    from_parquet = pandas.read_parquet(tmp_path / "t.parquet")
+    pandas.testing.assert_frame_equal(from_parquet, frame)
+    numeric = ["s_per_image", "speedup", "peak_rss_bytes", "batch", "tflops_per_image"]
+    pandas.testing.assert_frame_equal(from_csv[numeric], frame[numeric], check_dtype=False)
+    assert list(from_csv.folder) == list(frame.folder)
+
+
+def test_where_and_sort_filter_the_table(runs, cli):
+    code, out, _ = cli(
+        "table", runs, "--json", "--where", "status == 'complete' and batch == 1", "--sort", "-s_per_image"
+    )
+    rows = json.loads(out)
+    assert code == 0 and len(rows) == 3
+    assert [row["s_per_image"] for row in rows] == sorted((row["s_per_image"] for row in rows), reverse=True)
+    code, out, _ = cli("table", runs)
+    assert code == 0 and "tiny-sd" in out and "(tiny)" in out and "failed" in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--sort", "latency"], "--sort latency: no column 'latency'"),
+        (["--where", "batch >>> 2"], "--where 'batch >>> 2'"),
+        (["--where", "batch > 64"], "none match --where"),
+    ],
+)
+def test_bad_table_options_are_one_line(runs, cli, args, message):
+    code, _, err = cli("table", runs, *args)
+    assert code == 2 and message in " ".join(err.split()) and len(err.strip().splitlines()) == 1
+
+
+def test_a_folder_without_runs_says_so(cli, tmp_path):
+    code, _, err = cli("table", tmp_path)
+    assert code == 2 and "no stored runs" in err
+    code, _, err = cli("table", tmp_path / "missing")
+    assert code == 2 and "is not a folder" in err
