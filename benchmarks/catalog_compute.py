@@ -120,9 +120,10 @@ def main() -> None:
     lines += [
         "",
         "No published compute figure is recorded for: " + ", ".join(missing) + ". For the models added in "
-        "2026 (FLUX.2, FLUX.1 Kontext, Chroma, Qwen-Image, Z-Image, CogView4, Wan 2.2, LTX-Video, SD3.5 Large "
-        "Turbo) papers, model cards and READMEs were searched and give parameters, latencies and prices, no "
-        "FLOPs; a figure found later goes in the entry's `extra.published_compute` and shows up here.",
+        "2026 (FLUX.2, FLUX.1 Kontext, Chroma, Qwen-Image and Qwen-Image-2.1, Z-Image, CogView4, HiDream-I1, "
+        "HunyuanImage 2.1, Wan 2.2, HunyuanVideo 1.5, LTX-Video, LTX-2, SD3.5 Large Turbo) papers, model cards "
+        "and READMEs were searched and give parameters, latencies and prices, no FLOPs; a figure found later "
+        "goes in the entry's `extra.published_compute` and shows up here.",
         "",
     ]
     DOC.write_text("\n".join(lines))

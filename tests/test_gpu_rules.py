@@ -93,6 +93,7 @@ def test_masks_attention_says_what_each_denoiser_passes_to_sdpa(entry):
     else:  # a short prompt, and a batch of unequal ones (which pipelines that do not pad must mask)
         size = dict(height=defaults.height, width=defaults.width)
         calls = [dict(prompt="a cat", **size), dict(prompt=["a cat", " ".join(["a photo of a cat"] * 12)], **size)]
+    family.prepare_pipeline(pipe, defaults.guidance_scale, batch_size=2)
     with torch.no_grad():
         for call in calls:
             pipe(**family.guidance_arguments(entry, defaults.guidance_scale), **arguments, **call)

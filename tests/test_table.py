@@ -101,3 +101,10 @@ def test_a_folder_without_runs_says_so(cli, tmp_path):
     assert code == 2 and "no stored runs" in err
     code, _, err = cli("table", tmp_path / "missing")
     assert code == 2 and "is not a folder" in err
+
+
+def test_every_column_is_documented():
+    from pathlib import Path
+
+    documented = (Path(__file__).parents[1] / "docs" / "table.md").read_text()
+    assert all(f"| `{name}` | {text} |" in documented for name, text in COLUMNS.items())

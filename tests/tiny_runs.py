@@ -37,6 +37,7 @@ def run_tiny(
         "batch_size": batch_size,
         "resolution_binning": defaults.resolution_binning,
     }
+    get_family(entry.family).prepare_pipeline(pipe, settings["guidance_scale"], batch_size)
     kwargs = dict(
         num_inference_steps=settings["steps"],
         **get_family(entry.family).guidance_arguments(entry, settings["guidance_scale"]),

@@ -47,6 +47,9 @@ class ProfileSpec:
     #: tokens a pipeline's prompt template adds around the prompt (system turn, chat markers), as
     #: its own tokenizer counts them; None: the catalog's count. Set from the real tokenizer by bench.
     template_tokens: int | None = None
+    #: whether the prompts hold quoted text, which a glyph encoder reads (ByT5 in HunyuanVideo 1.5 and
+    #: HunyuanImage 2.1 runs only then); None: assumed they do (an upper bound). Set from the real prompts by bench.
+    glyph_text: bool | None = None
     resolution_binning: bool | None = None
     max_sequence_length: int | None = None
 

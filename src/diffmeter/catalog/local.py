@@ -25,6 +25,7 @@ _RUNTIME_ONLY = {
     "tokenizer",
     "tokenizer_2",
     "tokenizer_3",
+    "processor",  # a transformers processor (QwenImage21Pipeline): tokenizer + image processor
     "feature_extractor",
     "safety_checker",
     "image_encoder",
@@ -63,12 +64,14 @@ def entry_from_directory(root: Path, known: tuple[PipelineEntry, ...], repo_id: 
     for name, spec in index.items():
         if name.startswith("_") or name in _RUNTIME_ONLY:
             continue
-        if not isinstance(spec, list):
-            init[name] = spec  # a plain __init__ argument (Wan 2.2's boundary_ratio)
+        if not (isinstance(spec, list) and len(spec) == 2 and all(isinstance(part, str | None) for part in spec)):
+            init[name] = spec  # a plain __init__ argument (Wan 2.2's boundary_ratio, Qwen-Image 2.1's sample_sigmas)
             continue
         if spec[1] is None:
             continue
         config_path = root / name / "config.json"
+        if spec[1].endswith("Guidance") and (root / name / "guider_config.json").is_file():
+            config_path = root / name / "guider_config.json"  # what diffusers guiders save
         if not config_path.is_file():
             raise DiffmeterError(f"component '{name}' has no config at {config_path}")
         config = {k: v for k, v in _read_json(config_path).items() if not k.startswith("_")}

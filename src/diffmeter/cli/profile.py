@@ -76,6 +76,14 @@ def profile(
         int | None,
         typer.Option(help="SANA: tokens of the complex human instruction; 0 for none (complex_human_instruction=None)"),
     ] = None,
+    glyph_text: Annotated[
+        bool | None,
+        typer.Option(
+            "--glyph-text/--no-glyph-text",
+            help="HunyuanImage 2.1, HunyuanVideo 1.5: whether prompts quote text for the ByT5 glyph encoder "
+            "(default: assumed, an upper bound)",
+        ),
+    ] = None,
     resolution_binning: ResolutionBinning = True,
     depth: Annotated[int, typer.Option(help="also break MACs down by module, this many levels deep")] = 0,
     jobs: Annotated[int, typer.Option(help="worker processes for several profiles (default: CPU count)")] = 0,
@@ -115,6 +123,7 @@ def profile(
             prompt_tokens=prompt_tokens,
             negative_prompt_tokens=negative_prompt_tokens,
             instruction_tokens=instruction_tokens,
+            glyph_text=glyph_text,
             max_sequence_length=max_sequence_length,
             resolution_binning=None if resolution_binning else False,
         )

@@ -117,6 +117,10 @@ class Family:
         call it ``guidance_scale``; some guide under another name or only with a negative prompt."""
         return {"guidance_scale": guidance_scale}
 
+    def prepare_pipeline(self, pipe, guidance_scale: float, batch_size: int) -> None:
+        """Set on a loaded pipeline what it takes outside ``__call__`` (a guider component holding
+        the guidance scale), before it runs; ``bench`` and the tests call it. Nothing by default."""
+
     # ---- sizes -------------------------------------------------------------------------
     def called_guidance(self, entry: PipelineEntry, call_defaults: dict[str, Any]) -> float | None:
         """diffmeter's guidance scale (CFG when > 1) for a pipeline called with its ``__call__`` defaults

@@ -257,3 +257,130 @@ def chroma(config: dict, image: int, text: int) -> int:
     embed = config["in_channels"] * d * image + config["joint_attention_dim"] * d * text
     out = d * (config.get("out_channels") or config["in_channels"]) * image
     return config["num_layers"] * double + config["num_single_layers"] * single + approximator + embed + out
+
+
+@formula("hidream")
+def hidream(config: dict, image: int, text: int) -> int:
+    """HiDream-I1: dual-stream then single-stream blocks whose image (and, in single blocks, joint) FFN
+    is a mixture of experts: a shared SwiGLU expert plus ``num_activated_experts`` routed SwiGLU experts
+    per token (the unrouted ones cost nothing) and a linear gate. ``text`` is the T5 and the Llama
+    length (each padded to max_sequence_length): the text stream carries T5 + the last Llama layer, and
+    each block adds its own Llama layer, so it is 3 x ``text`` tokens long."""
+    d = config["num_attention_heads"] * config["attention_head_dim"]
+
+    def swiglu(hidden: int) -> int:  # HiDreamImageFeedForwardSwiGLU's hidden width (multiple_of 256)
+        return 256 * -(-int(2 * hidden / 3) // 256)
+
+    expert, shared = 3 * d * swiglu(4 * d), 3 * d * swiglu(2 * d)
+    moe = config["num_routed_experts"] * d + shared + config["num_activated_experts"] * expert  # per token
+    stream = 3 * text
+    s = image + stream
+    double = 4 * d * d * s + _attention(s, s, d) + moe * image + expert * stream + 12 * d * d
+    single = 4 * d * d * s + _attention(s, s, d) + moe * s + 6 * d * d
+    patch = config["patch_size"] ** 2
+    t5_channels, llama_channels = config["caption_channels"]
+    captions = len(config["llama_layers"]) * llama_channels * d * text + t5_channels * d * text
+    embed = patch * config["in_channels"] * d * image
+    conditioning = 256 * d + d * d + config["text_emb_dim"] * d + d * d
+    out = 2 * d * d + d * patch * (config.get("out_channels") or config["in_channels"]) * image
+    return config["num_layers"] * double + config["num_single_layers"] * single + captions + embed + conditioning + out
+
+
+@formula("qwenimage21")
+def qwenimage21(config: dict, image: int, text: int, cached: bool = False) -> int:
+    """Qwen-Image 2.1's single-stream block-causal DiT: bias-free q/k/v/out and a SwiGLU MLP of width
+    mlp_ratio * d per block; one modulation MLP shared by all blocks, evaluated for the sampled and the
+    t = 0 rows (causal_condition). The prefill attends text causally (text x text) and image tokens to
+    everything (image x (text + image)); a ``cached`` call (prefix KV cache) runs only the image tokens
+    through the blocks and the output head, attending to the cached text, while txt_in still runs."""
+    d = config["num_attention_heads"] * config["attention_head_dim"]
+    hidden = config["mlp_ratio"] * d
+    s = image + text
+    run = image if cached else s
+    blocks = config["num_layers"] * (
+        (4 * d * d + 3 * d * hidden) * run + _attention(image, s, d) + (0 if cached else _attention(text, text, d))
+    )
+    embed = config["in_channels"] * d * image + (config["context_in_dim"] + d) * d * text  # img_in, txt_in
+    rows = 2 if config.get("causal_condition", True) else 1
+    conditioning = rows * (256 * d + d * d + 4 * d * d + d * d)  # timestep MLP, shared modulation, norm_out scale
+    out = d * config["patch_size"] ** 2 * config["out_channels"] * run
+    return blocks + embed + conditioning + out
+
+
+@formula("hunyuanimage")
+def hunyuanimage(config: dict, image: int, text: int, glyph: int = 128) -> int:
+    """HunyuanImage 2.1: ``text`` Qwen tokens through a token refiner (self-attention blocks over the text,
+    conditioned on the timestep and the mean text embedding), ``glyph`` ByT5 positions through a 3-layer
+    projection (hidden 2048), then FLUX-style dual-stream and single-stream blocks over image + text + glyph
+    tokens; 1x1 patches; a second timestep MLP for the guidance (guidance_embeds) and the meanflow r."""
+    d = config["num_attention_heads"] * config["attention_head_dim"]
+    hidden = int(d * config["mlp_ratio"])
+    s = image + text + glyph
+    double = (4 * d * d + 2 * d * hidden) * s + _attention(s, s, d) + 2 * 6 * d * d
+    single = (4 * d * d + 2 * d * hidden) * s + _attention(s, s, d) + 3 * d * d
+    refiner = (4 * d * d + 2 * d * hidden) * text + _attention(text, text, d) + 2 * d * d
+    context = config["text_embed_dim"] * d * text + (256 * d + d * d) + (config["text_embed_dim"] * d + d * d)
+    context += config["num_refiner_layers"] * refiner
+    glyph_embed = (config["text_embed_2_dim"] * 2048 + 2048 * 2048 + 2048 * d) * glyph
+    times = 1 + bool(config.get("guidance_embeds")) + bool(config.get("use_meanflow"))
+    patch = config["patch_size"][0] * config["patch_size"][1]
+    embed = config["in_channels"] * patch * d * image
+    out = 2 * d * d + d * patch * config["out_channels"] * image
+    return (
+        config["num_layers"] * double
+        + config["num_single_layers"] * single
+        + context
+        + glyph_embed
+        + times * (256 * d + d * d)
+        + embed
+        + out
+    )
+
+
+@formula("ltx2")
+def ltx2(config: dict, image: int, text: int, audio: int = 0, isolate_modalities: bool = False) -> int:
+    """LTX-2's joint audio-video DiT (one call, batch 1): ``image`` video tokens of width d and ``audio``
+    audio tokens of width a, each stream with self-attention, cross-attention to its ``text`` connector
+    tokens and a 4x GELU MLP; between them audio-to-video and video-to-audio cross-attention at the audio
+    width (left out when ``isolate_modalities``). Captions are projected by two-layer MLPs; six adaLN-single
+    embedders (6, 4 and 1 modulation vectors per stream) map the timestep."""
+    d = config["num_attention_heads"] * config["attention_head_dim"]
+    a = config["audio_num_attention_heads"] * config["audio_attention_head_dim"]
+    v, s = image, audio
+    video = 4 * d * d * v + _attention(v, v, d) + 8 * d * d * v
+    video += 2 * d * d * v + 2 * config["cross_attention_dim"] * d * text + _attention(v, text, d)
+    sound = 4 * a * a * s + _attention(s, s, a) + 8 * a * a * s
+    sound += 2 * a * a * s + 2 * config["audio_cross_attention_dim"] * a * text + _attention(s, text, a)
+    a2v = 2 * d * a * v + 2 * a * a * s + _attention(v, s, a)  # Q video -> a, K/V audio, out a -> d
+    v2a = 2 * a * a * s + 2 * d * a * v + _attention(s, v, a)  # Q audio, K/V video d -> a, out a
+    block = video + sound + (0 if isolate_modalities else a2v + v2a)
+    caption = config["caption_channels"]
+    embed = config["in_channels"] * d * v + config["audio_in_channels"] * a * s
+    embed += (caption * d + d * d) * text + (caption * a + a * a) * text
+    conditioning = sum(256 * w + w * w + k * w * w for w in (d, a) for k in (6, 4, 1))
+    out = d * config["out_channels"] * v + a * config["audio_out_channels"] * s
+    return config["num_layers"] * block + embed + conditioning + out
+
+
+@formula("hunyuanvideo15")
+def hunyuanvideo15(config: dict, image: int, text: int = 1000, glyph: int = 256, vision: int = 729) -> int:
+    """HunyuanVideo 1.5 (one call, batch 1): ``text`` Qwen tokens through a token refiner (self-attention
+    blocks conditioned on the timestep and the mean text embedding), ``glyph`` ByT5 positions through a
+    3-layer projection (hidden 2048), ``vision`` image-embedding positions (zeros for text-to-video, still
+    projected), then dual-stream MMDiT blocks with joint attention over ``image`` video tokens (1x1x1
+    patches) and all text tokens; no single-stream blocks, no guidance embedding."""
+    d = config["num_attention_heads"] * config["attention_head_dim"]
+    hidden = int(d * config["mlp_ratio"])
+    s = image + text + glyph + vision
+    block = (4 * d * d + 2 * d * hidden) * s + _attention(s, s, d) + 2 * 6 * d * d  # both streams; two adaLNs
+    refiner = (4 * d * d + 2 * d * hidden) * text + _attention(text, text, d) + 2 * d * d
+    context = config["text_embed_dim"] * d * text + (256 * d + d * d) + (config["text_embed_dim"] * d + d * d)
+    context += config["num_refiner_layers"] * refiner
+    glyph_embed = (config["text_embed_2_dim"] * 2048 + 2048 * 2048 + 2048 * d) * glyph
+    e = config["image_embed_dim"]
+    vision_embed = (e * e + e * d) * vision
+    times = 256 * d + d * d
+    patch = config["patch_size_t"] * config["patch_size"] ** 2
+    embed = config["in_channels"] * patch * d * image
+    out = 2 * d * d + d * patch * config["out_channels"] * image
+    return config["num_layers"] * block + context + glyph_embed + vision_embed + times + embed + out

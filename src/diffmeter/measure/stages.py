@@ -21,6 +21,29 @@ from diffmeter.measure.clock import CudaEventClock, HostClock
 _NOTHING = object()
 
 
+class _Timed:
+    """A method wrapped with stage marks. A deep copy of its owner (LTX2Pipeline copies its scheduler for the
+    audio latents) gets the plain method bound to the copy, not this wrapper stepping the original."""
+
+    def __init__(self, method, before, after) -> None:
+        functools.update_wrapper(self, method)
+        self.method, self.before, self.after = method, before, after
+
+    def __call__(self, *args, **kwargs):
+        if self.before:
+            self.before()
+        try:
+            return self.method(*args, **kwargs)
+        finally:
+            if self.after:
+                self.after()
+
+    def __deepcopy__(self, memo):
+        copied = memo.get(id(getattr(self.method, "__self__", None)))
+        plain = getattr(self.method, "__func__", None)
+        return self if copied is None or plain is None else plain.__get__(copied)
+
+
 class Stages(BaseModel):
     """Seconds per stage of one call; ``steps_s`` has one entry per scheduler step, and the
     four stages add up to the call's device-timed total."""
@@ -96,17 +119,7 @@ class StageTimer:
         method = getattr(owner, name)
         self._wrapped.append((owner, name, vars(owner).get(name, _NOTHING)))
 
-        @functools.wraps(method)
-        def timed(*args, **kwargs):
-            if before:
-                before()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                if after:
-                    after()
-
-        setattr(owner, name, timed)
+        setattr(owner, name, _Timed(method, before, after))
 
     # ---- marks --------------------------------------------------------------------------
     def _enter(self, stage: str) -> None:

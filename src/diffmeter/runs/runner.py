@@ -245,6 +245,7 @@ def _measure(spec, entry, source, workload, profile, staging, log, progress, opt
             start = time.perf_counter()
             placed = any(o.places_pipeline for o in optimizations)
             pipe = load_pipeline(entry, source, torch.device("cpu") if placed else device, spec.dtype, spec.seed)
+            family.prepare_pipeline(pipe, spec.guidance_scale, spec.batch_size)
             for optimization in optimizations:
                 log.info("applying %s", optimization.label())
                 optimization.apply(pipe, target)
