@@ -296,6 +296,24 @@ def test_the_ray_executor_runs_cells_as_tasks_and_ships_results_back(tmp_path):
         assert read_result(out / complete).summary.iterations == 1 and (out / complete / "bench.log").is_file()
         resumed = run_sweep(sweep, out, executor, here=False)
         assert [cell.status for cell in resumed.cells] == ["skipped", "failed"]
+
+        killed = []
+
+        def kill_the_worker_once():  # a lost node, as far as one machine can show it: its worker dies mid-cell
+            deadline = time.monotonic() + 300
+            while not killed and time.monotonic() < deadline:
+                for process in psutil.process_iter(["cmdline"]):
+                    if "diffmeter.sweep.cell" in " ".join(process.info["cmdline"] or []):
+                        worker = process.parent()
+                        worker.kill()
+                        killed.append(worker.pid)
+                        return
+                time.sleep(0.05)
+
+        threading.Thread(target=kill_the_worker_once, daemon=True).start()
+        lost = SweepFile(name="lost", axes={"model": ["tiny-sd"], "steps": [2]}, fixed=FAST)
+        (cell,) = run_sweep(lost, out, executor, here=False).cells
+        assert killed and cell.status == "done" and str(killed[0]) not in cell.where  # rerun by another worker
     finally:
         sys.modules["ray"].shutdown()
 

@@ -15,7 +15,10 @@ from diffmeter.errors import DiffmeterError
 
 AXES = "axes (comma-separated values; each combination is a cell)"
 FIXED = "fixed options (the same in every cell)"
-List = Annotated[str | None, typer.Option(metavar="A,B,...", rich_help_panel=AXES)]
+
+
+def _axis(help: str):
+    return Annotated[str | None, typer.Option(metavar="A,B,...", help=help, rich_help_panel=AXES)]
 
 
 @command()
@@ -31,14 +34,14 @@ def sweep(
         str | None,
         typer.Option(metavar="A,B,...", help="batch sizes, or auto (double until out of memory)", rich_help_panel=AXES),
     ] = None,
-    height: List = None,
-    width: List = None,
+    height: _axis("heights in pixels") = None,
+    width: _axis("widths in pixels") = None,
     size: Annotated[
         str | None, typer.Option(metavar="A,B,...", help="512 or WIDTHxHEIGHT", rich_help_panel=AXES)
     ] = None,
-    steps: List = None,
-    guidance_scale: List = None,
-    dtype: List = None,
+    steps: _axis("denoising steps") = None,
+    guidance_scale: _axis("guidance scales") = None,
+    dtype: _axis("bf16, fp16, fp32") = None,
     opt: Annotated[
         list[str] | None,
         typer.Option(

@@ -24,6 +24,14 @@ def _psnr(row) -> str:
     return "identical" if _present(row["identical_images"]) and row["identical_images"] else "-"
 
 
+def _speedup(row) -> str:
+    if not _present(row["speedup"]):
+        return "-"
+    low, high = row["speedup_ci_low"], row["speedup_ci_high"]
+    noise = _present(low) and _present(high) and low <= 1.0 <= high
+    return f"{row['speedup']:.2f}x" + (" (noise)" if noise else "")
+
+
 def results_table(frame, title: str) -> FittedTable:
     """The key columns of a ``load_results`` frame."""
     table = FittedTable(
@@ -72,12 +80,13 @@ def results_table(frame, title: str) -> FittedTable:
             _or_dash(row["mfu"], lambda v: f"{v:.1%}"),
             _psnr(row),
             _or_dash(row["ssim"], lambda v: f"{v:.4f}"),
-            _or_dash(row["speedup"], lambda v: f"{v:.2f}x"),
+            _speedup(row),
         )
     captions = [
         "s / image: median call latency / batch (p90 likewise); peak memory: CUDA max allocated, else process "
         "peak RSS; J / image: GPU energy (Zeus); MFU: the denoising loop's; PSNR/SSIM: against the unoptimized "
-        "images at the same seeds; speed-up: against the unoptimized run of the same settings"
+        "images at the same seeds; speed-up: against the unoptimized run of the same settings, (noise) when its "
+        "interval holds 1"
     ]
     if marked:
         captions.append("(tiny) and (random weights): timings of test or random-weight pipelines, not of the model")

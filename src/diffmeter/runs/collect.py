@@ -47,6 +47,8 @@ COLUMNS: dict[str, str] = {
     "ssim": "mean SSIM against the unoptimized images",
     "lpips": "mean LPIPS against the unoptimized images (lower is closer)",
     "speedup": "unoptimized median latency / this run's, same model and settings",
+    "speedup_ci_low": "lower end of the speed-up's conservative interval (runs stored with --compare-baseline)",
+    "speedup_ci_high": "upper end of that interval; an interval holding 1 means the difference is within noise",
     "iterations": "measured calls",
     "created_utc": "when the run was stored",
 }
@@ -132,7 +134,8 @@ def row(result: BenchResult, folder: str) -> dict[str, Any]:
             lpips=quality.mean_lpips,
         )
     if result.speedup is not None:
-        values["speedup"] = result.speedup.factor
+        speedup = result.speedup
+        values.update(speedup=speedup.factor, speedup_ci_low=speedup.ci_low, speedup_ci_high=speedup.ci_high)
     return values
 
 
