@@ -17,30 +17,37 @@ def parallel_map(
     jobs: int = 0,
     done: Callable[[int, int], None] | None = None,
     cost: Callable[[T], float] | None = None,
+    size: Callable[[T], int] | None = None,
 ) -> list[R]:
     """``[function(item) for item in items]`` in up to ``jobs`` processes (0: one per CPU), in order;
-    ``done(finished, total)`` is called as results come in. With ``cost``, the costliest items start
-    first, so a long one started last does not keep one worker busy while the others idle.
+    ``done(finished, total)`` is called as results come in, counting each item as ``size(item)``
+    (default 1). With ``cost``, the costliest items start first, so a long one started last does
+    not keep one worker busy while the others idle.
 
     Workers are forked, so they start with everything the parent has imported; errors raised in
     a worker (a ``DiffmeterError`` for bad input) are raised here unchanged. Workers ignore
     Ctrl-C: the parent receives it, stops them and raises KeyboardInterrupt once.
     """
     done = done or (lambda *_: None)
+    size = size or (lambda _: 1)
+    total = sum(size(item) for item in items)
     jobs = min(jobs or os.cpu_count() or 1, len(items))
     if jobs <= 1:
-        results = []
+        results, finished = [], 0
         for item in items:
             results.append(function(item))
-            done(len(results), len(items))
+            finished += size(item)
+            done(finished, total)
         return results
     order = sorted(range(len(items)), key=lambda index: -cost(items[index])) if cost else list(range(len(items)))
     pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_ignore_interrupts)
     try:
         results: dict[int, R] = {}
+        finished = 0
         for index, result in zip(order, pool.imap(function, [items[index] for index in order]), strict=True):
             results[index] = result
-            done(len(results), len(items))
+            finished += size(items[index])
+            done(finished, total)
         pool.close()
         return [results[index] for index in range(len(items))]
     except BaseException:

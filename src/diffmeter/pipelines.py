@@ -3,6 +3,7 @@ or with random weights on a real device for tiny test pipelines."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import pkgutil
@@ -10,6 +11,7 @@ import pkgutil
 import diffusers
 import torch
 import transformers
+from diffusers.models.modeling_utils import no_init_weights
 
 from diffmeter.catalog.entry import ComponentEntry
 from diffmeter.errors import DiffmeterError
@@ -48,7 +50,9 @@ def _pipeline_module_exporting(class_name: str) -> str | None:
 def build_component(component: ComponentEntry, device: str | torch.device = "meta") -> torch.nn.Module:
     """Instantiate a component from its config; on ``meta`` no weight memory is used."""
     cls = component_class(component.class_name)
-    with quiet_libraries(), torch.device(device):
+    # on meta, initializing weights only costs time (torch runs each init's decomposition): skip it
+    skip_init = no_init_weights() if torch.device(device).type == "meta" else contextlib.nullcontext()
+    with quiet_libraries(), torch.device(device), skip_init:
         if issubclass(cls, diffusers.ModelMixin):
             module = cls.from_config(component.config)
         else:

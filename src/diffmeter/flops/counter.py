@@ -199,12 +199,18 @@ def count_flops(
             handle.remove()
 
 
+def _layout(block: torch.nn.Module) -> tuple:
+    """What ``repr(block)`` says (every submodule's path, class and settings), without building the string."""
+    return tuple((name, type(module), module.extra_repr()) for name, module in block.named_modules())
+
+
 class _ReusedForward:
     """Wraps one block's ``forward`` to replay counts of an identical earlier call."""
 
     def __init__(self, block: torch.nn.Module, path: str, state: _State, memo: dict) -> None:
         self.block, self.path, self.state, self.memo = block, path, state, memo
-        self.structure = (repr(block), tuple((n, tuple(t.shape)) for n, t in block.state_dict(keep_vars=True).items()))
+        shapes = tuple((name, tuple(tensor.shape)) for name, tensor in block.state_dict(keep_vars=True).items())
+        self.structure = (_layout(block), shapes)
         self.original = block.forward
         block.forward = self
 

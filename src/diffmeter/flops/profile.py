@@ -19,7 +19,7 @@ from diffmeter.flops.cached import cached_params, cached_profile, remember_param
 from diffmeter.flops.counter import KINDS, FlopCounts, call_signature, count_flops
 from diffmeter.flops.schema import BYTES_PER_PARAM, CallProfile, ComponentProfile, Profile
 from diffmeter.parallel import parallel_map
-from diffmeter.pipelines import build_component, count_params
+from diffmeter.pipelines import build_component, component_class, count_params
 from diffmeter.spec import ProfileSpec
 
 
@@ -30,13 +30,34 @@ def profile(model: str, *, depth: int = 0, **settings) -> Profile:
 
 def profile_many(specs: list[ProfileSpec], depth: int = 0, jobs: int = 1, done=None) -> list[Profile]:
     """Profile several specs, in ``jobs`` worker processes (0: one per CPU); ``done(finished, total)``
-    reports progress."""
-    return parallel_map(partial(profile_spec, depth=depth), specs, jobs, done, cost=_video_first)
+    reports progress. Specs of one family go to the same worker, where the counts of the components
+    they share (the same encoder, VAE or transformer at the same inputs) are reused."""
+    if jobs == 1 or len(specs) < 2:
+        return parallel_map(partial(profile_spec, depth=depth), specs, 1, done)
+    for name in {c.class_name for spec in specs for c in resolve(spec.model).components.values()}:
+        component_class(name)  # imported once, before the workers fork
+    groups: dict[str, list[int]] = {}
+    for index, spec in enumerate(specs):
+        groups.setdefault(resolve(spec.model).family, []).append(index)
+    batches = [[specs[index] for index in indices] for indices in groups.values()]
+    counted = parallel_map(partial(_profile_all, depth=depth), batches, jobs, done, cost=_cost, size=len)
+    profiles: list[Profile | None] = [None] * len(specs)
+    for indices, found in zip(groups.values(), counted, strict=True):
+        for index, profile_ in zip(indices, found, strict=True):
+            profiles[index] = profile_
+    return profiles
 
 
-def _video_first(spec: ProfileSpec) -> float:
-    """Videos take the longest to count (a causal VAE decodes frame by frame): start them first."""
-    return 1.0 if spec.num_frames or resolve(spec.model).defaults.num_frames else 0.0
+def _profile_all(specs: list[ProfileSpec], depth: int) -> list[Profile]:
+    return [profile_spec(spec, depth) for spec in specs]
+
+
+def _cost(specs: list[ProfileSpec]) -> float:
+    """Videos take the longest to count (a causal VAE decodes frame by frame); then the groups with
+    the most components to build and count, so no large group starts last."""
+    entries = [resolve(spec.model) for spec in specs]
+    video = any(spec.num_frames or entry.defaults.num_frames for spec, entry in zip(specs, entries, strict=True))
+    return (1000.0 if video else 0.0) + sum(len(entry.components) for entry in entries)
 
 
 def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
