@@ -143,22 +143,30 @@ def from_config(raw: Any) -> list[OptimizationSpec]:
     return specs
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """A YAML or JSON file of bench options (names as on the command line, - or _)."""
+def read_yaml_or_json(path: str | Path, what: str) -> Any:
+    """The data in a .json file, or in YAML for any other suffix; ``what`` names the file in the
+    one line that says it cannot be read or parsed."""
     path = Path(path).expanduser()
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
-        raise DiffmeterError(f"cannot read config file {path}: {error.strerror or error}") from None
+        raise DiffmeterError(f"cannot read {what} {path}: {error.strerror or error}") from None
+    json_file = path.suffix.lower() == ".json"
     try:
-        if path.suffix.lower() == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
+        if json_file:
+            return json.loads(text)
+        import yaml
 
-            data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except Exception as error:  # yaml and json raise their own error types
-        raise DiffmeterError(f"config file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {error}") from None
+        reason = " ".join(str(error).split())
+        raise DiffmeterError(f"{what} {path} is not valid {'JSON' if json_file else 'YAML'}: {reason}") from None
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A YAML or JSON file of bench options (names as on the command line, - or _)."""
+    path = Path(path).expanduser()
+    data = read_yaml_or_json(path, "config file")
     if not isinstance(data, dict):
         raise DiffmeterError(f"config file {path} must hold a mapping of option: value")
     return {key.replace("-", "_"): value for key, value in data.items()}

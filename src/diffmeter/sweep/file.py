@@ -21,7 +21,6 @@ timeout_s: 1800                 # per cell; a cell over it is stopped and stored
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.optimize.base import OptimizationSpec
-from diffmeter.optimize.options import parse_opt
+from diffmeter.optimize.options import parse_opt, read_yaml_or_json
 from diffmeter.runs.spec import BenchSpec
 
 #: axes that are not BenchSpec fields, and what they set
@@ -69,21 +68,7 @@ class SweepFile(BaseModel):
 def read_sweep_file(path: str | Path) -> SweepFile:
     """A YAML or JSON sweep file; one clear line naming what is wrong in it."""
     path = Path(path).expanduser()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise DiffmeterError(f"cannot read sweep file {path}: {error.strerror or error}") from None
-    try:
-        if path.suffix.lower() == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text)
-    except ValueError as error:
-        raise DiffmeterError(f"sweep file {path} is not valid JSON: {error}") from None
-    except Exception as error:  # yaml.YAMLError
-        raise DiffmeterError(f"sweep file {path} is not valid YAML: {' '.join(str(error).split())}") from None
+    data = read_yaml_or_json(path, "sweep file")
     if not isinstance(data, dict):
         raise DiffmeterError(f"sweep file {path}: expected a mapping with 'axes' (and 'fixed', 'include', 'exclude')")
     try:

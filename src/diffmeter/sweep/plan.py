@@ -38,24 +38,19 @@ def plan_cell(cell: Cell, out: str | Path, retry_failed: bool = False, here: boo
         run = prepare(cell.spec, here=here)
     except DiffmeterError as error:
         return PlannedCell(cell, REFUSED, reason=str(error))
-    stored = stored_status(Path(out).expanduser() / run.name)
-    if stored == "complete" and not cell.batch_auto:
+    status, error = stored_result(Path(out).expanduser() / run.name)
+    if status == "complete" and not cell.batch_auto:
         return PlannedCell(cell, DONE, run)
-    if stored == "failed" and not retry_failed and not cell.batch_auto:
-        return PlannedCell(cell, FAILED, run, reason=stored_error(Path(out).expanduser() / run.name))
+    if status == "failed" and not retry_failed and not cell.batch_auto:
+        return PlannedCell(cell, FAILED, run, reason=error)
     return PlannedCell(cell, TO_RUN, run)
 
 
-def stored_status(folder: Path) -> str | None:
-    """ "complete" or "failed" for a stored result, None when there is none (never run, or interrupted)."""
+def stored_result(folder: Path) -> tuple[str | None, str | None]:
+    """The stored result's status ("complete" or "failed") and error; (None, None) when there is
+    none (never run, or interrupted)."""
     try:
-        return json.loads((folder / storage.RESULTS).read_text(encoding="utf-8")).get("status")
+        result = json.loads((folder / storage.RESULTS).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-
-
-def stored_error(folder: Path) -> str | None:
-    try:
-        return json.loads((folder / storage.RESULTS).read_text(encoding="utf-8")).get("error")
-    except (OSError, ValueError):
-        return None
+        return None, None
+    return result.get("status"), result.get("error")

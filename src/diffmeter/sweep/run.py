@@ -15,7 +15,7 @@ from diffmeter.runs.storage import RESULTS
 from diffmeter.sweep import record as rec
 from diffmeter.sweep.file import Cell, SweepFile, expand
 from diffmeter.sweep.local import Job, Outcome
-from diffmeter.sweep.plan import DONE, FAILED, REFUSED, TO_RUN, PlannedCell, plan, stored_error, stored_status
+from diffmeter.sweep.plan import DONE, FAILED, REFUSED, TO_RUN, PlannedCell, plan, stored_result
 
 #: the exit code of a cell stopped by Ctrl-C
 INTERRUPTED = 130
@@ -100,7 +100,7 @@ def _phases(planned: list[PlannedCell], record: rec.SweepRecord, out: Path, here
             continue  # the cell itself reports it when it runs
         if baseline.name in work:
             first[baseline.name] = work.pop(baseline.name)
-        elif stored_status(out / baseline.name) != "complete":
+        elif stored_result(out / baseline.name)[0] != "complete":
             first.setdefault(baseline.name, _Work(_job(baseline), baseline))
     return list(first.values()), list(work.values())
 
@@ -151,11 +151,11 @@ def settle_outcome(
     (``previous``: the one it was to replace) gets a failed one stored, with the reason and its
     output's last lines."""
     folder = out / run.name
-    stored = stored_status(folder) if _stamp(folder) != previous else None
+    stored, error = stored_result(folder) if _stamp(folder) != previous else (None, None)
     if stored == "complete":
         return rec.DONE, None
     if stored == "failed":
-        return rec.FAILED, stored_error(folder)
+        return rec.FAILED, error
     if outcome.code == INTERRUPTED:
         raise KeyboardInterrupt
     if outcome.timed_out:
@@ -190,14 +190,14 @@ def _search_batch(cell: Cell, cell_record, executor, out: Path, record, callback
         except DiffmeterError as error:
             cell_record.status, cell_record.reason = rec.FAILED, str(error)
             break
-        status = stored_status(out / run.name)
-        if status is None or (status == "failed" and retry and not _out_of_memory(stored_error(out / run.name))):
+        status, error = stored_result(out / run.name)
+        if status is None or (status == "failed" and retry and not _out_of_memory(error)):
             quiet = Callbacks(started=callbacks.started)  # the cell is finished once, when the search ends
             _run_phase([_Work(_job(run), run, [cell_record])], executor, out, record, quiet)
-            status = stored_status(out / run.name)
+            status, error = stored_result(out / run.name)
         if status != "complete":
-            if not _out_of_memory(stored_error(out / run.name)):
-                cell_record.status, cell_record.reason = rec.FAILED, stored_error(out / run.name)
+            if not _out_of_memory(error):
+                cell_record.status, cell_record.reason = rec.FAILED, error
                 largest = None
             break
         largest, cell_record.folder = batch, run.name
@@ -206,7 +206,7 @@ def _search_batch(cell: Cell, cell_record, executor, out: Path, record, callback
     if largest is not None:
         cell_record.status = rec.DONE
         cell_record.reason = f"largest batch that fit: {largest}" + (
-            f" (the search stops at {limit}: raise batch_limit)" if largest * 2 > limit and batch > limit else ""
+            f" (the search stops at {limit}: raise batch_limit)" if batch > limit else ""
         )
     elif cell_record.status != rec.FAILED:
         cell_record.status, cell_record.reason = rec.FAILED, "even batch 1 does not fit"
