@@ -118,14 +118,19 @@ class LTXVideo(Family):
         return inputs
 
     def decoder_inputs(self, shapes: Shapes, batch: int, device):
-        z = torch.zeros(
-            batch,
-            self.latent_channels(shapes.entry),
-            shapes.latent_frames,
-            shapes.latent_height,
-            shapes.latent_width,
-            device=device,
-        )
-        # a timestep-conditioned decoder (the 0.9.1+ VAEs) gets one decode timestep per video; else None
-        temb = timesteps(batch, device) if shapes.config(self.decoder).get("timestep_conditioning") else None
-        return {"z": z, "temb": temb, "return_dict": False}
+        return video_decoder_inputs(self, shapes, batch, device)
+
+
+def video_decoder_inputs(family: Family, shapes: Shapes, batch: int, device) -> dict:
+    """The LTX video VAE's decode inputs (LTX-Video and LTX-2): the whole latent video, and one decode
+    timestep per video for a timestep-conditioned decoder (the 0.9.1+ VAEs, not LTX-2.0's), else None."""
+    z = torch.zeros(
+        batch,
+        family.latent_channels(shapes.entry),
+        shapes.latent_frames,
+        shapes.latent_height,
+        shapes.latent_width,
+        device=device,
+    )
+    temb = timesteps(batch, device) if shapes.config(family.decoder).get("timestep_conditioning") else None
+    return {"z": z, "temb": temb, "return_dict": False}

@@ -11,7 +11,7 @@ import torch
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, Family, Shapes, register, timesteps
-from diffmeter.families.ltx import spatial_compression, temporal_compression
+from diffmeter.families.ltx import spatial_compression, temporal_compression, video_decoder_inputs
 
 #: LTX2Pipeline.__call__ defaults (diffusers 0.42.1); none of them is a shape but the frame rate (audio length)
 FRAME_RATE = 24.0
@@ -239,17 +239,7 @@ class LTX2(Family):
         ]
 
     def decoder_inputs(self, shapes: Shapes, batch: int, device) -> dict:
-        z = torch.zeros(
-            batch,
-            self.latent_channels(shapes.entry),
-            shapes.latent_frames,
-            shapes.latent_height,
-            shapes.latent_width,
-            device=device,
-        )
-        # the decode timestep goes in only for a timestep-conditioned VAE (not LTX-2.0's)
-        temb = timesteps(batch, device) if shapes.config(self.decoder).get("timestep_conditioning") else None
-        return {"z": z, "temb": temb, "return_dict": False}
+        return video_decoder_inputs(self, shapes, batch, device)
 
     def audio_decoder_inputs(self, shapes: Shapes, batch: int, device) -> dict:
         config = shapes.config("audio_vae")
