@@ -10,6 +10,7 @@ from diffmeter.cli import profile  # noqa: F401  (registers profile, models)
 from diffmeter.cli import bench  # noqa: F401  (registers bench, show)
 from diffmeter.cli import optimizations  # noqa: F401  (registers optimizations, ladder)
 from diffmeter.cli import sweep  # noqa: F401  (registers sweep, table)
+from diffmeter.cli import report  # noqa: F401  (registers report, compare)
 from diffmeter.cli import doctor  # noqa: F401  (registers doctor)
 
 __all__ = ["app", "main"]

@@ -92,3 +92,54 @@ def ratio_interval(numerator: Stats, denominator: Stats) -> tuple[float, float, 
         numerator.ci_high / denominator.ci_low,
         max(0.0, numerator.ci_level + denominator.ci_level - 1),
     )
+
+
+def speedup_interval(
+    baseline: list[float], candidate: list[float], confidence: float = CONFIDENCE
+) -> tuple[float, float, float, float]:
+    """(estimate, low, high, coverage) for how many times faster ``candidate`` is than ``baseline``,
+    from every timing of each: the Hodges-Lehmann estimate of the shift between log-times and its
+    exact Mann-Whitney interval (distribution-free; it assumes one run's times are the other's
+    scaled by a factor). With too few timings for ``confidence`` the interval is the widest pair
+    and ``coverage`` says how much less it covers, as in :func:`median_interval`."""
+    if not baseline or not candidate or min(baseline + candidate) <= 0:
+        raise ValueError("positive timings needed on both sides")
+    m, n = len(baseline), len(candidate)
+    differences = sorted(math.log(a) - math.log(b) for a in baseline for b in candidate)
+    tail = _mann_whitney_cdf(m, n)  # tail[u] = P(U <= u) with no difference
+    k = 0  # 0-based: the interval is [differences[k], differences[m*n - 1 - k]]
+    while k + 1 < m * n - 1 - (k + 1) and 1 - 2 * tail[k + 1] >= confidence:
+        k += 1
+    coverage = max(0.0, 1 - 2 * tail[k])
+    estimate = statistics.median(differences)
+    return math.exp(estimate), math.exp(differences[k]), math.exp(differences[m * n - 1 - k]), coverage
+
+
+#: the largest m x n for which U's distribution is expanded exactly
+EXACT_PAIRS = 10_000
+
+
+def _mann_whitney_cdf(m: int, n: int) -> list[float]:
+    """P(U <= u) for u = 0..m*n under the null: the generating function of U is the Gaussian
+    binomial coefficient prod_{i=1..m} (1 - q^(n+i)) / (1 - q^i), expanded term by term. The
+    division accumulates rounding, so above ``EXACT_PAIRS`` pairs U's normal approximation
+    (continuity-corrected; a few percent off the exact tail probability at 100 timings a side)
+    is used instead: exact agreed with scipy's exact test to 1e-12 at 100 x 100."""
+    import numpy
+
+    if m * n > EXACT_PAIRS:
+        mean, sd = m * n / 2, math.sqrt(m * n * (m + n + 1) / 12)
+        normal = statistics.NormalDist(mean, sd)
+        return [normal.cdf(u + 0.5) for u in range(m * n + 1)]
+
+    size = m * n + 1
+    counts = numpy.zeros(size)
+    counts[0] = 1.0
+    for i in range(1, m + 1):
+        counts[n + i :] -= counts[: size - n - i].copy()  # times (1 - q^(n+i))
+        rows = -(-size // i)  # divided by (1 - q^i): a running sum with stride i
+        padded = numpy.zeros(rows * i)
+        padded[:size] = counts
+        counts = padded.reshape(rows, i).cumsum(axis=0).reshape(-1)[:size]
+        counts /= counts.max()  # only the shape matters: keep far from overflow
+    return [float(value) for value in numpy.cumsum(counts) / counts.sum()]

@@ -77,7 +77,7 @@ def rows(directory: str | Path) -> list[dict[str, Any]]:
     for path in find_results(root):
         result = storage.read_result(path.parent)
         table.append(row(result, str(path.parent.relative_to(root))))
-    _add_speedups(table)
+    add_speedups(table)
     return table
 
 
@@ -148,7 +148,7 @@ def _hardware(result: BenchResult) -> str:
     return result.environment.cpu
 
 
-def _add_speedups(table: list[dict[str, Any]]) -> None:
+def add_speedups(table: list[dict[str, Any]]) -> None:
     """Speed-up against the unoptimized run of the same generation, when the table holds one."""
     baselines = {
         _generation(row): row

@@ -142,13 +142,17 @@ class RunDirectory:
 
 
 def write_json(path: Path, data) -> None:
+    """Atomically, as :func:`write_text`."""
+    write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
     """Atomically: a temporary file in the same folder, flushed, then renamed over ``path``."""
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes it private; results are ordinary files
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2)
-            handle.write("\n")
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)

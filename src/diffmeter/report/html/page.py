@@ -1,0 +1,173 @@
+"""The report as one self-contained HTML page: Plotly's script, every figure, the images and the
+sortable summary table embedded, so it opens offline with no request anywhere."""
+
+from __future__ import annotations
+
+import html
+from datetime import datetime, timezone
+
+from diffmeter import __version__, units
+from diffmeter.report.html import figures as plots
+from diffmeter.report.html.gallery import gallery_html
+from diffmeter.report.html.study import WEIGHTS_LABELS, Run, Study
+
+#: (column of `diffmeter table`, header, how to show a value)
+SUMMARY = (
+    ("model", "model", str),
+    ("weights", "weights", str),
+    ("width", "width (px)", str),
+    ("height", "height (px)", str),
+    ("batch", "batch", str),
+    ("steps", "steps", str),
+    ("dtype", "dtype", str),
+    ("hardware", "hardware", str),
+    ("optimizations", "optimizations", lambda v: v or "none"),
+    ("status", "status", str),
+    ("s_per_image", "time / image", units.seconds),
+    ("images_per_s", "images / s", lambda v: f"{v:.3g}"),
+    ("speedup", "speed-up", lambda v: f"{v:.2f}x"),
+    ("psnr_db", "PSNR", lambda v: f"{v:.2f} dB"),  # "identical" where every image is
+    ("ssim", "SSIM", lambda v: f"{v:.4f}"),
+    ("peak_cuda_bytes", "peak CUDA memory", units.nbytes),
+    ("peak_rss_bytes", "peak RSS", units.nbytes),
+    ("gpu_j_per_image", "GPU energy / image", units.joules),
+    ("tflops_per_image", "TFLOPs / image", lambda v: f"{v:.4g}"),
+    ("mfu", "MFU", lambda v: f"{v:.1%}"),
+)
+
+SECTIONS = (
+    ("time", "Where the time goes", plots.time_breakdown),
+    ("scaling", "Scaling", plots.scaling),
+    ("tradeoffs", "Trade-offs", plots.tradeoffs),
+    ("ladders", "Ladders", plots.ladders),
+    ("compute", "Compute", plots.compute),
+)
+
+STYLE = """
+body { font-family: system-ui, -apple-system, Segoe UI, sans-serif; margin: 0 auto; max-width: 1200px;
+       padding: 24px; color: #222; }
+h1 { margin-bottom: 4px; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 4px; margin-top: 36px; }
+.meta { color: #555; } .warning { background: #fff4e5; border-left: 4px solid #f58518; padding: 8px 12px; }
+table.summary { border-collapse: collapse; font-size: 13px; width: 100%; display: block; overflow-x: auto; }
+table.summary th { cursor: pointer; background: #f3f3f3; position: sticky; top: 0; white-space: nowrap; }
+table.summary th, table.summary td { border: 1px solid #ddd; padding: 4px 6px; text-align: right;
+    white-space: nowrap; }
+table.summary td.text { text-align: left; } tr.failed td { color: #b00; }
+th.sorted-asc::after { content: " \\25B2"; } th.sorted-desc::after { content: " \\25BC"; }
+.plot { margin: 18px 0 6px; } .caption { color: #555; font-size: 13px; margin: 0 0 18px; }
+.pairs { display: flex; flex-wrap: wrap; gap: 16px; } .pair { margin: 0; }
+.shot { display: inline-block; margin-right: 4px; text-align: center; font-size: 12px; color: #555; }
+.thumb { width: 192px; cursor: zoom-in; image-rendering: pixelated; border: 1px solid #ccc; }
+figcaption { font-size: 12px; max-width: 400px; } .prompt { color: #777; }
+.tag { font-size: 12px; font-weight: normal; color: #a55; }
+#lightbox { display: none; position: fixed; inset: 0; background: rgba(0,0,0,.85); align-items: center;
+            justify-content: center; cursor: zoom-out; } #lightbox img { max-width: 95vw; max-height: 95vh; }
+"""
+
+SCRIPT = """
+document.querySelectorAll('table.summary th').forEach((th, column) => th.addEventListener('click', () => {
+  const body = th.closest('table').tBodies[0];
+  const ascending = !th.classList.contains('sorted-asc');
+  th.closest('tr').querySelectorAll('th').forEach(h => h.classList.remove('sorted-asc', 'sorted-desc'));
+  th.classList.add(ascending ? 'sorted-asc' : 'sorted-desc');
+  const key = row => row.cells[column].dataset.value;
+  const rows = Array.from(body.rows).sort((a, b) => {
+    const x = key(a), y = key(b);
+    if (x === '' || y === '') return (x === '') - (y === '');
+    const both = !isNaN(x) && !isNaN(y);
+    const order = both ? Number(x) - Number(y) : x.localeCompare(y);
+    return ascending ? order : -order;
+  });
+  rows.forEach(row => body.appendChild(row));
+}));
+const lightbox = document.getElementById('lightbox');
+document.querySelectorAll('img.thumb').forEach(img => img.addEventListener('click', () => {
+  lightbox.querySelector('img').src = img.dataset.full; lightbox.style.display = 'flex';
+}));
+lightbox.addEventListener('click', () => { lightbox.style.display = 'none'; });
+"""
+
+
+def render(study: Study, title: str, images_per_run: int = 4) -> str:
+    """The whole page."""
+    from plotly.offline import get_plotlyjs
+
+    body = [f"<h1>{html.escape(title)}</h1>", _header(study)]
+    if study.runs:
+        body += ['<h2 id="summary">Summary</h2>', _summary(study.runs)]
+    for anchor, heading, builder in SECTIONS:
+        built = builder(study)
+        if anchor == "tradeoffs" and study.complete:  # the images come right after their quality figures
+            gallery = gallery_html(study, images_per_run)
+        else:
+            gallery = ""
+        if not built and not gallery:
+            continue
+        body.append(f'<h2 id="{anchor}">{heading}</h2>')
+        body += [_figure(figure) for figure in built]
+        if gallery:
+            body += [
+                '<h2 id="images">Images</h2>',
+                '<p class="caption">Lossy runs: each unoptimized image (left) beside the optimized one at the same '
+                "seed and prompt (right), with their PSNR and SSIM. Click an image for full size.</p>",
+                gallery,
+            ]
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>{STYLE}</style>"
+        f"<script>{get_plotlyjs()}</script></head><body>{''.join(body)}"
+        "<div id='lightbox'><img alt='full size'></div>"
+        f"<script>{SCRIPT}</script></body></html>"
+    )
+
+
+def _header(study: Study) -> str:
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [
+        f'<p class="meta">{len(study.runs)} runs, {len(study.ladders)} ladders, {len(study.profiles)} profiles '
+        f"from <code>{html.escape(str(study.root))}</code>; built {now} by diffmeter {__version__}.</p>"
+    ]
+    weights = {run.weights for run in study.runs}
+    if weights - {"pretrained"}:
+        kinds = ", ".join(WEIGHTS_LABELS[w] for w in sorted(weights - {"pretrained"}))
+        parts.append(
+            f'<p class="warning">This study holds runs with {html.escape(kinds)}: their timings are real for '
+            "that architecture and size, their images are noise, and tiny pipelines say nothing about real "
+            "models' speed. Every plot that shows them says so in its title.</p>"
+        )
+    failed = [run for run in study.runs if run.result.status != "complete"]
+    if failed:
+        parts.append(f'<p class="meta">{len(failed)} failed runs are listed in the summary with their errors.</p>')
+    return "".join(parts)
+
+
+def _summary(runs: list[Run]) -> str:
+    head = "".join(f"<th>{html.escape(header)}</th>" for _, header, _ in SUMMARY)
+    rows = []
+    for run in sorted(runs, key=lambda run: run.row["folder"]):
+        cells = []
+        for column, _, show in SUMMARY:
+            value = run.row[column]
+            text = "-" if value is None else show(value)
+            if column == "psnr_db" and value is None and run.row["identical_images"]:
+                text = "identical"
+            sort = "" if value is None else html.escape(str(value), quote=True)
+            kind = "" if isinstance(value, (int, float)) else ' class="text"'
+            cells.append(f'<td{kind} data-value="{sort}">{html.escape(text)}</td>')
+        error = html.escape(run.row["error"] or "", quote=True)
+        css = ' class="failed"' if run.result.status != "complete" else ""
+        rows.append(f'<tr{css} title="{error or html.escape(run.row["folder"], quote=True)}">{"".join(cells)}</tr>')
+    return (
+        f'<table class="summary"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+        '<p class="caption">Click a header to sort. Times are medians over the measured calls; speed-up against '
+        "the unoptimized run of the same settings; PSNR/SSIM against its images at the same seeds. Hover a row "
+        "for its folder (or a failed run's error). Weights: pretrained, random (real size) or tiny-random (a "
+        "test pipeline). The same table: <code>diffmeter table DIR</code>.</p>"
+    )
+
+
+def _figure(figure: plots.Figure) -> str:
+    div = figure.figure.to_html(
+        full_html=False, include_plotlyjs=False, config={"displaylogo": False, "responsive": True}
+    )
+    return f'<div class="plot">{div}</div><p class="caption">{html.escape(figure.caption)}</p>'

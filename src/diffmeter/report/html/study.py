@@ -1,0 +1,135 @@
+"""What a report is built from: every run folder, stored ladder and profile JSON under a folder."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from diffmeter.errors import DiffmeterError
+from diffmeter.flops.schema import Profile
+from diffmeter.runs import collect, storage
+from diffmeter.runs.ladder import Ladder
+from diffmeter.runs.results import BenchResult
+
+#: how each kind of weights is named on every plot that shows it
+WEIGHTS_LABELS = {
+    "pretrained": "pretrained weights",
+    "random": "random real-size weights",
+    "tiny-random": "tiny random-weight test pipeline",
+}
+
+
+@dataclass
+class Run:
+    """A stored run, its row of ``diffmeter table`` and a short label for plots."""
+
+    result: BenchResult
+    folder: Path
+    row: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        row = self.row
+        size = f"{row['width']}x{row['height']}" + (f"x{row['frames']}f" if row["frames"] else "")
+        return f"{row['model']} {size} b{row['batch']} {row['optimizations'] or 'unoptimized'}"
+
+    @property
+    def weights(self) -> str:
+        return self.row["weights"]
+
+
+@dataclass
+class Study:
+    root: Path
+    runs: list[Run] = field(default_factory=list)
+    ladders: list[tuple[Path, Ladder]] = field(default_factory=list)
+    profiles: list[Profile] = field(default_factory=list)
+
+    @property
+    def complete(self) -> list[Run]:
+        return [run for run in self.runs if run.result.status == "complete" and run.result.summary is not None]
+
+    def run_at(self, folder: str | Path) -> Run | None:
+        """The run stored at ``folder``, or (the study was moved) a run whose folder has its name."""
+        path = Path(folder)
+        for run in self.runs:
+            if run.folder == path or run.folder.name == path.name:
+                return run
+        return None
+
+
+def read_study(directory: str | Path) -> Study:
+    """Everything under ``directory``; one clear line when there is nothing to report."""
+    root = Path(directory).expanduser()
+    if not root.is_dir():
+        raise DiffmeterError(f"{root} is not a folder; point at the --out folder of bench, ladder or sweep")
+    study = Study(root=root)
+    results = set(collect.find_results(root))
+    for path in sorted(results):
+        result = storage.read_result(path.parent)
+        study.runs.append(Run(result, path.parent, collect.row(result, str(path.parent.relative_to(root)))))
+    rows = [run.row for run in study.runs]
+    collect.add_speedups(rows)
+    seen = set()
+    for path in sorted(root.rglob("*.json")):
+        if path in results or any(part.startswith(".") for part in path.relative_to(root).parts):
+            continue
+        if path.name.startswith("ladder-") or path.name.startswith("ladder_"):
+            ladder = _read(path, Ladder)
+            if ladder is not None:
+                study.ladders.append((path, ladder))
+            continue
+        for profile in _profiles(path):
+            seen.add(_profile_key(profile))
+            study.profiles.append(profile)
+    for run in study.runs:  # every run carries its offline profile
+        profile = run.result.profile
+        if profile is not None and _profile_key(profile) not in seen:
+            seen.add(_profile_key(profile))
+            study.profiles.append(profile)
+    if not study.runs and not study.ladders and not study.profiles:
+        raise DiffmeterError(
+            f"nothing to report under {root}: no run folder (results.json), ladder-*.json or profile JSON; "
+            "point at the --out folder of bench, ladder or sweep"
+        )
+    return study
+
+
+def _read(path: Path, model):
+    try:
+        return model.model_validate_json(path.read_text())
+    except (ValidationError, ValueError, OSError):
+        return None
+
+
+def _profiles(path: Path) -> list[Profile]:
+    """Profiles in a `diffmeter profile --json` file (one, or several under "profiles")."""
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, OSError):
+        return []
+    items = data.get("profiles", [data]) if isinstance(data, dict) else []
+    found = []
+    for item in items:
+        try:
+            found.append(Profile.model_validate(item))
+        except ValidationError:
+            return []
+    return found
+
+
+def _profile_key(profile: Profile) -> tuple:
+    return (
+        profile.model,
+        profile.height,
+        profile.width,
+        profile.num_frames,
+        profile.steps,
+        profile.batch_size,
+        profile.cfg,
+        profile.total_macs,
+    )

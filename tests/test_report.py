@@ -1,0 +1,187 @@
+"""`diffmeter report` (one self-contained HTML page, opened in a real headless Chromium) and
+`diffmeter compare` (speed-up per stage with an exact interval, within noise or not)."""
+
+import json
+import os
+import re
+import shutil
+
+import pytest
+
+from diffmeter.flops.profile import profile
+from diffmeter.optimize.options import parse_opt
+from diffmeter.runs.ladder import climb, plan
+from diffmeter.runs.runner import bench
+from diffmeter.runs.spec import BenchSpec
+
+FAST = {"model": "tiny-sd", "steps": 10, "iterations": 5, "device": "cpu"}
+WEIGHTS_TAG = "tiny random-weight test pipeline"
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """A tiny study: a ladder (baseline, faster sampler, a cache), a lossy run compared with its
+    baseline, a batch-size and a resolution axis, a failed run, and stored profiles."""
+    out = tmp_path_factory.mktemp("study")
+    base = BenchSpec(**FAST)
+    climb(plan(base, ("scheduler", "cache"), fast_steps=4, compile_mode="default"), out, recheck=False)
+    cache = parse_opt("deep-cache:cache_interval=5")  # the UNet's deep blocks run in 2 of 10 steps
+    bench(BenchSpec(**FAST, optimizations=[cache], compare_baseline=True), out=out)
+    bench(BenchSpec(**FAST, batch_size=2), out=out)
+    bench(BenchSpec(**FAST, height=64, width=64), out=out)
+    profiles = [profile("tiny-sd", height=size, width=size) for size in (32, 64)]
+    (out / "profiles.json").write_text(json.dumps({"profiles": [p.to_json_dict() for p in profiles]}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def report_file(study, tmp_path_factory):
+    from diffmeter.report.html import write_report
+
+    return write_report(study, tmp_path_factory.mktemp("html") / "report.html", "tiny study")
+
+
+def test_the_report_is_one_file_with_everything_embedded(report_file, study):
+    page = report_file.read_text()
+    assert "<script src" not in page and page.count("* plotly.js v") == 1  # the library inline, once
+    from plotly.offline import get_plotlyjs
+
+    own = page.replace(get_plotlyjs(), "")  # the library's own strings name its website
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", own)  # nothing fetched from anywhere
+    assert "<title>tiny study</title>" in page
+    for section in ("summary", "time", "scaling", "tradeoffs", "images", "ladders", "compute"):
+        assert f'id="{section}"' in page, section
+    assert page.count(WEIGHTS_TAG) >= 8  # in every plot title that shows tiny runs, the gallery and the banner
+
+
+def _chromium() -> str | None:
+    return os.environ.get("DIFFMETER_CHROMIUM") or next(
+        (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None
+    )
+
+
+def test_the_report_renders_offline_in_a_real_browser(report_file):
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    executable = _chromium()
+    if executable is None:
+        pytest.skip("no Chromium here: apt-get install chromium (.ci/run does), or set DIFFMETER_CHROMIUM")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors, requests = [], []
+        page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.on("request", lambda request: requests.append(request.url))
+        page.goto(report_file.as_uri())
+        page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length > 0")
+        plots = page.evaluate(
+            """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(plot => ({
+                traces: plot.data.length,
+                points: plot.data.reduce((n, trace) => n + (trace.x ? trace.x.length : 0), 0),
+                svg: plot.querySelectorAll('svg.main-svg').length,
+                marks: plot.querySelectorAll('.point, .bars path, .js-line, .trace path').length,
+                title: (plot.querySelector('.gtitle') || {}).textContent || '',
+            }))"""
+        )
+        images = page.evaluate(
+            "() => Array.from(document.images).filter(i => i.src).map(i => [i.complete, i.naturalWidth])"
+        )
+        order = "() => Array.from(document.querySelectorAll('.summary tbody tr')).map(r => r.cells[4].dataset.value)"
+        before = page.evaluate(order)
+        page.click("table.summary th:nth-child(5)")  # the batch column: ascending, then descending
+        page.click("table.summary th:nth-child(5)")
+        after_click = page.evaluate(order)
+        page.click("img.thumb >> nth=0")
+        lightbox = page.evaluate(
+            "() => [getComputedStyle(document.getElementById('lightbox')).display, "
+            "document.querySelector('#lightbox img').src.slice(0, 22)]"
+        )
+        browser.close()
+    assert errors == []
+    assert requests == [report_file.as_uri()]  # the page itself, nothing else
+    assert len(plots) >= 8
+    for plot in plots:
+        assert plot["svg"] >= 1 and plot["traces"] >= 1 and plot["points"] >= 1 and plot["marks"] >= 1, plot
+        measured = "offline" not in plot["title"]
+        assert (WEIGHTS_TAG in plot["title"]) == measured, plot["title"]  # measured on tiny weights: said so
+    assert images and all(complete and width > 0 for complete, width in images)
+    assert sorted(before, key=int, reverse=True) == after_click != before
+    assert lightbox == ["flex", "data:image/png;base64,"]
+
+
+def test_report_refuses_bad_input_in_one_line(cli, tmp_path, report_file):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = cli("report", empty, "-o", tmp_path / "r.html")
+    assert code == 2 and "nothing to report" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r.html").exists()
+    before = report_file.read_bytes()
+    code, _, err = cli("report", empty, "-o", report_file)
+    assert code == 2 and "exists; pass --force" in err and report_file.read_bytes() == before
+    code, _, err = cli("report", tmp_path / "missing")
+    assert code == 2 and "is not a folder" in err
+
+
+def _baseline_and_cached(study):
+    (cached,) = study.glob("*steps-10*opt-deep-cache*")  # not the ladder's rung, which samples in 3 steps
+    return study / json.loads((cached / "results.json").read_text())["quality"]["baseline"], cached
+
+
+def test_compare_a_cache_that_skips_steps_is_faster(cli, study):
+    baseline, cached = _baseline_and_cached(study)
+    code, out, err = cli("compare", baseline, cached, "--json")
+    assert code == 0, err
+    (pair,) = json.loads(out)["pairs"]
+    stages = {stage["stage"]: stage for stage in pair["stages"]}
+    assert stages["call"]["verdict"] == stages["denoising"]["verdict"] == "faster"
+    assert stages["denoising"]["ci_low"] > 1.5 and stages["denoising"]["ci_level"] >= 0.95
+    assert pair["differences"][0] == "optimizations: none -> deep-cache"
+    assert pair["quality"]["identical"] < len(pair["quality"]["images"]) == 3  # deep-cache is lossy
+    assert pair["memory_kind"] == "rss" and pair["b_peak_memory_bytes"] > 0
+    code, shown, _ = cli("compare", baseline, cached)
+    assert code == 0 and "faster" in shown and "Mann-Whitney" in shown
+
+
+def test_compare_two_sweeps_cell_by_cell_same_settings_are_within_noise(cli, tmp_path):
+    spec = {**FAST, "steps": 1, "iterations": 6}
+    for side in ("a", "b"):
+        for batch in (1, 2):
+            bench(BenchSpec(**spec, batch_size=batch), out=tmp_path / side)
+    shutil.copytree(next((tmp_path / "a").iterdir()), tmp_path / "a" / "extra" / "only-in-a")
+    code, out, err = cli("compare", tmp_path / "a", tmp_path / "b", "--confidence", "0.99", "--json")
+    assert code == 0, err
+    comparison = json.loads(out)
+    assert len(comparison["pairs"]) == 2 and len(comparison["only_a"]) == 1 and comparison["only_b"] == []
+    for pair in comparison["pairs"]:
+        (call,) = [stage for stage in pair["stages"] if stage["stage"] == "call"]
+        assert call["verdict"] == "within noise" and call["ci_low"] <= 1 <= call["ci_high"]
+        assert call["ci_level"] >= 0.99 and pair["differences"] == []
+        assert pair["quality"]["identical"] == len(pair["quality"]["images"])  # same seeds, same images
+
+
+def test_compare_refuses_what_cannot_be_compared(cli, study, tmp_path):
+    baseline, _ = _baseline_and_cached(study)
+    code, _, err = cli("compare", baseline, study)
+    assert code == 2 and "one of each" in err
+    code, _, err = cli("compare", baseline, tmp_path / "nothing")
+    assert code == 2 and "does not exist" in err
+    code, _, err = cli("compare", baseline, baseline, "--confidence", "1.5")
+    assert code == 2 and "--confidence" in err
+    _, other = bench(BenchSpec(model="tiny-flux", steps=1, iterations=1, device="cpu"), out=tmp_path)
+    code, _, err = cli("compare", baseline, other)
+    assert code == 2 and "compare runs of one model" in err
+
+
+def test_speedup_interval_is_exact_and_distribution_free():
+    from scipy.stats import mannwhitneyu
+
+    from diffmeter.measure.stats import _mann_whitney_cdf, speedup_interval
+
+    x, y = [1.0, 2.0, 3.5, 4.1, 6.0], [1.5, 2.5, 5.0, 7.0]
+    u = sum(a > b for a in x for b in y)
+    assert _mann_whitney_cdf(5, 4)[u] == pytest.approx(mannwhitneyu(x, y, method="exact", alternative="less").pvalue)
+    a = [1.00, 1.02, 0.99, 1.05, 1.01, 1.03, 0.98]
+    estimate, low, high, level = speedup_interval(a, [t / 2 for t in a])
+    assert estimate == pytest.approx(2.0) and low <= 2.0 <= high and level >= 0.95
+    _, low, high, level = speedup_interval([1.0, 1.1, 1.2], [1.0, 1.05, 1.1])  # too few calls for 95%
+    assert (low, high) == pytest.approx((1.0 / 1.1, 1.2 / 1.0)) and level == pytest.approx(0.9)
