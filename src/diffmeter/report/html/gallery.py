@@ -33,7 +33,7 @@ def lossy_pairs(study: Study, per_run: int) -> list[tuple[Run, list[Pair]]]:
         quality = run.result.quality
         if quality is None or quality.identical == len(quality.images):
             continue
-        baseline = study.run_at(quality.baseline)
+        baseline = study.run_at(quality.baseline, near=run.folder.parent)
         if baseline is None:
             continue
         by_seed = {image.seed: image for image in baseline.result.images}

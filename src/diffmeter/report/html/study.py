@@ -53,13 +53,15 @@ class Study:
     def complete(self) -> list[Run]:
         return [run for run in self.runs if run.result.status == "complete" and run.result.summary is not None]
 
-    def run_at(self, folder: str | Path) -> Run | None:
-        """The run stored at ``folder``, or (the study was moved) a run whose folder has its name."""
+    def run_at(self, folder: str | Path, near: Path | None = None) -> Run | None:
+        """The run stored at ``folder``; or, the study having moved, the run with its folder's name
+        (beside ``near`` first: two machines' sweeps in one study hold the same names)."""
         path = Path(folder)
-        for run in self.runs:
-            if run.folder == path or run.folder.name == path.name:
-                return run
-        return None
+        named = [run for run in self.runs if run.folder == path] or [
+            run for run in self.runs if run.folder.name == path.name
+        ]
+        beside = [run for run in named if near is not None and run.folder.parent == near]
+        return (beside or named or [None])[0]
 
 
 def read_study(directory: str | Path) -> Study:
