@@ -14,6 +14,7 @@ from diffmeter.optimize import (  # noqa: F401  (registration)
     fuse_qkv,
     mag_cache,
     offload,
+    onnxruntime,
     pyramid_attention_broadcast,
     quantize,
     scheduler,
