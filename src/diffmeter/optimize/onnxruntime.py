@@ -113,7 +113,8 @@ class OnnxRuntime(Optimization):
 
     def clashes(self, others: list[Optimization]) -> str | None:
         for other in others:
-            if other.kind in BYPASSED_KINDS or other.name in ("sdpa-kernel", "offload"):
+            bypassed = other.name in ("vae-slicing", "vae-tiling") and self.config.decoder
+            if bypassed or other.kind in BYPASSED_KINDS or other.name in ("sdpa-kernel", "offload"):
                 return (
                     f"onnxruntime and {other.name} do not combine: the exported graph runs in ONNX Runtime, "
                     f"which never runs what {other.name} installs on the PyTorch module"
@@ -135,7 +136,8 @@ class OnnxRuntime(Optimization):
             self._replaced.append((module, "forward"))
         if self.config.decoder:
             vae = getattr(pipe, target.family.decoder)
-            plain = type(vae).decode.__get__(vae)  # no offload decorator: the session holds the weights
+            method = type(vae).decode
+            plain = getattr(method, "__wrapped__", method).__get__(vae)  # no offload hook: the session holds weights
             runner = _OrtModule(self, vae, plain, target, options, decode=True)
             vae.decode = runner
             self._replaced.append((vae, "decode"))
@@ -209,7 +211,8 @@ class _OrtModule:
 
     def _key(self, leaves, spec, tensor_at) -> str:
         fixed = [
-            f"tensor{tuple(leaf.shape)}:{leaf.dtype}" if i in tensor_at else repr(leaf) for i, leaf in enumerate(leaves)
+            f"tensor{tuple(leaf.shape)}:{leaf.dtype}" if i in tensor_at else _constant(leaf)
+            for i, leaf in enumerate(leaves)
         ]
         return json.dumps([str(spec), fixed])
 
@@ -253,6 +256,12 @@ class _OrtModule:
             feeds = {name: tensor.detach().contiguous().numpy() for name, tensor in zip(names, tensors, strict=True)}
             return [torch.from_numpy(array) for array in session.run(None, feeds)]
         return _run_on_cuda(session, names, tensors)
+
+
+def _constant(leaf) -> str:
+    """A non-tensor argument as part of the key; a generator (which the VAE's decode accepts and
+    AutoencoderKL ignores) is one per image and call, so only its presence counts."""
+    return "generator" if isinstance(leaf, torch.Generator) else repr(leaf)
 
 
 def _export(flat: torch.nn.Module, tensors: tuple, path: Path, opset: int | None) -> None:
