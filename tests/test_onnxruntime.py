@@ -48,8 +48,8 @@ def test_a_unet_run_compares_one_to_one_with_pytorch_and_reuses_its_export(tmp_p
     monkeypatch.setenv("DIFFMETER_CACHE_DIR", str(tmp_path / "cache"))
     spec = BenchSpec(
         model="tiny-sd",
-        steps=3,
-        iterations=2,
+        steps=2,
+        iterations=1,
         compare_baseline=True,
         optimizations=[OptimizationSpec(name="onnxruntime")],
     )
