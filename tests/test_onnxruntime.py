@@ -38,10 +38,14 @@ def test_a_dit_and_its_decoder_match_pytorch_and_their_exports_are_reused(tmp_pa
     assert len(exported) == 2
     np.testing.assert_allclose(images, generate("tiny-flux"), atol=1e-4)  # PyTorch eager, same seeds
 
-    second = one("onnxruntime", target("tiny-flux"), decoder=True)
+    second = one("onnxruntime", target("tiny-flux"), decoder=True, release_weights=True)
     again = generate("tiny-flux", [second])
     assert second.export_s == 0 and _exports(tmp_path) == exported  # loaded, not exported again
     np.testing.assert_array_equal(again, images)
+    ((denoiser, _), (vae, _)) = second._replaced
+    assert {p.device.type for p in [*denoiser.parameters(), *vae.parameters()]} == {"meta"}  # only ORT holds them
+    with pytest.raises(DiffmeterError, match="new input shape"):
+        denoiser.forward(hidden_states=torch.zeros(1, 3, 4))
 
 
 def test_a_unet_run_compares_one_to_one_with_pytorch_and_reuses_its_export(tmp_path, monkeypatch):

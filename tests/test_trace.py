@@ -29,10 +29,15 @@ def _ranges(folder) -> dict[str, float]:
     assert all("ph" in event and "name" in event for event in events)
     complete = [event for event in events if event["ph"] == "X"]
     assert any(event["name"].startswith("aten::") for event in complete)
-    ranges = defaultdict(float)
-    for event in complete:
-        if event["name"].startswith(PREFIX):
-            ranges[event["name"][len(PREFIX) :]] += event["dur"] / 1e6
+    ranges, step_end = defaultdict(float), None
+    for event in sorted(complete, key=lambda event: event["ts"]):
+        name = event["name"].removeprefix(PREFIX)
+        if name.startswith("step "):  # contiguous, as the stage timer times steps: from the previous step's end
+            start = event["ts"] if step_end is None else step_end
+            step_end = event["ts"] + event["dur"]
+            ranges[name] = (step_end - start) / 1e6
+        elif name != event["name"]:
+            ranges[name] += event["dur"] / 1e6
     return ranges
 
 

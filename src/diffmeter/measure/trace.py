@@ -200,18 +200,20 @@ def ops_table(events, steps: int, time_base: str) -> tuple[OpsTable, dict]:
     ranges = [event for event in events if event.name.startswith(PREFIX)]
     stage_of = {event.id: _stage(event.name[len(PREFIX) :], steps) for event in ranges}
     seconds = defaultdict(float)
-    outside = defaultdict(float)
-    step_seconds = [0.0] * steps
+    ends = {}  # each step range's end: steps are contiguous, a step runs from the previous one's end
     for event in ranges:
-        stage = stage_of[event.id]
         name = event.name[len(PREFIX) :]
-        length = (event.time_range.end - event.time_range.start) / 1e6
-        if name != "pipeline call":
-            seconds[stage] += length
         if name.startswith("step ") and int(name.split()[1]) < steps:
-            step_seconds[int(name.split()[1])] = length
-        if time_base == "cpu":
-            outside[stage] += event.self_cpu_time_total / 1e6
+            ends[int(name.split()[1])] = event
+        elif name != "pipeline call":
+            seconds[stage_of[event.id]] += (event.time_range.end - event.time_range.start) / 1e6
+    step_seconds, previous = [], None
+    for index in sorted(ends):
+        start = ends[index].time_range.start if previous is None else previous
+        step_seconds.append((ends[index].time_range.end - start) / 1e6)
+        previous = ends[index].time_range.end
+    if step_seconds:
+        seconds["denoising"] = sum(step_seconds)
     call = next((event for event in ranges if event.name == PREFIX + "pipeline call"), None)
     if call is not None:  # "other" is the call minus its stages, as the stage timer defines it
         total = (call.time_range.end - call.time_range.start) / 1e6
@@ -241,9 +243,7 @@ def ops_table(events, steps: int, time_base: str) -> tuple[OpsTable, dict]:
             for name, (self_s, calls, flops, known) in by_stage[stage].items()
             if self_s > 0 or known
         ]
-        if time_base == "cpu" and stage in seconds:
-            rows.append(_row(OUTSIDE, outside[stage], 1, None, seconds[stage], kind="other"))
-        elif stage in seconds:  # on CUDA the rest of the stage is time no kernel of its own ran
+        if stage in seconds:  # the rest of the stage: no operator of its own ran (on CUDA: no kernel)
             busy = sum(row.self_s for row in rows)
             rows.append(_row(OUTSIDE, max(0.0, seconds[stage] - busy), 1, None, seconds[stage], kind="other"))
         if stage not in seconds and not rows:

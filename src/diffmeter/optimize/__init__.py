@@ -20,6 +20,7 @@ from diffmeter.optimize import (  # noqa: F401  (registration)
     scheduler,
     sdpa_kernel,
     taylorseer_cache,
+    tensorrt,
     tf32,
     vae,
 )

@@ -67,6 +67,9 @@ class Config(BaseModel):
     decoder: bool = False
     #: ONNX opset of the export (None: the exporter's default)
     opset: int | None = None
+    #: once exported, move the PyTorch weights of the exported components to the meta device so that
+    #: only ONNX Runtime holds them (a deployment's memory); a later new input shape cannot export again
+    release_weights: bool = False
 
 
 @register
@@ -197,6 +200,7 @@ class _OrtModule:
         self.options, self.decode = options, decode
         self.sessions: dict[str, tuple] = {}
         self._weights: str | None = None
+        self.released = False
 
     def __call__(self, *args, **kwargs):
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -220,6 +224,13 @@ class _OrtModule:
         import onnx
         import onnxruntime
 
+        if self.released:
+            from diffmeter.errors import DiffmeterError
+
+            raise DiffmeterError(
+                f"onnxruntime release_weights=true: a new input shape of {type(self.module).__name__} needs its "
+                "PyTorch weights to export again; drop release_weights"
+            )
         if self._weights is None:
             self._weights = weights_digest(self.module)
         target = self.target
@@ -245,6 +256,9 @@ class _OrtModule:
             _export(flat, tensors, path, self.technique.config.opset)
             self.technique.export_s += time.perf_counter() - start
             log.info("exported %s to %s in %.2f s", identity["component"], path, time.perf_counter() - start)
+        if self.technique.config.release_weights and not self.released:
+            self.module.to("meta")  # before the session loads its copy: the two never coexist
+            self.released = True
         provider = PROVIDERS[self.technique.config.provider]
         providers = [provider, "CPUExecutionProvider"] if provider != "CPUExecutionProvider" else [provider]
         session = onnxruntime.InferenceSession(str(path), self.options, providers=providers)
