@@ -280,6 +280,37 @@ def chunk_measures(report: Report) -> None:
     )
 
 
+def chunk_trace(report: Report) -> None:
+    """--trace on this device: the stage ranges and the operators table against the stage timer."""
+    from diffmeter.measure.trace import OpsTable
+
+    for kind in MODELS:
+        with tempfile.TemporaryDirectory() as out:
+            try:
+                result, folder = bench(model_spec(kind, trace=True), out=out)
+            except DiffmeterError as error:
+                report.add("trace", kind, "FAIL", str(error))
+                continue
+            table = OpsTable.model_validate_json((folder / result.trace.ops_file).read_text())
+        timed = result.trace.stages.model_dump()
+        worst = 0.0
+        for stage in table.stages:
+            expected = timed[f"{stage.stage}_s"]
+            if expected > 0:
+                worst = max(worst, abs(sum(row.self_s for row in stage.rows) - expected) / expected)
+        steps = [
+            abs(r - t) / t for r, t in zip(result.trace.ranges_s["steps"], result.trace.stages.steps_s, strict=True)
+        ]
+        ok = worst < 0.1 and max(steps) < 0.1
+        report.add(
+            "trace",
+            kind,
+            "PASS" if ok else "FAIL",
+            f"{table.time_base} time: stage tables within {100 * worst:.1f}% of the stage times, step ranges within "
+            f"{100 * max(steps):.1f}% (limit 10%)",
+        )
+
+
 def chunk_cuda1(report: Report) -> None:
     if torch.cuda.device_count() < 2:
         report.add("cuda1", "run on cuda:1", "SKIP", f"{torch.cuda.device_count()} GPU(s) visible")
@@ -301,6 +332,7 @@ CHUNKS = {
     **{f"techniques-{kind}": chunk_techniques(kind, compiling=False) for kind in MODELS},
     **{f"compiling-{kind}": chunk_techniques(kind, compiling=True) for kind in MODELS},
     "measures": chunk_measures,
+    "trace": chunk_trace,
     "cuda1": chunk_cuda1,
 }
 

@@ -114,6 +114,13 @@ def bench(
             metavar="FILE", help="YAML/JSON file of these options; flags and variables win", envvar="DIFFMETER_CONFIG"
         ),
     ] = None,
+    trace: Annotated[
+        bool,
+        typer.Option(
+            help="one extra call after the measured ones under torch.profiler: a Chrome trace and the top "
+            "operators per stage in the run folder (see `show --ops`)"
+        ),
+    ] = False,
     out: o.Out = "results",
     force: o.Force = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress and no table")] = False,
@@ -190,6 +197,7 @@ def _bench_spec(values: dict):
         optimizations=optimizations,
         compare_baseline=values["compare_baseline"],
         memory_check=values["memory_check"],
+        trace=values["trace"],
     )
 
 
@@ -202,6 +210,9 @@ def show(
         ),
     ],
     as_json: Annotated[bool, typer.Option("--json", help="print the stored result as JSON")] = False,
+    ops: Annotated[
+        bool, typer.Option("--ops", help="the top operators per stage of a run traced with --trace")
+    ] = False,
 ) -> None:
     """Print a stored measured run (or ladder) as a table."""
     load_libraries()
@@ -221,7 +232,16 @@ def show(
             console.print(ladder_table(ladder))
         return
     result = read_result(folder)
-    if as_json:
+    if ops:
+        from diffmeter.measure.trace import read_ops
+        from diffmeter.report.ops_table import ops_tables
+
+        table = read_ops(result)
+        if as_json:
+            print(table.model_dump_json(indent=2))
+        else:
+            console.print(ops_tables(table))
+    elif as_json:
         print(json.dumps(result.to_json_dict(), indent=2))
     else:
         console.print(run_table(result))

@@ -63,7 +63,11 @@ def optimizations(
 def ladder(
     model: o.ModelArgument,
     rungs: Annotated[
-        str, typer.Option(help="techniques added in turn: scheduler, compile, half, attention, cache")
+        str,
+        typer.Option(
+            help="techniques added in turn: scheduler, compile, half, attention, cache, runtime "
+            "(ONNX Runtime or TensorRT; not with compile or a cache)"
+        ),
     ] = "scheduler,compile,half,attention,cache",
     steps: Annotated[int | None, typer.Option(help="baseline steps (default: the model's)")] = None,
     fast_steps: Annotated[

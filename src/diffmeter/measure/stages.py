@@ -12,6 +12,7 @@ lies outside these stages (tokenizing, latent preparation, post-processing) is
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pydantic import BaseModel
@@ -92,6 +93,8 @@ class StageTimer:
         self._marks: list[tuple[str, object]] = []
         self._depth = {"text": 0, "decode": 0}
         self._denoiser_calls = 0
+        #: called with each mark's label right after it is taken (``bench --trace`` opens its ranges there)
+        self.listener: Callable[[str], None] | None = None
 
     # ---- installing and removing the boundaries ---------------------------------------
     def __enter__(self) -> StageTimer:
@@ -100,7 +103,7 @@ class StageTimer:
             self._handles.append(encoder.register_forward_hook(lambda *_: self._leave("text"), always_call=True))
         for denoiser in self.denoisers:
             self._handles.append(denoiser.register_forward_pre_hook(lambda *_: self._denoiser_called()))
-        self._wrap(self.pipe.scheduler, "step", after=lambda: self._marks.append(("step<", self.clock.mark())))
+        self._wrap(self.pipe.scheduler, "step", after=lambda: self._mark("step<"))
         self._wrap(self.decoder, "decode", before=lambda: self._enter("decode"), after=lambda: self._leave("decode"))
         return self
 
@@ -122,28 +125,34 @@ class StageTimer:
         setattr(owner, name, _Timed(method, before, after))
 
     # ---- marks --------------------------------------------------------------------------
+    def _mark(self, label: str) -> None:
+        self._marks.append((label, self.clock.mark()))
+        if self.listener is not None:
+            self.listener(label)
+
     def _enter(self, stage: str) -> None:
         self._depth[stage] += 1
         if self._depth[stage] == 1:
-            self._marks.append((stage + ">", self.clock.mark()))
+            self._mark(stage + ">")
 
     def _leave(self, stage: str) -> None:
         self._depth[stage] -= 1
         if self._depth[stage] == 0:
-            self._marks.append((stage + "<", self.clock.mark()))
+            self._mark(stage + "<")
 
     def _denoiser_called(self) -> None:
         self._denoiser_calls += 1
         if self._denoiser_calls == 1:
-            self._marks.append(("step>", self.clock.mark()))
+            self._mark("step>")
 
     # ---- one call -----------------------------------------------------------------------
     def begin(self) -> None:
-        self._marks = [("begin", self.clock.mark())]
+        self._marks = []
         self._denoiser_calls = 0
+        self._mark("begin")
 
     def end(self) -> StageTimes:
-        self._marks.append(("end", self.clock.mark()))
+        self._mark("end")
         self.clock.synchronize()
         return self._times()
 

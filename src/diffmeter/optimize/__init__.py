@@ -14,11 +14,13 @@ from diffmeter.optimize import (  # noqa: F401  (registration)
     fuse_qkv,
     mag_cache,
     offload,
+    onnxruntime,
     pyramid_attention_broadcast,
     quantize,
     scheduler,
     sdpa_kernel,
     taylorseer_cache,
+    tensorrt,
     tf32,
     vae,
 )

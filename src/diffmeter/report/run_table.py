@@ -134,6 +134,11 @@ def _facts(result: BenchResult) -> Text:
     if summary.conditions is not None:
         lines.append(conditions_line(summary.conditions))
     lines.append(f"weights: {result.weights}")
+    if result.trace is not None:
+        lines.append(
+            f"traced: one extra call after the measured ones ({units.seconds(result.trace.total_s)} under "
+            f"torch.profiler): {result.trace.trace_file} (Perfetto, chrome://tracing); operators: show --ops"
+        )
     lines += [f"note: {note}" for note in result.notes]
     return Text("\n".join(lines))
 

@@ -25,7 +25,12 @@ from diffmeter.runs.results import BenchResult
 from diffmeter.runs.runner import Progress, bench, compare_with_baseline, stored_or_run
 from diffmeter.runs.spec import BenchSpec
 
-RUNGS = ("scheduler", "compile", "half", "attention", "cache")
+RUNGS = ("scheduler", "compile", "half", "attention", "cache", "runtime")
+#: deployment runtimes tried in order for the runtime rung, per device type
+RUNTIMES = {
+    "cuda": [("tensorrt", {}), ("onnxruntime", {"provider": "tensorrt"}), ("onnxruntime", {"provider": "cuda"})],
+    "cpu": [("onnxruntime", {"provider": "cpu"})],
+}
 #: why a rung with no candidate on this device is skipped
 NOTHING_TO_ADD = {"attention": "on CPU, PyTorch's SDPA already runs its flash kernel; faster attention is a CUDA rung"}
 #: caches tried in order for the cache rung
@@ -148,6 +153,11 @@ def _candidates(rung: str, current: BenchSpec, entry, fast_steps: int | None, co
             ("SDPA memory-efficient kernel", OptimizationSpec(name="sdpa-kernel", params={"kernel": "efficient"}))
         )
         return [(adds, {}, extra) for adds, extra in options]
+    if rung == "runtime":
+        return [
+            (" ".join([name, *(f"{k}={v}" for k, v in params.items())]), {}, OptimizationSpec(name=name, params=params))
+            for name, params in RUNTIMES.get(device.type, [])
+        ]
     return [(name, {}, OptimizationSpec(name=name)) for name in CACHES]
 
 

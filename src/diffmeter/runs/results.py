@@ -24,6 +24,7 @@ from diffmeter.measure.peaks import Peak
 from diffmeter.measure.quality import Quality
 from diffmeter.measure.stages import Stages
 from diffmeter.measure.stats import Stats, ratio_interval
+from diffmeter.measure.trace import TraceSummary
 from diffmeter.runs.spec import BenchSpec
 
 SCHEMA_VERSION = 2
@@ -152,6 +153,8 @@ class BenchResult(BaseModel):
     #: speed against that same unoptimized run (``--compare-baseline``)
     speedup: Speedup | None = None
     images: list[ImageRecord] = []
+    #: ``--trace``: one extra call after the measured ones, under torch.profiler (not in ``iterations``)
+    trace: TraceSummary | None = None
     notes: list[str] = []
     error: str | None = None
 

@@ -34,6 +34,7 @@ from diffmeter.measure.peaks import device_peak
 from diffmeter.measure.quality import Quality, clip_scorer, compare, lpips_scorer, summarize
 from diffmeter.measure.stages import StageTimer
 from diffmeter.measure.stats import CONFIDENCE, Stats
+from diffmeter.measure.trace import TraceSummary, trace_call
 from diffmeter.optimize import OptimizationSpec, Target, build, check
 from diffmeter.optimize.tf32 import fp32_math, fp32_precision
 from diffmeter.runs import storage
@@ -275,6 +276,9 @@ def _measure(spec, entry, source, workload, profile, staging, log, progress, opt
                 result.pop("compilation"),
                 result.pop("conditions"),
             )
+            if spec.trace:  # after the measured calls and their peaks: it changes neither
+                with timer:
+                    result["trace"] = _traced_call(pipe, timer, workload, staging, contexts, device)
     except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError) as error:
         if not out_of_memory(error):
             raise
@@ -370,6 +374,19 @@ def _iterate(spec, pipe, timer, meter, workload, staging, log, progress, device,
         "shape_warmups": len(shape_warmups),
         "fp32_precision": precision,
     }
+
+
+def _traced_call(pipe, timer, workload, staging: Path, contexts, device) -> TraceSummary:
+    """``--trace``: one more call of the first batch under torch.profiler, never a measured one."""
+    arguments = workload.call_arguments(pipe, workload.batch(0))
+
+    def call():
+        with contextlib.ExitStack() as stack:
+            for context in contexts:
+                stack.enter_context(context())
+            pipe(**arguments)
+
+    return trace_call(timer, call, staging, device)
 
 
 def _keep_measuring(spec: BenchSpec, iterations: list[Iteration], elapsed: float) -> bool:

@@ -50,6 +50,8 @@ class BenchSpec(BaseModel):
     compare_baseline: bool = False
     #: refuse up front a run whose lower-bound memory exceeds what the device has available
     memory_check: bool = True
+    #: one extra call after the measured ones under torch.profiler (trace and operators table)
+    trace: bool = False
 
     def settle(self, entry: PipelineEntry, here: bool = True) -> BenchSpec:
         """Fill defaults from the catalog and the device, and check every value; ``here=False``
@@ -91,7 +93,7 @@ class BenchSpec(BaseModel):
 
     def baseline(self) -> BenchSpec:
         """The same run without any optimization (TF32 off): what lossy techniques are compared to."""
-        return self.model_copy(update={"optimizations": [], "tf32": False, "compare_baseline": False})
+        return self.model_copy(update={"optimizations": [], "tf32": False, "compare_baseline": False, "trace": False})
 
     def profile_spec(self) -> ProfileSpec:
         """The offline profile of the same generation (for FLOP/s and MFU)."""

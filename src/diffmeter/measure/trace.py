@@ -1,0 +1,390 @@
+"""One extra, untimed pipeline call under torch.profiler (``bench --trace``): a Chrome trace
+with diffmeter's stages as labelled ranges, and the operators that took each stage's time.
+
+The stage ranges are ``record_function`` ranges opened and closed at the stage timer's own
+marks (``StageTimer.listener``), so a range in the trace is the stage the run's figures
+time. Per stage, each operator's *self* time (CPU time on CPU runs, kernel time on CUDA
+runs) is summed by name; the stage's remaining time, spent outside any operator (Python,
+the pipeline's own code, the profiler), is a row of its own, so a stage's rows add up to
+its range. FLOPs come from torch.utils.flop_counter's formulas applied to the shapes the
+profiler recorded, counted once at the outermost operator that has a formula and credited
+to the operator below it that did the work (``aten::addmm`` under ``aten::linear``, the CPU
+convolution kernel under ``aten::convolution``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import inspect
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel
+
+from diffmeter.measure.stages import Stages, StageTimer
+
+TRACE_FILE = "trace.json.gz"
+OPS_FILE = "ops.json"
+#: prefix of diffmeter's own ranges in the trace
+PREFIX = "diffmeter: "
+#: the stage tables, in pipeline order
+STAGES = ("text_encoding", "denoising", "vae_decode", "other")
+OUTSIDE = "(outside operators: Python, framework)"
+#: operators per stage kept in results.json (ops.json holds them all)
+TOP = 5
+KINDS = ("attention", "matmul", "convolution", "normalization", "elementwise", "other")
+_KIND_WORDS = {
+    "attention": ("attention", "attn", "flash", "_efficient_attention"),
+    "matmul": ("mm", "matmul", "linear", "addmm", "bmm", "baddbmm", "gemm"),
+    "convolution": ("conv", "convolution"),
+    "normalization": ("norm",),
+    "elementwise": (
+        "add", "sub", "mul", "div", "silu", "gelu", "sigmoid", "tanh", "exp", "pow", "neg", "rsqrt", "sqrt",
+        "clamp", "where", "relu", "sin", "cos", "erf", "softmax", "_softmax", "fill_", "lerp", "abs", "reciprocal",
+    ),
+}  # fmt: skip
+
+
+class OpRow(BaseModel):
+    """One operator's share of a stage: its self time (seconds), calls and, where a formula knows
+    them, FLOPs and the FLOP/s it achieved (TFLOP/s: 10^12 FLOP per second, 2 per multiply-add)."""
+
+    name: str
+    kind: str
+    self_s: float
+    share: float
+    calls: int
+    flops: int | None = None
+    achieved_tflops: float | None = None
+
+
+class KindTotal(BaseModel):
+    """All operators of one kind in a stage."""
+
+    self_s: float
+    share: float
+    calls: int
+    flops: int | None = None
+    achieved_tflops: float | None = None
+
+
+class StageOps(BaseModel):
+    """A stage of the traced call: its range in the trace (seconds) and its operators by self time,
+    the time outside any operator last (``OUTSIDE``)."""
+
+    stage: str
+    range_s: float
+    rows: list[OpRow]
+    kinds: dict[str, KindTotal]
+
+
+class OpsTable(BaseModel):
+    """What ``ops.json`` holds: every operator of every stage of the traced call."""
+
+    #: "cpu": self CPU time per operator; "cuda": self kernel time per operator
+    time_base: str
+    stages: list[StageOps]
+
+
+class TraceSummary(BaseModel):
+    """The traced call (extra, untimed: never one of the measured iterations) as results.json
+    records it: its files in the run folder, the stage timer's times of that call, and the top
+    operators of each stage."""
+
+    trace_file: str = TRACE_FILE
+    ops_file: str = OPS_FILE
+    time_base: str
+    #: the stage timer's times of the traced call (slower than the measured calls: profiler overhead)
+    total_s: float
+    stages: Stages
+    #: each stage's range in the trace, seconds ("steps": one per denoising step)
+    ranges_s: dict[str, float | list[float]]
+    top_ops: list[StageOps]
+
+
+class StageRanges:
+    """Opens and closes a ``record_function`` range at each of the stage timer's marks."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, torch.autograd.profiler.record_function] = {}
+        self.steps = 0
+
+    def __call__(self, label: str) -> None:
+        stage, edge = label[:-1], label[-1]
+        if label == "begin":
+            self._open("call", "pipeline call")
+        elif label == "end":
+            self._close("step")
+            self._close("call")
+        elif stage == "step" and edge == ">":
+            self._open("step", "step 0")
+        elif stage == "step":  # a scheduler step ended: the next step starts here (steps are contiguous)
+            self._close("step")
+            self.steps += 1
+            self._open("step", f"step {self.steps}")
+        elif edge == ">":
+            self._close("step")  # decoding ends the tail after the last step
+            self._open(stage, {"text": "text encoding", "decode": "VAE decode"}[stage])
+        else:
+            self._close(stage)
+
+    def _open(self, key: str, name: str) -> None:
+        self.open[key] = torch.autograd.profiler.record_function(PREFIX + name)
+        self.open[key].__enter__()
+
+    def _close(self, key: str) -> None:
+        if key in self.open:
+            self.open.pop(key).__exit__(None, None, None)
+
+
+def trace_call(timer: StageTimer, call, folder: Path, device: torch.device) -> TraceSummary:
+    """Run ``call()`` (one pipeline call) once under torch.profiler with the stage timer's
+    boundaries as ranges; write the Chrome trace and the operators table into ``folder``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    ranges = StageRanges()
+    timer.listener = ranges
+    try:
+        with profile(activities=activities, record_shapes=True, profile_memory=True) as profiler:
+            timer.begin()
+            call()
+            times = timer.end()
+    finally:
+        timer.listener = None
+    steps = len(times.stages.steps_s)
+    tail = f"{PREFIX}step {steps}"  # opened by the last scheduler step, closed by decode or the call's end
+    raw = folder / "trace.json"
+    profiler.export_chrome_trace(str(raw))
+    _write_trace(raw, folder / TRACE_FILE, tail)
+    time_base = "cuda" if device.type == "cuda" else "cpu"
+    table, ranges_s = ops_table(profiler.events(), steps, time_base)
+    (folder / OPS_FILE).write_text(table.model_dump_json(indent=1))
+    top = [stage.model_copy(update={"rows": _top(stage.rows)}) for stage in table.stages]
+    return TraceSummary(time_base=time_base, total_s=times.total_s, stages=times.stages, ranges_s=ranges_s, top_ops=top)
+
+
+def read_ops(result) -> OpsTable:
+    """The operators table of a stored run (a ``BenchResult`` read from its folder)."""
+    from diffmeter.errors import DiffmeterError
+
+    if result.trace is None:
+        raise DiffmeterError(f"{result.folder} holds no traced call; run `diffmeter bench` with --trace")
+    file = result.folder / result.trace.ops_file
+    if not file.is_file():
+        raise DiffmeterError(f"{file} is missing; re-run the benchmark with --trace")
+    return OpsTable.model_validate_json(file.read_text())
+
+
+def _write_trace(raw: Path, target: Path, tail: str) -> None:
+    """The profiler's Chrome trace, gzipped (Perfetto and chrome://tracing open it), with the range
+    after the last step named for what it is: part of "other"."""
+    trace = json.loads(raw.read_text())
+    for event in trace.get("traceEvents", []):
+        if event.get("name") == tail:
+            event["name"] = PREFIX + "after the last step (other)"
+    with gzip.open(target, "wt") as file:
+        json.dump(trace, file)
+    raw.unlink()
+
+
+def _top(rows: list[OpRow]) -> list[OpRow]:
+    ops = [row for row in rows if row.name != OUTSIDE]
+    return ops[:TOP] + [row for row in rows if row.name == OUTSIDE]
+
+
+def ops_table(events, steps: int, time_base: str) -> tuple[OpsTable, dict]:
+    """Operators by stage from the profiler's events; also each stage range's length (seconds)."""
+    ranges = [event for event in events if event.name.startswith(PREFIX)]
+    stage_of = {event.id: _stage(event.name[len(PREFIX) :], steps) for event in ranges}
+    seconds = defaultdict(float)
+    ends = {}  # each step range's end: steps are contiguous, a step runs from the previous one's end
+    for event in ranges:
+        name = event.name[len(PREFIX) :]
+        if name.startswith("step ") and int(name.split()[1]) < steps:
+            ends[int(name.split()[1])] = event
+        elif name != "pipeline call":
+            seconds[stage_of[event.id]] += (event.time_range.end - event.time_range.start) / 1e6
+    step_seconds, previous = [], None
+    for index in sorted(ends):
+        start = ends[index].time_range.start if previous is None else previous
+        step_seconds.append((ends[index].time_range.end - start) / 1e6)
+        previous = ends[index].time_range.end
+    if step_seconds:
+        seconds["denoising"] = sum(step_seconds)
+    call = next((event for event in ranges if event.name == PREFIX + "pipeline call"), None)
+    if call is not None:  # "other" is the call minus its stages, as the stage timer defines it
+        total = (call.time_range.end - call.time_range.start) / 1e6
+        seconds["other"] = total - sum(seconds[stage] for stage in STAGES if stage != "other")
+
+    by_stage: dict[str, dict[str, list]] = {stage: defaultdict(lambda: [0.0, 0, 0, False]) for stage in STAGES}
+    for event in events:
+        if event.name.startswith(PREFIX):
+            continue
+        owner = _owner(event, stage_of)
+        if owner is None:
+            continue
+        row = by_stage[owner][event.name]
+        row[0] += _self_s(event, time_base)
+        row[1] += 1
+        flops = _flops(event)
+        if flops is not None and not _counted_above(event):
+            worker = _worker(event, time_base)
+            cell = by_stage[owner][worker.name]
+            cell[2] += flops
+            cell[3] = True
+
+    stages = []
+    for stage in STAGES:
+        rows = [
+            _row(name, self_s, calls, flops if known else None, seconds[stage])
+            for name, (self_s, calls, flops, known) in by_stage[stage].items()
+            if self_s > 0 or known
+        ]
+        if stage in seconds:  # the rest of the stage: no operator of its own ran (on CUDA: no kernel)
+            busy = sum(row.self_s for row in rows)
+            rows.append(_row(OUTSIDE, max(0.0, seconds[stage] - busy), 1, None, seconds[stage], kind="other"))
+        if stage not in seconds and not rows:
+            continue
+        rows.sort(key=lambda row: (row.name == OUTSIDE, -row.self_s))
+        stages.append(StageOps(stage=stage, range_s=seconds[stage], rows=rows, kinds=_kinds(rows, seconds[stage])))
+    ranges_s = {stage: seconds[stage] for stage in STAGES if stage in seconds}
+    ranges_s["steps"] = step_seconds
+    return OpsTable(time_base=time_base, stages=stages), ranges_s
+
+
+def _stage(range_name: str, steps: int) -> str:
+    if range_name == "text encoding":
+        return "text_encoding"
+    if range_name == "VAE decode":
+        return "vae_decode"
+    if range_name.startswith("step ") and int(range_name.split()[1]) < steps:
+        return "denoising"
+    return "other"  # the whole call's range, and the tail after the last step
+
+
+def _owner(event, stage_of: dict) -> str | None:
+    """The stage of the innermost diffmeter range around ``event`` (None: outside the call)."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.id in stage_of:
+            return stage_of[parent.id]
+        parent = parent.cpu_parent
+    return None
+
+
+def _self_s(event, time_base: str) -> float:
+    if time_base == "cuda":
+        return event.self_device_time_total / 1e6
+    return event.self_cpu_time_total / 1e6
+
+
+def _worker(event, time_base: str):
+    """The operator of the same kind under ``event`` (itself included) with the most self time: the
+    one that computes (the CPU convolution kernel under ``aten::convolution``)."""
+    kind = kind_of(event.name)
+    best, stack = event, [event]
+    while stack:
+        current = stack.pop()
+        if kind_of(current.name) == kind and _self_s(current, time_base) > _self_s(best, time_base):
+            best = current
+        stack.extend(current.cpu_children)
+    return best
+
+
+def _counted_above(event) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if _flops(parent) is not None:
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+def _flops(event) -> int | None:
+    """FLOPs of one operator call from torch.utils.flop_counter's formulas and its recorded shapes."""
+    from torch.utils import flop_counter
+
+    name = event.name.removeprefix("aten::")
+    if name == event.name or not event.input_shapes:
+        return None
+    shapes = event.input_shapes
+    concrete = getattr(event, "concrete_inputs", None) or [None] * len(shapes)
+    args = [value if value is not None else shape for shape, value in zip(shapes, concrete, strict=False)]
+    try:
+        if name == "scaled_dot_product_attention":  # composite: the kernel below differs per device
+            return int(flop_counter.sdpa_flop_count(*args[:3]))
+        packet = getattr(torch.ops.aten, name, None)
+        formula = flop_counter.flop_registry.get(packet)
+        if formula is None:
+            return None
+        out = _conv_output(args) if "conv" in name else None
+        return int(formula(*args[: _positional(formula)], out_val=out))
+    except (TypeError, ValueError, IndexError, AssertionError):
+        return None  # shapes the formula cannot read (nested tensors, missing arguments)
+
+
+def _positional(formula) -> int | None:
+    """How many positional arguments the formula reads (addmm's ignores beta and alpha); None: all."""
+    parameters = inspect.signature(formula).parameters.values()
+    if any(parameter.kind is parameter.VAR_POSITIONAL for parameter in parameters):
+        return None
+    return sum(
+        parameter.kind is parameter.POSITIONAL_OR_KEYWORD and parameter.name != "out_shape" for parameter in parameters
+    )
+
+
+def _conv_output(args: list) -> list[int]:
+    """A (non-transposed) convolution's output shape from its input, weight, stride, padding, dilation."""
+    x, w, _bias, stride, padding, dilation = args[:6]
+    spatial = [
+        (size + 2 * pad - dil * (kernel - 1) - 1) // step + 1
+        for size, kernel, step, pad, dil in zip(x[2:], w[2:], stride, padding, dilation, strict=True)
+    ]
+    return [x[0], w[0], *spatial]
+
+
+def kind_of(name: str) -> str:
+    """attention, matmul, convolution, normalization, elementwise or other, from the operator's name."""
+    word = name.removeprefix("aten::").lower()
+    for kind, words in _KIND_WORDS.items():
+        if kind == "elementwise":
+            if word.rstrip("_") in words or word in words:
+                return kind
+        elif any(part in word for part in words):
+            return kind
+    return "other"
+
+
+def _row(name: str, self_s: float, calls: int, flops: int | None, stage_s: float, kind: str | None = None) -> OpRow:
+    return OpRow(
+        name=name,
+        kind=kind or kind_of(name),
+        self_s=self_s,
+        share=self_s / stage_s if stage_s > 0 else 0.0,
+        calls=calls,
+        flops=flops,
+        achieved_tflops=flops / self_s / 1e12 if flops and self_s > 0 else None,
+    )
+
+
+def _kinds(rows: list[OpRow], stage_s: float) -> dict[str, KindTotal]:
+    totals = {}
+    for kind in KINDS:
+        members = [row for row in rows if row.kind == kind and row.name != OUTSIDE]
+        if not members:
+            continue
+        self_s = sum(row.self_s for row in members)
+        counted = [row for row in members if row.flops is not None]
+        flops = sum(row.flops for row in counted) if counted else None
+        counted_s = sum(row.self_s for row in counted)  # the rate of the operators whose FLOPs are known
+        totals[kind] = KindTotal(
+            self_s=self_s,
+            share=self_s / stage_s if stage_s > 0 else 0.0,
+            calls=sum(row.calls for row in members),
+            flops=flops,
+            achieved_tflops=flops / counted_s / 1e12 if flops and counted_s > 0 else None,
+        )
+    return totals

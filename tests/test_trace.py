@@ -1,0 +1,121 @@
+"""`bench --trace` on tiny pipelines (UNet and MMDiT): the Chrome trace, the operators table, `show --ops`."""
+
+import gzip
+import json
+from collections import defaultdict
+
+import pytest
+
+from diffmeter.measure.trace import OPS_FILE, OUTSIDE, PREFIX, TRACE_FILE, OpsTable, kind_of
+from diffmeter.runs.runner import bench
+from diffmeter.runs.spec import BenchSpec
+from diffmeter.runs.storage import REQUESTS, read_result
+
+MODELS = ["tiny-sd", "tiny-flux"]
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    out = tmp_path_factory.mktemp("traced")
+    return {name: bench(BenchSpec(model=name, steps=STEPS, iterations=2, trace=True), out=out) for name in MODELS}
+
+
+def _ranges(folder) -> dict[str, float]:
+    """Seconds in each diffmeter range of the stored Chrome trace, by name (CFG encodes text twice)."""
+    with gzip.open(folder / TRACE_FILE, "rt") as file:
+        trace = json.load(file)
+    events = trace["traceEvents"]
+    assert all("ph" in event and "name" in event for event in events)
+    complete = [event for event in events if event["ph"] == "X"]
+    assert any(event["name"].startswith("aten::") for event in complete)
+    ranges, step_end = defaultdict(float), None
+    for event in sorted(complete, key=lambda event: event["ts"]):
+        name = event["name"].removeprefix(PREFIX)
+        if name.startswith("step "):  # contiguous, as the stage timer times steps: from the previous step's end
+            start = event["ts"] if step_end is None else step_end
+            step_end = event["ts"] + event["dur"]
+            ranges[name] = (step_end - start) / 1e6
+        elif name != event["name"]:
+            ranges[name] += event["dur"] / 1e6
+    return ranges
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_trace_is_a_chrome_trace_whose_stage_ranges_are_the_stage_times(traced, name):
+    result, folder = traced[name]
+    ranges = _ranges(folder)
+    stages = result.trace.stages
+    assert set(ranges) >= {"pipeline call", "text encoding", "VAE decode", *(f"step {i}" for i in range(STEPS))}
+    assert f"step {STEPS}" not in ranges  # the tail after the last step is named as part of "other"
+    assert "after the last step (other)" in ranges
+    assert ranges["pipeline call"] == pytest.approx(result.trace.total_s, rel=0.1)
+    assert ranges["text encoding"] == pytest.approx(stages.text_encoding_s, rel=0.1)
+    assert ranges["VAE decode"] == pytest.approx(stages.vae_decode_s, rel=0.1)
+    for step in range(STEPS):
+        assert ranges[f"step {step}"] == pytest.approx(stages.steps_s[step], rel=0.1)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_each_stage_table_adds_up_to_the_stage_time(traced, name):
+    result, folder = traced[name]
+    table = OpsTable.model_validate_json((folder / OPS_FILE).read_text())
+    timed = result.trace.stages
+    expected = {
+        "text_encoding": timed.text_encoding_s,
+        "denoising": timed.denoising_s,
+        "vae_decode": timed.vae_decode_s,
+        "other": timed.other_s,
+    }
+    assert [stage.stage for stage in table.stages] == list(expected)
+    for stage in table.stages:
+        assert sum(row.self_s for row in stage.rows) == pytest.approx(expected[stage.stage], rel=0.1)
+        assert sum(row.share for row in stage.rows) == pytest.approx(1.0, rel=1e-6)
+        assert [row.name for row in stage.rows].count(OUTSIDE) == 1
+    stored = {stage.stage: stage for stage in result.trace.top_ops}
+    assert all(len(stored[stage.stage].rows) <= 6 for stage in table.stages)  # results.json: the top 5 + outside
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_operator_flops_add_up_to_the_profiles_denoising_flops(traced, name):
+    """The counter's formulas on the recorded shapes count what the offline profile counts (matmuls,
+    convolutions, attention), so one call's denoising FLOPs agree exactly."""
+    result, folder = traced[name]
+    table = OpsTable.model_validate_json((folder / OPS_FILE).read_text())
+    denoising = next(stage for stage in table.stages if stage.stage == "denoising")
+    counted = sum(row.flops for row in denoising.rows if row.flops)
+    assert counted == result.summary.flops["denoising"]
+    assert {kind for kind, total in denoising.kinds.items() if total.flops} <= {"attention", "matmul", "convolution"}
+    assert all(row.achieved_tflops > 0 for row in denoising.rows if row.flops)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_traced_call_is_extra_and_flagged(traced, name):
+    result, folder = traced[name]
+    assert len(result.iterations) == result.summary.iterations == 2
+    assert len(result.images) == 2  # the traced call saves no image
+    assert len(json.loads((folder / REQUESTS).read_text())) == 2
+    assert read_result(folder).trace == result.trace
+    assert result.trace.total_s > 0 and len(result.trace.stages.steps_s) == STEPS
+
+
+def test_show_ops_prints_the_table_and_refuses_an_untraced_run(cli, traced, tmp_path):
+    _, folder = traced["tiny-sd"]
+    code, out, err = cli("show", folder, "--ops")
+    assert code == 0, err
+    for text in ("denoising", "VAE decode", "aten::", "all convolution", "(outside operators", "FLOP/s"):
+        assert text in out
+    code, out, _ = cli("show", folder)
+    assert code == 0 and TRACE_FILE in out
+    _, plain = bench(BenchSpec(model="tiny-sd", steps=2, iterations=1), out=tmp_path)
+    code, _, err = cli("show", plain, "--ops")
+    assert code == 2 and "--trace" in err and "Traceback" not in err
+
+
+def test_operator_kinds():
+    assert kind_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert [kind_of(f"aten::{op}") for op in ("addmm", "mm", "bmm", "linear")] == ["matmul"] * 4
+    assert kind_of("aten::mkldnn_convolution") == kind_of("aten::_slow_conv2d_forward") == "convolution"
+    assert kind_of("aten::native_group_norm") == kind_of("aten::native_layer_norm") == "normalization"
+    assert [kind_of(f"aten::{op}") for op in ("add", "mul_", "silu", "gelu")] == ["elementwise"] * 4
+    assert kind_of("aten::cat") == kind_of("aten::copy_") == "other"
