@@ -37,6 +37,7 @@ SUMMARY = (
 
 SECTIONS = (
     ("time", "Where the time goes", plots.time_breakdown),
+    ("operators", "Inside the stages: operators", plots.operators),
     ("scaling", "Scaling", plots.scaling),
     ("tradeoffs", "Trade-offs", plots.tradeoffs),
     ("ladders", "Ladders", plots.ladders),
@@ -170,4 +171,4 @@ def _figure(figure: plots.Figure) -> str:
     div = figure.figure.to_html(
         full_html=False, include_plotlyjs=False, config={"displaylogo": False, "responsive": True}
     )
-    return f'<div class="plot">{div}</div><p class="caption">{html.escape(figure.caption)}</p>'
+    return f'<div class="plot">{div}</div>{figure.table}<p class="caption">{html.escape(figure.caption)}</p>'
