@@ -50,6 +50,20 @@ class BenchSpec(BaseModel):
     compare_baseline: bool = False
     #: refuse up front a run whose lower-bound memory exceeds what the device has available
     memory_check: bool = True
+    #: context parallelism (diffusers): ranks splitting the sequence with Ulysses all-to-all / ring attention
+    ulysses_degree: int = 1
+    ring_degree: int = 1
+    #: request-level data parallelism: ranks each generating their own batches
+    data_parallel: int = 1
+
+    @property
+    def context_degree(self) -> int:
+        return self.ulysses_degree * self.ring_degree
+
+    @property
+    def world_size(self) -> int:
+        """Processes (GPUs) the run uses: the context-parallel group times the data-parallel degree."""
+        return self.context_degree * self.data_parallel
 
     def settle(self, entry: PipelineEntry, here: bool = True) -> BenchSpec:
         """Fill defaults from the catalog and the device, and check every value; ``here=False``
@@ -109,7 +123,7 @@ class BenchSpec(BaseModel):
         )
 
     def check(self) -> None:
-        for name in ("batch_size", "iterations", "warmup"):
+        for name in ("batch_size", "iterations", "warmup", "ulysses_degree", "ring_degree", "data_parallel"):
             value = getattr(self, name)
             if value < 1:
                 hint = " (the first call is cold and reported apart)" if name == "warmup" else ""

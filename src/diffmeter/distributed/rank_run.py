@@ -1,0 +1,265 @@
+"""One process of a parallel run: join the group, measure its share, and on rank 0 merge every
+rank's result into the one result folder.
+
+Ranks are laid out on a (data, ring, ulysses) mesh: ranks of one data-parallel index form a
+context-parallel group that generates the same images together; each data-parallel index takes
+every ``data_parallel``-th batch of the workload. Rank 0 owns the run folder; the leader of each
+context-parallel group saves its images there, the other ranks save theirs under
+``ranks/rank-N/`` only to check they are the same pixels, and keep their log there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from diffmeter.distributed import context_parallel, merge
+from diffmeter.distributed.records import Parallel
+from diffmeter.errors import DiffmeterError
+from diffmeter.runs import storage
+from diffmeter.runs.results import BenchResult
+from diffmeter.runs.runner import _measure, _measurement_notes, _summarize, prepare, store_failure
+from diffmeter.runs.spec import BenchSpec
+from diffmeter.runs.workload import Workload
+
+#: the longest any collective (or a rank's absence from one) may take before the run fails
+COLLECTIVE_TIMEOUT_S = 600
+#: where ranks other than 0 keep their log (and, for a moment, their copies of the images)
+RANKS = "ranks"
+
+
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """Where this process sits: global rank, its device, its data-parallel index and its rank in its
+    context-parallel group."""
+
+    rank: int
+    world: int
+    device: torch.device
+    data_rank: int
+    context_rank: int
+
+    @classmethod
+    def from_environment(cls, spec: BenchSpec) -> Place:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        device = torch.device("cuda", local) if spec.device.startswith("cuda") else torch.device("cpu")
+        return cls(rank, world, device, rank // spec.context_degree, rank % spec.context_degree)
+
+
+class RankWorkload(Workload):
+    """The group's workload seen by one data-parallel index: its call ``i`` is the group's batch
+    ``i * data_parallel + data_rank``, so the ranks together make every image of a one-process run."""
+
+    def __init__(self, spec: BenchSpec, entry, data_rank: int) -> None:
+        super().__init__(spec, entry)
+        self.data_rank = data_rank
+
+    def batch(self, iteration: int):
+        return super().batch(iteration * self.spec.data_parallel + self.data_rank)
+
+
+@dataclasses.dataclass
+class ContextParallel:
+    """Applied by the runner after loading: diffusers' context parallelism on every denoiser."""
+
+    names: list[str]
+    mesh: object
+    spec: BenchSpec
+    device: torch.device
+
+    def apply(self, pipe) -> None:
+        for name in self.names:
+            model = getattr(pipe, name, None)
+            if model is not None:
+                context_parallel.enable(model, self.mesh, self.spec.ring_degree, self.spec.ulysses_degree, self.device)
+
+
+def run(spec: BenchSpec, out: str | Path, force: bool, launcher: str) -> Path | None:
+    """This rank's part of ``spec``; rank 0 returns the run folder it wrote, the others None."""
+    place = Place.from_environment(spec)
+    if place.world != spec.world_size:
+        raise DiffmeterError(
+            f"this launch has {place.world} processes but ulysses {spec.ulysses_degree} x ring {spec.ring_degree} x "
+            f"data parallel {spec.data_parallel} needs {spec.world_size}; match --nproc-per-node to the degrees"
+        )
+    cuda = place.device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(place.device)
+    backend = "nccl" if cuda else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    try:
+        return _run(spec, out, force, place, backend, launcher)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(spec: BenchSpec, out, force: bool, place: Place, backend: str, launcher: str) -> Path | None:
+    prepared = prepare(spec)
+    group_spec, entry, family = prepared.spec, prepared.entry, prepared.target.family
+    rank_spec = group_spec.model_copy(update={"device": str(place.device)})
+    target = dataclasses.replace(prepared.target, device=place.device)
+    mesh = context_parallel.device_mesh(place.device, spec.data_parallel, spec.ring_degree, spec.ulysses_degree)
+    folder = storage.RunDirectory(out, prepared.name, force, group_spec)
+    shared = [str(folder.open()) if place.rank == 0 else None]
+    dist.broadcast_object_list(shared, src=0)
+    staging = Path(shared[0])
+    own = staging if place.rank == 0 else staging / RANKS / f"rank-{place.rank}"
+    (own / storage.IMAGES).mkdir(parents=True, exist_ok=True)
+    log = storage.file_logger(own)
+    try:
+        log.info(
+            "rank %d of %d on %s (%s, %s), process %d",
+            place.rank,
+            place.world,
+            place.device,
+            backend,
+            launcher,
+            os.getpid(),
+        )
+        if place.rank == 0:
+            requests = Workload(group_spec, entry).requests(group_spec.iterations * group_spec.data_parallel)
+            storage.write_json(staging / storage.REQUESTS, requests)
+        split = None
+        if spec.context_degree > 1:
+            split = ContextParallel(list(family.denoisers(entry)), mesh, spec, place.device)
+        result = _measure(
+            rank_spec,
+            entry,
+            prepared.source,
+            RankWorkload(group_spec, entry, place.data_rank),
+            prepared.profile,
+            staging if place.context_rank == 0 else own,
+            log,
+            lambda *_: None,
+            prepared.optimizations,
+            target,
+            split,
+        )
+        gathered = [None] * place.world if place.rank == 0 else None
+        dist.gather_object(result.model_dump_json(), gathered, dst=0)
+        if place.rank != 0:
+            return None
+        results = [BenchResult.model_validate_json(text) for text in gathered]
+        parallel = Parallel(
+            ulysses_degree=spec.ulysses_degree,
+            ring_degree=spec.ring_degree,
+            data_parallel=spec.data_parallel,
+            world_size=place.world,
+            backend=backend,
+            launcher=launcher,
+        )
+        merged = group_result(group_spec, results, parallel, staging)
+        log.info("done: %s", merged.status)
+        storage.close_logger(log)
+        return folder.commit(merged)
+    except Exception as error:
+        log.exception("failed")
+        if place.rank != 0:
+            raise
+        storage.close_logger(log)
+        folder.discard()
+        reason = f"rank 0: {(str(error) or type(error).__name__).splitlines()[0]}"
+        failed = store_failure(prepared, out, reason)
+        raise DiffmeterError(f"{reason} (recorded as a failed result in {failed})") from error
+    finally:
+        storage.close_logger(log)
+
+
+def group_result(spec: BenchSpec, results: list[BenchResult], parallel: Parallel, staging: Path) -> BenchResult:
+    """Rank 0's result with the group's figures: calls as the slowest rank's, every data-parallel
+    group's images, energy over all GPUs, FLOPs per GPU, and each rank's own figures kept."""
+    first = results[0]
+    failed = [(rank, result) for rank, result in enumerate(results) if result.status == "failed"]
+    if failed:
+        rank, result = failed[0]
+        return first.model_copy(update={"status": "failed", "error": f"rank {rank}: {result.error}", "spec": spec})
+    context = spec.context_degree
+    leaders = results[::context]
+
+    def group_images(calls) -> int:
+        return sum(call.images for call in calls)
+
+    iterations = [
+        merge.slowest(list(calls), group_images(calls[::context]))
+        for calls in zip(*(r.iterations for r in results), strict=True)
+    ]
+    firsts = [r.first_call for r in results]
+    first_call = merge.slowest(firsts, group_images(firsts[::context]))
+    parallel.ranks = [merge.rank_record(rank, result) for rank, result in enumerate(results)]
+    parallel.images_identical_across_ranks = _identical(results, context, staging) if context > 1 else None
+    images = sorted((image for leader in leaders for image in leader.images), key=lambda image: image.seed)
+    energy = merge.group_energy(results, sum(call.images for call in iterations))
+    memory = max(
+        (r.summary.peak_memory for r in results),
+        key=lambda m: (m.cuda_max_allocated_bytes or 0, m.process_peak_rss_bytes),
+    )
+    summary = _summarize(
+        spec,
+        iterations,
+        memory,
+        energy,
+        first.profile,
+        first_call.total_s,
+        first.summary.compilation,
+        first.summary.conditions,
+    )
+    summary = _per_gpu(summary, context)
+    own = _measurement_notes(first.summary, 0)  # rank 0's noise and load notes give way to the group's
+    notes = [
+        *(note for note in first.notes if note not in own),
+        *_measurement_notes(summary, 0),
+        f"{merge.describe(parallel)}: each call's stages are the slowest rank's (each rank's own under "
+        "parallel.ranks); peak memory is the highest rank's; GPU energy is summed over the ranks' GPUs",
+    ]
+    if context > 1:
+        notes.append(
+            "FLOPs, achieved TFLOP/s and MFU are per GPU: the denoiser's work is split over the "
+            f"{context} context-parallel ranks, the text encoders and the decoder run whole on every rank"
+        )
+    if parallel.images_identical_across_ranks is False:
+        notes.append("the ranks of a context-parallel group produced different pixels: see ranks/rank-N/images")
+    return first.model_copy(
+        update={
+            "spec": spec,
+            "iterations": iterations,
+            "first_call": first_call,
+            "first_call_s": first_call.total_s,
+            "warmup_s": [max(calls) for calls in zip(*(r.warmup_s for r in results), strict=True)],
+            "summary": summary,
+            "images": images,
+            "parallel": parallel,
+            "notes": notes,
+        }
+    )
+
+
+def _identical(results: list[BenchResult], context: int, staging: Path) -> bool:
+    """Whether every rank of each context-parallel group saved the pixels its leader saved; the
+    copies are removed afterwards (the leader's are the run's images)."""
+    identical = True
+    for rank, result in enumerate(results):
+        if rank % context == 0:
+            continue
+        copies = staging / RANKS / f"rank-{rank}"
+        for image in result.images:
+            identical &= merge.same_pixels(staging / image.path, copies / image.path)
+        if identical:
+            shutil.rmtree(copies / storage.IMAGES, ignore_errors=True)
+    return identical
+
+
+def _per_gpu(summary, context: int):
+    """The summary's FLOPs, achieved TFLOP/s and MFU for one GPU of the group."""
+    flops = merge.per_gpu_flops(summary.flops, context)
+    seconds = {name: stats.median for name, stats in summary.stages_s.items()}
+    seconds.update(step=summary.step_s.median, total=summary.latency_s.median)
+    achieved = {name: flops[name] / seconds[name] / 1e12 for name in flops if seconds.get(name) and flops[name]}
+    mfu = {name: value / summary.peak.tflops for name, value in achieved.items()} if summary.peak else {}
+    return summary.model_copy(update={"flops": flops, "achieved_tflops": achieved, "mfu": mfu})

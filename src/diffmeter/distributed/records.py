@@ -1,0 +1,44 @@
+"""The parallel part of results.json: how the run was split and what each process measured."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
+
+from diffmeter.measure.energy import Energy
+from diffmeter.measure.memory import PeakMemory
+from diffmeter.measure.stats import Stats
+
+if TYPE_CHECKING:  # defined in runs.results, which rebuilds these models once it has it
+    from diffmeter.runs.results import Iteration
+
+
+class RankRecord(BaseModel):
+    """One process as it measured itself (seconds, bytes, joules); ``iterations`` are its own calls."""
+
+    rank: int
+    device: str
+    first_call_s: float | None = None
+    latency_s: Stats
+    stages_s: dict[str, Stats]
+    peak_memory: PeakMemory
+    energy: Energy
+    #: each measured call as this rank timed it (BenchResult.iterations hold the maximum over ranks)
+    iterations: list[Iteration] = []
+
+
+class Parallel(BaseModel):
+    """A multi-process run: the degrees, the processes, and whether their images agreed."""
+
+    ulysses_degree: int
+    ring_degree: int
+    data_parallel: int
+    world_size: int
+    #: torch.distributed backend: gloo (CPU) or nccl (CUDA)
+    backend: str
+    #: "diffmeter" (started its own processes) or "torchrun" (joined an existing launch)
+    launcher: str
+    #: context parallelism: every rank of a group produced the same pixels (None: no context parallelism)
+    images_identical_across_ranks: bool | None = None
+    ranks: list[RankRecord] = []
