@@ -82,7 +82,7 @@ def same_pixels(first, second) -> bool:
     return torch.equal(load_frames(first), load_frames(second))
 
 
-def rank_record(rank: int, result: BenchResult) -> RankRecord:
+def rank_record(rank: int, result: BenchResult, measured_bytes: int | None = None) -> RankRecord:
     summary = result.summary
     return RankRecord(
         rank=rank,
@@ -92,6 +92,7 @@ def rank_record(rank: int, result: BenchResult) -> RankRecord:
         stages_s=summary.stages_s,
         peak_memory=summary.peak_memory,
         energy=summary.energy,
+        measured_bytes_per_denoiser_call=measured_bytes,
         iterations=result.iterations,
     )
 
@@ -101,3 +102,21 @@ def describe(parallel: Parallel) -> str:
         f"{parallel.world_size} processes over {parallel.backend} (ulysses {parallel.ulysses_degree} x ring "
         f"{parallel.ring_degree} x data parallel {parallel.data_parallel}, started by {parallel.launcher})"
     )
+
+
+def parallel_lines(parallel: Parallel) -> list[str]:
+    """The run table's lines for a parallel run: the processes, each rank's median, communication."""
+    from diffmeter import units
+
+    medians = ", ".join(f"rank {r.rank} {units.seconds(r.latency_s.median)}" for r in parallel.ranks)
+    lines = [f"parallel: {describe(parallel)}; each rank's median call: {medians}"]
+    moved = parallel.communication
+    if moved is not None:
+        measured = {r.measured_bytes_per_denoiser_call for r in parallel.ranks} - {None}
+        check = ", ".join(units.nbytes(value) for value in sorted(measured))
+        lines.append(
+            f"communication per GPU: {units.nbytes(moved.bytes_per_step)} received per denoising step (offline), "
+            f"{units.nbytes(moved.bytes_per_denoiser_call)} per denoiser call"
+            + (f"; the first call moved {check} (counted at the collectives)" if check else "")
+        )
+    return lines

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from diffmeter.distributed import context_parallel, merge
+from diffmeter.distributed import communication, context_parallel, merge
 from diffmeter.distributed.records import Parallel
 from diffmeter.errors import DiffmeterError
 from diffmeter.runs import storage
@@ -73,12 +73,14 @@ class ContextParallel:
     mesh: object
     spec: BenchSpec
     device: torch.device
+    #: what the collectives moved in the first denoiser call (communication.count_first_call)
+    measured: dict = dataclasses.field(default_factory=dict)
 
     def apply(self, pipe) -> None:
-        for name in self.names:
-            model = getattr(pipe, name, None)
-            if model is not None:
-                context_parallel.enable(model, self.mesh, self.spec.ring_degree, self.spec.ulysses_degree, self.device)
+        models = [getattr(pipe, name) for name in self.names if getattr(pipe, name, None) is not None]
+        for model in models:
+            context_parallel.enable(model, self.mesh, self.spec.ring_degree, self.spec.ulysses_degree, self.device)
+        communication.count_first_call(models[0], self.measured)
 
 
 def run(spec: BenchSpec, out: str | Path, force: bool, launcher: str) -> Path | None:
@@ -89,24 +91,40 @@ def run(spec: BenchSpec, out: str | Path, force: bool, launcher: str) -> Path | 
             f"this launch has {place.world} processes but ulysses {spec.ulysses_degree} x ring {spec.ring_degree} x "
             f"data parallel {spec.data_parallel} needs {spec.world_size}; match --nproc-per-node to the degrees"
         )
-    cuda = place.device.type == "cuda"
-    if cuda:
+    prepared = prepare(spec)
+    parallel = Parallel(
+        ulysses_degree=spec.ulysses_degree,
+        ring_degree=spec.ring_degree,
+        data_parallel=spec.data_parallel,
+        world_size=place.world,
+        backend="nccl" if place.device.type == "cuda" else "gloo",
+        launcher=launcher,
+    )
+    if place.rank == 0 and spec.context_degree > 1:  # before joining: the count runs over a fake group
+        family, profile_spec = prepared.target.family, prepared.spec.profile_spec()
+        parallel.communication = communication.offline(
+            prepared.entry,
+            family,
+            profile_spec.with_defaults(prepared.entry.defaults),
+            spec.ulysses_degree,
+            spec.ring_degree,
+        )
+    if place.device.type == "cuda":
         torch.cuda.set_device(place.device)
-    backend = "nccl" if cuda else "gloo"
-    dist.init_process_group(backend, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    dist.init_process_group(parallel.backend, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     try:
-        return _run(spec, out, force, place, backend, launcher)
+        return _run(prepared, out, force, place, parallel)
     finally:
         dist.destroy_process_group()
 
 
-def _run(spec: BenchSpec, out, force: bool, place: Place, backend: str, launcher: str) -> Path | None:
-    prepared = prepare(spec)
-    group_spec, entry, family = prepared.spec, prepared.entry, prepared.target.family
-    rank_spec = group_spec.model_copy(update={"device": str(place.device)})
+def _run(prepared, out, force: bool, place: Place, parallel: Parallel) -> Path | None:
+    spec = prepared.spec
+    entry, family = prepared.entry, prepared.target.family
+    rank_spec = spec.model_copy(update={"device": str(place.device)})
     target = dataclasses.replace(prepared.target, device=place.device)
     mesh = context_parallel.device_mesh(place.device, spec.data_parallel, spec.ring_degree, spec.ulysses_degree)
-    folder = storage.RunDirectory(out, prepared.name, force, group_spec)
+    folder = storage.RunDirectory(out, prepared.name, force, spec)
     shared = [str(folder.open()) if place.rank == 0 else None]
     dist.broadcast_object_list(shared, src=0)
     staging = Path(shared[0])
@@ -119,12 +137,12 @@ def _run(spec: BenchSpec, out, force: bool, place: Place, backend: str, launcher
             place.rank,
             place.world,
             place.device,
-            backend,
-            launcher,
+            parallel.backend,
+            parallel.launcher,
             os.getpid(),
         )
         if place.rank == 0:
-            requests = Workload(group_spec, entry).requests(group_spec.iterations * group_spec.data_parallel)
+            requests = Workload(spec, entry).requests(spec.iterations * spec.data_parallel)
             storage.write_json(staging / storage.REQUESTS, requests)
         split = None
         if spec.context_degree > 1:
@@ -133,7 +151,7 @@ def _run(spec: BenchSpec, out, force: bool, place: Place, backend: str, launcher
             rank_spec,
             entry,
             prepared.source,
-            RankWorkload(group_spec, entry, place.data_rank),
+            RankWorkload(spec, entry, place.data_rank),
             prepared.profile,
             staging if place.context_rank == 0 else own,
             log,
@@ -143,19 +161,12 @@ def _run(spec: BenchSpec, out, force: bool, place: Place, backend: str, launcher
             split,
         )
         gathered = [None] * place.world if place.rank == 0 else None
-        dist.gather_object(result.model_dump_json(), gathered, dst=0)
+        measured = split.measured.get("bytes") if split is not None else None
+        dist.gather_object((result.model_dump_json(), measured), gathered, dst=0)
         if place.rank != 0:
             return None
-        results = [BenchResult.model_validate_json(text) for text in gathered]
-        parallel = Parallel(
-            ulysses_degree=spec.ulysses_degree,
-            ring_degree=spec.ring_degree,
-            data_parallel=spec.data_parallel,
-            world_size=place.world,
-            backend=backend,
-            launcher=launcher,
-        )
-        merged = group_result(group_spec, results, parallel, staging)
+        results = [BenchResult.model_validate_json(text) for text, _ in gathered]
+        merged = group_result(spec, results, parallel, staging, [bytes_ for _, bytes_ in gathered])
         log.info("done: %s", merged.status)
         storage.close_logger(log)
         return folder.commit(merged)
@@ -172,7 +183,9 @@ def _run(spec: BenchSpec, out, force: bool, place: Place, backend: str, launcher
         storage.close_logger(log)
 
 
-def group_result(spec: BenchSpec, results: list[BenchResult], parallel: Parallel, staging: Path) -> BenchResult:
+def group_result(
+    spec: BenchSpec, results: list[BenchResult], parallel: Parallel, staging: Path, measured: list[int | None]
+) -> BenchResult:
     """Rank 0's result with the group's figures: calls as the slowest rank's, every data-parallel
     group's images, energy over all GPUs, FLOPs per GPU, and each rank's own figures kept."""
     first = results[0]
@@ -192,7 +205,10 @@ def group_result(spec: BenchSpec, results: list[BenchResult], parallel: Parallel
     ]
     firsts = [r.first_call for r in results]
     first_call = merge.slowest(firsts, group_images(firsts[::context]))
-    parallel.ranks = [merge.rank_record(rank, result) for rank, result in enumerate(results)]
+    parallel.ranks = [
+        merge.rank_record(rank, result, moved)
+        for rank, (result, moved) in enumerate(zip(results, measured, strict=True))
+    ]
     parallel.images_identical_across_ranks = _identical(results, context, staging) if context > 1 else None
     images = sorted((image for leader in leaders for image in leader.images), key=lambda image: image.seed)
     energy = merge.group_energy(results, sum(call.images for call in iterations))

@@ -14,6 +14,19 @@ if TYPE_CHECKING:  # defined in runs.results, which rebuilds these models once i
     from diffmeter.runs.results import Iteration
 
 
+class Communication(BaseModel):
+    """Bytes one GPU receives from the others through the context-parallel collectives (all-to-all
+    for Ulysses, all-gather for ring attention and the output), counted offline."""
+
+    ulysses_degree: int
+    ring_degree: int
+    denoiser_calls_per_step: float
+    bytes_per_denoiser_call: int
+    bytes_per_step: int
+    #: calls of each collective in one denoiser call
+    collectives_per_denoiser_call: dict[str, int]
+
+
 class RankRecord(BaseModel):
     """One process as it measured itself (seconds, bytes, joules); ``iterations`` are its own calls."""
 
@@ -24,6 +37,8 @@ class RankRecord(BaseModel):
     stages_s: dict[str, Stats]
     peak_memory: PeakMemory
     energy: Energy
+    #: bytes this rank received through the collectives in its first denoiser call (a warm-up call)
+    measured_bytes_per_denoiser_call: int | None = None
     #: each measured call as this rank timed it (BenchResult.iterations hold the maximum over ranks)
     iterations: list[Iteration] = []
 
@@ -41,4 +56,6 @@ class Parallel(BaseModel):
     launcher: str
     #: context parallelism: every rank of a group produced the same pixels (None: no context parallelism)
     images_identical_across_ranks: bool | None = None
+    #: context parallelism: what each GPU receives per step, counted offline
+    communication: Communication | None = None
     ranks: list[RankRecord] = []

@@ -52,7 +52,7 @@ def check(spec, target, optimizations) -> None:
             )
     _check_one_node()
     if spec.context_degree > 1:
-        _check_context_parallel(spec, target)
+        check_context_parallel(spec, target)
 
 
 def _check_one_node() -> None:
@@ -64,7 +64,7 @@ def _check_one_node() -> None:
         )
 
 
-def _check_context_parallel(spec, target) -> None:
+def check_context_parallel(spec, target) -> None:
     cls = target.denoiser_class
     name = cls.__name__
     plan = getattr(cls, "_cp_plan", None)
