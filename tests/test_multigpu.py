@@ -34,6 +34,10 @@ def _spec(model: str = "tiny-flux", **settings) -> BenchSpec:
         ({"ulysses_degree": 2, "model": "tiny-wan"}, "at 'rope.0' has 3 tokens"),  # 16x16 px, 9 frames
         ({"data_parallel": 2, "min_duration_s": 1.0}, "--min-duration stops each process"),
         ({"data_parallel": 0}, "--data-parallel must be at least 1"),
+        ({"tp_degree": 2}, "diffusers' tensor parallelism runs on cuda, neuron, tpu, xpu devices, not cpu"),
+        ({"tp_degree": 2, "model": "tiny-wan"}, "WanTransformer3DModel has no tensor-parallel plan"),
+        ({"tp_degree": 2, "ulysses_degree": 2}, "context parallelism or tensor parallelism to a model, not both"),
+        ({"engine": "xdit"}, "xDiT (xfuser) runs on CUDA GPUs only"),
     ],
 )
 def test_unsupported_parallel_runs_are_refused_before_loading(settings, message):
@@ -42,17 +46,31 @@ def test_unsupported_parallel_runs_are_refused_before_loading(settings, message)
     assert message in str(refused.value)
 
 
-def test_more_processes_than_gpus_is_refused(monkeypatch):
-    """Needs a CUDA target: torch.cuda.device_count is faked (no GPU here); the check is diffmeter's own."""
+def _on_cuda(monkeypatch, **settings):
+    """A CUDA target for the checks: torch.cuda.device_count is faked (no GPU here); the checks are diffmeter's."""
     import dataclasses
 
+    run = prepare(_spec(**settings))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    return run.spec, dataclasses.replace(run.target, device=torch.device("cuda", 0))
+
+
+def test_more_processes_than_gpus_is_refused(monkeypatch):
     from diffmeter.distributed import support
 
-    run = prepare(_spec(data_parallel=2))
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    target = dataclasses.replace(run.target, device=torch.device("cuda", 0))
+    spec, target = _on_cuda(monkeypatch, data_parallel=2)
     with pytest.raises(DiffmeterError, match="need as many GPUs, but 1 are visible"):
-        support.check(run.spec, target, [])
+        support.check(spec, target, [])
+
+
+def test_tensor_parallel_heads_and_xdit_on_cuda_are_refused(monkeypatch):
+    from diffmeter.distributed import support
+
+    spec, target = _on_cuda(monkeypatch)
+    with pytest.raises(DiffmeterError, match="2 attention heads, not divisible by --tp-degree 4"):
+        support.check_tensor_parallel(spec.model_copy(update={"tp_degree": 4}), target)
+    with pytest.raises(DiffmeterError, match="--engine xdit is not implemented"):
+        support.check_engine("xdit", target.device)
 
 
 def test_the_cli_refuses_ring_on_native_attention_in_one_line(cli, tmp_path):

@@ -110,7 +110,9 @@ def bench(
     ] = True,
     ulysses_degree: o.UlyssesDegree = 1,
     ring_degree: o.RingDegree = 1,
+    tp_degree: o.TpDegree = 1,
     data_parallel: o.DataParallel = 1,
+    engine: o.Engine = "diffusers",
     config: Annotated[
         str | None,
         typer.Option(
@@ -197,7 +199,9 @@ def _bench_spec(values: dict):
         memory_check=values["memory_check"],
         ulysses_degree=values["ulysses_degree"],
         ring_degree=values["ring_degree"],
+        tp_degree=values["tp_degree"],
         data_parallel=values["data_parallel"],
+        engine=values["engine"],
     )
 
 

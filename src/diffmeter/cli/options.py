@@ -48,6 +48,16 @@ RingDegree = Annotated[
         rich_help_panel=PARALLEL,
     ),
 ]
+TpDegree = Annotated[
+    int,
+    typer.Option(
+        help="tensor parallelism: GPUs each holding a shard of the denoiser (diffusers' _tp_plan: FLUX, QwenImage)",
+        rich_help_panel=PARALLEL,
+    ),
+]
+Engine = Annotated[
+    str, typer.Option(help="diffusers (xdit: xDiT's xfuser, refused with its reason)", rich_help_panel=PARALLEL)
+]
 DataParallel = Annotated[
     int, typer.Option(help="GPUs generating their own batches (throughput)", rich_help_panel=PARALLEL)
 ]

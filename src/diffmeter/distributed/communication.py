@@ -91,7 +91,7 @@ def offline(entry, family, profile_spec, ulysses: int, ring: int) -> Communicati
     counter = CollectiveBytes()
     dist.init_process_group("fake", rank=0, world_size=ulysses * ring, store=FakeStore())
     try:
-        mesh = context_parallel.device_mesh(torch.device("cpu"), 1, ring, ulysses)
+        mesh = context_parallel.device_mesh(torch.device("cpu"), 1, ring, ulysses, 1)
         context_parallel.enable(model, mesh, ring, ulysses, torch.device("cpu"))
         with torch.no_grad(), counter:
             model(**inputs)

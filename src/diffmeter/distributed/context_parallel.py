@@ -1,17 +1,26 @@
-"""diffusers' context parallelism (Ulysses all-to-all, ring attention) on a loaded denoiser."""
+"""diffusers' context parallelism (Ulysses all-to-all, ring attention) and tensor parallelism on a loaded denoiser."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-#: names of the device mesh's dimensions, outermost first: rank = (data * ring + r) * ulysses + u
-MESH_DIMS = ("data", "ring", "ulysses")
+#: names of the device mesh's dimensions, outermost first: rank = ((d * ring + r) * ulysses + u) * tp + t
+MESH_DIMS = ("data", "ring", "ulysses", "tp")
 
 
-def device_mesh(device: torch.device, data: int, ring: int, ulysses: int):
-    """The group's mesh; diffusers takes its ("ring", "ulysses") part, the data dimension splits requests."""
-    return dist.device_mesh.init_device_mesh(device.type, (data, ring, ulysses), mesh_dim_names=MESH_DIMS)
+def device_mesh(device: torch.device, data: int, ring: int, ulysses: int, tp: int):
+    """The run's mesh; diffusers takes its ("ring", "ulysses") or ("tp",) part, the data dimension splits requests."""
+    return dist.device_mesh.init_device_mesh(device.type, (data, ring, ulysses, tp), mesh_dim_names=MESH_DIMS)
+
+
+def enable_tensor_parallel(model: torch.nn.Module, mesh) -> None:
+    """Shard ``model``'s weights over the mesh's tp ranks with diffusers' own plan (``_tp_plan``); runs
+    on the accelerators diffusers supports (``hooks.tensor_parallel._SUPPORTED_TP_DEVICES``), which
+    ``support`` checked before loading."""
+    from diffusers.models._modeling_parallel import TensorParallelConfig
+
+    model.enable_parallelism(config=TensorParallelConfig(mesh=mesh["tp"]))
 
 
 def enable(model: torch.nn.Module, mesh, ring: int, ulysses: int, device: torch.device) -> None:

@@ -64,10 +64,10 @@ def group_energy(ranks: list[BenchResult], images: int) -> Energy:
     )
 
 
-def per_gpu_flops(flops: dict[str, int], context_degree: int) -> dict[str, int]:
-    """Each GPU's share of a call's FLOPs: the denoiser's work is split over the context-parallel
-    ranks; the text encoders and the decoder run whole on every rank."""
-    shared = {name: flops[name] // context_degree for name in ("denoising", "step") if name in flops}
+def per_gpu_flops(flops: dict[str, int], model_parallel: int) -> dict[str, int]:
+    """Each GPU's share of a call's FLOPs: the denoiser's work is split over the context- or
+    tensor-parallel ranks; the text encoders and the decoder run whole on every rank."""
+    shared = {name: flops[name] // model_parallel for name in ("denoising", "step") if name in flops}
     result = {**flops, **shared}
     result["total"] = flops["total"] - flops.get("denoising", 0) + shared.get("denoising", 0)
     return result
@@ -100,7 +100,8 @@ def rank_record(rank: int, result: BenchResult, measured_bytes: int | None = Non
 def describe(parallel: Parallel) -> str:
     return (
         f"{parallel.world_size} processes over {parallel.backend} (ulysses {parallel.ulysses_degree} x ring "
-        f"{parallel.ring_degree} x data parallel {parallel.data_parallel}, started by {parallel.launcher})"
+        f"{parallel.ring_degree} x tensor parallel {parallel.tp_degree} x data parallel {parallel.data_parallel}, "
+        f"started by {parallel.launcher})"
     )
 
 

@@ -1,10 +1,10 @@
 """One process of a parallel run: join the group, measure its share, and on rank 0 merge every
 rank's result into the one result folder.
 
-Ranks are laid out on a (data, ring, ulysses) mesh: ranks of one data-parallel index form a
-context-parallel group that generates the same images together; each data-parallel index takes
-every ``data_parallel``-th batch of the workload. Rank 0 owns the run folder; the leader of each
-context-parallel group saves its images there, the other ranks save theirs under
+Ranks are laid out on a (data, ring, ulysses, tp) mesh: ranks of one data-parallel index form a
+model-parallel (context- or tensor-parallel) group that generates the same images together; each
+data-parallel index takes every ``data_parallel``-th batch of the workload. Rank 0 owns the run
+folder; the leader of each group saves its images there, the other ranks save theirs under
 ``ranks/rank-N/`` only to check they are the same pixels, and keep their log there.
 """
 
@@ -37,20 +37,20 @@ RANKS = "ranks"
 @dataclasses.dataclass(frozen=True)
 class Place:
     """Where this process sits: global rank, its device, its data-parallel index and its rank in its
-    context-parallel group."""
+    model-parallel group."""
 
     rank: int
     world: int
     device: torch.device
     data_rank: int
-    context_rank: int
+    group_rank: int
 
     @classmethod
     def from_environment(cls, spec: BenchSpec) -> Place:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local = int(os.environ.get("LOCAL_RANK", rank))
         device = torch.device("cuda", local) if spec.device.startswith("cuda") else torch.device("cpu")
-        return cls(rank, world, device, rank // spec.context_degree, rank % spec.context_degree)
+        return cls(rank, world, device, rank // spec.model_parallel, rank % spec.model_parallel)
 
 
 class RankWorkload(Workload):
@@ -66,8 +66,8 @@ class RankWorkload(Workload):
 
 
 @dataclasses.dataclass
-class ContextParallel:
-    """Applied by the runner after loading: diffusers' context parallelism on every denoiser."""
+class SplitDenoiser:
+    """Applied by the runner after loading: diffusers' context (or tensor) parallelism on every denoiser."""
 
     names: list[str]
     mesh: object
@@ -79,8 +79,12 @@ class ContextParallel:
     def apply(self, pipe) -> None:
         models = [getattr(pipe, name) for name in self.names if getattr(pipe, name, None) is not None]
         for model in models:
-            context_parallel.enable(model, self.mesh, self.spec.ring_degree, self.spec.ulysses_degree, self.device)
-        communication.count_first_call(models[0], self.measured)
+            if self.spec.tp_degree > 1:
+                context_parallel.enable_tensor_parallel(model, self.mesh)
+            else:
+                context_parallel.enable(model, self.mesh, self.spec.ring_degree, self.spec.ulysses_degree, self.device)
+        if self.spec.context_degree > 1:
+            communication.count_first_call(models[0], self.measured)
 
 
 def run(spec: BenchSpec, out: str | Path, force: bool, launcher: str) -> Path | None:
@@ -88,19 +92,21 @@ def run(spec: BenchSpec, out: str | Path, force: bool, launcher: str) -> Path | 
     place = Place.from_environment(spec)
     if place.world != spec.world_size:
         raise DiffmeterError(
-            f"this launch has {place.world} processes but ulysses {spec.ulysses_degree} x ring {spec.ring_degree} x "
-            f"data parallel {spec.data_parallel} needs {spec.world_size}; match --nproc-per-node to the degrees"
+            f"this launch has {place.world} processes but the degrees (ulysses x ring x tp x data parallel) need "
+            f"{spec.world_size}; match --nproc-per-node to them"
         )
     prepared = prepare(spec)
     parallel = Parallel(
         ulysses_degree=spec.ulysses_degree,
         ring_degree=spec.ring_degree,
+        tp_degree=spec.tp_degree,
         data_parallel=spec.data_parallel,
         world_size=place.world,
         backend="nccl" if place.device.type == "cuda" else "gloo",
         launcher=launcher,
     )
-    if place.rank == 0 and spec.context_degree > 1:  # before joining: the count runs over a fake group
+    # before joining: the count runs over a fake group; ring attention's backends do not run on meta
+    if place.rank == 0 and spec.ulysses_degree > 1 and spec.ring_degree == 1:
         family, profile_spec = prepared.target.family, prepared.spec.profile_spec()
         parallel.communication = communication.offline(
             prepared.entry,
@@ -123,7 +129,8 @@ def _run(prepared, out, force: bool, place: Place, parallel: Parallel) -> Path |
     entry, family = prepared.entry, prepared.target.family
     rank_spec = spec.model_copy(update={"device": str(place.device)})
     target = dataclasses.replace(prepared.target, device=place.device)
-    mesh = context_parallel.device_mesh(place.device, spec.data_parallel, spec.ring_degree, spec.ulysses_degree)
+    degrees = (spec.data_parallel, spec.ring_degree, spec.ulysses_degree, spec.tp_degree)
+    mesh = context_parallel.device_mesh(place.device, *degrees)
     folder = storage.RunDirectory(out, prepared.name, force, spec)
     shared = [str(folder.open()) if place.rank == 0 else None]
     dist.broadcast_object_list(shared, src=0)
@@ -145,15 +152,15 @@ def _run(prepared, out, force: bool, place: Place, parallel: Parallel) -> Path |
             requests = Workload(spec, entry).requests(spec.iterations * spec.data_parallel)
             storage.write_json(staging / storage.REQUESTS, requests)
         split = None
-        if spec.context_degree > 1:
-            split = ContextParallel(list(family.denoisers(entry)), mesh, spec, place.device)
+        if spec.model_parallel > 1:
+            split = SplitDenoiser(list(family.denoisers(entry)), mesh, spec, place.device)
         result = _measure(
             rank_spec,
             entry,
             prepared.source,
             RankWorkload(spec, entry, place.data_rank),
             prepared.profile,
-            staging if place.context_rank == 0 else own,
+            staging if place.group_rank == 0 else own,
             log,
             lambda *_: None,
             prepared.optimizations,
@@ -193,7 +200,7 @@ def group_result(
     if failed:
         rank, result = failed[0]
         return first.model_copy(update={"status": "failed", "error": f"rank {rank}: {result.error}", "spec": spec})
-    context = spec.context_degree
+    context = spec.model_parallel
     leaders = results[::context]
 
     def group_images(calls) -> int:
@@ -237,10 +244,10 @@ def group_result(
     if context > 1:
         notes.append(
             "FLOPs, achieved TFLOP/s and MFU are per GPU: the denoiser's work is split over the "
-            f"{context} context-parallel ranks, the text encoders and the decoder run whole on every rank"
+            f"{context} model-parallel ranks, the text encoders and the decoder run whole on every rank"
         )
     if parallel.images_identical_across_ranks is False:
-        notes.append("the ranks of a context-parallel group produced different pixels: see ranks/rank-N/images")
+        notes.append("the ranks of a model-parallel group produced different pixels: see ranks/rank-N/images")
     return first.model_copy(
         update={
             "spec": spec,
@@ -257,7 +264,7 @@ def group_result(
 
 
 def _identical(results: list[BenchResult], context: int, staging: Path) -> bool:
-    """Whether every rank of each context-parallel group saved the pixels its leader saved; the
+    """Whether every rank of each model-parallel group saved the pixels its leader saved; the
     copies are removed afterwards (the leader's are the run's images)."""
     identical = True
     for rank, result in enumerate(results):

@@ -48,13 +48,14 @@ class Parallel(BaseModel):
 
     ulysses_degree: int
     ring_degree: int
+    tp_degree: int = 1
     data_parallel: int
     world_size: int
     #: torch.distributed backend: gloo (CPU) or nccl (CUDA)
     backend: str
     #: "diffmeter" (started its own processes) or "torchrun" (joined an existing launch)
     launcher: str
-    #: context parallelism: every rank of a group produced the same pixels (None: no context parallelism)
+    #: every rank of a context- or tensor-parallel group produced the same pixels (None: data parallel only)
     images_identical_across_ranks: bool | None = None
     #: context parallelism: what each GPU receives per step, counted offline
     communication: Communication | None = None

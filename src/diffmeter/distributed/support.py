@@ -19,6 +19,7 @@ class _Seen(Exception):
 
 def check(spec, target, optimizations) -> None:
     """Refuse a parallel ``spec`` (settled) that cannot run on ``target`` with ``optimizations``."""
+    check_engine(spec.engine, target.device)
     if spec.world_size == 1:
         return
     if spec.target_precision is not None:
@@ -47,12 +48,56 @@ def check(spec, target, optimizations) -> None:
         visible = torch.cuda.device_count()
         if spec.world_size > visible:
             raise DiffmeterError(
-                f"{spec.world_size} processes (ulysses {spec.ulysses_degree} x ring {spec.ring_degree} x data "
-                f"parallel {spec.data_parallel}) need as many GPUs, but {visible} are visible; lower the degrees"
+                f"{spec.world_size} processes (ulysses {spec.ulysses_degree} x ring {spec.ring_degree} x tensor "
+                f"parallel {spec.tp_degree} x data parallel {spec.data_parallel}) need as many GPUs, but {visible} "
+                "are visible; lower the degrees"
             )
     _check_one_node()
+    if spec.context_degree > 1 and spec.tp_degree > 1:
+        raise DiffmeterError(
+            "diffusers applies context parallelism or tensor parallelism to a model, not both "
+            "(ParallelConfig refuses the pair): pick --ulysses-degree/--ring-degree or --tp-degree"
+        )
     if spec.context_degree > 1:
         check_context_parallel(spec, target)
+    if spec.tp_degree > 1:
+        check_tensor_parallel(spec, target)
+
+
+def check_engine(engine: str, device: torch.device) -> None:
+    """Only diffusers runs pipelines here; xDiT is refused with the reason that applies on this machine."""
+    if engine == "diffusers":
+        return
+    if engine != "xdit":
+        raise DiffmeterError(f"unknown engine '{engine}': use diffusers (or xdit, on CUDA)")
+    if device.type != "cuda":
+        raise DiffmeterError("--engine xdit: xDiT (xfuser) runs on CUDA GPUs only; use --device cuda, or drop it")
+    raise DiffmeterError(
+        "--engine xdit is not implemented: diffmeter measures diffusers' own context, tensor and data parallelism "
+        "(--ulysses-degree, --ring-degree, --tp-degree, --data-parallel); PipeFusion and CFG parallelism need xDiT"
+    )
+
+
+def check_tensor_parallel(spec, target) -> None:
+    from diffusers.hooks.tensor_parallel import _SUPPORTED_TP_DEVICES
+
+    cls = target.denoiser_class
+    if getattr(cls, "_tp_plan", None) is None:
+        raise DiffmeterError(
+            f"{cls.__name__} has no tensor-parallel plan (_tp_plan) in diffusers (FLUX, FLUX.2 and QwenImage have "
+            "one); use --ulysses-degree or --data-parallel"
+        )
+    if target.device.type not in _SUPPORTED_TP_DEVICES:
+        raise DiffmeterError(
+            f"diffusers' tensor parallelism runs on {', '.join(_SUPPORTED_TP_DEVICES)} devices, not "
+            f"{target.device.type}; use --ulysses-degree or --data-parallel here"
+        )
+    heads = target.entry.components[target.family.denoiser].config.get("num_attention_heads")
+    if heads is not None and heads % spec.tp_degree:
+        raise DiffmeterError(
+            f"{cls.__name__} has {heads} attention heads, not divisible by --tp-degree {spec.tp_degree}: "
+            "each rank takes whole heads; pick a degree dividing it"
+        )
 
 
 def _check_one_node() -> None:

@@ -79,7 +79,7 @@ def prepare(spec: BenchSpec, here: bool = True) -> PreparedRun:
     target = Target(entry, get_family(entry.family), torch.device(spec.device), spec.dtype, spec.steps)
     optimizations = build(spec.optimizations)
     check(optimizations, target)
-    if spec.world_size > 1:
+    if spec.world_size > 1 or spec.engine != "diffusers":
         from diffmeter.distributed.support import check as check_parallel
 
         check_parallel(spec, target, optimizations)

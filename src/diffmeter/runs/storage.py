@@ -59,7 +59,12 @@ def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | t
 
 
 def _degrees(spec: BenchSpec) -> list[tuple[str, int]]:
-    return [("ulysses", spec.ulysses_degree), ("ring", spec.ring_degree), ("data-parallel", spec.data_parallel)]
+    return [
+        ("ulysses", spec.ulysses_degree),
+        ("ring", spec.ring_degree),
+        ("tp", spec.tp_degree),
+        ("data-parallel", spec.data_parallel),
+    ]
 
 
 def _prompts(spec: BenchSpec) -> list[str]:
