@@ -115,6 +115,17 @@ def test_ulysses_2_gives_the_one_process_images_and_rank_0_writes_once(model, se
     ] * 2
 
 
+@pytest.mark.slow
+def test_data_parallel_2_gives_every_image_of_one_process(tmp_path):
+    reference, _ = bench(_spec(iterations=4), out=tmp_path / "one")
+    result, folder = bench(_spec(data_parallel=2), out=tmp_path / "two")
+    _assert_same_images(result, reference)
+    assert result.summary.images == 4 and [call.images for call in result.iterations] == [2, 2]
+    assert result.parallel.images_identical_across_ranks is None
+    assert [rank.measured_bytes_per_denoiser_call for rank in result.parallel.ranks] == [None, None]
+    assert list((tmp_path / "two").rglob(RESULTS)) == [folder / RESULTS]
+
+
 def test_offline_ulysses_volume_matches_its_closed_form(cli):
     """tiny-flux, 32 px, float32, Ulysses 2: each of its 1 + 1 blocks sends Q, K, V and the attention
     output through an all-to-all (each rank keeps half of its 48 of 64 + 32 tokens x 2 heads x 16
