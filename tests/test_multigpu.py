@@ -61,6 +61,7 @@ def test_more_processes_than_gpus_is_refused(monkeypatch):
     spec, target = _on_cuda(monkeypatch, data_parallel=2)
     with pytest.raises(DiffmeterError, match="need as many GPUs, but 1 are visible"):
         support.check(spec, target, [])
+    support.check(spec, target, [], here=False)  # planned for another machine: its GPUs are counted there
 
 
 def test_tensor_parallel_heads_and_xdit_on_cuda_are_refused(monkeypatch):

@@ -17,8 +17,9 @@ class _Seen(Exception):
     """Raised by the shape probe once every split input has been seen: the rest of the forward is not needed."""
 
 
-def check(spec, target, optimizations) -> None:
-    """Refuse a parallel ``spec`` (settled) that cannot run on ``target`` with ``optimizations``."""
+def check(spec, target, optimizations, here: bool = True) -> None:
+    """Refuse a parallel ``spec`` (settled) that cannot run on ``target`` with ``optimizations``;
+    the GPUs are counted only ``here`` (not for a run planned for another machine)."""
     check_engine(spec.engine, target.device)
     if spec.world_size == 1:
         return
@@ -46,7 +47,7 @@ def check(spec, target, optimizations) -> None:
                 "choose the GPUs with CUDA_VISIBLE_DEVICES and pass --device cuda"
             )
         visible = torch.cuda.device_count()
-        if spec.world_size > visible:
+        if here and spec.world_size > visible:
             raise DiffmeterError(
                 f"{spec.world_size} processes (ulysses {spec.ulysses_degree} x ring {spec.ring_degree} x tensor "
                 f"parallel {spec.tp_degree} x data parallel {spec.data_parallel}) need as many GPUs, but {visible} "

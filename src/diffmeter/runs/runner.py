@@ -82,7 +82,7 @@ def prepare(spec: BenchSpec, here: bool = True) -> PreparedRun:
     if spec.world_size > 1 or spec.engine != "diffusers":
         from diffmeter.distributed.support import check as check_parallel
 
-        check_parallel(spec, target, optimizations)
+        check_parallel(spec, target, optimizations, here)
     if here or entry.is_tiny or spec.random_weights:
         source = locate_weights(entry, spec.random_weights)
     else:  # the weights are looked for where the run happens
