@@ -108,6 +108,11 @@ def bench(
     memory_check: Annotated[
         bool, typer.Option(help="refuse up front a run that cannot fit in the device's available memory")
     ] = True,
+    ulysses_degree: o.UlyssesDegree = 1,
+    ring_degree: o.RingDegree = 1,
+    tp_degree: o.TpDegree = 1,
+    data_parallel: o.DataParallel = 1,
+    engine: o.Engine = "diffusers",
     config: Annotated[
         str | None,
         typer.Option(
@@ -135,6 +140,8 @@ def bench(
     spec = _bench_spec(values)
     with progress_bar(quiet or as_json) as progress:
         result, folder = run_bench(spec, out=values["out"], force=force, progress=progress)
+    if result is None:  # a rank other than 0 of a torchrun launch: rank 0 reports
+        return
     if as_json:
         summary = {"folder": str(folder), "summary": result.summary.model_dump(mode="json")}
         if result.quality is not None:
@@ -198,6 +205,11 @@ def _bench_spec(values: dict):
         compare_baseline=values["compare_baseline"],
         memory_check=values["memory_check"],
         trace=values["trace"],
+        ulysses_degree=values["ulysses_degree"],
+        ring_degree=values["ring_degree"],
+        tp_degree=values["tp_degree"],
+        data_parallel=values["data_parallel"],
+        engine=values["engine"],
     )
 
 

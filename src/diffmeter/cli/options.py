@@ -34,6 +34,33 @@ ResolutionBinning = Annotated[
     bool, typer.Option(help="let PixArt/SANA/HunyuanDiT snap sizes to their aspect-ratio bins, as their pipelines do")
 ]
 Seed = Annotated[int, typer.Option(help="image n gets seed + n; also samples the prompts")]
+PARALLEL = "parallelism (several processes: docs/multigpu.md)"
+UlyssesDegree = Annotated[
+    int,
+    typer.Option(
+        help="context parallelism: GPUs splitting the sequence with Ulysses all-to-all", rich_help_panel=PARALLEL
+    ),
+]
+RingDegree = Annotated[
+    int,
+    typer.Option(
+        help="context parallelism: GPUs splitting the sequence with ring attention (flash/sage attention backends)",
+        rich_help_panel=PARALLEL,
+    ),
+]
+TpDegree = Annotated[
+    int,
+    typer.Option(
+        help="tensor parallelism: GPUs each holding a shard of the denoiser (diffusers' _tp_plan: FLUX, QwenImage)",
+        rich_help_panel=PARALLEL,
+    ),
+]
+Engine = Annotated[
+    str, typer.Option(help="diffusers (xdit: xDiT's xfuser, refused with its reason)", rich_help_panel=PARALLEL)
+]
+DataParallel = Annotated[
+    int, typer.Option(help="GPUs generating their own batches (throughput)", rich_help_panel=PARALLEL)
+]
 Device = Annotated[str | None, typer.Option(help="cuda, cuda:N or cpu (default: cuda when present)")]
 Warmup = Annotated[int, typer.Option(help="untimed calls first; the first one is reported as the cold call")]
 Iterations = Annotated[int, typer.Option(help="measured calls")]

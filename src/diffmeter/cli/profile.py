@@ -17,6 +17,8 @@ from diffmeter.cli.options import (
     MaxSequenceLength,
     NumFrames,
     ResolutionBinning,
+    RingDegree,
+    UlyssesDegree,
 )
 from diffmeter.cli.progress import progress_bar
 from diffmeter.errors import DiffmeterError
@@ -89,6 +91,8 @@ def profile(
     jobs: Annotated[int, typer.Option(help="worker processes for several profiles (default: CPU count)")] = 0,
     as_json: AsJson = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="print CSV, a row per component")] = False,
+    ulysses_degree: UlyssesDegree = 1,
+    ring_degree: RingDegree = 1,
 ) -> None:
     """Count MACs and FLOPs of a whole generation, per component, from configs alone."""
     from diffmeter.catalog import all_entries
@@ -139,15 +143,41 @@ def profile(
             report = (lambda finished, total: progress("profiling", finished, total)) if progress else None
             counted = iter(profile_many(missing, depth=depth, jobs=jobs, done=report))
         results = [found if found is not None else next(counted) for found in results]
+    split = None
+    if ulysses_degree * ring_degree > 1:
+        if len(results) != 1:
+            raise DiffmeterError(
+                "--ulysses-degree/--ring-degree count one profile: name one model, size and step count"
+            )
+        load_libraries()
+        from diffmeter.distributed.communication import per_gpu_step
+
+        split = per_gpu_step(results[0], ulysses_degree, ring_degree)
     if as_json:
         payload = results[0].to_json_dict() if len(results) == 1 else {"profiles": [p.to_json_dict() for p in results]}
+        if split is not None:
+            payload["context_parallel_per_gpu_step"] = split
         print(json.dumps(payload, indent=2))
     elif as_csv:
         sys.stdout.write(profiles_csv(results))
     elif len(results) == 1:
         console.print(profile_table(results[0]))
+        if split is not None:
+            console.print(_split_line(split), highlight=False, markup=False)
     else:
         console.print(summary_table(results))
+
+
+def _split_line(split: dict) -> str:
+    from diffmeter import units
+
+    calls = ", ".join(f"{count} {name}" for name, count in split["collectives_per_denoiser_call"].items())
+    return (
+        f"context parallel, ulysses {split['ulysses_degree']} x ring {split['ring_degree']}, per GPU per denoising "
+        f"step: compute {units.flops(split['flops_per_step_per_gpu'])} (of {units.flops(split['flops_per_step'])}), "
+        f"communication {units.nbytes(split['bytes_received_per_step_per_gpu'])} received ({calls} per denoiser "
+        "call; offline: diffusers' plan on the meta device)"
+    )
 
 
 @command()

@@ -124,6 +124,10 @@ def _facts(result: BenchResult) -> Text:
     else:
         lines.append(f"energy: not measured ({energy.reason})")
     lines.append(f"MFU against {summary.peak.description}" if summary.peak else f"MFU: {summary.mfu_note}")
+    if result.parallel is not None:
+        from diffmeter.distributed.merge import parallel_lines
+
+        lines += parallel_lines(result.parallel)
     if result.optimizations:
         applied = ", ".join(f"{o.label} ({'lossless' if o.lossless else 'lossy'})" for o in result.optimizations)
         lines.append(f"optimizations: {applied}")

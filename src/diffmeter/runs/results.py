@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, PrivateAttr
 
+from diffmeter.distributed.records import Parallel, RankRecord
 from diffmeter.flops.schema import Profile
 from diffmeter.measure.compilation import Compilation
 from diffmeter.measure.conditions import Conditions
@@ -42,6 +43,10 @@ class Iteration(BaseModel):
     denoiser_calls: int
     stages: Stages
     energy: EnergyReading | None = None
+
+
+RankRecord.model_rebuild(_types_namespace={"Iteration": Iteration})
+Parallel.model_rebuild()
 
 
 class ImageRecord(BaseModel):
@@ -155,6 +160,8 @@ class BenchResult(BaseModel):
     images: list[ImageRecord] = []
     #: ``--trace``: one extra call after the measured ones, under torch.profiler (not in ``iterations``)
     trace: TraceSummary | None = None
+    #: a multi-process run (``--ulysses-degree``, ``--ring-degree``, ``--data-parallel``): its ranks
+    parallel: Parallel | None = None
     notes: list[str] = []
     error: str | None = None
 

@@ -80,6 +80,10 @@ def prepare(spec: BenchSpec, here: bool = True) -> PreparedRun:
     target = Target(entry, get_family(entry.family), torch.device(spec.device), spec.dtype, spec.steps)
     optimizations = build(spec.optimizations)
     check(optimizations, target)
+    if spec.world_size > 1 or spec.engine != "diffusers":
+        from diffmeter.distributed.support import check as check_parallel
+
+        check_parallel(spec, target, optimizations, here)
     if here or entry.is_tiny or spec.random_weights:
         source = locate_weights(entry, spec.random_weights)
     else:  # the weights are looked for where the run happens
@@ -92,6 +96,10 @@ def prepare(spec: BenchSpec, here: bool = True) -> PreparedRun:
 def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, progress: Progress | None = None):
     """Run ``spec`` and store it under ``out``; returns (BenchResult, run folder)."""
     progress = progress or (lambda *_: None)
+    if spec.world_size > 1:  # several processes: started here, or joined under torchrun
+        from diffmeter.distributed.launch import bench_parallel
+
+        return bench_parallel(spec, out, force, progress)
     run = prepare(spec)
     spec, entry, optimizations = run.spec, run.entry, run.optimizations
     workload = Workload(spec, entry)
@@ -233,7 +241,10 @@ def store_failure(run: PreparedRun, out: str | Path, error: str) -> Path:
     return folder.commit(result)
 
 
-def _measure(spec, entry, source, workload, profile, staging, log, progress, optimizations, target) -> BenchResult:
+def _measure(
+    spec, entry, source, workload, profile, staging, log, progress, optimizations, target, parallel=None
+) -> BenchResult:
+    """``parallel`` (one rank of a multi-process run) splits the loaded pipeline's work with its ``apply``."""
     device = torch.device(spec.device)
     family = get_family(entry.family)
     base = _result_fields(spec, entry, source, profile, optimizations)
@@ -251,6 +262,8 @@ def _measure(spec, entry, source, workload, profile, staging, log, progress, opt
                 log.info("applying %s", optimization.label())
                 optimization.apply(pipe, target)
                 applied.append(optimization)
+            if parallel is not None:
+                parallel.apply(pipe)
             _synchronize(device)
             result["load_s"] = time.perf_counter() - start
             log.info("loaded and optimized in %.3f s", result["load_s"])

@@ -52,6 +52,29 @@ class BenchSpec(BaseModel):
     memory_check: bool = True
     #: one extra call after the measured ones under torch.profiler (trace and operators table)
     trace: bool = False
+    #: context parallelism (diffusers): ranks splitting the sequence with Ulysses all-to-all / ring attention
+    ulysses_degree: int = 1
+    ring_degree: int = 1
+    #: tensor parallelism (diffusers' TensorParallelConfig): ranks each holding a shard of the denoiser's weights
+    tp_degree: int = 1
+    #: request-level data parallelism: ranks each generating their own batches
+    data_parallel: int = 1
+    #: what runs the pipeline: diffusers (xdit, xDiT's xfuser, is refused with its reason)
+    engine: str = "diffusers"
+
+    @property
+    def context_degree(self) -> int:
+        return self.ulysses_degree * self.ring_degree
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that generate the same images together (context or tensor parallelism)."""
+        return self.context_degree * self.tp_degree
+
+    @property
+    def world_size(self) -> int:
+        """Processes (GPUs) the run uses: the model-parallel group times the data-parallel degree."""
+        return self.model_parallel * self.data_parallel
 
     def settle(self, entry: PipelineEntry, here: bool = True) -> BenchSpec:
         """Fill defaults from the catalog and the device, and check every value; ``here=False``
@@ -111,7 +134,15 @@ class BenchSpec(BaseModel):
         )
 
     def check(self) -> None:
-        for name in ("batch_size", "iterations", "warmup"):
+        for name in (
+            "batch_size",
+            "iterations",
+            "warmup",
+            "ulysses_degree",
+            "ring_degree",
+            "tp_degree",
+            "data_parallel",
+        ):
             value = getattr(self, name)
             if value < 1:
                 hint = " (the first call is cold and reported apart)" if name == "warmup" else ""

@@ -52,9 +52,19 @@ def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | t
         *([f"max-sequence-length-{spec.max_sequence_length}"] if spec.max_sequence_length else []),
         *(["no-binning"] if spec.resolution_binning is False else []),
         *_prompts(spec),
+        *(f"{name}-{value}" for name, value in _degrees(spec) if value > 1),
         *(f"opt-{slug(name)}" for name in optimizations),
     ]
     return "+".join(parts)
+
+
+def _degrees(spec: BenchSpec) -> list[tuple[str, int]]:
+    return [
+        ("ulysses", spec.ulysses_degree),
+        ("ring", spec.ring_degree),
+        ("tp", spec.tp_degree),
+        ("data-parallel", spec.data_parallel),
+    ]
 
 
 def _prompts(spec: BenchSpec) -> list[str]:

@@ -34,7 +34,8 @@ class Workload:
         self.entry = entry
         self.family = get_family(entry.family)
         self.class_conditional = entry.family == "dit"
-        count = spec.num_prompts or spec.batch_size * spec.iterations
+        # data-parallel ranks each take every ``data_parallel``-th batch of the group's workload
+        count = spec.num_prompts or spec.batch_size * spec.iterations * spec.data_parallel
         if self.class_conditional:
             if spec.prompt is not None or spec.prompts_file is not None:
                 raise DiffmeterError(

@@ -1,0 +1,170 @@
+"""Bytes the context-parallel collectives move: counted at the dispatcher, offline (diffusers' plan
+on the meta device over torch's fake process group) or in a real run (one denoiser call).
+
+"Moved" is what one GPU receives from the others: an all-to-all over ``n`` ranks keeps ``1/n``
+of its input and receives the rest; an all-gather receives ``n - 1`` times its input.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from diffmeter.distributed.records import Communication
+
+ALL_TO_ALL = "all_to_all_single"
+ALL_GATHER = ("all_gather_into_tensor", "allgather_")
+
+
+def _group_size(name) -> int:
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(name).size()
+
+
+def _rank_in(name) -> int:
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return dist.get_rank(_resolve_process_group(name))
+
+
+class CollectiveBytes(TorchDispatchMode):
+    """Counts, per collective, the calls and the bytes this rank receives while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+        self.bytes: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._opname
+        if func.namespace == "_c10d_functional" and name == ALL_TO_ALL:
+            tensor, output_splits, _, group = args[:4]
+            row = tensor.numel() // max(tensor.shape[0], 1) * tensor.element_size()
+            if output_splits is None:
+                size = _group_size(group)
+                received = tensor.shape[0] - tensor.shape[0] // size
+            else:
+                received = sum(output_splits) - output_splits[_rank_in(group)]
+            self._add(name, received * row)
+        elif func.namespace == "_c10d_functional" and name == "all_gather_into_tensor":
+            tensor, size = args[0], args[1]
+            self._add(name, tensor.numel() * tensor.element_size() * (size - 1))
+        elif func.namespace == "c10d" and name == "allgather_":
+            outputs, inputs = args[0], args[1]
+            self._add("all_gather", sum(t.numel() * t.element_size() for t in inputs[0]) * (len(outputs[0]) - 1))
+        return func(*args, **kwargs)
+
+    def _add(self, name: str, nbytes: int) -> None:
+        self.calls[name] += 1
+        self.bytes[name] += nbytes
+
+    @property
+    def total(self) -> int:
+        return sum(self.bytes.values())
+
+
+def offline(entry, family, profile_spec, ulysses: int, ring: int) -> Communication:
+    """Bytes each GPU receives per denoising step: the denoiser built on the meta device, diffusers'
+    context parallelism enabled over a fake process group of ``ulysses x ring`` ranks, one call run."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from diffmeter.distributed import context_parallel
+    from diffmeter.flops.profile import meta_inputs
+    from diffmeter.pipelines import build_component
+
+    if dist.is_initialized():
+        raise RuntimeError("the offline count needs its own (fake) process group; count it before joining one")
+    shapes = family.shapes(entry, profile_spec)
+    calls = [c for c in family.plan(shapes) if c.component in family.denoisers(entry)]
+    call = calls[0]
+    dtype = getattr(torch, profile_spec.dtype)
+    model = build_component(entry.components[call.component], "meta").to(dtype)
+    inputs = {  # activations at the run's dtype, as the pipeline passes them
+        name: value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+        for name, value in meta_inputs(call).items()
+    }
+    counter = CollectiveBytes()
+    dist.init_process_group("fake", rank=0, world_size=ulysses * ring, store=FakeStore())
+    try:
+        mesh = context_parallel.device_mesh(torch.device("cpu"), 1, ring, ulysses, 1)
+        context_parallel.enable(model, mesh, ring, ulysses, torch.device("cpu"))
+        with torch.no_grad(), counter:
+            model(**inputs)
+    finally:
+        dist.destroy_process_group()
+    per_step = sum(c.count for c in calls) / profile_spec.steps
+    return Communication(
+        ulysses_degree=ulysses,
+        ring_degree=ring,
+        denoiser_calls_per_step=per_step,
+        bytes_per_denoiser_call=counter.total,
+        bytes_per_step=round(counter.total * per_step),
+        collectives_per_denoiser_call=dict(counter.calls),
+    )
+
+
+def count_first_call(model: torch.nn.Module, store: dict) -> None:
+    """Count the bytes of ``model``'s first forward call into ``store["bytes"]`` (and the calls
+    per collective into ``store["calls"]``): a warm-up call, so the measured ones run without the mode."""
+    counter = CollectiveBytes()
+
+    def begin(module, args, kwargs):
+        counter.__enter__()
+
+    def end(module, args, kwargs, output):
+        counter.__exit__(None, None, None)
+        store.update(bytes=counter.total, calls=dict(counter.calls))
+        for handle in handles:
+            handle.remove()
+
+    handles = [
+        model.register_forward_pre_hook(begin, with_kwargs=True, prepend=True),
+        model.register_forward_hook(end, with_kwargs=True, always_call=True),
+    ]
+
+
+def per_gpu_step(profile, ulysses: int, ring: int) -> dict:
+    """One denoising step on one GPU of a context-parallel group: its share of the compute (FLOPs)
+    and the bytes it receives, both offline. Raises DiffmeterError where the split cannot run."""
+    from diffmeter.catalog import resolve
+    from diffmeter.errors import DiffmeterError
+    from diffmeter.families import get_family
+    from diffmeter.optimize.base import Target
+    from diffmeter.runs.spec import BenchSpec
+
+    if ring > 1:
+        raise DiffmeterError(
+            "the offline count runs the denoiser's attention on the meta device, and ring attention needs a backend "
+            "returning the log-sum-exp (flash, sage) that does not run there: count --ulysses-degree only"
+        )
+    entry = resolve(profile.model)
+    family = get_family(entry.family)
+    spec = BenchSpec(
+        model=profile.model,
+        height=profile.height,
+        width=profile.width,
+        steps=profile.steps,
+        batch_size=profile.batch_size,
+        guidance_scale=profile.guidance_scale,
+        num_frames=profile.num_frames,
+        dtype=profile.dtype,
+        ulysses_degree=ulysses,
+    )
+    from diffmeter.distributed.support import check_context_parallel
+
+    check_context_parallel(spec, Target(entry, family, torch.device("cpu"), profile.dtype, profile.steps))
+    moved = offline(entry, family, spec.profile_spec().with_defaults(entry.defaults), ulysses, ring)
+    return {
+        "ulysses_degree": ulysses,
+        "ring_degree": ring,
+        "flops_per_step": 2 * profile.denoiser_macs_per_step,
+        "flops_per_step_per_gpu": 2 * profile.denoiser_macs_per_step // (ulysses * ring),
+        "bytes_received_per_step_per_gpu": moved.bytes_per_step,
+        "collectives_per_denoiser_call": moved.collectives_per_denoiser_call,
+        "denoiser_calls_per_step": moved.denoiser_calls_per_step,
+    }

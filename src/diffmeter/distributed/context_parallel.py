@@ -1,0 +1,54 @@
+"""diffusers' context parallelism (Ulysses all-to-all, ring attention) and tensor parallelism on a loaded denoiser."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+#: names of the device mesh's dimensions, outermost first: rank = ((d * ring + r) * ulysses + u) * tp + t
+MESH_DIMS = ("data", "ring", "ulysses", "tp")
+
+
+def device_mesh(device: torch.device, data: int, ring: int, ulysses: int, tp: int):
+    """The run's mesh; diffusers takes its ("ring", "ulysses") or ("tp",) part, the data dimension splits requests."""
+    return dist.device_mesh.init_device_mesh(device.type, (data, ring, ulysses, tp), mesh_dim_names=MESH_DIMS)
+
+
+def enable_tensor_parallel(model: torch.nn.Module, mesh) -> None:
+    """Shard ``model``'s weights over the mesh's tp ranks with diffusers' own plan (``_tp_plan``); runs
+    on the accelerators diffusers supports (``hooks.tensor_parallel._SUPPORTED_TP_DEVICES``), which
+    ``support`` checked before loading."""
+    from diffusers.models._modeling_parallel import TensorParallelConfig
+
+    model.enable_parallelism(config=TensorParallelConfig(mesh=mesh["tp"]))
+
+
+def enable(model: torch.nn.Module, mesh, ring: int, ulysses: int, device: torch.device) -> None:
+    """Split ``model``'s sequence over the mesh's ring x ulysses ranks with diffusers' own plan
+    (``_cp_plan``): inputs sharded, attention exchanged, the output gathered back on every rank.
+
+    On an accelerator this is ``ModelMixin.enable_parallelism``. Without one (CPU over gloo) that
+    method cannot run: it places the rank at ``rank % torch.accelerator.device_count()``, a division
+    by zero; the same steps are done here with ``device`` instead (diffusers 0.42.1,
+    ``modeling_utils.enable_parallelism`` and ``_resolve_parallel_config``).
+    """
+    from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig
+
+    config = ContextParallelConfig(ring_degree=ring, ulysses_degree=ulysses, mesh=mesh["ring", "ulysses"])
+    if torch.accelerator.device_count() > 0:
+        model.enable_parallelism(config=config)
+        return
+    from diffusers.hooks.context_parallel import apply_context_parallel
+    from diffusers.models.attention import AttentionModuleMixin
+    from diffusers.models.attention_processor import Attention, MochiAttention
+
+    parallel = ParallelConfig(context_parallel_config=config)
+    parallel.setup(dist.get_rank(), dist.get_world_size(), device, mesh=config.mesh)
+    model._parallel_config = parallel
+    for module in model.modules():
+        processor = getattr(module, "processor", None)
+        if isinstance(module, Attention | MochiAttention | AttentionModuleMixin) and hasattr(
+            processor, "_parallel_config"
+        ):
+            processor._parallel_config = parallel
+    apply_context_parallel(model, config, model._cp_plan)

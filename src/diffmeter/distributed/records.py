@@ -1,0 +1,62 @@
+"""The parallel part of results.json: how the run was split and what each process measured."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
+
+from diffmeter.measure.energy import Energy
+from diffmeter.measure.memory import PeakMemory
+from diffmeter.measure.stats import Stats
+
+if TYPE_CHECKING:  # defined in runs.results, which rebuilds these models once it has it
+    from diffmeter.runs.results import Iteration
+
+
+class Communication(BaseModel):
+    """Bytes one GPU receives from the others through the context-parallel collectives (all-to-all
+    for Ulysses, all-gather for ring attention and the output), counted offline."""
+
+    ulysses_degree: int
+    ring_degree: int
+    denoiser_calls_per_step: float
+    bytes_per_denoiser_call: int
+    bytes_per_step: int
+    #: calls of each collective in one denoiser call
+    collectives_per_denoiser_call: dict[str, int]
+
+
+class RankRecord(BaseModel):
+    """One process as it measured itself (seconds, bytes, joules); ``iterations`` are its own calls."""
+
+    rank: int
+    device: str
+    first_call_s: float | None = None
+    latency_s: Stats
+    stages_s: dict[str, Stats]
+    peak_memory: PeakMemory
+    energy: Energy
+    #: bytes this rank received through the collectives in its first denoiser call (a warm-up call)
+    measured_bytes_per_denoiser_call: int | None = None
+    #: each measured call as this rank timed it (BenchResult.iterations hold the maximum over ranks)
+    iterations: list[Iteration] = []
+
+
+class Parallel(BaseModel):
+    """A multi-process run: the degrees, the processes, and whether their images agreed."""
+
+    ulysses_degree: int
+    ring_degree: int
+    tp_degree: int = 1
+    data_parallel: int
+    world_size: int
+    #: torch.distributed backend: gloo (CPU) or nccl (CUDA)
+    backend: str
+    #: "diffmeter" (started its own processes) or "torchrun" (joined an existing launch)
+    launcher: str
+    #: every rank of a context- or tensor-parallel group produced the same pixels (None: data parallel only)
+    images_identical_across_ranks: bool | None = None
+    #: context parallelism: what each GPU receives per step, counted offline
+    communication: Communication | None = None
+    ranks: list[RankRecord] = []
