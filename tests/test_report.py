@@ -21,13 +21,13 @@ WEIGHTS_TAG = "tiny random-weight test pipeline"
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     """A tiny study: a ladder (baseline, faster sampler, a cache), a lossy run compared with its
-    baseline, a batch-size and a resolution axis, a failed run, and stored profiles."""
+    baseline, a batch-size (traced) and a resolution axis, and stored profiles."""
     out = tmp_path_factory.mktemp("study")
     base = BenchSpec(**FAST)
     climb(plan(base, ("scheduler", "cache"), fast_steps=4, compile_mode="default"), out, recheck=False)
     cache = parse_opt("deep-cache:cache_interval=5")  # the UNet's deep blocks run in 2 of 10 steps
     bench(BenchSpec(**FAST, optimizations=[cache], compare_baseline=True), out=out)
-    bench(BenchSpec(**FAST, batch_size=2), out=out)
+    bench(BenchSpec(**FAST, batch_size=2, trace=True), out=out)  # one extra call under torch.profiler
     bench(BenchSpec(**FAST, height=64, width=64), out=out)
     profiles = [profile("tiny-sd", height=size, width=size) for size in (32, 64)]
     (out / "profiles.json").write_text(json.dumps({"profiles": [p.to_json_dict() for p in profiles]}))
@@ -49,7 +49,7 @@ def test_the_report_is_one_file_with_everything_embedded(report_file, study):
     own = page.replace(get_plotlyjs(), "")  # the library's own strings name its website
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", own)  # nothing fetched from anywhere
     assert "<title>tiny study</title>" in page
-    for section in ("summary", "time", "scaling", "tradeoffs", "images", "ladders", "compute"):
+    for section in ("summary", "time", "operators", "scaling", "tradeoffs", "images", "ladders", "compute"):
         assert f'id="{section}"' in page, section
     assert page.count(WEIGHTS_TAG) >= 8  # in every plot title that shows tiny runs, the gallery and the banner
 
@@ -99,7 +99,7 @@ def test_the_report_renders_offline_in_a_real_browser(report_file):
         browser.close()
     assert errors == []
     assert requests == [report_file.as_uri()]  # the page itself, nothing else
-    assert len(plots) >= 8
+    assert len(plots) >= 9
     for plot in plots:
         assert plot["svg"] >= 1 and plot["traces"] >= 1 and plot["points"] >= 1 and plot["marks"] >= 1, plot
         measured = "offline" not in plot["title"]
@@ -135,7 +135,7 @@ def test_compare_a_cache_that_skips_steps_is_faster(cli, study):
     stages = {stage["stage"]: stage for stage in pair["stages"]}
     assert stages["call"]["verdict"] == stages["denoising"]["verdict"] == "faster"
     assert stages["denoising"]["ci_low"] > 1.5 and stages["denoising"]["ci_level"] >= 0.95
-    assert pair["differences"][0] == "optimizations: none -> deep-cache"
+    assert pair["differences"] == ["optimizations: none -> deep-cache-cache_interval=5"]
     assert pair["quality"]["identical"] < len(pair["quality"]["images"]) == 3  # deep-cache is lossy
     assert pair["memory_kind"] == "rss" and pair["b_peak_memory_bytes"] > 0
     code, shown, _ = cli("compare", baseline, cached)

@@ -554,7 +554,7 @@ def operators(study: Study) -> list[Figure]:
             for op in stage.rows[:3]
         )
         table = (
-            "<table class='summary ops'><thead><tr><th>stage</th><th>operator</th><th>kind</th>"
+            "<table class='ops'><thead><tr><th>stage</th><th>operator</th><th>kind</th>"
             f"<th>share of stage</th><th>calls</th><th>TFLOP/s</th></tr></thead><tbody>{rows}</tbody></table>"
         )
         figures.append(

@@ -51,9 +51,10 @@ h1 { margin-bottom: 4px; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 4
 .meta { color: #555; } .warning { background: #fff4e5; border-left: 4px solid #f58518; padding: 8px 12px; }
 table.summary { border-collapse: collapse; font-size: 13px; width: 100%; display: block; overflow-x: auto; }
 table.summary th { cursor: pointer; background: #f3f3f3; position: sticky; top: 0; white-space: nowrap; }
-table.summary th, table.summary td { border: 1px solid #ddd; padding: 4px 6px; text-align: right;
-    white-space: nowrap; }
-table.summary td.text { text-align: left; } tr.failed td { color: #b00; }
+table.summary th, table.summary td, table.ops th, table.ops td { border: 1px solid #ddd; padding: 4px 6px;
+    text-align: right; white-space: nowrap; }
+table.ops { border-collapse: collapse; font-size: 12px; margin: 0 0 8px 60px; } table.ops th { background: #f3f3f3; }
+table.summary td.text, table.ops td.text { text-align: left; } tr.failed td { color: #b00; }
 th.sorted-asc::after { content: " \\25B2"; } th.sorted-desc::after { content: " \\25BC"; }
 .plot { margin: 18px 0 6px; } .caption { color: #555; font-size: 13px; margin: 0 0 18px; }
 .pairs { display: flex; flex-wrap: wrap; gap: 16px; } .pair { margin: 0; }
