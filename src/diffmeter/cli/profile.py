@@ -13,6 +13,8 @@ from diffmeter.cli.app import command, console, load_libraries
 from diffmeter.cli.options import (
     AsJson,
     BatchSize,
+    GpuName,
+    GpuSpec,
     GuidanceScale,
     MaxSequenceLength,
     NumFrames,
@@ -89,6 +91,8 @@ def profile(
     jobs: Annotated[int, typer.Option(help="worker processes for several profiles (default: CPU count)")] = 0,
     as_json: AsJson = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="print CSV, a row per component")] = False,
+    gpu: GpuName = None,
+    gpu_spec: GpuSpec = None,
 ) -> None:
     """Count MACs and FLOPs of a whole generation, per component, from configs alone."""
     from diffmeter.catalog import all_entries
@@ -139,7 +143,9 @@ def profile(
             report = (lambda finished, total: progress("profiling", finished, total)) if progress else None
             counted = iter(profile_many(missing, depth=depth, jobs=jobs, done=report))
         results = [found if found is not None else next(counted) for found in results]
-    if as_json:
+    if gpu or gpu_spec:
+        _predicted(specs, results, gpu, gpu_spec, as_json, as_csv)
+    elif as_json:
         payload = results[0].to_json_dict() if len(results) == 1 else {"profiles": [p.to_json_dict() for p in results]}
         print(json.dumps(payload, indent=2))
     elif as_csv:
@@ -148,6 +154,31 @@ def profile(
         console.print(profile_table(results[0]))
     else:
         console.print(summary_table(results))
+
+
+def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: bool, as_csv: bool) -> None:
+    """Each profile with its predicted peak memory on the chosen GPU (``predict/``)."""
+    from diffmeter.predict.gpus import chosen_gpu
+    from diffmeter.report.memory_table import memory_table
+    from diffmeter.report.tables import profile_table
+
+    chosen = chosen_gpu(gpu, gpu_spec)
+    if as_csv:
+        raise DiffmeterError("--csv has no place for predictions: use --json with --gpu/--gpu-spec")
+    load_libraries()
+    from diffmeter.predict.memory import predict_memory
+
+    memories = [predict_memory(spec) for spec in specs]
+    if as_json:
+        payloads = [
+            {**found.to_json_dict(), "gpu": chosen.model_dump(), "memory": memory.model_dump(mode="json")}
+            for found, memory in zip(results, memories, strict=True)
+        ]
+        print(json.dumps(payloads[0] if len(payloads) == 1 else {"profiles": payloads}, indent=2))
+        return
+    for found, memory in zip(results, memories, strict=True):
+        console.print(profile_table(found))
+        console.print(memory_table(memory, chosen))
 
 
 @command()
