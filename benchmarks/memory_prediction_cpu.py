@@ -45,7 +45,6 @@ CASES = [
 def run_pipeline(model: str, size: int, dtype: str) -> list[dict]:
     import torch
 
-    from diffmeter.catalog import resolve
     from diffmeter.loading import random_pipeline
     from diffmeter.measure.memory_timeline import measure_stage_peaks
     from diffmeter.predict.memory import STAGE_OF_ROLE, predict_memory, settled_plan

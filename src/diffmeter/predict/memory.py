@@ -27,8 +27,11 @@ from diffmeter.catalog import ComponentEntry, resolve
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, get_family
 from diffmeter.loading import keep_fp32_modules
+from diffmeter.optimize.fp8_text_encoder import LARGE_ENCODERS
 from diffmeter.pipelines import build_component
+from diffmeter.predict.footprints import fp8_storage_bytes, largest_layer_bytes, quantized_bytes
 from diffmeter.predict.schema import DENOISING_STEP, TEXT_ENCODING, VAE_DECODE, MemoryPrediction, StageMemory
+from diffmeter.quiet import quiet_libraries
 from diffmeter.spec import ProfileSpec
 
 STAGE_OF_ROLE = {TEXT_ENCODER: TEXT_ENCODING, DENOISER: DENOISING_STEP, VAE_DECODER: VAE_DECODE}
@@ -70,22 +73,32 @@ def storage_bytes(tensors) -> int:
     return sum(seen.values())
 
 
-def fake_module(component: ComponentEntry, dtype: torch.dtype) -> torch.nn.Module:
-    """The component built on meta, its parameters and buffers replaced by fake CPU tensors at ``dtype``
-    (floating ones only, as ``module.to(dtype)`` does)."""
-    module = build_component(component, "meta")
+def meta_module(component: ComponentEntry, dtype: torch.dtype) -> torch.nn.Module:
+    """The component on meta at ``dtype`` as bench loads it: floating tensors cast (``module.to``), the
+    model class's float32 modules kept in float32."""
+    with quiet_libraries():  # diffusers' advice to load with torch_dtype: this is what loading does
+        module = build_component(component, "meta").to(dtype)
+    keep_fp32_modules(module)
+    return module
+
+
+def fake_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` with its meta parameters and buffers replaced by fake CPU tensors of the same dtypes."""
     made: dict[int, torch.Tensor] = {}  # tied weights (T5's embeddings) stay one tensor
 
     def fake(tensor: torch.Tensor) -> torch.Tensor:
         if id(tensor) not in made:
-            kind = dtype if tensor.is_floating_point() else tensor.dtype
-            made[id(tensor)] = torch.empty(tensor.shape, dtype=kind, device="cpu")
+            made[id(tensor)] = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
         return made[id(tensor)]
 
     with FakeTensorMode(allow_non_fake_inputs=True):
         module._apply(fake)
-        keep_fp32_modules(module)  # as bench loads it
     return module
+
+
+def fake_module(component: ComponentEntry, dtype: torch.dtype) -> torch.nn.Module:
+    """The component on fake CPU tensors at ``dtype``, as bench loads it."""
+    return fake_copy(meta_module(component, dtype))
 
 
 def param_bytes(module: torch.nn.Module) -> int:
@@ -159,24 +172,21 @@ def settled_plan(spec: ProfileSpec):
 
 def _predict(spec: ProfileSpec) -> MemoryPrediction:
     entry, spec, plan = settled_plan(spec)
+    family = get_family(entry.family)
     dtype = DTYPES[spec.dtype]
-    modules = {name: fake_module(component, dtype) for name, component in entry.components.items()}
+    metas = {name: meta_module(component, dtype) for name, component in entry.components.items()}
+    largest = {name: largest_layer_bytes(module) for name, module in metas.items()}
+    quantized = {kind: {name: quantized_bytes(m, kind) for name, m in metas.items()} for kind in ("int8", "fp8")}
+    modules = {name: fake_copy(module) for name, module in metas.items()}
     params = {name: param_bytes(module) for name, module in modules.items()}
     resident = sum(params.values())
-    stages: dict[str, StageMemory] = {}
+    calls: list[StageMemory] = []
+    vae_modes: dict[str, int | None] = {}
     text_outputs = one_prompt = 0
     for call in plan:
         if not call.count:
             continue
-        stage = STAGE_OF_ROLE[call.role]
-        try:
-            memory = track_call(modules[call.component], call, dtype)
-        except (RuntimeError, NotImplementedError, TypeError) as error:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise DiffmeterError(
-                f"{entry.name}: the memory of its {call.component} ({entry.components[call.component].class_name}) "
-                f"cannot be predicted on fake tensors: {first}"
-            ) from None
+        memory = _tracked(entry, modules[call.component], call, dtype)
         # the text embeddings stay live to the end of the call (the prompt's while the negative prompt is
         # encoded, both through denoising and decoding), beside the copies a call's inputs make of them
         # (a denoiser called at the prompt batch gets the prompt's embeddings themselves, not a copy)
@@ -189,24 +199,71 @@ def _predict(spec: ProfileSpec) -> MemoryPrediction:
         else:
             earlier = text_outputs
         carried = memory.input_bytes + earlier
-        found = StageMemory(
-            stage=stage,
-            component=call.component,
-            batch=call.batch,
-            resident_param_bytes=resident,
-            component_param_bytes=params[call.component],
-            carried_bytes=carried,
-            activation_bytes=memory.activation_bytes,
-            peak_bytes=resident + carried + memory.activation_bytes,
+        calls.append(
+            StageMemory(
+                stage=STAGE_OF_ROLE[call.role],
+                component=call.component,
+                batch=call.batch,
+                resident_param_bytes=resident,
+                component_param_bytes=params[call.component],
+                carried_bytes=carried,
+                activation_bytes=memory.activation_bytes,
+                peak_bytes=resident + carried + memory.activation_bytes,
+            )
         )
-        if stage not in stages or found.peak_bytes > stages[stage].peak_bytes:
-            stages[stage] = found
+        if call.role == VAE_DECODER:
+            vae_modes = _vae_modes(entry, modules[call.component], call, dtype)
+    stages = {}
+    for found in calls:
+        if found.stage not in stages or found.peak_bytes > stages[found.stage].peak_bytes:
+            stages[found.stage] = found
     ordered = [stages[stage] for stage in (TEXT_ENCODING, DENOISING_STEP, VAE_DECODE) if stage in stages]
     top = max(ordered, key=lambda s: s.peak_bytes)
+    encoders = [
+        name
+        for name in family.text_encoders
+        if name in entry.components and entry.components[name].class_name in LARGE_ENCODERS
+    ]
     return MemoryPrediction(
         dtype=spec.dtype,
         stages=ordered,
         component_param_bytes=params,
         peak_bytes=top.peak_bytes,
         peak_stage=top.stage,
+        calls=calls,
+        denoisers=[name for name in family.denoisers(entry) if name in entry.components],
+        largest_layer_bytes=largest,
+        quantized_bytes=quantized,
+        large_text_encoders=encoders,
+        fp8_storage_bytes={name: fp8_storage_bytes(entry.components[name], dtype) for name in encoders},
+        vae_activation_bytes=vae_modes,
     )
+
+
+def _tracked(entry, module: torch.nn.Module, call: Call, dtype: torch.dtype) -> CallMemory:
+    try:
+        return track_call(module, call, dtype)
+    except (RuntimeError, NotImplementedError, TypeError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DiffmeterError(
+            f"{entry.name}: the memory of its {call.component} ({entry.components[call.component].class_name}) "
+            f"cannot be predicted on fake tensors: {first}"
+        ) from None
+
+
+def _vae_modes(entry, vae: torch.nn.Module, call: Call, dtype: torch.dtype) -> dict[str, int | None]:
+    """The decode's activations with diffusers' tiled and sliced decoding (None: the VAE has no such mode)."""
+    found: dict[str, int | None] = {}
+    for mode, method, flag in (
+        ("vae-tiling", "enable_tiling", "use_tiling"),
+        ("vae-slicing", "enable_slicing", "use_slicing"),
+    ):
+        if not hasattr(vae, method):
+            found[mode] = None
+            continue
+        getattr(vae, method)()
+        try:
+            found[mode] = _tracked(entry, vae, call, dtype).activation_bytes
+        finally:
+            setattr(vae, flag, False)
+    return found

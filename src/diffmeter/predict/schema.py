@@ -36,4 +36,16 @@ class MemoryPrediction(BaseModel):
     component_param_bytes: dict[str, int]
     peak_bytes: int
     peak_stage: str
+    #: every call's figures (``stages`` holds each stage's heaviest): what the techniques recombine
+    calls: list[StageMemory] = []
+    denoisers: list[str] = []
+    #: per component: its largest single layer's parameters (what layer-wise offload keeps resident)
+    largest_layer_bytes: dict[str, int] = {}
+    #: "int8"/"fp8" -> per component: parameters with every nn.Linear weight quantized (torchao weight-only)
+    quantized_bytes: dict[str, dict[str, int]] = {}
+    #: the text encoders fp8-text-encoder stores in float8, and their parameters then
+    large_text_encoders: list[str] = []
+    fp8_storage_bytes: dict[str, int] = {}
+    #: "vae-tiling"/"vae-slicing" -> the VAE decode's activations with it (None: the VAE has no such mode)
+    vae_activation_bytes: dict[str, int | None] = {}
     method: str = "MemTracker under FakeTensorMode (CPU kernels' shapes; no allocator rounding)"

@@ -52,3 +52,22 @@ def memory_table(prediction: MemoryPrediction, gpu: Gpu | None) -> FittedTable:
             style=None if fits else "red",
         )
     return table
+
+
+def fit_table(model: str, prediction: MemoryPrediction, gpu: Gpu, fits: list[tuple[tuple[str, ...], int]]):
+    """The settings that fit, fastest first; a line saying none does when none does."""
+    table = FittedTable(
+        escape(
+            f"{model} on {gpu.name} ({gib(gpu.memory_bytes)}): "
+            f"predicted peak without techniques {gib(prediction.peak_bytes)}"
+        ),
+        [Column("setting (fastest first)", justify="left"), Column("predicted peak"), Column("left", drop=0)],
+    )
+    for chosen, peak in fits:
+        table.add_row(escape(" + ".join(chosen) or "as is"), gib(peak), gib(gpu.memory_bytes - peak))
+    if not fits:
+        table.add_row("nothing fits, even with sequential offload", "", "", style="red")
+    table.caption = (
+        "Peaks count tensors; CUDA adds its context and the caching allocator's rounding (docs/memory-prediction.md)."
+    )
+    return table
