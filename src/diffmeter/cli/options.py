@@ -107,7 +107,7 @@ GpuName = Annotated[
     str | None,
     typer.Option(
         "--gpu",
-        help="predict peak memory per stage for this GPU (h100, l4, rtx 4090...: `diffmeter doctor` lists them)",
+        help="predict peak memory per stage for this GPU: h100, h200, l4, rtx 4090... (a wrong name lists them)",
     ),
 ]
 GpuSpec = Annotated[
