@@ -14,7 +14,7 @@ from diffmeter.loading import load_pipeline, locate_weights
 from diffmeter.optimize.base import Target
 from diffmeter.optimize.fp8_text_encoder import FP8TextEncoder
 from diffmeter.predict.memory import predict_memory
-from diffmeter.predict.techniques import fitting, peak_under
+from diffmeter.predict.techniques import fitting, peak_under, settings
 from diffmeter.spec import ProfileSpec
 
 
@@ -66,6 +66,9 @@ def test_offloading_keeps_less_resident_and_fit_lists_the_cheapest_settings_firs
     fits = fitting(prediction, model)
     assert fits[0][0] == ("offload-model",) and all(peak <= model for _, peak in fits)
     assert all(not set(a) < set(b) for a, _ in fits for b, _ in fits)  # no setting adds to one that fits
+    # a GPU without FP8 tensor cores (an A10) gets no fp8 weights
+    assert any("quantize-fp8" in chosen for chosen in settings(prediction))
+    assert not any("quantize-fp8" in chosen for chosen in settings(prediction, fp8=False))
 
 
 def test_vae_tiling_lowers_the_decode_activations_at_a_large_size():

@@ -65,7 +65,8 @@ def fit(
     from diffmeter.predict.techniques import fitting
 
     prediction = predict_memory(spec)
-    fits = fitting(prediction, target.memory_bytes)
+    # fp8 weights need FP8 tensor cores: a table GPU says whether it has them; a bare --memory is not refused
+    fits = fitting(prediction, target.memory_bytes, fp8=gpu is None or "fp8" in target.tflops)
     if as_json:
         rows = [{"techniques": list(chosen), "peak_bytes": peak} for chosen, peak in fits]
         print(json.dumps({"model": model, "memory_bytes": target.memory_bytes, "fits": rows}, indent=2))

@@ -66,14 +66,16 @@ def supported(prediction: MemoryPrediction) -> dict[str, bool]:
     }
 
 
-def settings(prediction: MemoryPrediction) -> list[tuple[str, ...]]:
+def settings(prediction: MemoryPrediction, fp8: bool = True) -> list[tuple[str, ...]]:
     """Every combination of at most one offload, one quantization, one VAE mode and the fp8 text
-    encoder, fastest first (fewer and cheaper techniques first: the order of ``OFFLOADS`` ...)."""
+    encoder, fastest first (fewer and cheaper techniques first: the order of ``OFFLOADS`` ...);
+    ``fp8``: whether the GPU has FP8 tensor cores (``quantize-fp8`` needs them)."""
     can = supported(prediction)
     text = ("none", "fp8-text-encoder") if can["fp8-text-encoder"] else ("none",)
     vae = tuple(mode for mode in VAE_MODES if mode == "none" or can[mode])
+    quantizations = tuple(q for q in QUANTIZATIONS if fp8 or q != "quantize-fp8")
     found = []
-    for offload, quantization, vae_mode, encoder in itertools.product(OFFLOADS, QUANTIZATIONS, vae, text):
+    for offload, quantization, vae_mode, encoder in itertools.product(OFFLOADS, quantizations, vae, text):
         if offload == "offload-sequential" and quantization != "none":
             continue  # accelerate's per-layer hooks and torchao's tensor subclasses do not combine
         chosen = tuple(t for t in (offload, quantization, vae_mode, encoder) if t != "none")
@@ -82,11 +84,11 @@ def settings(prediction: MemoryPrediction) -> list[tuple[str, ...]]:
     return [chosen for _, chosen in sorted(found, key=lambda item: item[0])]
 
 
-def fitting(prediction: MemoryPrediction, memory_bytes: int) -> list[tuple[tuple[str, ...], int]]:
+def fitting(prediction: MemoryPrediction, memory_bytes: int, fp8: bool = True) -> list[tuple[tuple[str, ...], int]]:
     """The settings whose peak fits ``memory_bytes``, fastest first, each with its peak; a setting that
     adds a technique to one that already fits is left out (it only costs time)."""
     fits: list[tuple[tuple[str, ...], int]] = []
-    for chosen in settings(prediction):
+    for chosen in settings(prediction, fp8):
         peak = peak_under(prediction, chosen)
         if peak <= memory_bytes and not any(set(kept) <= set(chosen) for kept, _ in fits):
             fits.append((chosen, peak))
