@@ -185,6 +185,11 @@ def main() -> None:
         rows.extend(found)
         for row in found:
             print(row, flush=True)
+        OUT.write_text(report(rows), encoding="utf-8")  # after every case: a long run keeps what it measured
+    print(f"wrote {OUT}")
+
+
+def report(rows: list[dict]) -> str:
     head = [
         "# Predicted vs measured peak memory on CPU (real-size random weights)",
         "",
@@ -192,7 +197,9 @@ def main() -> None:
         "tensors, no weights). Measured: torch.profiler's memory timeline of the real CPU call",
         '(`diffmeter.measure.memory_timeline`), plus the parameters resident before it. "tensors" counts what',
         'tensors hold, as the prediction does; "with scratch" adds CPU convolution kernels\' internal buffers.',
-        "MiB = 2^20 bytes. Random weights: sizes are real, outputs are noise.",
+        "MiB = 2^20 bytes. Random weights: sizes are real, outputs are noise. A component alone is compared on",
+        "its own parameters, inputs and activations. Times are wall seconds on a 2-core machine shared with",
+        "other jobs (the real runs include the profiler's overhead): they say nothing about the models' speed.",
         "",
         "| model / component | size | dtype | stage | predicted (MiB) | measured, tensors (MiB) | error | "
         "measured with scratch (MiB) | predict (s) | real run (s) | peak RSS (GB) |",
@@ -204,8 +211,7 @@ def main() -> None:
         f"{r['predict_s']:.1f} | {r['run_s']:.1f} | {r['rss_gb']:.1f} |"
         for r in rows
     ]
-    OUT.write_text("\n".join(head + body) + "\n", encoding="utf-8")
-    print(f"wrote {OUT}")
+    return "\n".join(head + body) + "\n"
 
 
 def _case(text: str) -> None:
