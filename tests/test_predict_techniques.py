@@ -99,3 +99,10 @@ def test_fit_lists_settings_and_json(cli):
 def test_fit_bad_input_is_one_line(cli, args, message):
     code, _, err = cli("fit", "tiny-flux", *args)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_vae_without_tiling_is_offered_none():
+    # Kandinsky 3's VQModel inherits diffusers' enable_tiling, which raises NotImplementedError for it
+    prediction = predict_memory(ProfileSpec(model="tiny-kandinsky3"))
+    assert prediction.decoder == "movq" and prediction.vae_activation_bytes["vae-tiling"] is None
+    assert not any("vae-tiling" in chosen for chosen in settings(prediction))

@@ -211,7 +211,7 @@ def _predict(spec: ProfileSpec) -> MemoryPrediction:
                 peak_bytes=resident + carried + memory.activation_bytes,
             )
         )
-        if call.role == VAE_DECODER:
+        if call.role == VAE_DECODER and call.component == family.decoder:  # not LTX-2's audio decoder
             vae_modes = _vae_modes(entry, modules[call.component], call, dtype)
     stages = {}
     for found in calls:
@@ -237,6 +237,7 @@ def _predict(spec: ProfileSpec) -> MemoryPrediction:
         large_text_encoders=encoders,
         fp8_storage_bytes={name: fp8_storage_bytes(entry.components[name], dtype) for name in encoders},
         vae_activation_bytes=vae_modes,
+        decoder=family.decoder,
     )
 
 
@@ -258,10 +259,11 @@ def _vae_modes(entry, vae: torch.nn.Module, call: Call, dtype: torch.dtype) -> d
         ("vae-tiling", "enable_tiling", "use_tiling"),
         ("vae-slicing", "enable_slicing", "use_slicing"),
     ):
-        if not hasattr(vae, method):
+        try:
+            getattr(vae, method)()
+        except (AttributeError, NotImplementedError):  # ModelMixin's own enable_tiling raises for VAEs without it
             found[mode] = None
             continue
-        getattr(vae, method)()
         try:
             found[mode] = _tracked(entry, vae, call, dtype).activation_bytes
         finally:

@@ -48,4 +48,6 @@ class MemoryPrediction(BaseModel):
     fp8_storage_bytes: dict[str, int] = {}
     #: "vae-tiling"/"vae-slicing" -> the VAE decode's activations with it (None: the VAE has no such mode)
     vae_activation_bytes: dict[str, int | None] = {}
+    #: the image/video decoder those figures are for (LTX-2 also decodes audio)
+    decoder: str = ""
     method: str = "MemTracker under FakeTensorMode (CPU kernels' shapes; no allocator rounding)"

@@ -49,7 +49,7 @@ def peak_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> int
         else:
             resident = sum(params.values())
         activations = call.activation_bytes
-        if call.stage == VAE_DECODE:
+        if call.stage == VAE_DECODE and call.component == prediction.decoder:
             for mode in ("vae-tiling", "vae-slicing"):
                 if mode in techniques and prediction.vae_activation_bytes.get(mode) is not None:
                     activations = min(activations, prediction.vae_activation_bytes[mode])
