@@ -9,7 +9,7 @@ from tiny_runs import tiny_call, token_settings
 from diffmeter.catalog import resolve
 from diffmeter.loading import load_pipeline, locate_weights
 from diffmeter.measure.memory_timeline import measure_stage_peaks
-from diffmeter.predict.memory import STAGE_OF_ROLE, param_bytes, predict_memory, settled_plan
+from diffmeter.predict.memory import STAGE_OF_ROLE, cached_memory, param_bytes, predict_memory, settled_plan
 from diffmeter.predict.schema import DENOISING_STEP, TEXT_ENCODING, VAE_DECODE
 from diffmeter.spec import ProfileSpec
 
@@ -66,3 +66,12 @@ def test_convolution_scratch_is_reported_apart_from_tensors():
     # CPU convolutions allocate im2col columns no tensor holds: counted only in the "with scratch" peaks
     assert real.stage_peak_with_scratch_bytes[VAE_DECODE] > real.stage_peak_bytes[VAE_DECODE]
     assert real.peak_with_scratch_bytes >= real.peak_bytes
+
+
+def test_a_prediction_is_remembered_and_a_changed_question_is_a_miss(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIFFMETER_CACHE_DIR", str(tmp_path))
+    spec = ProfileSpec(model="tiny-flux", steps=2)
+    assert cached_memory(spec) is None
+    predicted = predict_memory(spec)
+    assert cached_memory(spec) == predicted
+    assert cached_memory(ProfileSpec(model="tiny-flux", steps=2, dtype="bfloat16")) is None

@@ -151,12 +151,18 @@ def _key(spec: ProfileSpec) -> dict:
 def predict_memory(spec: ProfileSpec) -> MemoryPrediction:
     """The peak memory of one generation at ``spec``: from the disk cache (same configs, settings,
     libraries and diffmeter source) or tracked on fake tensors and remembered."""
-    stored = cache.load("memory", _key(spec))
-    if stored is not None:
-        return MemoryPrediction.model_validate(stored)
+    found = cached_memory(spec)
+    if found is not None:
+        return found
     found = _predict(spec)
     cache.store("memory", _key(spec), found.model_dump(mode="json"))
     return found
+
+
+def cached_memory(spec: ProfileSpec) -> MemoryPrediction | None:
+    """The prediction for this exact question from the disk cache, or None."""
+    stored = cache.load("memory", _key(spec))
+    return MemoryPrediction.model_validate(stored) if stored is not None else None
 
 
 def settled_plan(spec: ProfileSpec):
