@@ -106,6 +106,7 @@ def run_pipeline(model: str, size: int, dtype: str) -> list[dict]:
 def run_component(model: str, component: str, size: int, frames: int | None, dtype: str) -> list[dict]:
     import torch
 
+    from diffmeter.loading import keep_fp32_modules
     from diffmeter.measure.memory_timeline import measure_stage_peaks
     from diffmeter.pipelines import build_component
     from diffmeter.predict.memory import DTYPES, STAGE_OF_ROLE, cast_floating, fake_module, settled_plan, track_call
@@ -126,6 +127,8 @@ def run_component(model: str, component: str, size: int, frames: int | None, dty
         module = build_component(entry.components[component], "cpu")
     finally:
         torch.set_default_dtype(previous)
+    module.to(torch_dtype)  # as bench loads it: every floating tensor cast, then the class's float32 modules
+    keep_fp32_modules(module)  # (Wan keeps its norms and time embedder in float32)
     inputs = cast_floating(call.build(torch.device("cpu")), torch_dtype)
     stage = STAGE_OF_ROLE[call.role]
     started = time.perf_counter()
