@@ -19,14 +19,14 @@ def token_settings(entry: PipelineEntry, pipe, prompt: str = PROMPT) -> dict[str
     return get_family(entry.family).prompt_settings(pipe, [prompt])
 
 
-def run_tiny(
+def tiny_call(
     entry: PipelineEntry,
     batch_size: int = 1,
     guidance_scale: float | None = None,
     steps: int | None = None,
     max_sequence_length: int | None = None,
 ):
-    """Generate with the real diffusers pipeline; return (pipeline, per-component MACs, settings)."""
+    """The real diffusers pipeline and its call: (pipeline, call(), settings before the prompt's)."""
     pipe = tiny_pipeline(entry)
     defaults = entry.defaults
     settings = {
@@ -54,8 +54,20 @@ def run_tiny(
     if defaults.num_frames:
         kwargs["num_frames"] = defaults.num_frames
         settings["num_frames"] = defaults.num_frames
+    return pipe, lambda: pipe(**inputs, **kwargs), settings
+
+
+def run_tiny(
+    entry: PipelineEntry,
+    batch_size: int = 1,
+    guidance_scale: float | None = None,
+    steps: int | None = None,
+    max_sequence_length: int | None = None,
+):
+    """Generate with the real diffusers pipeline; return (pipeline, per-component MACs, settings)."""
+    pipe, call, settings = tiny_call(entry, batch_size, guidance_scale, steps, max_sequence_length)
     components = {name: getattr(pipe, name) for name in entry.components}
     with torch.no_grad(), count_flops(components) as counts:
-        pipe(**inputs, **kwargs)
+        call()
     macs = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in entry.components}
     return pipe, macs, {**settings, **token_settings(entry, pipe)}

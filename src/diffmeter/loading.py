@@ -101,13 +101,13 @@ def load_pipeline(
         for component in pipe.components.values():
             if isinstance(component, torch.nn.Module):
                 component.to(torch_dtype)
-                _keep_fp32_modules(component)
+                keep_fp32_modules(component)
     pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
-def _keep_fp32_modules(module: torch.nn.Module) -> None:
+def keep_fp32_modules(module: torch.nn.Module) -> None:
     """Put back in float32 what the model class says must stay there, matching parameter and
     buffer names part by part as from_pretrained does (``scale_shift_table`` is a bare parameter)."""
     keep = getattr(module, "_keep_in_fp32_modules", None) or []

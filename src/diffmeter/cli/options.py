@@ -130,3 +130,14 @@ Opt = Annotated[
         rich_help_panel=OPTIMIZATIONS,
     ),
 ]
+GpuName = Annotated[
+    str | None,
+    typer.Option(
+        "--gpu",
+        help="predict peak memory per stage for this GPU: h100, h200, l4, rtx 4090... (a wrong name lists them)",
+    ),
+]
+GpuSpec = Annotated[
+    str | None,
+    typer.Option(help='a GPU not in the table: "80GB,989TFLOPS,3.35TB/s" or JSON {"memory_gb": 80, ...}'),
+]

@@ -13,6 +13,8 @@ from diffmeter.cli.app import command, console, load_libraries
 from diffmeter.cli.options import (
     AsJson,
     BatchSize,
+    GpuName,
+    GpuSpec,
     GuidanceScale,
     MaxSequenceLength,
     NumFrames,
@@ -93,6 +95,8 @@ def profile(
     as_csv: Annotated[bool, typer.Option("--csv", help="print CSV, a row per component")] = False,
     ulysses_degree: UlyssesDegree = 1,
     ring_degree: RingDegree = 1,
+    gpu: GpuName = None,
+    gpu_spec: GpuSpec = None,
 ) -> None:
     """Count MACs and FLOPs of a whole generation, per component, from configs alone."""
     from diffmeter.catalog import all_entries
@@ -144,6 +148,11 @@ def profile(
             counted = iter(profile_many(missing, depth=depth, jobs=jobs, done=report))
         results = [found if found is not None else next(counted) for found in results]
     split = None
+    if (gpu or gpu_spec) and ulysses_degree * ring_degree > 1:
+        raise DiffmeterError(
+            "--gpu predicts one device's memory; with --ulysses-degree/--ring-degree each GPU holds a share that is "
+            "not predicted yet: drop one of them"
+        )
     if ulysses_degree * ring_degree > 1:
         if len(results) != 1:
             raise DiffmeterError(
@@ -153,7 +162,9 @@ def profile(
         from diffmeter.distributed.communication import per_gpu_step
 
         split = per_gpu_step(results[0], ulysses_degree, ring_degree)
-    if as_json:
+    if gpu or gpu_spec:
+        _predicted(specs, results, gpu, gpu_spec, as_json, as_csv)
+    elif as_json:
         payload = results[0].to_json_dict() if len(results) == 1 else {"profiles": [p.to_json_dict() for p in results]}
         if split is not None:
             payload["context_parallel_per_gpu_step"] = split
@@ -178,6 +189,31 @@ def _split_line(split: dict) -> str:
         f"communication {units.nbytes(split['bytes_received_per_step_per_gpu'])} received ({calls} per denoiser "
         "call; offline: diffusers' plan on the meta device)"
     )
+
+
+def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: bool, as_csv: bool) -> None:
+    """Each profile with its predicted peak memory on the chosen GPU (``predict/``)."""
+    from diffmeter.predict.gpus import chosen_gpu
+    from diffmeter.report.memory_table import memory_table
+    from diffmeter.report.tables import profile_table
+
+    chosen = chosen_gpu(gpu, gpu_spec)
+    if as_csv:
+        raise DiffmeterError("--csv has no place for predictions: use --json with --gpu/--gpu-spec")
+    load_libraries()
+    from diffmeter.predict.memory import predict_memory
+
+    memories = [predict_memory(spec) for spec in specs]
+    if as_json:
+        payloads = [
+            {**found.to_json_dict(), "gpu": chosen.model_dump(), "memory": memory.model_dump(mode="json")}
+            for found, memory in zip(results, memories, strict=True)
+        ]
+        print(json.dumps(payloads[0] if len(payloads) == 1 else {"profiles": payloads}, indent=2))
+        return
+    for found, memory in zip(results, memories, strict=True):
+        console.print(profile_table(found))
+        console.print(memory_table(memory, chosen))
 
 
 @command()

@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict
 from diffmeter.optimize.base import Optimization, Target
 from diffmeter.optimize.registry import register
 
+#: layers kept in the compute dtype: T5's feed-forward casts its input to wo's weight dtype, so wo stays
+SKIP_MODULES_PATTERN = ("embed", "norm", "shared", r"\.wo$")
 #: text encoders big enough for fp8 storage to matter (T5-XXL, UMT5, Gemma, ...)
 LARGE_ENCODERS = ("T5EncoderModel", "UMT5EncoderModel", "Gemma2Model", "Gemma2ForCausalLM", "Qwen2_5_VLModel")
 
@@ -52,6 +54,5 @@ class FP8TextEncoder(Optimization):
                 encoder,
                 storage_dtype=getattr(torch, self.config.storage),
                 compute_dtype=getattr(torch, target.dtype),
-                # T5's feed-forward casts its input to wo's weight dtype, so wo keeps the compute dtype
-                skip_modules_pattern=("embed", "norm", "shared", r"\.wo$"),
+                skip_modules_pattern=SKIP_MODULES_PATTERN,
             )

@@ -1,0 +1,74 @@
+"""`diffmeter fit`: which memory settings let a generation fit a GPU, fastest first (``predict/``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from diffmeter.cli.app import command, console, load_libraries
+from diffmeter.cli.options import (
+    AsJson,
+    BatchSize,
+    GpuName,
+    GuidanceScale,
+    Height,
+    ModelArgument,
+    NumFrames,
+    Width,
+)
+from diffmeter.errors import DiffmeterError
+
+
+@command()
+def fit(
+    model: ModelArgument,
+    memory: Annotated[
+        str | None, typer.Option(help='GPU memory to fit in, e.g. "24GB" (GB read as GiB, as on datasheets)')
+    ] = None,
+    gpu: GpuName = None,
+    height: Height = None,
+    width: Width = None,
+    batch_size: BatchSize = 1,
+    guidance_scale: GuidanceScale = None,
+    num_frames: NumFrames = None,
+    dtype: Annotated[str | None, typer.Option(help="float16 | bfloat16 | float32")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """List the memory settings (offload, quantization, VAE tiling, fp8 text encoder) whose predicted
+    peak fits the GPU, fastest first."""
+    from diffmeter.predict.gpus import chosen_gpu, spec_gpu
+    from diffmeter.report.memory_table import fit_table
+    from diffmeter.spec import ProfileSpec
+
+    if (memory is None) == (gpu is None):
+        raise DiffmeterError("give the memory to fit in: --memory 24GB, or --gpu NAME (not both)")
+    target = chosen_gpu(gpu, None) if gpu else spec_gpu(memory).model_copy(update={"name": memory})
+    if not target.memory_bytes:
+        raise DiffmeterError(f"{target.name} has no single memory size in the table; pass --memory")
+    if height is not None and width is None:
+        width = height
+    if width is not None and height is None:
+        height = width
+    spec = ProfileSpec(
+        model=model,
+        height=height,
+        width=width,
+        batch_size=batch_size,
+        guidance_scale=guidance_scale,
+        num_frames=num_frames,
+        dtype=dtype,
+    )
+    load_libraries()
+    from diffmeter.predict.memory import predict_memory
+    from diffmeter.predict.techniques import fitting
+
+    prediction = predict_memory(spec)
+    # fp8 weights need FP8 tensor cores: a table GPU says whether it has them; a bare --memory is not refused
+    fits = fitting(prediction, target.memory_bytes, fp8=gpu is None or "fp8" in target.tflops)
+    if as_json:
+        rows = [{"techniques": list(chosen), "peak_bytes": peak} for chosen, peak in fits]
+        print(json.dumps({"model": model, "memory_bytes": target.memory_bytes, "fits": rows}, indent=2))
+        return
+    console.print(fit_table(model, prediction, target, fits))

@@ -1,0 +1,52 @@
+"""Parameter bytes of a component (on meta) as each memory technique stores it; see ``techniques``."""
+
+from __future__ import annotations
+
+import torch
+
+from diffmeter.catalog import ComponentEntry
+
+#: torchao weight-only layouts per nn.Linear (Int8Tensor: int8 data, float32 scale and int8 zero point per
+#: output row; Float8Tensor: float8 data, float32 scale per row), held to torchao by the tests
+_ROW_BYTES = {"int8": 4 + 1, "fp8": 4}
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes of distinct tensors (tied weights once), meta included."""
+    unique = {id(tensor): tensor for tensor in tensors}
+    return sum(tensor.numel() * tensor.element_size() for tensor in unique.values())
+
+
+def stored_bytes(module: torch.nn.Module) -> int:
+    return tensor_bytes([*module.parameters(), *module.buffers()])
+
+
+def largest_layer_bytes(module: torch.nn.Module) -> int:
+    """The most parameter and buffer bytes any single module holds itself (not its children's)."""
+    return max(
+        (tensor_bytes([*m.parameters(recurse=False), *m.buffers(recurse=False)]) for m in module.modules()),
+        default=0,
+    )
+
+
+def quantized_bytes(module: torch.nn.Module, kind: str) -> int:
+    """Parameters and buffers with every nn.Linear weight stored as torchao's weight-only ``kind``."""
+    linears = {id(m.weight): m.weight for m in module.modules() if isinstance(m, torch.nn.Linear)}
+    full = tensor_bytes(linears.values())
+    quantized = sum(weight.numel() + weight.shape[0] * _ROW_BYTES[kind] for weight in linears.values())
+    return stored_bytes(module) - full + quantized
+
+
+def fp8_storage_bytes(component: ComponentEntry, dtype: torch.dtype) -> int:
+    """Parameters after diffusers' ``apply_layerwise_casting`` to float8 with fp8-text-encoder's skip
+    patterns, applied to the component on meta."""
+    from diffusers.hooks import apply_layerwise_casting
+
+    from diffmeter.optimize.fp8_text_encoder import SKIP_MODULES_PATTERN
+    from diffmeter.predict.memory import meta_module
+
+    module = meta_module(component, dtype)
+    apply_layerwise_casting(
+        module, storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype, skip_modules_pattern=SKIP_MODULES_PATTERN
+    )
+    return stored_bytes(module)

@@ -1,0 +1,96 @@
+"""The GPU a prediction is for: a row of ``measure.peaks`` (datasheet memory, bandwidth and dense
+peaks) named by the user, or figures given with ``--gpu-spec``."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from pydantic import BaseModel
+
+from diffmeter.errors import DiffmeterError
+from diffmeter.measure.peaks import PEAKS, PRECISION
+
+_SPEC_PART = re.compile(r"^\s*([\d.]+)\s*(gb|gib|tflops|tb/s|gb/s)\s*$", re.IGNORECASE)
+
+
+class Gpu(BaseModel):
+    """Memory in bytes, bandwidth in bytes/s, peaks in TFLOP/s. A datasheet's memory "GB" is read as
+    GiB (2^30 bytes): an "80GB" H100 reports 81,559 MiB in nvidia-smi, a "24GB" RTX 4090 24,564 MiB."""
+
+    name: str
+    memory_bytes: int | None
+    bandwidth_bytes_per_s: float | None
+    tflops: dict[str, float]
+    source: str
+
+    def peak_tflops(self, dtype: str) -> float | None:
+        return self.tflops.get(PRECISION[dtype], self.tflops.get("any"))
+
+
+def _plain(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def named_gpu(name: str) -> Gpu:
+    """The table's GPU for a name ("h100", "H100 PCIe", "l4"): an exact name first, else the first row
+    whose name starts with it (the table lists the SXM form first)."""
+    wanted = _plain(name)
+    rows = [row for row in PEAKS if _plain(row.name) == wanted] or [
+        row for row in PEAKS if _plain(row.name).startswith(wanted)
+    ]
+    if not wanted or not rows:
+        known = ", ".join(row.name for row in PEAKS)
+        raise DiffmeterError(f"unknown GPU '{name}'; known: {known}; or give its figures with --gpu-spec")
+    row = rows[0]
+    return Gpu(
+        name=row.name,
+        memory_bytes=int(row.memory_gb * 2**30) if row.memory_gb else None,
+        bandwidth_bytes_per_s=row.bandwidth_gb_s * 1e9 if row.bandwidth_gb_s else None,
+        tflops=dict(row.tflops),
+        source=row.source,
+    )
+
+
+def spec_gpu(text: str) -> Gpu:
+    """A GPU from "80GB,989TFLOPS,3.35TB/s" (any order, any subset; GB read as GiB, as on datasheets)
+    or a JSON object with ``memory_gb``, ``tflops`` and ``bandwidth_gb_s``."""
+    usage = (
+        '--gpu-spec takes "80GB,989TFLOPS,3.35TB/s" or JSON {"memory_gb": 80, "tflops": 989, "bandwidth_gb_s": 3350}'
+    )
+    if text.strip().startswith("{"):
+        try:
+            data = json.loads(text)
+            memory, tflops, bandwidth = data.get("memory_gb"), data.get("tflops"), data.get("bandwidth_gb_s")
+        except (ValueError, AttributeError):
+            raise DiffmeterError(f"{usage}; got '{text}'") from None
+    else:
+        memory = tflops = bandwidth = None
+        for part in text.split(","):
+            match = _SPEC_PART.match(part)
+            if match is None:
+                raise DiffmeterError(f"{usage}; '{part.strip()}' is none of these")
+            value, unit = float(match.group(1)), match.group(2).lower()
+            if unit in ("gb", "gib"):
+                memory = value
+            elif unit == "tflops":
+                tflops = value
+            else:
+                bandwidth = value * (1000 if unit == "tb/s" else 1)
+    if memory is None and tflops is None and bandwidth is None:
+        raise DiffmeterError(f"{usage}; got '{text}'")
+    return Gpu(
+        name="--gpu-spec",
+        memory_bytes=int(float(memory) * 2**30) if memory else None,
+        bandwidth_bytes_per_s=float(bandwidth) * 1e9 if bandwidth else None,
+        tflops={"any": float(tflops)} if tflops else {},
+        source=f"--gpu-spec {text}",
+    )
+
+
+def chosen_gpu(gpu: str | None, gpu_spec: str | None) -> Gpu | None:
+    if gpu and gpu_spec:
+        raise DiffmeterError("--gpu names a GPU of the table and --gpu-spec gives figures: pick one")
+    if gpu:
+        return named_gpu(gpu)
+    return spec_gpu(gpu_spec) if gpu_spec else None

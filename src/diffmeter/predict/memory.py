@@ -1,0 +1,277 @@
+"""Peak memory of a generation, predicted without weights or a device.
+
+Each call of the profile's plan (``Family.plan``) runs once on fake tensors (``FakeTensorMode``: shapes,
+dtypes and devices, no data) under PyTorch's own live-tensor tracker, ``torch.distributed._tools.
+mem_tracker.MemTracker``: parameters and buffers are tracked from the module, the call's inputs as
+"other", everything the call allocates as activations, and its peak is the largest total of live
+storages at any operator. Fake tensors sit on ``cpu``, so operators decompose as they do on CPU (the
+CPU flash-attention kernel's output and log-sum-exp, no CUDA workspaces) and sizes are not rounded to
+the CUDA caching allocator's blocks.
+
+A stage's peak adds what the pipeline holds while the call runs: every loaded component's parameters
+(a plain ``pipe.to(device)`` keeps them all resident), the call's inputs, and the outputs of the
+calls before it in the same stage (the prompt's embeddings while the negative prompt is encoded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils._pytree import tree_leaves
+
+from diffmeter import cache
+from diffmeter.catalog import ComponentEntry, resolve
+from diffmeter.errors import DiffmeterError
+from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, get_family
+from diffmeter.loading import keep_fp32_modules
+from diffmeter.optimize.fp8_text_encoder import LARGE_ENCODERS
+from diffmeter.pipelines import build_component
+from diffmeter.predict.footprints import fp8_storage_bytes, largest_layer_bytes, quantized_bytes
+from diffmeter.predict.schema import DENOISING_STEP, TEXT_ENCODING, VAE_DECODE, MemoryPrediction, StageMemory
+from diffmeter.quiet import quiet_libraries
+from diffmeter.spec import ProfileSpec
+
+STAGE_OF_ROLE = {TEXT_ENCODER: TEXT_ENCODING, DENOISER: DENOISING_STEP, VAE_DECODER: VAE_DECODE}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class CallMemory:
+    """One call's memory on fake tensors (bytes)."""
+
+    param_bytes: int
+    input_bytes: int
+    #: tensors the call allocated, live at its peak
+    activation_bytes: int
+    #: what the call returns (held by the pipeline afterwards)
+    output_bytes: int
+
+
+class PeakTracker(MemTracker):
+    """MemTracker keeping only what a call's peak needs: the live storages at every operator. Its
+    per-module snapshots are switched off: they refuse a submodule called twice outside its root's
+    ``forward`` (a video VAE's ``decode`` runs its decoder once per frame), and refresh every tracked
+    module's statistics at each operator."""
+
+    def _pre_fw_hook(self, module, inputs) -> None:
+        pass
+
+    def _post_fw_hook(self, module, inputs, outputs) -> None:
+        pass
+
+
+def storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (views and tied weights counted once)."""
+    seen = {}
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor):
+            storage = tensor.untyped_storage()
+            seen[storage._cdata] = storage.nbytes()
+    return sum(seen.values())
+
+
+def meta_module(component: ComponentEntry, dtype: torch.dtype) -> torch.nn.Module:
+    """The component on meta at ``dtype`` as bench loads it: floating tensors cast (``module.to``), the
+    model class's float32 modules kept in float32."""
+    with quiet_libraries():  # diffusers' advice to load with torch_dtype: this is what loading does
+        module = build_component(component, "meta").to(dtype)
+    keep_fp32_modules(module)
+    return module
+
+
+def fake_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` with its meta parameters and buffers replaced by fake CPU tensors of the same dtypes."""
+    made: dict[int, torch.Tensor] = {}  # tied weights (T5's embeddings) stay one tensor
+
+    def fake(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in made:
+            made[id(tensor)] = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+        return made[id(tensor)]
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        module._apply(fake)
+    return module
+
+
+def fake_module(component: ComponentEntry, dtype: torch.dtype) -> torch.nn.Module:
+    """The component on fake CPU tensors at ``dtype``, as bench loads it."""
+    return fake_copy(meta_module(component, dtype))
+
+
+def param_bytes(module: torch.nn.Module) -> int:
+    """Parameters and buffers (persistent or not): what loading the component keeps resident."""
+    return storage_bytes([*module.parameters(), *module.buffers()])
+
+
+def cast_floating(value, dtype: torch.dtype):
+    """Floating-point tensors at ``dtype`` (latents and embeddings arrive at the run's dtype)."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.to(dtype)
+    if isinstance(value, (list, tuple)):
+        return type(value)(cast_floating(item, dtype) for item in value)
+    if isinstance(value, dict):
+        return {key: cast_floating(item, dtype) for key, item in value.items()}
+    return value
+
+
+def track_call(module: torch.nn.Module, call: Call, dtype: torch.dtype) -> CallMemory:
+    """Run ``call`` once on fake tensors under MemTracker; its peak split into parameters, inputs and
+    activations (the tracker's categories at the peak)."""
+    handle = call.prepare(module) if call.prepare else None
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+            with torch.device("cpu"):
+                inputs = cast_floating(call.build(torch.device("cpu")), dtype)
+            tracker = PeakTracker()
+            tracker.track_external(module, *(leaf for leaf in tree_leaves(inputs) if isinstance(leaf, torch.Tensor)))
+            with tracker:
+                output = getattr(module, call.method)(**inputs)
+            peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    finally:
+        if handle is not None:
+            handle.remove()
+    by_kind = {str(kind.value) if hasattr(kind, "value") else str(kind): size for kind, size in peak.items()}
+    return CallMemory(
+        param_bytes=by_kind["Parameter"] + by_kind["Buffer"],
+        input_bytes=by_kind["Other"],
+        activation_bytes=by_kind["Activation"] + by_kind["Temp"],
+        output_bytes=storage_bytes(tree_leaves(output)),
+    )
+
+
+def _key(spec: ProfileSpec) -> dict:
+    from dataclasses import asdict
+
+    return {"entry": resolve(spec.model).model_dump(mode="json"), "spec": asdict(spec)}
+
+
+def predict_memory(spec: ProfileSpec) -> MemoryPrediction:
+    """The peak memory of one generation at ``spec``: from the disk cache (same configs, settings,
+    libraries and diffmeter source) or tracked on fake tensors and remembered."""
+    found = cached_memory(spec)
+    if found is not None:
+        return found
+    found = _predict(spec)
+    cache.store("memory", _key(spec), found.model_dump(mode="json"))
+    return found
+
+
+def cached_memory(spec: ProfileSpec) -> MemoryPrediction | None:
+    """The prediction for this exact question from the disk cache, or None."""
+    stored = cache.load("memory", _key(spec))
+    return MemoryPrediction.model_validate(stored) if stored is not None else None
+
+
+def settled_plan(spec: ProfileSpec):
+    """The entry, the settled spec and the call plan, exactly as the profile makes them."""
+    entry = resolve(spec.model)
+    family = get_family(entry.family)
+    spec = spec.with_defaults(entry.defaults)
+    if family.is_video and spec.num_frames is None:
+        spec = replace(spec, num_frames=1)
+    shapes = family.shapes(entry, spec)
+    return entry, shapes.spec, family.plan(shapes)
+
+
+def _predict(spec: ProfileSpec) -> MemoryPrediction:
+    entry, spec, plan = settled_plan(spec)
+    family = get_family(entry.family)
+    dtype = DTYPES[spec.dtype]
+    metas = {name: meta_module(component, dtype) for name, component in entry.components.items()}
+    largest = {name: largest_layer_bytes(module) for name, module in metas.items()}
+    quantized = {kind: {name: quantized_bytes(m, kind) for name, m in metas.items()} for kind in ("int8", "fp8")}
+    modules = {name: fake_copy(module) for name, module in metas.items()}
+    params = {name: param_bytes(module) for name, module in modules.items()}
+    resident = sum(params.values())
+    calls: list[StageMemory] = []
+    vae_modes: dict[str, int | None] = {}
+    text_outputs = one_prompt = 0
+    for call in plan:
+        if not call.count:
+            continue
+        memory = _tracked(entry, modules[call.component], call, dtype)
+        # the text embeddings stay live to the end of the call (the prompt's while the negative prompt is
+        # encoded, both through denoising and decoding), beside the copies a call's inputs make of them
+        # (a denoiser called at the prompt batch gets the prompt's embeddings themselves, not a copy)
+        if call.role == TEXT_ENCODER:
+            earlier = text_outputs + memory.output_bytes * (call.count - 1)
+            text_outputs = earlier + memory.output_bytes
+            one_prompt += memory.output_bytes
+        elif call.role == DENOISER and call.batch == spec.batch_size:
+            earlier = text_outputs - one_prompt
+        else:
+            earlier = text_outputs
+        carried = memory.input_bytes + earlier
+        calls.append(
+            StageMemory(
+                stage=STAGE_OF_ROLE[call.role],
+                component=call.component,
+                batch=call.batch,
+                resident_param_bytes=resident,
+                component_param_bytes=params[call.component],
+                carried_bytes=carried,
+                activation_bytes=memory.activation_bytes,
+                peak_bytes=resident + carried + memory.activation_bytes,
+            )
+        )
+        if call.role == VAE_DECODER and call.component == family.decoder:  # not LTX-2's audio decoder
+            vae_modes = _vae_modes(entry, modules[call.component], call, dtype)
+    stages = {}
+    for found in calls:
+        if found.stage not in stages or found.peak_bytes > stages[found.stage].peak_bytes:
+            stages[found.stage] = found
+    ordered = [stages[stage] for stage in (TEXT_ENCODING, DENOISING_STEP, VAE_DECODE) if stage in stages]
+    top = max(ordered, key=lambda s: s.peak_bytes)
+    encoders = [
+        name
+        for name in family.text_encoders
+        if name in entry.components and entry.components[name].class_name in LARGE_ENCODERS
+    ]
+    return MemoryPrediction(
+        dtype=spec.dtype,
+        stages=ordered,
+        component_param_bytes=params,
+        peak_bytes=top.peak_bytes,
+        peak_stage=top.stage,
+        calls=calls,
+        denoisers=[name for name in family.denoisers(entry) if name in entry.components],
+        largest_layer_bytes=largest,
+        quantized_bytes=quantized,
+        large_text_encoders=encoders,
+        fp8_storage_bytes={name: fp8_storage_bytes(entry.components[name], dtype) for name in encoders},
+        vae_activation_bytes=vae_modes,
+        decoder=family.decoder,
+    )
+
+
+def _tracked(entry, module: torch.nn.Module, call: Call, dtype: torch.dtype) -> CallMemory:
+    try:
+        return track_call(module, call, dtype)
+    except (RuntimeError, NotImplementedError, TypeError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DiffmeterError(
+            f"{entry.name}: the memory of its {call.component} ({entry.components[call.component].class_name}) "
+            f"cannot be predicted on fake tensors: {first}"
+        ) from None
+
+
+def _vae_modes(entry, vae: torch.nn.Module, call: Call, dtype: torch.dtype) -> dict[str, int | None]:
+    """The decode's activations with diffusers' tiled and sliced decoding (None: the VAE has no such mode)."""
+    found: dict[str, int | None] = {}
+    for mode, method, flag in (
+        ("vae-tiling", "enable_tiling", "use_tiling"),
+        ("vae-slicing", "enable_slicing", "use_slicing"),
+    ):
+        try:
+            getattr(vae, method)()
+        except (AttributeError, NotImplementedError):  # ModelMixin's own enable_tiling raises for VAEs without it
+            found[mode] = None
+            continue
+        try:
+            found[mode] = _tracked(entry, vae, call, dtype).activation_bytes
+        finally:
+            setattr(vae, flag, False)
+    return found

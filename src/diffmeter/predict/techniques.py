@@ -1,0 +1,95 @@
+"""Peak memory under the memory techniques ``bench`` applies (optimize/), from one prediction's figures.
+
+What each technique keeps resident while a call runs (the call's inputs, carried embeddings and
+activations stay on the device in every case):
+
+* none: every component (``pipe.to(device)``).
+* ``offload-model`` (``enable_model_cpu_offload``): only the component running.
+* ``offload-sequential`` / ``offload-group`` (leaf level): the running component's largest single
+  layer, streamed in when called (a lower bound: buffers and prefetched layers add to it).
+* ``vae-tiling`` / ``vae-slicing``: the VAE decode's activations as diffusers' tiled / sliced decode
+  allocates them (tracked on fake tensors like any call).
+* ``fp8-text-encoder``: the large text encoders' layers stored in float8 by diffusers'
+  ``apply_layerwise_casting`` with ``optimize/fp8_text_encoder.py``'s skip patterns (applied on meta).
+* ``quantize-int8`` / ``quantize-fp8`` (torchao weight-only, on the denoisers): every ``nn.Linear``
+  weight stored in one byte per element plus a float32 scale per output row (int8 also an int8 zero
+  point per row): torchao's ``Int8Tensor`` / ``Float8Tensor`` layouts, held to torchao by the tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from diffmeter.predict.schema import VAE_DECODE, MemoryPrediction
+
+#: fastest first: what each costs in time, as its mechanism says (no roofline yet): quantized weights
+#: dequantize in the matmul (small cost), model offload moves each component once per generation,
+#: group (leaf-level, prefetched on a stream) and sequential offload move every layer at every call
+OFFLOADS = ("none", "offload-model", "offload-group", "offload-sequential")
+QUANTIZATIONS = ("none", "quantize-fp8", "quantize-int8")
+VAE_MODES = ("none", "vae-slicing", "vae-tiling")
+
+
+def peak_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> int:
+    """Peak bytes of the generation with ``techniques`` applied (names as ``bench`` labels them)."""
+    params = dict(prediction.component_param_bytes)
+    for name in prediction.large_text_encoders if "fp8-text-encoder" in techniques else ():
+        params[name] = prediction.fp8_storage_bytes[name]
+    for quantization in ("quantize-int8", "quantize-fp8"):
+        if quantization in techniques:
+            kind = quantization.removeprefix("quantize-")
+            for name in prediction.denoisers:
+                params[name] = prediction.quantized_bytes[kind][name]
+    peak = 0
+    for call in prediction.calls:
+        if "offload-model" in techniques:
+            resident = params[call.component]
+        elif "offload-sequential" in techniques or "offload-group" in techniques:
+            resident = prediction.largest_layer_bytes[call.component]
+        else:
+            resident = sum(params.values())
+        activations = call.activation_bytes
+        if call.stage == VAE_DECODE and call.component == prediction.decoder:
+            for mode in ("vae-tiling", "vae-slicing"):
+                if mode in techniques and prediction.vae_activation_bytes.get(mode) is not None:
+                    activations = min(activations, prediction.vae_activation_bytes[mode])
+        peak = max(peak, resident + call.carried_bytes + activations)
+    return peak
+
+
+def supported(prediction: MemoryPrediction) -> dict[str, bool]:
+    """Which techniques this pipeline can take (the rest are left out of ``settings``)."""
+    return {
+        "fp8-text-encoder": bool(prediction.large_text_encoders),
+        "vae-tiling": prediction.vae_activation_bytes.get("vae-tiling") is not None,
+        "vae-slicing": prediction.vae_activation_bytes.get("vae-slicing") is not None,
+    }
+
+
+def settings(prediction: MemoryPrediction, fp8: bool = True) -> list[tuple[str, ...]]:
+    """Every combination of at most one offload, one quantization, one VAE mode and the fp8 text
+    encoder, fastest first (fewer and cheaper techniques first: the order of ``OFFLOADS`` ...);
+    ``fp8``: whether the GPU has FP8 tensor cores (``quantize-fp8`` needs them)."""
+    can = supported(prediction)
+    text = ("none", "fp8-text-encoder") if can["fp8-text-encoder"] else ("none",)
+    vae = tuple(mode for mode in VAE_MODES if mode == "none" or can[mode])
+    quantizations = tuple(q for q in QUANTIZATIONS if fp8 or q != "quantize-fp8")
+    found = []
+    for offload, quantization, vae_mode, encoder in itertools.product(OFFLOADS, quantizations, vae, text):
+        if offload == "offload-sequential" and quantization != "none":
+            continue  # accelerate's per-layer hooks and torchao's tensor subclasses do not combine
+        chosen = tuple(t for t in (offload, quantization, vae_mode, encoder) if t != "none")
+        cost = (OFFLOADS.index(offload), QUANTIZATIONS.index(quantization) > 0, len(chosen))
+        found.append((cost, chosen))
+    return [chosen for _, chosen in sorted(found, key=lambda item: item[0])]
+
+
+def fitting(prediction: MemoryPrediction, memory_bytes: int, fp8: bool = True) -> list[tuple[tuple[str, ...], int]]:
+    """The settings whose peak fits ``memory_bytes``, fastest first, each with its peak; a setting that
+    adds a technique to one that already fits is left out (it only costs time)."""
+    fits: list[tuple[tuple[str, ...], int]] = []
+    for chosen in settings(prediction, fp8):
+        peak = peak_under(prediction, chosen)
+        if peak <= memory_bytes and not any(set(kept) <= set(chosen) for kept, _ in fits):
+            fits.append((chosen, peak))
+    return fits

@@ -1,0 +1,73 @@
+"""The predicted peak memory of a generation: a row per stage, then the whole generation and
+whether it fits the chosen GPU."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+
+from diffmeter.predict.gpus import Gpu
+from diffmeter.predict.schema import MemoryPrediction
+from diffmeter.report.layout import Column, FittedTable
+
+
+def gib(value: float) -> str:
+    return f"{value / 2**30:,.2f} GiB"
+
+
+def memory_table(prediction: MemoryPrediction, gpu: Gpu | None) -> FittedTable:
+    title = f"predicted peak memory ({prediction.dtype}, every component loaded)"
+    table = FittedTable(
+        escape(title),
+        [
+            Column("stage", justify="left"),
+            Column("call", justify="left", drop=3),
+            Column("parameters resident", drop=1),
+            Column("carried", drop=2),
+            Column("activations", drop=0),
+            Column("peak"),
+        ],
+    )
+    for stage in prediction.stages:
+        table.add_row(
+            stage.stage,
+            escape(f"{stage.component} (batch {stage.batch})"),
+            gib(stage.resident_param_bytes),
+            gib(stage.carried_bytes),
+            gib(stage.activation_bytes),
+            gib(stage.peak_bytes),
+        )
+    table.add_row(
+        "whole generation", f"at {prediction.peak_stage}", "", "", "", gib(prediction.peak_bytes), section=True
+    )
+    if gpu is not None and gpu.memory_bytes:
+        fits = prediction.peak_bytes <= gpu.memory_bytes
+        verdict = "fits" if fits else "does not fit"
+        table.add_row(
+            escape(f"{gpu.name} ({gib(gpu.memory_bytes)})"),
+            verdict,
+            "",
+            "",
+            "",
+            gib(gpu.memory_bytes - prediction.peak_bytes) + " left" if fits else "",
+            style=None if fits else "red",
+        )
+    return table
+
+
+def fit_table(model: str, prediction: MemoryPrediction, gpu: Gpu, fits: list[tuple[tuple[str, ...], int]]):
+    """The settings that fit, fastest first; a line saying none does when none does."""
+    table = FittedTable(
+        escape(
+            f"{model} on {gpu.name} ({gib(gpu.memory_bytes)}): "
+            f"predicted peak without techniques {gib(prediction.peak_bytes)}"
+        ),
+        [Column("setting (fastest first)", justify="left"), Column("predicted peak"), Column("left", drop=0)],
+    )
+    for chosen, peak in fits:
+        table.add_row(escape(" + ".join(chosen) or "as is"), gib(peak), gib(gpu.memory_bytes - peak))
+    if not fits:
+        table.add_row("nothing fits, even with sequential offload", "", "", style="red")
+    table.caption = (
+        "Peaks count tensors; CUDA adds its context and the caching allocator's rounding (docs/memory-prediction.md)."
+    )
+    return table

@@ -1,0 +1,67 @@
+"""`diffmeter profile --gpu/--gpu-spec`: the predicted memory beside the profile; GPU figures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diffmeter.errors import DiffmeterError
+from diffmeter.measure.peaks import PEAKS
+from diffmeter.predict.gpus import named_gpu, spec_gpu
+
+
+def test_profile_with_gpu_prints_stage_peaks_and_the_fit(cli):
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "h100")
+    assert code == 0
+    for text in ("text encoding", "denoising step", "VAE decode", "whole generation", "H100 SXM", "fits"):
+        assert text in out
+
+
+def test_profile_json_holds_the_memory_prediction(cli):
+    code, out, _ = cli("profile", "tiny-sd", "--gpu-spec", "0.004GB,100TFLOPS,1TB/s", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["gpu"]["memory_bytes"] == int(0.004 * 2**30)
+    stages = data["memory"]["stages"]
+    assert data["memory"]["peak_bytes"] == max(stage["peak_bytes"] for stage in stages)
+    assert data["total_flops"] == 2 * data["total_macs"]  # the profile itself is unchanged
+
+
+def test_a_generation_larger_than_the_card_does_not_fit(cli):
+    code, out, _ = cli("profile", "tiny-sd", "--gpu-spec", "0.004GB")  # ~4.3 MB: tiny SD peaks at ~7.7 MB
+    assert code == 0 and "does not fit" in out
+
+
+def test_named_gpus_come_from_the_datasheet_table():
+    h100 = named_gpu("h100")
+    row = next(row for row in PEAKS if row.name == "H100 SXM")
+    assert h100.name == "H100 SXM" and h100.memory_bytes == row.memory_gb * 2**30
+    assert named_gpu("H100 PCIe").name == "H100 PCIe" and named_gpu("a10").name == "A10"
+    assert h100.peak_tflops("bfloat16") == row.tflops["bf16"]
+
+
+def test_gpu_spec_reads_text_and_json():
+    text = spec_gpu("80GB,989TFLOPS,3.35TB/s")
+    as_json = spec_gpu('{"memory_gb": 80, "tflops": 989, "bandwidth_gb_s": 3350}')
+    assert text.memory_bytes == as_json.memory_bytes == 80 * 2**30
+    assert text.bandwidth_bytes_per_s == as_json.bandwidth_bytes_per_s == pytest.approx(3.35e12)
+    assert text.peak_tflops("bfloat16") == as_json.peak_tflops("float32") == 989
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpu", "h1000"], "unknown GPU 'h1000'"),
+        (["--gpu", "h100", "--gpu-spec", "80GB"], "pick one"),
+        (["--gpu-spec", "80 parsecs"], "--gpu-spec takes"),
+        (["--gpu", "h100", "--csv"], "use --json"),
+    ],
+)
+def test_bad_gpu_input_is_one_line(cli, args, message):
+    code, _, err = cli("profile", "tiny-sd", *args)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_unknown_gpu_lists_the_table():
+    with pytest.raises(DiffmeterError, match="L40S"):
+        named_gpu("nope")

@@ -1,0 +1,108 @@
+"""Memory under each technique: parameter footprints held to torchao and diffusers themselves; `diffmeter fit`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from diffmeter.catalog import resolve
+from diffmeter.families import get_family
+from diffmeter.loading import load_pipeline, locate_weights
+from diffmeter.optimize.base import Target
+from diffmeter.optimize.fp8_text_encoder import FP8TextEncoder
+from diffmeter.predict.memory import predict_memory
+from diffmeter.predict.techniques import fitting, peak_under, settings
+from diffmeter.spec import ProfileSpec
+
+
+def _stored(tensors) -> int:
+    """Bytes of real tensors, a tensor subclass (torchao's quantized weights) by its inner tensors."""
+    seen = {}
+    for tensor in tensors:
+        inner = [tensor]
+        while any(is_traceable_wrapper_subclass(t) for t in inner):
+            inner = [
+                getattr(t, name)
+                for t in inner
+                for name in (t.__tensor_flatten__()[0] if is_traceable_wrapper_subclass(t) else [])
+            ] + [t for t in inner if not is_traceable_wrapper_subclass(t)]
+        for t in inner:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def _loaded(name: str, dtype: str):
+    entry = resolve(name)
+    return entry, load_pipeline(entry, locate_weights(entry, False), torch.device("cpu"), dtype)
+
+
+@pytest.mark.parametrize(("kind", "config"), [("int8", "Int8WeightOnlyConfig"), ("fp8", "Float8WeightOnlyConfig")])
+def test_quantized_denoiser_bytes_equal_torchaos(kind, config):
+    torchao = pytest.importorskip("torchao.quantization")
+    entry, pipe = _loaded("tiny-flux", "bfloat16")
+    torchao.quantize_(pipe.transformer, getattr(torchao, config)())
+    real = _stored([*pipe.transformer.parameters(), *pipe.transformer.buffers()])
+    predicted = predict_memory(ProfileSpec(model="tiny-flux", dtype="bfloat16"))
+    assert predicted.quantized_bytes[kind]["transformer"] == real
+
+
+def test_fp8_text_encoder_bytes_equal_the_technique_applied():
+    entry, pipe = _loaded("tiny-flux", "bfloat16")
+    technique = FP8TextEncoder(FP8TextEncoder.Config())
+    technique.apply(pipe, Target(entry, get_family(entry.family), torch.device("cpu"), "bfloat16", 2))
+    predicted = predict_memory(ProfileSpec(model="tiny-flux", dtype="bfloat16"))
+    assert predicted.large_text_encoders == ["text_encoder_2"]
+    assert predicted.fp8_storage_bytes["text_encoder_2"] == _stored(pipe.text_encoder_2.parameters())
+
+
+def test_offloading_keeps_less_resident_and_fit_lists_the_cheapest_settings_first():
+    prediction = predict_memory(ProfileSpec(model="tiny-flux"))
+    none, model, sequential = (peak_under(prediction, t) for t in ((), ("offload-model",), ("offload-sequential",)))
+    assert sequential < model < none == prediction.peak_bytes
+    assert fitting(prediction, none) == [((), none)]  # it fits as is: nothing else is worth its time
+    fits = fitting(prediction, model)
+    assert fits[0][0] == ("offload-model",) and all(peak <= model for _, peak in fits)
+    assert all(not set(a) < set(b) for a, _ in fits for b, _ in fits)  # no setting adds to one that fits
+    # a GPU without FP8 tensor cores (an A10) gets no fp8 weights
+    assert any("quantize-fp8" in chosen for chosen in settings(prediction))
+    assert not any("quantize-fp8" in chosen for chosen in settings(prediction, fp8=False))
+
+
+def test_vae_tiling_lowers_the_decode_activations_at_a_large_size():
+    # SD 1.5's VAE tiles above 512 px (its tile_sample_min_size)
+    prediction = predict_memory(ProfileSpec(model="sd15", height=576, width=576, steps=1))
+    decode = next(call for call in prediction.calls if call.stage == "VAE decode")
+    assert prediction.vae_activation_bytes["vae-tiling"] < decode.activation_bytes
+    layerwise = peak_under(prediction, ("offload-sequential",))
+    assert peak_under(prediction, ("offload-sequential", "vae-tiling")) < layerwise
+
+
+def test_fit_lists_settings_and_json(cli):
+    code, out, _ = cli("fit", "tiny-flux", "--memory", "0.0035GB", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["fits"][0]["techniques"] == ["offload-model"]
+    code, out, _ = cli("fit", "tiny-flux", "--memory", "80GB")
+    assert code == 0 and "as is" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "give the memory to fit in"),
+        (["--memory", "24GB", "--gpu", "h100"], "not both"),
+        (["--gpu", "a100"], "pass --memory"),
+    ],
+)
+def test_fit_bad_input_is_one_line(cli, args, message):
+    code, _, err = cli("fit", "tiny-flux", *args)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_vae_without_tiling_is_offered_none():
+    # Kandinsky 3's VQModel inherits diffusers' enable_tiling, which raises NotImplementedError for it
+    prediction = predict_memory(ProfileSpec(model="tiny-kandinsky3"))
+    assert prediction.decoder == "movq" and prediction.vae_activation_bytes["vae-tiling"] is None
+    assert not any("vae-tiling" in chosen for chosen in settings(prediction))
