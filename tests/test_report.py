@@ -136,26 +136,36 @@ def test_compare_a_cache_that_skips_steps_is_faster(cli, study):
     assert stages["call"]["verdict"] == stages["denoising"]["verdict"] == "faster"
     assert stages["denoising"]["ci_low"] > 1.5 and stages["denoising"]["ci_level"] >= 0.95
     assert pair["differences"] == ["optimizations: none -> deep-cache-cache_interval=5"]
-    assert pair["quality"]["identical"] < len(pair["quality"]["images"]) == 3  # deep-cache is lossy
+    assert pair["quality"]["identical"] < len(pair["quality"]["images"]) == FAST["iterations"]  # lossy
     assert pair["memory_kind"] == "rss" and pair["b_peak_memory_bytes"] > 0
     code, shown, _ = cli("compare", baseline, cached)
     assert code == 0 and "faster" in shown and "Mann-Whitney" in shown
 
 
 def test_compare_two_sweeps_cell_by_cell_same_settings_are_within_noise(cli, tmp_path):
-    spec = {**FAST, "steps": 1, "iterations": 6}
-    for batch in (1, 2):
-        for side in ("a", "b"):  # one after the other, so the machine's load drifts least between them
-            bench(BenchSpec(**spec, batch_size=batch), out=tmp_path / side)
+    """Two runs of the same settings on this shared 2-vCPU VM differed by up to 35% in 16 back-to-back
+    pairs (docs/report.md): more than their calls' interval shows. One torch thread and 10 steps keep
+    that under ~20%, and --min-effect 0.3 says what this machine can tell apart."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for batch in (1, 2):
+            for side in ("a", "b"):  # back to back, so the machine drifts least between them
+                bench(BenchSpec(**FAST, warmup=2, batch_size=batch), out=tmp_path / side)
+    finally:
+        torch.set_num_threads(threads)
     shutil.copytree(next((tmp_path / "a").iterdir()), tmp_path / "a" / "extra" / "only-in-a")
-    code, out, err = cli("compare", tmp_path / "a", tmp_path / "b", "--confidence", "0.99", "--json")
+    code, out, err = cli("compare", tmp_path / "a", tmp_path / "b", "--min-effect", "0.3", "--json")
     assert code == 0, err
     comparison = json.loads(out)
     assert len(comparison["pairs"]) == 2 and len(comparison["only_a"]) == 1 and comparison["only_b"] == []
+    assert comparison["criteria"] == {"confidence": 0.95, "min_effect": 0.3}
     for pair in comparison["pairs"]:
         (call,) = [stage for stage in pair["stages"] if stage["stage"] == "call"]
-        assert call["verdict"] == "within noise" and call["ci_low"] <= 1 <= call["ci_high"]
-        assert call["ci_level"] >= 0.99 and pair["differences"] == []
+        assert call["verdict"] == "within noise", call
+        assert 1 / 1.3 < call["speedup"] < 1.3 and call["ci_level"] >= 0.95 and pair["differences"] == []
         assert pair["quality"]["identical"] == len(pair["quality"]["images"])  # same seeds, same images
 
 
@@ -167,6 +177,8 @@ def test_compare_refuses_what_cannot_be_compared(cli, study, tmp_path):
     assert code == 2 and "does not exist" in err
     code, _, err = cli("compare", baseline, baseline, "--confidence", "1.5")
     assert code == 2 and "--confidence" in err
+    code, _, err = cli("compare", baseline, baseline, "--min-effect", "-0.1")
+    assert code == 2 and "--min-effect" in err
     _, other = bench(BenchSpec(model="tiny-flux", steps=1, iterations=1, device="cpu"), out=tmp_path)
     code, _, err = cli("compare", baseline, other)
     assert code == 2 and "compare runs of one model" in err

@@ -39,14 +39,17 @@ def compare(
     b: Annotated[str, typer.Argument(metavar="B", help="the same kind, compared against A", show_default=False)],
     images: Annotated[bool, typer.Option(help="compare B's images with A's at the same seeds")] = True,
     confidence: Annotated[float, typer.Option(help="coverage asked of each speed-up's interval")] = 0.95,
+    min_effect: Annotated[
+        float, typer.Option(help="smallest difference reported as faster or slower, as a fraction (0.05: 5%)")
+    ] = 0.05,
     as_json: AsJson = False,
 ) -> None:
     """B against A: speed-up per stage with an exact interval, within noise or not; memory, energy, images."""
     load_libraries()
     from diffmeter.report.compare_table import comparison_tables
-    from diffmeter.runs.compare import compare_paths
+    from diffmeter.runs.compare import Criteria, compare_paths
 
-    comparison = compare_paths(a, b, images, confidence)
+    comparison = compare_paths(a, b, images, Criteria(confidence=confidence, min_effect=min_effect))
     if as_json:
         print(json.dumps(comparison.model_dump(mode="json"), indent=2))
         return

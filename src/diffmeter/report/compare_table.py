@@ -12,7 +12,7 @@ _VERDICT_STYLE = {"faster": "green", "slower": "red", "within noise": "dim"}
 
 
 def comparison_tables(comparison: Comparison) -> list[FittedTable]:
-    tables = [pair_table(pair) for pair in comparison.pairs]
+    tables = [pair_table(pair, comparison.criteria.min_effect) for pair in comparison.pairs]
     if tables:
         unmatched = [f"only in A: {name}" for name in comparison.only_a]
         unmatched += [f"only in B: {name}" for name in comparison.only_b]
@@ -20,7 +20,7 @@ def comparison_tables(comparison: Comparison) -> list[FittedTable]:
     return tables
 
 
-def pair_table(pair: RunComparison) -> FittedTable:
+def pair_table(pair: RunComparison, min_effect: float) -> FittedTable:
     table = FittedTable(
         escape(f"B: {pair.b}\nagainst A: {pair.a}" if pair.a != pair.b else pair.a),
         [
@@ -70,7 +70,9 @@ def pair_table(pair: RunComparison) -> FittedTable:
     lines += [escape(note) for note in pair.notes]
     lines.append(
         "speed-up = A's time / B's; interval and coverage: Hodges-Lehmann estimate with its exact Mann-Whitney "
-        "interval over every measured call (per image); within noise = the interval holds 1x"
+        f"interval over every measured call (per image); within noise = the interval holds 1x, or the speed-up is "
+        f"under {min_effect:.0%} either way (--min-effect: two runs of the same settings differ by more than their "
+        "calls' interval shows)"
     )
     table.caption = "\n".join(lines)
     return table

@@ -19,11 +19,27 @@ from diffmeter.runs.results import BenchResult
 _NOT_SETTINGS = ("compare_baseline",)
 
 
-def _method(confidence: float) -> str:
-    return (
-        "Hodges-Lehmann estimate of the ratio of per-image times, with its exact Mann-Whitney interval "
-        f"({confidence:.1%} asked; distribution-free, assuming B's times are A's scaled by one factor)"
-    )
+#: differences smaller than this are within noise even when the calls' interval excludes 1x
+MIN_EFFECT = 0.05
+
+
+class Criteria(BaseModel):
+    """When a difference counts: the interval's coverage, and the smallest speed-up (or slow-down)
+    worth reporting. Calls of one run are not independent of that run (where its memory landed, the
+    machine's state while it ran), so two runs of the same settings can differ by more than their
+    calls' interval allows; ``min_effect`` is the guard against calling that a speed-up."""
+
+    confidence: float = CONFIDENCE
+    min_effect: float = MIN_EFFECT
+
+    @property
+    def method(self) -> str:
+        return (
+            "Hodges-Lehmann estimate of the ratio of per-image times, with its exact Mann-Whitney interval "
+            f"({self.confidence:.1%} asked; distribution-free, assuming B's times are A's scaled by one factor); "
+            f"faster or slower when the interval excludes 1x and the estimate differs from 1x by {self.min_effect:.0%} "
+            "or more"
+        )
 
 
 #: stages compared, as (name, how to read one call's seconds of it)
@@ -79,15 +95,21 @@ class Comparison(BaseModel):
     a: str
     b: str
     method: str
+    criteria: Criteria
     pairs: list[RunComparison]
     only_a: list[str] = []
     only_b: list[str] = []
 
 
-def compare_paths(a: str | Path, b: str | Path, images: bool = True, confidence: float = CONFIDENCE) -> Comparison:
+def compare_paths(a: str | Path, b: str | Path, images: bool = True, criteria: Criteria | None = None) -> Comparison:
     """Two run folders, or two folders of runs matched by their run folder's path."""
-    if not 0.5 <= confidence < 1:
-        raise DiffmeterError(f"--confidence {confidence}: give a coverage between 0.5 and 1, such as 0.95 or 0.99")
+    criteria = criteria or Criteria()
+    if not 0.5 <= criteria.confidence < 1:
+        raise DiffmeterError(
+            f"--confidence {criteria.confidence}: give a coverage between 0.5 and 1, such as 0.95 or 0.99"
+        )
+    if not 0 <= criteria.min_effect < 10:
+        raise DiffmeterError(f"--min-effect {criteria.min_effect}: give a fraction such as 0.05 (5%) or 0 (none)")
     a, b = Path(a).expanduser(), Path(b).expanduser()
     for path in (a, b):
         try:
@@ -97,8 +119,8 @@ def compare_paths(a: str | Path, b: str | Path, images: bool = True, confidence:
         if not exists:
             raise DiffmeterError(f"{path} does not exist; point at a run folder or the --out folder of a sweep")
     if _is_run(a) and _is_run(b):
-        pairs = [compare_runs(storage.read_result(a), storage.read_result(b), a.name, b.name, images, confidence)]
-        return Comparison(a=str(a), b=str(b), method=_method(confidence), pairs=pairs)
+        pairs = [compare_runs(storage.read_result(a), storage.read_result(b), a.name, b.name, images, criteria)]
+        return Comparison(a=str(a), b=str(b), method=criteria.method, criteria=criteria, pairs=pairs)
     if _is_run(a) or _is_run(b):
         raise DiffmeterError(f"compare two run folders or two folders of runs; {a} and {b} are one of each")
     runs_a, runs_b = _runs(a), _runs(b)
@@ -109,11 +131,12 @@ def compare_paths(a: str | Path, b: str | Path, images: bool = True, confidence:
             "(the same sweep file run twice gives the same names)"
         )
     read = storage.read_result
-    pairs = [compare_runs(read(runs_a[name]), read(runs_b[name]), name, name, images, confidence) for name in matched]
+    pairs = [compare_runs(read(runs_a[name]), read(runs_b[name]), name, name, images, criteria) for name in matched]
     return Comparison(
         a=str(a),
         b=str(b),
-        method=_method(confidence),
+        method=criteria.method,
+        criteria=criteria,
         pairs=pairs,
         only_a=sorted(set(runs_a) - set(runs_b)),
         only_b=sorted(set(runs_b) - set(runs_a)),
@@ -121,7 +144,7 @@ def compare_paths(a: str | Path, b: str | Path, images: bool = True, confidence:
 
 
 def compare_runs(
-    a: BenchResult, b: BenchResult, a_name: str, b_name: str, images: bool = True, confidence: float = CONFIDENCE
+    a: BenchResult, b: BenchResult, a_name: str, b_name: str, images: bool = True, criteria: Criteria | None = None
 ) -> RunComparison:
     """B against A. Both must be complete runs of the same model."""
     for name, result in ((a_name, a), (b_name, b)):
@@ -142,7 +165,7 @@ def compare_runs(
         b=b_name,
         model=a.model.name,
         differences=_differences(a, b),
-        stages=[stage for name in STAGES if (stage := _stage(a, b, name, confidence)) is not None],
+        stages=[stage for name in STAGES if (stage := _stage(a, b, name, criteria or Criteria())) is not None],
         a_peak_memory_bytes=_memory(a, memory_kind),
         b_peak_memory_bytes=_memory(b, memory_kind),
         memory_kind=memory_kind,
@@ -169,12 +192,15 @@ def _per_image(result: BenchResult, field: str) -> list[float]:
     ]
 
 
-def _stage(a: BenchResult, b: BenchResult, name: str, confidence: float) -> StageComparison | None:
+def _stage(a: BenchResult, b: BenchResult, name: str, criteria: Criteria) -> StageComparison | None:
     a_times, b_times = _per_image(a, STAGES[name]), _per_image(b, STAGES[name])
     if min(a_times + b_times) <= 0:  # a stage one of them does not have (no text encoder)
         return None
-    speedup, low, high, level = speedup_interval(a_times, b_times, confidence)
-    verdict = "within noise" if low <= 1.0 <= high else "faster" if low > 1.0 else "slower"
+    speedup, low, high, level = speedup_interval(a_times, b_times, criteria.confidence)
+    worth = 1 + criteria.min_effect
+    verdict = (
+        "faster" if low > 1 and speedup >= worth else "slower" if high < 1 and speedup <= 1 / worth else "within noise"
+    )
     return StageComparison(
         stage=name,
         a_s_per_image=_median(a_times),
