@@ -354,15 +354,16 @@ def test_strict_fp32_sets_convolutions_too_and_survives_the_new_precision_api():
         assert fp32_precision() == {"matmul": "ieee", "convolution": "ieee"}
     assert fp32_precision() == before
     if hasattr(torch.backends.cudnn.conv, "fp32_precision"):  # torch 2.9+: someone used the new API
-        previous = torch.backends.cudnn.conv.fp32_precision
+        previous = torch.backends.cudnn.allow_tf32
         torch.backends.cudnn.conv.fp32_precision = "ieee"
         try:
             with fp32_math(True):
                 assert fp32_precision()["convolution"] == "tf32"
             torch.get_float32_matmul_precision()  # the legacy reader inductor uses must not raise
             assert torch.backends.cudnn.allow_tf32 is False
-        finally:
-            torch.backends.cudnn.conv.fp32_precision = previous
+        finally:  # with the legacy setter: conv and RNN alike, or torch.export's legacy read raises later
+            torch.backends.cudnn.allow_tf32 = previous
+        assert torch._C._get_cudnn_allow_tf32() == previous
 
 
 def test_the_mfu_peak_follows_the_runs_tf32_setting_not_global_state():

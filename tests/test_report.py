@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+import sys
 
 import pytest
 
@@ -21,8 +22,19 @@ WEIGHTS_TAG = "tiny random-weight test pipeline"
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     """A tiny study: a ladder (baseline, faster sampler, a cache), a lossy run compared with its
-    baseline, a batch-size (traced) and a resolution axis, and stored profiles."""
+    baseline, a batch-size (traced) and a resolution axis, a sweep (its cells and its record), and
+    stored profiles."""
+    from diffmeter.cli import main
+
     out = tmp_path_factory.mktemp("study")
+    with pytest.MonkeyPatch.context() as patch:
+        sweep = ["sweep", "--model", "tiny-pixart", "--steps", "2", "--iterations", "2", "--out", str(out / "sweep")]
+        patch.setattr(sys, "argv", ["diffmeter", *sweep])
+        try:
+            main()
+        except SystemExit as exit:
+            assert exit.code in (0, None)
+    assert list((out / "sweep").glob("sweep-*.json"))
     base = BenchSpec(**FAST)
     climb(plan(base, ("scheduler", "cache"), fast_steps=4, compile_mode="default"), out, recheck=False)
     cache = parse_opt("deep-cache:cache_interval=5")  # the UNet's deep blocks run in 2 of 10 steps
@@ -48,7 +60,7 @@ def test_the_report_is_one_file_with_everything_embedded(report_file, study):
 
     own = page.replace(get_plotlyjs(), "")  # the library's own strings name its website
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", own)  # nothing fetched from anywhere
-    assert "<title>tiny study</title>" in page
+    assert "<title>tiny study</title>" in page and "tiny-pixart" in page  # the sweep's cell is in
     for section in ("summary", "time", "operators", "scaling", "tradeoffs", "images", "ladders", "compute"):
         assert f'id="{section}"' in page, section
     assert page.count(WEIGHTS_TAG) >= 8  # in every plot title that shows tiny runs, the gallery and the banner

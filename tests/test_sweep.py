@@ -4,7 +4,6 @@ batch-size search, and the Ray executor on a local instance."""
 
 import importlib.util
 import json
-import os
 import random
 import signal
 import subprocess
@@ -133,6 +132,7 @@ def test_the_dry_run_shows_each_cell_done_refused_or_to_run_with_its_compute(tmp
 def test_cells_run_in_their_own_processes_and_a_failing_cell_is_stored_failed(tmp_path, cli):
     """One cell loads a corrupt checkpoint and raises; the other completes; a rerun skips both
     and --retry-failed runs the failed one again."""
+    earlier = {child.pid for child in psutil.Process().children()}  # other tests' processes are not this one's
     broken = corrupt_folder(tmp_path)
     out = tmp_path / "out"
     study = tmp_path / "study.yaml"
@@ -145,7 +145,8 @@ def test_cells_run_in_their_own_processes_and_a_failing_cell_is_stored_failed(tm
     assert "exited with code 2 without a result" in failed["error"] and "safetensors" in failed["error"].lower()
     record = json.loads((out / "sweep-mixed.json").read_text())
     assert [cell["status"] for cell in record["cells"]] == ["done", "failed"]
-    assert os.getpid() not in [p.ppid() for p in psutil.process_iter()]  # no cell process left
+    left = [child for child in psutil.Process().children() if child.pid not in earlier]
+    assert not left, [(child.pid, child.name(), child.status()) for child in left]  # no cell process left
 
     before = {name: (out / name / RESULTS).read_bytes() for name in runs}
     code, text, _ = cli("sweep", study, "--out", out)
