@@ -47,10 +47,6 @@ def fit(
     target = chosen_gpu(gpu, None) if gpu else spec_gpu(memory).model_copy(update={"name": memory})
     if not target.memory_bytes:
         raise DiffmeterError(f"{target.name} has no single memory size in the table; pass --memory")
-    if height is not None and width is None:
-        width = height
-    if width is not None and height is None:
-        height = width
     spec = ProfileSpec(
         model=model,
         height=height,

@@ -4,6 +4,7 @@ is within noise, and what B costs in memory, energy and image quality (``diffmet
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Literal
 
@@ -203,20 +204,14 @@ def _stage(a: BenchResult, b: BenchResult, name: str, criteria: Criteria) -> Sta
     )
     return StageComparison(
         stage=name,
-        a_s_per_image=_median(a_times),
-        b_s_per_image=_median(b_times),
+        a_s_per_image=statistics.median(a_times),
+        b_s_per_image=statistics.median(b_times),
         speedup=speedup,
         ci_low=low,
         ci_high=high,
         ci_level=level,
         verdict=verdict,
     )
-
-
-def _median(values: list[float]) -> float:
-    import statistics
-
-    return statistics.median(values)
 
 
 def _differences(a: BenchResult, b: BenchResult) -> list[str]:

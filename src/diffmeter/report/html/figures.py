@@ -4,10 +4,16 @@ measured, where, and with which weights."""
 
 from __future__ import annotations
 
+import html
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
+import plotly.colors
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from diffmeter import units
 from diffmeter.flops.schema import Profile
 from diffmeter.report.html.study import WEIGHTS_LABELS, Run, Study
 
@@ -18,22 +24,14 @@ STAGES = {
     "other": "other",
 }
 STAGE_COLORS = {"text_encoding": "#4c78a8", "denoising": "#f58518", "vae_decode": "#54a24b", "other": "#bab0ac"}
-ROLE_COLORS = {"text_encoder": "#4c78a8", "denoiser": "#f58518", "vae": "#54a24b"}
 
 
 @dataclass
 class Figure:
-    title: str
-    figure: object  # plotly.graph_objects.Figure
+    figure: go.Figure
     caption: str
     #: a table shown under the plot (already escaped HTML)
     table: str = ""
-
-
-def _go():
-    import plotly.graph_objects as go
-
-    return go
 
 
 def weights_tag(weights: set[str]) -> str:
@@ -50,12 +48,6 @@ def _measured(runs: list[Run]) -> str:
     return f"Measured on {', '.join(hardware)}, {calls_text} calls per run; weights: {', '.join(weights)}."
 
 
-def _seconds(value: float) -> str:
-    from diffmeter import units
-
-    return units.seconds(value)
-
-
 def _stage_median(run: Run, stage: str) -> float:
     stats = run.result.summary.stages_s.get(stage)
     return stats.median if stats is not None else 0.0
@@ -63,8 +55,6 @@ def _stage_median(run: Run, stage: str) -> float:
 
 def _color(name: str, names: list[str]) -> str:
     """One color per name, the same in every panel."""
-    import plotly.colors
-
     palette = plotly.colors.qualitative.Plotly
     return palette[sorted(names).index(name) % len(palette)]
 
@@ -87,8 +77,7 @@ def time_breakdown(study: Study) -> list[Figure]:
     runs = study.complete
     if not runs:
         return []
-    go = _go()
-    labels = [f"{run.label} ({_seconds(run.result.summary.latency_s.median)} per call)" for run in runs]
+    labels = [f"{run.label} ({units.seconds(run.result.summary.latency_s.median)} per call)" for run in runs]
     bars = go.Figure()
     for stage, name in STAGES.items():
         seconds = [_stage_median(run, stage) for run in runs]
@@ -114,7 +103,6 @@ def time_breakdown(study: Study) -> list[Figure]:
     bars.update_yaxes(automargin=True, autorange="reversed")
     figures = [
         Figure(
-            "Where the time goes",
             bars,
             "Each bar is one run's median call split into its stages (text encoding, the denoising loop, VAE "
             "decode, everything else), device-timed, as shares of the call so runs of any size compare; hover "
@@ -144,7 +132,6 @@ def time_breakdown(study: Study) -> list[Figure]:
         steps.update_yaxes(type="log")
         figures.append(
             Figure(
-                "Time of each denoising step",
                 steps,
                 "Median over the measured calls of each step's time (from one scheduler step to the next), log "
                 "scale: a cache that skips work shows as cheap steps, compilation as a slow first call (dotted, "
@@ -159,8 +146,6 @@ _SETTINGS = ("model", "weights", "hardware", "dtype", "steps", "optimizations", 
 
 def scaling(study: Study) -> list[Figure]:
     """Latency, throughput and achieved FLOP/s against batch size, and time per image against size."""
-    from plotly.subplots import make_subplots
-
     runs = study.complete
     figures = []
     by_batch: dict[tuple, list[Run]] = defaultdict(list)
@@ -214,7 +199,6 @@ def scaling(study: Study) -> list[Figure]:
         figure.update_yaxes(title_text="TFLOP/s (10^12 FLOP/s)", row=1, col=3)
         figures.append(
             Figure(
-                "Scaling with batch size",
                 figure,
                 "Median latency per pipeline call, images per second over the measured calls, and the denoising "
                 "loop's achieved TFLOP/s: the offline FLOP count of the loop divided by its measured median time "
@@ -223,7 +207,6 @@ def scaling(study: Study) -> list[Figure]:
         )
     size_groups = {k: v for k, v in by_size.items() if len({(r.row["width"], r.row["height"]) for r in v}) > 1}
     if size_groups:
-        go = _go()
         figure = go.Figure()
         shown = []
         for key, group in size_groups.items():
@@ -240,7 +223,6 @@ def scaling(study: Study) -> list[Figure]:
         _layout(figure, "Scaling with resolution", shown, "megapixels per image", "seconds per image (median)")
         figures.append(
             Figure(
-                "Scaling with resolution",
                 figure,
                 "Median seconds per image against the image size, every other setting equal. " + _measured(shown),
             )
@@ -250,8 +232,6 @@ def scaling(study: Study) -> list[Figure]:
 
 def tradeoffs(study: Study) -> list[Figure]:
     """Speed-up against image quality per technique; energy and memory against latency (Pareto)."""
-    from plotly.subplots import make_subplots
-
     runs = study.complete
     figures = []
     judged = [run for run in runs if run.result.quality is not None and run.row["speedup"] is not None]
@@ -297,7 +277,6 @@ def tradeoffs(study: Study) -> list[Figure]:
         figure.update_yaxes(title_text="SSIM vs unoptimized images (1 = same)", row=1, col=2)
         figures.append(
             Figure(
-                "Speed-up against image quality",
                 figure,
                 "Each point is an optimized run: its speed-up over the unoptimized run of the same settings, "
                 "against its images compared with the unoptimized images at the same seeds (mean PSNR, mean "
@@ -341,7 +320,6 @@ def tradeoffs(study: Study) -> list[Figure]:
 
 def _pareto(runs: list[Run], values: list[float], y: str, title: str, caption: str) -> Figure:
     """Each model's runs, and its Pareto frontier (no run of the same model beats one on it on both)."""
-    go = _go()
     figure = go.Figure()
     by_model: dict[str, list[tuple[float, float, Run]]] = defaultdict(list)
     for run, value in zip(runs, values, strict=True):
@@ -376,12 +354,11 @@ def _pareto(runs: list[Run], values: list[float], y: str, title: str, caption: s
     _layout(figure, title, runs, "seconds per image (median, log scale)", y + ", log scale")
     figure.update_xaxes(type="log")
     figure.update_yaxes(type="log")
-    return Figure(title, figure, caption + _measured(runs))
+    return Figure(figure, caption + _measured(runs))
 
 
 def ladders(study: Study) -> list[Figure]:
     """A waterfall per ladder: how much each rung adds to the speed-up."""
-    go = _go()
     figures = []
     for path, ladder in study.ladders:
         rows = [row for row in ladder.rows if not row.skipped and row.speedup is not None]
@@ -403,14 +380,13 @@ def ladders(study: Study) -> list[Figure]:
             )
         )
         runs = [run for row in rows if row.folder and (run := study.run_at(row.folder)) is not None]
-        tag = weights_tag({run.weights for run in runs})
-        figure.update_layout(
-            title={"text": f"Optimization ladder: {ladder.model} on {ladder.device}{tag}", "font": {"size": 15}},
-            template="plotly_white",
-            xaxis_title="rung (each adds one technique to the one before)",
-            yaxis_title="speed-up over the baseline (x)",
+        _layout(
+            figure,
+            f"Optimization ladder: {ladder.model} on {ladder.device}",
+            runs,
+            "rung (each adds one technique to the one before)",
+            "speed-up over the baseline (x)",
             showlegend=False,
-            margin={"l": 60, "r": 20, "t": 60, "b": 50},
         )
         skipped = [f"{row.rung} ({row.skipped.split('; ')[0]})" for row in ladder.rows if row.skipped]
         weights = sorted({WEIGHTS_LABELS[run.weights] for run in runs}) or [
@@ -423,7 +399,7 @@ def ladders(study: Study) -> list[Figure]:
         )
         if skipped:
             caption += " Skipped: " + "; ".join(skipped) + "."
-        figures.append(Figure(f"Ladder: {ladder.model}", figure, caption))
+        figures.append(Figure(figure, caption))
     return figures
 
 
@@ -432,7 +408,6 @@ def compute(study: Study) -> list[Figure]:
     profiles = study.profiles
     if not profiles:
         return []
-    go = _go()
     labels = [f"{_profile_label(p)} ({p.total_flops / 1e12:.4g} TFLOPs)" for p in profiles]
     shares = go.Figure()
     names = sorted({(c.role, c.name) for p in profiles for c in p.components})
@@ -445,20 +420,19 @@ def compute(study: Study) -> list[Figure]:
             orientation="h",
             hovertemplate="%{y}<br>" + name + ": %{customdata:.4g} TFLOPs, %{x:.1f}%<extra></extra>",
         )
-    shares.update_layout(
-        title={"text": "Compute per component (offline, from configs)", "font": {"size": 15}},
-        template="plotly_white",
+    _layout(  # offline counts: no weights, no runs to label
+        shares,
+        "Compute per component (offline, from configs)",
+        [],
+        "share of the generation's FLOPs (%)",
+        "profile (TFLOPs per generation: 10^12 floating-point operations, 2 per MAC)",
         barmode="stack",
-        xaxis_title="share of the generation's FLOPs (%)",
-        yaxis_title="profile (TFLOPs per generation: 10^12 floating-point operations, 2 per MAC)",
         height=max(320, 80 + 26 * len(profiles)),
         legend={"orientation": "h", "y": -0.15},
-        margin={"l": 60, "r": 20, "t": 60, "b": 50},
     )
     shares.update_yaxes(automargin=True, autorange="reversed")
     figures = [
         Figure(
-            "Compute per component",
             shares,
             "Floating-point operations of one whole generation per component, counted offline from the model "
             "configs (no weights: the count is the same for pretrained and random weights; exact for the calls "
@@ -478,15 +452,15 @@ def compute(study: Study) -> list[Figure]:
             if len({x for x, _ in points}) > 1:
                 figure.add_scatter(x=[x for x, _ in points], y=[y for _, y in points], mode="lines+markers", name=name)
         if figure.data:
-            figure.update_layout(
-                title={"text": title + " (offline, from configs)", "font": {"size": 15}},
-                template="plotly_white",
-                xaxis_title=axis,
-                yaxis_title="TFLOPs per image (10^12 floating-point operations)",
-                margin={"l": 60, "r": 20, "t": 60, "b": 50},
+            _layout(
+                figure,
+                title + " (offline, from configs)",
+                [],
+                axis,
+                "TFLOPs per image (10^12 floating-point operations)",
             )
             figures.append(
-                Figure(title, figure, "Whole-generation TFLOPs per image from the stored profiles, counted offline.")
+                Figure(figure, "Whole-generation TFLOPs per image from the stored profiles, counted offline.")
             )
     return figures
 
@@ -511,9 +485,6 @@ TRACED_RUNS = 8
 
 def operators(study: Study) -> list[Figure]:
     """Per traced run (`bench --trace`): each stage's self time by operator kind, and its top operators."""
-    import html
-
-    go = _go()
     figures = []
     for run in [run for run in study.complete if run.result.trace is not None][:TRACED_RUNS]:
         trace = run.result.trace
@@ -523,7 +494,7 @@ def operators(study: Study) -> list[Figure]:
             totals = [stage.kinds.get(kind) for stage in stages]
             figure.add_bar(
                 name=kind,
-                y=[f"{STAGES.get(stage.stage, stage.stage)} ({_seconds(stage.range_s)})" for stage in stages],
+                y=[f"{STAGES.get(stage.stage, stage.stage)} ({units.seconds(stage.range_s)})" for stage in stages],
                 x=[100 * total.share if total else 0 for total in totals],
                 customdata=[
                     [total.self_s if total else 0, total.calls if total else 0, _rate(total)] for total in totals
@@ -559,7 +530,6 @@ def operators(study: Study) -> list[Figure]:
         )
         figures.append(
             Figure(
-                f"Operators: {run.label}",
                 figure,
                 f"One extra call after the measured ones, under torch.profiler (`bench --trace`; slower than the "
                 f"measured calls by the profiler's overhead): each stage's self {unit} time by operator kind; "

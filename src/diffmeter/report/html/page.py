@@ -99,10 +99,8 @@ def render(study: Study, title: str, images_per_run: int = 4) -> str:
         body += ['<h2 id="summary">Summary</h2>', _summary(study.runs)]
     for anchor, heading, builder in SECTIONS:
         built = builder(study)
-        if anchor == "tradeoffs" and study.complete:  # the images come right after their quality figures
-            gallery = gallery_html(study, images_per_run)
-        else:
-            gallery = ""
+        # the images come right after their quality figures
+        gallery = gallery_html(study, images_per_run) if anchor == "tradeoffs" else ""
         if not built and not gallery:
             continue
         body.append(f'<h2 id="{anchor}">{heading}</h2>')

@@ -77,8 +77,10 @@ def read_study(directory: str | Path) -> Study:
     rows = [run.row for run in study.runs]
     collect.add_speedups(rows)
     seen = set()
+    run_folders = {path.parent for path in results}
     for path in sorted(root.rglob("*.json")):
-        if path in results or any(part.startswith(".") for part in path.relative_to(root).parts):
+        inside_a_run = not run_folders.isdisjoint(path.parents)  # requests.json, ops.json: not ladders or profiles
+        if inside_a_run or any(part.startswith(".") for part in path.relative_to(root).parts):
             continue
         if path.name.startswith("ladder-") or path.name.startswith("ladder_"):
             ladder = _read(path, Ladder)
