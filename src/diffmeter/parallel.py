@@ -40,7 +40,7 @@ def parallel_map(
             done(finished, total)
         return results
     order = sorted(range(len(items)), key=lambda index: -cost(items[index])) if cost else list(range(len(items)))
-    pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_ignore_interrupts)
+    pool = _pool(jobs)
     try:
         results: dict[int, R] = {}
         finished = 0
@@ -57,5 +57,18 @@ def parallel_map(
         pool.join()
 
 
+def _pool(jobs: int):
+    """Workers forked with SIGINT blocked, so a Ctrl-C between a fork and the worker's initializer
+    cannot interrupt it half-started (which left the pool waiting on it forever); the parent gets
+    that Ctrl-C as soon as the pool exists. Workers the pool forks later, from its own thread,
+    inherit the block too."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return multiprocessing.get_context("fork").Pool(jobs, initializer=_ignore_interrupts)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
