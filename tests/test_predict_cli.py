@@ -8,7 +8,7 @@ import pytest
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.measure.peaks import PEAKS
-from diffmeter.predict.gpus import named_gpu, spec_gpu
+from diffmeter.predict.devices import named_gpu, spec_gpu
 
 
 def test_profile_with_gpu_prints_stage_peaks_and_the_fit(cli):

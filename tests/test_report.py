@@ -111,7 +111,8 @@ def test_the_report_renders_offline_in_a_real_browser(report_file):
         browser.close()
     assert errors == []
     assert requests == [report_file.as_uri()]  # the page itself, nothing else
-    assert len(plots) >= 9
+    assert len(plots) >= 10
+    assert any("Predicted against measured time per call" in plot["title"] for plot in plots)  # bench --predict
     for plot in plots:
         assert plot["svg"] >= 1 and plot["traces"] >= 1 and plot["points"] >= 1 and plot["marks"] >= 1, plot
         measured = "offline" not in plot["title"]

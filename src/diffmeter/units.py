@@ -34,8 +34,10 @@ def params(value: float) -> str:
 
 
 def seconds(value: float) -> str:
-    """Seconds, switching to ms below one second."""
-    return f"{value:,.3f} s" if abs(value) >= 1 else f"{value * 1e3:,.2f} ms"
+    """Seconds, switching to ms below one second and to µs below one millisecond."""
+    if abs(value) >= 1:
+        return f"{value:,.3f} s"
+    return f"{value * 1e3:,.2f} ms" if abs(value) >= 1e-3 or value == 0 else f"{value * 1e6:,.2f} µs"
 
 
 def joules(value: float) -> str:

@@ -126,6 +126,14 @@ def bench(
             "operators per stage in the run folder (see `show --ops`)"
         ),
     ] = False,
+    predict: Annotated[
+        bool,
+        typer.Option(
+            help="store the offline prediction of peak memory and time for the run's device beside the measured "
+            "figures (see `profile --gpu`)",
+            envvar="DIFFMETER_PREDICT",
+        ),
+    ] = True,
     out: o.Out = "results",
     force: o.Force = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress and no table")] = False,
@@ -205,6 +213,7 @@ def _bench_spec(values: dict):
         compare_baseline=values["compare_baseline"],
         memory_check=values["memory_check"],
         trace=values["trace"],
+        predict=values["predict"],
         ulysses_degree=values["ulysses_degree"],
         ring_degree=values["ring_degree"],
         tp_degree=values["tp_degree"],

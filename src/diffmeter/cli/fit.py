@@ -38,7 +38,7 @@ def fit(
 ) -> None:
     """List the memory settings (offload, quantization, VAE tiling, fp8 text encoder) whose predicted
     peak fits the GPU, fastest first."""
-    from diffmeter.predict.gpus import chosen_gpu, spec_gpu
+    from diffmeter.predict.devices import chosen_gpu, spec_gpu
     from diffmeter.report.memory_table import fit_table
     from diffmeter.spec import ProfileSpec
 

@@ -192,28 +192,43 @@ def _split_line(split: dict) -> str:
 
 
 def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: bool, as_csv: bool) -> None:
-    """Each profile with its predicted peak memory on the chosen GPU (``predict/``)."""
-    from diffmeter.predict.gpus import chosen_gpu
+    """Each profile with its predicted peak memory and time on the chosen device (``predict/``)."""
+    from diffmeter.predict.devices import chosen_gpu, is_this_cpu
     from diffmeter.report.memory_table import memory_table
     from diffmeter.report.tables import profile_table
+    from diffmeter.report.time_table import time_table
 
-    chosen = chosen_gpu(gpu, gpu_spec)
     if as_csv:
         raise DiffmeterError("--csv has no place for predictions: use --json with --gpu/--gpu-spec")
+    chosen = None if is_this_cpu(gpu) else chosen_gpu(gpu, gpu_spec)  # a wrong name fails before any work
     load_libraries()
     from diffmeter.predict.memory import predict_memory
+    from diffmeter.predict.operators import operator_work
+    from diffmeter.predict.roofline import missing_figures, predict_time
 
     memories = [predict_memory(spec) for spec in specs]
+    chosen = chosen or chosen_gpu(gpu, gpu_spec, tuple({memory.dtype for memory in memories}))
+    missing = [missing_figures(chosen, memory.dtype) for memory in memories]
+    times = [
+        None if lacking else predict_time(operator_work(spec), chosen)
+        for spec, lacking in zip(specs, missing, strict=True)
+    ]
     if as_json:
         payloads = [
-            {**found.to_json_dict(), "gpu": chosen.model_dump(), "memory": memory.model_dump(mode="json")}
-            for found, memory in zip(results, memories, strict=True)
+            {
+                **found.to_json_dict(),
+                "gpu": chosen.model_dump(),
+                "memory": memory.model_dump(mode="json"),
+                "time": time.model_dump(mode="json") if time else None,
+            }
+            for found, memory, time in zip(results, memories, times, strict=True)
         ]
         print(json.dumps(payloads[0] if len(payloads) == 1 else {"profiles": payloads}, indent=2))
         return
-    for found, memory in zip(results, memories, strict=True):
+    for found, memory, time, lacking in zip(results, memories, times, missing, strict=True):
         console.print(profile_table(found))
         console.print(memory_table(memory, chosen))
+        console.print(time_table(time) if time else f"no time prediction: {lacking}", markup=False)
 
 
 @command()

@@ -91,7 +91,9 @@ _EXTRA_FORMULAS = {
     aten._scaled_dot_product_flash_attention_for_cpu: _fused_attention_flops,
     aten._scaled_dot_product_fused_attention_overrideable: _fused_attention_flops,
 }
-_FORMULAS = {**flop_registry, **_EXTRA_FORMULAS}
+#: every formula of torch.utils.flop_counter plus the fused attention kernels it lacks, by operator packet
+#: every formula of torch.utils.flop_counter, plus the fused attention kernels it lacks, by operator packet
+FORMULAS = {**flop_registry, **_EXTRA_FORMULAS}
 _KIND_OF_OP.update({op: ATTENTION for op in _EXTRA_FORMULAS})
 _KIND_OF_OP.update({op: ATTENTION for op in flop_registry if "attention" in str(op)})
 
@@ -104,10 +106,10 @@ class _DispatchCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         packet = func._overloadpacket
-        if self.state.inside_attention or packet not in _FORMULAS:
+        if self.state.inside_attention or packet not in FORMULAS:
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        flops = _FORMULAS[packet](*args, **kwargs, out_val=out)
+        flops = FORMULAS[packet](*args, **kwargs, out_val=out)
         self.state.counts.add(self.state.paths(), _KIND_OF_OP.get(packet, MATMUL), flops)
         return out
 

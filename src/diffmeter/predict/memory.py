@@ -142,7 +142,8 @@ def track_call(module: torch.nn.Module, call: Call, dtype: torch.dtype) -> CallM
     )
 
 
-def _key(spec: ProfileSpec) -> dict:
+def cache_key(spec: ProfileSpec) -> dict:
+    """What a prediction for ``spec`` depends on: the entry's configs and the settings."""
     from dataclasses import asdict
 
     return {"entry": resolve(spec.model).model_dump(mode="json"), "spec": asdict(spec)}
@@ -155,13 +156,13 @@ def predict_memory(spec: ProfileSpec) -> MemoryPrediction:
     if found is not None:
         return found
     found = _predict(spec)
-    cache.store("memory", _key(spec), found.model_dump(mode="json"))
+    cache.store("memory", cache_key(spec), found.model_dump(mode="json"))
     return found
 
 
 def cached_memory(spec: ProfileSpec) -> MemoryPrediction | None:
     """The prediction for this exact question from the disk cache, or None."""
-    stored = cache.load("memory", _key(spec))
+    stored = cache.load("memory", cache_key(spec))
     return MemoryPrediction.model_validate(stored) if stored is not None else None
 
 

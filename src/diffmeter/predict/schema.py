@@ -51,3 +51,73 @@ class MemoryPrediction(BaseModel):
     #: the image/video decoder those figures are for (LTX-2 also decodes audio)
     decoder: str = ""
     method: str = "MemTracker under FakeTensorMode (CPU kernels' shapes; no allocator rounding)"
+
+
+class OperatorGroup(BaseModel):
+    """Operators of one kind with the same work: FLOPs and bytes moved (inputs read, outputs written)
+    per call, and how many there are."""
+
+    kind: str
+    flops: int
+    bytes: int
+    calls: int
+
+
+class CallWork(BaseModel):
+    """One distinct component call of the plan and its operators; ``count`` such calls per generation."""
+
+    stage: str
+    component: str
+    count: int
+    operators: list[OperatorGroup]
+
+
+class OperatorWork(BaseModel):
+    """Every operator of one generation, from fake-tensor execution of the profile's call plan."""
+
+    dtype: str
+    calls: list[CallWork]
+
+
+class StageTime(BaseModel):
+    """A stage's predicted time (seconds): the roofline lower bound, and the range calibrated
+    efficiencies give (None without a calibration for the device)."""
+
+    stage: str
+    operators: int
+    flops: int
+    bytes: int
+    lower_s: float
+    expected_s: tuple[float, float] | None = None
+
+
+class TimePrediction(BaseModel):
+    """Seconds per generation on one device: per stage (``text_encoding``, ``denoising``,
+    ``vae_decode``) and whole, with the figures it used."""
+
+    device: str
+    dtype: str
+    peak_tflops: float
+    bandwidth_bytes_per_s: float
+    stages: list[StageTime]
+    lower_s: float
+    expected_s: tuple[float, float] | None = None
+    #: where the expected range's efficiencies come from, or why there is none
+    calibration: str
+    method: str = (
+        "per operator max(FLOPs / peak, bytes moved / bandwidth), summed (lower bound); expected: each kind's "
+        "time divided by its calibrated achieved fraction, plus a calibrated overhead per operator"
+    )
+
+
+class RunPrediction(BaseModel):
+    """What ``bench`` stores beside its measurements: the offline prediction for the run's settings
+    on the device it ran on (bytes, seconds per call)."""
+
+    device: str
+    #: peak memory of one generation, with the run's memory techniques where they are modelled
+    peak_memory_bytes: int | None = None
+    memory_techniques: list[str] = []
+    time: TimePrediction | None = None
+    #: what the prediction leaves out of this run (techniques it does not model), or why a part is missing
+    notes: list[str] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.markup import escape
 
-from diffmeter.predict.gpus import Gpu
+from diffmeter.predict.devices import Device
 from diffmeter.predict.schema import MemoryPrediction
 from diffmeter.report.layout import Column, FittedTable
 
@@ -14,7 +14,7 @@ def gib(value: float) -> str:
     return f"{value / 2**30:,.2f} GiB"
 
 
-def memory_table(prediction: MemoryPrediction, gpu: Gpu | None) -> FittedTable:
+def memory_table(prediction: MemoryPrediction, gpu: Device | None) -> FittedTable:
     title = f"predicted peak memory ({prediction.dtype}, every component loaded)"
     table = FittedTable(
         escape(title),
@@ -54,7 +54,7 @@ def memory_table(prediction: MemoryPrediction, gpu: Gpu | None) -> FittedTable:
     return table
 
 
-def fit_table(model: str, prediction: MemoryPrediction, gpu: Gpu, fits: list[tuple[tuple[str, ...], int]]):
+def fit_table(model: str, prediction: MemoryPrediction, gpu: Device, fits: list[tuple[tuple[str, ...], int]]):
     """The settings that fit, fastest first; a line saying none does when none does."""
     table = FittedTable(
         escape(

@@ -8,6 +8,7 @@ from rich.text import Text
 
 from diffmeter import units
 from diffmeter.report.layout import Column, FittedTable
+from diffmeter.report.prediction_lines import prediction_lines
 from diffmeter.runs.results import BenchResult
 
 STAGE_LABELS = {
@@ -138,6 +139,7 @@ def _facts(result: BenchResult) -> Text:
     if summary.conditions is not None:
         lines.append(conditions_line(summary.conditions))
     lines.append(f"weights: {result.weights}")
+    lines += prediction_lines(result)
     if result.trace is not None:
         lines.append(
             f"traced: one extra call after the measured ones ({units.seconds(result.trace.total_s)} under "

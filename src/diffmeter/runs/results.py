@@ -26,6 +26,7 @@ from diffmeter.measure.quality import Quality
 from diffmeter.measure.stages import Stages
 from diffmeter.measure.stats import Stats, ratio_interval
 from diffmeter.measure.trace import TraceSummary
+from diffmeter.predict.schema import RunPrediction
 from diffmeter.runs.spec import BenchSpec
 
 SCHEMA_VERSION = 2
@@ -160,6 +161,8 @@ class BenchResult(BaseModel):
     images: list[ImageRecord] = []
     #: ``--trace``: one extra call after the measured ones, under torch.profiler (not in ``iterations``)
     trace: TraceSummary | None = None
+    #: the offline prediction for the run's settings on its device (``bench --predict``, the default)
+    prediction: RunPrediction | None = None
     #: a multi-process run (``--ulysses-degree``, ``--ring-degree``, ``--data-parallel``): its ranks
     parallel: Parallel | None = None
     notes: list[str] = []

@@ -119,6 +119,8 @@ def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, pro
             result.quality = compare_with_baseline(result, staging, *baseline)
             result.speedup = Speedup.of(result.summary.latency_s, baseline[0].summary.latency_s, str(baseline[1]))
             result.notes += _baseline_notes(result, baseline[0])
+        if spec.predict and result.status == "complete":
+            _add_prediction(result, log)
         log.info("done: %s", result.status)
         final = folder.commit(result)
     except BaseException:
@@ -207,6 +209,16 @@ def compare_with_baseline(result: BenchResult, folder: Path, baseline: BenchResu
     ]
     reasons = {name: reason for name, reason in (("lpips", lpips_reason), ("clip_score", clip_reason)) if reason}
     return summarize(str(baseline_folder), compared, clip.name if clip else None, reasons)
+
+
+def _add_prediction(result: BenchResult, log) -> None:
+    """The offline prediction beside the measurements; a prediction that cannot be made is a note."""
+    from diffmeter.predict.bench_prediction import predict_or_note
+
+    result.prediction, note = predict_or_note(result.spec, result.optimizations, result.fp32_precision)
+    if note:
+        log.warning(note)
+        result.notes.append(note)
 
 
 def _result_fields(spec, entry, source, profile, optimizations) -> dict:

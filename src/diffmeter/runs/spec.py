@@ -52,6 +52,8 @@ class BenchSpec(BaseModel):
     memory_check: bool = True
     #: one extra call after the measured ones under torch.profiler (trace and operators table)
     trace: bool = False
+    #: store the offline prediction (peak memory, roofline time) for the run's device beside the measurements
+    predict: bool = True
     #: context parallelism (diffusers): ranks splitting the sequence with Ulysses all-to-all / ring attention
     ulysses_degree: int = 1
     ring_degree: int = 1

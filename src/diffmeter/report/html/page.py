@@ -42,6 +42,7 @@ SECTIONS = (
     ("tradeoffs", "Trade-offs", plots.tradeoffs),
     ("ladders", "Ladders", plots.ladders),
     ("compute", "Compute", plots.compute),
+    ("predictions", "Predicted against measured", plots.predictions),
 )
 
 STYLE = """

@@ -1,5 +1,6 @@
-"""The GPU a prediction is for: a row of ``measure.peaks`` (datasheet memory, bandwidth and dense
-peaks) named by the user, or figures given with ``--gpu-spec``."""
+"""The device a prediction is for: a GPU row of ``measure.peaks`` (datasheet memory, bandwidth and dense
+peaks) named by the user, figures given with ``--gpu-spec``, or ``cpu``: this machine's CPU, its peaks
+measured (``measure.cpu_peaks``)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from diffmeter.measure.peaks import PEAKS, PRECISION
 _SPEC_PART = re.compile(r"^\s*([\d.]+)\s*(gb|gib|tflops|tb/s|gb/s)\s*$", re.IGNORECASE)
 
 
-class Gpu(BaseModel):
+class Device(BaseModel):
     """Memory in bytes, bandwidth in bytes/s, peaks in TFLOP/s. A datasheet's memory "GB" is read as
     GiB (2^30 bytes): an "80GB" H100 reports 81,559 MiB in nvidia-smi, a "24GB" RTX 4090 24,564 MiB."""
 
     name: str
+    #: "cuda" or "cpu": which calibration of achieved fractions applies (``roofline``)
+    kind: str = "cuda"
     memory_bytes: int | None
     bandwidth_bytes_per_s: float | None
     tflops: dict[str, float]
@@ -32,18 +35,31 @@ def _plain(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
-def named_gpu(name: str) -> Gpu:
+def is_this_cpu(name: str | None) -> bool:
+    """``--gpu cpu``: this machine's CPU, measured."""
+    return name is not None and _plain(name) in ("cpu", "thiscpu")
+
+
+def named_gpu(name: str, dtypes: tuple[str, ...] = ()) -> Device:
     """The table's GPU for a name ("h100", "H100 PCIe", "l4"): an exact name first, else the first row
     whose name starts with it (the table lists the SXM form first)."""
+    if is_this_cpu(name):
+        return this_cpu(*dtypes)
     wanted = _plain(name)
     rows = [row for row in PEAKS if _plain(row.name) == wanted] or [
         row for row in PEAKS if _plain(row.name).startswith(wanted)
     ]
     if not wanted or not rows:
         known = ", ".join(row.name for row in PEAKS)
-        raise DiffmeterError(f"unknown GPU '{name}'; known: {known}; or give its figures with --gpu-spec")
-    row = rows[0]
-    return Gpu(
+        raise DiffmeterError(
+            f"unknown GPU '{name}'; known: {known}, cpu (this machine's, measured); or give its figures with --gpu-spec"
+        )
+    return of_row(rows[0])
+
+
+def of_row(row) -> Device:
+    """A ``measure.peaks`` row as a device."""
+    return Device(
         name=row.name,
         memory_bytes=int(row.memory_gb * 2**30) if row.memory_gb else None,
         bandwidth_bytes_per_s=row.bandwidth_gb_s * 1e9 if row.bandwidth_gb_s else None,
@@ -52,7 +68,25 @@ def named_gpu(name: str) -> Gpu:
     )
 
 
-def spec_gpu(text: str) -> Gpu:
+def this_cpu(*dtypes: str) -> Device:
+    """This machine's CPU at torch's thread count: matmul peaks (of ``dtypes`` alone when given) and
+    copy rate measured, memory the system's."""
+    import psutil
+
+    from diffmeter.measure.cpu_peaks import cpu_peaks
+
+    peaks = cpu_peaks(tuple({PRECISION[dtype] for dtype in dtypes}) or ("fp32", "bf16", "fp16"))
+    return Device(
+        name=f"CPU {peaks.cpu} ({peaks.threads} threads)",
+        kind="cpu",
+        memory_bytes=psutil.virtual_memory().total,
+        bandwidth_bytes_per_s=peaks.bandwidth_bytes_per_s,
+        tflops=peaks.tflops,
+        source="measured here: best matmul per dtype, best copy rate from 1 MiB to 256 MiB (measure.cpu_peaks)",
+    )
+
+
+def spec_gpu(text: str) -> Device:
     """A GPU from "80GB,989TFLOPS,3.35TB/s" (any order, any subset; GB read as GiB, as on datasheets)
     or a JSON object with ``memory_gb``, ``tflops`` and ``bandwidth_gb_s``."""
     usage = (
@@ -79,7 +113,7 @@ def spec_gpu(text: str) -> Gpu:
                 bandwidth = value * (1000 if unit == "tb/s" else 1)
     if memory is None and tflops is None and bandwidth is None:
         raise DiffmeterError(f"{usage}; got '{text}'")
-    return Gpu(
+    return Device(
         name="--gpu-spec",
         memory_bytes=int(float(memory) * 2**30) if memory else None,
         bandwidth_bytes_per_s=float(bandwidth) * 1e9 if bandwidth else None,
@@ -88,9 +122,10 @@ def spec_gpu(text: str) -> Gpu:
     )
 
 
-def chosen_gpu(gpu: str | None, gpu_spec: str | None) -> Gpu | None:
+def chosen_gpu(gpu: str | None, gpu_spec: str | None, dtypes: tuple[str, ...] = ()) -> Device | None:
+    """The device of ``--gpu`` or ``--gpu-spec``; ``dtypes``: the ones whose peaks a CPU must measure."""
     if gpu and gpu_spec:
         raise DiffmeterError("--gpu names a GPU of the table and --gpu-spec gives figures: pick one")
     if gpu:
-        return named_gpu(gpu)
+        return named_gpu(gpu, dtypes)
     return spec_gpu(gpu_spec) if gpu_spec else None

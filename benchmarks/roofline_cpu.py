@@ -1,0 +1,253 @@
+"""The roofline time prediction against real CPU runs, at real size with random weights; and the
+calibration of the expected range for CPUs (``src/diffmeter/predict/data/efficiency.json``).
+
+1. This CPU's peaks: the best float32 matmul rate and the best copy rate (``measure.cpu_peaks``),
+   measured before and after the runs; the higher of each is the roofline's (a bound must use the
+   most the machine can do).
+2. Each case: ``diffmeter bench`` (random weights, float32, 2 threads, one warm-up, 3 measured calls,
+   ``--trace``), stage medians and every traced operator's self time by kind, against the prediction
+   from the same settings (``predict.operators`` on fake tensors, ``predict.roofline``).
+3. Calibration, per operator kind: achieved fraction = the kind's roofline lower bound / its measured
+   time (the traced call's self time of that kind, scaled to the stage's measured median); and the time
+   outside operators per predicted operator. The shipped calibration is the lowest and highest of each
+   over every case and stage.
+4. Checks: the lower bound is at most the fastest measured call of each stage; the expected range,
+   calibrated on the OTHER cases only (leave one case out), holds the measured median.
+
+Run from the repo root:  python benchmarks/roofline_cpu.py [--no-write-calibration]  (about 20 minutes
+on 2 cores). Writes benchmarks/results/roofline_cpu.md and the "cpu" calibration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "results" / "roofline_cpu.md"
+CALIBRATION = ROOT / "src" / "diffmeter" / "predict" / "data" / "efficiency.json"
+RUNS = Path(os.environ.get("ROOFLINE_RUNS", "/work/scratch/roofline_runs"))
+#: (model, px, steps): a UNet pipeline and a DiT pipeline, each at two sizes
+CASES = [("sd15", 256, 4), ("sd15", 384, 3), ("dit-xl-2-256", 256, 4), ("dit-xl-2-512", 512, 2)]
+STAGES = ("text_encoding", "denoising", "vae_decode")
+#: a kind below this share of its stage's measured time gives no calibration sample (too noisy to divide by)
+MIN_SHARE = 0.01
+
+
+def peaks():
+    from diffmeter.measure.cpu_peaks import measure_cpu_peaks
+
+    return measure_cpu_peaks(("fp32",), budget_s=1.0)
+
+
+def run_case(model: str, size: int, steps: int) -> dict:
+    from diffmeter.measure.trace import OUTSIDE, read_ops
+    from diffmeter.predict.operators import operator_work
+    from diffmeter.runs.runner import bench
+    from diffmeter.runs.spec import BenchSpec
+
+    spec = BenchSpec(
+        model=model,
+        height=size,
+        width=size,
+        steps=steps,
+        dtype="float32",
+        device="cpu",
+        random_weights=True,
+        warmup=1,
+        iterations=3,
+        trace=True,
+        save_images=False,
+        predict=False,
+    )
+    result, _ = bench(spec, out=RUNS, force=True)
+    ops = read_ops(result)
+    work = operator_work(result.spec.profile_spec())
+    stages = {}
+    for stage in ops.stages:
+        if stage.stage not in STAGES:
+            continue
+        stats = result.summary.stages_s[stage.stage]
+        scale = stats.median / stage.range_s  # the traced call runs slower under the profiler
+        stages[stage.stage] = {
+            "median_s": stats.median,
+            "min_s": stats.min,
+            "kinds_s": {kind: total.self_s * scale for kind, total in stage.kinds.items()},
+            "outside_s": sum(row.self_s for row in stage.rows if row.name == OUTSIDE) * scale,
+        }
+    return {
+        "model": model,
+        "size": size,
+        "steps": steps,
+        "latency_s": result.summary.latency_s.median,
+        "conditions": result.summary.conditions.model_dump() if result.summary.conditions else None,
+        "stages": stages,
+        "work": work.model_dump(mode="json"),
+    }
+
+
+def bounds(case: dict, peak_flops: float, bandwidth: float) -> dict:
+    from diffmeter.predict.roofline import lower_bounds
+    from diffmeter.predict.schema import OperatorWork
+
+    return lower_bounds(OperatorWork.model_validate(case["work"]), peak_flops, bandwidth)
+
+
+def samples(case: dict, lower: dict) -> tuple[dict[str, list[float]], list[float]]:
+    """Achieved fractions per kind, and seconds outside operators per operator, of every stage."""
+    fractions, overheads = defaultdict(list), []
+    for stage, measured in case["stages"].items():
+        if stage not in lower:
+            continue
+        for kind, (seconds, _) in lower[stage].items():
+            spent = measured["kinds_s"].get(kind, 0.0)
+            if spent >= MIN_SHARE * measured["median_s"] and seconds > 0:
+                fractions[kind].append(seconds / spent)
+        operators = sum(count for _, count in lower[stage].values())
+        overheads.append(measured["outside_s"] / operators)
+    return fractions, overheads
+
+
+def calibration_of(cases: list[dict], lowers: list[dict], source: str):
+    from diffmeter.predict.roofline import Calibration
+
+    fractions, overheads = defaultdict(list), []
+    for case, lower in zip(cases, lowers, strict=True):
+        found, outside = samples(case, lower)
+        for kind, values in found.items():
+            fractions[kind] += values
+        overheads += outside
+    if "other" not in fractions:
+        fractions["other"] = [min(min(v) for v in fractions.values()), max(max(v) for v in fractions.values())]
+    return Calibration(
+        source=source,
+        fractions={kind: (min(values), max(values)) for kind, values in sorted(fractions.items())},
+        overhead_s=(min(overheads), max(overheads)),
+    )
+
+
+def expected(lower: dict, calibration) -> dict[str, tuple[float, float]]:
+    from diffmeter.predict.roofline import expected_s
+
+    return {
+        stage: expected_s(kinds, int(sum(count for _, count in kinds.values())), calibration)
+        for stage, kinds in lower.items()
+    }
+
+
+def main() -> None:
+    write = "--no-write-calibration" not in sys.argv
+    import torch
+
+    torch.set_num_threads(2)
+    from diffmeter.measure.environment import cpu_name
+
+    started = time.time()
+    before = peaks()
+    cases = []
+    for model, size, steps in CASES:
+        print(f"{model} {size}px {steps} steps ...", flush=True)
+        cases.append(run_case(model, size, steps))
+        shutil.rmtree(RUNS, ignore_errors=True)  # traces are large; the figures are kept here
+    after = peaks()
+    peak_flops = max(before.tflops["fp32"], after.tflops["fp32"]) * 1e12
+    bandwidth = max(before.bandwidth_bytes_per_s, after.bandwidth_bytes_per_s)
+    lowers = [bounds(case, peak_flops, bandwidth) for case in cases]
+    source = (
+        f"benchmarks/roofline_cpu.py on {cpu_name()} (2 threads, float32): {len(cases)} real-size random-weight "
+        f"runs ({', '.join(f'{c[0]} {c[1]}px' for c in CASES)}), {time.strftime('%Y-%m-%d')}"
+    )
+    shipped = calibration_of(cases, lowers, source)
+    lines = [
+        "# Roofline time prediction against real CPU runs",
+        "",
+        f"Machine: {cpu_name()}, 2 torch threads, float32, random weights at real size (sizes and operators "
+        "are real; images are noise). Each run: 1 warm-up call, 3 measured calls, 1 traced call (`bench --trace`).",
+        "",
+        f"Peaks measured before / after the runs: matmul {before.tflops['fp32'] * 1e3:,.1f} / "
+        f"{after.tflops['fp32'] * 1e3:,.1f} GFLOP/s, copy {before.bandwidth_bytes_per_s / 1e9:,.1f} / "
+        f"{after.bandwidth_bytes_per_s / 1e9:,.1f} GB/s. The roofline uses the higher of each: "
+        f"{peak_flops / 1e9:,.1f} GFLOP/s and {bandwidth / 1e9:,.1f} GB/s.",
+        "",
+        "## Each stage: lower bound, expected range (calibrated on the other cases), measured",
+        "",
+        "| run | stage | FLOPs | bytes moved | lower bound | fastest call | bound <= fastest | expected "
+        "(leave-one-out) | measured median | in range |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|---|",
+    ]
+    failures = 0
+    for index, (case, lower) in enumerate(zip(cases, lowers, strict=True)):
+        others = [c for i, c in enumerate(cases) if i != index]
+        other_lowers = [x for i, x in enumerate(lowers) if i != index]
+        held_out = calibration_of(others, other_lowers, "others")
+        ranges = expected(lower, held_out)
+        total_lower = total_low = total_high = total_measured = 0.0
+        work = case["work"]["calls"]
+        for stage in STAGES:
+            if stage not in lower or stage not in case["stages"]:
+                continue
+            measured = case["stages"][stage]
+            seconds = sum(s for s, _ in lower[stage].values())
+            flops = sum(
+                g["flops"] * g["calls"] * c["count"] for c in work if c["stage"] == stage for g in c["operators"]
+            )
+            moved = sum(
+                g["bytes"] * g["calls"] * c["count"] for c in work if c["stage"] == stage for g in c["operators"]
+            )
+            low, high = ranges[stage]
+            bound_ok = seconds <= measured["min_s"]
+            in_range = low <= measured["median_s"] <= high
+            failures += (not bound_ok) + (not in_range)
+            total_lower, total_low, total_high = total_lower + seconds, total_low + low, total_high + high
+            total_measured += measured["median_s"]
+            lines.append(
+                f"| {case['model']} {case['size']}px, {case['steps']} steps | {stage} | {flops / 1e12:,.3f} T | "
+                f"{moved / 1e9:,.2f} GB | {seconds:,.2f} s | {measured['min_s']:,.2f} s | "
+                f"{'yes' if bound_ok else 'NO'} "
+                f"| {low:,.2f}-{high:,.2f} s | {measured['median_s']:,.2f} s | {'yes' if in_range else 'NO'} |"
+            )
+        lines.append(
+            f"| {case['model']} {case['size']}px | **three stages** | | | {total_lower:,.2f} s | | | "
+            f"{total_low:,.2f}-{total_high:,.2f} s | {total_measured:,.2f} s (whole call {case['latency_s']:,.2f} s) "
+            f"| {'yes' if total_low <= total_measured <= total_high else 'NO'} |"
+        )
+    lines += [
+        "",
+        f"## Calibration shipped for CPUs (all {len(cases)} runs)",
+        "",
+        "Achieved fraction of the roofline per operator kind (lower bound of the kind / its measured time), "
+        f"lowest and highest over every run and stage where the kind took at least {MIN_SHARE:.0%} of the stage:",
+        "",
+        "| kind | lowest | highest |",
+        "|---|---:|---:|",
+        *[f"| {kind} | {low:.3f} | {high:.3f} |" for kind, (low, high) in shipped.fractions.items()],
+        "",
+        f"Time outside operators (Python, the pipeline's code, dispatch) per operator: "
+        f"{shipped.overhead_s[0] * 1e6:,.1f} to {shipped.overhead_s[1] * 1e6:,.1f} µs.",
+        "",
+        "Machine load during the measured calls (`bench`'s conditions): "
+        + "; ".join(
+            f"{c['model']} {c['size']}px: other processes {c['conditions']['other_processes_cores']['mean']:.1f} "
+            "of 2 cores"
+            if c["conditions"] and c["conditions"].get("other_processes_cores")
+            else f"{c['model']} {c['size']}px: not recorded"
+            for c in cases
+        ),
+        "",
+        f"Checks failed: {failures}. Took {(time.time() - started) / 60:,.1f} minutes.",
+    ]
+    OUT.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if write:
+        stored = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else {}
+        stored["cpu"] = shipped.model_dump(mode="json")
+        CALIBRATION.write_text(json.dumps(stored, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

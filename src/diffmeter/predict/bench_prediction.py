@@ -1,0 +1,83 @@
+"""The prediction ``bench`` stores beside its measurements: the run's settings on the device it ran on.
+
+Memory takes the run's memory techniques into account where ``techniques`` models them (offload,
+VAE tiling and slicing, the fp8 text encoder, weight-only quantization); time is the unoptimized
+pipeline's, at the peak the run could use (TF32 for float32 matmuls when it was on). Whatever the
+prediction leaves out of the run is named in its notes, so a gap between the two is explained, not
+hidden.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from diffmeter.errors import DiffmeterError
+from diffmeter.measure.peaks import find_device
+from diffmeter.predict.devices import Device, of_row, this_cpu
+from diffmeter.predict.memory import predict_memory
+from diffmeter.predict.operators import operator_work
+from diffmeter.predict.roofline import missing_figures, predict_time
+from diffmeter.predict.schema import RunPrediction
+from diffmeter.predict.techniques import peak_under
+
+#: optimizations that change the time only through the peak the roofline already uses
+TIME_MODELLED = {"tf32"}
+
+
+def memory_technique(name: str, params: dict) -> str | None:
+    """The name ``predict.techniques`` knows an applied optimization by, or None if it models none."""
+    if name == "offload":
+        return f"offload-{params.get('mode', 'model')}"
+    if name == "quantize":
+        return f"quantize-{params.get('weights', 'int8')}"
+    return name if name in ("vae-tiling", "vae-slicing", "fp8-text-encoder") else None
+
+
+def run_device(device: torch.device, dtype: str) -> Device | None:
+    """The device's figures: this CPU measured (at ``dtype``), or the CUDA GPU's row of the datasheet table."""
+    if device.type == "cpu":
+        return this_cpu(dtype)
+    row = find_device(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    return of_row(row) if row is not None else None
+
+
+def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPrediction:
+    """``spec``: the settled BenchSpec; ``optimizations``: the applied ones (``AppliedOptimization``)."""
+    device = torch.device(spec.device)
+    figures = run_device(device, spec.dtype)
+    name = figures.name if figures else (torch.cuda.get_device_name(device) if device.type == "cuda" else spec.device)
+    notes = []
+    profile_spec = spec.profile_spec()
+    memory = predict_memory(profile_spec)
+    techniques = [t for o in optimizations if (t := memory_technique(o.name, o.params))]
+    unmodelled = [o.label for o in optimizations if memory_technique(o.name, o.params) is None]
+    if unmodelled:
+        notes.append(f"memory is predicted without {', '.join(unmodelled)}")
+    time = None
+    precision = (
+        "tf32" if fp32_precision and fp32_precision.get("matmul") == "tf32" and spec.dtype == "float32" else None
+    )
+    if figures is None:
+        notes.append(f"no time: {name} is not in the table of peaks (measure/peaks.py)")
+    elif lacking := missing_figures(figures, memory.dtype, precision):
+        notes.append(f"no time: {lacking}")
+    else:
+        time = predict_time(operator_work(profile_spec), figures, precision)
+        untimed = [o.label for o in optimizations if o.name not in TIME_MODELLED]
+        if untimed:
+            notes.append(f"time is predicted for the pipeline without {', '.join(untimed)}")
+    return RunPrediction(
+        device=name,
+        peak_memory_bytes=peak_under(memory, tuple(techniques)),
+        memory_techniques=techniques,
+        time=time,
+        notes=notes,
+    )
+
+
+def predict_or_note(spec, optimizations: list, fp32_precision: dict | None) -> tuple[RunPrediction | None, str | None]:
+    """The prediction, or None and why it could not be made (a run is never failed by its prediction)."""
+    try:
+        return predict_run(spec, optimizations, fp32_precision), None
+    except DiffmeterError as error:
+        return None, f"no prediction: {error}"

@@ -1,0 +1,122 @@
+"""Seconds per generation on a device, from every operator's work (``operators``).
+
+Lower bound: each operator takes at least max(FLOPs / peak, bytes moved / bandwidth); summed over
+every operator of every call. Expected: each operator kind's lower bound divided by the fraction of
+it that kind achieves, plus a fixed cost per operator (launch, dispatch, Python), both as ranges
+calibrated on measured runs (``data/efficiency.json``, written by ``benchmarks/roofline_cpu.py`` for
+CPUs and ``benchmarks/gpu_validation.py --chunk roofline`` for CUDA GPUs). A device class without a
+calibration gets the lower bound alone, and says so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from importlib import resources
+
+from pydantic import BaseModel
+
+from diffmeter.errors import DiffmeterError
+from diffmeter.predict.devices import Device
+from diffmeter.predict.schema import OperatorWork, StageTime, TimePrediction
+
+STAGES = ("text_encoding", "denoising", "vae_decode")
+
+
+class Calibration(BaseModel):
+    """Achieved fractions of the roofline per operator kind ([lowest, highest] seen) and the time
+    outside operators per operator (seconds), measured on the runs ``source`` names."""
+
+    source: str
+    fractions: dict[str, tuple[float, float]]
+    overhead_s: tuple[float, float]
+
+
+def calibrations() -> dict[str, Calibration]:
+    """The shipped calibrations by device kind ("cpu", "cuda")."""
+    text = resources.files("diffmeter.predict").joinpath("data/efficiency.json").read_text()
+    return {kind: Calibration.model_validate(found) for kind, found in json.loads(text).items()}
+
+
+def operator_lower_s(flops: int, moved: int, peak_flops: float, bandwidth: float) -> float:
+    return max(flops / peak_flops, moved / bandwidth)
+
+
+def lower_bounds(work: OperatorWork, peak_flops: float, bandwidth: float) -> dict[str, dict[str, list[float]]]:
+    """Per stage, per operator kind: [lower-bound seconds, operators] over one generation."""
+    found: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
+    for call in work.calls:
+        for group in call.operators:
+            total = found[call.stage][group.kind]
+            total[0] += operator_lower_s(group.flops, group.bytes, peak_flops, bandwidth) * group.calls * call.count
+            total[1] += group.calls * call.count
+    return found
+
+
+def peak_of(device: Device, dtype: str, precision: str | None = None) -> float | None:
+    """The device's dense peak (TFLOP/s) for ``dtype``, or for ``precision`` ("tf32") when given."""
+    return device.tflops.get(precision) if precision else device.peak_tflops(dtype)
+
+
+def missing_figures(device: Device, dtype: str, precision: str | None = None) -> str | None:
+    """Why ``device``'s figures cannot give a time (no peak for the dtype, no bandwidth), or None."""
+    if peak_of(device, dtype, precision) and device.bandwidth_bytes_per_s:
+        return None
+    return (
+        f"{device.name} has no {precision or dtype} peak or no memory bandwidth; give both with --gpu-spec "
+        '(e.g. "24GB,165TFLOPS,1TB/s")'
+    )
+
+
+def predict_time(
+    work: OperatorWork, device: Device, precision: str | None = None, calibration: Calibration | None = None
+) -> TimePrediction:
+    """The time of the generation ``work`` describes on ``device``; ``precision`` overrides the peak's
+    key ("tf32" for float32 matmuls on TF32 tensor cores); ``calibration`` the shipped one for the
+    device's kind."""
+    lacking = missing_figures(device, work.dtype, precision)
+    if lacking:
+        raise DiffmeterError(lacking)
+    peak_tflops = peak_of(device, work.dtype, precision)
+    calibration = calibration or calibrations().get(device.kind)
+    bounds = lower_bounds(work, peak_tflops * 1e12, device.bandwidth_bytes_per_s)
+    stages = []
+    for stage in STAGES:
+        if stage not in bounds:
+            continue
+        kinds = bounds[stage]
+        flops = sum(g.flops * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
+        moved = sum(g.bytes * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
+        operators = int(sum(count for _, count in kinds.values()))
+        stages.append(
+            StageTime(
+                stage=stage,
+                operators=operators,
+                flops=flops,
+                bytes=moved,
+                lower_s=sum(seconds for seconds, _ in kinds.values()),
+                expected_s=expected_s(kinds, operators, calibration) if calibration else None,
+            )
+        )
+    expected = [stage.expected_s for stage in stages]
+    return TimePrediction(
+        device=device.name,
+        dtype=work.dtype,
+        peak_tflops=peak_tflops,
+        bandwidth_bytes_per_s=device.bandwidth_bytes_per_s,
+        stages=stages,
+        lower_s=sum(stage.lower_s for stage in stages),
+        expected_s=(sum(e[0] for e in expected), sum(e[1] for e in expected)) if calibration else None,
+        calibration=calibration.source if calibration else f"no calibration for {device.kind} devices yet",
+    )
+
+
+def expected_s(kinds: dict[str, list[float]], operators: int, calibration: Calibration) -> tuple[float, float]:
+    """A stage's expected range: each kind's lower bound over its highest and lowest achieved fraction
+    (a kind not calibrated takes "other"'s), plus the overhead per operator."""
+    low = high = 0.0
+    for kind, (seconds, _) in kinds.items():
+        fractions = calibration.fractions.get(kind, calibration.fractions["other"])
+        low += seconds / fractions[1]
+        high += seconds / fractions[0]
+    return low + operators * calibration.overhead_s[0], high + operators * calibration.overhead_s[1]

@@ -1,0 +1,49 @@
+"""A run's offline prediction beside what it measured, as lines of text (``show``, ``bench``)."""
+
+from __future__ import annotations
+
+from diffmeter import units
+from diffmeter.report.time_table import expected_range
+from diffmeter.runs.results import BenchResult
+
+
+def measured_memory(result: BenchResult) -> tuple[int, str] | None:
+    """The measured peak to hold the prediction against, and what it is."""
+    memory = result.summary.peak_memory
+    if memory.cuda_max_allocated_bytes is not None:
+        return memory.cuda_max_allocated_bytes, "CUDA max allocated"
+    return None
+
+
+def prediction_lines(result: BenchResult) -> list[str]:
+    prediction = result.prediction
+    if prediction is None or result.summary is None:
+        return []
+    lines = []
+    if prediction.peak_memory_bytes is not None:
+        techniques = f" with {', '.join(prediction.memory_techniques)}" if prediction.memory_techniques else ""
+        line = f"predicted peak memory{techniques}: {units.nbytes(prediction.peak_memory_bytes)} of tensors"
+        found = measured_memory(result)
+        if found:
+            measured, what = found
+            line += f" vs {units.nbytes(measured)} {what} ({100 * (prediction.peak_memory_bytes / measured - 1):+.1f}%)"
+        else:
+            line += " (a CPU run measures RSS, which also holds the interpreter and libraries)"
+        lines.append(line)
+    time = prediction.time
+    if time is not None:
+        measured = result.summary.latency_s.median
+        parts = [
+            f"predicted time per call on {time.device}: lower bound {units.seconds(time.lower_s)}, "
+            f"expected {expected_range(time.expected_s)}; measured median {units.seconds(measured)}"
+        ]
+        for stage in time.stages:
+            stats = result.summary.stages_s.get(stage.stage)
+            if stats is not None:
+                parts.append(
+                    f"{stage.stage.replace('_', ' ')} {units.seconds(stage.lower_s)} / "
+                    f"{expected_range(stage.expected_s)} / {units.seconds(stats.median)}"
+                )
+        lines.append(parts[0] + " (per stage, bound / expected / measured: " + "; ".join(parts[1:]) + ")")
+    lines += [f"prediction: {note}" for note in prediction.notes]
+    return lines

@@ -1,0 +1,57 @@
+"""The predicted time of a generation: a row per stage (its work, the roofline lower bound and the
+calibrated expected range), then the whole generation."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+
+from diffmeter import units
+from diffmeter.predict.schema import TimePrediction
+from diffmeter.report.layout import Column, FittedTable
+
+STAGE_LABELS = {"text_encoding": "text encoding", "denoising": "denoising (all steps)", "vae_decode": "VAE decode"}
+
+
+def expected_range(expected: tuple[float, float] | None) -> str:
+    return f"{units.seconds(expected[0])} to {units.seconds(expected[1])}" if expected else "not calibrated"
+
+
+def time_table(prediction: TimePrediction) -> FittedTable:
+    title = (
+        f"predicted time on {prediction.device} ({prediction.dtype}: {prediction.peak_tflops:,.3g} TFLOP/s peak, "
+        f"{prediction.bandwidth_bytes_per_s / 1e9:,.4g} GB/s)"
+    )
+    table = FittedTable(
+        escape(title),
+        [
+            Column("stage", justify="left"),
+            Column("operators", drop=2),
+            Column("FLOPs", drop=1),
+            Column("bytes moved", drop=0),
+            Column("lower bound"),
+            Column("expected"),
+        ],
+    )
+    for stage in prediction.stages:
+        table.add_row(
+            STAGE_LABELS[stage.stage],
+            f"{stage.operators:,}",
+            units.flops(stage.flops),
+            units.nbytes(stage.bytes),
+            units.seconds(stage.lower_s),
+            expected_range(stage.expected_s),
+        )
+    table.add_row(
+        "whole generation",
+        "",
+        "",
+        "",
+        units.seconds(prediction.lower_s),
+        expected_range(prediction.expected_s),
+        section=True,
+    )
+    table.caption = escape(
+        "Lower bound: each operator at max(FLOPs / peak, bytes / bandwidth). Expected: "
+        f"{prediction.calibration} (docs/memory-prediction.md)."
+    )
+    return table

@@ -1,0 +1,147 @@
+"""Roofline time: every operator's FLOPs and bytes counted on fake tensors, the lower bound and the
+calibrated range computed from them, and both stored in every bench result beside the measurements."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from diffmeter.flops.profile import profile_spec
+from diffmeter.predict.devices import Device, named_gpu, spec_gpu
+from diffmeter.predict.operators import OperatorTally, operator_work
+from diffmeter.predict.roofline import Calibration, calibrations, predict_time
+from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork
+from diffmeter.runs.runner import bench
+from diffmeter.runs.spec import BenchSpec
+from diffmeter.spec import ProfileSpec
+
+ROLE_STAGE = {"text_encoder": "text_encoding", "denoiser": "denoising", "vae_decoder": "vae_decode"}
+
+
+def tally(module, *inputs) -> dict[str, list[tuple[int, int, int]]]:
+    with torch.no_grad(), OperatorTally() as counted:
+        module(*inputs)
+    found: dict[str, list[tuple[int, int, int]]] = {}
+    for (kind, flops, moved), calls in counted.groups.items():
+        found.setdefault(kind, []).append((flops, moved, calls))
+    return found
+
+
+def test_an_operator_moves_its_inputs_and_outputs_and_views_move_nothing():
+    linear = torch.nn.Linear(64, 32)
+    x = torch.randn(8, 64)
+    found = tally(linear, x)
+    # F.linear dispatches a transpose of the weight (a view: left out) and one addmm
+    assert found == {"matmul": [(2 * 8 * 64 * 32, 4 * (8 * 64 + 64 * 32 + 32 + 8 * 32), 1)]}
+    expanded = torch.randn(1, 16).expand(1000, 16)  # reads its 16 elements, not 16,000
+    found = tally(torch.nn.SiLU(), expanded)
+    assert found == {"elementwise": [(0, 4 * 16 + 4 * 16_000, 1)]}
+
+
+@pytest.mark.parametrize("name", ["tiny-sd", "tiny-flux", "tiny-wan"])
+def test_every_stages_flops_equal_the_offline_profile(name):
+    spec = ProfileSpec(model=name)
+    work = operator_work(spec)
+    profile = profile_spec(spec)
+    counted: dict[str, int] = {}
+    for call in work.calls:
+        counted[call.stage] = counted.get(call.stage, 0) + call.count * sum(g.flops * g.calls for g in call.operators)
+    expected: dict[str, int] = {}
+    for component in profile.components:
+        stage = ROLE_STAGE[component.role]
+        expected[stage] = expected.get(stage, 0) + component.flops
+    assert counted == expected
+
+
+def work_of(*groups: tuple[str, int, int, int], count: int = 1) -> OperatorWork:
+    operators = [OperatorGroup(kind=k, flops=f, bytes=b, calls=c) for k, f, b, c in groups]
+    return OperatorWork(
+        dtype="float32", calls=[CallWork(stage="denoising", component="x", count=count, operators=operators)]
+    )
+
+
+def test_lower_bound_takes_each_operators_slower_roof_and_the_range_its_calibration():
+    device = Device(
+        name="d", kind="cuda", memory_bytes=None, bandwidth_bytes_per_s=1e9, tflops={"fp32": 1.0}, source=""
+    )
+    # a matmul bound by compute (2e12 FLOPs: 2 s; 1e9 bytes: 1 s), a copy bound by memory (3 s), twice each
+    work = work_of(("matmul", 2 * 10**12, 10**9, 1), ("other", 0, 3 * 10**9, 1), count=2)
+    calibration = Calibration(
+        source="test", fractions={"matmul": (0.5, 0.8), "other": (0.25, 1.0)}, overhead_s=(0.1, 0.2)
+    )
+    predicted = predict_time(work, device, calibration=calibration)
+    assert predicted.lower_s == pytest.approx(2 * (2 + 3))
+    assert predicted.stages[0].operators == 4
+    low, high = predicted.expected_s
+    assert low == pytest.approx(4 / 0.8 + 6 / 1.0 + 4 * 0.1)
+    assert high == pytest.approx(4 / 0.5 + 6 / 0.25 + 4 * 0.2)
+    assert predict_time(work, device.model_copy(update={"kind": "elsewhere"})).expected_s is None
+
+
+def test_tf32_uses_its_own_peak_and_missing_figures_are_named():
+    work = work_of(("matmul", 10**12, 1, 1))
+    h100 = named_gpu("h100")
+    assert predict_time(work, h100, "tf32").lower_s == pytest.approx(1 / h100.tflops["tf32"])
+    assert predict_time(work, h100).lower_s == pytest.approx(1 / h100.tflops["fp32"])
+    with pytest.raises(Exception, match="no float32 peak or no memory bandwidth"):
+        predict_time(work, spec_gpu("24GB"))
+
+
+def test_the_shipped_cpu_calibration_names_its_source():
+    shipped = calibrations()["cpu"]
+    assert "benchmarks/roofline_cpu.py" in shipped.source
+    assert {"matmul", "convolution", "other"} <= set(shipped.fractions)
+    assert all(0 < low <= high for low, high in shipped.fractions.values())
+
+
+def test_profile_gpu_adds_time_and_says_when_it_cannot(cli):
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "h100", "--json")
+    assert code == 0
+    time = json.loads(out)["time"]
+    assert [s["stage"] for s in time["stages"]] == ["text_encoding", "denoising", "vae_decode"]
+    assert time["lower_s"] == pytest.approx(sum(s["lower_s"] for s in time["stages"]))
+    code, out, _ = cli("profile", "tiny-sd", "--gpu-spec", "24GB")
+    assert code == 0 and "no time prediction: --gpu-spec has no float32 peak" in out
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "cpu")
+    assert code == 0 and "predicted time on CPU" in out and "whole generation" in out
+
+
+@pytest.fixture(scope="module")
+def predicted_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("predicted")
+    spec = BenchSpec(model="tiny-sd", iterations=2, save_images=False, optimizations=[{"name": "vae-tiling"}])
+    return bench(spec, out=out)
+
+
+def test_bench_stores_the_prediction_beside_the_measurements(predicted_run):
+    result, folder = predicted_run
+    prediction = result.prediction
+    assert prediction.memory_techniques == ["vae-tiling"]
+    assert prediction.peak_memory_bytes > 0
+    time = prediction.time
+    assert time.device.startswith("CPU") and time.dtype == "float32"
+    # a lower bound: never above the fastest measured call, stage by stage
+    for stage in time.stages:
+        assert stage.lower_s <= result.summary.stages_s[stage.stage].min
+    assert time.lower_s <= result.summary.latency_s.min
+    assert any("time is predicted for the pipeline without vae-tiling" in note for note in prediction.notes)
+    stored = json.loads((folder / "results.json").read_text())
+    assert stored["prediction"]["time"]["lower_s"] == pytest.approx(time.lower_s)
+
+
+def test_show_prints_predicted_against_measured(predicted_run, cli):
+    _, folder = predicted_run
+    code, out, _ = cli("show", folder)
+    assert code == 0
+    assert "predicted peak memory with vae-tiling" in out and "predicted time per call on CPU" in out
+
+
+def test_no_predict_leaves_it_out(tmp_path, cli):
+    code, _, err = cli(
+        "bench", "tiny-sd", "--iterations", "1", "--no-save-images", "--no-predict", "--out", tmp_path, "-q"
+    )
+    assert code == 0, err
+    (results,) = tmp_path.glob("*/results.json")
+    assert json.loads(results.read_text())["prediction"] is None
