@@ -15,6 +15,10 @@ Chunks:
                 calls) or is refused with its reason before anything loads
   compiling-*   the same for torch.compile's modes and options, and compile with offloading
   measures      0 < MFU < 100%, energy > 0 J per image (Zeus), CUDA memory peaks consistent
+  trace         --trace: stage ranges and operator tables against the stage timer
+  predictions   the stored prediction: peak memory against CUDA's max allocated (10%), the roofline
+                lower bound under every stage's fastest call; writes this GPU's calibration of
+                achieved fractions per operator kind (for predict/data/efficiency.json)
   cuda1         a run on cuda:1 stays on cuda:1 (when a second GPU is visible)
 
 Without CUDA it runs what a CPU can show, on tiny pipelines, and marks the rest SKIP. The
@@ -311,6 +315,65 @@ def chunk_trace(report: Report) -> None:
         )
 
 
+def chunk_predictions(report: Report) -> None:
+    """The stored prediction against the run: predicted peak memory against CUDA's max allocated, the
+    roofline lower bound against every stage's fastest call; and this device's achieved fractions per
+    operator kind from the traced calls, written for predict/data/efficiency.json."""
+    import json
+
+    from diffmeter.predict.calibrate import calibrate, stage_measurements
+    from diffmeter.predict.operators import operator_work
+    from diffmeter.predict.roofline import lower_bounds
+
+    measured = []
+    for kind in MODELS:
+        with tempfile.TemporaryDirectory() as out:
+            try:
+                result, _ = bench(model_spec(kind, trace=True), out=out)
+            except DiffmeterError as error:
+                report.add("predictions", kind, "FAIL", str(error))
+                continue
+            stages = stage_measurements(result)
+        prediction = result.prediction
+        if prediction is None or prediction.time is None:
+            why = result.notes + (prediction.notes if prediction else [])
+            report.add("predictions", kind, "FAIL", f"no prediction stored: {why}")
+            continue
+        allocated = result.summary.peak_memory.cuda_max_allocated_bytes
+        if allocated:
+            off = prediction.peak_memory_bytes / allocated - 1
+            report.add(
+                "predictions",
+                f"{kind} peak memory",
+                "PASS" if abs(off) <= 0.1 else "FAIL",
+                f"predicted {prediction.peak_memory_bytes / 2**30:.3f} GiB, CUDA max allocated "
+                f"{allocated / 2**30:.3f} GiB ({100 * off:+.1f}%, limit 10%)",
+            )
+        time = prediction.time
+        above = [s.stage for s in time.stages if s.lower_s > result.summary.stages_s[s.stage].min]
+        report.add(
+            "predictions",
+            f"{kind} lower bound",
+            "FAIL" if above else "PASS",
+            f"lower bound {time.lower_s:.3f} s vs fastest call {result.summary.latency_s.min:.3f} s"
+            + (f"; above the measured time in {', '.join(above)}" if above else ""),
+        )
+        work = operator_work(result.spec.profile_spec())
+        measured.append((stages, lower_bounds(work, time.peak_tflops * 1e12, time.bandwidth_bytes_per_s)))
+    if not CUDA or not measured:
+        report.add("predictions", "CUDA calibration", "SKIP", "needs CUDA runs")
+        return
+    name = re.sub(r"[^A-Za-z0-9]+", "_", torch.cuda.get_device_name()).strip("_")
+    models = ", ".join(f"{model} {size}px bf16" for model, _, size, _ in MODELS.values())
+    calibration = calibrate(
+        measured,
+        f"benchmarks/gpu_validation.py --chunk predictions on {torch.cuda.get_device_name()}: random weights, {models}",
+    )
+    target = RESULTS / f"efficiency_cuda_{name}.json"
+    target.write_text(json.dumps({"cuda": calibration.model_dump(mode="json")}, indent=2) + "\n")
+    report.add("predictions", "CUDA calibration", "PASS", f"written to {target.name}: {calibration.fractions}")
+
+
 def chunk_cuda1(report: Report) -> None:
     if torch.cuda.device_count() < 2:
         report.add("cuda1", "run on cuda:1", "SKIP", f"{torch.cuda.device_count()} GPU(s) visible")
@@ -333,6 +396,7 @@ CHUNKS = {
     **{f"compiling-{kind}": chunk_techniques(kind, compiling=True) for kind in MODELS},
     "measures": chunk_measures,
     "trace": chunk_trace,
+    "predictions": chunk_predictions,
     "cuda1": chunk_cuda1,
 }
 

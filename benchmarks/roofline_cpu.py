@@ -25,7 +25,6 @@ import os
 import shutil
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,8 +34,6 @@ RUNS = Path(os.environ.get("ROOFLINE_RUNS", "/work/scratch/roofline_runs"))
 #: (model, px, steps): a UNet pipeline and a DiT pipeline, each at two sizes
 CASES = [("sd15", 256, 4), ("sd15", 384, 3), ("dit-xl-2-256", 256, 4), ("dit-xl-2-512", 512, 2)]
 STAGES = ("text_encoding", "denoising", "vae_decode")
-#: a kind below this share of its stage's measured time gives no calibration sample (too noisy to divide by)
-MIN_SHARE = 0.01
 
 
 def peaks():
@@ -46,7 +43,7 @@ def peaks():
 
 
 def run_case(model: str, size: int, steps: int) -> dict:
-    from diffmeter.measure.trace import OUTSIDE, read_ops
+    from diffmeter.predict.calibrate import stage_measurements
     from diffmeter.predict.operators import operator_work
     from diffmeter.runs.runner import bench
     from diffmeter.runs.spec import BenchSpec
@@ -66,77 +63,15 @@ def run_case(model: str, size: int, steps: int) -> dict:
         predict=False,
     )
     result, _ = bench(spec, out=RUNS, force=True)
-    ops = read_ops(result)
-    work = operator_work(result.spec.profile_spec())
-    stages = {}
-    for stage in ops.stages:
-        if stage.stage not in STAGES:
-            continue
-        stats = result.summary.stages_s[stage.stage]
-        scale = stats.median / stage.range_s  # the traced call runs slower under the profiler
-        stages[stage.stage] = {
-            "median_s": stats.median,
-            "min_s": stats.min,
-            "kinds_s": {kind: total.self_s * scale for kind, total in stage.kinds.items()},
-            "outside_s": sum(row.self_s for row in stage.rows if row.name == OUTSIDE) * scale,
-        }
+    others = result.summary.conditions.other_processes_cores if result.summary.conditions else None
     return {
         "model": model,
         "size": size,
         "steps": steps,
         "latency_s": result.summary.latency_s.median,
-        "conditions": result.summary.conditions.model_dump() if result.summary.conditions else None,
-        "stages": stages,
-        "work": work.model_dump(mode="json"),
-    }
-
-
-def bounds(case: dict, peak_flops: float, bandwidth: float) -> dict:
-    from diffmeter.predict.roofline import lower_bounds
-    from diffmeter.predict.schema import OperatorWork
-
-    return lower_bounds(OperatorWork.model_validate(case["work"]), peak_flops, bandwidth)
-
-
-def samples(case: dict, lower: dict) -> tuple[dict[str, list[float]], list[float]]:
-    """Achieved fractions per kind, and seconds outside operators per operator, of every stage."""
-    fractions, overheads = defaultdict(list), []
-    for stage, measured in case["stages"].items():
-        if stage not in lower:
-            continue
-        for kind, (seconds, _) in lower[stage].items():
-            spent = measured["kinds_s"].get(kind, 0.0)
-            if spent >= MIN_SHARE * measured["median_s"] and seconds > 0:
-                fractions[kind].append(seconds / spent)
-        operators = sum(count for _, count in lower[stage].values())
-        overheads.append(measured["outside_s"] / operators)
-    return fractions, overheads
-
-
-def calibration_of(cases: list[dict], lowers: list[dict], source: str):
-    from diffmeter.predict.roofline import Calibration
-
-    fractions, overheads = defaultdict(list), []
-    for case, lower in zip(cases, lowers, strict=True):
-        found, outside = samples(case, lower)
-        for kind, values in found.items():
-            fractions[kind] += values
-        overheads += outside
-    if "other" not in fractions:
-        fractions["other"] = [min(min(v) for v in fractions.values()), max(max(v) for v in fractions.values())]
-    return Calibration(
-        source=source,
-        fractions={kind: (min(values), max(values)) for kind, values in sorted(fractions.items())},
-        overhead_s=(min(overheads), max(overheads)),
-    )
-
-
-def expected(lower: dict, calibration) -> dict[str, tuple[float, float]]:
-    from diffmeter.predict.roofline import expected_s
-
-    return {
-        stage: expected_s(kinds, int(sum(count for _, count in kinds.values())), calibration)
-        for stage, kinds in lower.items()
+        "other_cores": others.mean if others else None,
+        "stages": stage_measurements(result),
+        "work": operator_work(result.spec.profile_spec()),
     }
 
 
@@ -157,12 +92,15 @@ def main() -> None:
     after = peaks()
     peak_flops = max(before.tflops["fp32"], after.tflops["fp32"]) * 1e12
     bandwidth = max(before.bandwidth_bytes_per_s, after.bandwidth_bytes_per_s)
-    lowers = [bounds(case, peak_flops, bandwidth) for case in cases]
+    from diffmeter.predict.calibrate import MIN_SHARE, calibrate
+    from diffmeter.predict.roofline import expected_s, lower_bounds
+
+    lowers = [lower_bounds(case["work"], peak_flops, bandwidth) for case in cases]
     source = (
         f"benchmarks/roofline_cpu.py on {cpu_name()} (2 threads, float32): {len(cases)} real-size random-weight "
         f"runs ({', '.join(f'{c[0]} {c[1]}px' for c in CASES)}), {time.strftime('%Y-%m-%d')}"
     )
-    shipped = calibration_of(cases, lowers, source)
+    shipped = calibrate([(case["stages"], lower) for case, lower in zip(cases, lowers, strict=True)], source)
     lines = [
         "# Roofline time prediction against real CPU runs",
         "",
@@ -182,34 +120,33 @@ def main() -> None:
     ]
     failures = 0
     for index, (case, lower) in enumerate(zip(cases, lowers, strict=True)):
-        others = [c for i, c in enumerate(cases) if i != index]
-        other_lowers = [x for i, x in enumerate(lowers) if i != index]
-        held_out = calibration_of(others, other_lowers, "others")
-        ranges = expected(lower, held_out)
+        held_out = calibrate(
+            [(c["stages"], x) for i, (c, x) in enumerate(zip(cases, lowers, strict=True)) if i != index], "others"
+        )
+        ranges = {
+            stage: expected_s(kinds, int(sum(count for _, count in kinds.values())), held_out)
+            for stage, kinds in lower.items()
+        }
         total_lower = total_low = total_high = total_measured = 0.0
-        work = case["work"]["calls"]
+        work = case["work"].calls
         for stage in STAGES:
             if stage not in lower or stage not in case["stages"]:
                 continue
             measured = case["stages"][stage]
             seconds = sum(s for s, _ in lower[stage].values())
-            flops = sum(
-                g["flops"] * g["calls"] * c["count"] for c in work if c["stage"] == stage for g in c["operators"]
-            )
-            moved = sum(
-                g["bytes"] * g["calls"] * c["count"] for c in work if c["stage"] == stage for g in c["operators"]
-            )
+            flops = sum(g.flops * g.calls * c.count for c in work if c.stage == stage for g in c.operators)
+            moved = sum(g.bytes * g.calls * c.count for c in work if c.stage == stage for g in c.operators)
             low, high = ranges[stage]
-            bound_ok = seconds <= measured["min_s"]
-            in_range = low <= measured["median_s"] <= high
+            bound_ok = seconds <= measured.min_s
+            in_range = low <= measured.median_s <= high
             failures += (not bound_ok) + (not in_range)
             total_lower, total_low, total_high = total_lower + seconds, total_low + low, total_high + high
-            total_measured += measured["median_s"]
+            total_measured += measured.median_s
             lines.append(
                 f"| {case['model']} {case['size']}px, {case['steps']} steps | {stage} | {flops / 1e12:,.3f} T | "
-                f"{moved / 1e9:,.2f} GB | {seconds:,.2f} s | {measured['min_s']:,.2f} s | "
+                f"{moved / 1e9:,.2f} GB | {seconds:,.2f} s | {measured.min_s:,.2f} s | "
                 f"{'yes' if bound_ok else 'NO'} "
-                f"| {low:,.2f}-{high:,.2f} s | {measured['median_s']:,.2f} s | {'yes' if in_range else 'NO'} |"
+                f"| {low:,.2f}-{high:,.2f} s | {measured.median_s:,.2f} s | {'yes' if in_range else 'NO'} |"
             )
         lines.append(
             f"| {case['model']} {case['size']}px | **three stages** | | | {total_lower:,.2f} s | | | "
@@ -230,12 +167,9 @@ def main() -> None:
         f"Time outside operators (Python, the pipeline's code, dispatch) per operator: "
         f"{shipped.overhead_s[0] * 1e6:,.1f} to {shipped.overhead_s[1] * 1e6:,.1f} µs.",
         "",
-        "Machine load during the measured calls (`bench`'s conditions): "
+        "Other processes during the measured calls (`bench`'s conditions), in cores of 2: "
         + "; ".join(
-            f"{c['model']} {c['size']}px: other processes {c['conditions']['other_processes_cores']['mean']:.1f} "
-            "of 2 cores"
-            if c["conditions"] and c["conditions"].get("other_processes_cores")
-            else f"{c['model']} {c['size']}px: not recorded"
+            f"{c['model']} {c['size']}px: {c['other_cores']:.1f}" if c["other_cores"] is not None else "not recorded"
             for c in cases
         ),
         "",

@@ -145,3 +145,21 @@ def test_no_predict_leaves_it_out(tmp_path, cli):
     assert code == 0, err
     (results,) = tmp_path.glob("*/results.json")
     assert json.loads(results.read_text())["prediction"] is None
+
+
+def test_a_traced_run_calibrates_fractions_below_one(tmp_path):
+    from diffmeter.predict.calibrate import calibrate, stage_measurements
+    from diffmeter.predict.roofline import lower_bounds
+
+    spec = BenchSpec(model="tiny-sd", iterations=2, save_images=False, trace=True)
+    result, _ = bench(spec, out=tmp_path)
+    measured = stage_measurements(result)
+    assert set(measured) == {"text_encoding", "denoising", "vae_decode"}
+    for stage, found in measured.items():  # the traced call's operators and the rest, scaled to the median
+        assert sum(found.kinds_s.values()) + found.outside_s == pytest.approx(found.median_s, rel=0.02), stage
+    time = result.prediction.time
+    lower = lower_bounds(operator_work(result.spec.profile_spec()), time.peak_tflops * 1e12, time.bandwidth_bytes_per_s)
+    calibration = calibrate([(measured, lower)], "test")
+    # a lower bound is never beaten: no kind reaches more than its whole roofline
+    assert all(0 < low <= high <= 1 for low, high in calibration.fractions.values()), calibration.fractions
+    assert calibration.overhead_s[0] > 0

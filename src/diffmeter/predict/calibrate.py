@@ -1,0 +1,84 @@
+"""Calibrating the expected range (``roofline.Calibration``) from traced runs (``bench --trace``).
+
+Per stage of a traced run, each operator kind's measured time is its self time in the traced call,
+scaled to the stage's measured median (the profiler slows the traced call); the time outside
+operators (Python, the pipeline's code) is scaled the same way. Against the roofline lower bounds of
+the same generation, each kind's achieved fraction is its bound over its measured time, and the
+overhead is the outside time per predicted operator. ``benchmarks/roofline_cpu.py`` ships the CPU
+calibration; ``benchmarks/gpu_validation.py --chunk predictions`` measures CUDA's.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from pydantic import BaseModel
+
+from diffmeter.measure.trace import OUTSIDE, read_ops
+from diffmeter.predict.roofline import STAGES, Calibration
+
+#: a kind below this share of its stage's time gives no sample (too little time to divide by)
+MIN_SHARE = 0.01
+
+
+class StageMeasurement(BaseModel):
+    """One stage of a traced run (seconds): its measured median and fastest call, each operator kind's
+    time and the time outside operators, scaled to the median."""
+
+    median_s: float
+    min_s: float
+    kinds_s: dict[str, float]
+    outside_s: float
+
+
+def stage_measurements(result) -> dict[str, StageMeasurement]:
+    """The stages of a stored run traced with ``--trace`` (a ``BenchResult`` read from its folder)."""
+    found = {}
+    for stage in read_ops(result).stages:
+        if stage.stage not in STAGES or stage.range_s <= 0:
+            continue
+        stats = result.summary.stages_s[stage.stage]
+        scale = stats.median / stage.range_s
+        found[stage.stage] = StageMeasurement(
+            median_s=stats.median,
+            min_s=stats.min,
+            kinds_s={kind: total.self_s * scale for kind, total in stage.kinds.items()},
+            outside_s=sum(row.self_s for row in stage.rows if row.name == OUTSIDE) * scale,
+        )
+    return found
+
+
+def samples(
+    measured: dict[str, StageMeasurement], lower: dict[str, dict[str, list[float]]]
+) -> tuple[dict[str, list[float]], list[float]]:
+    """Achieved fractions per kind and overheads per operator (seconds) of every stage of one run;
+    ``lower``: ``roofline.lower_bounds`` of the same generation."""
+    fractions, overheads = defaultdict(list), []
+    for stage, found in measured.items():
+        if stage not in lower:
+            continue
+        for kind, (seconds, _) in lower[stage].items():
+            spent = found.kinds_s.get(kind, 0.0)
+            if spent >= MIN_SHARE * found.median_s and seconds > 0:
+                fractions[kind].append(seconds / spent)
+        operators = sum(count for _, count in lower[stage].values())
+        overheads.append(found.outside_s / operators)
+    return fractions, overheads
+
+
+def calibrate(runs: list[tuple[dict[str, StageMeasurement], dict]], source: str) -> Calibration:
+    """The lowest and highest fraction per kind, and overhead, over ``runs`` (measurements, lower bounds);
+    "other" spans every kind's when no operator of its own was sampled."""
+    fractions, overheads = defaultdict(list), []
+    for measured, lower in runs:
+        found, outside = samples(measured, lower)
+        for kind, values in found.items():
+            fractions[kind] += values
+        overheads += outside
+    if "other" not in fractions:
+        fractions["other"] = [min(min(v) for v in fractions.values()), max(max(v) for v in fractions.values())]
+    return Calibration(
+        source=source,
+        fractions={kind: (min(values), max(values)) for kind, values in sorted(fractions.items())},
+        overhead_s=(min(overheads), max(overheads)),
+    )
