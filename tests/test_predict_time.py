@@ -38,6 +38,13 @@ def test_an_operator_moves_its_inputs_and_outputs_and_views_move_nothing():
     expanded = torch.randn(1, 16).expand(1000, 16)  # reads its 16 elements, not 16,000
     found = tally(torch.nn.SiLU(), expanded)
     assert found == {"elementwise": [(0, 4 * 16 + 4 * 16_000, 1)]}
+    # a lookup reads its indices and the rows it returns, not the whole table
+    found = tally(torch.nn.Embedding(1000, 16), torch.tensor([3, 5, 7, 9]))
+    assert found == {"other": [(0, 8 * 4 + 2 * 4 * 4 * 16, 1)]}
+    # a query returning no tensor (a tensor's device, its sizes) moves nothing
+    with OperatorTally() as counted:
+        torch.ops.prim.device(x)
+    assert not counted.groups
 
 
 @pytest.mark.parametrize("name", ["tiny-sd", "tiny-flux", "tiny-wan"])

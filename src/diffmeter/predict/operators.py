@@ -1,7 +1,8 @@
 """Every operator of one generation with its work, from the same fake-tensor execution of the call
 plan that ``memory`` tracks: per operator its kind (named as ``--trace`` names them), FLOPs (torch.utils.
 flop_counter's formulas, attention's fused kernels included) and bytes moved, the bytes of its tensor
-inputs read plus its outputs written. Views move nothing and are left out. The roofline time
+inputs read plus its outputs written. Views, allocations and queries (a tensor's device) move nothing and
+are left out. The roofline time
 (``roofline``) is computed from these figures for any device."""
 
 from __future__ import annotations
@@ -32,10 +33,17 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
     return min(tensor.numel() * tensor.element_size(), tensor.untyped_storage().nbytes())
 
 
-def is_view(func) -> bool:
-    """An operator whose every output aliases an input without writing it (view, reshape, transpose)."""
+#: operators that return tensors without moving data: a view the schema does not mark, allocations
+NO_TRAFFIC = {"aten::_unsafe_view", "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty"}
+
+
+def moves_nothing(func, out) -> bool:
+    """A view (every output aliases an input without writing it: view, reshape, transpose), an
+    allocation, or a query that returns no tensor (``prim::device``, sizes)."""
     returns = func._schema.returns
-    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+    if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+        return True
+    return func._schema.name in NO_TRAFFIC or not any(isinstance(t, torch.Tensor) for t in tree_leaves(out))
 
 
 class OperatorTally(TorchDispatchMode):
@@ -48,15 +56,19 @@ class OperatorTally(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if is_view(func):
+        if moves_nothing(func, out):
             return out
         packet = func._overloadpacket
         flops = int(FORMULAS[packet](*args, **kwargs, out_val=out)) if packet in FORMULAS else 0
+        inputs = (args[1],) if packet is torch.ops.aten.embedding else (*tree_leaves((args, kwargs)),)
         moved = {}
-        for tensor in (*tree_leaves((args, kwargs)), *tree_leaves(out)):
+        for tensor in (*inputs, *tree_leaves(out)):
             if isinstance(tensor, torch.Tensor):
                 moved[id(tensor)] = tensor_bytes(tensor)
-        self.groups[(kind_of(func._schema.name), flops, sum(moved.values()))] += 1
+        total = sum(moved.values())
+        if packet is torch.ops.aten.embedding:  # reads the rows it returns, not the whole table
+            total += tensor_bytes(out)
+        self.groups[(kind_of(func._schema.name), flops, total)] += 1
         return out
 
 
