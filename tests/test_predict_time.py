@@ -170,3 +170,11 @@ def test_a_traced_run_calibrates_fractions_below_one(tmp_path):
     # a lower bound is never beaten: no kind reaches more than its whole roofline
     assert all(0 < low <= high <= 1 for low, high in calibration.fractions.values()), calibration.fractions
     assert calibration.overhead_s[0] > 0
+
+
+def test_a_prediction_that_cannot_be_made_is_a_note_and_the_run_is_kept(tmp_path):
+    # Lumina-Image-2.0 reads a tensor as a Python number: no fake-tensor run can follow it
+    result, folder = bench(BenchSpec(model="tiny-lumina2", iterations=1, save_images=False), out=tmp_path)
+    assert result.status == "complete" and result.prediction is None
+    assert any(note.startswith("no prediction: ") and "lumina2" in note for note in result.notes), result.notes
+    assert json.loads((folder / "results.json").read_text())["summary"]["iterations"] == 1

@@ -76,8 +76,12 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
 
 
 def predict_or_note(spec, optimizations: list, fp32_precision: dict | None) -> tuple[RunPrediction | None, str | None]:
-    """The prediction, or None and why it could not be made (a run is never failed by its prediction)."""
+    """The prediction, or None and why it could not be made: a measured run is never lost to its prediction,
+    whatever goes wrong in it."""
     try:
         return predict_run(spec, optimizations, fp32_precision), None
     except DiffmeterError as error:
         return None, f"no prediction: {error}"
+    except Exception as error:  # noqa: BLE001 - an unforeseen failure is recorded, the measurements kept
+        first = (str(error).strip().splitlines() or [""])[0]
+        return None, f"no prediction: {type(error).__name__}: {first}"
