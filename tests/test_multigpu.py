@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.measure.quality import compare
 from diffmeter.runs.runner import bench, prepare
 from diffmeter.runs.spec import BenchSpec
-from diffmeter.runs.storage import RESULTS
+from diffmeter.runs.storage import RESULTS, read_result
 
 
 def _spec(model: str = "tiny-flux", **settings) -> BenchSpec:
@@ -114,17 +115,42 @@ def test_ulysses_2_gives_the_one_process_images_and_rank_0_writes_once(model, se
     assert [rank.measured_bytes_per_denoiser_call for rank in result.parallel.ranks] == [
         offline.bytes_per_denoiser_call
     ] * 2
+    scaling = result.parallel.scaling  # the one-device run is under another --out
+    assert scaling.call is None and scaling.denoising is None and scaling.processes == 2
+    assert f"no one-device run of the same spec under {tmp_path / 'two'}" in scaling.reason
+
+
+def _median_s_per_image(result, stage: str | None = None) -> float:
+    return statistics.median(
+        (call.total_s if stage is None else getattr(call.stages, stage)) / call.images for call in result.iterations
+    )
 
 
 @pytest.mark.slow
-def test_data_parallel_2_gives_every_image_of_one_process(tmp_path):
-    reference, _ = bench(_spec(iterations=4), out=tmp_path / "one")
-    result, folder = bench(_spec(data_parallel=2), out=tmp_path / "two")
+def test_data_parallel_2_gives_every_image_of_one_process_and_its_scaling(cli, tmp_path):
+    _, single = bench(_spec(iterations=4), out=tmp_path)
+    result, folder = bench(_spec(data_parallel=2), out=tmp_path)
+    reference = read_result(single)
     _assert_same_images(result, reference)
     assert result.summary.images == 4 and [call.images for call in result.iterations] == [2, 2]
     assert result.parallel.images_identical_across_ranks is None
     assert [rank.measured_bytes_per_denoiser_call for rank in result.parallel.ranks] == [None, None]
-    assert list((tmp_path / "two").rglob(RESULTS)) == [folder / RESULTS]
+    assert sorted(tmp_path.rglob(RESULTS)) == sorted([folder / RESULTS, single / RESULTS])  # one from the ranks
+    stored = read_result(folder)
+    scaling = stored.parallel.scaling  # against the one-device run stored beside it, from both stored medians
+    assert scaling.one_device_run == single.name and scaling.reason is None and scaling.processes == 2
+    for stage, figures in (("total_s", scaling.call), ("denoising_s", scaling.denoising)):
+        field = None if stage == "total_s" else stage
+        one, two = _median_s_per_image(reference, field), _median_s_per_image(stored, field)
+        assert (figures.one_device_s_per_image, figures.parallel_s_per_image) == (one, two)
+        assert figures.speedup == one / two and figures.efficiency == one / two / 2
+    code, out, _ = cli("show", folder)
+    assert code == 0 and f"{scaling.call.speedup:.2f}x = {scaling.call.efficiency:.0%} of 2 processes" in out
+    code, out, _ = cli("table", tmp_path, "--json")
+    rows = {row["parallel"]: row for row in json.loads(out)}
+    assert code == 0 and rows["data-parallel-2"]["scaling_efficiency"] == pytest.approx(scaling.call.efficiency)
+    assert rows["data-parallel-2"]["processes"] == 2 and rows[""]["scaling_efficiency"] is None
+    assert rows["data-parallel-2"]["s_per_image"] == pytest.approx(stored.summary.latency_s.median / 2)  # 2 per call
 
 
 def test_offline_ulysses_volume_matches_its_closed_form(cli):
@@ -180,8 +206,6 @@ def test_a_rank_that_dies_ends_the_run_with_a_failed_result(tmp_path):
     assert process.returncode == 2 and "Traceback" not in err
     assert "rank 1 died (killed by signal SIGKILL)" in err
     (stored,) = out.glob(f"*/{RESULTS}")
-    from diffmeter.runs.storage import read_result
-
     result = read_result(stored.parent)
     assert result.status == "failed" and "rank 1 died" in result.error
     assert not list(out.glob(".*partial*"))

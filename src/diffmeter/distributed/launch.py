@@ -56,15 +56,22 @@ def bench_parallel(spec: BenchSpec, out, force: bool = False, progress=None):
 
 
 def _launch(spec: BenchSpec, out, force: bool, logs: Path) -> dict:
+    from diffmeter.distributed import rank_run
+
+    return start(spec.world_size, rank_run.run, (spec, str(out), force, "diffmeter"), logs)
+
+
+def start(processes: int, function, arguments: tuple, logs: Path) -> dict:
+    """``function(*arguments)`` in ``processes`` new processes on this machine (spawned, each with
+    torchrun's environment), watched by torch's elastic agent; returns {rank: what it returned}.
+    Each process's output goes to files under ``logs``."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    from diffmeter.distributed import rank_run
 
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
-        nproc_per_node=spec.world_size,
+        nproc_per_node=processes,
         run_id=f"diffmeter-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
         rdzv_endpoint="localhost:0",  # a free port, on this machine only
@@ -73,7 +80,7 @@ def _launch(spec: BenchSpec, out, force: bool, logs: Path) -> dict:
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=str(logs), redirects=Std.ALL),
     )
-    return elastic_launch(config, rank_run.run)(spec, str(out), force, "diffmeter")
+    return elastic_launch(config, function)(*arguments)
 
 
 def _stored(folder: Path):

@@ -120,4 +120,8 @@ def parallel_lines(parallel: Parallel) -> list[str]:
             f"{units.nbytes(moved.bytes_per_denoiser_call)} per denoiser call"
             + (f"; the first call moved {check} (counted at the collectives)" if check else "")
         )
+    if parallel.scaling is not None:
+        from diffmeter.distributed.scaling import line
+
+        lines.append(line(parallel.scaling))
     return lines

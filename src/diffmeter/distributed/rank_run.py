@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from diffmeter.distributed import communication, context_parallel, merge
+from diffmeter.distributed import communication, context_parallel, merge, scaling
 from diffmeter.distributed.records import Parallel
 from diffmeter.errors import DiffmeterError
 from diffmeter.runs import storage
@@ -174,6 +174,10 @@ def _run(prepared, out, force: bool, place: Place, parallel: Parallel) -> Path |
             return None
         results = [BenchResult.model_validate_json(text) for text, _ in gathered]
         merged = group_result(spec, results, parallel, staging, [bytes_ for _, bytes_ in gathered])
+        if merged.status == "complete":
+            labels = [optimization.label() for optimization in prepared.optimizations]
+            single = scaling.one_device_name(spec, entry, labels)
+            merged.parallel.scaling = scaling.against_one_device(merged, out, single)
         log.info("done: %s", merged.status)
         storage.close_logger(log)
         return folder.commit(merged)

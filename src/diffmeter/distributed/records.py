@@ -43,6 +43,33 @@ class RankRecord(BaseModel):
     iterations: list[Iteration] = []
 
 
+class StageScaling(BaseModel):
+    """One stage (the whole call, or denoising) against the one-device run: medians over the measured
+    calls of each call's seconds per image made."""
+
+    one_device_s_per_image: float
+    parallel_s_per_image: float
+    #: one_device_s_per_image / parallel_s_per_image
+    speedup: float
+    #: speedup / processes (for data parallelism: the images/s ratio over the degree)
+    efficiency: float
+
+
+class Scaling(BaseModel):
+    """The run against the same spec on one device, stored under the same output folder; without one
+    (or with one that cannot be compared) ``call`` and ``denoising`` are None and ``reason`` says why."""
+
+    processes: int
+    #: the one-device run folder, relative to the output folder
+    one_device_run: str | None = None
+    one_device_created_utc: str | None = None
+    #: the two runs were stored more than an hour apart (conditions may differ)
+    measured_apart: bool = False
+    call: StageScaling | None = None
+    denoising: StageScaling | None = None
+    reason: str | None = None
+
+
 class Parallel(BaseModel):
     """A multi-process run: the degrees, the processes, and whether their images agreed."""
 
@@ -60,3 +87,5 @@ class Parallel(BaseModel):
     #: context parallelism: what each GPU receives per step, counted offline
     communication: Communication | None = None
     ranks: list[RankRecord] = []
+    #: against the one-device run of the same spec under the same output folder, when there is one
+    scaling: Scaling | None = None

@@ -32,6 +32,13 @@ def _speedup(row) -> str:
     return f"{row['speedup']:.2f}x" + (" (noise)" if noise else "")
 
 
+def _scaling(row) -> str:
+    """A parallel run's speed-up over its one-device run, and that as a share of the processes."""
+    if not _present(row["scaling_speedup"]):
+        return "-" if row["processes"] == 1 else f"{row['processes']} proc."
+    return f"{row['scaling_speedup']:.2f}x = {row['scaling_efficiency']:.0%} of {row['processes']}"
+
+
 def results_table(frame, title: str) -> FittedTable:
     """The key columns of a ``load_results`` frame."""
     table = FittedTable(
@@ -54,6 +61,7 @@ def results_table(frame, title: str) -> FittedTable:
             Column("PSNR", drop=3),
             Column("SSIM", drop=1),
             Column("speed-up", drop=6),
+            Column("scaling", drop=5),
         ],
     )
     marked = False
@@ -81,12 +89,14 @@ def results_table(frame, title: str) -> FittedTable:
             _psnr(row),
             _or_dash(row["ssim"], lambda v: f"{v:.4f}"),
             _speedup(row),
+            _scaling(row),
         )
     captions = [
-        "s / image: median call latency / batch (p90 likewise); peak memory: CUDA max allocated, else process "
-        "peak RSS; J / image: GPU energy (Zeus); MFU: the denoising loop's; PSNR/SSIM: against the unoptimized "
+        "s / image: median call latency / images per call (p90 likewise); peak memory: CUDA max allocated, else "
+        "process peak RSS; J / image: GPU energy (Zeus); MFU: the denoising loop's; PSNR/SSIM: against the unoptimized "
         "images at the same seeds; speed-up: against the unoptimized run of the same settings, (noise) when its "
-        "interval holds 1"
+        "interval holds 1; scaling: a parallel run's s / image speed-up over the one-device run of the same spec "
+        "and its share of the processes (scaling efficiency)"
     ]
     if marked:
         captions.append("(tiny) and (random weights): timings of test or random-weight pipelines, not of the model")

@@ -28,8 +28,10 @@ COLUMNS: dict[str, str] = {
     "optimizations": "techniques applied, joined by + (empty: none)",
     "status": "complete | failed",
     "error": "why a failed run failed",
-    "s_per_image": "seconds per image: median call latency / batch",
-    "s_per_image_p90": "seconds per image: 90th-percentile call latency / batch",
+    "processes": "processes (GPUs) the run used: ulysses x ring x tp x data-parallel degrees",
+    "parallel": "the parallel degrees above 1, as the run folder names them (ulysses-2+data-parallel-2; empty: none)",
+    "s_per_image": "seconds per image: median call latency / images per call (batch x data-parallel degree)",
+    "s_per_image_p90": "seconds per image: 90th-percentile call latency / images per call",
     "images_per_s": "images per second over the measured calls",
     "text_share": "fraction of the median call spent encoding text",
     "denoise_share": "fraction spent in the denoising loop",
@@ -49,12 +51,26 @@ COLUMNS: dict[str, str] = {
     "speedup": "unoptimized median latency / this run's, same model and settings",
     "speedup_ci_low": "lower end of the speed-up's conservative interval (runs stored with --compare-baseline)",
     "speedup_ci_high": "upper end of that interval; an interval holding 1 means the difference is within noise",
+    "scaling_speedup": "parallel runs: the one-device run's median s/image (same spec, same folder) / this run's",
+    "scaling_efficiency": "scaling_speedup / processes (empty: no one-device run of the same spec stored beside it)",
     "iterations": "measured calls",
     "created_utc": "when the run was stored",
 }
 
 #: the settings that make two runs the same generation (a run and its unoptimized baseline)
-_SAME_GENERATION = ("model", "width", "height", "frames", "batch", "steps", "guidance", "dtype", "device", "weights")
+_SAME_GENERATION = (
+    "model",
+    "width",
+    "height",
+    "frames",
+    "batch",
+    "steps",
+    "guidance",
+    "dtype",
+    "device",
+    "weights",
+    "parallel",
+)
 
 
 def find_results(directory: str | Path) -> list[Path]:
@@ -98,8 +114,10 @@ def row(result: BenchResult, folder: str) -> dict[str, Any]:
         guidance=spec.guidance_scale,
         dtype=spec.dtype,
         device=spec.device,
-        hardware=_hardware(result),
+        hardware=hardware(result),
         optimizations="+".join(labels),
+        processes=spec.world_size,
+        parallel="+".join(storage.parallel_parts(spec)),
         status=result.status,
         error=result.error,
         created_utc=result.created_utc,
@@ -110,9 +128,10 @@ def row(result: BenchResult, folder: str) -> dict[str, Any]:
         stages = {name: stats.median for name, stats in summary.stages_s.items()}
         total = sum(stages.values()) or 1.0
         memory, energy = summary.peak_memory, summary.energy
+        per_call = summary.images / summary.iterations  # batch x data-parallel degree
         values.update(
-            s_per_image=summary.latency_s.median / spec.batch_size,
-            s_per_image_p90=summary.latency_s.p90 / spec.batch_size,
+            s_per_image=summary.latency_s.median / per_call,
+            s_per_image_p90=summary.latency_s.p90 / per_call,
             images_per_s=summary.images_per_s,
             text_share=stages.get("text_encoding", 0.0) / total,
             denoise_share=stages.get("denoising", 0.0) / total,
@@ -133,13 +152,17 @@ def row(result: BenchResult, folder: str) -> dict[str, Any]:
             ssim=quality.mean_ssim,
             lpips=quality.mean_lpips,
         )
+    scaling = result.parallel.scaling if result.parallel is not None else None
+    if scaling is not None and scaling.call is not None:
+        values.update(scaling_speedup=scaling.call.speedup, scaling_efficiency=scaling.call.efficiency)
     if result.speedup is not None:
         speedup = result.speedup
         values.update(speedup=speedup.factor, speedup_ci_low=speedup.ci_low, speedup_ci_high=speedup.ci_high)
     return values
 
 
-def _hardware(result: BenchResult) -> str:
+def hardware(result: BenchResult) -> str:
+    """The GPU the run used, or the CPU for CPU runs."""
     device = result.spec.device or "cpu"
     if device.startswith("cuda"):
         index = int(device.partition(":")[2] or 0)

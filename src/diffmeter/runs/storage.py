@@ -52,19 +52,21 @@ def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | t
         *([f"max-sequence-length-{spec.max_sequence_length}"] if spec.max_sequence_length else []),
         *(["no-binning"] if spec.resolution_binning is False else []),
         *_prompts(spec),
-        *(f"{name}-{value}" for name, value in _degrees(spec) if value > 1),
+        *parallel_parts(spec),
         *(f"opt-{slug(name)}" for name in optimizations),
     ]
     return "+".join(parts)
 
 
-def _degrees(spec: BenchSpec) -> list[tuple[str, int]]:
-    return [
-        ("ulysses", spec.ulysses_degree),
-        ("ring", spec.ring_degree),
-        ("tp", spec.tp_degree),
-        ("data-parallel", spec.data_parallel),
-    ]
+def parallel_parts(spec: BenchSpec) -> list[str]:
+    """The parallel degrees above 1 as the run folder names them: ``ulysses-2``, ``data-parallel-2``."""
+    degrees = {
+        "ulysses": spec.ulysses_degree,
+        "ring": spec.ring_degree,
+        "tp": spec.tp_degree,
+        "data-parallel": spec.data_parallel,
+    }
+    return [f"{name}-{value}" for name, value in degrees.items() if value > 1]
 
 
 def _prompts(spec: BenchSpec) -> list[str]:

@@ -1,0 +1,110 @@
+"""How well a parallel run scales: its seconds per image against the one-device run of the same
+spec stored under the same ``--out`` (the run folder named like it without the parallel degrees).
+
+speed-up = one-device median s/image / parallel median s/image (each call's seconds divided by the
+images it made, medians over the measured calls); efficiency = speed-up / processes. For data
+parallelism this is the images/s ratio over the degree; for context parallelism, how much of the
+ideal 1/N per image is reached.
+"""
+
+from __future__ import annotations
+
+import statistics
+from datetime import datetime
+from pathlib import Path
+
+from diffmeter.distributed.records import Scaling, StageScaling
+from diffmeter.errors import DiffmeterError
+from diffmeter.runs import storage
+from diffmeter.runs.results import BenchResult
+from diffmeter.runs.spec import BenchSpec
+
+#: a one-device run measured further apart than this ran under conditions that may differ
+APART_S = 3600
+
+
+def one_device_spec(spec: BenchSpec) -> BenchSpec:
+    """The same run on one device: every parallel degree 1."""
+    return spec.model_copy(update={"ulysses_degree": 1, "ring_degree": 1, "tp_degree": 1, "data_parallel": 1})
+
+
+def one_device_name(spec: BenchSpec, entry, labels: list[str]) -> str:
+    """The run folder of ``spec`` on one device (``labels``: the techniques' labels, as in the run's name)."""
+    return storage.run_name(one_device_spec(spec), entry, labels)
+
+
+def median_s_per_image(result: BenchResult, stage: str | None = None) -> float:
+    """The median over the measured calls of each call's seconds (``stage``: one stage's) per image made."""
+    return statistics.median(
+        (call.total_s if stage is None else getattr(call.stages, stage)) / call.images for call in result.iterations
+    )
+
+
+def against_one_device(result: BenchResult, out: str | Path, name: str) -> Scaling:
+    """``result`` (a complete parallel run) against the run stored at ``out/name``, or why there is no number."""
+    processes = result.parallel.world_size
+    folder = Path(out).expanduser() / name
+    if not (folder / storage.RESULTS).is_file():
+        return Scaling(
+            processes=processes,
+            reason=f"no one-device run of the same spec under {Path(out).expanduser()} (folder {name}); "
+            "run the same bench without the parallel degrees into the same --out to get one",
+        )
+    try:
+        single = storage.read_result(folder)
+    except DiffmeterError as error:
+        return Scaling(processes=processes, one_device_run=name, reason=str(error))
+    if single.status != "complete" or not single.iterations:
+        return Scaling(processes=processes, one_device_run=name, reason=f"the one-device run failed ({single.error})")
+    elsewhere = _other_hardware(result, single)
+    if elsewhere:
+        return Scaling(processes=processes, one_device_run=name, reason=elsewhere)
+    stages = {
+        label: _stage(median_s_per_image(single, field), median_s_per_image(result, field), processes)
+        for label, field in (("call", None), ("denoising", "denoising_s"))
+    }
+    apart = abs(datetime.fromisoformat(result.created_utc) - datetime.fromisoformat(single.created_utc))
+    return Scaling(
+        processes=processes,
+        one_device_run=name,
+        one_device_created_utc=single.created_utc,
+        measured_apart=apart.total_seconds() > APART_S,
+        **stages,
+    )
+
+
+def _stage(one_device: float, parallel: float, processes: int) -> StageScaling:
+    speedup = one_device / parallel
+    return StageScaling(
+        one_device_s_per_image=one_device,
+        parallel_s_per_image=parallel,
+        speedup=speedup,
+        efficiency=speedup / processes,
+    )
+
+
+def _other_hardware(result: BenchResult, single: BenchResult) -> str | None:
+    """Why two runs' timings cannot be set side by side: measured on different hardware."""
+    from diffmeter.runs.collect import hardware
+
+    if hardware(result) != hardware(single):
+        return f"the one-device run was measured on {hardware(single)}, this one on {hardware(result)}"
+    return None
+
+
+def line(scaling: Scaling) -> str:
+    """The run table's line."""
+    if scaling.call is None:
+        return f"scaling: no figure ({scaling.reason})"
+    from diffmeter import units
+
+    call, denoising = scaling.call, scaling.denoising
+    text = (
+        f"scaling against one device ({scaling.one_device_run}): whole call "
+        f"{units.seconds(call.one_device_s_per_image)} -> {units.seconds(call.parallel_s_per_image)} per image, "
+        f"{call.speedup:.2f}x = {call.efficiency:.0%} of "
+        f"{scaling.processes} processes; denoising {denoising.speedup:.2f}x = {denoising.efficiency:.0%} (medians)"
+    )
+    if scaling.measured_apart:
+        text += f"; the one-device run was measured {scaling.one_device_created_utc}, over an hour apart"
+    return text
