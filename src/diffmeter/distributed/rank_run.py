@@ -87,6 +87,14 @@ class SplitDenoiser:
             communication.count_first_call(models[0], self.measured)
 
 
+def share_cpu_threads() -> None:
+    """CPU ranks split the machine's cores between them (each would otherwise start one torch thread per
+    core, oversubscribing it N times), unless OMP_NUM_THREADS says otherwise."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+
+
 def run(spec: BenchSpec, out: str | Path, force: bool, launcher: str) -> Path | None:
     """This rank's part of ``spec``; rank 0 returns the run folder it wrote, the others None."""
     place = Place.from_environment(spec)
@@ -117,6 +125,8 @@ def run(spec: BenchSpec, out: str | Path, force: bool, launcher: str) -> Path | 
         )
     if place.device.type == "cuda":
         torch.cuda.set_device(place.device)
+    else:
+        share_cpu_threads()
     dist.init_process_group(parallel.backend, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     try:
         return _run(prepared, out, force, place, parallel)
