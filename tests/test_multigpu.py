@@ -104,6 +104,7 @@ def test_ulysses_2_gives_the_one_process_images_and_rank_0_writes_once(model, se
     assert result.parallel.images_identical_across_ranks is True
     assert [rank.rank for rank in result.parallel.ranks] == [0, 1]
     assert result.parallel.backend == "gloo" and result.parallel.launcher == "diffmeter"
+    assert result.environment.torch_threads == max(1, os.cpu_count() // 2)  # the cores split between the ranks
     assert list((tmp_path / "two").rglob(RESULTS)) == [folder / RESULTS]  # one result, from rank 0
     assert not (folder / "ranks" / "rank-1" / "images").exists()  # the copy was checked and dropped
     for merged, *own in zip(result.iterations, *(rank.iterations for rank in result.parallel.ranks), strict=True):
