@@ -53,7 +53,7 @@ def test_half_precision_parameters_equal_the_bench_loaders():
     pipe = load_pipeline(entry, locate_weights(entry, False), torch.device("cpu"), "bfloat16")
     loaded = {name: getattr(pipe, name) for name in entry.components}
     predicted = predict_memory(ProfileSpec(model="tiny-flux", dtype="bfloat16"))
-    # bfloat16 everywhere but what the model classes keep in float32 (T5's feed-forward output)
+    # bfloat16 everywhere but what the model classes keep in float32 at bfloat16
     assert predicted.component_param_bytes == {name: param_bytes(module) for name, module in loaded.items()}
     assert (
         predicted.stages[0].resident_param_bytes
@@ -75,3 +75,20 @@ def test_a_prediction_is_remembered_and_a_changed_question_is_a_miss(tmp_path, m
     predicted = predict_memory(spec)
     assert cached_memory(spec) == predicted
     assert cached_memory(ProfileSpec(model="tiny-flux", steps=2, dtype="bfloat16")) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_float32_modules_are_kept_as_transformers_and_diffusers_load_them(tmp_path, dtype):
+    import transformers
+
+    from diffmeter.loading import keep_fp32_modules
+    from diffmeter.tiny import tiny_pipeline
+
+    pipe = tiny_pipeline(resolve("tiny-flux"), "cpu", 0)
+    pipe.text_encoder_2.save_pretrained(tmp_path / "t5")
+    loaded = transformers.T5EncoderModel.from_pretrained(tmp_path / "t5", torch_dtype=dtype)
+    ours = pipe.text_encoder_2.to(dtype)
+    keep_fp32_modules(ours, dtype)
+    # T5 keeps its feed-forward output (wo) in float32 at float16 only: transformers' own rule
+    assert {n: p.dtype for n, p in ours.named_parameters()} == {n: p.dtype for n, p in loaded.named_parameters()}
+    assert any(p.dtype == torch.float32 for p in loaded.parameters()) == (dtype == torch.float16)

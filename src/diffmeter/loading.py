@@ -101,16 +101,33 @@ def load_pipeline(
         for component in pipe.components.values():
             if isinstance(component, torch.nn.Module):
                 component.to(torch_dtype)
-                keep_fp32_modules(component)
+                keep_fp32_modules(component, torch_dtype)
     pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
-def keep_fp32_modules(module: torch.nn.Module) -> None:
-    """Put back in float32 what the model class says must stay there, matching parameter and
+def fp32_module_names(module: torch.nn.Module, dtype: torch.dtype) -> set[str]:
+    """What the model class keeps in float32 when loaded at ``dtype``, by the loader's own rule: diffusers
+    keeps ``_keep_in_fp32_modules`` at any dtype; transformers only at float16 (its
+    ``_get_dtype_plan``), and ``_keep_in_fp32_modules_strict`` at float16 and bfloat16 (T5's ``wo``
+    is bfloat16 in a bfloat16 FLUX, float32 in a float16 one)."""
+    import transformers
+
+    if not isinstance(module, transformers.PreTrainedModel):
+        return set(getattr(module, "_keep_in_fp32_modules", None) or [])
+    keep = set()
+    if dtype == torch.float16:
+        keep |= set(module._keep_in_fp32_modules or [])
+    if dtype in (torch.float16, torch.bfloat16):
+        keep |= set(module._keep_in_fp32_modules_strict or [])
+    return keep
+
+
+def keep_fp32_modules(module: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Put back in float32 what the model class keeps there at ``dtype``, matching parameter and
     buffer names part by part as from_pretrained does (``scale_shift_table`` is a bare parameter)."""
-    keep = getattr(module, "_keep_in_fp32_modules", None) or []
+    keep = fp32_module_names(module, dtype)
     if not keep:
         return
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:

@@ -78,7 +78,7 @@ def meta_module(component: ComponentEntry, dtype: torch.dtype) -> torch.nn.Modul
     model class's float32 modules kept in float32."""
     with quiet_libraries():  # diffusers' advice to load with torch_dtype: this is what loading does
         module = build_component(component, "meta").to(dtype)
-    keep_fp32_modules(module)
+    keep_fp32_modules(module, dtype)
     return module
 
 
