@@ -55,7 +55,8 @@ def settings(figure: dict) -> tuple[dict, list[str]]:
 
 
 def profile_command(figure: dict, chosen: dict) -> list[str]:
-    command = ["profile", figure["model"], "--gpu", figure["gpu"], "--json"]
+    device = ["--gpu-spec", figure["gpu_spec"]] if figure.get("gpu_spec") else ["--gpu", figure["gpu"]]
+    command = ["profile", figure["model"], *device, "--json"]
     for key, value in chosen.items():
         if value is not None:
             command += [f"--{key.replace('_', '-')}", str(value)]
@@ -138,6 +139,10 @@ def setting_text(figure: dict, chosen: dict, assumed: list[str]) -> str:
     return ", ".join(parts)
 
 
+def gpu_text(figure: dict) -> str:
+    return f"{figure['gpu']} (`--gpu-spec {figure['gpu_spec']}`)" if figure.get("gpu_spec") else figure["gpu"]
+
+
 def percent(predicted: float, published: float) -> str:
     return f"{(predicted - published) / published * 100:+.1f}%"
 
@@ -163,7 +168,7 @@ def memory_row(figure: dict, profile: dict, chosen: dict, assumed: list[str]) ->
     what = "whole-generation peak" if figure["compare_to"] == "peak" else "parameters resident"
     return (
         f"| [{figure['id']}]({figure['source']['url']}) | {cell(setting_text(figure, chosen, assumed))} "
-        f"| {figure['gpu']} | {published['value']} {published['unit']}: {cell(published['measures'])} "
+        f"| {gpu_text(figure)} | {published['value']} {published['unit']}: {cell(published['measures'])} "
         f"| {shown} ({what}) | {difference} | {cell(breakdown(figure, prediction))}. {cell(figure.get('why', ''))} |"
     )
 
@@ -175,8 +180,10 @@ def seconds(value: float) -> str:
 def latency_row(figure: dict, profile: dict, chosen: dict, assumed: list[str]) -> str:
     published = figure["published"]["value"]
     time = profile.get("time")
-    if time is None:
+    if "time" not in profile:
         bound = expected = ratio = inside = "not yet predicted"
+    elif time is None:
+        bound, expected, ratio, inside = "none: the GPU's figures lack the dtype's peak or the bandwidth", "", "", ""
     else:
         bound = seconds(time["lower_s"])
         ratio = f"{published / time['lower_s']:.1f}x"
@@ -188,7 +195,7 @@ def latency_row(figure: dict, profile: dict, chosen: dict, assumed: list[str]) -
             expected = inside = "no expected range"
     return (
         f"| [{figure['id']}]({figure['source']['url']}) | {cell(setting_text(figure, chosen, assumed))} "
-        f"| {figure['gpu']} | {published} s: {cell(figure['published']['measures'])} | {bound} | {expected} "
+        f"| {gpu_text(figure)} | {published} s: {cell(figure['published']['measures'])} | {bound} | {expected} "
         f"| {ratio} | {inside} | {cell(figure.get('why', ''))} |"
     )
 
