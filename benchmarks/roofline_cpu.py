@@ -8,9 +8,9 @@ calibration of the expected range for CPUs (``src/diffmeter/predict/data/efficie
    ``--trace``), stage medians and every traced operator's self time by kind, against the prediction
    from the same settings (``predict.operators`` on fake tensors, ``predict.roofline``).
 3. Calibration, per operator kind: achieved fraction = the kind's roofline lower bound / its measured
-   time (the traced call's self time of that kind, scaled to the stage's measured median); and the time
-   outside operators per predicted operator. The shipped calibration is the lowest and highest of each
-   over every case and stage.
+   time (the traced call's self time of that kind, scaled to the stage's measured median), summed over
+   the run's stages; and the time outside operators per predicted operator. The shipped calibration is
+   the lowest and highest of each over the runs (``predict/calibrate.py``).
 4. Checks: the lower bound is at most the fastest measured call of each stage; the expected range,
    calibrated on the OTHER cases only (leave one case out), holds the measured median.
 
@@ -158,7 +158,8 @@ def main() -> None:
         f"## Calibration shipped for CPUs (all {len(cases)} runs)",
         "",
         "Achieved fraction of the roofline per operator kind (lower bound of the kind / its measured time), "
-        f"lowest and highest over every run and stage where the kind took at least {MIN_SHARE:.0%} of the stage:",
+        f"summed over each run's stages, lowest and highest over the runs where the kind took at least {MIN_SHARE:.0%} "
+        "of the run's time:",
         "",
         "| kind | lowest | highest |",
         "|---|---:|---:|",

@@ -3,9 +3,10 @@
 Per stage of a traced run, each operator kind's measured time is its self time in the traced call,
 scaled to the stage's measured median (the profiler slows the traced call); the time outside
 operators (Python, the pipeline's code) is scaled the same way. Against the roofline lower bounds of
-the same generation, each kind's achieved fraction is its bound over its measured time, and the
-overhead is the outside time per predicted operator. ``benchmarks/roofline_cpu.py`` ships the CPU
-calibration; ``benchmarks/gpu_validation.py --chunk predictions`` measures CUDA's.
+the same generation, each kind's achieved fraction in a run is its bound over its measured time, summed
+over the run's stages, and the overhead is the outside time per predicted operator.
+``benchmarks/roofline_cpu.py`` ships the CPU calibration; ``benchmarks/gpu_validation.py --chunk
+predictions`` measures CUDA's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pydantic import BaseModel
 from diffmeter.measure.trace import OUTSIDE, read_ops
 from diffmeter.predict.roofline import STAGES, Calibration
 
-#: a kind below this share of its stage's time gives no sample (too little time to divide by)
+#: a kind below this share of the run's time gives no sample (too little time to divide by)
 MIN_SHARE = 0.01
 
 
@@ -50,20 +51,24 @@ def stage_measurements(result) -> dict[str, StageMeasurement]:
 
 def samples(
     measured: dict[str, StageMeasurement], lower: dict[str, dict[str, list[float]]]
-) -> tuple[dict[str, list[float]], list[float]]:
-    """Achieved fractions per kind and overheads per operator (seconds) of every stage of one run;
-    ``lower``: ``roofline.lower_bounds`` of the same generation."""
-    fractions, overheads = defaultdict(list), []
+) -> tuple[dict[str, float], float | None]:
+    """One run's achieved fraction per kind (its bounds over its measured times, summed over the stages,
+    so a stage of a few small operators does not weigh like the denoising loop) and its time outside
+    operators per operator (seconds); ``lower``: ``roofline.lower_bounds`` of the same generation."""
+    bound, spent, outside, operators = defaultdict(float), defaultdict(float), 0.0, 0
     for stage, found in measured.items():
         if stage not in lower:
             continue
-        for kind, (seconds, _) in lower[stage].items():
-            spent = found.kinds_s.get(kind, 0.0)
-            if spent >= MIN_SHARE * found.median_s and seconds > 0:
-                fractions[kind].append(seconds / spent)
-        operators = sum(count for _, count in lower[stage].values())
-        overheads.append(found.outside_s / operators)
-    return fractions, overheads
+        for kind, (seconds, count) in lower[stage].items():
+            bound[kind] += seconds
+            spent[kind] += found.kinds_s.get(kind, 0.0)
+            operators += count
+        outside += found.outside_s
+    total = sum(found.median_s for stage, found in measured.items() if stage in lower)
+    fractions = {
+        kind: bound[kind] / spent[kind] for kind in bound if spent[kind] >= MIN_SHARE * total and bound[kind] > 0
+    }
+    return fractions, outside / operators if operators else None
 
 
 def calibrate(runs: list[tuple[dict[str, StageMeasurement], dict]], source: str) -> Calibration:
@@ -72,9 +77,10 @@ def calibrate(runs: list[tuple[dict[str, StageMeasurement], dict]], source: str)
     fractions, overheads = defaultdict(list), []
     for measured, lower in runs:
         found, outside = samples(measured, lower)
-        for kind, values in found.items():
-            fractions[kind] += values
-        overheads += outside
+        for kind, value in found.items():
+            fractions[kind].append(value)
+        if outside is not None:
+            overheads.append(outside)
     if "other" not in fractions:
         fractions["other"] = [min(min(v) for v in fractions.values()), max(max(v) for v in fractions.values())]
     return Calibration(
