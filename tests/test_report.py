@@ -158,7 +158,8 @@ def test_compare_a_cache_that_skips_steps_is_faster(cli, study):
 def test_compare_two_sweeps_cell_by_cell_same_settings_are_within_noise(cli, tmp_path):
     """Two runs of the same settings on this shared 2-vCPU VM differed by up to 46% in 30 back-to-back
     pairs (docs/report.md): more than their calls' interval shows. One torch thread and 10 steps kept
-    that to 21% in 8 pairs, and --min-effect 0.3 says what this machine can tell apart."""
+    that to 21% in 8 pairs, but a CI run saw 34%: --min-effect 0.5 says what this machine can tell apart.
+    No prediction between the two runs of a pair (seconds of other work between runs meant back to back)."""
     import torch
 
     threads = torch.get_num_threads()
@@ -166,19 +167,19 @@ def test_compare_two_sweeps_cell_by_cell_same_settings_are_within_noise(cli, tmp
     try:
         for batch in (1, 2):
             for side in ("a", "b"):  # back to back, so the machine drifts least between them
-                bench(BenchSpec(**FAST, warmup=2, batch_size=batch), out=tmp_path / side)
+                bench(BenchSpec(**FAST, warmup=2, batch_size=batch, predict=False), out=tmp_path / side)
     finally:
         torch.set_num_threads(threads)
     shutil.copytree(next((tmp_path / "a").iterdir()), tmp_path / "a" / "extra" / "only-in-a")
-    code, out, err = cli("compare", tmp_path / "a", tmp_path / "b", "--min-effect", "0.3", "--json")
+    code, out, err = cli("compare", tmp_path / "a", tmp_path / "b", "--min-effect", "0.5", "--json")
     assert code == 0, err
     comparison = json.loads(out)
     assert len(comparison["pairs"]) == 2 and len(comparison["only_a"]) == 1 and comparison["only_b"] == []
-    assert comparison["criteria"] == {"confidence": 0.95, "min_effect": 0.3}
+    assert comparison["criteria"] == {"confidence": 0.95, "min_effect": 0.5}
     for pair in comparison["pairs"]:
         (call,) = [stage for stage in pair["stages"] if stage["stage"] == "call"]
         assert call["verdict"] == "within noise", call
-        assert 1 / 1.3 < call["speedup"] < 1.3 and call["ci_level"] >= 0.95 and pair["differences"] == []
+        assert 1 / 1.5 < call["speedup"] < 1.5 and call["ci_level"] >= 0.95 and pair["differences"] == []
         assert pair["quality"]["identical"] == len(pair["quality"]["images"])  # same seeds, same images
 
 
