@@ -52,3 +52,13 @@ def _isolated_compiler_state():
     inductor.load_config(settings)
     if "torch._dynamo" in sys.modules:
         sys.modules["torch._dynamo"].reset()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What ran on the fake CUDA device and what could not, with the reasons (docs/fake-cuda.md)."""
+    fake_cuda = sys.modules.get("fake_cuda")
+    if fake_cuda is None or not fake_cuda.LEDGER:
+        return
+    terminalreporter.write_sep("-", "fake CUDA device: what ran on cuda:1, and what could not")
+    for subject, outcome in fake_cuda.LEDGER:
+        terminalreporter.write_line(f"{subject}: {outcome}")

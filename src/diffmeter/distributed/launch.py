@@ -38,7 +38,9 @@ def bench_parallel(spec: BenchSpec, out, force: bool = False, progress=None):
         return (None, None) if folder is None else _stored(folder)
     from diffmeter.runs.runner import prepare, store_failure
 
-    prepared = prepare(spec)  # every refusal here, before any process starts
+    # every refusal here, before any process starts; memory is checked by each rank on its own GPU, after placing
+    # itself there (a check here would open a CUDA context on GPU 0 that stays for the whole run)
+    prepared = prepare(spec, check_memory=False)
     storage.RunDirectory(out, prepared.name, force, prepared.spec).check()
     if progress is not None:
         progress(f"starting {spec.world_size} processes", 0, None)

@@ -25,7 +25,7 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.runs import storage
 from diffmeter.runs.results import BenchResult
 from diffmeter.runs.runner import _measure, _measurement_notes, _summarize, prepare, store_failure
-from diffmeter.runs.spec import BenchSpec
+from diffmeter.runs.spec import BenchSpec, resolve_device
 from diffmeter.runs.workload import Workload
 
 #: the longest any collective (or a rank's absence from one) may take before the run fails
@@ -47,10 +47,21 @@ class Place:
 
     @classmethod
     def from_environment(cls, spec: BenchSpec) -> Place:
+        """The launcher's environment and the spec's device kind (CUDA when present, unless told otherwise):
+        a CUDA rank's device is its LOCAL_RANK, whatever index the spec names."""
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local = int(os.environ.get("LOCAL_RANK", rank))
-        device = torch.device("cuda", local) if spec.device.startswith("cuda") else torch.device("cpu")
+        cuda = resolve_device(spec.device).type == "cuda"
+        device = torch.device("cuda", local) if cuda else torch.device("cpu")
         return cls(rank, world, device, rank // spec.model_parallel, rank % spec.model_parallel)
+
+    def enter(self) -> None:
+        """Make this rank's device current before anything asks CUDA a question: an index-less query, a
+        stream, a workspace or a context made earlier would land on GPU 0 (or split the cores, on CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        else:
+            share_cpu_threads()
 
 
 class RankWorkload(Workload):
@@ -103,7 +114,8 @@ def run(spec: BenchSpec, out: str | Path, force: bool, launcher: str) -> Path | 
             f"this launch has {place.world} processes but the degrees (ulysses x ring x tp x data parallel) need "
             f"{spec.world_size}; match --nproc-per-node to them"
         )
-    prepared = prepare(spec)
+    place.enter()
+    prepared = prepare(spec, device=place.device)  # the memory check reads this rank's own GPU
     parallel = Parallel(
         ulysses_degree=spec.ulysses_degree,
         ring_degree=spec.ring_degree,
@@ -123,10 +135,6 @@ def run(spec: BenchSpec, out: str | Path, force: bool, launcher: str) -> Path | 
             spec.ulysses_degree,
             spec.ring_degree,
         )
-    if place.device.type == "cuda":
-        torch.cuda.set_device(place.device)
-    else:
-        share_cpu_threads()
     dist.init_process_group(parallel.backend, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     try:
         return _run(prepared, out, force, place, parallel)
@@ -146,7 +154,9 @@ def _run(prepared, out, force: bool, place: Place, parallel: Parallel) -> Path |
     dist.broadcast_object_list(shared, src=0)
     staging = Path(shared[0])
     own = staging if place.rank == 0 else staging / RANKS / f"rank-{place.rank}"
-    (own / storage.IMAGES).mkdir(parents=True, exist_ok=True)
+    saves = staging if place.group_rank == 0 else own  # each group's leader saves the run's images
+    for where in {own, saves}:  # made by the rank that writes there, not left to rank 0's timing
+        (where / storage.IMAGES).mkdir(parents=True, exist_ok=True)
     log = storage.file_logger(own)
     try:
         log.info(
@@ -170,7 +180,7 @@ def _run(prepared, out, force: bool, place: Place, parallel: Parallel) -> Path |
             prepared.source,
             RankWorkload(spec, entry, place.data_rank),
             prepared.profile,
-            staging if place.group_rank == 0 else own,
+            saves,
             log,
             lambda *_: None,
             prepared.optimizations,

@@ -44,19 +44,18 @@ def decoder_bytes(spec, entry, decoder: str) -> tuple[int, int]:
     return images * channels * frames * spec.height * spec.width * BYTES[spec.dtype], channels
 
 
-def check_fits(spec, entry, decoder: str, profile: Profile) -> None:
-    """Raise with the figures when the lower bound exceeds what the device has available."""
+def check_fits(spec, entry, decoder: str, profile: Profile, device: torch.device) -> None:
+    """Raise with the figures when the lower bound exceeds what ``device`` has available."""
     names = {o.name for o in spec.optimizations}
     if "offload" in names:
         return
-    device = torch.device(spec.device)
     decode, channels = (0, 0) if "vae-tiling" in names else decoder_bytes(spec, entry, decoder)
     parameters = profile.param_bytes
     needed = parameters + decode
     available = available_bytes(device)
     if needed > available:
         raise DoesNotFit(
-            f"this run needs at least {units.nbytes(needed)} on {spec.device} (parameters {units.nbytes(parameters)} "
+            f"this run needs at least {units.nbytes(needed)} on {device} (parameters {units.nbytes(parameters)} "
             f"+ the VAE decoder's {channels}-channel full-resolution activations {units.nbytes(decode)}) and "
             f"{units.nbytes(available)} is available: lower --batch-size or the size, add --vae-slicing or "
             "--vae-tiling, or pass --no-memory-check"

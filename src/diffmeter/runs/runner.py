@@ -70,10 +70,13 @@ class PreparedRun:
     name: str
 
 
-def prepare(spec: BenchSpec, here: bool = True) -> PreparedRun:
+def prepare(
+    spec: BenchSpec, here: bool = True, device: torch.device | None = None, check_memory: bool = True
+) -> PreparedRun:
     """Every refusal that needs no weights: defaults and values, sizes (the offline profile),
     techniques against the model and device, weights on disk and, ``here`` (on this machine's
-    devices), the memory lower bound. Raises DiffmeterError with the reason."""
+    devices), the memory lower bound on ``device`` (a rank's own GPU; else the spec's), unless
+    ``check_memory`` is False (a launcher: each rank checks its own GPU). Raises DiffmeterError with the reason."""
     entry = resolve(spec.model)
     spec = spec.settle(entry, here=here)
     profile = profile_spec(spec.profile_spec())  # also checks sizes against the model
@@ -88,8 +91,8 @@ def prepare(spec: BenchSpec, here: bool = True) -> PreparedRun:
         source = locate_weights(entry, spec.random_weights)
     else:  # the weights are looked for where the run happens
         source = WeightsSource("pretrained")
-    if spec.memory_check and here:
-        check_fits(spec, entry, target.family.decoder, profile)
+    if spec.memory_check and here and check_memory:
+        check_fits(spec, entry, target.family.decoder, profile, device or torch.device(spec.device))
     return PreparedRun(spec, entry, profile, target, optimizations, source, _run_name(spec, entry, optimizations))
 
 

@@ -1,0 +1,311 @@
+"""diffmeter's CUDA paths run on the fake CUDA device (tests/fake_cuda): every tiny family at float16 and
+bfloat16 and every technique on cuda:1, each rank of a parallel run on its own GPU, ``fit`` -> ``bench``,
+and the harness's own checks (planted device bugs still fail). Times and memory under the fake are
+invented: no test asserts one. What cannot run under the fake is listed with its reason and still run, so
+a list entry that starts passing (or fails for another reason) fails here."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+from fake_cuda import LEDGER, FakeCuda, FakeCudaViolation, unavailable_reason
+from tiny_runs import TINY
+
+from diffmeter.errors import DiffmeterError
+from diffmeter.runs.results import BenchResult
+from diffmeter.runs.runner import bench
+from diffmeter.runs.spec import BenchSpec
+
+REASON = unavailable_reason()
+pytestmark = [pytest.mark.fake_cuda, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+
+#: techniques that cannot run under the fake, with the error each meets there (checked: still that error)
+NOT_RUNNABLE = {
+    "offload-sequential": "FakeTensor.__new__() missing required argument: 'fake_mode'",  # accelerate's Tensor.__new__
+    "offload-group": "Cannot access accelerator device when none is available",  # torch.Stream asks the runtime
+    "quantize-int8": "Creating a Parameter from an instance of type Int8Tensor",  # torchao subclass under fake
+    "quantize-fp8": "Creating a Parameter from an instance of type Float8Tensor",
+}
+#: techniques not run at all under the fake, and why
+NOT_RUN = {
+    "compile": "dynamo skips every frame while a dispatch mode is active: the run would measure eager code",
+    "tensorrt": "Torch-TensorRT builds engines in real device memory (and is not installed here)",
+    "onnxruntime": "ONNX Runtime's CUDA and TensorRT providers need real device memory (onnxruntime-gpu)",
+}
+#: the tiny model each technique runs on: the first in this order that it applies to
+TECHNIQUE_MODELS = ("tiny-flux", "tiny-sd", "tiny-wan", "tiny-sdxl", "tiny-pixart", "tiny-cogvideox")
+#: cache-dit's default keeps 8 blocks always computed; the tiny transformers have 1 or 2
+PARAMS = {"cache-dit": {"fn": 1, "bn": 0}}
+
+
+def fake_bench(out: Path, model: str, dtype: str = "bfloat16", optimizations=(), **settings):
+    """``bench`` on cuda:1 of two fake GPUs: (result, run folder, the fake's record)."""
+    spec = BenchSpec(
+        model=model, device="cuda:1", steps=2, iterations=1, dtype=dtype, predict=False,
+        optimizations=list(optimizations), **settings,
+    )  # fmt: skip
+    with FakeCuda(own="cuda:1") as cuda:
+        result, folder = bench(spec, out=out)
+    return result, folder, cuda
+
+
+def assert_ran_on_its_own_gpu(result: BenchResult, folder: Path, cuda: FakeCuda) -> None:
+    """Complete, nothing on another device, and the CUDA path taken: stages timed with events on cuda:1,
+    its peaks reset and read, energy asked of GPU 1, images written from the device's output."""
+    assert result.status == "complete" and not cuda.violations
+    assert result.spec.device == "cuda:1"
+    assert {call.device for call in cuda.calls if call.name == "Event.record"} == {1}
+    assert ("reset_peak_memory_stats", 1) in {(call.name, call.device) for call in cuda.calls}
+    assert result.summary.peak_memory.cuda_max_allocated_bytes is not None
+    assert result.summary.energy.gpu_indices == [1]
+    assert result.images and all((folder / image.path).exists() for image in result.images)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("entry", TINY, ids=[entry.id for entry in TINY])
+def test_every_tiny_family_runs_on_its_own_gpu(tmp_path, entry, dtype):
+    result, folder, cuda = fake_bench(tmp_path, entry.id, dtype)
+    assert_ran_on_its_own_gpu(result, folder, cuda)
+    assert result.spec.dtype == dtype
+    LEDGER.append((f"{entry.id} at {dtype}", "covered"))
+
+
+def technique_cases() -> list:
+    from diffmeter.catalog import resolve
+    from diffmeter.families import get_family
+    from diffmeter.optimize import REGISTRY, OptimizationSpec, Target
+
+    cases = []
+    for cls in REGISTRY.values():
+        for variant in cls.variants():
+            if variant.name in NOT_RUN:
+                continue
+            spec = OptimizationSpec(name=variant.name, params={**variant.config.model_dump(mode="json"), **PARAMS.get(
+                variant.name, {})})
+            optimization = cls(cls.Config(**spec.params))
+            for model in TECHNIQUE_MODELS:
+                entry = resolve(model)
+                target = Target(entry, get_family(entry.family), torch.device("cuda", 1), "bfloat16", 2)
+                if optimization.refusal(target)[0] is None:
+                    cases.append(pytest.param(model, spec, id=f"{variant.label()}-{model}"))
+                    break
+            else:
+                raise AssertionError(f"{variant.label()} applies to none of {TECHNIQUE_MODELS}: add a model")
+    return cases
+
+
+@pytest.mark.parametrize(("model", "technique"), technique_cases())
+def test_every_technique_runs_on_its_own_gpu(tmp_path, model, technique):
+    from diffmeter.optimize import build
+
+    label = build([technique])[0].label()
+    if label in NOT_RUNNABLE:
+        with pytest.raises(Exception, match=NOT_RUNNABLE[label].replace("(", r"\(").replace(")", r"\)")):
+            fake_bench(tmp_path, model, optimizations=[technique])
+        LEDGER.append((f"{label} on {model}", f"not runnable under the fake: {NOT_RUNNABLE[label]}"))
+        return
+    result, folder, cuda = fake_bench(tmp_path, model, optimizations=[technique])
+    assert_ran_on_its_own_gpu(result, folder, cuda)
+    assert label in [applied.label for applied in result.optimizations]
+    LEDGER.append((f"{label} on {model}", "covered"))
+
+
+def test_techniques_not_run_under_the_fake_are_listed_with_their_reason():
+    for name, reason in NOT_RUN.items():
+        LEDGER.append((name, f"not run under the fake: {reason}"))
+    documented = (Path(__file__).parents[1] / "docs" / "fake-cuda.md").read_text()
+    for name in [*NOT_RUN, *NOT_RUNNABLE]:
+        assert f"`{name}`" in documented, f"docs/fake-cuda.md does not list {name}"
+
+
+@contextlib.contextmanager
+def rank_environment(rank: int, world: int, monkeypatch, staging: Path, reached=None):
+    """This process as rank ``rank`` of ``world`` under torchrun, with the collectives faked: the group is
+    joined (or ``reached`` raised there), rank 0's staging folder broadcast, results gathered into a list."""
+    import torch.distributed as dist
+
+    for name, value in {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": world}.items():
+        monkeypatch.setenv(name, str(value))
+    gathered = []
+
+    def join(*args, **kwargs):
+        if reached is not None:
+            raise reached
+
+    def broadcast(objects, src=0):
+        objects[0] = str(staging)
+
+    with contextlib.ExitStack() as stack:
+        for name, fake in {
+            "init_process_group": join,
+            "destroy_process_group": lambda: None,
+            "broadcast_object_list": broadcast,
+            "gather_object": lambda obj, *args, **kwargs: gathered.append(obj),
+        }.items():
+            stack.enter_context(mock.patch.object(dist, name, fake))
+        stack.enter_context(mock.patch.object(dist.device_mesh, "init_device_mesh"))
+        yield gathered
+
+
+class ReachedTheGroup(Exception):
+    """Raised where a rank joins its process group: everything before it ran on the fake."""
+
+
+@pytest.mark.parametrize("device", [None, "cuda"])
+def test_a_data_parallel_rank_runs_whole_on_its_own_gpu(tmp_path, monkeypatch, device):
+    """Rank 1 of a 2-way data-parallel run, the spec naming no device or index-less "cuda" (docs/multigpu.md's
+    first command): placed on cuda:1 before any CUDA call (its memory check reads GPU 1), measured there."""
+    from diffmeter.distributed import rank_run
+
+    staging = tmp_path / "staging"
+    spec = BenchSpec(model="tiny-flux", device=device, data_parallel=2, steps=2, iterations=1, predict=False)
+    with rank_environment(1, 2, monkeypatch, staging) as gathered, FakeCuda(own="cuda:1") as cuda:
+        assert rank_run.run(spec, tmp_path, False, "torchrun") is None
+    assert not cuda.violations
+    assert cuda.calls[0].name == "set_device" and cuda.calls[0].device == 1
+    assert ("mem_get_info", 1) in {(call.name, call.device) for call in cuda.calls}
+    result = BenchResult.model_validate_json(gathered[0][0])
+    assert result.status == "complete" and result.spec.device == "cuda:1"
+    assert result.summary.energy.gpu_indices == [1]
+    assert [path.name for path in (staging / "images").iterdir()]  # data-parallel index 1 leads its group
+    LEDGER.append(("rank 1 of data parallel 2", "covered (collectives faked)"))
+
+
+def test_a_context_parallel_rank_places_itself_before_any_cuda_call(tmp_path, monkeypatch):
+    """Rank 1 of Ulysses 2 up to its first collective: set_device(1) is its first CUDA call, and nothing
+    before the group is joined touches another GPU (every rank once checked GPU 0's memory)."""
+    from diffmeter.distributed import rank_run
+
+    spec = BenchSpec(model="tiny-flux", ulysses_degree=2, steps=2, iterations=1, predict=False)
+    with rank_environment(1, 2, monkeypatch, tmp_path, reached=ReachedTheGroup()), FakeCuda(own="cuda:1") as cuda:
+        with pytest.raises(ReachedTheGroup):
+            rank_run.run(spec, tmp_path, False, "torchrun")
+    assert not cuda.violations
+    assert cuda.calls[0] == type(cuda.calls[0])("set_device", 1, True)
+    assert ("mem_get_info", 1) in {(call.name, call.device) for call in cuda.calls}
+    LEDGER.append(("rank 1 of Ulysses 2", "covered up to its first collective"))
+
+
+def test_the_launcher_asks_no_gpu_about_memory(tmp_path, monkeypatch):
+    """The process starting the ranks checks everything it can, but not memory: that would open a context on
+    GPU 0 for the whole run; each rank checks its own GPU."""
+    from diffmeter.distributed import launch
+
+    monkeypatch.delenv("RANK", raising=False)
+    spec = BenchSpec(model="tiny-flux", ulysses_degree=2, steps=2, iterations=1)
+    with FakeCuda(own="cuda:1") as cuda, mock.patch.object(launch, "_launch", side_effect=ReachedTheGroup()):
+        with pytest.raises(DiffmeterError, match="the parallel launch failed"):  # stored as a failed result
+            launch.bench_parallel(spec, tmp_path)
+    assert not cuda.violations
+    assert {call.name for call in cuda.calls} <= {"get_device_name", "get_device_properties"}
+    LEDGER.append(("the parallel launcher", "covered"))
+
+
+def test_what_fit_lists_bench_runs_on_a_card_that_small(tmp_path):
+    """``fit`` on a card just too small for the plain run lists settings; the first that runs under the fake
+    is measured on a fake card of that size, and bench's own memory check lets it through."""
+    from diffmeter.optimize import REGISTRY, OptimizationSpec
+    from diffmeter.predict.memory import predict_memory
+    from diffmeter.predict.techniques import fitting, peak_under
+    from diffmeter.spec import ProfileSpec
+
+    prediction = predict_memory(ProfileSpec(model="tiny-flux", steps=2, dtype="bfloat16"))
+    card = peak_under(prediction, ()) - 1
+    variants = {v.label(): v for cls in REGISTRY.values() for v in cls.variants()}
+    fits = [chosen for chosen, _ in fitting(prediction, card) if not set(chosen) & set(NOT_RUNNABLE)]
+    assert fits, "fit lists nothing that runs under the fake"
+    chosen = fits[0]
+    techniques = [
+        OptimizationSpec(name=variants[label].name, params=variants[label].config.model_dump(mode="json"))
+        for label in chosen
+    ]
+    spec = BenchSpec(
+        model="tiny-flux", device="cuda:1", steps=2, iterations=1, dtype="bfloat16", predict=False,
+        optimizations=techniques,
+    )  # fmt: skip
+    with FakeCuda(own="cuda:1", memory_gib=card / 2**30) as cuda:
+        result, folder = bench(spec, out=tmp_path)
+    assert_ran_on_its_own_gpu(result, folder, cuda)
+    LEDGER.append((f"fit -> bench ({' + '.join(chosen)})", "covered"))
+
+
+# the harness's own checks: bugs planted in a real run still fail it, each with one clear line
+
+
+def loading_then(change):
+    """``runner.load_pipeline``, then ``change(pipe)``: a bug planted in the loaded pipeline."""
+    from diffmeter.runs import runner
+
+    real = runner.load_pipeline
+
+    def load(*args, **kwargs):
+        pipe = real(*args, **kwargs)
+        change(pipe)
+        return pipe
+
+    return mock.patch.object(runner, "load_pipeline", load)
+
+
+def test_a_cpu_tensor_added_in_a_forward_hook_is_caught(tmp_path):
+    def plant(pipe):
+        pipe.unet.register_forward_hook(lambda module, args, output: (output[0] + torch.ones(output[0].shape[-1]),))
+
+    caught = r"aten.add.Tensor got tensors on \['cpu', 'cuda:1'\]"
+    with loading_then(plant), pytest.raises(FakeCudaViolation, match=caught):
+        fake_bench(tmp_path, "tiny-sd")
+
+
+def test_a_layer_left_on_another_gpu_is_caught(tmp_path):
+    with loading_then(lambda pipe: pipe.unet.conv_in.to("cuda:0")), pytest.raises(
+        FakeCudaViolation, match=r"cuda:0"
+    ):
+        fake_bench(tmp_path, "tiny-sd")
+
+
+def test_a_query_made_before_placing_the_run_is_caught(tmp_path):
+    """No device scope and an index-less peak reset: it resolves to GPU 0, not the run's."""
+    from diffmeter.runs import runner
+
+    def reset(device):
+        torch.cuda.reset_peak_memory_stats()
+        return False
+
+    caught = r"reset_peak_memory_stats index-less, resolved to the current device cuda:0"
+    with (
+        mock.patch.object(runner, "device_scope", lambda device: contextlib.nullcontext()),
+        mock.patch.object(runner, "reset_peaks", reset),
+        pytest.raises(FakeCudaViolation, match=caught),
+    ):
+        fake_bench(tmp_path, "tiny-sd")
+
+
+def test_the_same_query_inside_the_run_is_on_its_own_gpu(tmp_path):
+    """The control of the test above: inside the runner's device scope an index-less reset is on cuda:1."""
+    from diffmeter.runs import runner
+
+    def reset(device):
+        torch.cuda.reset_peak_memory_stats()
+        return False
+
+    with mock.patch.object(runner, "reset_peaks", reset):
+        result, folder, cuda = fake_bench(tmp_path, "tiny-sd")
+    assert result.status == "complete" and not cuda.violations
+    assert ("reset_peak_memory_stats", 1) in {(call.name, call.device) for call in cuda.calls}
+
+
+def test_the_fake_leaves_torch_as_it_found_it():
+    """Index-less "cuda" follows set_device; a tensor made on another GPU is caught; afterwards CUDA is gone."""
+    with FakeCuda(own="cuda:1"):
+        assert torch.cuda.is_available() and torch.cuda.device_count() == 2
+        torch.cuda.set_device(1)
+        assert torch.ones(2, device="cuda").device == torch.device("cuda", 1)
+        assert torch.nn.Linear(2, 2).to("cuda").weight.device == torch.device("cuda", 1)
+        with pytest.raises(FakeCudaViolation, match="has a tensor on cuda:0"):
+            torch.ones(2, device="cuda:0")
+    assert not torch.cuda.is_available()
+    with pytest.raises((RuntimeError, AssertionError), match="CUDA|cuda"):
+        torch.ones(2, device="cuda")
