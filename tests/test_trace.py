@@ -119,3 +119,7 @@ def test_operator_kinds():
     assert kind_of("aten::native_group_norm") == kind_of("aten::native_layer_norm") == "normalization"
     assert [kind_of(f"aten::{op}") for op in ("add", "mul_", "silu", "gelu")] == ["elementwise"] * 4
     assert kind_of("aten::cat") == kind_of("aten::copy_") == "other"
+    # kinds are whole words of the name: the initial noise is not a normalization, a summed mean not a matmul
+    assert kind_of("aten::normal_") == kind_of("aten::randn") == "other"
+    assert kind_of("aten::conv_transpose2d") == kind_of("aten::cudnn_convolution") == "convolution"
+    assert kind_of("aten::_efficient_attention_forward") == "attention"

@@ -34,7 +34,12 @@ def params(value: float) -> str:
 
 
 def seconds(value: float) -> str:
-    """Seconds, switching to ms below one second and to µs below one millisecond."""
+    """Seconds, switching to ms below one second and to µs below one millisecond, and to minutes from two
+    minutes and hours from two hours (8.29 h reads; 29,858.000 s does not)."""
+    if abs(value) >= 7200:
+        return f"{value / 3600:,.2f} h"
+    if abs(value) >= 120:
+        return f"{value / 60:,.2f} min"
     if abs(value) >= 1:
         return f"{value:,.3f} s"
     return f"{value * 1e3:,.2f} ms" if abs(value) >= 1e-3 or value == 0 else f"{value * 1e6:,.2f} µs"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import inspect
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -36,13 +37,13 @@ OUTSIDE = "(outside operators: Python, framework)"
 TOP = 5
 KINDS = ("attention", "matmul", "convolution", "normalization", "elementwise", "other")
 _KIND_WORDS = {
-    "attention": ("attention", "attn", "flash", "_efficient_attention"),
+    "attention": ("attention", "attn", "flash"),
     "matmul": ("mm", "matmul", "linear", "addmm", "bmm", "baddbmm", "gemm"),
-    "convolution": ("conv", "convolution"),
+    "convolution": ("conv", "convolution", "conv1d", "conv2d", "conv3d"),
     "normalization": ("norm",),
     "elementwise": (
         "add", "sub", "mul", "div", "silu", "gelu", "sigmoid", "tanh", "exp", "pow", "neg", "rsqrt", "sqrt",
-        "clamp", "where", "relu", "sin", "cos", "erf", "softmax", "_softmax", "fill_", "lerp", "abs", "reciprocal",
+        "clamp", "where", "relu", "sin", "cos", "erf", "softmax", "fill", "lerp", "abs", "reciprocal",
     ),
 }  # fmt: skip
 
@@ -347,15 +348,13 @@ def _conv_output(args: list) -> list[int]:
 
 
 def kind_of(name: str) -> str:
-    """attention, matmul, convolution, normalization, elementwise or other, from the operator's name."""
-    word = name.removeprefix("aten::").lower()
-    for kind, words in _KIND_WORDS.items():
-        if kind == "elementwise":
-            if word.rstrip("_") in words or word in words:
-                return kind
-        elif any(part in word for part in words):
-            return kind
-    return "other"
+    """attention, matmul, convolution, normalization, elementwise or other, from the words of the operator's
+    name (``aten::native_layer_norm``: norm; ``aten::normal_``, the initial noise, is none of them)."""
+    words = set(re.split(r"[^a-z0-9]+", name.removeprefix("aten::").lower())) - {""}
+    kinds = [kind for kind, known in _KIND_WORDS.items() if words & set(known)]
+    if not kinds and any(word.startswith("conv") for word in words):  # conv_transpose2d, _slow_conv2d_forward
+        return "convolution"
+    return kinds[0] if kinds else "other"
 
 
 def _row(name: str, self_s: float, calls: int, flops: int | None, stage_s: float, kind: str | None = None) -> OpRow:

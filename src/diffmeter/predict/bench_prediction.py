@@ -53,7 +53,7 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
     unmodelled = [o.label for o in optimizations if memory_technique(o.name, o.params) is None]
     if unmodelled:
         notes.append(f"memory is predicted without {', '.join(unmodelled)}")
-    time = None
+    time, untimed = None, []
     precision = (
         "tf32" if fp32_precision and fp32_precision.get("matmul") == "tf32" and spec.dtype == "float32" else None
     )
@@ -64,13 +64,12 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
     else:
         time = predict_time(operator_work(profile_spec), figures, precision)
         untimed = [o.label for o in optimizations if o.name not in TIME_MODELLED]
-        if untimed:
-            notes.append(f"time is predicted for the pipeline without {', '.join(untimed)}")
     return RunPrediction(
         device=name,
         peak_memory_bytes=peak_under(memory, tuple(techniques)),
         memory_techniques=techniques,
         time=time,
+        time_left_out=untimed if time is not None else [],
         notes=notes,
     )
 

@@ -119,5 +119,7 @@ class RunPrediction(BaseModel):
     peak_memory_bytes: int | None = None
     memory_techniques: list[str] = []
     time: TimePrediction | None = None
+    #: the run's techniques the time prediction leaves out: it is the time of a pipeline without them, not of what ran
+    time_left_out: list[str] = []
     #: what the prediction leaves out of this run (techniques it does not model), or why a part is missing
     notes: list[str] = []

@@ -551,7 +551,9 @@ def _rate(total) -> str:
 def predictions(study: Study) -> list[Figure]:
     """Each run's predicted time per call (roofline lower bound, calibrated expected range) against
     its measured median, and predicted peak memory against the measured CUDA peak where there is one."""
-    timed = [r for r in study.runs if r.result.prediction is not None and r.result.prediction.time is not None]
+    predicted = [r for r in study.runs if r.result.prediction is not None and r.result.prediction.time is not None]
+    timed = [r for r in predicted if not r.result.prediction.time_left_out]  # a prediction of what ran
+    left_out = len(predicted) - len(timed)
     found = []
     if timed:
         figure = go.Figure()
@@ -602,9 +604,15 @@ def predictions(study: Study) -> list[Figure]:
                 figure,
                 "Each run's time predicted offline for its device "
                 f"({', '.join(devices)}): a lower bound (every operator at max(FLOPs / peak, bytes / bandwidth)) "
-                "and, where the device kind is calibrated, the expected range, for the pipeline without the "
-                "run's speed-ups (see each run's notes). Points below the dotted line are predicted faster than "
-                "measured. " + _measured(timed),
+                "and, where the device kind is calibrated, the expected range. Points below the dotted line are "
+                "predicted faster than measured. "
+                + (
+                    f"{left_out} run(s) left out: their speed-ups are not in the prediction, which is of the "
+                    "pipeline without them. "
+                    if left_out
+                    else ""
+                )
+                + _measured(timed),
             )
         )
     sized = [
