@@ -4,6 +4,7 @@ or with random weights on a real device for tiny test pipelines."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import importlib
 import pkgutil
@@ -52,11 +53,14 @@ def build_component(component: ComponentEntry, device: str | torch.device = "met
     cls = component_class(component.class_name)
     # on meta, initializing weights only costs time (torch runs each init's decomposition): skip it
     skip_init = no_init_weights() if torch.device(device).type == "meta" else contextlib.nullcontext()
+    # a copy: transformers rewrites nested configs in place (Qwen2.5-VL's vision_config.model_type), which
+    # changed the catalog entry and with it every cache key computed from it afterwards
+    settings = copy.deepcopy(component.config)
     with quiet_libraries(), torch.device(device), skip_init:
         if issubclass(cls, diffusers.ModelMixin):
-            module = cls.from_config(component.config)
+            module = cls.from_config(settings)
         else:
-            config = transformers.AutoConfig.for_model(**component.config)
+            config = transformers.AutoConfig.for_model(**settings)
             module = cls(config)
     return module.eval()
 
