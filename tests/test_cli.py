@@ -4,6 +4,7 @@ import csv
 import io
 import json
 import subprocess
+import sys
 
 import pytest
 
@@ -143,3 +144,34 @@ def test_csv_with_depth_keeps_the_module_rows(cli):
     assert code == 0 and modules and all(row["module"].startswith(row["component"] + ".") for row in modules)
     unet = next(row for row in rows if row["component"] == "unet" and not row["module"])
     assert sum(int(row["macs"]) for row in modules if row["component"] == "unet") == int(unet["macs"])
+
+
+def test_library_warnings_stay_off_the_terminal(tmp_path):
+    """torchao's failed kernel extensions and torch's pytree notices (logged when diffusers imports torchao)
+    reach the terminal of a plain import, but not the output of bench, table, or a parallel run's ranks."""
+    import os
+
+    environment = {k: v for k, v in os.environ.items() if k != "DIFFMETER_QUIET_LIBRARIES"}
+    markers = ("Failed to load", "_pytree", "Unable to import `torchao`")
+    plain = subprocess.run(
+        [sys.executable, "-c", "import diffusers.quantizers"], capture_output=True, text=True, env=environment
+    )
+    if not any(marker in plain.stderr for marker in markers):
+        pytest.skip("the installed torchao imports quietly: nothing to keep off the terminal here")
+
+    def diffmeter(*args):
+        done = subprocess.run(
+            [sys.executable, "-c", "from diffmeter.cli import main; main()", *args],
+            capture_output=True, text=True, env=environment, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout + done.stderr
+
+    common = ("--steps", "1", "--iterations", "1", "--no-save-images", "--out", str(tmp_path))
+    outputs = [
+        diffmeter("bench", "tiny-sd", *common),
+        diffmeter("bench", "tiny-flux", "--data-parallel", "2", *common),
+        diffmeter("table", str(tmp_path)),
+    ]
+    for output in outputs:
+        assert not [marker for marker in markers if marker in output], output[:2000]

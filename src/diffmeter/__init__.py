@@ -10,7 +10,13 @@
 The heavy parts (torch, diffusers) are imported on first use, so the command line starts fast.
 """
 
+import os
+
 from diffmeter.errors import DiffmeterError
+from diffmeter.quiet import QUIET_VARIABLE, keep_library_warnings_off_the_terminal
+
+if os.environ.get(QUIET_VARIABLE) == "1":  # a process the command line started (a rank, a sweep cell)
+    keep_library_warnings_off_the_terminal()
 
 __version__ = "0.1.0"
 __all__ = [

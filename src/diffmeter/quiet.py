@@ -5,10 +5,27 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 from contextlib import contextmanager
 
 #: loggers of optional packages that warn about their own optional kernels at import
 OPTIONAL_PACKAGE_LOGGERS = ("torchao",)
+#: loggers whose warnings are about the libraries, not about the user's run (torchao's failed kernel extensions,
+#: torch's pytree deprecation notices that torchao's import triggers)
+LIBRARY_LOGGERS = ("torchao", "torch.utils._pytree")
+#: set by the command line for itself and every process it starts (ranks, sweep cells)
+QUIET_VARIABLE = "DIFFMETER_QUIET_LIBRARIES"
+
+
+def keep_library_warnings_off_the_terminal() -> None:
+    """For the command line and the processes it starts: library warnings at ERROR and above only, decided
+    before the libraries are imported (diffusers and transformers read their verbosity from the environment
+    when they first log). The Python API leaves the caller's logging alone."""
+    os.environ[QUIET_VARIABLE] = "1"
+    os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from diffmeter.errors import DiffmeterError
+from diffmeter.quiet import keep_library_warnings_off_the_terminal
 
 app = typer.Typer(
     add_completion=False,
@@ -122,6 +123,7 @@ INTERRUPTED = 130
 def main() -> None:
     """Entry point: user errors become one line on stderr and exit code 2; Ctrl-C exits 130."""
     warnings.filterwarnings("ignore")
+    keep_library_warnings_off_the_terminal()
     try:
         code = app(standalone_mode=False, prog_name="diffmeter")
     except DiffmeterError as error:
