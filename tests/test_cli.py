@@ -59,6 +59,14 @@ def test_models_lists_the_catalog(cli):
         (["profile"], "name a MODEL"),
         (["profile", "sd15", "--max-sequence-length", "128"], "takes no max_sequence_length"),
         (["profile", "flux-dev", "--max-sequence-length", "0"], "--max-sequence-length must be a positive integer"),
+        (["profile", "/nonexistent/dir"], "no such folder: /nonexistent/dir"),
+        (["profile", "./nowhere"], "no such folder: ./nowhere"),
+        (["profile", "flux-dev", "--guidance-scale", "-1"], "--guidance-scale must be 0 or more, got -1"),
+        (["bench", "tiny-sd", "--guidance-scale", "-1"], "--guidance-scale must be 0 or more, got -1"),
+        (["bench", "tiny-sd", "--seed", "-1"], "--seed must be 0 or more"),
+        (["fit", "tiny-sd", "--memory", "24XB"], "--memory takes a positive size such as 24GB (read as GiB)"),
+        (["fit", "tiny-sd", "--memory", "-5GB"], "--memory takes a positive size"),
+        (["fit", "tiny-sd", "--memory", "0"], "--memory takes a positive size"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(cli, args, message):

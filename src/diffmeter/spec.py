@@ -83,6 +83,8 @@ class ProfileSpec:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise DiffmeterError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+        if self.guidance_scale is not None and self.guidance_scale < 0:
+            raise DiffmeterError(f"--guidance-scale must be 0 or more, got {self.guidance_scale:g}")
         if self.template_tokens is not None and self.template_tokens < 0:
             raise DiffmeterError(f"template_tokens must be 0 or more, got {self.template_tokens}")
         if self.instruction_tokens is not None and self.instruction_tokens < 0:

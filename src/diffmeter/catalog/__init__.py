@@ -51,6 +51,11 @@ def resolve(model: str) -> PipelineEntry:
     cached = hf_cache_directory(model)
     if cached is not None:
         return entry_from_directory(cached, all_entries(), repo_id=model)
+    if model.startswith(("/", "./", "../", "~")) or (len(model) > 1 and model[1] == ":"):  # a path, not a name
+        raise DiffmeterError(
+            f"no such folder: {model}; point MODEL at a diffusers pipeline folder (with model_index.json), "
+            "or name a catalog model or hub id"
+        )
     close = difflib.get_close_matches(model.lower(), names, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     raise DiffmeterError(

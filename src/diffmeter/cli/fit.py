@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated
 
 import typer
@@ -44,7 +45,7 @@ def fit(
 
     if (memory is None) == (gpu is None):
         raise DiffmeterError("give the memory to fit in: --memory 24GB, or --gpu NAME (not both)")
-    target = chosen_gpu(gpu, None) if gpu else spec_gpu(memory).model_copy(update={"name": memory})
+    target = chosen_gpu(gpu, None) if gpu else spec_gpu(_memory(memory)).model_copy(update={"name": memory})
     if not target.memory_bytes:
         raise DiffmeterError(f"{target.name} has no single memory size in the table; pass --memory")
     spec = ProfileSpec(
@@ -68,3 +69,11 @@ def fit(
         print(json.dumps({"model": model, "memory_bytes": target.memory_bytes, "fits": rows}, indent=2))
         return
     console.print(fit_table(model, prediction, target, fits))
+
+
+def _memory(text: str) -> str:
+    """``--memory``: a positive size in GB (read as GiB) or GiB, such as 24GB; one clear line otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(gb|gib|g)?\s*", text, re.IGNORECASE)
+    if match is None or float(match.group(1)) <= 0:
+        raise DiffmeterError(f"--memory takes a positive size such as 24GB (read as GiB); got '{text}'")
+    return f"{match.group(1)}GB"

@@ -149,6 +149,8 @@ class BenchSpec(BaseModel):
             if value < 1:
                 hint = " (the first call is cold and reported apart)" if name == "warmup" else ""
                 raise DiffmeterError(f"--{name.replace('_', '-')} must be at least 1{hint}, got {value}")
+        if self.seed < 0:
+            raise DiffmeterError(f"--seed must be 0 or more (image i of a run uses seed + i), got {self.seed}")
         if self.num_prompts is not None and self.num_prompts < 1:
             raise DiffmeterError(f"--num-prompts must be at least 1, got {self.num_prompts}")
         if self.min_duration_s < 0:
