@@ -108,3 +108,30 @@ def test_every_column_is_documented():
 
     documented = (Path(__file__).parents[1] / "docs" / "table.md").read_text()
     assert all(f"| `{name}` | {text} |" in documented for name, text in COLUMNS.items())
+
+
+def test_an_unreadable_result_is_skipped_and_named_and_files_are_ordinary(runs, cli, tmp_path):
+    """One truncated results.json does not refuse the whole study (table and report name it and go on);
+    the files table writes have the permissions of ordinary files (they were 0600 under umask 022)."""
+    import os
+    import shutil
+
+    from diffmeter.report.html.study import read_study
+
+    study = tmp_path / "study"
+    shutil.copytree(runs / "study", study)
+    (study / "broken").mkdir()
+    (study / "broken" / "results.json").write_text('{"status": "comp')
+    previous = os.umask(0o022)
+    try:
+        code, out, err = cli("table", study, "--csv", tmp_path / "t.csv")
+    finally:
+        os.umask(previous)
+    assert code == 0 and "4 rows written" in out
+    assert "skipped: " in out + err and "broken/results.json is not a readable diffmeter result" in out + err
+    assert (tmp_path / "t.csv").stat().st_mode & 0o777 == 0o644
+    read = read_study(study)
+    assert len(read.runs) == 4 and len(read.skipped) == 1 and "broken" in read.skipped[0]
+    with pytest.raises(DiffmeterError, match="broken/results.json is not a readable"):
+        diffmeter.load_results(study)  # the Python API still refuses unless asked to skip
+    assert len(diffmeter.load_results(study, skipped=[])) == 4

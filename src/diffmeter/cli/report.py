@@ -28,7 +28,10 @@ def report(
     load_libraries()
     from diffmeter.report.html import write_report
 
-    path = write_report(directory, out, title, images, force)
+    skipped: list[str] = []
+    path = write_report(directory, out, title, images, force, skipped)
+    for line in skipped:  # one unreadable results.json does not hide the rest of the study
+        console.print(line, markup=False, highlight=False)
     size = path.stat().st_size / 2**20
     console.print(f"report written to {path} ({size:.1f} MiB, self-contained)", markup=False, highlight=False)
 

@@ -238,7 +238,10 @@ def table(
     from diffmeter.report.results_table import results_table
     from diffmeter.runs.collect import filtered, load_results, to_json
 
-    frame = filtered(load_results(directory), where, sort)
+    skipped: list[str] = []
+    frame = filtered(load_results(directory, skipped), where, sort)
+    for line in skipped:  # one unreadable results.json does not hide the others
+        console.print(line, markup=False, highlight=False)
     written = []
     if csv:
         _write(Path(csv), lambda path: frame.to_csv(path, index=False))
@@ -261,18 +264,10 @@ def table(
 
 
 def _write(path: Path, write) -> None:
-    """Write through a temporary file in the same folder, renamed into place: never half a table."""
-    import os
-    import tempfile
+    """Atomically (never half a table), as an ordinary file."""
+    from diffmeter.runs.storage import write_file
 
     path = path.expanduser()
     if path.parent and not path.parent.exists():
         raise DiffmeterError(f"cannot write {path}: no folder {path.parent}")
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-    os.close(descriptor)
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_file(path, write)

@@ -86,13 +86,25 @@ def find_results(directory: str | Path) -> list[Path]:
     return found
 
 
-def rows(directory: str | Path) -> list[dict[str, Any]]:
-    """One dict per stored run, with the keys of ``COLUMNS`` (None where not measured)."""
-    root = Path(directory).expanduser()
-    table = []
+def readable_results(root: Path, skipped: list[str] | None = None) -> list[tuple[Path, BenchResult]]:
+    """(run folder, result) for every stored run under ``root`` that can be read; each one that cannot
+    (truncated, hand-edited, from another version) is left out with a line naming it in ``skipped``."""
+    found = []
     for path in find_results(root):
-        result = storage.read_result(path.parent)
-        table.append(row(result, str(path.parent.relative_to(root))))
+        try:
+            found.append((path.parent, storage.read_result(path.parent)))
+        except DiffmeterError as error:
+            if skipped is None:
+                raise
+            skipped.append(f"skipped: {error}")
+    return found
+
+
+def rows(directory: str | Path, skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    """One dict per stored run, with the keys of ``COLUMNS`` (None where not measured); with ``skipped``,
+    unreadable results are left out and named there instead of refusing the whole folder."""
+    root = Path(directory).expanduser()
+    table = [row(result, str(folder.relative_to(root))) for folder, result in readable_results(root, skipped)]
     add_speedups(table)
     return table
 
@@ -188,11 +200,12 @@ def _generation(row: dict[str, Any]) -> tuple:
     return tuple(row[key] for key in _SAME_GENERATION)
 
 
-def load_results(directory: str | Path):
-    """Every run under ``directory`` as a pandas DataFrame, one row per run (columns: ``COLUMNS``)."""
+def load_results(directory: str | Path, skipped: list[str] | None = None):
+    """Every run under ``directory`` as a pandas DataFrame, one row per run (columns: ``COLUMNS``); with
+    ``skipped``, unreadable results are named there and left out."""
     import pandas
 
-    return pandas.DataFrame(rows(directory), columns=list(COLUMNS))
+    return pandas.DataFrame(rows(directory, skipped), columns=list(COLUMNS))
 
 
 def filtered(frame, where: str | None, sort: str | None):

@@ -159,14 +159,25 @@ def write_json(path: Path, data) -> None:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Atomically: a temporary file in the same folder, flushed, then renamed over ``path``."""
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes it private; results are ordinary files
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+    """Atomically, as :func:`write_file`."""
+
+    def write(temporary: str) -> None:
+        with open(temporary, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+
+    write_file(path, write)
+
+
+def write_file(path: Path, write) -> None:
+    """``write(temporary path)`` into a temporary file in the same folder, renamed over ``path``: never half a
+    file; the file gets the permissions of an ordinary one (mkstemp makes it private)."""
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(descriptor)
+    try:
+        os.chmod(temporary, 0o666 & ~_umask())
+        write(temporary)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

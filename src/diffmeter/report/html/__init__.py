@@ -11,9 +11,15 @@ from diffmeter.errors import DiffmeterError, MissingPackage
 
 
 def write_report(
-    directory: str | Path, out: str | Path, title: str, images_per_run: int = 4, force: bool = False
+    directory: str | Path,
+    out: str | Path,
+    title: str,
+    images_per_run: int = 4,
+    force: bool = False,
+    skipped: list[str] | None = None,
 ) -> Path:
-    """Build the report of everything under ``directory`` and write it atomically to ``out``."""
+    """Build the report of everything under ``directory`` and write it atomically to ``out``; results that
+    cannot be read are left out, each named in ``skipped`` when given."""
     try:
         import plotly  # noqa: F401
     except ImportError:
@@ -30,5 +36,7 @@ def write_report(
     if images_per_run < 0:
         raise DiffmeterError(f"--images must be 0 or more, got {images_per_run}")
     study = read_study(directory)
+    if skipped is not None:
+        skipped += study.skipped
     write_text(out, render(study, title, images_per_run))
     return out

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.flops.schema import Profile
-from diffmeter.runs import collect, storage
+from diffmeter.runs import collect
 from diffmeter.runs.ladder import Ladder
 from diffmeter.runs.results import BenchResult
 
@@ -48,6 +48,8 @@ class Study:
     runs: list[Run] = field(default_factory=list)
     ladders: list[tuple[Path, Ladder]] = field(default_factory=list)
     profiles: list[Profile] = field(default_factory=list)
+    #: one line per results.json that could not be read, left out of the study
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> list[Run]:
@@ -71,9 +73,8 @@ def read_study(directory: str | Path) -> Study:
         raise DiffmeterError(f"{root} is not a folder; point at the --out folder of bench, ladder or sweep")
     study = Study(root=root)
     results = set(collect.find_results(root))
-    for path in sorted(results):
-        result = storage.read_result(path.parent)
-        study.runs.append(Run(result, path.parent, collect.row(result, str(path.parent.relative_to(root)))))
+    for folder, result in collect.readable_results(root, study.skipped):
+        study.runs.append(Run(result, folder, collect.row(result, str(folder.relative_to(root)))))
     rows = [run.row for run in study.runs]
     collect.add_speedups(rows)
     seen = set()
