@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 
@@ -52,3 +53,25 @@ def test_doctor_table_names_every_section_and_keeps_install_hints_whole(cli, mon
         assert text in out
     assert "Hugging Face cache:" in out
     assert "pip install 'diffmeter[energy]'" in out  # brackets are not read as console markup
+
+
+def test_doctor_lists_every_optional_package_an_extra_installs():
+    """Each package of the extras (energy, quant, report, parquet, onnx, ...) is in doctor's list with that
+    extra as its install hint: a package added to pyproject.toml and forgotten here fails."""
+    from pathlib import Path
+
+    from diffmeter.doctor import PACKAGES
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    listed = {name.lower(): install for name, _, install, _ in PACKAGES}
+    for extra, requirements in extras.items():
+        if extra in ("test", "all", "compare"):  # the test suite's, everything, the case study's peers
+            continue
+        for requirement in requirements:
+            name = requirement.split(">")[0].split("=")[0].split("<")[0].strip().lower()
+            assert name in listed, f"doctor does not list {name} (extra {extra})"
+            assert f"diffmeter[{extra}]" in listed[name], f"doctor's hint for {name} is not diffmeter[{extra}]"

@@ -31,7 +31,13 @@ PACKAGES = (
     ("xformers", "xformers", "pip install xformers", "attention backend xformers"),
     ("kernels", "kernels", "pip install kernels", "attention backends *_hub"),
     ("torchvision", "torchvision", "pip install torchvision", "LPIPS in quality comparisons"),
-    ("ray", "ray", "pip install ray", "running on Ray clusters"),
+    ("ray", "ray", "pip install 'diffmeter[ray]'", "sweeps on Ray clusters"),
+    ("plotly", "plotly", "pip install 'diffmeter[report]'", "diffmeter report's plots"),
+    ("pyarrow", "pyarrow", "pip install 'diffmeter[parquet]'", "table --parquet"),
+    ("onnxruntime", "onnxruntime", "pip install 'diffmeter[onnx]'", "onnxruntime (deployment runtime)"),
+    ("onnx", "onnx", "pip install 'diffmeter[onnx]'", "onnxruntime: exporting the denoiser"),
+    ("onnxscript", "onnxscript", "pip install 'diffmeter[onnx]'", "onnxruntime: torch's ONNX exporter"),
+    ("torch-tensorrt", "torch_tensorrt", "pip install 'diffmeter[tensorrt]'", "tensorrt (CUDA only)"),
 )
 
 
