@@ -323,3 +323,16 @@ def test_ray_missing_is_one_line_naming_the_extra(tmp_path, cli, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
     code, _, err = cli("sweep", "--model", "tiny-sd", "--steps", "1", "--out", tmp_path, "--ray", "auto")
     assert code == 2 and "pip install 'diffmeter[ray]'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_sweep_whose_every_cell_is_refused_fails_and_suggests_nothing(tmp_path, cli):
+    """Nothing measured is not a success: one line, exit 2, and no `diffmeter table` hint that would then fail."""
+    study = tmp_path / "study.yaml"
+    study.write_text(
+        "name: nothing\naxes:\n  optimizations: [offload, 'sdpa-kernel:kernel=cudnn']\n"
+        f"fixed: {json.dumps({**FAST, 'model': 'tiny-sd', 'device': 'cpu'})}\n"
+    )
+    code, out, err = cli("sweep", study, "--out", tmp_path / "out")
+    assert code == 2 and "all 2 cells of sweep 'nothing' were refused" in err and "Traceback" not in err
+    assert "refused" in out and "diffmeter table" not in out
+    assert (tmp_path / "out" / "sweep-nothing.json").exists()  # the record keeps the reasons

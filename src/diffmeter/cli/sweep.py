@@ -165,10 +165,18 @@ def _run(definition, out: Path, dry_run: bool, retry_failed: bool, ray: str | No
         record = run_sweep(definition, out, executor, retry_failed, here=ray is None, callbacks=callbacks)
     if as_json:
         print(json.dumps(record.model_dump(mode="json"), indent=2))
-    elif not quiet:
+    counts = record.counts()
+    stored = counts["done"] + counts["skipped"]
+    if not as_json and not quiet:
         console.print(sweep_summary_table(record))
-        console.print(f"record: {out / f'sweep-{record.name}.json'}; compare: diffmeter table {out}", markup=False)
-    if record.counts()["failed"]:
+        compare = f"; compare: diffmeter table {out}" if stored else ""
+        console.print(f"record: {out / f'sweep-{record.name}.json'}{compare}", markup=False)
+    if not stored and counts["refused"] and not counts["failed"]:
+        raise DiffmeterError(
+            f"all {counts['refused']} cells of sweep '{record.name}' were refused (the reasons are above and in its "
+            "record): nothing was measured; change the settings they name"
+        )
+    if counts["failed"]:
         raise typer.Exit(1)
 
 
