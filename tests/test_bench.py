@@ -294,14 +294,14 @@ def test_cold_start_overhead_is_never_negative():
     from diffmeter.measure.memory import PeakMemory
     from diffmeter.measure.stages import Stages
     from diffmeter.runs.results import Iteration
-    from diffmeter.runs.runner import _summarize
+    from diffmeter.runs.runner import summarize_run
 
     spec = BenchSpec(model="tiny-sd").settle(resolve("tiny-sd"))
     stages = Stages(text_encoding_s=0.1, denoising_s=0.5, steps_s=[0.25, 0.25], vae_decode_s=0.3, other_s=0.1)
     iterations = [
         Iteration(index=i, images=1, total_s=1.0, wall_s=1.0, denoiser_calls=2, stages=stages) for i in range(3)
     ]
-    summary = _summarize(
+    summary = summarize_run(
         spec.model_copy(update={"steps": 2}),
         iterations,
         PeakMemory(process_peak_rss_bytes=1),

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from diffmeter.errors import DiffmeterError
+from diffmeter.execute import bench
 from diffmeter.measure.quality import compare
-from diffmeter.runs.runner import bench, prepare
+from diffmeter.runs.runner import prepare
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.storage import RESULTS, read_result
 
@@ -57,7 +58,7 @@ def _on_cuda(monkeypatch, **settings):
 
 
 def test_more_processes_than_gpus_is_refused(monkeypatch):
-    from diffmeter.distributed import support
+    from diffmeter.runs import parallel_support as support
 
     spec, target = _on_cuda(monkeypatch, data_parallel=2)
     with pytest.raises(DiffmeterError, match="need as many GPUs, but 1 are visible"):
@@ -66,7 +67,7 @@ def test_more_processes_than_gpus_is_refused(monkeypatch):
 
 
 def test_tensor_parallel_heads_and_xdit_on_cuda_are_refused(monkeypatch):
-    from diffmeter.distributed import support
+    from diffmeter.runs import parallel_support as support
 
     spec, target = _on_cuda(monkeypatch)
     with pytest.raises(DiffmeterError, match="2 attention heads, not divisible by --tp-degree 4"):

@@ -37,7 +37,7 @@ _LAZY = {
     "Profile": "diffmeter.flops.schema",
     "profile": "diffmeter.flops.profile",
     "ProfileSpec": "diffmeter.spec",
-    "bench": "diffmeter.runs.runner:measure",
+    "bench": "diffmeter.execute:measure",
     "BenchResult": "diffmeter.runs.results",
     "BenchSpec": "diffmeter.runs.spec",
     "load_results": "diffmeter.runs.collect",

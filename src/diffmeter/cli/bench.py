@@ -141,8 +141,8 @@ def bench(
 ) -> None:
     """Run real generations and measure per-stage latency, memory, energy and MFU, with speed-ups applied by name."""
     load_libraries()
+    from diffmeter.execute import bench as run_bench
     from diffmeter.report.run_table import run_table
-    from diffmeter.runs.runner import bench as run_bench
 
     values = _with_config_file(ctx, config)
     spec = _bench_spec(values)

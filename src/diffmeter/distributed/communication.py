@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from diffmeter.distributed.records import Communication
+from diffmeter.runs.parallel_records import Communication
 
 ALL_TO_ALL = "all_to_all_single"
 ALL_GATHER = ("all_gather_into_tensor", "allgather_")
@@ -155,7 +155,7 @@ def per_gpu_step(profile, ulysses: int, ring: int) -> dict:
         dtype=profile.dtype,
         ulysses_degree=ulysses,
     )
-    from diffmeter.distributed.support import check_context_parallel
+    from diffmeter.runs.parallel_support import check_context_parallel
 
     check_context_parallel(spec, Target(entry, family, torch.device("cpu"), profile.dtype, profile.steps))
     moved = offline(entry, family, spec.profile_spec().with_defaults(entry.defaults), ulysses, ring)

@@ -3,9 +3,9 @@ images from every data-parallel group, energy summed over the GPUs, FLOPs per GP
 
 from __future__ import annotations
 
-from diffmeter.distributed.records import Parallel, RankRecord
 from diffmeter.measure.energy import Energy
 from diffmeter.measure.stages import Stages
+from diffmeter.runs.parallel_records import Parallel, RankRecord
 from diffmeter.runs.results import BenchResult, Iteration
 
 

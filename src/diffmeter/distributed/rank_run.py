@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 
 from diffmeter.distributed import communication, context_parallel, merge, scaling
-from diffmeter.distributed.records import Parallel
 from diffmeter.errors import DiffmeterError
 from diffmeter.runs import storage
+from diffmeter.runs.parallel_records import Parallel
 from diffmeter.runs.results import BenchResult
-from diffmeter.runs.runner import _measure, _measurement_notes, _summarize, prepare, store_failure
+from diffmeter.runs.runner import measure_run, measurement_notes, prepare, store_failure, summarize_run
 from diffmeter.runs.spec import BenchSpec, resolve_device
 from diffmeter.runs.workload import Workload
 
@@ -174,7 +174,7 @@ def _run(prepared, out, force: bool, place: Place, parallel: Parallel) -> Path |
         split = None
         if spec.model_parallel > 1:
             split = SplitDenoiser(list(family.denoisers(entry)), mesh, spec, place.device)
-        result = _measure(
+        result = measure_run(
             rank_spec,
             entry,
             prepared.source,
@@ -247,7 +247,7 @@ def group_result(
         (r.summary.peak_memory for r in results),
         key=lambda m: (m.cuda_max_allocated_bytes or 0, m.process_peak_rss_bytes),
     )
-    summary = _summarize(
+    summary = summarize_run(
         spec,
         iterations,
         memory,
@@ -258,10 +258,10 @@ def group_result(
         first.summary.conditions,
     )
     summary = _per_gpu(summary, context)
-    own = _measurement_notes(first.summary, 0)  # rank 0's noise and load notes give way to the group's
+    own = measurement_notes(first.summary, 0)  # rank 0's noise and load notes give way to the group's
     notes = [
         *(note for note in first.notes if note not in own),
-        *_measurement_notes(summary, 0),
+        *measurement_notes(summary, 0),
         f"{merge.describe(parallel)}: each call's stages are the slowest rank's (each rank's own under "
         "parallel.ranks); peak memory is the highest rank's; GPU energy is summed over the ranks' GPUs",
     ]

@@ -13,9 +13,9 @@ import statistics
 from datetime import datetime
 from pathlib import Path
 
-from diffmeter.distributed.records import Scaling, StageScaling
 from diffmeter.errors import DiffmeterError
 from diffmeter.runs import storage
+from diffmeter.runs.parallel_records import Scaling, StageScaling
 from diffmeter.runs.results import BenchResult
 from diffmeter.runs.spec import BenchSpec
 

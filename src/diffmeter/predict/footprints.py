@@ -5,10 +5,22 @@ from __future__ import annotations
 import torch
 
 from diffmeter.catalog import ComponentEntry
+from diffmeter.loading import keep_fp32_modules
+from diffmeter.pipelines import build_component
+from diffmeter.quiet import quiet_libraries
 
 #: torchao weight-only layouts per nn.Linear (Int8Tensor: int8 data, float32 scale and int8 zero point per
 #: output row; Float8Tensor: float8 data, float32 scale per row), held to torchao by the tests
 _ROW_BYTES = {"int8": 4 + 1, "fp8": 4}
+
+
+def meta_module(component: ComponentEntry, dtype: torch.dtype) -> torch.nn.Module:
+    """The component on meta at ``dtype`` as bench loads it: floating tensors cast (``module.to``), the
+    model class's float32 modules kept in float32."""
+    with quiet_libraries():  # diffusers' advice to load with torch_dtype: this is what loading does
+        module = build_component(component, "meta").to(dtype)
+    keep_fp32_modules(module, dtype)
+    return module
 
 
 def tensor_bytes(tensors) -> int:
@@ -43,7 +55,6 @@ def fp8_storage_bytes(component: ComponentEntry, dtype: torch.dtype) -> int:
     from diffusers.hooks import apply_layerwise_casting
 
     from diffmeter.optimize.fp8_text_encoder import SKIP_MODULES_PATTERN
-    from diffmeter.predict.memory import meta_module
 
     module = meta_module(component, dtype)
     apply_layerwise_casting(

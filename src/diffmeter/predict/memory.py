@@ -26,12 +26,9 @@ from diffmeter import cache
 from diffmeter.catalog import ComponentEntry, resolve
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, get_family
-from diffmeter.loading import keep_fp32_modules
 from diffmeter.optimize.fp8_text_encoder import LARGE_ENCODERS
-from diffmeter.pipelines import build_component
-from diffmeter.predict.footprints import fp8_storage_bytes, largest_layer_bytes, quantized_bytes
+from diffmeter.predict.footprints import fp8_storage_bytes, largest_layer_bytes, meta_module, quantized_bytes
 from diffmeter.predict.schema import DENOISING_STEP, TEXT_ENCODING, VAE_DECODE, MemoryPrediction, StageMemory
-from diffmeter.quiet import quiet_libraries
 from diffmeter.spec import ProfileSpec
 
 STAGE_OF_ROLE = {TEXT_ENCODER: TEXT_ENCODING, DENOISER: DENOISING_STEP, VAE_DECODER: VAE_DECODE}
@@ -71,15 +68,6 @@ def storage_bytes(tensors) -> int:
             storage = tensor.untyped_storage()
             seen[storage._cdata] = storage.nbytes()
     return sum(seen.values())
-
-
-def meta_module(component: ComponentEntry, dtype: torch.dtype) -> torch.nn.Module:
-    """The component on meta at ``dtype`` as bench loads it: floating tensors cast (``module.to``), the
-    model class's float32 modules kept in float32."""
-    with quiet_libraries():  # diffusers' advice to load with torch_dtype: this is what loading does
-        module = build_component(component, "meta").to(dtype)
-    keep_fp32_modules(module, dtype)
-    return module
 
 
 def fake_copy(module: torch.nn.Module) -> torch.nn.Module:

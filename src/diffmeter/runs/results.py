@@ -14,40 +14,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, PrivateAttr
 
-from diffmeter.distributed.records import Parallel, RankRecord
 from diffmeter.flops.schema import Profile
 from diffmeter.measure.compilation import Compilation
 from diffmeter.measure.conditions import Conditions
-from diffmeter.measure.energy import Energy, EnergyReading
+from diffmeter.measure.energy import Energy
 from diffmeter.measure.environment import Environment
 from diffmeter.measure.memory import PeakMemory
 from diffmeter.measure.peaks import Peak
 from diffmeter.measure.quality import Quality
-from diffmeter.measure.stages import Stages
 from diffmeter.measure.stats import Stats, ratio_interval
 from diffmeter.measure.trace import TraceSummary
 from diffmeter.predict.schema import RunPrediction
+from diffmeter.runs.iteration import Iteration
+from diffmeter.runs.parallel_records import Parallel
 from diffmeter.runs.spec import BenchSpec
 
 SCHEMA_VERSION = 2
-
-
-class Iteration(BaseModel):
-    """One pipeline call producing ``images`` images."""
-
-    index: int
-    images: int
-    #: device-timed (CUDA events on GPU): first mark to last
-    total_s: float
-    #: host clock around the call, device synchronized: the check on ``total_s``
-    wall_s: float
-    denoiser_calls: int
-    stages: Stages
-    energy: EnergyReading | None = None
-
-
-RankRecord.model_rebuild(_types_namespace={"Iteration": Iteration})
-Parallel.model_rebuild()
 
 
 class ImageRecord(BaseModel):

@@ -35,10 +35,11 @@ from diffmeter.measure.quality import Quality, clip_scorer, compare, lpips_score
 from diffmeter.measure.stages import StageTimer
 from diffmeter.measure.stats import CONFIDENCE, Stats
 from diffmeter.measure.trace import TraceSummary, trace_call
-from diffmeter.optimize import OptimizationSpec, Target, build, check
+from diffmeter.optimize import Target, build, check
 from diffmeter.optimize.tf32 import fp32_math, fp32_precision
 from diffmeter.runs import storage
 from diffmeter.runs.memory_check import check_fits
+from diffmeter.runs.parallel_support import check as check_parallel
 from diffmeter.runs.results import (
     AppliedOptimization,
     BenchResult,
@@ -84,8 +85,6 @@ def prepare(
     optimizations = build(spec.optimizations)
     check(optimizations, target)
     if spec.world_size > 1 or spec.engine != "diffusers":
-        from diffmeter.distributed.support import check as check_parallel
-
         check_parallel(spec, target, optimizations, here)
     if here or entry.is_tiny or spec.random_weights:
         source = locate_weights(entry, spec.random_weights)
@@ -97,12 +96,14 @@ def prepare(
 
 
 def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, progress: Progress | None = None):
-    """Run ``spec`` and store it under ``out``; returns (BenchResult, run folder)."""
+    """Run ``spec`` in this process and store it under ``out``; returns (BenchResult, run folder). A spec of
+    several processes runs through ``diffmeter.execute.bench``, which starts them."""
     progress = progress or (lambda *_: None)
-    if spec.world_size > 1:  # several processes: started here, or joined under torchrun
-        from diffmeter.distributed.launch import bench_parallel
-
-        return bench_parallel(spec, out, force, progress)
+    if spec.world_size > 1:
+        raise DiffmeterError(
+            f"this spec runs over {spec.world_size} processes: start it with diffmeter.execute.bench (or `diffmeter "
+            "bench`), which launches them"
+        )
     run = prepare(spec)
     spec, entry, optimizations = run.spec, run.entry, run.optimizations
     workload = Workload(spec, entry)
@@ -113,7 +114,7 @@ def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, pro
     log = storage.file_logger(staging)
     try:
         storage.write_json(staging / storage.REQUESTS, workload.requests(spec.iterations))
-        result = _measure(
+        result = measure_run(
             spec, entry, run.source, workload, run.profile, staging, log, progress, optimizations, run.target
         )
         if len(result.iterations) > spec.iterations:  # --min-duration or --target-precision asked for more
@@ -136,31 +137,6 @@ def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, pro
     if result.status == "failed":
         raise DiffmeterError(f"{result.error} (recorded as a failed result in {final})")
     return result, final
-
-
-def measure(
-    model: str,
-    *,
-    out: str | Path = "results",
-    force: bool = False,
-    optimizations: list[str | dict | OptimizationSpec] = (),
-    progress: Progress | None = None,
-    **settings,
-) -> BenchResult:
-    """Measure ``model`` (what ``diffmeter bench`` does) and return the stored result.
-
-    ``settings`` are :class:`BenchSpec` fields (``steps``, ``batch_size``, ``height``, ``dtype``,
-    ``iterations``, ``target_precision``, ...); ``optimizations`` are technique names,
-    ``"name:key=value,..."`` strings, ``{"name": ..., "params": {...}}`` mappings or
-    ``OptimizationSpec``s. The result's ``folder`` is where it was written.
-    """
-    from diffmeter.optimize.options import from_config
-
-    techniques = [o if isinstance(o, OptimizationSpec) else from_config([o])[0] for o in optimizations]
-    result, _ = bench(
-        BenchSpec(model=model, optimizations=techniques, **settings), out=out, force=force, progress=progress
-    )
-    return result
 
 
 def stored_or_run(spec: BenchSpec, out, progress: Progress | None = None, rerun: bool = False):
@@ -256,7 +232,7 @@ def store_failure(run: PreparedRun, out: str | Path, error: str) -> Path:
     return folder.commit(result)
 
 
-def _measure(
+def measure_run(
     spec, entry, source, workload, profile, staging, log, progress, optimizations, target, parallel=None
 ) -> BenchResult:
     """``parallel`` (one rank of a multi-process run) splits the loaded pipeline's work with its ``apply``."""
@@ -294,7 +270,7 @@ def _measure(
                 result.update(
                     _iterate(spec, pipe, timer, meter, workload, staging, log, progress, device, contexts, compiling)
                 )
-            summary = _summarize(
+            summary = summarize_run(
                 spec,
                 result["iterations"],
                 read_peaks(device, loaded, result.pop("rss_was_reset")),
@@ -316,7 +292,7 @@ def _measure(
     finally:
         for optimization in reversed(applied):
             optimization.restore(pipe, target)
-    base["notes"] += _measurement_notes(summary, result.pop("shape_warmups"))
+    base["notes"] += measurement_notes(summary, result.pop("shape_warmups"))
     images = result.pop("images")
     result.pop("images_measured")
     return BenchResult(status="complete", summary=summary, images=images, **result, **base)
@@ -510,7 +486,7 @@ def _profile_of_the_prompts(spec, family, pipe, workload, profile: Profile, base
     return profile
 
 
-def _summarize(
+def summarize_run(
     spec, iterations: list[Iteration], memory, energy: Energy, profile: Profile, first_call_s, compilation, conditions
 ):
     totals = [it.total_s for it in iterations]
@@ -581,7 +557,7 @@ def _notes(spec: BenchSpec, entry, optimizations) -> list[str]:
     return notes
 
 
-def _measurement_notes(summary: Summary, shape_warmups: int) -> list[str]:
+def measurement_notes(summary: Summary, shape_warmups: int) -> list[str]:
     """What a reader must know to trust the figures: noise, other load on the machine,
     recompilation inside measured calls, MFU above 100%, extra warm-up calls."""
     notes = []

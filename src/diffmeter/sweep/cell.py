@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
 
     load_libraries()
     from diffmeter.errors import DiffmeterError
-    from diffmeter.runs.runner import bench
+    from diffmeter.execute import bench
     from diffmeter.runs.spec import BenchSpec
 
     spec = BenchSpec.model_validate_json(Path(spec_file).read_text(encoding="utf-8"))

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import BaseModel
 
 from diffmeter.measure.energy import Energy
 from diffmeter.measure.memory import PeakMemory
 from diffmeter.measure.stats import Stats
-
-if TYPE_CHECKING:  # defined in runs.results, which rebuilds these models once it has it
-    from diffmeter.runs.results import Iteration
+from diffmeter.runs.iteration import Iteration
 
 
 class Communication(BaseModel):
