@@ -54,3 +54,22 @@ def test_ctrl_c_during_parallel_profiles_exits_130_with_one_line(tmp_path):
     code, err = _interrupt(process)
     assert code == 130 and "Traceback" not in err
     assert err.strip().splitlines() == ["interrupted: nothing was stored for the unfinished run"]
+
+
+def test_ctrl_c_during_a_ladder_keeps_and_names_the_finished_rungs(tmp_path):
+    """Interrupted in its compile rung (compiling takes a while on a CPU), a ladder says which rungs it kept and
+    that a rerun resumes; with its output not on a terminal it said nothing at all until then: now a line a rung."""
+    out = tmp_path / "out"
+    process = _start(
+        "ladder", "tiny-sd", "--rungs", "compile", "--steps", "2", "--iterations", "2", "--out", str(out), cwd=tmp_path
+    )
+    _wait_for(lambda: any(out.glob("*/results.json")), process)  # the baseline is stored
+    time.sleep(1)
+    code, err = _interrupt(process)
+    assert code == 130 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("ladder: rung 1 of 2 (baseline) done: median")
+    assert any(line.strip().startswith("baseline: median") and "stored in" in line for line in lines)
+    assert "kept: 1 finished rung(s)" in err and "run the same command again to resume" in err
+    (baseline,) = out.glob("*/results.json")
+    assert baseline.exists() and not list(out.glob(".*partial*"))

@@ -7,7 +7,9 @@ import json
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
+from diffmeter import units
 from diffmeter.cli import options as o
 from diffmeter.cli.app import command, console, load_libraries
 from diffmeter.cli.progress import progress_bar
@@ -109,9 +111,42 @@ def ladder(
     )
     names = tuple(part.strip() for part in rungs.split(",") if part.strip())
     planned = plan(spec, names, fast_steps, compile_mode)
-    with progress_bar(as_json) as progress:
-        result = climb(planned, out, force=force, progress=progress, recheck=recheck)
+    done: list[tuple[str, object, object]] = []
+    try:
+        with progress_bar(as_json) as progress:
+            result = climb(
+                planned, out, force=force, progress=progress, recheck=recheck,
+                finished=lambda *rung: _rung_finished(done, len(planned), *rung),
+            )  # fmt: skip
+    except KeyboardInterrupt:
+        _interrupted(done, out)
+        raise
     if as_json:
         print(json.dumps(result.model_dump(mode="json"), indent=2))
     else:
         console.print(ladder_table(result))
+
+
+def _rung_finished(done: list, planned: int, name: str, result, folder) -> None:
+    """Remember the rung; without a terminal (no progress bar), say it in a line, so a log shows progress."""
+    done.append((name, result, folder))
+    stderr = Console(stderr=True, soft_wrap=True)
+    if not stderr.is_terminal:
+        what = "skipped" if result is None else f"median {units.seconds(result.summary.latency_s.median)} per call"
+        stderr.print(f"ladder: rung {len(done)} of {planned} ({name}) done: {what}", markup=False, highlight=False)
+
+
+def _interrupted(done: list, out: str) -> None:
+    """What an interrupted ladder keeps: each finished rung's folder, and how to resume."""
+    stderr = Console(stderr=True, soft_wrap=True)
+    measured = [(name, result, folder) for name, result, folder in done if result is not None]
+    for name, result, folder in measured:
+        stderr.print(
+            f"  {name}: median {units.seconds(result.summary.latency_s.median)} per call, stored in {folder}",
+            markup=False, highlight=False,
+        )  # fmt: skip
+    stderr.print(
+        f"kept: {len(measured)} finished rung(s), stored under {out}; run the same command "
+        "again to resume (finished rungs are reused, not measured again)",
+        markup=False, highlight=False,
+    )  # fmt: skip

@@ -5,6 +5,7 @@ stored run, every image compared with the baseline's at the same seed."""
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -168,17 +169,29 @@ def _check(spec: BenchSpec, entry, family) -> None:
     check(build(settled.optimizations), target)
 
 
+#: called after each rung with (its name, its stored result or None when skipped, its folder or None)
+Finished = Callable[[str, "BenchResult | None", "Path | None"], None]
+
+
 def climb(
-    rungs: list[Rung], out: str | Path, force: bool = False, progress: Progress | None = None, recheck: bool = True
+    rungs: list[Rung],
+    out: str | Path,
+    force: bool = False,
+    progress: Progress | None = None,
+    recheck: bool = True,
+    finished: Finished | None = None,
 ) -> Ladder:
     """Run (or reuse from ``out``) every rung, compare each rung's images with the baseline's, and
-    (``recheck``) measure the baseline again at the end, so drift in the machine's speed shows."""
+    (``recheck``) measure the baseline again at the end, so drift in the machine's speed shows. Each rung is
+    stored as it finishes (``finished`` hears of it): an interrupted ladder keeps them, and a rerun reuses them."""
     results: list[tuple[Rung, BenchResult | None, Path | None]] = []
     for rung in rungs:
         if rung.spec is None:
             results.append((rung, None, None))
-            continue
-        results.append((rung, *stored_or_run(rung.spec, out, progress, rerun=force)))
+        else:
+            results.append((rung, *stored_or_run(rung.spec, out, progress, rerun=force)))
+        if finished is not None:
+            finished(rung.name, results[-1][1], results[-1][2])
     baseline, baseline_folder = results[0][1], results[0][2]
     base = baseline.summary.latency_s
     rows = []
