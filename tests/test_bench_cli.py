@@ -78,6 +78,20 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, tmp_path, monkeypa
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("DIFFMETER_COMPILE", "bogus", "DIFFMETER_COMPILE=bogus: compile: bad parameter mode"),
+        ("DIFFMETER_CACHE", "nonsense", "DIFFMETER_CACHE=nonsense: unknown optimization 'nonsense'"),
+    ],
+)
+def test_a_refused_technique_set_by_a_variable_names_the_variable(cli, tmp_path, monkeypatch, variable, value, message):
+    monkeypatch.setenv(variable, value)
+    code, _, err = cli("bench", "tiny-sd", "--out", tmp_path / "out")
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message when CUDA is absent")
 def test_cuda_asked_for_but_absent(cli, tmp_path):
     code, _, err = cli("bench", "tiny-sd", "--device", "cuda", "--out", tmp_path / "out")

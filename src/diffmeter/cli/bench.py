@@ -146,6 +146,7 @@ def bench(
 
     values = _with_config_file(ctx, config)
     spec = _bench_spec(values)
+    _check_variables(ctx, values)
     with progress_bar(quiet or as_json) as progress:
         result, folder = run_bench(spec, out=values["out"], force=force, progress=progress)
     if result is None:  # a rank other than 0 of a torchrun launch: rank 0 reports
@@ -266,3 +267,20 @@ def show(
         print(json.dumps(result.to_json_dict(), indent=2))
     else:
         console.print(run_table(result))
+
+
+def _check_variables(ctx: typer.Context, values: dict) -> None:
+    """A technique set by a DIFFMETER_* variable and refused is named by its variable, not as a flag the user
+    never typed (DIFFMETER_COMPILE=bogus)."""
+    from diffmeter.optimize import build
+    from diffmeter.optimize.options import from_flags
+
+    variables = {p.name: p.envvar for p in ctx.command.params if getattr(p, "envvar", None)}
+    for name in OPTIMIZATION_FLAGS:
+        if ctx.get_parameter_source(name).name != "ENVIRONMENT":  # by name: typer may vendor its own click
+            continue
+        try:
+            build(from_flags(**{name: values[name]}))
+        except DiffmeterError as error:
+            shown = values[name] if not isinstance(values[name], list) else ",".join(values[name])
+            raise DiffmeterError(f"{variables[name]}={shown}: {error}") from None
