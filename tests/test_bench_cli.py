@@ -197,6 +197,7 @@ def test_the_parameters_that_ran_are_recorded_defaults_included(cli, tmp_path):
     assert applied["name"] == "first-block-cache" and applied["params"] == {"threshold": 0.2}
 
 
+@pytest.mark.slow
 def test_running_out_of_cpu_memory_is_a_stored_failed_result(tmp_path):
     """A real allocator failure: the address space is capped below what the batch needs."""
     import resource

@@ -40,6 +40,7 @@ def test_a_profile_is_remembered_and_a_changed_question_is_a_miss(tmp_path, monk
         ("models", "--json"),
     ],
 )
+@pytest.mark.slow
 def test_a_cached_answer_is_printed_without_importing_torch(tmp_path, command):
     script = (
         "import sys\n"

@@ -154,6 +154,7 @@ def test_csv_with_depth_keeps_the_module_rows(cli):
     assert sum(int(row["macs"]) for row in modules if row["component"] == "unet") == int(unet["macs"])
 
 
+@pytest.mark.slow
 def test_library_warnings_stay_off_the_terminal(tmp_path):
     """torchao's failed kernel extensions and torch's pytree notices (logged when diffusers imports torchao)
     reach the terminal of a plain import, but not the output of bench, table, or a parallel run's ranks."""

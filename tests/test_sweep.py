@@ -129,6 +129,7 @@ def test_the_dry_run_shows_each_cell_done_refused_or_to_run_with_its_compute(tmp
     assert len(stored(out)) == 1  # nothing ran
 
 
+@pytest.mark.slow
 def test_cells_run_in_their_own_processes_and_a_failing_cell_is_stored_failed(tmp_path, cli):
     """One cell loads a corrupt checkpoint and raises; the other completes; a rerun skips both
     and --retry-failed runs the failed one again."""
@@ -172,6 +173,7 @@ def test_a_cell_past_its_timeout_is_stopped_and_stored_failed(tmp_path):
     assert run["status"] == "failed" and "stopped at the sweep's per-cell timeout" in run["error"]
 
 
+@pytest.mark.slow
 def test_a_cell_killed_by_a_signal_is_stored_failed_and_the_sweep_goes_on(tmp_path):
     out = tmp_path / "out"
     sweep = SweepFile(name="crash", axes={"model": ["tiny-sd"], "steps": [1, 2]}, fixed=FAST)
