@@ -142,14 +142,20 @@ def rank_environment(rank: int, world: int, monkeypatch, staging: Path, reached=
             raise reached
 
     def broadcast(objects, src=0):
-        objects[0] = str(staging)
+        if objects[0] is None:  # rank 0 sends its staging folder; the others receive it
+            objects[0] = str(staging)
+
+    def gather(obj, object_gather_list=None, dst=0, **kwargs):
+        gathered.append(obj)
+        if object_gather_list is not None:  # rank 0: every other rank measured what it measured
+            object_gather_list[:] = [obj] * len(object_gather_list)
 
     with contextlib.ExitStack() as stack:
         for name, fake in {
             "init_process_group": join,
             "destroy_process_group": lambda: None,
             "broadcast_object_list": broadcast,
-            "gather_object": lambda obj, *args, **kwargs: gathered.append(obj),
+            "gather_object": gather,
         }.items():
             stack.enter_context(mock.patch.object(dist, name, fake))
         stack.enter_context(mock.patch.object(dist.device_mesh, "init_device_mesh"))
@@ -178,6 +184,24 @@ def test_a_data_parallel_rank_runs_whole_on_its_own_gpu(tmp_path, monkeypatch, d
     assert result.summary.energy.gpu_indices == [1]
     assert [path.name for path in (staging / "images").iterdir()]  # data-parallel index 1 leads its group
     LEDGER.append(("rank 1 of data parallel 2", "covered (collectives faked)"))
+
+
+def test_rank_0_of_a_data_parallel_run_measures_on_gpu_0_and_stores_the_group_result(tmp_path, monkeypatch):
+    """Rank 0 on cuda:0, the other rank's result faked as a copy of its own: it places itself first, measures,
+    merges and commits the run folder, whose result names the group."""
+    from diffmeter.distributed import rank_run
+    from diffmeter.runs.storage import read_result
+
+    spec = BenchSpec(model="tiny-flux", data_parallel=2, steps=2, iterations=1, predict=False)
+    with rank_environment(0, 2, monkeypatch, tmp_path / "unused") as gathered, FakeCuda(own="cuda:0") as cuda:
+        folder = rank_run.run(spec, tmp_path, False, "torchrun")
+    assert not cuda.violations and cuda.calls[0] == type(cuda.calls[0])("set_device", 0, True)
+    assert {call.device for call in cuda.calls if call.name == "Event.record"} == {0}
+    stored = read_result(folder)
+    assert stored.status == "complete" and stored.parallel.world_size == 2 and stored.parallel.data_parallel == 2
+    assert [rank.device for rank in stored.parallel.ranks] == ["cuda:0", "cuda:0"]  # rank 1 is rank 0's copy here
+    assert len(gathered) == 1 and not (tmp_path / "unused").exists()
+    LEDGER.append(("rank 0 of data parallel 2", "covered (collectives faked): measured, merged and stored"))
 
 
 def test_a_context_parallel_rank_places_itself_before_any_cuda_call(tmp_path, monkeypatch):
