@@ -1,4 +1,4 @@
-"""`diffmeter fit`: which memory settings let a generation fit a GPU, fastest first (``predict/``)."""
+"""`diffmeter fit`: which memory settings let a generation fit a GPU, likely fastest first (``predict/``)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def fit(
     as_json: AsJson = False,
 ) -> None:
     """List the memory settings (offload, quantization, VAE tiling, fp8 text encoder) whose predicted
-    peak fits the GPU, fastest first."""
+    peak fits the GPU, likely fastest first (ordered by how each technique works: no time is predicted)."""
     from diffmeter.predict.devices import chosen_gpu, spec_gpu
     from diffmeter.report.memory_table import fit_table
     from diffmeter.spec import ProfileSpec

@@ -90,7 +90,7 @@ def profile(
     ] = None,
     resolution_binning: ResolutionBinning = True,
     depth: Annotated[int, typer.Option(help="also break MACs down by module, this many levels deep")] = 0,
-    jobs: Annotated[int, typer.Option(help="worker processes for several profiles (default: CPU count)")] = 0,
+    jobs: Annotated[int, typer.Option(help="worker processes for several profiles (0: one per CPU)")] = 0,
     as_json: AsJson = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="print CSV, a row per component")] = False,
     ulysses_degree: UlyssesDegree = 1,

@@ -55,13 +55,13 @@ def memory_table(prediction: MemoryPrediction, gpu: Device | None) -> FittedTabl
 
 
 def fit_table(model: str, prediction: MemoryPrediction, gpu: Device, fits: list[tuple[tuple[str, ...], int]]):
-    """The settings that fit, fastest first; a line saying none does when none does."""
+    """The settings that fit, likely fastest first (by mechanism: no time is predicted); a line if none does."""
     table = FittedTable(
         escape(
             f"{model} on {gpu.name} ({gib(gpu.memory_bytes)}): "
             f"predicted peak without techniques {gib(prediction.peak_bytes)}"
         ),
-        [Column("setting (fastest first)", justify="left"), Column("predicted peak"), Column("left", drop=0)],
+        [Column("setting (likely fastest first)", justify="left"), Column("predicted peak"), Column("left", drop=0)],
     )
     for chosen, peak in fits:
         table.add_row(escape(" + ".join(chosen) or "as is"), gib(peak), gib(gpu.memory_bytes - peak))
