@@ -8,7 +8,7 @@ import types
 
 import torch
 
-from fake_cuda.checker import MADE_UP_SCALAR, Checker
+from fake_cuda.checker import MADE_UP_SCALAR, dispatch_checker
 
 #: what an event pair reports as elapsed, in milliseconds (invented)
 EVENT_MS = 1.0
@@ -284,7 +284,7 @@ def install(cuda, stack: contextlib.ExitStack) -> None:
         patch(zeus.monitor, "ZeusMonitor", _zeus_monitor_class(cuda))
         patch(zeus.device.cpu, "rapl_is_available", lambda: False)
     stack.enter_context(mode)
-    stack.enter_context(Checker(cuda, mode))
+    stack.enter_context(dispatch_checker(cuda, mode))
 
 
 @contextlib.contextmanager

@@ -118,7 +118,9 @@ def profile(
         raise DiffmeterError(f"--depth must be 0 or more, got {depth}")
     if jobs < 0:
         raise DiffmeterError(f"--jobs must be 0 (one per CPU) or more, got {jobs}")
-    if dtype is None and gpu is not None and _this_cpu(gpu):
+    from diffmeter.predict.devices import is_this_cpu
+
+    if dtype is None and is_this_cpu(gpu):
         dtype = "float32"  # what bench runs on a CPU (runs/spec.py: settle); the catalog's dtype is for a GPU
     specs = [
         ProfileSpec(
@@ -277,9 +279,3 @@ def _entry_params(entry) -> int:
     from diffmeter.flops.profile import MetaComponent
 
     return sum(MetaComponent(component).params for component in entry.components.values())
-
-
-def _this_cpu(gpu: str) -> bool:
-    from diffmeter.predict.devices import is_this_cpu
-
-    return is_this_cpu(gpu)

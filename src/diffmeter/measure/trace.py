@@ -39,7 +39,7 @@ KINDS = ("attention", "matmul", "convolution", "normalization", "elementwise", "
 _KIND_WORDS = {
     "attention": ("attention", "attn", "flash"),
     "matmul": ("mm", "matmul", "linear", "addmm", "bmm", "baddbmm", "gemm"),
-    "convolution": ("conv", "convolution", "conv1d", "conv2d", "conv3d"),
+    "convolution": ("conv", "convolution"),  # and any word starting with conv: conv2d, conv_transpose2d
     "normalization": ("norm",),
     "elementwise": (
         "add", "sub", "mul", "div", "silu", "gelu", "sigmoid", "tanh", "exp", "pow", "neg", "rsqrt", "sqrt",

@@ -86,11 +86,11 @@ def find_results(directory: str | Path) -> list[Path]:
     return found
 
 
-def readable_results(root: Path, skipped: list[str] | None = None) -> list[tuple[Path, BenchResult]]:
-    """(run folder, result) for every stored run under ``root`` that can be read; each one that cannot
-    (truncated, hand-edited, from another version) is left out with a line naming it in ``skipped``."""
+def readable_results(paths: list[Path], skipped: list[str] | None = None) -> list[tuple[Path, BenchResult]]:
+    """(run folder, result) for every results.json in ``paths`` (``find_results``) that can be read; each one
+    that cannot (truncated, hand-edited, from another version) is left out with a line naming it in ``skipped``."""
     found = []
-    for path in find_results(root):
+    for path in paths:
         try:
             found.append((path.parent, storage.read_result(path.parent)))
         except DiffmeterError as error:
@@ -104,7 +104,8 @@ def rows(directory: str | Path, skipped: list[str] | None = None) -> list[dict[s
     """One dict per stored run, with the keys of ``COLUMNS`` (None where not measured); with ``skipped``,
     unreadable results are left out and named there instead of refusing the whole folder."""
     root = Path(directory).expanduser()
-    table = [row(result, str(folder.relative_to(root))) for folder, result in readable_results(root, skipped)]
+    readable = readable_results(find_results(root), skipped)
+    table = [row(result, str(folder.relative_to(root))) for folder, result in readable]
     add_speedups(table)
     return table
 

@@ -72,8 +72,8 @@ def read_study(directory: str | Path) -> Study:
     if not root.is_dir():
         raise DiffmeterError(f"{root} is not a folder; point at the --out folder of bench, ladder or sweep")
     study = Study(root=root)
-    results = set(collect.find_results(root))
-    for folder, result in collect.readable_results(root, study.skipped):
+    results = collect.find_results(root)
+    for folder, result in collect.readable_results(results, study.skipped):
         study.runs.append(Run(result, folder, collect.row(result, str(folder.relative_to(root)))))
     rows = [run.row for run in study.runs]
     collect.add_speedups(rows)
