@@ -45,7 +45,7 @@ from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 from diffmeter.optimize import REGISTRY, OptimizationSpec, Target, build
-from diffmeter.runs.runner import bench
+from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.tiny import tiny_pipeline
 

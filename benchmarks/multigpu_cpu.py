@@ -108,7 +108,7 @@ def worker(mode: str, threads: int, config: dict) -> dict:
         model = denoiser()
         moved = {}  # what the collectives of the first (warm-up) call received, counted at the dispatcher
         if mode == "ulysses":
-            mesh = context_parallel.device_mesh(cpu, 1, 1, world, 1)
+            mesh = context_parallel.device_mesh(cpu, 1, 1, 1, world, 1)
             context_parallel.enable(model, mesh, 1, world, cpu)
             communication.count_first_call(model, moved)
         samples = list(range(config["batch"]))

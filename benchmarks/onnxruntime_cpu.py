@@ -34,7 +34,7 @@ import transformers
 
 from diffmeter import units
 from diffmeter.optimize import OptimizationSpec
-from diffmeter.runs.runner import bench
+from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.storage import read_result
 

@@ -2,7 +2,7 @@
 
 For each setting, one tiny pipeline object is called in interleaved pairs:
   bare:    t = perf_counter(); pipe(**arguments); perf_counter() - t
-  runner:  diffmeter.runs.runner.timed_call: the exact code of one measured iteration
+  runner:  diffmeter.runs.calls.timed_call: the exact code of one measured iteration
            (stage hooks on text encoders, denoiser, scheduler.step and vae.decode; the
            ``total_s`` it records, and the host ``wall_s`` around it)
 Pairs alternate which call goes first, so drift, frequency changes and cache effects hit
@@ -30,7 +30,7 @@ from diffmeter.catalog import resolve
 from diffmeter.families import get_family
 from diffmeter.measure.clock import HostClock
 from diffmeter.measure.stages import StageTimer
-from diffmeter.runs.runner import timed_call
+from diffmeter.runs.calls import timed_call
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.workload import Workload
 from diffmeter.tiny import tiny_pipeline

@@ -45,7 +45,7 @@ def peaks():
 def run_case(model: str, size: int, steps: int) -> dict:
     from diffmeter.predict.calibrate import stage_measurements
     from diffmeter.predict.operators import operator_work
-    from diffmeter.runs.runner import bench
+    from diffmeter.runs.lifecycle import bench
     from diffmeter.runs.spec import BenchSpec
 
     spec = BenchSpec(

@@ -9,8 +9,8 @@ from PIL import Image
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.flops.profile import profile_spec
+from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.results import BenchResult, json_schema
-from diffmeter.runs.runner import bench
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.storage import RESULTS, read_result
 
@@ -294,7 +294,7 @@ def test_cold_start_overhead_is_never_negative():
     from diffmeter.measure.memory import PeakMemory
     from diffmeter.measure.stages import Stages
     from diffmeter.runs.results import Iteration
-    from diffmeter.runs.runner import summarize_run
+    from diffmeter.runs.summary import summarize_run
 
     spec = BenchSpec(model="tiny-sd").settle(resolve("tiny-sd"))
     stages = Stages(text_encoding_s=0.1, denoising_s=0.5, steps_s=[0.25, 0.25], vae_decode_s=0.3, other_s=0.1)

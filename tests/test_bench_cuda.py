@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from diffmeter.runs.runner import bench
+from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -15,9 +15,10 @@ import torch
 from fake_cuda import LEDGER, FakeCuda, FakeCudaViolation, unavailable_reason
 from tiny_runs import TINY
 
+from diffmeter.distributed.group import RankFailed
 from diffmeter.errors import DiffmeterError
+from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.results import BenchResult
-from diffmeter.runs.runner import bench
 from diffmeter.runs.spec import BenchSpec
 
 REASON = unavailable_reason()
@@ -88,8 +89,9 @@ def technique_cases() -> list:
         for variant in backends if cls is Attention else cls.variants():
             if variant.name in NOT_RUN:
                 continue
-            spec = OptimizationSpec(name=variant.name, params={**variant.config.model_dump(mode="json"), **PARAMS.get(
-                variant.name, {})})
+            spec = OptimizationSpec(
+                name=variant.name, params={**variant.config.model_dump(mode="json"), **PARAMS.get(variant.name, {})}
+            )
             optimization = cls(cls.Config(**spec.params))
             for model in TECHNIQUE_MODELS:
                 entry = resolve(model)
@@ -156,6 +158,7 @@ def rank_environment(rank: int, world: int, monkeypatch, staging: Path, reached=
             "destroy_process_group": lambda: None,
             "broadcast_object_list": broadcast,
             "gather_object": gather,
+            "barrier": lambda *args, **kwargs: None,
         }.items():
             stack.enter_context(mock.patch.object(dist, name, fake))
         stack.enter_context(mock.patch.object(dist.device_mesh, "init_device_mesh"))
@@ -211,7 +214,7 @@ def test_a_context_parallel_rank_places_itself_before_any_cuda_call(tmp_path, mo
 
     spec = BenchSpec(model="tiny-flux", ulysses_degree=2, steps=2, iterations=1, predict=False)
     with rank_environment(1, 2, monkeypatch, tmp_path, reached=ReachedTheGroup()), FakeCuda(own="cuda:1") as cuda:
-        with pytest.raises(ReachedTheGroup):
+        with pytest.raises(RankFailed, match="rank 1: ReachedTheGroup"):  # under torchrun: the rank ends, says why
             rank_run.run(spec, tmp_path, False, "torchrun")
     assert not cuda.violations
     assert cuda.calls[0] == type(cuda.calls[0])("set_device", 1, True)
@@ -266,17 +269,17 @@ def test_what_fit_lists_bench_runs_on_a_card_that_small(tmp_path):
 
 
 def loading_then(change):
-    """``runner.load_pipeline``, then ``change(pipe)``: a bug planted in the loaded pipeline."""
-    from diffmeter.runs import runner
+    """``lifecycle.load_pipeline``, then ``change(pipe)``: a bug planted in the loaded pipeline."""
+    from diffmeter.runs import lifecycle
 
-    real = runner.load_pipeline
+    real = lifecycle.load_pipeline
 
     def load(*args, **kwargs):
         pipe = real(*args, **kwargs)
         change(pipe)
         return pipe
 
-    return mock.patch.object(runner, "load_pipeline", load)
+    return mock.patch.object(lifecycle, "load_pipeline", load)
 
 
 def test_a_cpu_tensor_added_in_a_forward_hook_is_caught(tmp_path):
@@ -289,15 +292,14 @@ def test_a_cpu_tensor_added_in_a_forward_hook_is_caught(tmp_path):
 
 
 def test_a_layer_left_on_another_gpu_is_caught(tmp_path):
-    with loading_then(lambda pipe: pipe.unet.conv_in.to("cuda:0")), pytest.raises(
-        FakeCudaViolation, match=r"cuda:0"
-    ):
+    with loading_then(lambda pipe: pipe.unet.conv_in.to("cuda:0")), pytest.raises(FakeCudaViolation, match=r"cuda:0"):
         fake_bench(tmp_path, "tiny-sd")
 
 
 def test_a_query_made_before_placing_the_run_is_caught(tmp_path):
-    """No device scope and an index-less peak reset: it resolves to GPU 0, not the run's."""
-    from diffmeter.runs import runner
+    """No placement, no device scope and an index-less peak reset: it resolves to GPU 0, not the run's."""
+    from diffmeter.runs import lifecycle
+    from diffmeter.runs.placement import Placement
 
     def reset(device):
         torch.cuda.reset_peak_memory_stats()
@@ -305,22 +307,23 @@ def test_a_query_made_before_placing_the_run_is_caught(tmp_path):
 
     caught = r"reset_peak_memory_stats index-less, resolved to the current device cuda:0"
     with (
-        mock.patch.object(runner, "device_scope", lambda device: contextlib.nullcontext()),
-        mock.patch.object(runner, "reset_peaks", reset),
+        mock.patch.object(Placement, "enter", lambda self: None),
+        mock.patch.object(lifecycle, "device_scope", lambda device: contextlib.nullcontext()),
+        mock.patch.object(lifecycle, "reset_peaks", reset),
         pytest.raises(FakeCudaViolation, match=caught),
     ):
         fake_bench(tmp_path, "tiny-sd")
 
 
 def test_the_same_query_inside_the_run_is_on_its_own_gpu(tmp_path):
-    """The control of the test above: inside the runner's device scope an index-less reset is on cuda:1."""
-    from diffmeter.runs import runner
+    """The control of the test above: once the run is placed an index-less reset is on cuda:1."""
+    from diffmeter.runs import lifecycle
 
     def reset(device):
         torch.cuda.reset_peak_memory_stats()
         return False
 
-    with mock.patch.object(runner, "reset_peaks", reset):
+    with mock.patch.object(lifecycle, "reset_peaks", reset):
         result, folder, cuda = fake_bench(tmp_path, "tiny-sd")
     assert result.status == "complete" and not cuda.violations
     assert ("reset_peak_memory_stats", 1) in {(call.name, call.device) for call in cuda.calls}

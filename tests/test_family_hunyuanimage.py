@@ -149,7 +149,7 @@ def test_a_local_folder_is_counted_as_its_pipeline_runs_it_with_just_a_prompt(en
 @pytest.mark.parametrize("scale", [1.0, 4.0])
 def test_bench_sets_the_guiders_scale_so_it_runs_what_it_counts(tmp_path, scale):
     """The guidance scale lives in the pipeline's guider, not in __call__: bench sets it there."""
-    from diffmeter.runs.runner import bench
+    from diffmeter.runs.lifecycle import bench
     from diffmeter.runs.spec import BenchSpec
 
     spec = BenchSpec(model="tiny-hunyuanimage", steps=2, iterations=1, guidance_scale=scale, save_images=False)

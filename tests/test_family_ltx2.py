@@ -124,7 +124,7 @@ def test_closed_form_matches_the_ltx2_transformer(size):
 def test_bench_times_one_step_per_video_scheduler_step_though_the_pipeline_copies_its_scheduler(tmp_path):
     """LTX2Pipeline deep-copies its scheduler for the audio latents: the stage timer's wrapper must not go with
     the copy (the audio steps would step the video scheduler twice and run off its sigmas)."""
-    from diffmeter.runs.runner import bench
+    from diffmeter.runs.lifecycle import bench
     from diffmeter.runs.spec import BenchSpec
 
     result, _ = bench(BenchSpec(model="tiny-ltx2", steps=3, iterations=1), out=tmp_path)

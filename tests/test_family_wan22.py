@@ -140,7 +140,7 @@ def test_ti2v_exact_off_its_default_size_frames_and_at_a_size_it_floors():
 
 
 def test_bench_times_both_experts_as_denoiser_steps(tmp_path):
-    from diffmeter.runs.runner import bench
+    from diffmeter.runs.lifecycle import bench
     from diffmeter.runs.spec import BenchSpec
 
     result, _ = bench(BenchSpec(model="tiny-wan22", steps=5, iterations=1), out=tmp_path)

@@ -17,7 +17,7 @@ import torch
 from diffmeter.errors import DiffmeterError
 from diffmeter.execute import bench
 from diffmeter.measure.quality import compare
-from diffmeter.runs.runner import prepare
+from diffmeter.runs.prepared import prepare
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.storage import RESULTS, read_result
 
@@ -74,6 +74,21 @@ def test_tensor_parallel_heads_and_xdit_on_cuda_are_refused(monkeypatch):
         support.check_tensor_parallel(spec.model_copy(update={"tp_degree": 4}), target)
     with pytest.raises(DiffmeterError, match="--engine xdit is not implemented"):
         support.check_engine("xdit", target.device)
+
+
+def test_tensor_parallel_with_a_quantized_denoiser_is_refused_before_loading(monkeypatch):
+    """diffusers refuses it only after loading (hooks/tensor_parallel.py, _check_tp_supported)."""
+    from diffmeter.optimize import build
+    from diffmeter.optimize.options import from_config
+    from diffmeter.runs import parallel_support as support
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # no GPU here: the checks are diffmeter's
+    spec, target = _on_cuda(monkeypatch)
+    spec = spec.model_copy(update={"tp_degree": 2})
+    with pytest.raises(DiffmeterError, match="quantizes the denoiser, and diffusers cannot shard quantized"):
+        support.check(spec, target, build(from_config(["quantize"])), here=False)
+    text_only = {"name": "quantize", "params": {"components": ["text_encoder_2"]}}
+    support.check(spec, target, build(from_config([text_only])), here=False)
 
 
 def test_the_cli_refuses_ring_on_native_attention_in_one_line(cli, tmp_path):
@@ -211,3 +226,210 @@ def test_a_rank_that_dies_ends_the_run_with_a_failed_result(tmp_path):
     result = read_result(stored.parent)
     assert result.status == "failed" and "rank 1 died" in result.error
     assert not list(out.glob(".*partial*"))
+
+
+def test_counting_the_first_call_leaves_a_compiled_denoiser_compiling():
+    """The communication count runs a dispatch mode in the first denoiser call; dynamo meeting a frame under a
+    dispatch mode skips it for good, so without force_eager around the count no later call compiled (0 graphs)."""
+    from diffmeter.distributed.communication import count_first_call
+    from diffmeter.measure.compilation import watch_compilation
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+    model.forward = torch.compile(model.forward, backend="eager")
+    store = {}
+    count_first_call(model, store)
+    assert torch.compiler.is_compiling() is False
+    with watch_compilation() as compilation:
+        for _ in range(3):
+            model(torch.randn(2, 8))
+    assert store == {"bytes": 0, "calls": {}}  # counted (no collective in this model)
+    assert compilation.graphs_compiled > 0
+
+
+def _with_a_rank_fault(rank: int, fault: str) -> dict:
+    """The environment of a CLI run whose rank ``rank`` carries ``fault`` (tests/rank_faults/sitecustomize.py)."""
+    here = os.path.join(os.path.dirname(__file__), "rank_faults")
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, "RANK_FAULT": fault, "RANK_FAULT_RANK": str(rank)}
+
+
+def _logged_at(line: str):
+    from datetime import datetime
+
+    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+
+
+@pytest.mark.slow
+def test_a_rank_out_of_memory_in_its_second_step_ends_the_run_with_that_reason(tmp_path):
+    """Rank 1 runs out of memory in the second step of its first call while rank 0 waits in Ulysses'
+    all-to-all: the run ends within seconds (not the collectives' 10 minutes) and the stored failure names
+    rank 1 and quotes its error, with both ranks' logs."""
+    from datetime import datetime
+
+    out = tmp_path / "out"
+    command = ["diffmeter", "bench", "tiny-flux", "--ulysses-degree", "2", "--steps", "2", "--iterations", "3"]
+    done = subprocess.run(
+        [*command, "--out", str(out)], env=_with_a_rank_fault(1, "oom:3"), capture_output=True, text=True, timeout=300
+    )
+    ended = datetime.now()
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    planted = "rank 1: out of memory on cpu: CUDA out of memory. Tried to allocate 20.00 GiB (planted by the test)"
+    assert planted in done.stderr
+    (stored,) = out.glob(f"*/{RESULTS}")
+    result = read_result(stored.parent)
+    assert result.status == "failed" and result.error == planted
+    rank_1 = (stored.parent / "ranks" / "rank-1" / "bench.log").read_text()
+    (oom,) = [line for line in rank_1.splitlines() if "ERROR out of memory" in line]
+    assert (ended - _logged_at(oom)).total_seconds() < 30
+    assert "rank 0 of 2" in (stored.parent / "bench.log").read_text()
+    assert not list(out.glob(".*partial*"))
+
+
+@pytest.mark.slow
+def test_no_rank_measures_while_another_is_still_warming_up(tmp_path):
+    """Data parallel 2 with rank 1's warm-up slowed by 4 s: rank 0's first measured call starts only after
+    rank 1's warm-up ended (the barrier before the measured loop); without it rank 0 starts ~4 s earlier."""
+    from datetime import timedelta
+
+    out = tmp_path / "out"
+    command = ["diffmeter", "bench", "tiny-flux", "--data-parallel", "2", "--steps", "2", "--iterations", "2"]
+    done = subprocess.run(
+        [*command, "--out", str(out)], env=_with_a_rank_fault(1, "sleep:4:1"), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (stored,) = out.glob(f"*/{RESULTS}")
+    rank_0 = (stored.parent / "bench.log").read_text().splitlines()
+    rank_1 = (stored.parent / "ranks" / "rank-1" / "bench.log").read_text().splitlines()
+    warmed = _logged_at(next(line for line in rank_1 if "first call" in line))
+    first = next(line for line in rank_0 if " iteration 0: " in line)
+    seconds = float(re.search(r"iteration 0: ([0-9.]+) s", first).group(1))
+    assert _logged_at(first) - timedelta(seconds=seconds) >= warmed - timedelta(milliseconds=50)
+
+
+#: the real models of docs/multigpu.md and the tiny ones its commands run with here
+TINY = {
+    "black-forest-labs/FLUX.1-dev": "tiny-flux",
+    "FLUX.1-dev": "tiny-flux",
+    "stabilityai/stable-diffusion-xl-base-1.0": "tiny-sdxl",
+}
+
+
+def _documented_commands() -> list[list[str]]:
+    """Every diffmeter command in docs/multigpu.md's code blocks, the model swapped for its tiny one."""
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "multigpu.md").read_text()
+    blocks = re.findall(r"```\n(.*?)```", text, flags=re.S)
+    commands = []
+    for line in (line for block in blocks for line in block.splitlines()):
+        words = shlex.split(line.removeprefix("$ "), comments=True)
+        if words[:1] == ["diffmeter"]:
+            commands.append([TINY.get(word, word) for word in words])
+    return commands
+
+
+@pytest.mark.slow
+def test_every_command_of_the_multigpu_guide_runs_on_this_cpu(tmp_path):
+    """No --device: the ranks find no CUDA and run on the CPU over gloo, each command as written."""
+    commands = _documented_commands()
+    assert len(commands) == 10 and all(command[2].startswith(("tiny-", "runs/")) for command in commands)
+    for command in commands:
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (command, done.stderr)
+        assert "Traceback" not in done.stderr
+    stored = [read_result(path.parent) for path in tmp_path.rglob(RESULTS)]
+    assert len(stored) == 8 and all(result.status == "complete" for result in stored)
+    assert sorted(result.parallel.world_size for result in stored if result.parallel) == [2, 2, 2, 2, 2, 4]
+
+
+def _schema_differences(one, other, where: str = "") -> list[str]:
+    """Where two stored results differ in shape: a field one has and the other lacks, or values of different
+    types where both hold one (a field left null by one kind of run, e.g. ``parallel``, is not a difference)."""
+    if one is None or other is None:
+        return []
+    if isinstance(one, dict) and isinstance(other, dict):
+        differences = [f"{where}.{key}" for key in sorted(set(one) ^ set(other))]
+        for key in sorted(set(one) & set(other)):
+            differences += _schema_differences(one[key], other[key], f"{where}.{key}")
+        return differences
+    if isinstance(one, list) and isinstance(other, list):
+        return _schema_differences(one[0], other[0], f"{where}[0]") if one and other else []
+    numbers = (int, float)
+    if isinstance(one, numbers) and isinstance(other, numbers) and not isinstance(one, bool | str):
+        return []  # 1.0 is stored as 1
+    return [] if type(one) is type(other) else [f"{where}: {type(one).__name__} vs {type(other).__name__}"]
+
+
+@pytest.mark.slow
+def test_a_parallel_run_a_one_process_run_and_a_sweep_cell_store_the_same_schema(tmp_path):
+    from diffmeter.sweep.file import SweepFile
+    from diffmeter.sweep.local import LocalExecutor
+    from diffmeter.sweep.run import run_sweep
+
+    settings = {"model": "tiny-flux", "device": "cpu", "warmup": 1, "iterations": 2}
+    _, one = bench(BenchSpec(**settings), out=tmp_path / "one")
+    _, parallel = bench(BenchSpec(**settings, data_parallel=2), out=tmp_path / "two")
+    fixed = {key: value for key, value in settings.items() if key != "model"}
+    sweep = SweepFile(name="cell", axes={"model": ["tiny-flux"]}, fixed=fixed)
+    run_sweep(sweep, tmp_path / "sweep", LocalExecutor(tmp_path / "sweep", slots=[None], timeout_s=300))
+    (cell,) = [path.parent for path in (tmp_path / "sweep").rglob(RESULTS)]
+    stored = {name: json.loads((folder / RESULTS).read_text()) for name, folder in
+              (("one", one), ("parallel", parallel), ("cell", cell))}  # fmt: skip
+    assert stored["parallel"]["parallel"] is not None and stored["one"]["parallel"] is None
+    assert _schema_differences(stored["one"], stored["parallel"]) == []
+    assert _schema_differences(stored["one"], stored["cell"]) == []
+    assert set(stored["one"]) == set(stored["parallel"]) == set(stored["cell"])
+    assert _schema_differences({"a": 1, "b": [1]}, {"a": "1"}) == [".b", ".a: int vs str"]  # the check can fail
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("model", "settings", "processes"),
+    [
+        ("tiny-sd", {"cfg_degree": 2}, 2),  # batched CFG: each rank one half of the stacked batch
+        ("tiny-wan", {"cfg_degree": 2, "height": 32, "width": 32}, 2),  # two denoiser calls per step
+        ("tiny-wan", {"cfg_degree": 2, "ulysses_degree": 2, "height": 32, "width": 32}, 4),  # composed with Ulysses
+    ],
+    ids=["sd", "wan", "wan-ulysses"],
+)
+def test_cfg_parallel_gives_the_one_process_images(model, settings, processes, tmp_path):
+    reference, _ = bench(_spec(model, **{k: v for k, v in settings.items() if k in ("height", "width")}), out=tmp_path)
+    result, _ = bench(_spec(model, **settings), out=tmp_path)
+    _assert_same_images(result, reference)
+    assert result.parallel.world_size == processes and result.parallel.cfg_degree == 2
+    assert result.parallel.images_identical_across_ranks is True
+    assert result.summary.flops["denoising"] == reference.summary.flops["denoising"] // processes  # per GPU
+    denoiser_calls = {call.denoiser_calls for call in result.iterations}
+    assert denoiser_calls == {call.denoiser_calls for call in reference.iterations}  # every call made, half skipped
+    communication = result.parallel.communication  # counted offline: the other half's prediction each step
+    assert communication.cfg_degree == 2 and communication.cfg_bytes_per_step > 0
+    assert result.parallel.scaling.one_device_run is not None  # the one-process run under the same --out
+
+
+def test_cfg_parallel_is_refused_where_there_is_no_half_to_split():
+    with pytest.raises(DiffmeterError, match="tiny-flux runs one denoiser call of its own batch per step"):
+        prepare(_spec("tiny-flux", cfg_degree=2))
+    with pytest.raises(DiffmeterError, match="--guidance-scale 1 or less"):
+        prepare(_spec("tiny-sd", cfg_degree=2, guidance_scale=1.0))
+    with pytest.raises(DiffmeterError, match="a guided step has two halves"):
+        prepare(_spec("tiny-sd", cfg_degree=4))
+    with pytest.raises(DiffmeterError, match="PipeFusion .* run it with xDiT"):
+        prepare(_spec("tiny-sd", pipefusion_degree=2))
+
+
+def test_offline_cfg_volume_is_the_other_halfs_prediction():
+    """tiny-sd at 32 px: its UNet predicts 4 channels at 16 x 16 latents in float32: with CFG parallelism each
+    GPU receives the other rank's prediction for the step's one image, 4 x 16 x 16 x 4 bytes."""
+    from diffmeter.catalog import resolve
+    from diffmeter.distributed.communication import offline
+    from diffmeter.families import get_family
+
+    run = prepare(_spec("tiny-sd", cfg_degree=2))
+    entry = resolve("tiny-sd")
+    config = entry.components["unet"].config
+    latent = 32 // 2 ** (len(entry.components["vae"].config["block_out_channels"]) - 1)
+    moved = offline(entry, get_family(entry.family), run.spec.profile_spec().with_defaults(entry.defaults), 1, 1, 2)
+    assert moved.cfg_bytes_per_step == config["out_channels"] * latent * latent * 4
+    assert moved.bytes_per_step == moved.cfg_bytes_per_step and moved.bytes_per_denoiser_call == 0

@@ -12,7 +12,7 @@ import torch
 from diffmeter.errors import DiffmeterError, MissingPackage
 from diffmeter.optimize import OptimizationSpec, Target, build, check
 from diffmeter.runs.ladder import plan
-from diffmeter.runs.runner import bench
+from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -13,7 +13,7 @@ from diffmeter.predict.devices import Device, named_gpu, spec_gpu
 from diffmeter.predict.operators import OperatorTally, operator_work
 from diffmeter.predict.roofline import Calibration, calibrations, predict_time
 from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork
-from diffmeter.runs.runner import bench
+from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.spec import ProfileSpec
 

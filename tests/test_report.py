@@ -12,7 +12,7 @@ import pytest
 from diffmeter.flops.profile import profile
 from diffmeter.optimize.options import parse_opt
 from diffmeter.runs.ladder import climb, plan
-from diffmeter.runs.runner import bench
+from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
 
 FAST = {"model": "tiny-sd", "steps": 10, "iterations": 5, "device": "cpu"}

@@ -103,7 +103,7 @@ def test_the_shipped_json_schema_is_current_and_refuses_unknown_keys():
 
 def test_the_dry_run_shows_each_cell_done_refused_or_to_run_with_its_compute(tmp_path, cli):
     from diffmeter.flops.profile import profile
-    from diffmeter.runs.runner import bench
+    from diffmeter.runs.lifecycle import bench
     from diffmeter.runs.spec import BenchSpec
 
     out = tmp_path / "out"
@@ -240,7 +240,7 @@ class InProcessExecutor:
     def map(self, jobs, started, finished):
         import torch
 
-        from diffmeter.runs.runner import bench
+        from diffmeter.runs.lifecycle import bench
         from diffmeter.sweep.local import Outcome
 
         for job in jobs:

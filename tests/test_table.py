@@ -12,7 +12,7 @@ import diffmeter
 from diffmeter.errors import DiffmeterError
 from diffmeter.optimize.options import parse_opt
 from diffmeter.runs.collect import COLUMNS
-from diffmeter.runs.runner import bench
+from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
 
 FAST = {"model": "tiny-sd", "steps": 1, "iterations": 2, "device": "cpu"}

@@ -70,7 +70,7 @@ def test_run_and_optimization_tables_fit(width, tmp_path):
     from diffmeter.optimize.matrix import compatibility
     from diffmeter.report.optimizations_table import model_table
     from diffmeter.report.run_table import run_table
-    from diffmeter.runs.runner import bench
+    from diffmeter.runs.lifecycle import bench
     from diffmeter.runs.spec import BenchSpec
 
     result, _ = bench(BenchSpec(model="tiny-flux", steps=2, iterations=1), out=tmp_path)

@@ -7,7 +7,7 @@ from collections import defaultdict
 import pytest
 
 from diffmeter.measure.trace import OPS_FILE, OUTSIDE, PREFIX, TRACE_FILE, OpsTable, kind_of
-from diffmeter.runs.runner import bench
+from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.storage import REQUESTS, read_result
 

@@ -1,4 +1,4 @@
-"""Where a measured run executes: in this process (``runs.runner``), or over a group of processes started here
+"""Where a measured run executes: in this process (``runs.lifecycle.bench``), or over a group of processes started here
 or joined under torchrun (``distributed.launch``). The choice is made here, above both, for the command line,
 the Python API (``diffmeter.bench``) and sweep cells alike; the run's lifecycle is the same either way."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 from diffmeter.distributed.launch import bench_parallel
 from diffmeter.optimize import OptimizationSpec
 from diffmeter.optimize.options import from_config
-from diffmeter.runs import runner
+from diffmeter.runs import lifecycle
+from diffmeter.runs.calls import Progress
 from diffmeter.runs.results import BenchResult
-from diffmeter.runs.runner import Progress
 from diffmeter.runs.spec import BenchSpec
 
 
@@ -20,7 +20,7 @@ def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, pro
     calls this; ranks other than 0 return (None, None)."""
     if spec.world_size > 1:
         return bench_parallel(spec, out, force, progress)
-    return runner.bench(spec, out, force, progress)
+    return lifecycle.bench(spec, out, force, progress)
 
 
 def measure(

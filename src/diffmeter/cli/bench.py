@@ -111,6 +111,8 @@ def bench(
     ulysses_degree: o.UlyssesDegree = 1,
     ring_degree: o.RingDegree = 1,
     tp_degree: o.TpDegree = 1,
+    cfg_degree: o.CfgDegree = 1,
+    pipefusion_degree: o.PipefusionDegree = 1,
     data_parallel: o.DataParallel = 1,
     engine: o.Engine = "diffusers",
     config: Annotated[
@@ -218,6 +220,8 @@ def _bench_spec(values: dict):
         ulysses_degree=values["ulysses_degree"],
         ring_degree=values["ring_degree"],
         tp_degree=values["tp_degree"],
+        cfg_degree=values["cfg_degree"],
+        pipefusion_degree=values["pipefusion_degree"],
         data_parallel=values["data_parallel"],
         engine=values["engine"],
     )

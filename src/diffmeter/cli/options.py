@@ -58,6 +58,13 @@ TpDegree = Annotated[
 Engine = Annotated[
     str, typer.Option(help="diffusers (xdit: xDiT's xfuser, refused with its reason)", rich_help_panel=PARALLEL)
 ]
+CfgDegree = Annotated[
+    int,
+    typer.Option(help="CFG parallelism: 2 GPUs, each one half of every guided step", rich_help_panel=PARALLEL),
+]
+PipefusionDegree = Annotated[
+    int, typer.Option(help="xDiT's PipeFusion: refused, with the reason", rich_help_panel=PARALLEL, hidden=True)
+]
 DataParallel = Annotated[
     int, typer.Option(help="GPUs generating their own batches (throughput)", rich_help_panel=PARALLEL)
 ]

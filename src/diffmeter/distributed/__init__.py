@@ -1,7 +1,9 @@
-"""Multi-process generation through torch.distributed: diffusers' context parallelism
-(Ulysses, ring) and data parallelism (requests split across ranks).
+"""Multi-process generation through torch.distributed: diffusers' context parallelism (Ulysses, ring) and
+tensor parallelism, CFG parallelism, and data parallelism (requests split across ranks).
 
-``support`` decides before loading, ``launch`` starts or joins the processes, ``context_parallel``
-enables diffusers' implementation on the denoiser, ``rank_run`` measures on one rank and
-``merge`` turns the ranks' results into the one stored result.
+``launch`` starts or joins the processes; each runs ``rank_run``: the one measured-run lifecycle
+(``runs.lifecycle``) with its ``place`` and its ``group`` (join, barriers, the parallel layers from
+``context_parallel`` and ``cfg_parallel``, failure propagation); ``group_result`` and ``merge`` turn the ranks'
+results into the one stored result, ``communication`` counts what the collectives move, ``scaling`` compares
+with the one-device run.
 """

@@ -7,6 +7,7 @@ of its input and receives the rest; an all-gather receives ``n - 1`` times its i
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 
 import torch
@@ -68,9 +69,11 @@ class CollectiveBytes(TorchDispatchMode):
         return sum(self.bytes.values())
 
 
-def offline(entry, family, profile_spec, ulysses: int, ring: int) -> Communication:
+def offline(entry, family, profile_spec, ulysses: int, ring: int, cfg: int = 1) -> Communication:
     """Bytes each GPU receives per denoising step: the denoiser built on the meta device, diffusers'
-    context parallelism enabled over a fake process group of ``ulysses x ring`` ranks, one call run."""
+    context parallelism enabled over a fake process group of ``ulysses x ring`` ranks, one call run; with
+    CFG parallelism (``cfg`` 2) each GPU runs half of the step's denoiser work and receives the other half's
+    noise prediction for the step's images."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from diffmeter.distributed import context_parallel
@@ -89,35 +92,48 @@ def offline(entry, family, profile_spec, ulysses: int, ring: int) -> Communicati
         for name, value in meta_inputs(call).items()
     }
     counter = CollectiveBytes()
-    dist.init_process_group("fake", rank=0, world_size=ulysses * ring, store=FakeStore())
-    try:
-        mesh = context_parallel.device_mesh(torch.device("cpu"), 1, ring, ulysses, 1)
-        context_parallel.enable(model, mesh, ring, ulysses, torch.device("cpu"))
+    with contextlib.ExitStack() as group:
+        if ulysses * ring > 1:
+            dist.init_process_group("fake", rank=0, world_size=ulysses * ring, store=FakeStore())
+            group.callback(dist.destroy_process_group)
+            mesh = context_parallel.device_mesh(torch.device("cpu"), 1, 1, ring, ulysses, 1)
+            context_parallel.enable(model, mesh, ring, ulysses, torch.device("cpu"))
         with torch.no_grad(), counter:
-            model(**inputs)
-    finally:
-        dist.destroy_process_group()
+            output = model(**inputs)
+    prediction = output[0] if isinstance(output, tuple | list) else output
+    per_image = prediction.numel() // call.batch * prediction.element_size()
     per_step = sum(c.count for c in calls) / profile_spec.steps
+    cfg_bytes = (cfg - 1) * profile_spec.batch_size * per_image
     return Communication(
         ulysses_degree=ulysses,
         ring_degree=ring,
+        cfg_degree=cfg,
         denoiser_calls_per_step=per_step,
         bytes_per_denoiser_call=counter.total,
-        bytes_per_step=round(counter.total * per_step),
+        cfg_bytes_per_step=cfg_bytes,
+        bytes_per_step=round(counter.total * per_step / cfg) + cfg_bytes,  # each CFG rank runs 1/cfg of the step
         collectives_per_denoiser_call=dict(counter.calls),
     )
 
 
 def count_first_call(model: torch.nn.Module, store: dict) -> None:
     """Count the bytes of ``model``'s first forward call into ``store["bytes"]`` (and the calls
-    per collective into ``store["calls"]``): a warm-up call, so the measured ones run without the mode."""
+    per collective into ``store["calls"]``): a warm-up call, so the measured ones run without the mode.
+
+    That call runs eagerly (``torch.compiler.set_stance("force_eager")``): dynamo meeting a frame while a
+    dispatch mode is active skips it and marks its code skipped for good (torch/_dynamo/convert_frame.py),
+    so a compiled denoiser counted that way would run eager in every later call. Under ``force_eager`` dynamo
+    is not entered at all (torch/_dynamo/eval_frame.py, ``_callback_from_stance``) and compiles the next call.
+    """
     counter = CollectiveBytes()
+    active = contextlib.ExitStack()
 
     def begin(module, args, kwargs):
-        counter.__enter__()
+        active.enter_context(torch.compiler.set_stance("force_eager"))  # set_stance acts when made
+        active.enter_context(counter)
 
     def end(module, args, kwargs, output):
-        counter.__exit__(None, None, None)
+        active.close()
         store.update(bytes=counter.total, calls=dict(counter.calls))
         for handle in handles:
             handle.remove()

@@ -5,13 +5,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-#: names of the device mesh's dimensions, outermost first: rank = ((d * ring + r) * ulysses + u) * tp + t
-MESH_DIMS = ("data", "ring", "ulysses", "tp")
+#: names of the device mesh's dimensions, outermost first: rank = (((d * cfg + c) * ring + r) * ulysses + u) * tp + t
+MESH_DIMS = ("data", "cfg", "ring", "ulysses", "tp")
 
 
-def device_mesh(device: torch.device, data: int, ring: int, ulysses: int, tp: int):
-    """The run's mesh; diffusers takes its ("ring", "ulysses") or ("tp",) part, the data dimension splits requests."""
-    return dist.device_mesh.init_device_mesh(device.type, (data, ring, ulysses, tp), mesh_dim_names=MESH_DIMS)
+def device_mesh(device: torch.device, data: int, cfg: int, ring: int, ulysses: int, tp: int):
+    """The run's mesh; diffusers takes its ("ring", "ulysses") or ("tp",) part, the CFG layer its ("cfg",) part,
+    the data dimension splits requests."""
+    degrees = (data, cfg, ring, ulysses, tp)
+    return dist.device_mesh.init_device_mesh(device.type, degrees, mesh_dim_names=MESH_DIMS)
 
 
 def enable_tensor_parallel(model: torch.nn.Module, mesh) -> None:

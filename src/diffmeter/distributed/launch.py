@@ -4,23 +4,30 @@ diffmeter starts its ranks with torch.distributed's own launcher API (``elastic_
 torchrun runs): each worker gets the same RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR
 environment as under torchrun, so one code path serves both, and the elastic agent watches the
 workers: when one dies it stops the others, so a dead rank ends the run instead of leaving the
-rest waiting in a collective (those also time out, ``rank_run.COLLECTIVE_TIMEOUT_S``).
+rest waiting in a collective (those also time out, ``group.COLLECTIVE_TIMEOUT_S``). A rank that fails on its
+own (out of memory, an exception) writes why into the launch's failures folder before ending its process, and
+the stored failed result quotes it, with every rank's log.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import tempfile
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
+from diffmeter.distributed.group_result import RANKS
 from diffmeter.errors import DiffmeterError
 from diffmeter.runs import storage
 from diffmeter.runs.spec import BenchSpec
 
 #: lines of a failed rank's output kept in the failed result
 TAIL_LINES = 20
+#: the folder (in the launch's logs) where a failing rank writes why: rank-N.error, rank-N.log
+FAILURES = "failures"
 
 
 def joined() -> bool:
@@ -36,7 +43,7 @@ def bench_parallel(spec: BenchSpec, out, force: bool = False, progress=None):
     if joined():
         folder = rank_run.run(spec, out, force, "torchrun")
         return (None, None) if folder is None else _stored(folder)
-    from diffmeter.runs.runner import prepare, store_failure
+    from diffmeter.runs.prepared import prepare, store_failure
 
     # every refusal here, before any process starts; memory is checked by each rank on its own GPU, after placing
     # itself there (a check here would open a CUDA context on GPU 0 that stays for the whole run)
@@ -51,7 +58,8 @@ def bench_parallel(spec: BenchSpec, out, force: bool = False, progress=None):
         except Exception as error:  # the agent's ChildFailedError, or a failed rendezvous
             stored = Path(out).expanduser() / prepared.name
             if not _failed_since(stored, started):  # rank 0 could not record it itself
-                stored = store_failure(prepared, out, _reason(error, Path(logs)))
+                reason, kept = _reason(error, Path(logs)), _rank_logs(stored, Path(logs))
+                stored = store_failure(prepared, out, reason, kept)
             result = storage.read_result(stored)
             raise DiffmeterError(f"{result.error} (recorded as a failed result in {stored})") from None
     return _stored(returned[0])
@@ -60,7 +68,8 @@ def bench_parallel(spec: BenchSpec, out, force: bool = False, progress=None):
 def _launch(spec: BenchSpec, out, force: bool, logs: Path) -> dict:
     from diffmeter.distributed import rank_run
 
-    return start(spec.world_size, rank_run.run, (spec, str(out), force, "diffmeter"), logs)
+    failures = str(logs / FAILURES)
+    return start(spec.world_size, rank_run.run, (spec, str(out), force, "diffmeter", failures), logs)
 
 
 def start(processes: int, function, arguments: tuple, logs: Path) -> dict:
@@ -82,7 +91,28 @@ def start(processes: int, function, arguments: tuple, logs: Path) -> dict:
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=str(logs), redirects=Std.ALL),
     )
-    return elastic_launch(config, function)(*arguments)
+    with _agent_quiet():
+        return elastic_launch(config, function)(*arguments)
+
+
+@contextlib.contextmanager
+def _agent_quiet():
+    """The elastic agent logs a failed worker's traceback to the terminal (its loggers set their own level:
+    torch/distributed/elastic/utils/logging.py, ``get_logger``); the failed result quotes the rank's reason and
+    keeps its log instead, so the agent's loggers stay quiet while it runs."""
+    loggers = [
+        logging.getLogger(name)
+        for name in list(logging.root.manager.loggerDict)
+        if name.startswith("torch.distributed.elastic") or name.startswith("torch.distributed.launcher")
+    ]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _stored(folder: Path):
@@ -101,7 +131,11 @@ def _failed_since(folder: Path, started: datetime) -> bool:
 
 
 def _reason(error: Exception, logs: Path) -> str:
-    """Which rank failed and how, with the end of its output."""
+    """Which rank failed and why: the first rank that said why in the failures folder (the others were stopped
+    after it), else the one the elastic agent saw die first, with the end of its output."""
+    said = sorted((logs / FAILURES).glob("rank-*.error"), key=lambda path: path.stat().st_mtime)
+    if said:
+        return said[0].read_text(encoding="utf-8")
     failures = getattr(error, "failures", None)
     if not failures:
         return f"the parallel launch failed: {(str(error) or type(error).__name__).splitlines()[0]}"
@@ -109,6 +143,20 @@ def _reason(error: Exception, logs: Path) -> str:
     how = f"killed by signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
     tail = _tail(logs, failure.local_rank)
     return f"rank {rank} died ({how}) and the run stopped" + (f"; its last output:\n{tail}" if tail else "")
+
+
+def _rank_logs(stored: Path, logs: Path) -> dict[str, str]:
+    """Every rank's bench.log (path in the run folder: text): the copies the ranks wrote in the failures folder,
+    else what rank 0's staged folder still holds."""
+    kept = {}
+    for staged in stored.parent.glob(f".{stored.name}.partial-*"):
+        for log in staged.rglob(storage.LOG):
+            kept[str(log.relative_to(staged))] = log.read_text(encoding="utf-8", errors="replace")
+    for log in (logs / FAILURES).glob("rank-*.log"):
+        rank = int(log.stem.split("-")[1])
+        where = storage.LOG if rank == 0 else f"{RANKS}/rank-{rank}/{storage.LOG}"
+        kept[where] = log.read_text(encoding="utf-8", errors="replace")
+    return kept
 
 
 def _tail(logs: Path, local_rank: int) -> str:

@@ -100,7 +100,8 @@ def rank_record(rank: int, result: BenchResult, measured_bytes: int | None = Non
 def describe(parallel: Parallel) -> str:
     return (
         f"{parallel.world_size} processes over {parallel.backend} (ulysses {parallel.ulysses_degree} x ring "
-        f"{parallel.ring_degree} x tensor parallel {parallel.tp_degree} x data parallel {parallel.data_parallel}, "
+        f"{parallel.ring_degree} x tensor parallel {parallel.tp_degree} x CFG {parallel.cfg_degree} x data parallel "
+        f"{parallel.data_parallel}, "
         f"started by {parallel.launcher})"
     )
 
@@ -115,10 +116,14 @@ def parallel_lines(parallel: Parallel) -> list[str]:
     if moved is not None:
         measured = {r.measured_bytes_per_denoiser_call for r in parallel.ranks} - {None}
         check = ", ".join(units.nbytes(value) for value in sorted(measured))
+        parts = []
+        if moved.ulysses_degree * moved.ring_degree > 1:
+            parts.append(f"context parallel {units.nbytes(moved.bytes_per_denoiser_call)} per denoiser call")
+        if moved.cfg_degree > 1:
+            parts.append(f"CFG {units.nbytes(moved.cfg_bytes_per_step)} per step (the other half's prediction)")
         lines.append(
-            f"communication per GPU: {units.nbytes(moved.bytes_per_step)} received per denoising step (offline), "
-            f"{units.nbytes(moved.bytes_per_denoiser_call)} per denoiser call"
-            + (f"; the first call moved {check} (counted at the collectives)" if check else "")
+            f"communication per GPU: {units.nbytes(moved.bytes_per_step)} received per denoising step (offline: "
+            f"{'; '.join(parts)})" + (f"; the first call moved {check} (counted at the collectives)" if check else "")
         )
     if parallel.scaling is not None:
         from diffmeter.distributed.scaling import line

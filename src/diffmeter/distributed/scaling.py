@@ -25,7 +25,8 @@ APART_S = 3600
 
 def one_device_spec(spec: BenchSpec) -> BenchSpec:
     """The same run on one device: every parallel degree 1."""
-    return spec.model_copy(update={"ulysses_degree": 1, "ring_degree": 1, "tp_degree": 1, "data_parallel": 1})
+    degrees = ("ulysses_degree", "ring_degree", "tp_degree", "cfg_degree", "data_parallel")
+    return spec.model_copy(update=dict.fromkeys(degrees, 1))
 
 
 def one_device_name(spec: BenchSpec, entry, labels: list[str]) -> str:

@@ -254,6 +254,6 @@ def _quality(a: BenchResult, b: BenchResult) -> tuple[Quality | None, str | None
         return None, "no seed in common"
     if any((i.prompt, i.class_label) != (reference[i.seed].prompt, reference[i.seed].class_label) for i in pairs):
         return None, "the same seeds were given different prompts"
-    from diffmeter.runs.runner import compare_with_baseline
+    from diffmeter.runs.baseline import compare_with_baseline
 
     return compare_with_baseline(b, b.folder, a, a.folder), None

@@ -22,8 +22,10 @@ from diffmeter.measure.quality import Quality
 from diffmeter.measure.stats import ratio_interval
 from diffmeter.optimize import OptimizationSpec, Target, build, check
 from diffmeter.runs import storage
+from diffmeter.runs.baseline import compare_with_baseline
+from diffmeter.runs.calls import Progress
+from diffmeter.runs.lifecycle import bench, stored_or_run
 from diffmeter.runs.results import BenchResult
-from diffmeter.runs.runner import Progress, bench, compare_with_baseline, stored_or_run
 from diffmeter.runs.spec import BenchSpec
 
 RUNGS = ("scheduler", "compile", "half", "attention", "cache", "runtime")

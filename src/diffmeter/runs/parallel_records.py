@@ -12,12 +12,18 @@ from diffmeter.runs.iteration import Iteration
 
 class Communication(BaseModel):
     """Bytes one GPU receives from the others through the context-parallel collectives (all-to-all
-    for Ulysses, all-gather for ring attention and the output), counted offline."""
+    for Ulysses, all-gather for ring attention and the output) and, with CFG parallelism, the other half's
+    noise prediction once per step, counted offline."""
 
     ulysses_degree: int
     ring_degree: int
+    cfg_degree: int = 1
     denoiser_calls_per_step: float
+    #: the context-parallel collectives of one denoiser call
     bytes_per_denoiser_call: int
+    #: CFG parallelism: the other rank's noise prediction for the step's images
+    cfg_bytes_per_step: int = 0
+    #: every collective of one denoising step
     bytes_per_step: int
     #: calls of each collective in one denoiser call
     collectives_per_denoiser_call: dict[str, int]
@@ -72,6 +78,7 @@ class Parallel(BaseModel):
     ulysses_degree: int
     ring_degree: int
     tp_degree: int = 1
+    cfg_degree: int = 1
     data_parallel: int
     world_size: int
     #: torch.distributed backend: gloo (CPU) or nccl (CUDA)

@@ -21,6 +21,12 @@ def check(spec, target, optimizations, here: bool = True) -> None:
     """Refuse a parallel ``spec`` (settled) that cannot run on ``target`` with ``optimizations``;
     the GPUs are counted only ``here`` (not for a run planned for another machine)."""
     check_engine(spec.engine, target.device)
+    if spec.pipefusion_degree > 1:
+        raise DiffmeterError(
+            "--pipefusion-degree: PipeFusion (xDiT's patch pipeline parallelism) runs on xDiT's own patched models "
+            "and stale-activation buffers, which diffusers does not have and diffmeter does not reimplement; run it "
+            "with xDiT, or split with --ulysses-degree, --ring-degree, --cfg-degree or --data-parallel"
+        )
     if spec.world_size == 1:
         return
     if spec.target_precision is not None:
@@ -50,8 +56,8 @@ def check(spec, target, optimizations, here: bool = True) -> None:
         if here and spec.world_size > visible:
             raise DiffmeterError(
                 f"{spec.world_size} processes (ulysses {spec.ulysses_degree} x ring {spec.ring_degree} x tensor "
-                f"parallel {spec.tp_degree} x data parallel {spec.data_parallel}) need as many GPUs, but {visible} "
-                "are visible; lower the degrees"
+                f"parallel {spec.tp_degree} x CFG {spec.cfg_degree} x data parallel {spec.data_parallel}) need as "
+                f"many GPUs, but {visible} are visible; lower the degrees"
             )
     _check_one_node()
     if spec.context_degree > 1 and spec.tp_degree > 1:
@@ -63,6 +69,39 @@ def check(spec, target, optimizations, here: bool = True) -> None:
         check_context_parallel(spec, target)
     if spec.tp_degree > 1:
         check_tensor_parallel(spec, target)
+        _check_tensor_parallel_techniques(optimizations, target)
+    if spec.cfg_degree > 1:
+        check_cfg_parallel(spec, target)
+
+
+def check_cfg_parallel(spec, target) -> None:
+    if spec.cfg_degree != 2:
+        raise DiffmeterError(
+            f"--cfg-degree {spec.cfg_degree}: a guided step has two halves (conditional and unconditional); use 2"
+        )
+    if spec.tp_degree > 1:
+        raise DiffmeterError("--cfg-degree with --tp-degree is not supported yet: pair it with --ulysses-degree")
+    if guided_mode(spec, target) is None:
+        raise DiffmeterError(
+            f"--cfg-degree 2 splits a guided step's conditional and unconditional halves, but {target.entry.name} "
+            "runs one denoiser call of its own batch per step here (guidance-distilled, or --guidance-scale 1 or "
+            "less): there is no half to split"
+        )
+
+
+def guided_mode(spec, target) -> str | None:
+    """How ``spec`` guides on ``target``'s pipeline, from the offline plan of its denoiser calls: "batched"
+    (one call of the unconditional and conditional batches stacked), "separate" (two calls per step), or None."""
+    family, entry = target.family, target.entry
+    profile = spec.profile_spec().with_defaults(entry.defaults)
+    calls = [call for call in family.plan(family.shapes(entry, profile)) if call.component in family.denoisers(entry)]
+    per_step = sum(call.count for call in calls) / profile.steps
+    batches = {call.batch for call in calls}
+    if per_step == 1 and batches == {2 * spec.batch_size}:
+        return "batched"
+    if per_step == 2 and batches == {spec.batch_size}:
+        return "separate"
+    return None
 
 
 def check_engine(engine: str, device: torch.device) -> None:
@@ -75,7 +114,8 @@ def check_engine(engine: str, device: torch.device) -> None:
         raise DiffmeterError("--engine xdit: xDiT (xfuser) runs on CUDA GPUs only; use --device cuda, or drop it")
     raise DiffmeterError(
         "--engine xdit is not implemented: diffmeter measures diffusers' own context, tensor and data parallelism "
-        "(--ulysses-degree, --ring-degree, --tp-degree, --data-parallel); PipeFusion and CFG parallelism need xDiT"
+        "(--ulysses-degree, --ring-degree, --tp-degree, --data-parallel) and CFG parallelism (--cfg-degree); "
+        "PipeFusion needs xDiT"
     )
 
 
@@ -99,6 +139,18 @@ def check_tensor_parallel(spec, target) -> None:
             f"{cls.__name__} has {heads} attention heads, not divisible by --tp-degree {spec.tp_degree}: "
             "each rank takes whole heads; pick a degree dividing it"
         )
+
+
+def _check_tensor_parallel_techniques(optimizations, target) -> None:
+    """What diffusers refuses only once the model is loaded (hooks/tensor_parallel.py, ``_check_tp_supported``:
+    a quantized model's packed parameters cannot be sharded into DTensors), refused here before loading."""
+    denoisers = set(target.family.denoisers(target.entry))
+    for optimization in optimizations:
+        if optimization.kind == "quantization" and denoisers & set(optimization.components(target)):
+            raise DiffmeterError(
+                f"{optimization.label()} quantizes the denoiser, and diffusers cannot shard quantized parameters "
+                "for tensor parallelism: drop one, or quantize only other components (components=...)"
+            )
 
 
 def _check_one_node() -> None:

@@ -59,6 +59,10 @@ class BenchSpec(BaseModel):
     ring_degree: int = 1
     #: tensor parallelism (diffusers' TensorParallelConfig): ranks each holding a shard of the denoiser's weights
     tp_degree: int = 1
+    #: CFG parallelism: the conditional and unconditional halves of each guided step on two ranks
+    cfg_degree: int = 1
+    #: xDiT's PipeFusion: refused with its reason (it needs xDiT's own patched models)
+    pipefusion_degree: int = 1
     #: request-level data parallelism: ranks each generating their own batches
     data_parallel: int = 1
     #: what runs the pipeline: diffusers (xdit, xDiT's xfuser, is refused with its reason)
@@ -70,8 +74,8 @@ class BenchSpec(BaseModel):
 
     @property
     def model_parallel(self) -> int:
-        """Ranks that generate the same images together (context or tensor parallelism)."""
-        return self.context_degree * self.tp_degree
+        """Ranks that generate the same images together (context, tensor or CFG parallelism)."""
+        return self.context_degree * self.tp_degree * self.cfg_degree
 
     @property
     def world_size(self) -> int:
@@ -143,6 +147,8 @@ class BenchSpec(BaseModel):
             "ulysses_degree",
             "ring_degree",
             "tp_degree",
+            "cfg_degree",
+            "pipefusion_degree",
             "data_parallel",
         ):
             value = getattr(self, name)

@@ -64,6 +64,7 @@ def parallel_parts(spec: BenchSpec) -> list[str]:
         "ulysses": spec.ulysses_degree,
         "ring": spec.ring_degree,
         "tp": spec.tp_degree,
+        "cfg": spec.cfg_degree,
         "data-parallel": spec.data_parallel,
     }
     return [f"{name}-{value}" for name, value in degrees.items() if value > 1]
@@ -220,6 +221,13 @@ def file_logger(folder: Path) -> logging.Logger:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logger.addHandler(handler)
     return logger
+
+
+def add_log_file(logger: logging.Logger, path: Path) -> None:
+    """``logger`` (from ``file_logger``) also written to ``path``."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logger.handlers[0].formatter)
+    logger.addHandler(handler)
 
 
 def close_logger(logger: logging.Logger) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.runs import storage
-from diffmeter.runs.runner import PreparedRun, prepare
+from diffmeter.runs.prepared import PreparedRun, prepare
 from diffmeter.sweep.file import Cell
 
 TO_RUN, DONE, FAILED, REFUSED = "to run", "done", "failed", "refused"

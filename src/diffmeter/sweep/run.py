@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from diffmeter.errors import DiffmeterError, DoesNotFit
-from diffmeter.runs.runner import PreparedRun, prepare, store_failure
+from diffmeter.runs.prepared import PreparedRun, prepare, store_failure
 from diffmeter.runs.storage import RESULTS
 from diffmeter.sweep import record as rec
 from diffmeter.sweep.file import Cell, SweepFile, expand

@@ -1,0 +1,34 @@
+"""``--compare-baseline``: a run against the unoptimized run of the same spec, image by image at the same seeds."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from diffmeter.measure.quality import Quality, clip_scorer, compare, lpips_scorer, summarize
+from diffmeter.runs.results import BenchResult
+
+
+def compare_with_baseline(result: BenchResult, folder: Path, baseline: BenchResult, baseline_folder: Path) -> Quality:
+    """Each image of ``result`` (in ``folder``) against the baseline's image with the same seed."""
+    by_seed = {image.seed: image for image in baseline.images}
+    clip, clip_reason = clip_scorer()
+    lpips, lpips_reason = lpips_scorer()
+    compared = [
+        compare(folder / image.path, baseline_folder / by_seed[image.seed].path, image.seed, image.prompt, clip, lpips)
+        for image in result.images
+        if image.seed in by_seed
+    ]
+    reasons = {name: reason for name, reason in (("lpips", lpips_reason), ("clip_score", clip_reason)) if reason}
+    return summarize(str(baseline_folder), compared, clip.name if clip else None, reasons)
+
+
+def notes(result: BenchResult, baseline: BenchResult) -> list[str]:
+    """A baseline reused from another session was measured under conditions that may differ."""
+    apart = abs(datetime.fromisoformat(result.created_utc) - datetime.fromisoformat(baseline.created_utc))
+    if apart.total_seconds() <= 3600:
+        return []
+    return [
+        f"the baseline was measured {baseline.created_utc} and this run {result.created_utc}: the speed-up compares "
+        "two sessions; --force on the baseline's folder, or a fresh --out, measures both now"
+    ]

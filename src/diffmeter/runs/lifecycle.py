@@ -1,0 +1,402 @@
+"""The one life of a measured run, whoever executes it (this process, a rank of a parallel group, a sweep
+cell's process): place, check, open, load, apply, warm up, measure, summarize, combine, compare, predict,
+store. :class:`MeasuredRun` holds the phases as methods and ``run()`` calls them in that order.
+
+What a parallel group adds is a :class:`Group` (``distributed.group.RankGroup``): which batches this process
+generates, the split of the model after the techniques, the barriers before the measured loop and before
+each measured call, the merge of every rank's result, and the stop of every rank when one fails. A run
+alone uses :data:`ALONE`, which adds nothing. The choice between the two is made above (``execute``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from diffmeter.catalog import resolve
+from diffmeter.errors import DiffmeterError
+from diffmeter.loading import load_pipeline
+from diffmeter.measure.clock import clock_for, device_scope
+from diffmeter.measure.compilation import watch_compilation
+from diffmeter.measure.conditions import ConditionsMonitor
+from diffmeter.measure.energy import Energy, EnergyMeter
+from diffmeter.measure.memory import loaded_bytes, read_peaks, reset_peaks
+from diffmeter.measure.stages import StageTimer
+from diffmeter.optimize import build
+from diffmeter.optimize.tf32 import fp32_math, fp32_precision
+from diffmeter.runs import baseline, calls, storage
+from diffmeter.runs.placement import Placement
+from diffmeter.runs.prepared import PreparedRun, prepare, result_fields, run_name
+from diffmeter.runs.prompt_profile import profile_of_the_prompts
+from diffmeter.runs.results import BenchResult, Speedup
+from diffmeter.runs.spec import BenchSpec
+from diffmeter.runs.summary import measurement_notes, summarize_run
+from diffmeter.runs.workload import Workload, outputs
+
+
+class Group(Protocol):
+    """What a parallel group adds to the lifecycle; every method is a no-op (or the identity) alone."""
+
+    def join(self, run: PreparedRun) -> None:
+        """Join the group, once the run is checked."""
+
+    def open(self, directory: storage.RunDirectory, requests) -> tuple[Path, Path]:
+        """The run's folder opened (by one process) and known to all: (where this process saves the run's
+        images, where it keeps its log). ``requests(calls)`` lists the group's requests for the folder."""
+
+    def workload(self, spec: BenchSpec, entry) -> Workload:
+        """The batches this process generates."""
+
+    def describe(self) -> str:
+        """This process's place in the group, for its log."""
+
+    def copy_log(self, log) -> None:
+        """Where else this process's log is written (where the launcher keeps it if the run fails)."""
+
+    def apply(self, pipe) -> None:
+        """Split the loaded pipeline's work over the group, after the techniques."""
+
+    def barrier(self) -> None:
+        """Wait for every process: before the measured loop and before each measured call."""
+
+    def combine(self, result: BenchResult, run: PreparedRun, staging: Path) -> BenchResult | None:
+        """The group's result from every process's (on the process that stores it; None on the others)."""
+
+    def abandon(self, run: PreparedRun, reason: str) -> None:
+        """A process failed (``reason``): stop every process of the group (raises) or, alone, return."""
+
+
+class Alone:
+    """A run in one process: it opens its own folder, generates every batch and stores what it measured."""
+
+    def join(self, run: PreparedRun) -> None:
+        pass
+
+    def open(self, directory: storage.RunDirectory, requests) -> tuple[Path, Path]:
+        staging = directory.open()
+        storage.write_json(staging / storage.REQUESTS, requests(None))
+        return staging, staging
+
+    def workload(self, spec: BenchSpec, entry) -> Workload:
+        return Workload(spec, entry)
+
+    def describe(self) -> str:
+        return f"one process ({os.getpid()})"
+
+    def copy_log(self, log) -> None:
+        pass
+
+    def apply(self, pipe) -> None:
+        pass
+
+    def barrier(self) -> None:
+        pass
+
+    def combine(self, result: BenchResult, run: PreparedRun, staging: Path) -> BenchResult:
+        return result
+
+    def abandon(self, run: PreparedRun, reason: str) -> None:
+        pass
+
+
+ALONE = Alone()
+
+
+class MeasuredRun:
+    """One measured run in this process, phase by phase."""
+
+    def __init__(self, spec: BenchSpec, out, force=False, progress=None, place=None, group: Group = ALONE) -> None:
+        self.spec, self.out, self.force = spec, out, force
+        self.progress = progress or (lambda *_: None)
+        self.place = place or Placement.alone(spec)
+        self.group = group
+
+    def run(self) -> tuple[BenchResult, Path] | None:
+        """Every phase in its order; returns (result, folder) where this process stored it, else None."""
+        self.place.enter()  # before anything asks the device a question
+        self.run_ = run = prepare(self.spec, device=self.place.device)  # every check on the run's own device
+        self.workload = self.group.workload(run.spec, run.entry)  # reads the prompts file: a refusal, too
+        self.directory = storage.RunDirectory(self.out, run.name, self.force, run.spec)
+        self.directory.check()
+        earlier = self.baseline()
+        self.group.join(run)
+        self.staging, own = self.group.open(self.directory, lambda count: self.requests(count))
+        self.log = storage.file_logger(own)
+        self.group.copy_log(self.log)
+        self.log.info("%s on %s", self.group.describe(), self.place.device)
+        try:
+            with warnings.catch_warnings():
+                warnings.showwarning = self._log_warning  # the libraries' warnings go to the run's log
+                return self.measured_to_stored(earlier)
+        except BaseException:
+            self.log.exception("interrupted")
+            self.directory.discard()  # nothing half-written stays behind
+            raise
+        finally:
+            storage.close_logger(self.log)
+
+    def measured_to_stored(self, earlier) -> tuple[BenchResult, Path] | None:
+        """Measure, combine over the group, compare, predict, store."""
+        run = self.run_
+        result = self.measure()
+        if result.status == "failed":
+            self.group.abandon(run, result.error)
+        result = self.group.combine(result, run, self.staging)
+        if result is None:
+            return None
+        if result.status == "complete":
+            self.compare(result, earlier)
+            self.predict(result)
+        return self.store(result)
+
+    def _log_warning(self, message, category, filename, lineno, file=None, line=None) -> None:
+        self.log.warning("%s: %s (%s:%d)", category.__name__, message, filename, lineno)
+
+    def requests(self, calls: int | None):
+        return Workload(self.run_.spec, self.run_.entry).requests(calls or self.run_.spec.iterations)
+
+    def baseline(self):
+        """``--compare-baseline``: the unoptimized run of the same spec, stored or measured first."""
+        spec = self.run_.spec
+        if not (spec.compare_baseline and self.run_.optimizations):
+            return None
+        return stored_or_run(spec.baseline(), self.out, self.progress)
+
+    def measure(self) -> BenchResult:
+        """Load, apply, warm up, measure, summarize; running out of memory is a failed result."""
+        run = self.run_
+        spec, device = run.spec, self.place.device
+        self.device, self.base, self.applied, self.pipe, self.figures = device, result_fields(run), [], None, {}
+        self.base["spec"] = spec.model_copy(update={"device": str(device)})  # a rank's own GPU, whatever spec says
+        self.log.info("spec %s", spec.model_dump_json())
+        self.log.info("weights: %s", run.source.describe())
+        try:
+            with device_scope(device), _strict_fp32(device):
+                self.load()
+                self.apply()
+                with self.timer:
+                    self.warm_up()
+                    self.measure_calls()
+                summary = self.summarize()
+                if spec.trace:  # after the measured calls and their peaks: it changes neither
+                    with self.timer:
+                        self.figures["trace"] = calls.traced_call(
+                            self.pipe, self.timer, self.workload, self.staging, self.contexts, device
+                        )
+        except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError) as error:
+            if not out_of_memory(error):
+                raise
+            message = f"out of memory on {device}: {(str(error) or type(error).__name__).splitlines()[0]}"
+            self.log.error(message)
+            return BenchResult(status="failed", error=message, load_s=self.figures.get("load_s"), **self.base)
+        finally:
+            for optimization in reversed(self.applied):
+                optimization.restore(self.pipe, run.target)
+        self.base["notes"] += measurement_notes(summary, self.shape_warmups)
+        return BenchResult(status="complete", summary=summary, **self.figures, **self.base)
+
+    def load(self) -> None:
+        """The pipeline, on the run's device (on the CPU when a technique places it)."""
+        run, spec = self.run_, self.run_.spec
+        self.progress("loading", 0, None)
+        self.started = time.perf_counter()
+        placed = any(o.places_pipeline for o in run.optimizations)
+        device = torch.device("cpu") if placed else self.device
+        self.pipe = load_pipeline(run.entry, run.source, device, spec.dtype, spec.seed)
+        run.target.family.prepare_pipeline(self.pipe, spec.guidance_scale, spec.batch_size)
+
+    def apply(self) -> None:
+        """The techniques in their order, then the group's split of the model."""
+        target = self.place.target(self.run_.target)
+        for optimization in self.run_.optimizations:
+            self.log.info("applying %s", optimization.label())
+            optimization.apply(self.pipe, target)
+            self.applied.append(optimization)
+        self.group.apply(self.pipe)
+        _synchronize(self.device)
+        self.figures["load_s"] = time.perf_counter() - self.started
+        self.log.info("loaded and optimized in %.3f s", self.figures["load_s"])
+        run, family = self.run_, self.run_.target.family
+        self.base["profile"], note = profile_of_the_prompts(run.spec, family, self.pipe, self.workload, run.profile)
+        self.base["notes"] += [note] if note else []
+        self.loaded = loaded_bytes(self.device)
+        self.meter = EnergyMeter(self.device)
+        self.timer = StageTimer(
+            self.pipe,
+            list(family.text_encoders),
+            list(family.denoisers(run.entry)),
+            family.decoder,
+            clock_for(self.device),
+        )
+        self.contexts = [o.call_context for o in run.optimizations]
+
+    def warm_up(self) -> None:
+        """The cold call and the other warm-up calls (plus one per unseen input shape when compiling)."""
+        spec = self.run_.spec
+        compiling = any(o.kind == "compile" for o in self.run_.optimizations)
+        indices, self.shape_warmups = calls.warm_up_indices(spec, self.pipe, self.workload, compiling)
+        self.planned = len(indices) + spec.iterations
+        warmup = []
+        for done, index in enumerate(indices):
+            self.progress("warm-up", done, self.planned)
+            arguments = self.workload.call_arguments(self.pipe, self.workload.batch(index))
+            iteration = calls.timed_call(self.pipe, self.timer, arguments, index, None, self.contexts)[0]
+            warmup.append(iteration.total_s)
+            if done == 0:
+                self.figures.update(first_call=iteration, first_call_s=iteration.total_s)
+                self.log.info("first call %.3f s", iteration.total_s)
+        self.figures["warmup_s"] = warmup
+        with contextlib.ExitStack() as stack:
+            for context in self.contexts:
+                stack.enter_context(context())
+            self.figures["fp32_precision"] = fp32_precision() if self.device.type == "cuda" else None
+
+    def measure_calls(self) -> None:
+        """Measured calls until the count, the minimum duration and any target precision are reached, each
+        after the group's barrier, inside one energy window, the conditions monitor and the compilation watch."""
+        spec, device = self.run_.spec, self.device
+        self.group.barrier()
+        self.rss_was_reset = reset_peaks(device)
+        iterations, energy, images, elapsed = [], [], [], 0.0
+        monitor = ConditionsMonitor(device.index or 0 if device.type == "cuda" else None)
+        monitor.start()
+        with watch_compilation() as compilation:
+            loop = self.meter.begin()
+            while calls.keep_measuring(spec, iterations, elapsed):
+                index = len(iterations)
+                planned = self.planned if index < spec.iterations else None
+                self.progress("measuring", len(self.figures["warmup_s"]) + index, planned)
+                batch = self.workload.batch(index)
+                arguments = self.workload.call_arguments(self.pipe, batch)
+                self.group.barrier()
+                iteration, output = calls.timed_call(self.pipe, self.timer, arguments, index, self.meter, self.contexts)
+                iterations.append(iteration)
+                energy.append(iteration.energy)
+                elapsed += iteration.wall_s
+                self._log_call(iteration)
+                if spec.save_images:
+                    images += calls.save_images(outputs(output), batch, index, self.staging)
+            energy_loop = self.meter.end(loop)
+        self.conditions = monitor.stop()
+        self.progress("measuring", self.planned, self.planned)
+        self.compilation, self.energy = compilation, (energy if self.meter.available else [], energy_loop)
+        self.figures.update(iterations=iterations, images=images)
+
+    def _log_call(self, iteration) -> None:
+        stages = iteration.stages
+        self.log.info(
+            "iteration %d: %.4f s (text %.4f, %d steps %.4f, decode %.4f, other %.4f)",
+            iteration.index,
+            iteration.total_s,
+            stages.text_encoding_s,
+            len(stages.steps_s),
+            stages.denoising_s,
+            stages.vae_decode_s,
+            stages.other_s,
+        )
+
+    def summarize(self):
+        """The measured calls' statistics, peaks, energy, FLOPs and rates."""
+        iterations = self.figures["iterations"]
+        images = sum(iteration.images for iteration in iterations)
+        return summarize_run(
+            self.run_.spec,
+            iterations,
+            read_peaks(self.device, self.loaded, self.rss_was_reset),
+            Energy.of(*self.energy, images, self.meter),
+            self.base["profile"],
+            self.figures["first_call_s"],
+            self.compilation,
+            self.conditions,
+        )
+
+    def compare(self, result: BenchResult, earlier) -> None:
+        """Against the unoptimized run (``--compare-baseline``): the images at the same seeds and the speed."""
+        if earlier is None:
+            return
+        stored, folder = earlier
+        result.quality = baseline.compare_with_baseline(result, self.staging, stored, folder)
+        result.speedup = Speedup.of(result.summary.latency_s, stored.summary.latency_s, str(folder))
+        result.notes += baseline.notes(result, stored)
+
+    def predict(self, result: BenchResult) -> None:
+        """The offline prediction beside the measurements; one that cannot be made is a note."""
+        from diffmeter.predict.bench_prediction import predict_or_note
+
+        spec = result.spec
+        if not spec.predict:
+            return
+        if spec.world_size > 1:
+            note = "no prediction: the offline prediction models one process; a parallel run's is not modelled yet"
+        else:
+            result.prediction, note = predict_or_note(spec, result.optimizations, result.fp32_precision)
+        if note:
+            self.log.warning(note)
+            result.notes.append(note)
+
+    def store(self, result: BenchResult) -> tuple[BenchResult, Path]:
+        """results.json written and the staged folder moved into place; a failed run is stored, then raised."""
+        if len(result.iterations) > self.run_.spec.iterations:  # --min-duration or --target-precision: more calls
+            storage.write_json(self.staging / storage.REQUESTS, self.requests(len(result.iterations)))
+        self.log.info("done: %s", result.status)
+        result._folder = folder = self.directory.commit(result)
+        if result.status == "failed":
+            raise DiffmeterError(f"{result.error} (recorded as a failed result in {folder})")
+        return result, folder
+
+
+def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, progress=None):
+    """Run ``spec`` in this process and store it under ``out``; returns (BenchResult, run folder). A spec of
+    several processes runs through ``diffmeter.execute.bench``, which starts them."""
+    if spec.world_size > 1:
+        raise DiffmeterError(
+            f"this spec runs over {spec.world_size} processes: start it with diffmeter.execute.bench (or `diffmeter "
+            "bench`), which launches them"
+        )
+    return MeasuredRun(spec, out, force, progress).run()
+
+
+def stored_or_run(spec: BenchSpec, out, progress=None, rerun: bool = False):
+    """The complete result of ``spec`` stored in ``out`` when it holds every image the spec
+    asks for (same seed and prompt or class); otherwise run it, replacing what is there.
+    Returns (result, folder)."""
+    entry = resolve(spec.model)
+    settled = spec.settle(entry)
+    folder = Path(out).expanduser() / run_name(settled, entry, build(settled.optimizations))
+    if not rerun and (folder / storage.RESULTS).exists():
+        stored = storage.read_result(folder)
+        workload = Workload(settled, entry)
+        wanted = set()
+        for index in range(settled.iterations):
+            batch = workload.batch(index)
+            wanted |= set(zip(batch.seeds, batch.prompts or batch.class_labels, strict=True))
+        held = {
+            (image.seed, image.prompt if image.prompt is not None else image.class_label) for image in stored.images
+        }
+        if stored.status == "complete" and wanted <= held:
+            return stored, folder
+    return bench(spec, out=out, force=True, progress=progress)
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
+    if isinstance(error, torch.cuda.OutOfMemoryError | MemoryError):
+        return True
+    return "can't allocate memory" in str(error) or "not enough memory" in str(error).lower()
+
+
+def _strict_fp32(device: torch.device):
+    """On CUDA, float32 matmuls and convolutions in strict IEEE float32 unless a technique (tf32)
+    says otherwise for its calls; PyTorch's own default runs convolutions in TF32."""
+    return fp32_math(False) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,113 @@
+"""The summarize phase of a measured run: its calls' statistics, FLOPs, achieved rates and MFU, and the
+notes a reader needs to trust them (noise, load on the machine, compilation, extra warm-up calls)."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from diffmeter import units
+from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER
+from diffmeter.flops.profile import Profile
+from diffmeter.measure.energy import Energy
+from diffmeter.measure.peaks import device_peak
+from diffmeter.measure.stats import CONFIDENCE, Stats
+from diffmeter.runs.results import Iteration, Summary
+
+#: the median latency's interval half-width, as a fraction of it, above which a run is flagged noisy
+NOISY = 0.05
+
+
+def summarize_run(
+    spec, iterations: list[Iteration], memory, energy: Energy, profile: Profile, first_call_s, compilation, conditions
+):
+    totals = [it.total_s for it in iterations]
+    images = sum(it.images for it in iterations)
+    stages = {
+        "text_encoding": Stats.of([it.stages.text_encoding_s for it in iterations]),
+        "denoising": Stats.of([it.stages.denoising_s for it in iterations]),
+        "vae_decode": Stats.of([it.stages.vae_decode_s for it in iterations]),
+        "other": Stats.of([it.stages.other_s for it in iterations]),
+    }
+    step = Stats.of([s for it in iterations for s in it.stages.steps_s] or [0.0])
+    denoising = _flops(profile, DENOISER)
+    flops = {
+        "text_encoding": _flops(profile, TEXT_ENCODER),
+        "denoising": denoising,
+        "step": denoising // spec.steps,
+        "vae_decode": _flops(profile, VAE_DECODER),
+        "total": profile.total_flops,
+    }
+    seconds = {name: stats.median for name, stats in stages.items()}
+    seconds.update(step=step.median, total=statistics.median(totals))
+    achieved = {name: flops[name] / seconds[name] / 1e12 for name in flops if seconds[name] > 0 and flops[name]}
+    device_name = torch.cuda.get_device_name(torch.device(spec.device)) if spec.device.startswith("cuda") else "cpu"
+    peak = (
+        device_peak(device_name, spec.dtype, tf32=spec.tf32, override_tflops=spec.peak_tflops)
+        if device_name != "cpu" or spec.peak_tflops
+        else None
+    )
+    note = None
+    if peak is None:
+        precision = "tf32" if spec.tf32 and spec.dtype == "float32" else spec.dtype
+        note = f"no peak TFLOP/s known for {device_name} at {precision}; pass --peak-tflops to get MFU"
+    return Summary(
+        iterations=len(iterations),
+        images=images,
+        latency_s=Stats.of(totals),
+        stages_s=stages,
+        step_s=step,
+        images_per_s=images / sum(totals),
+        s_per_image=sum(totals) / images,
+        cold_start_overhead_s=max(0.0, first_call_s - statistics.median(totals)),
+        peak_memory=memory,
+        energy=energy,
+        flops=flops,
+        achieved_tflops=achieved,
+        peak=peak,
+        mfu={name: value / peak.tflops for name, value in achieved.items()} if peak else {},
+        mfu_note=note,
+        compilation=compilation,
+        conditions=conditions,
+        target_precision=spec.target_precision,
+    )
+
+
+def _flops(profile: Profile, role: str) -> int:
+    return sum(component.flops for component in profile.components if component.role == role)
+
+
+def measurement_notes(summary: Summary, shape_warmups: int) -> list[str]:
+    """What a reader must know to trust the figures: noise, other load on the machine,
+    recompilation inside measured calls, MFU above 100%, extra warm-up calls."""
+    notes = []
+    latency = summary.latency_s
+    if latency.relative_ci > NOISY:
+        interval = f"{units.seconds(latency.ci_low)} - {units.seconds(latency.ci_high)}"
+        notes.append(
+            f"noisy: the median latency {units.seconds(latency.median)} is only known to within {interval} "
+            f"({100 * latency.ci_level:.0f}% interval, {latency.n} calls); do not compare it closely: "
+            "measure longer with --target-precision 0.02 on a quieter machine"
+        )
+    target = summary.target_precision
+    if target and (latency.ci_level < CONFIDENCE or latency.relative_ci > target):
+        notes.append(
+            f"--target-precision {target:g} not reached: +-{100 * latency.relative_ci:.1f}% after "
+            f"{latency.n} calls (--max-iterations)"
+        )
+    if summary.conditions is not None and summary.conditions.disturbed():
+        notes.append(summary.conditions.disturbed())
+    compilation = summary.compilation
+    if not compilation.clean:
+        notes.append(
+            f"compilation inside the measured calls ({compilation.graphs_compiled} graphs compiled, "
+            f"{compilation.cuda_graphs_recorded} CUDA graphs recorded): their time is in the figures"
+        )
+    if any(value > 1.0 for value in summary.mfu.values()):
+        notes.append("MFU above 100%: the peak used is below what ran (see --peak-tflops), or a cache skipped work")
+    if shape_warmups:
+        notes.append(
+            f"{shape_warmups} extra warm-up call(s), one per prompt-dependent input shape the measured calls use"
+        )
+    return notes
