@@ -74,8 +74,9 @@ class Summary(BaseModel):
 
 
 class Speedup(BaseModel):
-    """How many times faster a run is than another one (its unoptimized baseline): the ratio of
-    their median latencies, with a conservative interval from the two medians' intervals."""
+    """The record of a --compare-baseline run: which run was its baseline, and the ratio of their median
+    latencies with a conservative interval from the two medians' intervals. Every command shows the
+    speed-up by one rule instead, from both runs' calls (``runs.speedups.between``)."""
 
     baseline: str
     factor: float
