@@ -36,15 +36,7 @@ SUMMARY = (
     ("mfu", "MFU", lambda v: f"{v:.1%}"),
 )
 
-SECTIONS = (
-    ("time", "Where the time goes", plots.time_breakdown),
-    ("operators", "Inside the stages: operators", plots.operators),
-    ("scaling", "Scaling", plots.scaling),
-    ("tradeoffs", "Trade-offs", plots.tradeoffs),
-    ("ladders", "Ladders", plots.ladders),
-    ("compute", "Compute", plots.compute),
-    ("predictions", "Predicted against measured", plots.predictions),
-)
+SECTIONS = plots.SECTIONS
 
 STYLE = """
 body { font-family: system-ui, -apple-system, Segoe UI, sans-serif; margin: 0 auto; max-width: 1200px;
