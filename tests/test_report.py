@@ -231,6 +231,10 @@ def test_compare_two_sweeps_cell_by_cell_same_settings_are_within_noise(cli, tmp
         assert call["verdict"] == "within noise", call
         assert 1 / 1.5 < call["speedup"] < 1.5 and call["ci_level"] >= 0.95 and pair["differences"] == []
         assert pair["quality"]["identical"] == len(pair["quality"]["images"])  # same seeds, same images
+    code, shown, _ = cli("compare", tmp_path / "a", tmp_path / "b", "--min-effect", "0.5")
+    text = " ".join(shown.split())
+    assert code == 0 and text.count("Hodges-Lehmann") == 1  # the method once, not after every pair
+    assert text.count("all 5 identical") + text.count("all 10 identical") == 2 and "identical, identical" not in text
 
 
 def test_compare_refuses_what_cannot_be_compared(cli, study, tmp_path):

@@ -61,8 +61,9 @@ def test_log_axes_are_labelled_in_full_with_units():
     assert ticks["ticktext"] == ["2.00 ms", "5.00 ms", "10.00 ms", "20.00 ms", "50.00 ms"]
     wide = log_ticks([1e-4, 50.0])
     assert wide["tickvals"] == pytest.approx([1e-4, 1e-3, 1e-2, 0.1, 1, 10])
-    narrow = log_ticks([0.31, 0.33], units.seconds)
-    assert narrow["ticktext"] == ["310.00 ms", "330.00 ms"]  # within one step: its ends, never a bare "3"
+    narrow = log_ticks([0.31, 0.35], units.seconds)
+    assert narrow["ticktext"] == ["310.00 ms", "350.00 ms"]  # within one step: its ends, never a bare "3"
+    assert log_ticks([1.619, 1.624], units.seconds)["ticktext"] == ["1.619 s"]  # ends that would overlap: one
     assert log_ticks([0.0, -1.0]) == {}
 
 

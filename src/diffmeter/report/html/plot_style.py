@@ -91,9 +91,15 @@ def log_ticks(values: list[float], render=lambda v: f"{v:.3g}") -> dict:
     inside = [t for t in ticks if below <= t <= above]
     if len(inside) > 9:  # many decades: powers of ten only
         inside = [t for t in inside if math.isclose(10 ** round(math.log10(t)), t)]
-    if high / low < 1.5:  # a narrow range: its ends, labelled in full
-        inside = sorted({low, high})
-        below, above = low / 1.05, high * 1.05
+    if high / low < 1.5:  # a narrow range: its ends labelled in full (one when they would overlap)
+        inside = sorted({low, high}) if high / low >= 1.1 else [low]
+        pad = max(0.3 * math.log10(high / low), 0.01)  # in decades
+        return {
+            "type": "log",
+            "tickvals": inside,
+            "ticktext": [render(t) for t in inside],
+            "range": [math.log10(low) - pad, math.log10(high) + pad],
+        }
     shown = [math.log10(below) - 0.02, math.log10(above) + 0.02]  # the ticks' span, so none is off the plot
     return {"type": "log", "tickvals": inside, "ticktext": [render(t) for t in inside], "range": shown}
 
@@ -103,19 +109,18 @@ def explain(figure: go.Figure, why: str, row: int | None = None, col: int | None
     axes = {"row": row, "col": col} if row is not None else {}
     figure.update_xaxes(visible=False, **axes)
     figure.update_yaxes(visible=False, **axes)
-    reference = {}
+    x, y = 0.5, 0.5  # in paper coordinates: the middle of the subplot (an invisible axis hides what refers to it)
     if row is not None:
-        domain = figure.get_subplot(row, col)
-        reference = {"xref": f"{domain.xaxis.plotly_name.replace('axis', '')} domain"}
-        reference["yref"] = f"{domain.yaxis.plotly_name.replace('axis', '')} domain"
-    else:
-        reference = {"xref": "paper", "yref": "paper"}
-    figure.add_annotation(text=why, x=0.5, y=0.5, showarrow=False, font={"size": 13, "color": "#555"}, **reference)
-
-
-def empty(title: str, why: str, runs: list[Run], caption: str) -> Figure:
-    """A whole figure with nothing to draw: its title, and why."""
-    figure = go.Figure()
-    layout(figure, title, runs, "", "", height=220)
-    explain(figure, why)
-    return Figure(figure, caption)
+        subplot = figure.get_subplot(row, col)
+        x, y = (sum(subplot.xaxis.domain) / 2, sum(subplot.yaxis.domain) / 2)
+    figure.add_annotation(
+        text=why,
+        x=x,
+        y=y,
+        xref="paper",
+        yref="paper",
+        xanchor="center",
+        yanchor="middle",
+        showarrow=False,
+        font={"size": 13, "color": "#555"},
+    )

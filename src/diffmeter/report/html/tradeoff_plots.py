@@ -146,8 +146,14 @@ def quality(judged: list[Run]) -> Figure:
             **common,
         )
     layout(figure, "Speed-up against image quality", judged, "", "", height=440)
+    ends = [value for run in judged for value in (run.row["speedup_ci_low"], run.row["speedup_ci_high"])]
     for col in (1, 2):
-        figure.update_xaxes(title_text="speed-up over the unoptimized run (x)", row=1, col=col)
+        figure.update_xaxes(
+            title_text="speed-up over the unoptimized run (log)",
+            **log_ticks(ends, lambda v: f"{v:.3g}x"),
+            row=1,
+            col=col,
+        )
     if finite_any:
         figure.update_yaxes(title_text="PSNR vs unoptimized images (dB)", row=1, col=1)
     else:
