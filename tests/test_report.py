@@ -93,6 +93,7 @@ def test_the_report_renders_offline_in_a_real_browser(report_file):
                 svg: plot.querySelectorAll('svg.main-svg').length,
                 marks: plot.querySelectorAll('.point, .bars path, .js-line, .trace path').length,
                 title: (plot.querySelector('.gtitle') || {}).textContent || '',
+                explained: Array.from(plot.querySelectorAll('.annotation-text')).map(a => a.textContent),
             }))"""
         )
         images = page.evaluate(
@@ -113,13 +114,62 @@ def test_the_report_renders_offline_in_a_real_browser(report_file):
     assert requests == [report_file.as_uri()]  # the page itself, nothing else
     assert len(plots) >= 10
     assert any("Predicted against measured time per call" in plot["title"] for plot in plots)  # bench --predict
-    for plot in plots:
-        assert plot["svg"] >= 1 and plot["traces"] >= 1 and plot["points"] >= 1 and plot["marks"] >= 1, plot
+    for plot in plots:  # drawn, or saying why not
+        drawn = plot["traces"] >= 1 and plot["points"] >= 1 and plot["marks"] >= 1
+        assert plot["svg"] >= 1 and (drawn or plot["explained"]), plot
         measured = "offline" not in plot["title"]
         assert (WEIGHTS_TAG in plot["title"]) == measured, plot["title"]  # measured on tiny weights: said so
     assert images and all(complete and width > 0 for complete, width in images)
     assert sorted(before, key=int, reverse=True) == after_click != before
     assert lightbox == ["flex", "data:image/png;base64,"]
+
+
+#: every plot's traces and legend entries with their colours, as the browser drew them (rgb strings)
+COLOURS = """() => {
+  const rgb = colour => { const probe = document.createElement('div'); probe.style.color = colour;
+    document.body.appendChild(probe); const value = getComputedStyle(probe).color; probe.remove(); return value; };
+  const strings = values => values.filter(c => typeof c === 'string').map(rgb);
+  return Array.from(document.querySelectorAll('.js-plotly-plot')).map(plot => ({
+    title: (plot.querySelector('.gtitle') || {}).textContent || '',
+    traces: plot._fullData.filter(t => t.type === 'scatter' || t.type === 'bar').map(t => ({
+      name: t.name, colours: strings([
+        t.type === 'bar' || (t.mode || '').includes('markers') ? t.marker.color : null,
+        (t.mode || '').includes('lines') ? t.line.color : null])})),
+    legend: Array.from(plot.querySelectorAll('.legend .traces')).map(item => ({
+      name: item.querySelector('.legendtext').textContent,
+      colours: Array.from(item.querySelectorAll('.legendpoints path, .legendlines path'))
+        .map(p => p.style.fill && p.style.fill !== 'none' ? p.style.fill : p.style.stroke).filter(c => c).map(rgb)})),
+  }));
+}"""
+
+
+def test_every_plot_draws_a_series_in_its_legends_colour(report_file):
+    """Each series is drawn in one colour in every subplot, and its legend entry shows that colour: the
+    batch-size plot's legend once showed runs in colours its throughput and compute subplots did not use."""
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    executable = _chromium()
+    if executable is None:
+        pytest.skip("no Chromium here: apt-get install chromium (.ci/run does), or set DIFFMETER_CHROMIUM")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(report_file.as_uri())
+        page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length > 0")
+        plots = page.evaluate(COLOURS)
+        browser.close()
+    checked = 0
+    for plot in plots:
+        drawn: dict[str, set] = {}
+        for trace in plot["traces"]:
+            drawn.setdefault(trace["name"], set()).update(trace["colours"])
+        for name, colours in drawn.items():
+            assert len(colours) == 1, (plot["title"], name, colours)  # one colour in every subplot
+        for entry in plot["legend"]:
+            assert entry["colours"] and set(entry["colours"]) == drawn[entry["name"]], (plot["title"], entry)
+            checked += 1
+    batch = [plot for plot in plots if plot["title"].startswith("Scaling with batch size")]
+    assert batch and len(batch[0]["traces"]) == 3 * len(batch[0]["legend"])  # each series in all three subplots
+    assert checked >= 10
 
 
 def test_report_refuses_bad_input_in_one_line(cli, tmp_path, report_file):
@@ -181,6 +231,10 @@ def test_compare_two_sweeps_cell_by_cell_same_settings_are_within_noise(cli, tmp
         assert call["verdict"] == "within noise", call
         assert 1 / 1.5 < call["speedup"] < 1.5 and call["ci_level"] >= 0.95 and pair["differences"] == []
         assert pair["quality"]["identical"] == len(pair["quality"]["images"])  # same seeds, same images
+    code, shown, _ = cli("compare", tmp_path / "a", tmp_path / "b", "--min-effect", "0.5")
+    text = " ".join(shown.split())
+    assert code == 0 and text.count("Hodges-Lehmann") == 1  # the method once, not after every pair
+    assert text.count("all 5 identical") + text.count("all 10 identical") == 2 and "identical, identical" not in text
 
 
 def test_compare_refuses_what_cannot_be_compared(cli, study, tmp_path):

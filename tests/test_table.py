@@ -11,9 +11,11 @@ import torch
 import diffmeter
 from diffmeter.errors import DiffmeterError
 from diffmeter.optimize.options import parse_opt
+from diffmeter.runs import speedups
 from diffmeter.runs.collect import COLUMNS
 from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
+from diffmeter.runs.storage import read_result
 
 FAST = {"model": "tiny-sd", "steps": 1, "iterations": 2, "device": "cpu"}
 
@@ -48,12 +50,18 @@ def test_one_row_per_run_at_any_depth_with_units_and_speedups(runs):
     baseline = complete[(complete.optimizations == "") & (complete.batch == 1)].iloc[0]
     compared = complete[complete.folder.str.startswith("study") & (complete.optimizations == "fuse-qkv")].iloc[0]
     elsewhere = complete[complete.folder.str.startswith("elsewhere")].iloc[0]
-    stored = json.loads((runs / compared.folder / "results.json").read_text())
-    assert compared.speedup == stored["speedup"]["factor"]  # the run's own comparison
-    assert elsewhere.speedup == pytest.approx(baseline.s_per_image / elsewhere.s_per_image)  # matched in the table
+    stored = read_result(runs / compared.folder)
+    named = read_result(stored.speedup.baseline)  # the run's own --compare-baseline run
+    assert named.folder == (runs / baseline.folder).resolve()
+    expected = speedups.between(named, stored)
+    assert compared.speedup == expected.estimate and compared.speedup_verdict == expected.verdict
+    assert (compared.speedup_ci_low, compared.speedup_ci_high) == (expected.low, expected.high)
+    assert compared.speedup_ci_low <= compared.speedup <= compared.speedup_ci_high
+    # matched in the table: the unoptimized run of the same settings, by the same rule
+    assert elsewhere.speedup == speedups.between(named, read_result(runs / elsewhere.folder)).estimate
     assert compared.identical_images == 2 or compared.psnr_db > 30  # fuse-qkv is lossless up to rounding
     batch2 = complete[complete.batch == 2].iloc[0]
-    assert batch2.speedup == 1.0  # an unoptimized run is its own baseline
+    assert batch2.speedup == 1.0 and batch2.speedup_verdict == "baseline"  # an unoptimized run is its own baseline
     (failed,) = frame[frame.status == "failed"].itertuples()
     assert "out of memory" in failed.error and math.isnan(failed.s_per_image) and failed.batch == 4
     assert math.isnan(failed.speedup)

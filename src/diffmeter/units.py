@@ -10,6 +10,14 @@ def _scaled(value: float, unit: str) -> str:
     return f"{value:,.0f} {unit}"
 
 
+def prefix(value: float) -> tuple[float, str]:
+    """(factor, prefix) that makes ``value`` read between 1 and 999: (1e9, "G") for 3.9e11."""
+    for factor, name in _PREFIXES:
+        if abs(value) >= factor:
+            return factor, name
+    return 1.0, ""
+
+
 def macs(value: float) -> str:
     return _scaled(value, "MACs")
 

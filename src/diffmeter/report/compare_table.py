@@ -1,50 +1,77 @@
-"""`diffmeter compare` as tables: a table per matched pair, a stage per row."""
+"""`diffmeter compare` as tables: a table per matched pair, a stage per row, and the method said once."""
 
 from __future__ import annotations
 
+import re
+
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.markup import escape
+from rich.text import Text
 
 from diffmeter import units
+from diffmeter.measure.speedup import Speedup
 from diffmeter.report.layout import Column, FittedTable
 from diffmeter.runs.compare import Comparison, RunComparison
 
 _VERDICT_STYLE = {"faster": "green", "slower": "red", "within noise": "dim"}
 
 
-def comparison_tables(comparison: Comparison) -> list[FittedTable]:
-    tables = [pair_table(pair, comparison.criteria.min_effect) for pair in comparison.pairs]
-    if tables:
-        unmatched = [f"only in A: {name}" for name in comparison.only_a]
-        unmatched += [f"only in B: {name}" for name in comparison.only_b]
-        tables[-1].caption += "".join(f"\n{escape(line)}" for line in unmatched)
-    return tables
+def comparison_tables(comparison: Comparison) -> list:
+    """Each pair's table, then what only one side holds and how speed-ups are found (once, not per pair)."""
+    shown: list = [pair_table(pair) for pair in comparison.pairs]
+    lines = [f"only in A: {name}" for name in comparison.only_a] + [f"only in B: {name}" for name in comparison.only_b]
+    lines.append(footnote(comparison.criteria.min_effect))
+    shown.append(Text("\n".join(lines), style="dim"))
+    return shown
 
 
-def pair_table(pair: RunComparison, min_effect: float) -> FittedTable:
+def footnote(min_effect: float) -> str:
+    return (
+        "A, B: each run's median time per image over its measured calls. speed-up: A's time / B's, the "
+        "Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney interval and that interval's "
+        "coverage; it is not the ratio of the two medians, and differs from it when a run's calls are spread "
+        f"unevenly. within noise: the interval holds 1x, or the estimate is under {min_effect:.0%} either way "
+        "(--min-effect: two runs of the same settings differ by more than their calls' interval shows). (noisy): "
+        "A's or B's timings were noisy, as the notes under the table say."
+    )
+
+
+def pair_table(pair: RunComparison) -> Group:
+    """The pair's folders on lines of their own (whole, so they can be copied), then its stages."""
     table = FittedTable(
-        escape(f"B: {pair.b}\nagainst A: {pair.a}" if pair.a != pair.b else pair.a),
+        "",
         [
             Column("stage", justify="left"),
-            Column("A / image"),
-            Column("B / image"),
-            Column("B's speed-up"),
-            Column("interval", drop=2),
+            Column("A median / image"),
+            Column("B median / image"),
+            Column("B's speed-up (interval)", justify="left"),
             Column("coverage", drop=1),
-            Column("verdict", justify="left"),
         ],
     )
     for stage in pair.stages:
         style = _VERDICT_STYLE[stage.verdict]
+        found = Speedup(
+            estimate=stage.speedup,
+            low=stage.ci_low,
+            high=stage.ci_high,
+            coverage=stage.ci_level,
+            verdict=stage.verdict,
+            notes=pair.noise,
+        )
         table.add_row(
             stage.stage,
             units.seconds(stage.a_s_per_image),
             units.seconds(stage.b_s_per_image),
-            f"{stage.speedup:.3f}x",
-            f"{stage.ci_low:.3f}-{stage.ci_high:.3f}x",
+            f"[{style}]{escape(found.text())}[/]",
             f"{stage.ci_level:.0%}",
-            f"[{style}]{stage.verdict}[/]",
         )
-    lines = [f"{escape(line)}" for line in pair.differences] or ["same settings"]
+    table.caption = "\n".join(escape(line) for line in _facts(pair))
+    names = [f"A: {pair.a}", f"B: {pair.b}"] if pair.a != pair.b else [pair.a]
+    return Group(FolderNames(names), table)
+
+
+def _facts(pair: RunComparison) -> list[str]:
+    lines = list(pair.differences) or ["same settings"]
     memory = "CUDA max allocated" if pair.memory_kind == "cuda" else "process peak RSS"
     if pair.a_peak_memory_bytes is not None and pair.b_peak_memory_bytes is not None:
         change = pair.b_peak_memory_bytes - pair.a_peak_memory_bytes
@@ -60,19 +87,42 @@ def pair_table(pair: RunComparison, min_effect: float) -> FittedTable:
         )
     else:
         lines.append("energy: not measured on both")
-    quality = pair.quality
-    if quality is not None:
-        psnr = "identical" if quality.mean_psnr_db is None else f"mean PSNR {quality.mean_psnr_db:.2f} dB"
-        lines.append(
-            f"B's images against A's at the same seeds: {quality.identical}/{len(quality.images)} identical, "
-            f"{psnr}, mean SSIM {quality.mean_ssim:.4f}"
-        )
-    lines += [escape(note) for note in pair.notes]
-    lines.append(
-        "speed-up = A's time / B's; interval and coverage: Hodges-Lehmann estimate with its exact Mann-Whitney "
-        f"interval over every measured call (per image); within noise = the interval holds 1x, or the speed-up is "
-        f"under {min_effect:.0%} either way (--min-effect: two runs of the same settings differ by more than their "
-        "calls' interval shows)"
+    if pair.quality is not None:
+        lines.append(quality_line(pair.quality))
+    return lines + pair.notes + pair.noise
+
+
+def quality_line(quality) -> str:
+    """B's images against A's, each fact once: all identical says so and nothing more."""
+    count = len(quality.images)
+    if quality.identical == count:
+        return f"B's images against A's at the same seeds: all {count} identical"
+    psnr = "" if quality.mean_psnr_db is None else f", mean PSNR {quality.mean_psnr_db:.2f} dB"
+    return (
+        f"B's images against A's at the same seeds: {quality.identical} of {count} identical{psnr}, "
+        f"mean SSIM {quality.mean_ssim:.4f}"
     )
-    table.caption = "\n".join(lines)
-    return table
+
+
+class FolderNames:
+    """Run folder names on lines of their own, broken (when wider than the terminal) only after a "+" or "/",
+    so a name is never cut inside a word."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for name in self.names:
+            yield Text("\n".join(break_at_separators(name, options.max_width)), style="bold")
+
+
+def break_at_separators(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, each ending at a "+" or "/" (a part longer than a
+    line stays whole)."""
+    parts = re.findall(r"[^+/]*[+/]|[^+/]+$", text)
+    lines = [""]
+    for part in parts:
+        if lines[-1] and len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
+    return lines

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.markup import escape
 
 from diffmeter import units
+from diffmeter.measure.speedup import MIN_EFFECT
 from diffmeter.report.layout import Column, FittedTable
 from diffmeter.runs.ladder import Ladder
 
@@ -19,7 +20,7 @@ def ladder_table(ladder: Ladder) -> FittedTable:
             Column("dtype", justify="left", drop=3),
             Column("latency"),
             Column("speed-up"),
-            Column("interval", drop=5),
+            Column("coverage", drop=5),
             Column("cold start", drop=1),
             Column("peak memory", drop=4),
             Column("energy / image", drop=0),
@@ -27,6 +28,7 @@ def ladder_table(ladder: Ladder) -> FittedTable:
             Column("SSIM", drop=4),
         ],
     )
+    noisy: list[str] = []
     for row in ladder.rows:
         if row.skipped:
             first = row.skipped.split("; ")[0]  # a missing package first, else the first refusal; --json has all
@@ -40,15 +42,22 @@ def ladder_table(ladder: Ladder) -> FittedTable:
             psnr, ssim = "identical", f"{quality.mean_ssim:.4f}"
         else:
             psnr, ssim = f"{quality.mean_psnr_db:.2f} dB", f"{quality.mean_ssim:.4f}"
-        interval = f"{row.speedup_interval[0]:.2f}-{row.speedup_interval[1]:.2f}x" if row.speedup_interval else "-"
+        detail = row.speedup_detail
+        if row.rung == "baseline":
+            speedup, coverage = "1x (baseline)", ""
+        else:  # a ladder stored before speed-ups carried their verdict shows none
+            speedup, coverage = (detail.text(), f"{detail.coverage:.0%}") if detail else ("-", "-")
+        for note in detail.notes if detail else []:
+            line = note if note.startswith("baseline: ") else f"{row.rung}: {note.removeprefix('this run: ')}"
+            noisy += [line] if line not in noisy else []
         table.add_row(
             row.rung,
             escape(row.adds),
             str(row.steps),
             row.dtype,
             units.seconds(row.latency_s),
-            f"{row.speedup:.2f}x",
-            interval if row.rung != "baseline" else "",
+            speedup,
+            coverage,
             units.seconds(row.cold_start_overhead_s) if row.cold_start_overhead_s else "none",
             units.nbytes(row.peak_memory_bytes),
             units.joules(row.energy_j_per_image) if row.energy_j_per_image is not None else "-",
@@ -56,13 +65,15 @@ def ladder_table(ladder: Ladder) -> FittedTable:
             ssim,
         )
     captions = [
-        "each rung adds one technique to the one above; latency = median per call; interval: a conservative one "
-        "for the speed-up, from both medians' intervals; cold start = first call minus median (compilation); "
-        "peak memory = CUDA max allocated, else process peak RSS; quality = images against the baseline's at the "
-        "same seeds"
+        "each rung adds one technique to the one above; latency = median per call; speed-up over the baseline per "
+        "image: Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney interval (coverage: "
+        "how often such an interval holds the true factor), within noise when the interval holds 1x or the "
+        f"estimate is within {MIN_EFFECT:.0%} of it; (noisy): a run's timings were noisy (notes below); cold start = "
+        "first call minus median (compilation); peak memory = CUDA max allocated, else process peak RSS; "
+        "quality = images against the baseline's at the same seeds"
     ]
     if ladder.baseline_recheck_s is not None:
         captions.append(f"baseline measured again at the end: {units.seconds(ladder.baseline_recheck_s)}")
-    captions += [f"note: {escape(note)}" for note in ladder.notes]
+    captions += [f"note: {escape(note)}" for note in [*ladder.notes, *noisy]]
     table.caption = "\n".join(captions)
     return table

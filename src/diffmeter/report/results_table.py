@@ -8,6 +8,7 @@ from rich.markup import escape
 
 from diffmeter import units
 from diffmeter.report.layout import Column, FittedTable
+from diffmeter.report.speedup_text import noise_lines, speedup_cell
 
 
 def _present(value) -> bool:
@@ -22,14 +23,6 @@ def _psnr(row) -> str:
     if _present(row["psnr_db"]):
         return f"{row['psnr_db']:.2f} dB"
     return "identical" if _present(row["identical_images"]) and row["identical_images"] else "-"
-
-
-def _speedup(row) -> str:
-    if not _present(row["speedup"]):
-        return "-"
-    low, high = row["speedup_ci_low"], row["speedup_ci_high"]
-    noise = _present(low) and _present(high) and low <= 1.0 <= high
-    return f"{row['speedup']:.2f}x" + (" (noise)" if noise else "")
 
 
 def _scaling(row) -> str:
@@ -65,7 +58,8 @@ def results_table(frame, title: str) -> FittedTable:
         ],
     )
     marked = False
-    for row in frame.to_dict(orient="records"):
+    records = frame.to_dict(orient="records")
+    for row in records:
         weights = {"tiny-random": " (tiny)", "random": " (random weights)"}.get(row["weights"], "")
         marked |= bool(weights)
         size = f"{row['width']}x{row['height']}" + (f"x{row['frames']}f" if _present(row["frames"]) else "")
@@ -79,7 +73,7 @@ def results_table(frame, title: str) -> FittedTable:
             row["dtype"],
             escape(row["optimizations"] or "none"),
             status,
-            _or_dash(row["s_per_image"], units.seconds),
+            _or_dash(row["s_per_image"], units.seconds) + (" (noisy)" if noise_lines([row]) else ""),
             _or_dash(row["s_per_image_p90"], units.seconds),
             _or_dash(row["images_per_s"], lambda v: f"{v:,.3g}"),
             _or_dash(row["denoise_share"], lambda v: f"{v:.0%}"),
@@ -88,16 +82,19 @@ def results_table(frame, title: str) -> FittedTable:
             _or_dash(row["mfu"], lambda v: f"{v:.1%}"),
             _psnr(row),
             _or_dash(row["ssim"], lambda v: f"{v:.4f}"),
-            _speedup(row),
+            escape(speedup_cell(row)),
             _scaling(row),
         )
     captions = [
         "s / image: median call latency / images per call (p90 likewise); peak memory: CUDA max allocated, else "
         "process peak RSS; J / image: GPU energy (Zeus); MFU: the denoising loop's; PSNR/SSIM: against the unoptimized "
-        "images at the same seeds; speed-up: against the unoptimized run of the same settings, (noise) when its "
-        "interval holds 1; scaling: a parallel run's s / image speed-up over the one-device run of the same spec "
+        "images at the same seeds; speed-up: per image against the unoptimized run of the same settings, the "
+        "Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney interval, within noise when "
+        "that holds 1x or the estimate is within 5% of it; (noisy): the run's (or its baseline's) timings were "
+        "noisy, as noted below; scaling: a parallel run's s / image speed-up over the one-device run of the same spec "
         "and its share of the processes (scaling efficiency)"
     ]
+    captions += [escape(line) for line in noise_lines(records)]
     if marked:
         captions.append("(tiny) and (random weights): timings of test or random-weight pipelines, not of the model")
     table.caption = "\n".join(captions)

@@ -7,9 +7,12 @@ from rich.markup import escape
 from rich.text import Text
 
 from diffmeter import units
+from diffmeter.errors import DiffmeterError
 from diffmeter.report.layout import Column, FittedTable
 from diffmeter.report.prediction_lines import prediction_lines
+from diffmeter.runs import speedups
 from diffmeter.runs.results import BenchResult
+from diffmeter.runs.storage import read_result
 
 STAGE_LABELS = {
     "text_encoding": "text encoding",
@@ -133,7 +136,7 @@ def _facts(result: BenchResult) -> Text:
         applied = ", ".join(f"{o.label} ({'lossless' if o.lossless else 'lossy'})" for o in result.optimizations)
         lines.append(f"optimizations: {applied}")
     if result.speedup is not None:
-        lines.append(speedup_line(result.speedup))
+        lines.append(speedup_line(result))
     if result.quality is not None:
         lines.append(quality_line(result.quality))
     if summary.conditions is not None:
@@ -155,12 +158,17 @@ def _cold_start(overhead_s: float) -> str:
     return f"cold-start overhead {units.seconds(overhead_s)}: compilation, autotuning, lazy init"
 
 
-def speedup_line(speedup) -> str:
-    verdict = "within noise" if speedup.within_noise else ("faster" if speedup.factor > 1 else "slower")
-    return (
-        f"speed vs unoptimized (same seeds): {speedup.factor:.2f}x, {verdict} (interval {speedup.ci_low:.2f}-"
-        f"{speedup.ci_high:.2f}x, at least {100 * speedup.ci_level:.0f}% coverage, from the two medians' intervals)"
-    )
+def speedup_line(result: BenchResult) -> str:
+    """The run against the unoptimized run its --compare-baseline named, by the rule of every speed-up."""
+    folder = result.speedup.baseline
+    try:
+        baseline = read_result(folder)
+    except DiffmeterError:
+        return f"speed vs unoptimized: its run is no longer at {folder}, so no speed-up is shown"
+    found = speedups.between(baseline, result)
+    if found is None:
+        return f"speed vs unoptimized: {folder} is not a complete run, so no speed-up is shown"
+    return f"speed vs unoptimized (same seeds, per image): {found.sentence()}"
 
 
 def conditions_line(conditions) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from diffmeter.errors import DiffmeterError
-from diffmeter.runs import storage
+from diffmeter.runs import speedups, storage
 from diffmeter.runs.results import BenchResult
 
 #: column -> what it holds, with its unit (documented in docs/table.md)
@@ -48,14 +48,25 @@ COLUMNS: dict[str, str] = {
     "identical_images": "images bit-identical to the unoptimized run's at the same seed",
     "ssim": "mean SSIM against the unoptimized images",
     "lpips": "mean LPIPS against the unoptimized images (lower is closer)",
-    "speedup": "unoptimized median latency / this run's, same model and settings",
-    "speedup_ci_low": "lower end of the speed-up's conservative interval (runs stored with --compare-baseline)",
-    "speedup_ci_high": "upper end of that interval; an interval holding 1 means the difference is within noise",
+    "speedup": "times faster than the unoptimized run of the same settings (its --compare-baseline run, else the "
+    "one in the table): Hodges-Lehmann estimate over every pair of measured calls, per image (1 for that run itself)",
+    "speedup_ci_low": "lower end of the speed-up's exact Mann-Whitney interval",
+    "speedup_ci_high": "upper end of that interval",
+    "speedup_coverage": "the probability that interval covers the true speed-up (below 95% with few calls)",
+    "speedup_verdict": "faster | slower | within noise (the interval holds 1x, or the estimate is within 5% of it) | "
+    "baseline",
+    "speedup_noise": "the noise notes of this run and its baseline, joined by ' | ', which the speed-up carries "
+    "(empty: both quiet)",
+    "noise": "this run's own notes on noise in its timings (an interval too wide, other processes busy), "
+    "joined by ' | '",
     "scaling_speedup": "parallel runs: the one-device run's median s/image (same spec, same folder) / this run's",
     "scaling_efficiency": "scaling_speedup / processes (empty: no one-device run of the same spec stored beside it)",
     "iterations": "measured calls",
     "created_utc": "when the run was stored",
 }
+
+#: how the noise columns join their notes (a note may hold "; ")
+NOTES_JOINER = " | "
 
 #: the settings that make two runs the same generation (a run and its unoptimized baseline)
 _SAME_GENERATION = (
@@ -106,7 +117,7 @@ def rows(directory: str | Path, skipped: list[str] | None = None) -> list[dict[s
     root = Path(directory).expanduser()
     readable = readable_results(find_results(root), skipped)
     table = [row(result, str(folder.relative_to(root))) for folder, result in readable]
-    add_speedups(table)
+    add_speedups(table, [result for _, result in readable])
     return table
 
 
@@ -168,9 +179,7 @@ def row(result: BenchResult, folder: str) -> dict[str, Any]:
     scaling = result.parallel.scaling if result.parallel is not None else None
     if scaling is not None and scaling.call is not None:
         values.update(scaling_speedup=scaling.call.speedup, scaling_efficiency=scaling.call.efficiency)
-    if result.speedup is not None:
-        speedup = result.speedup
-        values.update(speedup=speedup.factor, speedup_ci_low=speedup.ci_low, speedup_ci_high=speedup.ci_high)
+    values["noise"] = NOTES_JOINER.join(speedups.noise_notes(result)) if result.status == "complete" else None
     return values
 
 
@@ -184,17 +193,58 @@ def hardware(result: BenchResult) -> str:
     return result.environment.cpu
 
 
-def add_speedups(table: list[dict[str, Any]]) -> None:
-    """Speed-up against the unoptimized run of the same generation, when the table holds one."""
+def add_speedups(table: list[dict[str, Any]], results: list[BenchResult]) -> None:
+    """Each complete run's speed-up (``runs.speedups.between``) against its unoptimized baseline: the run its
+    --compare-baseline named when the table (or its folder) holds it, else the table's unoptimized run of the
+    same generation. ``results`` are the table's rows' results, in order."""
+    by_folder = {_resolved(result.folder): result for result in results if result.folder is not None}
     baselines = {
-        _generation(row): row
-        for row in table
-        if row["status"] == "complete" and not row["optimizations"] and row["s_per_image"]
+        _generation(row): result
+        for row, result in zip(table, results, strict=True)
+        if row["status"] == "complete" and not row["optimizations"]
     }
-    for row in table:
-        baseline = baselines.get(_generation(row))
-        if row["speedup"] is None and baseline is not None and row["s_per_image"]:
-            row["speedup"] = baseline["s_per_image"] / row["s_per_image"]
+    for row, result in zip(table, results, strict=True):
+        if row["status"] != "complete":
+            continue
+        if not row["optimizations"] and baselines.get(_generation(row)) is result:
+            row.update(speedup=1.0, speedup_ci_low=1.0, speedup_ci_high=1.0, speedup_coverage=1.0)
+            row["speedup_verdict"] = "baseline"
+            continue
+        baseline = _named_baseline(result, by_folder) or baselines.get(_generation(row))
+        found = speedups.between(baseline, result) if baseline is not None else None
+        if found is not None:
+            row.update(speedup_columns(found))
+
+
+def speedup_columns(found: speedups.Speedup) -> dict[str, Any]:
+    """A speed-up as the table's columns."""
+    return dict(
+        speedup=found.estimate,
+        speedup_ci_low=found.low,
+        speedup_ci_high=found.high,
+        speedup_coverage=found.coverage,
+        speedup_verdict=found.verdict,
+        speedup_noise=NOTES_JOINER.join(found.notes),
+    )
+
+
+def _resolved(folder: str | Path) -> Path:
+    return Path(folder).expanduser().resolve()
+
+
+def _named_baseline(result: BenchResult, by_folder: dict[Path, BenchResult]) -> BenchResult | None:
+    """The baseline a --compare-baseline run names, from the table or else from its folder on disk."""
+    if result.speedup is None:
+        return None
+    folder = _resolved(result.speedup.baseline)
+    if folder in by_folder:
+        return by_folder[folder]
+    if (folder / storage.RESULTS).is_file():
+        try:
+            return storage.read_result(folder)
+        except DiffmeterError:
+            return None
+    return None
 
 
 def _generation(row: dict[str, Any]) -> tuple:

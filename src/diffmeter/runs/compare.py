@@ -6,55 +6,26 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.measure.quality import Quality
-from diffmeter.measure.stats import CONFIDENCE, speedup_interval
-from diffmeter.runs import collect, storage
+from diffmeter.measure.speedup import Criteria, Verdict
+from diffmeter.runs import collect, speedups, storage
 from diffmeter.runs.results import BenchResult
 
 #: spec fields that say how a run was stored, not what it measured
 _NOT_SETTINGS = ("compare_baseline",)
 
 
-#: differences smaller than this are within noise even when the calls' interval excludes 1x
-MIN_EFFECT = 0.05
-
-
-class Criteria(BaseModel):
-    """When a difference counts: the interval's coverage, and the smallest speed-up (or slow-down)
-    worth reporting. Calls of one run are not independent of that run (where its memory landed, the
-    machine's state while it ran), so two runs of the same settings can differ by more than their
-    calls' interval allows; ``min_effect`` is the guard against calling that a speed-up."""
-
-    confidence: float = CONFIDENCE
-    min_effect: float = MIN_EFFECT
-
-    @property
-    def method(self) -> str:
-        return (
-            "Hodges-Lehmann estimate of the ratio of per-image times, with its exact Mann-Whitney interval "
-            f"({self.confidence:.1%} asked; distribution-free, assuming B's times are A's scaled by one factor); "
-            f"faster or slower when the interval excludes 1x and the estimate differs from 1x by {self.min_effect:.0%} "
-            "or more"
-        )
-
-
-#: stages compared, as (name, how to read one call's seconds of it)
-STAGES: dict[str, str] = {
-    "call": "total_s",
-    "text_encoding": "text_encoding_s",
-    "denoising": "denoising_s",
-    "vae_decode": "vae_decode_s",
-    "other": "other_s",
-}
+#: stages compared (the speed-up's rule in runs.speedups names them)
+STAGES = speedups.STAGES
 
 
 class StageComparison(BaseModel):
-    """One stage of A and B: medians in seconds per image, and B's speed-up over A."""
+    """One stage of A and B: medians in seconds per image, and B's speed-up over A (``runs.speedups``: the
+    Hodges-Lehmann estimate over every pair of calls, which is not the ratio of the two medians)."""
 
     stage: str
     a_s_per_image: float
@@ -65,7 +36,7 @@ class StageComparison(BaseModel):
     ci_high: float
     #: the probability the interval covers the true ratio (below the asked 95% with few calls)
     ci_level: float
-    verdict: Literal["faster", "slower", "within noise"]
+    verdict: Verdict
 
 
 class RunComparison(BaseModel):
@@ -88,6 +59,8 @@ class RunComparison(BaseModel):
     #: B's images against A's at the same seed and prompt
     quality: Quality | None
     notes: list[str] = []
+    #: A's and B's own notes on noise in their timings ("A: noisy: ..."), which every speed-up here carries
+    noise: list[str] = []
 
 
 class Comparison(BaseModel):
@@ -161,12 +134,14 @@ def compare_runs(
         quality, why_not = _quality(a, b)
         if why_not:
             notes.append(f"images not compared: {why_not}")
+    criteria = criteria or Criteria()
+    stages = [stage for name in STAGES if (stage := _stage(a, b, name, criteria)) is not None]
     return RunComparison(
         a=a_name,
         b=b_name,
         model=a.model.name,
         differences=_differences(a, b),
-        stages=[stage for name in STAGES if (stage := _stage(a, b, name, criteria or Criteria())) is not None],
+        stages=stages,
         a_peak_memory_bytes=_memory(a, memory_kind),
         b_peak_memory_bytes=_memory(b, memory_kind),
         memory_kind=memory_kind,
@@ -175,6 +150,7 @@ def compare_runs(
         energy_kind=energy_kind,
         quality=quality,
         notes=notes,
+        noise=[f"A: {note}" for note in speedups.noise_notes(a)] + [f"B: {note}" for note in speedups.noise_notes(b)],
     )
 
 
@@ -186,31 +162,19 @@ def _runs(root: Path) -> dict[str, Path]:
     return {str(path.parent.relative_to(root)): path.parent for path in collect.find_results(root)}
 
 
-def _per_image(result: BenchResult, field: str) -> list[float]:
-    return [
-        (iteration.total_s if field == "total_s" else getattr(iteration.stages, field)) / iteration.images
-        for iteration in result.iterations
-    ]
-
-
 def _stage(a: BenchResult, b: BenchResult, name: str, criteria: Criteria) -> StageComparison | None:
-    a_times, b_times = _per_image(a, STAGES[name]), _per_image(b, STAGES[name])
-    if min(a_times + b_times) <= 0:  # a stage one of them does not have (no text encoder)
+    found = speedups.between(a, b, name, criteria, names=("A", "B"))
+    if found is None:  # a stage one of them does not have (no text encoder)
         return None
-    speedup, low, high, level = speedup_interval(a_times, b_times, criteria.confidence)
-    worth = 1 + criteria.min_effect
-    verdict = (
-        "faster" if low > 1 and speedup >= worth else "slower" if high < 1 and speedup <= 1 / worth else "within noise"
-    )
     return StageComparison(
         stage=name,
-        a_s_per_image=statistics.median(a_times),
-        b_s_per_image=statistics.median(b_times),
-        speedup=speedup,
-        ci_low=low,
-        ci_high=high,
-        ci_level=level,
-        verdict=verdict,
+        a_s_per_image=statistics.median(speedups.per_image(a, name)),
+        b_s_per_image=statistics.median(speedups.per_image(b, name)),
+        speedup=found.estimate,
+        ci_low=found.low,
+        ci_high=found.high,
+        ci_level=found.coverage,
+        verdict=found.verdict,
     )
 
 

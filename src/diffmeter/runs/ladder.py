@@ -19,9 +19,9 @@ from diffmeter.errors import DiffmeterError, MissingPackage
 from diffmeter.families import get_family
 from diffmeter.measure.conditions import Conditions
 from diffmeter.measure.quality import Quality
-from diffmeter.measure.stats import ratio_interval
+from diffmeter.measure.speedup import Speedup
 from diffmeter.optimize import OptimizationSpec, Target, build, check
-from diffmeter.runs import storage
+from diffmeter.runs import speedups, storage
 from diffmeter.runs.baseline import compare_with_baseline
 from diffmeter.runs.calls import Progress
 from diffmeter.runs.lifecycle import bench, stored_or_run
@@ -58,9 +58,12 @@ class LadderRow(BaseModel):
     latency_s: float | None = None
     #: where the median latency lies (see Stats.ci_low/ci_high/ci_level)
     latency_interval_s: tuple[float, float] | None = None
+    #: times faster than the baseline: Hodges-Lehmann estimate over every pair of calls (runs.speedups)
     speedup: float | None = None
-    #: a conservative interval for the speed-up, from the rung's and the baseline's intervals
+    #: its exact Mann-Whitney interval
     speedup_interval: tuple[float, float] | None = None
+    #: the whole speed-up: coverage, verdict and both runs' noise notes (None for the baseline itself)
+    speedup_detail: Speedup | None = None
     measured_utc: str | None = None
     conditions: Conditions | None = None
     cold_start_overhead_s: float | None = None
@@ -205,7 +208,7 @@ def climb(
         memory = summary.peak_memory
         energy = summary.energy
         quality = None if rung.name == "baseline" else compare_with_baseline(result, folder, baseline, baseline_folder)
-        low, high, _ = ratio_interval(base, summary.latency_s)
+        found = None if rung.name == "baseline" else speedups.between(baseline, result)
         rows.append(
             LadderRow(
                 rung=rung.name,
@@ -215,8 +218,9 @@ def climb(
                 dtype=result.spec.dtype,
                 latency_s=summary.latency_s.median,
                 latency_interval_s=(summary.latency_s.ci_low, summary.latency_s.ci_high),
-                speedup=base.median / summary.latency_s.median,
-                speedup_interval=(low, high),
+                speedup=found.estimate if found else 1.0,
+                speedup_interval=(found.low, found.high) if found else (1.0, 1.0),
+                speedup_detail=found,
                 measured_utc=result.created_utc,
                 conditions=summary.conditions,
                 cold_start_overhead_s=summary.cold_start_overhead_s,

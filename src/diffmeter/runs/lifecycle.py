@@ -30,7 +30,7 @@ from diffmeter.measure.memory import loaded_bytes, read_peaks, reset_peaks
 from diffmeter.measure.stages import StageTimer
 from diffmeter.optimize import build
 from diffmeter.optimize.tf32 import fp32_math, fp32_precision
-from diffmeter.runs import baseline, calls, storage
+from diffmeter.runs import baseline, calls, speedups, storage
 from diffmeter.runs.placement import Placement
 from diffmeter.runs.prepared import PreparedRun, prepare, result_fields, run_name
 from diffmeter.runs.prompt_profile import profile_of_the_prompts
@@ -322,7 +322,10 @@ class MeasuredRun:
             return
         stored, folder = earlier
         result.quality = baseline.compare_with_baseline(result, self.staging, stored, folder)
-        result.speedup = Speedup.of(result.summary.latency_s, stored.summary.latency_s, str(folder))
+        rule = speedups.between(stored, result)
+        result.speedup = Speedup(
+            baseline=str(folder), factor=rule.estimate, ci_low=rule.low, ci_high=rule.high, ci_level=rule.coverage
+        )
         result.notes += baseline.notes(result, stored)
 
     def predict(self, result: BenchResult) -> None:

@@ -22,7 +22,7 @@ from diffmeter.measure.environment import Environment
 from diffmeter.measure.memory import PeakMemory
 from diffmeter.measure.peaks import Peak
 from diffmeter.measure.quality import Quality
-from diffmeter.measure.stats import Stats, ratio_interval
+from diffmeter.measure.stats import Stats
 from diffmeter.measure.trace import TraceSummary
 from diffmeter.predict.schema import RunPrediction
 from diffmeter.runs.iteration import Iteration
@@ -74,26 +74,20 @@ class Summary(BaseModel):
 
 
 class Speedup(BaseModel):
-    """How many times faster a run is than another one (its unoptimized baseline): the ratio of
-    their median latencies, with a conservative interval from the two medians' intervals."""
+    """The record of a --compare-baseline run: which run was its baseline and the speed-up per image of the
+    whole call by the rule every command shows (``runs.speedups.between``: the Hodges-Lehmann estimate over
+    both runs' calls and its exact interval), so the stored figure and the shown one are the same."""
 
     baseline: str
     factor: float
     ci_low: float
     ci_high: float
-    #: the least probability the interval covers the true ratio (Bonferroni over the two intervals)
+    #: the probability the interval covers the true factor
     ci_level: float
 
     @property
     def within_noise(self) -> bool:
         return self.ci_low <= 1.0 <= self.ci_high
-
-    @classmethod
-    def of(cls, latency: Stats, baseline_latency: Stats, baseline: str) -> Speedup:
-        low, high, level = ratio_interval(baseline_latency, latency)
-        return cls(
-            baseline=baseline, factor=baseline_latency.median / latency.median, ci_low=low, ci_high=high, ci_level=level
-        )
 
 
 class AppliedOptimization(BaseModel):

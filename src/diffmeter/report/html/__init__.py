@@ -1,7 +1,7 @@
 """`diffmeter report`: a study (run folders, ladders, profiles) as one self-contained HTML page.
 
-``study`` reads what is under a folder, ``figures`` draws the plots (Plotly), ``gallery`` embeds the
-images of lossy runs beside their baselines, ``page`` assembles the page."""
+``study`` reads what is under a folder, ``figures`` lists the plots (Plotly, a module per question), ``gallery``
+embeds the images of lossy runs beside their baselines, ``page`` assembles the page."""
 
 from __future__ import annotations
 

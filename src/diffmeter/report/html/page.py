@@ -10,6 +10,7 @@ from diffmeter import __version__, units
 from diffmeter.report.html import figures as plots
 from diffmeter.report.html.gallery import gallery_html
 from diffmeter.report.html.study import WEIGHTS_LABELS, Run, Study
+from diffmeter.report.speedup_text import noise_lines, speedup_cell
 
 #: (column of `diffmeter table`, header, how to show a value)
 SUMMARY = (
@@ -25,7 +26,7 @@ SUMMARY = (
     ("status", "status", str),
     ("s_per_image", "time / image", units.seconds),
     ("images_per_s", "images / s", lambda v: f"{v:.3g}"),
-    ("speedup", "speed-up", lambda v: f"{v:.2f}x"),
+    ("speedup", "speed-up", str),  # speedup_cell: its interval and verdict, never a bare factor
     ("psnr_db", "PSNR", lambda v: f"{v:.2f} dB"),  # "identical" where every image is
     ("ssim", "SSIM", lambda v: f"{v:.4f}"),
     ("peak_cuda_bytes", "peak CUDA memory", units.nbytes),
@@ -35,15 +36,7 @@ SUMMARY = (
     ("mfu", "MFU", lambda v: f"{v:.1%}"),
 )
 
-SECTIONS = (
-    ("time", "Where the time goes", plots.time_breakdown),
-    ("operators", "Inside the stages: operators", plots.operators),
-    ("scaling", "Scaling", plots.scaling),
-    ("tradeoffs", "Trade-offs", plots.tradeoffs),
-    ("ladders", "Ladders", plots.ladders),
-    ("compute", "Compute", plots.compute),
-    ("predictions", "Predicted against measured", plots.predictions),
-)
+SECTIONS = plots.SECTIONS
 
 STYLE = """
 body { font-family: system-ui, -apple-system, Segoe UI, sans-serif; margin: 0 auto; max-width: 1200px;
@@ -152,16 +145,25 @@ def _summary(runs: list[Run]) -> str:
             text = "-" if value is None else show(value)
             if column == "psnr_db" and value is None and run.row["identical_images"]:
                 text = "identical"
+            if column == "speedup":
+                text = speedup_cell(run.row)
+            if column == "s_per_image" and value is not None and noise_lines([run.row]):
+                text += " (noisy)"
             sort = "" if value is None else html.escape(str(value), quote=True)
             kind = "" if isinstance(value, (int, float)) else ' class="text"'
             cells.append(f'<td{kind} data-value="{sort}">{html.escape(text)}</td>')
         error = html.escape(run.row["error"] or "", quote=True)
         css = ' class="failed"' if run.result.status != "complete" else ""
         rows.append(f'<tr{css} title="{error or html.escape(run.row["folder"], quote=True)}">{"".join(cells)}</tr>')
+    noisy = "".join(f"<li>{html.escape(line)}</li>" for line in noise_lines([run.row for run in runs]))
     return (
         f'<table class="summary"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-        '<p class="caption">Click a header to sort. Times are medians over the measured calls; speed-up against '
-        "the unoptimized run of the same settings; PSNR/SSIM against its images at the same seeds. Hover a row "
+        + (f'<p class="caption">Noisy timings (marked "(noisy)"):</p><ul class="caption">{noisy}</ul>' if noisy else "")
+        + '<p class="caption">Click a header to sort. Times are medians over the measured calls; speed-up per '
+        "image against the unoptimized run of the same settings (a ladder's rungs: against the ladder's baseline), "
+        "the Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney interval, within noise "
+        "when the interval holds 1x or the estimate is within 5% of it; PSNR/SSIM against its images at the same "
+        "seeds. Hover a row "
         "for its folder (or a failed run's error). Weights: pretrained, random (real size) or tiny-random (a "
         "test pipeline). The same table: <code>diffmeter table DIR</code>.</p>"
     )

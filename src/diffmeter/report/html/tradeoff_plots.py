@@ -1,0 +1,173 @@
+"""Trade-offs: speed-up against image quality per technique; energy and memory against latency (Pareto)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from diffmeter import units
+from diffmeter.report.html.plot_style import Colors, Figure, explain, layout, log_ticks, measured
+from diffmeter.report.html.study import Run, Study
+from diffmeter.report.speedup_text import row_speedup
+
+
+def tradeoffs(study: Study) -> list[Figure]:
+    """Speed-up against image quality per technique; energy and memory against latency (Pareto)."""
+    runs = study.complete
+    figures = []
+    judged = [
+        run for run in runs if run.result.quality is not None and run.row["speedup_verdict"] not in (None, "baseline")
+    ]
+    if judged:
+        figures.append(quality(judged))
+    energy_kind = next(
+        (kind for kind in ("gpu", "cpu") if any(run.row[f"{kind}_j_per_image"] is not None for run in runs)), None
+    )
+    if energy_kind:
+        spent = [run for run in runs if run.row[f"{energy_kind}_j_per_image"] is not None]
+        figures.append(
+            _pareto(
+                spent,
+                [run.row[f"{energy_kind}_j_per_image"] for run in spent],
+                f"{energy_kind.upper()} energy per image (J)",
+                "Energy per image against latency",
+                f"{energy_kind.upper()} energy per image (Zeus) against median seconds per image; a model's line "
+                "joins its runs that no other run of that model beats on both. ",
+            )
+        )
+    memory = [run for run in runs if run.row["peak_cuda_bytes"] or run.row["peak_rss_bytes"]]
+    if memory:
+        values = [(run.row["peak_cuda_bytes"] or run.row["peak_rss_bytes"]) / 2**30 for run in memory]
+        figures.append(
+            _pareto(
+                memory,
+                values,
+                "peak memory (GiB)",
+                "Peak memory against latency",
+                "Peak memory (CUDA max allocated on GPU runs, else the process's peak resident memory) against "
+                "median seconds per image; a model's line joins its runs that no other run of that model beats on "
+                "both. ",
+            )
+        )
+    if not energy_kind and runs:
+        reasons = sorted({run.result.summary.energy.reason for run in runs if run.result.summary.energy.reason})
+        figures[-1].caption += f" No energy was measured: {'; '.join(reasons) or 'no counters'}."
+    return figures
+
+
+def _pareto(runs: list[Run], values: list[float], y: str, title: str, caption: str) -> Figure:
+    """Each model's runs, and its Pareto frontier (no run of the same model beats one on it on both)."""
+    figure = go.Figure()
+    by_model: dict[str, list[tuple[float, float, Run]]] = defaultdict(list)
+    for run, value in zip(runs, values, strict=True):
+        by_model[run.row["model"]].append((run.row["s_per_image"], value, run))
+    colors = Colors(by_model)
+    for model, points in sorted(by_model.items()):
+        color = colors[model]
+        points.sort(key=lambda p: p[:2])
+        frontier, best = [], float("inf")
+        for latency, value, _run in points:
+            if value < best:
+                frontier.append((latency, value))
+                best = value
+        figure.add_scatter(
+            x=[p[0] for p in points],
+            y=[p[1] for p in points],
+            text=[p[2].label for p in points],
+            hovertemplate="%{text}<br>%{x:.4g} s per image, %{y:.4g}<extra></extra>",
+            mode="markers",
+            marker={"size": 9, "color": color, "opacity": 0.6},
+            name=model,
+            legendgroup=model,
+        )
+        figure.add_scatter(
+            x=[p[0] for p in frontier],
+            y=[p[1] for p in frontier],
+            mode="lines+markers",
+            line={"color": color, "shape": "hv"},
+            marker={"size": 11, "symbol": "diamond", "color": color},
+            name=f"{model}: Pareto frontier",
+            legendgroup=model,
+        )
+    layout(figure, title, runs, "time per image (median, log scale)", y + ", log scale")
+    figure.update_xaxes(**log_ticks([run.row["s_per_image"] for run in runs], units.seconds))
+    figure.update_yaxes(**log_ticks(values))
+    return Figure(figure, caption + measured(runs))
+
+
+def quality(judged: list[Run]) -> Figure:
+    """Each optimized run's speed-up (with its interval) against its images' PSNR and SSIM; a subplot with
+    nothing to draw (every image identical: PSNR is infinite) says so instead of drawing empty axes."""
+    figure = make_subplots(rows=1, cols=2, subplot_titles=("PSNR", "SSIM"))
+    techniques: dict[str, list[Run]] = defaultdict(list)
+    for run in judged:
+        techniques[run.row["optimizations"] or "unoptimized"].append(run)
+    colors = Colors(techniques)
+    finite_any = False
+    for name, group in sorted(techniques.items()):
+        found = [row_speedup(run.row) for run in group]
+        hover = [f"{run.label}<br>{speedup.text()}" for run, speedup in zip(group, found, strict=True)]
+        bars = {
+            "type": "data",
+            "symmetric": False,
+            "array": [s.high - s.estimate for s in found],
+            "arrayminus": [s.estimate - s.low for s in found],
+            "color": colors[name],
+        }
+        finite = [i for i, run in enumerate(group) if run.row["psnr_db"] is not None]
+        finite_any |= bool(finite)
+        common = {"mode": "markers", "name": name, "legendgroup": name, "marker": {"size": 10, "color": colors[name]}}
+        if finite:
+            figure.add_scatter(
+                x=[found[i].estimate for i in finite],
+                y=[group[i].row["psnr_db"] for i in finite],
+                error_x={
+                    **bars,
+                    "array": [bars["array"][i] for i in finite],
+                    "arrayminus": [bars["arrayminus"][i] for i in finite],
+                },
+                text=[hover[i] for i in finite],
+                hovertemplate="%{text}<br>PSNR %{y:.1f} dB<extra></extra>",
+                row=1,
+                col=1,
+                **common,
+            )
+        figure.add_scatter(
+            x=[s.estimate for s in found],
+            y=[run.row["ssim"] for run in group],
+            error_x=bars,
+            text=hover,
+            hovertemplate="%{text}<br>SSIM %{y:.4f}<extra></extra>",
+            showlegend=not finite,
+            row=1,
+            col=2,
+            **common,
+        )
+    layout(figure, "Speed-up against image quality", judged, "", "", height=440)
+    ends = [value for run in judged for value in (run.row["speedup_ci_low"], run.row["speedup_ci_high"])]
+    for col in (1, 2):
+        figure.update_xaxes(
+            title_text="speed-up over the unoptimized run (log)",
+            **log_ticks(ends, lambda v: f"{v:.3g}x"),
+            row=1,
+            col=col,
+        )
+    if finite_any:
+        figure.update_yaxes(title_text="PSNR vs unoptimized images (dB)", row=1, col=1)
+    else:
+        explain(figure, "every image is identical to the unoptimized one:<br>PSNR is infinite", row=1, col=1)
+    lowest = min(run.row["ssim"] for run in judged)
+    figure.update_yaxes(
+        title_text="SSIM vs unoptimized (1 = same)", range=[min(lowest, 0.9) - 0.01, 1.01], row=1, col=2
+    )
+    noisy = sum(1 for run in judged if row_speedup(run.row).noisy)
+    return Figure(
+        figure,
+        "Each point is an optimized run: its speed-up over the unoptimized run of the same settings (Hodges-Lehmann "
+        "estimate, the bar its interval; hover for the verdict), against its images compared with the unoptimized "
+        "images at the same seeds (mean PSNR, mean SSIM; identical images have no finite PSNR and sit at SSIM 1). "
+        + (f"{noisy} of these speed-ups come from noisy runs (the summary's notes say which). " if noisy else "")
+        + measured(judged),
+    )

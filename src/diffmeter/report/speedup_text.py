@@ -1,0 +1,56 @@
+"""A table row's speed-up and noise as every table and the report show them (``runs.collect`` columns)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from diffmeter.measure.speedup import Speedup
+from diffmeter.runs.collect import NOTES_JOINER
+
+
+def present(value) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def row_speedup(row: dict[str, Any]) -> Speedup | None:
+    """The row's speed-up, or None (none measured, or the row is the baseline itself)."""
+    if not present(row.get("speedup")) or row.get("speedup_verdict") in (None, "baseline"):
+        return None
+    notes = _notes(row, "speedup_noise")
+    return Speedup(
+        estimate=row["speedup"],
+        low=row["speedup_ci_low"],
+        high=row["speedup_ci_high"],
+        coverage=row["speedup_coverage"],
+        verdict=row["speedup_verdict"],
+        notes=notes,
+    )
+
+
+def speedup_cell(row: dict[str, Any]) -> str:
+    """ "2.10x faster (1.80-2.40x)", "within noise (0.90-1.20x)", "baseline" or "-"; "(noisy)" when either run was."""
+    if row.get("speedup_verdict") == "baseline":
+        return "baseline"
+    found = row_speedup(row)
+    return found.text() if found is not None else "-"
+
+
+def noise_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per row whose figures carry noise notes: its own, and its baseline's under its speed-up
+    when the baseline is not a row here (then its own line says them)."""
+    listed = {note for row in rows for note in _notes(row, "noise")}
+    lines = []
+    for row in rows:
+        prefix = "baseline: "
+        baseline = [note[len(prefix) :] for note in _notes(row, "speedup_noise") if note.startswith(prefix)]
+        baseline = [f"its baseline: {note}" for note in baseline if note not in listed]
+        notes = _notes(row, "noise") + baseline
+        if notes:
+            lines.append(f"{row['folder']}: {'; '.join(notes)}")
+    return lines
+
+
+def _notes(row: dict[str, Any], column: str) -> list[str]:
+    value = row.get(column)
+    return [note for note in value.split(NOTES_JOINER) if note] if isinstance(value, str) else []

@@ -1,0 +1,91 @@
+"""The report's plots on real tiny runs: stage shares that add up to 100% by construction, plots with nothing to
+draw saying why, log axes labelled with whole numbers and units, compute in the unit that reads 1-999, and one
+colour per series in every subplot."""
+
+import pytest
+
+from diffmeter import units
+from diffmeter.optimize.options import parse_opt
+from diffmeter.report.html.compute_plots import compute
+from diffmeter.report.html.plot_style import log_ticks
+from diffmeter.report.html.scaling_plots import scaling
+from diffmeter.report.html.study import read_study
+from diffmeter.report.html.time_plots import middle_call, stage_shares, time_breakdown
+from diffmeter.report.html.tradeoff_plots import tradeoffs
+from diffmeter.runs.lifecycle import bench
+from diffmeter.runs.spec import BenchSpec
+
+FAST = {"model": "tiny-sd", "steps": 2, "iterations": 4, "device": "cpu", "predict": False}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """A baseline at two batch sizes and a lossless technique compared with it (every image identical)."""
+    out = tmp_path_factory.mktemp("plots")
+    bench(BenchSpec(**FAST), out=out)
+    bench(BenchSpec(**FAST, batch_size=2), out=out)
+    bench(BenchSpec(**FAST, optimizations=[parse_opt("fuse-qkv")], compare_baseline=True), out=out)
+    return read_study(out)
+
+
+def test_stage_shares_are_of_one_call_and_add_up_to_100(study):
+    (bars, _steps) = time_breakdown(study)
+    totals = [sum(values) for values in zip(*(trace.x for trace in bars.figure.data), strict=True)]
+    assert totals == pytest.approx([100.0] * len(study.complete), abs=1e-9)
+    for run in study.complete:
+        call = middle_call(run)
+        ordered = sorted(iteration.total_s for iteration in run.result.iterations)
+        assert call.total_s == ordered[(len(ordered) - 1) // 2]  # a real call, the median one
+        seconds = sum(seconds for seconds, _ in stage_shares(call).values())
+        assert seconds == pytest.approx(call.total_s, rel=1e-3)  # the stages of one call make up the call
+    assert bars.figure.layout.xaxis.range == (0, 100)
+
+
+def test_a_quality_plot_of_identical_images_says_why_instead_of_empty_axes(study):
+    (fused,) = [run for run in study.complete if run.row["optimizations"] == "fuse-qkv"]
+    assert fused.row["identical_images"] == FAST["iterations"] and fused.row["psnr_db"] is None
+    quality = tradeoffs(study)[0].figure
+    notes = [annotation.text for annotation in quality.layout.annotations]
+    assert any("identical" in text and "PSNR is infinite" in text for text in notes), notes
+    assert quality.layout.xaxis.visible is False and quality.layout.yaxis.visible is False  # the PSNR panel
+    assert [trace.xaxis for trace in quality.data] == ["x2"]  # nothing drawn on the PSNR panel
+    low, high = quality.layout.yaxis2.range
+    assert 0.8 < low < 1 < high < 1.05  # SSIM 1 on an axis near 1, not 0-2
+    (trace,) = quality.data
+    assert trace.error_x.array[0] >= 0 and trace.error_x.arrayminus[0] >= 0  # the speed-up's interval drawn
+
+
+def test_log_axes_are_labelled_in_full_with_units():
+    ticks = log_ticks([0.0031, 0.042], units.seconds)
+    assert ticks["type"] == "log" and ticks["tickvals"] == pytest.approx([0.002, 0.005, 0.01, 0.02, 0.05])
+    assert ticks["ticktext"] == ["2.00 ms", "5.00 ms", "10.00 ms", "20.00 ms", "50.00 ms"]
+    wide = log_ticks([1e-4, 50.0])
+    assert wide["tickvals"] == pytest.approx([1e-4, 1e-3, 1e-2, 0.1, 1, 10])
+    narrow = log_ticks([0.31, 0.35], units.seconds)
+    assert narrow["ticktext"] == ["310.00 ms", "350.00 ms"]  # within one step: its ends, never a bare "3"
+    assert log_ticks([1.619, 1.624], units.seconds)["ticktext"] == ["1.619 s"]  # ends that would overlap: one
+    assert log_ticks([0.0, -1.0]) == {}
+
+
+def test_compute_is_in_the_unit_that_reads_1_to_999(study, tmp_path):
+    import json
+
+    from diffmeter.flops.profile import profile
+
+    profiles = [profile("tiny-sd", height=size, width=size) for size in (32, 64)]
+    (tmp_path / "profiles.json").write_text(json.dumps({"profiles": [p.to_json_dict() for p in profiles]}))
+    figures = compute(read_study(tmp_path))
+    shares, by_size = figures[0].figure, figures[1].figure
+    factor, prefix = units.prefix(max(p.total_flops for p in profiles))
+    assert prefix in ("M", "G") and f" {prefix}FLOPs)" in shares.data[0].y[0]  # "... (389.40 MFLOPs)"
+    assert by_size.layout.yaxis.title.text == f"{prefix}FLOPs per image"
+    assert all(1 <= y < 1000 for trace in by_size.data for y in trace.y)
+
+
+def test_every_subplot_draws_a_series_in_one_colour(study):
+    (batch,) = scaling(study)
+    colors: dict[str, set] = {}
+    for trace in batch.figure.data:
+        colors.setdefault(trace.legendgroup, set()).update({trace.marker.color, trace.line.color})
+    assert colors and all(len(found) == 1 for found in colors.values()), colors
+    assert len(batch.figure.data) == 3 * len(colors)  # latency, throughput and compute per series
