@@ -11,6 +11,7 @@ import typer
 
 from diffmeter.cli.app import command, console, load_libraries
 from diffmeter.cli.options import (
+    GENERATION,
     AsJson,
     BatchSize,
     GpuName,
@@ -60,32 +61,53 @@ def profile(
     ] = None,
     all_models: Annotated[bool, typer.Option("--all", help="profile every real catalog model")] = False,
     height: Annotated[
-        str | None, typer.Option(help="pixels; a comma list for a scaling table; alone, the width follows it")
+        str | None,
+        typer.Option(
+            metavar="N[,N...]",
+            help="pixels, or a list for a scaling table; alone, the width follows",
+            rich_help_panel=GENERATION,
+        ),
     ] = None,
-    width: Annotated[str | None, typer.Option(help="pixels; a comma list paired with --height")] = None,
-    steps: Annotated[str | None, typer.Option(help="denoising steps; a comma list for a scaling table")] = None,
+    width: Annotated[
+        str | None,
+        typer.Option(metavar="N[,N...]", help="pixels, a list paired with --height", rich_help_panel=GENERATION),
+    ] = None,
+    steps: Annotated[
+        str | None,
+        typer.Option(
+            metavar="N[,N...]", help="denoising steps, or a list for a scaling table", rich_help_panel=GENERATION
+        ),
+    ] = None,
     batch_size: BatchSize = 1,
     guidance_scale: GuidanceScale = None,
     num_frames: NumFrames = None,
-    dtype: Annotated[str | None, typer.Option(help="float16 | bfloat16 | float32 (parameter memory)")] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DTYPE", help="float16 | bfloat16 | float32 (parameter memory)", rich_help_panel=GENERATION
+        ),
+    ] = None,
     prompt_tokens: Annotated[
         int | None,
-        typer.Option(help="real prompt tokens, for pipelines whose compute depends on it (Kandinsky 3, Lumina)"),
+        typer.Option(
+            help="real prompt tokens, where compute depends on it (Kandinsky 3, Lumina)", rich_help_panel=GENERATION
+        ),
     ] = None,
     negative_prompt_tokens: Annotated[
-        int | None, typer.Option(help="real negative-prompt tokens (Lumina-Image-2.0)")
+        int | None, typer.Option(help="real negative-prompt tokens (Lumina-Image-2.0)", rich_help_panel=GENERATION)
     ] = None,
     max_sequence_length: MaxSequenceLength = None,
     instruction_tokens: Annotated[
         int | None,
-        typer.Option(help="SANA: tokens of the complex human instruction; 0 for none (complex_human_instruction=None)"),
+        typer.Option(help="SANA: complex human instruction tokens (0: none)", rich_help_panel=GENERATION),
     ] = None,
     glyph_text: Annotated[
         bool | None,
         typer.Option(
             "--glyph-text/--no-glyph-text",
-            help="HunyuanImage 2.1, HunyuanVideo 1.5: whether prompts quote text for the ByT5 glyph encoder "
+            help="HunyuanImage 2.1, HunyuanVideo 1.5: prompts quote text for the ByT5 glyph encoder "
             "(default: assumed, an upper bound)",
+            rich_help_panel=GENERATION,
         ),
     ] = None,
     resolution_binning: ResolutionBinning = True,
