@@ -1,4 +1,4 @@
-"""`diffmeter profile` and `diffmeter models`: compute from configs alone."""
+"""`diffmeter profile`: compute from configs alone."""
 
 from __future__ import annotations
 
@@ -255,49 +255,3 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
         console.print(profile_table(found))
         console.print(memory_table(memory, chosen))
         console.print(time_table(time) if time else f"no time prediction: {lacking}", markup=False)
-
-
-@command()
-def models(as_json: AsJson = False) -> None:
-    """List the catalog: family, components, parameters and defaults."""
-    from diffmeter.catalog import all_entries
-    from diffmeter.flops.cached import cached_params
-    from diffmeter.report.tables import catalog_table
-
-    entries = list(all_entries())
-    stored = [[cached_params(component) for component in e.components.values()] for e in entries]
-    counts = [sum(values) if None not in values else None for values in stored]
-    missing = [entry for entry, count in zip(entries, counts, strict=True) if count is None]
-    if missing:  # counted once per configuration, then answered from the cache
-        load_libraries()
-        from diffmeter.parallel import parallel_map
-
-        with progress_bar(False) as progress:
-            report = (lambda finished, total: progress("counting parameters", finished, total)) if progress else None
-            counted = iter(parallel_map(_entry_params, missing, done=report))
-        counts = [count if count is not None else next(counted) for count in counts]
-    params = dict(zip((e.id for e in entries), counts, strict=True))
-    if as_json:
-        rows = [
-            {
-                "name": e.name,
-                "id": e.id,
-                "aliases": e.aliases,
-                "family": e.family,
-                "origin": e.origin,
-                "components": {n: c.class_name for n, c in e.components.items()},
-                "params": params[e.id],
-                "defaults": e.defaults.model_dump(),
-                "text_max_length": e.text_max_length,
-            }
-            for e in entries
-        ]
-        print(json.dumps(rows, indent=2))
-    else:
-        console.print(catalog_table(entries, params))
-
-
-def _entry_params(entry) -> int:
-    from diffmeter.flops.profile import MetaComponent
-
-    return sum(MetaComponent(component).params for component in entry.components.values())
