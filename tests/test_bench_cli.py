@@ -57,6 +57,8 @@ BAD = [
     (["tiny-sd", "--device", "mps"], "--device mps is not supported"),
     (["tiny-sd", "--target-precision", "2"], "--target-precision is a fraction"),
     (["tiny-sd", "--batch-size", "10000000"], "needs at least"),
+    (["tiny-sd", "--batch-size", "99999999999"], "--batch-size 99999999999 is too large"),
+    (["tiny-sd", "--batch-size", "99999999999", "--vae-slicing"], "--batch-size 99999999999 is too large"),
     (["tiny-sd", "--warmup", "0"], "--warmup must be at least 1"),
     (["tiny-sd", "--iterations", "0"], "--iterations must be at least 1"),
     (["tiny-sd", "--dtype", "int8"], "unknown dtype 'int8'"),
@@ -216,3 +218,11 @@ def test_running_out_of_cpu_memory_is_a_stored_failed_result(tmp_path):
     (folder,) = tmp_path.iterdir()
     failed = json.loads((folder / RESULTS).read_text())
     assert failed["status"] == "failed" and "can't allocate memory" in failed["error"]
+
+
+def test_a_batch_too_large_names_batch_size_and_the_largest_that_fits(cli, tmp_path):
+    code, _, err = cli("bench", "tiny-sd", "--batch-size", "99999999999", "--out", tmp_path)
+    (line,) = err.strip().splitlines()
+    assert code == 2 and line.startswith("error: --batch-size 99999999999 is too large") and "Traceback" not in err
+    largest = int(line.split("pass --batch-size ")[1].split()[0])
+    assert 1 <= largest < 99999999999 and "--height" not in line and "the size" not in line

@@ -9,7 +9,7 @@ from rich.text import Text
 from diffmeter import profile
 from diffmeter.catalog import all_entries
 from diffmeter.report.layout import FittedTable
-from diffmeter.report.tables import catalog_table, profile_table, summary_table
+from diffmeter.report.tables import profile_table, summary_table
 
 WIDTHS = [80, 120]
 MODELS = ["flux-dev", "wan21-t2v-14b", "pixart-sigma-1024", "sd15"]
@@ -52,15 +52,6 @@ def test_profile_tables_fit(width):
     text = check(summary_table(profiles), width, MODELS)
     if width == 80:
         assert "not shown at this width:" in text  # columns give way, and the caption says which
-
-
-@pytest.mark.parametrize("width", WIDTHS)
-def test_the_catalog_table_keeps_hub_ids_whole(width):
-    from diffmeter.flops.profile import MetaComponent
-
-    entries = [entry for entry in all_entries() if entry.origin == "catalog"][:8]
-    params = {e.id: sum(MetaComponent(c).params for c in e.components.values()) for e in entries}
-    check(catalog_table(entries, params), width, [entry.id for entry in entries])
 
 
 @pytest.mark.parametrize("width", WIDTHS)

@@ -6,7 +6,8 @@ Modules import torch, diffusers and the rest only inside the commands that need 
 # isort: skip_file
 
 from diffmeter.cli.app import app, main
-from diffmeter.cli import profile  # noqa: F401  (registers profile, models)
+from diffmeter.cli import profile  # noqa: F401  (registers profile)
+from diffmeter.cli import models  # noqa: F401  (registers models)
 from diffmeter.cli import fit  # noqa: F401  (registers fit)
 from diffmeter.cli import bench  # noqa: F401  (registers bench, show)
 from diffmeter.cli import optimizations  # noqa: F401  (registers optimizations, ladder)

@@ -14,10 +14,20 @@ import typer.core
 from rich.console import Console
 from rich.markup import escape
 
+from diffmeter.cli.help import print_help
 from diffmeter.errors import DiffmeterError
 from diffmeter.quiet import keep_library_warnings_off_the_terminal
 
+
+class Group(typer.core.TyperGroup):
+    """The command group, its help laid out by ``help`` like every command's."""
+
+    def format_help(self, ctx, formatter) -> None:
+        print_help(self, ctx)
+
+
 app = typer.Typer(
+    cls=Group,
     add_completion=False,
     no_args_is_help=True,
     help="Measure diffusion-model inference: exact MACs/FLOPs per component, measured latency, memory, energy.",
@@ -29,7 +39,11 @@ console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ e
 
 class Command(typer.core.TyperCommand):
     """A command whose usage line names arguments plainly (``MODEL``, not typer's ``{MODEL}``),
-    and that refuses an option given twice instead of silently keeping the last one."""
+    that refuses an option given twice instead of silently keeping the last one, and whose help
+    fits the terminal (``help``)."""
+
+    def format_help(self, ctx, formatter) -> None:
+        print_help(self, ctx)
 
     def collect_usage_pieces(self, ctx) -> list[str]:
         return [re.sub(r"\{([^{}]*)\}", r"\1", piece) for piece in super().collect_usage_pieces(ctx)]

@@ -40,12 +40,16 @@ OPTIMIZATION_FLAGS = (
 def bench(
     ctx: typer.Context,
     model: o.ModelArgument,
-    prompt: Annotated[str | None, typer.Option(help="one prompt for every image")] = None,
+    prompt: Annotated[str | None, typer.Option(help="one prompt for every image", rich_help_panel=o.GENERATION)] = None,
     prompts: Annotated[
-        str | None, typer.Option(metavar="FILE", help="prompts from a .txt (a line each), .jsonl or .csv file")
+        str | None,
+        typer.Option(
+            metavar="FILE", help="prompts file: .txt (a line each), .jsonl or .csv", rich_help_panel=o.GENERATION
+        ),
     ] = None,
     num_prompts: Annotated[
-        int | None, typer.Option(help="prompts sampled with the seed (default: batch-size x iterations)")
+        int | None,
+        typer.Option(help="prompts to sample (default: batch size x iterations)", rich_help_panel=o.GENERATION),
     ] = None,
     batch_size: o.BatchSize = 1,
     height: o.Height = None,
@@ -58,27 +62,49 @@ def bench(
     seed: o.Seed = 0,
     dtype: Annotated[
         str | None,
-        typer.Option(help="bf16 | fp16 | fp32 (default: the model's on CUDA, fp32 on CPU)", envvar="DIFFMETER_DTYPE"),
+        typer.Option(
+            metavar="DTYPE",
+            help="bf16 | fp16 | fp32 (default: the model's on CUDA, fp32 on CPU)",
+            envvar="DIFFMETER_DTYPE",
+            rich_help_panel=o.GENERATION,
+        ),
     ] = None,
     device: o.Device = None,
     warmup: o.Warmup = 1,
     iterations: o.Iterations = 3,
-    min_duration: Annotated[float, typer.Option(help="keep measuring until this many seconds have passed")] = 0.0,
+    min_duration: Annotated[
+        float,
+        typer.Option(metavar="SECONDS", help="measure for at least this long", rich_help_panel=o.MEASUREMENT),
+    ] = 0.0,
     target_precision: Annotated[
         float | None,
         typer.Option(
-            help="keep measuring until the median latency's 95% interval is within +- this fraction (0.02: +-2%)"
+            metavar="X",
+            help="measure until the median's 95% interval is within +- this fraction (0.02: +-2%)",
+            rich_help_panel=o.MEASUREMENT,
         ),
     ] = None,
-    max_iterations: Annotated[int, typer.Option(help="the most measured calls --target-precision may take")] = 100,
+    max_iterations: Annotated[
+        int, typer.Option(help="most calls --target-precision may take", rich_help_panel=o.MEASUREMENT)
+    ] = 100,
     random_weights: o.RandomWeights = False,
-    save_images: Annotated[bool, typer.Option(help="write the generated images to images/")] = True,
+    save_images: Annotated[
+        bool, typer.Option(help="write the images to the run folder's images/", rich_help_panel=o.OUTPUT)
+    ] = True,
     peak_tflops: Annotated[
-        float | None, typer.Option(help="the device's peak TFLOP/s for MFU (default: from the datasheet table)")
+        float | None,
+        typer.Option(
+            metavar="X", help="peak TFLOP/s for MFU (default: the datasheet table's)", rich_help_panel=o.MEASUREMENT
+        ),
     ] = None,
     tf32: Annotated[
         bool | None,
-        typer.Option("--tf32/--no-tf32", help="TF32 matmuls (default: on for CUDA)", envvar="DIFFMETER_TF32"),
+        typer.Option(
+            "--tf32/--no-tf32",
+            help="TF32 matmuls (default: on for CUDA)",
+            envvar="DIFFMETER_TF32",
+            rich_help_panel=o.MEASUREMENT,
+        ),
     ] = None,
     compile: o.Compile = None,
     compile_fullgraph: o.CompileFullgraph = False,
@@ -101,12 +127,10 @@ def bench(
     opt: o.Opt = None,
     compare_baseline: Annotated[
         bool,
-        typer.Option(
-            help="also run without optimizations; store PSNR/SSIM against it", rich_help_panel=o.OPTIMIZATIONS
-        ),
+        typer.Option(help="also run unoptimized; store PSNR/SSIM against it", rich_help_panel=o.OPTIMIZATIONS),
     ] = False,
     memory_check: Annotated[
-        bool, typer.Option(help="refuse up front a run that cannot fit in the device's available memory")
+        bool, typer.Option(help="refuse up front a run that cannot fit", rich_help_panel=o.MEASUREMENT)
     ] = True,
     ulysses_degree: o.UlyssesDegree = 1,
     ring_degree: o.RingDegree = 1,
@@ -124,22 +148,26 @@ def bench(
     trace: Annotated[
         bool,
         typer.Option(
-            help="one extra call after the measured ones under torch.profiler: a Chrome trace and the top "
-            "operators per stage in the run folder (see `show --ops`)"
+            help="one more call under torch.profiler: a Chrome trace, top operators per stage (docs/trace.md)",
+            rich_help_panel=o.MEASUREMENT,
         ),
     ] = False,
     predict: Annotated[
         bool,
         typer.Option(
-            help="store the offline prediction of peak memory and time for the run's device beside the measured "
-            "figures (see `profile --gpu`)",
+            help="store the predicted peak memory and time beside the measured ones (docs/memory-prediction.md)",
             envvar="DIFFMETER_PREDICT",
+            rich_help_panel=o.MEASUREMENT,
         ),
     ] = True,
     out: o.Out = "results",
     force: o.Force = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress and no table")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="print the result summary as JSON")] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="no progress and no table", rich_help_panel=o.OUTPUT)
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print the result summary as JSON", rich_help_panel=o.OUTPUT)
+    ] = False,
 ) -> None:
     """Run real generations and measure per-stage latency, memory, energy and MFU, with speed-ups applied by name."""
     load_libraries()

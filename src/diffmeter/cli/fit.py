@@ -10,6 +10,7 @@ import typer
 
 from diffmeter.cli.app import command, console, load_libraries
 from diffmeter.cli.options import (
+    GENERATION,
     AsJson,
     BatchSize,
     GpuName,
@@ -26,7 +27,8 @@ from diffmeter.errors import DiffmeterError
 def fit(
     model: ModelArgument,
     memory: Annotated[
-        str | None, typer.Option(help='GPU memory to fit in, e.g. "24GB" (GB read as GiB, as on datasheets)')
+        str | None,
+        typer.Option(metavar="SIZE", help='GPU memory to fit in, e.g. "24GB" (GB read as GiB, as on datasheets)'),
     ] = None,
     gpu: GpuName = None,
     height: Height = None,
@@ -34,7 +36,9 @@ def fit(
     batch_size: BatchSize = 1,
     guidance_scale: GuidanceScale = None,
     num_frames: NumFrames = None,
-    dtype: Annotated[str | None, typer.Option(help="float16 | bfloat16 | float32")] = None,
+    dtype: Annotated[
+        str | None, typer.Option(metavar="DTYPE", help="float16 | bfloat16 | float32", rich_help_panel=GENERATION)
+    ] = None,
     as_json: AsJson = False,
 ) -> None:
     """List the memory settings (offload, quantization, VAE tiling, fp8 text encoder) whose predicted

@@ -22,7 +22,8 @@ def optimizations(
         typer.Argument(metavar="MODEL", help="say which techniques apply to MODEL, and why not", show_default=False),
     ] = None,
     device: Annotated[
-        str | None, typer.Option(help="the device the run would use: cuda or cpu (default: cuda when present)")
+        str | None,
+        typer.Option(metavar="DEVICE", help="the device the run would use: cuda or cpu (default: cuda when present)"),
     ] = None,
     as_json: o.AsJson = False,
 ) -> None:
@@ -67,29 +68,41 @@ def ladder(
     rungs: Annotated[
         str,
         typer.Option(
+            metavar="A,B,...",
             help="techniques added in turn: scheduler, compile, half, attention, cache, runtime "
-            "(ONNX Runtime or TensorRT; not with compile or a cache)"
+            "(ONNX Runtime or TensorRT; not with compile or a cache)",
         ),
     ] = "scheduler,compile,half,attention,cache",
-    steps: Annotated[int | None, typer.Option(help="baseline steps (default: the model's)")] = None,
-    fast_steps: Annotated[
-        int | None, typer.Option(help="steps from the scheduler rung on (default: min(20, steps))")
+    steps: Annotated[
+        int | None, typer.Option(help="baseline steps (default: the model's)", rich_help_panel=o.GENERATION)
     ] = None,
-    compile_mode: Annotated[str, typer.Option(help="torch.compile mode of the compile rung")] = "default",
+    fast_steps: Annotated[
+        int | None,
+        typer.Option(help="steps from the scheduler rung on (default: min(20, steps))", rich_help_panel=o.GENERATION),
+    ] = None,
+    compile_mode: Annotated[
+        str, typer.Option(metavar="MODE", help="torch.compile mode of the compile rung")
+    ] = "default",
     batch_size: o.BatchSize = 1,
     height: o.Height = None,
     width: o.Width = None,
     seed: o.Seed = 0,
     device: o.Device = None,
-    warmup: Annotated[int, typer.Option(help="untimed calls per rung, the first one cold")] = 1,
-    iterations: Annotated[int, typer.Option(help="measured calls per rung")] = 3,
+    warmup: Annotated[
+        int, typer.Option(help="untimed calls per rung, the first one cold", rich_help_panel=o.MEASUREMENT)
+    ] = 1,
+    iterations: Annotated[int, typer.Option(help="measured calls per rung", rich_help_panel=o.MEASUREMENT)] = 3,
     random_weights: o.RandomWeights = False,
-    out: Annotated[str, typer.Option(help="folder for the rung runs and ladder-*.json")] = "results",
-    force: Annotated[bool, typer.Option(help="re-run rungs already stored in --out")] = False,
+    out: Annotated[
+        str,
+        typer.Option(metavar="DIR", help="folder for the rung runs and ladder-*.json", rich_help_panel=o.OUTPUT),
+    ] = "results",
+    force: Annotated[bool, typer.Option(help="re-run rungs already stored in --out", rich_help_panel=o.OUTPUT)] = False,
     recheck: Annotated[
-        bool, typer.Option(help="measure the baseline again after the last rung, to show drift in the machine's speed")
+        bool,
+        typer.Option(help="measure the baseline again at the end, to show drift", rich_help_panel=o.MEASUREMENT),
     ] = True,
-    as_json: Annotated[bool, typer.Option("--json", help="print the ladder as JSON")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the ladder as JSON", rich_help_panel=o.OUTPUT)] = False,
 ) -> None:
     """Measure a ladder of speed-ups: the baseline, then one technique added per rung, each against the baseline."""
     load_libraries()

@@ -1,4 +1,4 @@
-"""`diffmeter profile` and `diffmeter models`: compute from configs alone."""
+"""`diffmeter profile`: compute from configs alone."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import typer
 
 from diffmeter.cli.app import command, console, load_libraries
 from diffmeter.cli.options import (
+    GENERATION,
     AsJson,
     BatchSize,
     GpuName,
@@ -60,32 +61,53 @@ def profile(
     ] = None,
     all_models: Annotated[bool, typer.Option("--all", help="profile every real catalog model")] = False,
     height: Annotated[
-        str | None, typer.Option(help="pixels; a comma list for a scaling table; alone, the width follows it")
+        str | None,
+        typer.Option(
+            metavar="N[,N...]",
+            help="pixels, or a list for a scaling table; alone, the width follows",
+            rich_help_panel=GENERATION,
+        ),
     ] = None,
-    width: Annotated[str | None, typer.Option(help="pixels; a comma list paired with --height")] = None,
-    steps: Annotated[str | None, typer.Option(help="denoising steps; a comma list for a scaling table")] = None,
+    width: Annotated[
+        str | None,
+        typer.Option(metavar="N[,N...]", help="pixels, a list paired with --height", rich_help_panel=GENERATION),
+    ] = None,
+    steps: Annotated[
+        str | None,
+        typer.Option(
+            metavar="N[,N...]", help="denoising steps, or a list for a scaling table", rich_help_panel=GENERATION
+        ),
+    ] = None,
     batch_size: BatchSize = 1,
     guidance_scale: GuidanceScale = None,
     num_frames: NumFrames = None,
-    dtype: Annotated[str | None, typer.Option(help="float16 | bfloat16 | float32 (parameter memory)")] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DTYPE", help="float16 | bfloat16 | float32 (parameter memory)", rich_help_panel=GENERATION
+        ),
+    ] = None,
     prompt_tokens: Annotated[
         int | None,
-        typer.Option(help="real prompt tokens, for pipelines whose compute depends on it (Kandinsky 3, Lumina)"),
+        typer.Option(
+            help="real prompt tokens, where compute depends on it (Kandinsky 3, Lumina)", rich_help_panel=GENERATION
+        ),
     ] = None,
     negative_prompt_tokens: Annotated[
-        int | None, typer.Option(help="real negative-prompt tokens (Lumina-Image-2.0)")
+        int | None, typer.Option(help="real negative-prompt tokens (Lumina-Image-2.0)", rich_help_panel=GENERATION)
     ] = None,
     max_sequence_length: MaxSequenceLength = None,
     instruction_tokens: Annotated[
         int | None,
-        typer.Option(help="SANA: tokens of the complex human instruction; 0 for none (complex_human_instruction=None)"),
+        typer.Option(help="SANA: complex human instruction tokens (0: none)", rich_help_panel=GENERATION),
     ] = None,
     glyph_text: Annotated[
         bool | None,
         typer.Option(
             "--glyph-text/--no-glyph-text",
-            help="HunyuanImage 2.1, HunyuanVideo 1.5: whether prompts quote text for the ByT5 glyph encoder "
+            help="HunyuanImage 2.1, HunyuanVideo 1.5: prompts quote text for the ByT5 glyph encoder "
             "(default: assumed, an upper bound)",
+            rich_help_panel=GENERATION,
         ),
     ] = None,
     resolution_binning: ResolutionBinning = True,
@@ -233,49 +255,3 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
         console.print(profile_table(found))
         console.print(memory_table(memory, chosen))
         console.print(time_table(time) if time else f"no time prediction: {lacking}", markup=False)
-
-
-@command()
-def models(as_json: AsJson = False) -> None:
-    """List the catalog: family, components, parameters and defaults."""
-    from diffmeter.catalog import all_entries
-    from diffmeter.flops.cached import cached_params
-    from diffmeter.report.tables import catalog_table
-
-    entries = list(all_entries())
-    stored = [[cached_params(component) for component in e.components.values()] for e in entries]
-    counts = [sum(values) if None not in values else None for values in stored]
-    missing = [entry for entry, count in zip(entries, counts, strict=True) if count is None]
-    if missing:  # counted once per configuration, then answered from the cache
-        load_libraries()
-        from diffmeter.parallel import parallel_map
-
-        with progress_bar(False) as progress:
-            report = (lambda finished, total: progress("counting parameters", finished, total)) if progress else None
-            counted = iter(parallel_map(_entry_params, missing, done=report))
-        counts = [count if count is not None else next(counted) for count in counts]
-    params = dict(zip((e.id for e in entries), counts, strict=True))
-    if as_json:
-        rows = [
-            {
-                "name": e.name,
-                "id": e.id,
-                "aliases": e.aliases,
-                "family": e.family,
-                "origin": e.origin,
-                "components": {n: c.class_name for n, c in e.components.items()},
-                "params": params[e.id],
-                "defaults": e.defaults.model_dump(),
-                "text_max_length": e.text_max_length,
-            }
-            for e in entries
-        ]
-        print(json.dumps(rows, indent=2))
-    else:
-        console.print(catalog_table(entries, params))
-
-
-def _entry_params(entry) -> int:
-    from diffmeter.flops.profile import MetaComponent
-
-    return sum(MetaComponent(component).params for component in entry.components.values())

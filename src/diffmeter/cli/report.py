@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from diffmeter.cli.app import command, console, load_libraries
-from diffmeter.cli.options import AsJson, Force
+from diffmeter.cli.options import AsJson
 
 
 @command()
@@ -19,10 +19,10 @@ def report(
             metavar="DIR", help="the --out folder of bench, ladder or sweep (any depth)", show_default=False
         ),
     ],
-    out: Annotated[str, typer.Option("-o", "--out", help="the HTML file to write")] = "report.html",
+    out: Annotated[str, typer.Option("-o", "--out", metavar="FILE", help="the HTML file to write")] = "report.html",
     title: Annotated[str, typer.Option(help="the page's title")] = "diffmeter report",
     images: Annotated[int, typer.Option(help="image pairs shown per lossy run (0: none)")] = 4,
-    force: Force = False,
+    force: Annotated[bool, typer.Option(help="replace the HTML file if it exists")] = False,
 ) -> None:
     """Every run, ladder and profile under DIR as one HTML page that opens offline: summary, plots, images."""
     load_libraries()

@@ -13,8 +13,8 @@ from diffmeter.cli import options as o
 from diffmeter.cli.app import command, console, load_libraries
 from diffmeter.errors import DiffmeterError
 
-AXES = "axes (comma-separated values; each combination is a cell)"
-FIXED = "fixed options (the same in every cell)"
+AXES = "Axes (comma-separated values; each combination is a cell)"
+FIXED = "Fixed (the same in every cell)"
 
 
 def _axis(help: str):
@@ -52,7 +52,9 @@ def sweep(
     ] = None,
     iterations: Annotated[int | None, typer.Option(help="measured calls per cell", rich_help_panel=FIXED)] = None,
     warmup: Annotated[int | None, typer.Option(help="untimed calls first", rich_help_panel=FIXED)] = None,
-    device: Annotated[str | None, typer.Option(help="cuda or cpu for every cell", rich_help_panel=FIXED)] = None,
+    device: Annotated[
+        str | None, typer.Option(metavar="DEVICE", help="cuda or cpu for every cell", rich_help_panel=FIXED)
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="image n gets seed + n", rich_help_panel=FIXED)] = None,
     prompt: Annotated[str | None, typer.Option(help="one prompt for every image", rich_help_panel=FIXED)] = None,
     random_weights: Annotated[

@@ -71,3 +71,10 @@ def read_peaks(device: torch.device, loaded: int | None, rss_was_reset: bool) ->
             **rss,
         )
     return PeakMemory(**rss)
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
+    if isinstance(error, torch.cuda.OutOfMemoryError | MemoryError):
+        return True
+    return "can't allocate memory" in str(error) or "not enough memory" in str(error).lower()

@@ -1,11 +1,10 @@
-"""Rich tables for profiles and the catalog (laid out to the terminal's width, see ``layout``)."""
+"""Rich tables for profiles (laid out to the terminal's width, see ``layout``)."""
 
 from __future__ import annotations
 
 from rich.markup import escape
 
 from diffmeter import units
-from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.flops.schema import Profile
 from diffmeter.report.layout import Column, FittedTable
 
@@ -125,31 +124,4 @@ def summary_table(profiles: list[Profile]) -> FittedTable:
     table.caption = "1 MAC = 1 multiply-add = 2 FLOPs. Denoiser per step includes the CFG batch."
     if any(p.requested_width is not None for p in profiles):
         table.caption += " asked: the size requested; the pipeline binned or rounded it and made the size shown."
-    return table
-
-
-def catalog_table(entries: list[PipelineEntry], params: dict[str, int]) -> FittedTable:
-    table = FittedTable(
-        "diffmeter catalog",
-        [
-            Column("name", justify="left"),
-            Column("hub id", justify="left"),
-            Column("family", justify="left", drop=3),
-            Column("components", justify="left", drop=1),
-            Column("params", drop=4),
-            Column("defaults", justify="left", drop=2),
-        ],
-    )
-    for entry in entries:
-        d = entry.defaults
-        frames = f"x{d.num_frames}f" if d.num_frames else ""
-        components = ", ".join(f"{name}: {c.class_name}" for name, c in entry.components.items())
-        table.add_row(
-            escape(entry.name),
-            escape(entry.id),
-            entry.family,
-            components,
-            units.params(params[entry.id]),
-            f"{d.width}x{d.height}{frames} (WxH), {d.steps} steps, guidance {d.guidance_scale:g}, {d.dtype}",
-        )
     return table

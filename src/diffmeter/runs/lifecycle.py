@@ -26,7 +26,7 @@ from diffmeter.measure.clock import clock_for, device_scope
 from diffmeter.measure.compilation import watch_compilation
 from diffmeter.measure.conditions import ConditionsMonitor
 from diffmeter.measure.energy import Energy, EnergyMeter
-from diffmeter.measure.memory import loaded_bytes, read_peaks, reset_peaks
+from diffmeter.measure.memory import loaded_bytes, out_of_memory, read_peaks, reset_peaks
 from diffmeter.measure.stages import StageTimer
 from diffmeter.optimize import build
 from diffmeter.optimize.tf32 import fp32_math, fp32_precision
@@ -385,13 +385,6 @@ def stored_or_run(spec: BenchSpec, out, progress=None, rerun: bool = False):
         if stored.status == "complete" and wanted <= held:
             return stored, folder
     return bench(spec, out=out, force=True, progress=progress)
-
-
-def out_of_memory(error: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
-    if isinstance(error, torch.cuda.OutOfMemoryError | MemoryError):
-        return True
-    return "can't allocate memory" in str(error) or "not enough memory" in str(error).lower()
 
 
 def _strict_fp32(device: torch.device):

@@ -2,10 +2,10 @@
 killed by the kernel on a CPU machine).
 
 The estimate is a lower bound, so the check only refuses what surely does not fit: the
-parameters at the run's dtype, plus the one activation every decode must hold, the VAE
-decoder's last feature map at full resolution (its first block's channels, at the image size,
-for every image of the batch, or one at a time with VAE slicing). Offloading runs skip the
-check (weights are not all resident), and ``--no-memory-check`` skips it on request.
+parameters at the run's dtype, plus what every decode must hold: the VAE decoder's last feature
+map at full resolution (its first block's channels, at the image size, for every image of the
+batch, or one at a time with VAE slicing) and the decoded images themselves. Offloading runs skip
+the check (weights are not all resident), and ``--no-memory-check`` skips it on request.
 """
 
 from __future__ import annotations
@@ -30,33 +30,51 @@ def available_bytes(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
-def decoder_bytes(spec, entry, decoder: str) -> tuple[int, int]:
-    """(bytes, channels) of the decoder's full-resolution feature map for the images decoded at once."""
-    config = entry.components[decoder].config
-    channels = 3
+def full_resolution_channels(config: dict) -> int:
+    """Channels of the decoder's last feature map, at the image size (3 when the config does not say)."""
     for key in FULL_RESOLUTION_CHANNELS:
         value = config.get(key)
         if value:
-            channels = value[0] if isinstance(value, list) else value
-            break
-    images = 1 if any(o.name == "vae-slicing" for o in spec.optimizations) else spec.batch_size
-    frames = spec.num_frames or 1
-    return images * channels * frames * spec.height * spec.width * BYTES[spec.dtype], channels
+            return value[0] if isinstance(value, list) else value
+    return 3
+
+
+def decode_bytes(spec, entry, decoder: str, batch: int) -> tuple[int, int]:
+    """(bytes, channels) a decode of ``batch`` images surely holds: the full-resolution feature map of
+    the images decoded at once (one with VAE slicing; not counted with tiling), and the decoded images."""
+    names = {o.name for o in spec.optimizations}
+    pixels = (spec.num_frames or 1) * spec.height * spec.width * BYTES[spec.dtype]
+    channels = 0 if "vae-tiling" in names else full_resolution_channels(entry.components[decoder].config)
+    at_once = 1 if "vae-slicing" in names else batch
+    return (at_once * channels + 3 * batch) * pixels, channels
 
 
 def check_fits(spec, entry, decoder: str, profile: Profile, device: torch.device) -> None:
-    """Raise with the figures when the lower bound exceeds what ``device`` has available."""
-    names = {o.name for o in spec.optimizations}
-    if "offload" in names:
+    """Raise with the figures when the lower bound exceeds what ``device`` has available; when one
+    image would fit, name --batch-size and the largest batch that fits."""
+    if any(o.name == "offload" for o in spec.optimizations):
         return
-    decode, channels = (0, 0) if "vae-tiling" in names else decoder_bytes(spec, entry, decoder)
     parameters = profile.param_bytes
+    decode, channels = decode_bytes(spec, entry, decoder, spec.batch_size)
     needed = parameters + decode
     available = available_bytes(device)
-    if needed > available:
+    if needed <= available:
+        return
+    held = f"the VAE decoder's {channels}-channel full-resolution activations and " if channels else "the "
+    figures = (
+        f"at least {units.nbytes(needed)} on {device} (parameters {units.nbytes(parameters)} + {held}decoded "
+        f"images {units.nbytes(decode)}) and {units.nbytes(available)} is available"
+    )
+    one = decode_bytes(spec, entry, decoder, 1)[0]
+    extra = decode_bytes(spec, entry, decoder, 2)[0] - one  # what each further image adds
+    most = 1 + (available - parameters - one) // extra if parameters + one <= available else 0
+    if most >= 1:
+        slicing = ", add --vae-slicing" if channels and one * spec.batch_size == decode else ""
         raise DoesNotFit(
-            f"this run needs at least {units.nbytes(needed)} on {device} (parameters {units.nbytes(parameters)} "
-            f"+ the VAE decoder's {channels}-channel full-resolution activations {units.nbytes(decode)}) and "
-            f"{units.nbytes(available)} is available: lower --batch-size or the size, add --vae-slicing or "
-            "--vae-tiling, or pass --no-memory-check"
+            f"--batch-size {spec.batch_size} is too large: it needs {figures}; pass --batch-size {most} or "
+            f"less{slicing}, or pass --no-memory-check"
         )
+    raise DoesNotFit(
+        f"this run needs {figures}: lower the size (--height/--width), add --vae-slicing or --vae-tiling, "
+        "or pass --no-memory-check"
+    )

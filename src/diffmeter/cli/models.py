@@ -1,0 +1,134 @@
+"""`diffmeter models`: the catalog, one line per entry at any terminal width.
+
+The columns that matter for choosing a model (name, parameters, default size, steps, guidance,
+dtype) always show; the hub id, family and components follow as the terminal allows, and a
+caption names what was left out and how to see it (a wider terminal, or ``--json``).
+"""
+
+from __future__ import annotations
+
+import json
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from diffmeter import units
+from diffmeter.cli.app import command, console, load_libraries
+from diffmeter.cli.options import AsJson
+from diffmeter.cli.progress import progress_bar
+
+#: header, justification; the first six always show, the rest in this order while they fit
+COLUMNS = [
+    ("name", "left"),
+    ("params", "right"),
+    ("size (WxH)", "left"),
+    ("steps", "right"),
+    ("cfg", "right"),
+    ("dtype", "left"),
+    ("hub id", "left"),
+    ("family", "left"),
+    ("components", "left"),
+]
+ALWAYS = 6
+SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+@command()
+def models(as_json: AsJson = False) -> None:
+    """List the catalog: parameters, default settings, hub id, family and components."""
+    from diffmeter.catalog import all_entries
+
+    entries = list(all_entries())
+    params = parameter_counts(entries)
+    if as_json:
+        rows = [
+            {
+                "name": e.name,
+                "id": e.id,
+                "aliases": e.aliases,
+                "family": e.family,
+                "origin": e.origin,
+                "components": {n: c.class_name for n, c in e.components.items()},
+                "params": params[e.id],
+                "defaults": e.defaults.model_dump(),
+                "text_max_length": e.text_max_length,
+            }
+            for e in entries
+        ]
+        print(json.dumps(rows, indent=2))
+    else:
+        console.print(catalog_table(entries, params, console.width))
+
+
+def parameter_counts(entries) -> dict[str, int]:
+    """Each entry's parameters: from the cache, or counted once on meta tensors and cached."""
+    from diffmeter.flops.cached import cached_params
+
+    stored = [[cached_params(component) for component in e.components.values()] for e in entries]
+    counts = [sum(values) if None not in values else None for values in stored]
+    missing = [entry for entry, count in zip(entries, counts, strict=True) if count is None]
+    if missing:
+        load_libraries()
+        from diffmeter.parallel import parallel_map
+
+        with progress_bar(False) as progress:
+            report = (lambda finished, total: progress("counting parameters", finished, total)) if progress else None
+            counted = iter(parallel_map(entry_params, missing, done=report))
+        counts = [count if count is not None else next(counted) for count in counts]
+    return dict(zip((e.id for e in entries), counts, strict=True))
+
+
+def entry_params(entry) -> int:
+    from diffmeter.flops.profile import MetaComponent
+
+    return sum(MetaComponent(component).params for component in entry.components.values())
+
+
+def cells(entry, params: int) -> list[str]:
+    d = entry.defaults
+    frames = f"x{d.num_frames}f" if d.num_frames else ""
+    return [
+        entry.name,
+        units.params(params).removesuffix(" params"),
+        f"{d.width}x{d.height}{frames}",
+        str(d.steps),
+        f"{d.guidance_scale:g}",
+        SHORT_DTYPES.get(d.dtype, d.dtype),
+        entry.id,
+        entry.family,
+        ", ".join(c.class_name for c in entry.components.values()),
+    ]
+
+
+def build(rows: list[list[str]], shown: int, caption: str | None = None) -> Table:
+    table = Table(
+        title="diffmeter catalog",
+        title_justify="left",
+        caption=caption,
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for header, justify in COLUMNS[:shown]:
+        table.add_column(header, justify=justify, no_wrap=True)
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row[:shown]))
+    return table
+
+
+def catalog_table(entries, params: dict[str, int], width: int) -> Table:
+    """The catalog in ``width`` columns: a line per entry, as many columns as fit whole."""
+    rows = [cells(entry, params[entry.id]) for entry in entries]
+    measure = Console(width=10_000)
+    shown = ALWAYS
+    while shown < len(COLUMNS) and measure.measure(build(rows, shown + 1)).maximum <= width:
+        shown += 1
+    hidden = [header for header, _ in COLUMNS[shown:]]
+    caption = "size: default width x height (x frames); cfg: guidance scale."
+    if hidden:
+        caption += f" Not shown at this width: {', '.join(hidden)} (widen the terminal, or use --json)."
+    return build(rows, shown, caption)
