@@ -433,3 +433,12 @@ def test_offline_cfg_volume_is_the_other_halfs_prediction():
     moved = offline(entry, get_family(entry.family), run.spec.profile_spec().with_defaults(entry.defaults), 1, 1, 2)
     assert moved.cfg_bytes_per_step == config["out_channels"] * latent * latent * 4
     assert moved.bytes_per_step == moved.cfg_bytes_per_step and moved.bytes_per_denoiser_call == 0
+
+
+def test_profile_counts_cfg_parallelism_per_gpu(cli):
+    code, out, _ = cli("profile", "tiny-sd", "--cfg-degree", "2", "--json")
+    split = json.loads(out)["context_parallel_per_gpu_step"]
+    assert code == 0 and split["cfg_degree"] == 2 and split["flops_per_step_per_gpu"] * 2 == split["flops_per_step"]
+    assert split["bytes_received_per_step_per_gpu"] == split["cfg_bytes_per_step"] == 4 * 16 * 16 * 4
+    code, _, err = cli("profile", "tiny-flux", "--cfg-degree", "2")
+    assert code == 2 and "no half to split" in err and len(err.strip().splitlines()) == 1

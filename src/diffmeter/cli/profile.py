@@ -14,6 +14,7 @@ from diffmeter.cli.options import (
     GENERATION,
     AsJson,
     BatchSize,
+    CfgDegree,
     GpuName,
     GpuSpec,
     GuidanceScale,
@@ -117,6 +118,7 @@ def profile(
     as_csv: Annotated[bool, typer.Option("--csv", help="print CSV, a row per component")] = False,
     ulysses_degree: UlyssesDegree = 1,
     ring_degree: RingDegree = 1,
+    cfg_degree: CfgDegree = 1,
     gpu: GpuName = None,
     gpu_spec: GpuSpec = None,
 ) -> None:
@@ -174,20 +176,19 @@ def profile(
             counted = iter(profile_many(missing, depth=depth, jobs=jobs, done=report))
         results = [found if found is not None else next(counted) for found in results]
     split = None
-    if (gpu or gpu_spec) and ulysses_degree * ring_degree > 1:
+    degrees = "--ulysses-degree/--ring-degree/--cfg-degree"
+    if (gpu or gpu_spec) and ulysses_degree * ring_degree * cfg_degree > 1:
         raise DiffmeterError(
-            "--gpu predicts one device's memory; with --ulysses-degree/--ring-degree each GPU holds a share that is "
-            "not predicted yet: drop one of them"
+            f"--gpu predicts one device's memory; with {degrees} each GPU holds a share that is not predicted yet: "
+            "drop one of them"
         )
-    if ulysses_degree * ring_degree > 1:
+    if ulysses_degree * ring_degree * cfg_degree > 1:
         if len(results) != 1:
-            raise DiffmeterError(
-                "--ulysses-degree/--ring-degree count one profile: name one model, size and step count"
-            )
+            raise DiffmeterError(f"{degrees} count one profile: name one model, size and step count")
         load_libraries()
         from diffmeter.distributed.communication import per_gpu_step
 
-        split = per_gpu_step(results[0], ulysses_degree, ring_degree)
+        split = per_gpu_step(results[0], ulysses_degree, ring_degree, cfg_degree)
     if gpu or gpu_spec:
         _predicted(specs, results, gpu, gpu_spec, as_json, as_csv)
     elif as_json:
@@ -209,11 +210,15 @@ def _split_line(split: dict) -> str:
     from diffmeter import units
 
     calls = ", ".join(f"{count} {name}" for name, count in split["collectives_per_denoiser_call"].items())
+    what = [f"{calls} per denoiser call"] if calls else []
+    if split["cfg_degree"] > 1:
+        what.append(f"the other half's prediction, {units.nbytes(split['cfg_bytes_per_step'])} per step")
+    received = units.nbytes(split["bytes_received_per_step_per_gpu"])
     return (
-        f"context parallel, ulysses {split['ulysses_degree']} x ring {split['ring_degree']}, per GPU per denoising "
-        f"step: compute {units.flops(split['flops_per_step_per_gpu'])} (of {units.flops(split['flops_per_step'])}), "
-        f"communication {units.nbytes(split['bytes_received_per_step_per_gpu'])} received ({calls} per denoiser "
-        "call; offline: diffusers' plan on the meta device)"
+        f"ulysses {split['ulysses_degree']} x ring {split['ring_degree']} x CFG {split['cfg_degree']}, per GPU per "
+        f"denoising step: compute {units.flops(split['flops_per_step_per_gpu'])} (of "
+        f"{units.flops(split['flops_per_step'])}), communication {received} received ({'; '.join(what)}; offline: "
+        "the denoiser on the meta device)"
     )
 
 

@@ -144,13 +144,14 @@ def count_first_call(model: torch.nn.Module, store: dict) -> None:
     ]
 
 
-def per_gpu_step(profile, ulysses: int, ring: int) -> dict:
-    """One denoising step on one GPU of a context-parallel group: its share of the compute (FLOPs)
+def per_gpu_step(profile, ulysses: int, ring: int, cfg: int = 1) -> dict:
+    """One denoising step on one GPU of a context- and/or CFG-parallel group: its share of the compute (FLOPs)
     and the bytes it receives, both offline. Raises DiffmeterError where the split cannot run."""
     from diffmeter.catalog import resolve
     from diffmeter.errors import DiffmeterError
     from diffmeter.families import get_family
     from diffmeter.optimize.base import Target
+    from diffmeter.runs.parallel_support import check_cfg_parallel, check_context_parallel
     from diffmeter.runs.spec import BenchSpec
 
     if ring > 1:
@@ -170,17 +171,22 @@ def per_gpu_step(profile, ulysses: int, ring: int) -> dict:
         num_frames=profile.num_frames,
         dtype=profile.dtype,
         ulysses_degree=ulysses,
+        cfg_degree=cfg,
     )
-    from diffmeter.runs.parallel_support import check_context_parallel
-
-    check_context_parallel(spec, Target(entry, family, torch.device("cpu"), profile.dtype, profile.steps))
-    moved = offline(entry, family, spec.profile_spec().with_defaults(entry.defaults), ulysses, ring)
+    target = Target(entry, family, torch.device("cpu"), profile.dtype, profile.steps)
+    if ulysses > 1:
+        check_context_parallel(spec, target)
+    if cfg > 1:
+        check_cfg_parallel(spec, target)
+    moved = offline(entry, family, spec.profile_spec().with_defaults(entry.defaults), ulysses, ring, cfg)
     return {
         "ulysses_degree": ulysses,
         "ring_degree": ring,
+        "cfg_degree": cfg,
         "flops_per_step": 2 * profile.denoiser_macs_per_step,
-        "flops_per_step_per_gpu": 2 * profile.denoiser_macs_per_step // (ulysses * ring),
+        "flops_per_step_per_gpu": 2 * profile.denoiser_macs_per_step // (ulysses * ring * cfg),
         "bytes_received_per_step_per_gpu": moved.bytes_per_step,
+        "cfg_bytes_per_step": moved.cfg_bytes_per_step,
         "collectives_per_denoiser_call": moved.collectives_per_denoiser_call,
         "denoiser_calls_per_step": moved.denoiser_calls_per_step,
     }

@@ -61,16 +61,18 @@ def group_result(
     )
     summary = _per_gpu(summary, context)
     own = measurement_notes(first.summary, 0)  # rank 0's noise and load notes give way to the group's
+    gpus = parallel.backend == "nccl"
     notes = [
         *(note for note in first.notes if note not in own),
         *measurement_notes(summary, 0),
         f"{merge.describe(parallel)}: each call's stages are the slowest rank's (each rank's own under "
-        "parallel.ranks); peak memory is the highest rank's; GPU energy is summed over the ranks' GPUs",
+        "parallel.ranks); peak memory is the highest rank's"
+        + ("; GPU energy is summed over the ranks' GPUs" if gpus else ""),
     ]
     if context > 1:
         notes.append(
-            "FLOPs, achieved TFLOP/s and MFU are per GPU: the denoiser's work is split over the "
-            f"{context} model-parallel ranks, the text encoders and the decoder run whole on every rank"
+            f"FLOPs, achieved TFLOP/s and MFU are per {'GPU' if gpus else 'process'}: the denoiser's work is split "
+            f"over the {context} model-parallel ranks, the text encoders and the decoder run whole on every rank"
         )
     if parallel.images_identical_across_ranks is False:
         notes.append("the ranks of a model-parallel group produced different pixels: see ranks/rank-N/images")

@@ -106,6 +106,11 @@ def describe(parallel: Parallel) -> str:
     )
 
 
+def _unit(parallel: Parallel) -> str:
+    """What one rank holds: a GPU (NCCL), or a process sharing this machine's cores (gloo, CPU)."""
+    return "GPU" if parallel.backend == "nccl" else "process"
+
+
 def parallel_lines(parallel: Parallel) -> list[str]:
     """The run table's lines for a parallel run: the processes, each rank's median, communication."""
     from diffmeter import units
@@ -121,8 +126,9 @@ def parallel_lines(parallel: Parallel) -> list[str]:
             parts.append(f"context parallel {units.nbytes(moved.bytes_per_denoiser_call)} per denoiser call")
         if moved.cfg_degree > 1:
             parts.append(f"CFG {units.nbytes(moved.cfg_bytes_per_step)} per step (the other half's prediction)")
+        received = units.nbytes(moved.bytes_per_step)
         lines.append(
-            f"communication per GPU: {units.nbytes(moved.bytes_per_step)} received per denoising step (offline: "
+            f"communication per {_unit(parallel)}: {received} received per denoising step (offline: "
             f"{'; '.join(parts)})" + (f"; the first call moved {check} (counted at the collectives)" if check else "")
         )
     if parallel.scaling is not None:
