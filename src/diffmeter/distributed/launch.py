@@ -131,15 +131,26 @@ def _failed_since(folder: Path, started: datetime) -> bool:
 
 
 def _reason(error: Exception, logs: Path) -> str:
-    """Which rank failed and why: the first rank that said why in the failures folder (the others were stopped
-    after it), else the one the elastic agent saw die first, with the end of its output."""
-    said = sorted((logs / FAILURES).glob("rank-*.error"), key=lambda path: path.stat().st_mtime)
+    """Which rank failed and why. A rank that died without saying why (killed, crashed) is the cause: its peers'
+    own errors ("connection closed by peer") follow from it. Otherwise the first rank that said why in the
+    failures folder (the others were stopped after it); else the one the elastic agent saw die first."""
+    said = {int(path.stem.split("-")[1]): path for path in (logs / FAILURES).glob("rank-*.error")}
+    failures = getattr(error, "failures", None) or {}
+    silent = {
+        rank: failure
+        for rank, failure in failures.items()
+        if rank not in said and not (failure.exitcode < 0 and failure.signal_name() == "SIGTERM")  # the agent's stop
+    }
+    if silent:
+        return _died(logs, *min(silent.items(), key=lambda item: item[1].timestamp))
     if said:
-        return said[0].read_text(encoding="utf-8")
-    failures = getattr(error, "failures", None)
+        return min(said.values(), key=lambda path: path.stat().st_mtime).read_text(encoding="utf-8")
     if not failures:
         return f"the parallel launch failed: {(str(error) or type(error).__name__).splitlines()[0]}"
-    rank, failure = min(failures.items(), key=lambda item: item[1].timestamp)
+    return _died(logs, *min(failures.items(), key=lambda item: item[1].timestamp))
+
+
+def _died(logs: Path, rank: int, failure) -> str:
     how = f"killed by signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
     tail = _tail(logs, failure.local_rank)
     return f"rank {rank} died ({how}) and the run stopped" + (f"; its last output:\n{tail}" if tail else "")
