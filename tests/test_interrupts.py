@@ -13,8 +13,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reas
 
 
 def _start(*args: str, cwd: Path) -> subprocess.Popen:
+    """The command as a terminal starts it: Ctrl-C's SIGINT at its default (a suite started in the background
+    by a shell without job control inherits SIGINT ignored, and Python then keeps ignoring it)."""
     return subprocess.Popen(
-        ["diffmeter", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        ["diffmeter", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
