@@ -123,3 +123,15 @@ def test_operator_kinds():
     assert kind_of("aten::normal_") == kind_of("aten::randn") == "other"
     assert kind_of("aten::conv_transpose2d") == kind_of("aten::cudnn_convolution") == "convolution"
     assert kind_of("aten::_efficient_attention_forward") == "attention"
+
+
+@pytest.mark.slow
+def test_the_profilers_native_lines_go_to_the_run_folder_not_the_terminal(tmp_path):
+    """libkineto writes its start and stop lines straight to file descriptor 2 (no Python logger to quiet)."""
+    import subprocess
+
+    command = ["diffmeter", "bench", "tiny-sd", "--steps", "1", "--iterations", "1", "--trace", "--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    (log,) = tmp_path.glob("*/profiler.log")
+    assert "profiler_start" in log.read_text() and "profiler_stop" in log.read_text()

@@ -6,6 +6,7 @@ import contextlib
 import io
 import logging
 import os
+import sys
 from contextlib import contextmanager
 
 #: loggers of optional packages that warn about their own optional kernels at import
@@ -26,6 +27,22 @@ def keep_library_warnings_off_the_terminal() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     for name in LIBRARY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@contextmanager
+def native_stderr_to(path):
+    """What native libraries write straight to the process's stderr (file descriptor 2: libkineto's
+    ``USDT: ... profiler_start`` lines) appended to ``path`` while active, instead of the terminal."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "a", encoding="utf-8") as target:
+            os.dup2(target.fileno(), 2)
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 @contextmanager

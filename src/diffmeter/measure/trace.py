@@ -25,9 +25,12 @@ import torch
 from pydantic import BaseModel
 
 from diffmeter.measure.stages import Stages, StageTimer
+from diffmeter.quiet import native_stderr_to
 
 TRACE_FILE = "trace.json.gz"
 OPS_FILE = "ops.json"
+#: what the profiler's native library printed while starting and stopping (not the terminal)
+PROFILER_LOG = "profiler.log"
 #: prefix of diffmeter's own ranges in the trace
 PREFIX = "diffmeter: "
 #: the stage tables, in pipeline order
@@ -148,11 +151,17 @@ def trace_call(timer: StageTimer, call, folder: Path, device: torch.device) -> T
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     ranges = StageRanges()
     timer.listener = ranges
+    profiler = profile(activities=activities, record_shapes=True, profile_memory=True)
     try:
-        with profile(activities=activities, record_shapes=True, profile_memory=True) as profiler:
+        with native_stderr_to(folder / PROFILER_LOG):  # the profiler's native start and stop lines
+            profiler.__enter__()
+        try:
             timer.begin()
             call()
             times = timer.end()
+        finally:
+            with native_stderr_to(folder / PROFILER_LOG):
+                profiler.__exit__(None, None, None)
     finally:
         timer.listener = None
     steps = len(times.stages.steps_s)
