@@ -1,6 +1,7 @@
 """`diffmeter report` (one self-contained HTML page, opened in a real headless Chromium) and
 `diffmeter compare` (speed-up per stage with an exact interval, within noise or not)."""
 
+import contextlib
 import json
 import os
 import re
@@ -72,20 +73,35 @@ def _chromium() -> str | None:
     )
 
 
-def test_the_report_renders_offline_in_a_real_browser(report_file):
+@contextlib.contextmanager
+def _report_page(report_file, listen=None):
+    """The report open in headless Chromium, its plots drawn; ``listen(page)`` runs before it loads."""
     playwright = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
     executable = _chromium()
     if executable is None:
         pytest.skip("no Chromium here: apt-get install chromium (.ci/run does), or set DIFFMETER_CHROMIUM")
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        errors, requests = [], []
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            if listen is not None:
+                listen(page)
+            page.goto(report_file.as_uri())
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length > 0")
+            yield page
+        finally:
+            browser.close()
+
+
+def test_the_report_renders_offline_in_a_real_browser(report_file):
+    errors, requests = [], []
+
+    def listen(page) -> None:
         page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
         page.on("pageerror", lambda error: errors.append(str(error)))
         page.on("request", lambda request: requests.append(request.url))
-        page.goto(report_file.as_uri())
-        page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length > 0")
+
+    with _report_page(report_file, listen) as page:
         plots = page.evaluate(
             """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(plot => ({
                 traces: plot.data.length,
@@ -109,7 +125,6 @@ def test_the_report_renders_offline_in_a_real_browser(report_file):
             "() => [getComputedStyle(document.getElementById('lightbox')).display, "
             "document.querySelector('#lightbox img').src.slice(0, 22)]"
         )
-        browser.close()
     assert errors == []
     assert requests == [report_file.as_uri()]  # the page itself, nothing else
     assert len(plots) >= 10
@@ -146,17 +161,8 @@ COLOURS = """() => {
 def test_every_plot_draws_a_series_in_its_legends_colour(report_file):
     """Each series is drawn in one colour in every subplot, and its legend entry shows that colour: the
     batch-size plot's legend once showed runs in colours its throughput and compute subplots did not use."""
-    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
-    executable = _chromium()
-    if executable is None:
-        pytest.skip("no Chromium here: apt-get install chromium (.ci/run does), or set DIFFMETER_CHROMIUM")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.goto(report_file.as_uri())
-        page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length > 0")
+    with _report_page(report_file) as page:
         plots = page.evaluate(COLOURS)
-        browser.close()
     checked = 0
     for plot in plots:
         drawn: dict[str, set] = {}

@@ -154,15 +154,15 @@ class RankGroup:
             merged.parallel.scaling = scaling.against_one_device(merged, self.out, single)
         return merged
 
-    def abandon(self, run: PreparedRun | None, reason: str) -> None:
+    def abandon(self, reason: str) -> None:
         """Record why this rank failed where the launcher reads it (under torchrun, rank 0 stores it itself),
         then end this process: the launcher stops the others at once instead of leaving them in a collective."""
         said = f"rank {self.place.rank}: {reason}"
         if self.failures is not None:
             self.failures.mkdir(parents=True, exist_ok=True)
             storage.write_text(self.failures / f"rank-{self.place.rank}.error", said)
-        elif self.place.rank == 0 and (run or self.run) is not None:
-            store_failure(run or self.run, self.out, said)
+        elif self.place.rank == 0 and self.run is not None:  # joined: the run was checked
+            store_failure(self.run, self.out, said)
         raise RankFailed(said)
 
 

@@ -61,7 +61,7 @@ def group_result(
     )
     summary = _per_gpu(summary, context)
     own = measurement_notes(first.summary, 0)  # rank 0's noise and load notes give way to the group's
-    gpus = parallel.backend == "nccl"
+    gpus = merge.unit(parallel) == "GPU"
     notes = [
         *(note for note in first.notes if note not in own),
         *measurement_notes(summary, 0),
@@ -71,7 +71,7 @@ def group_result(
     ]
     if context > 1:
         notes.append(
-            f"FLOPs, achieved TFLOP/s and MFU are per {'GPU' if gpus else 'process'}: the denoiser's work is split "
+            f"FLOPs, achieved TFLOP/s and MFU are per {merge.unit(parallel)}: the denoiser's work is split "
             f"over the {context} model-parallel ranks, the text encoders and the decoder run whole on every rank"
         )
     if parallel.images_identical_across_ranks is False:

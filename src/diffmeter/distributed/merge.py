@@ -106,7 +106,7 @@ def describe(parallel: Parallel) -> str:
     )
 
 
-def _unit(parallel: Parallel) -> str:
+def unit(parallel: Parallel) -> str:
     """What one rank holds: a GPU (NCCL), or a process sharing this machine's cores (gloo, CPU)."""
     return "GPU" if parallel.backend == "nccl" else "process"
 
@@ -128,7 +128,7 @@ def parallel_lines(parallel: Parallel) -> list[str]:
             parts.append(f"CFG {units.nbytes(moved.cfg_bytes_per_step)} per step (the other half's prediction)")
         received = units.nbytes(moved.bytes_per_step)
         lines.append(
-            f"communication per {_unit(parallel)}: {received} received per denoising step (offline: "
+            f"communication per {unit(parallel)}: {received} received per denoising step (offline: "
             f"{'; '.join(parts)})" + (f"; the first call moved {check} (counted at the collectives)" if check else "")
         )
     if parallel.scaling is not None:

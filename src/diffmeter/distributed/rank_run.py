@@ -34,7 +34,7 @@ def run(spec: BenchSpec, out: str | Path, force: bool, launcher: str, failures: 
     except RankFailed:
         raise
     except Exception as error:
-        group.abandon(group.run, first_line(error))  # raises RankFailed
+        group.abandon(first_line(error))  # raises RankFailed
     finally:
         group.leave()
     return None if stored is None else stored[1]

@@ -68,7 +68,7 @@ class Group(Protocol):
     def combine(self, result: BenchResult, run: PreparedRun, staging: Path) -> BenchResult | None:
         """The group's result from every process's (on the process that stores it; None on the others)."""
 
-    def abandon(self, run: PreparedRun, reason: str) -> None:
+    def abandon(self, reason: str) -> None:
         """A process failed (``reason``): stop every process of the group (raises) or, alone, return."""
 
 
@@ -101,7 +101,7 @@ class Alone:
     def combine(self, result: BenchResult, run: PreparedRun, staging: Path) -> BenchResult:
         return result
 
-    def abandon(self, run: PreparedRun, reason: str) -> None:
+    def abandon(self, reason: str) -> None:
         pass
 
 
@@ -146,7 +146,7 @@ class MeasuredRun:
         run = self.run_
         result = self.measure()
         if result.status == "failed":
-            self.group.abandon(run, result.error)
+            self.group.abandon(result.error)
         result = self.group.combine(result, run, self.staging)
         if result is None:
             return None

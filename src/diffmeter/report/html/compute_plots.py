@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 
 from diffmeter import units
 from diffmeter.flops.schema import Profile
-from diffmeter.report.html.plot_style import Colors, Figure, layout
+from diffmeter.report.html.plot_style import Colors, Figure, layout, share_bars
 from diffmeter.report.html.study import Study
 
 
@@ -29,18 +29,14 @@ def compute(study: Study) -> list[Figure]:
             orientation="h",
             hovertemplate="%{y}<br>" + name + ": %{customdata}, %{x:.1f}%<extra></extra>",
         )
-    layout(  # offline counts: no weights, no runs to label
+    share_bars(  # offline counts: no weights, no runs to label
         shares,
         "Compute per component (offline, from configs)",
         [],
         "share of the generation's FLOPs (%)",
         "profile",
-        barmode="stack",
-        height=max(320, 80 + 26 * len(profiles)),
-        legend={"orientation": "h", "y": -0.2},
+        len(profiles),
     )
-    shares.update_xaxes(range=[0, 100])
-    shares.update_yaxes(autorange="reversed")
     figures = [
         Figure(
             shares,

@@ -76,6 +76,14 @@ def layout(figure, title: str, runs: list[Run], x: str, y: str, **extra) -> None
     figure.update_yaxes(automargin=True)
 
 
+def share_bars(figure, title: str, runs: list[Run], x: str, y: str, rows: int) -> None:
+    """Horizontal bars of shares stacked to 100%, one row per run (or profile), listed top to bottom."""
+    height = max(320, 80 + 26 * rows)
+    layout(figure, title, runs, x, y, barmode="stack", height=height, legend={"orientation": "h", "y": -0.2})
+    figure.update_xaxes(range=[0, 100])
+    figure.update_yaxes(autorange="reversed")
+
+
 def log_ticks(values: list[float], render=lambda v: f"{v:.3g}") -> dict:
     """Tick settings for a log axis over ``values``: 1-2-5 steps from the one below the lowest value to the one
     above the highest (powers of ten over many decades), each labelled in full ("200 ms", never a bare "2")."""

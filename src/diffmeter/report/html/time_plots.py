@@ -7,7 +7,16 @@ import statistics
 import plotly.graph_objects as go
 
 from diffmeter import units
-from diffmeter.report.html.plot_style import STAGE_COLORS, STAGES, Colors, Figure, layout, log_ticks, measured
+from diffmeter.report.html.plot_style import (
+    STAGE_COLORS,
+    STAGES,
+    Colors,
+    Figure,
+    layout,
+    log_ticks,
+    measured,
+    share_bars,
+)
 from diffmeter.report.html.study import Run, Study
 from diffmeter.runs.iteration import Iteration
 
@@ -44,18 +53,8 @@ def time_breakdown(study: Study) -> list[Figure]:
             marker_color=STAGE_COLORS[stage],
             hovertemplate="%{y}<br>" + name + ": %{customdata:.4g} s, %{x:.1f}% of the call<extra></extra>",
         )
-    layout(
-        bars,
-        "Where the time goes",
-        runs,
-        "share of the median call (%)",
-        "run (its median call's time)",
-        barmode="stack",
-        height=max(320, 80 + 26 * len(runs)),
-        legend={"orientation": "h", "y": -0.2},
-    )
-    bars.update_xaxes(range=[0, 100])
-    bars.update_yaxes(autorange="reversed")
+    axis, rows = "share of the median call (%)", "run (its median call's time)"
+    share_bars(bars, "Where the time goes", runs, axis, rows, len(runs))
     figures = [
         Figure(
             bars,
