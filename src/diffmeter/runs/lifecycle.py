@@ -126,7 +126,7 @@ class MeasuredRun:
         self.directory.check()
         earlier = self.baseline()
         self.group.join(run)
-        self.staging, own = self.group.open(self.directory, lambda count: self.requests(count))
+        self.staging, own = self.group.open(self.directory, self.requests)
         self.log = storage.file_logger(own)
         self.group.copy_log(self.log)
         self.log.info("%s on %s", self.group.describe(), self.place.device)
