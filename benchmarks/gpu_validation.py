@@ -5,6 +5,8 @@
     python benchmarks/gpu_validation.py --list             # the chunks
 
 Chunks:
+  peak          this card's achievable bf16 matmul TFLOP/s and device-to-device GB/s (CUDA events),
+                the independent figures the pipeline's MFU and the roofline are held against
   stages        per-stage times add up to the device-timed total, which matches the host wall
                 clock within 2% (CUDA events on the run's stream), for a UNet, an MMDiT, a DiT
   graph-runs    graph runs per pipeline call under torch.compile (a counting backend), alone and
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import tempfile
 import time
 import traceback
@@ -141,6 +144,39 @@ def stage_sums(result) -> tuple[bool, str]:
 
 
 # ---- chunks -------------------------------------------------------------------------------
+
+
+def _event_seconds(work, repeats: int) -> float:
+    """Mean seconds per call of ``work`` over ``repeats`` calls, timed with CUDA events after 3 warm-ups."""
+    for _ in range(3):
+        work()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        work()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / 1000 / repeats
+
+
+def _achievable() -> tuple[float, float]:
+    """(bf16 matmul TFLOP/s on 8192^3, device-to-device copy GB/s read+written on 1 GiB)."""
+    n = 8192
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    tflops = 2 * n**3 / _event_seconds(lambda: a @ b, 20) / 1e12
+    source = torch.empty(2**30, device="cuda", dtype=torch.uint8)
+    target = torch.empty_like(source)
+    return tflops, 2 * 2**30 / _event_seconds(lambda: target.copy_(source), 20) / 1e9
+
+
+def chunk_peak(report: Report) -> None:
+    if not CUDA:
+        report.add("peak", "bf16 matmul, copy bandwidth", "SKIP", "needs CUDA")
+        return
+    tflops, bandwidth = _achievable()
+    torch.cuda.empty_cache()
+    report.add("peak", "bf16 matmul 8192^3", "PASS", f"{tflops:.0f} TFLOP/s achieved (CUDA events)")
+    report.add("peak", "device-to-device copy 1 GiB", "PASS", f"{bandwidth:.0f} GB/s read+written")
 
 
 def chunk_stages(report: Report) -> None:
@@ -334,6 +370,10 @@ def chunk_predictions(report: Report) -> None:
                 report.add("predictions", kind, "FAIL", str(error))
                 continue
             stages = stage_measurements(result)
+        if CUDA:  # each traced run's whole stored result: calibration data for predict/
+            slug = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+            with open(RESULTS / f"gpu_runs_{slug}.jsonl", "a") as runs:
+                runs.write(result.model_dump_json() + "\n")
         prediction = result.prediction
         if prediction is None or prediction.time is None:
             why = result.notes + (prediction.notes if prediction else [])
@@ -390,6 +430,7 @@ def chunk_cuda1(report: Report) -> None:
 
 
 CHUNKS = {
+    "peak": chunk_peak,
     "stages": chunk_stages,
     "graph-runs": chunk_graph_runs,
     **{f"techniques-{kind}": chunk_techniques(kind, compiling=False) for kind in MODELS},
@@ -399,6 +440,10 @@ CHUNKS = {
     "predictions": chunk_predictions,
     "cuda1": chunk_cuda1,
 }
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main() -> None:
@@ -417,9 +462,15 @@ def main() -> None:
     started = time.perf_counter()
     slug = re.sub(r"[^a-z0-9]+", "-", (torch.cuda.get_device_name(0) if CUDA else "cpu").lower()).strip("-")
     path = RESULTS / f"gpu_validation_{slug}.md"
+    signal.signal(signal.SIGTERM, _interrupt)  # `timeout` stops it with the report still written
     try:
         for name in arguments.chunk or list(CHUNKS):
-            CHUNKS[name](report)
+            try:
+                CHUNKS[name](report)
+            except Exception as error:  # a crash is the finding: record it with its place, run the next chunk
+                frame = traceback.extract_tb(error.__traceback__)[-1]
+                where = f"{Path(frame.filename).name}:{frame.lineno}"
+                report.add(name, "chunk crashed", "FAIL", f"{type(error).__name__}: {error} ({where})"[:400])
     finally:  # what was found so far is written even when interrupted
         path.write_text(report.markdown(device_name, time.perf_counter() - started, arguments.chunk or []))
         print(f"\nwritten to {path}")

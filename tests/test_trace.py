@@ -135,3 +135,25 @@ def test_the_profilers_native_lines_go_to_the_run_folder_not_the_terminal(tmp_pa
     assert done.returncode == 0 and done.stderr == "", done.stderr
     (log,) = tmp_path.glob("*/profiler.log")
     assert "profiler_start" in log.read_text() and "profiler_stop" in log.read_text()
+
+
+def _recorded(name, shapes, parent=None):
+    """An operator call as torch.profiler records it with record_shapes (absent arguments: empty shapes)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name=name, input_shapes=shapes, concrete_inputs=[None] * len(shapes), cpu_parent=parent)
+
+
+def test_fused_attention_kernels_are_counted_by_their_sdpa_operator_not_from_their_tensors():
+    """On CUDA, SDPA's efficient kernel records `_efficient_attention_forward` with (B, S, H, D) inputs and
+    empty shapes for its absent arguments; torch's formula for it reads tensors (get_raw), and reading
+    recorded shapes crashed a traced H200 run. The SDPA operator above it carries the count."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    from diffmeter.measure.trace import operator_flops
+
+    q = [2, 4, 64, 32]
+    sdpa = _recorded("aten::_scaled_dot_product_efficient_attention", [q, q, q, [], [], [], [], [], []])
+    kernel = _recorded("aten::_efficient_attention_forward", [[2, 64, 4, 32]] * 3 + [[]] * 11, parent=sdpa)
+    assert operator_flops(sdpa) == sdpa_flop_count(q, q, q) == 4 * 2 * 4 * 64 * 64 * 32
+    assert operator_flops(kernel) is None

@@ -239,7 +239,7 @@ def ops_table(events, steps: int, time_base: str) -> tuple[OpsTable, dict]:
         row = by_stage[owner][event.name]
         row[0] += _self_s(event, time_base)
         row[1] += 1
-        flops = _flops(event)
+        flops = operator_flops(event)
         if flops is not None and not _counted_above(event):
             worker = _worker(event, time_base)
             cell = by_stage[owner][worker.name]
@@ -307,13 +307,13 @@ def _worker(event, time_base: str):
 def _counted_above(event) -> bool:
     parent = event.cpu_parent
     while parent is not None:
-        if _flops(parent) is not None:
+        if operator_flops(parent) is not None:
             return True
         parent = parent.cpu_parent
     return False
 
 
-def _flops(event) -> int | None:
+def operator_flops(event) -> int | None:
     """FLOPs of one operator call from torch.utils.flop_counter's formulas and its recorded shapes."""
     from torch.utils import flop_counter
 
@@ -328,7 +328,10 @@ def _flops(event) -> int | None:
             return int(flop_counter.sdpa_flop_count(*args[:3]))
         packet = getattr(torch.ops.aten, name, None)
         formula = flop_counter.flop_registry.get(packet)
-        if formula is None:
+        if formula is None or not hasattr(formula, "__wrapped__"):
+            # No formula, or one registered get_raw (torch/utils/flop_counter.py: the fused attention
+            # kernels `_efficient_attention_forward`, `_flash_attention_forward`): those read tensors, not
+            # recorded shapes, and always run inside the SDPA operator that is counted instead.
             return None
         out = _conv_output(args) if "conv" in name else None
         return int(formula(*args[: _positional(formula)], out_val=out))
