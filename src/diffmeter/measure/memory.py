@@ -7,6 +7,7 @@ says which.
 
 from __future__ import annotations
 
+import gc
 import re
 import resource
 import sys
@@ -30,6 +31,14 @@ class PeakMemory(BaseModel):
 
 def loaded_bytes(device: torch.device) -> int | None:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+
+
+def release(device: torch.device) -> None:
+    """Free what a finished run left: diffusers' hooks tie a pipeline's modules into reference cycles, which
+    only the cyclic collector frees; until it runs, the next run in the process finds them on the device."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def reset_peaks(device: torch.device) -> bool:

@@ -26,7 +26,7 @@ from diffmeter.measure.clock import clock_for, device_scope
 from diffmeter.measure.compilation import watch_compilation
 from diffmeter.measure.conditions import ConditionsMonitor
 from diffmeter.measure.energy import Energy, EnergyMeter
-from diffmeter.measure.memory import loaded_bytes, out_of_memory, read_peaks, reset_peaks
+from diffmeter.measure.memory import loaded_bytes, out_of_memory, read_peaks, release, reset_peaks
 from diffmeter.measure.stages import StageTimer
 from diffmeter.optimize import build
 from diffmeter.optimize.tf32 import fp32_math, fp32_precision
@@ -140,6 +140,8 @@ class MeasuredRun:
             raise
         finally:
             storage.close_logger(self.log)
+            self.pipe = self.timer = self.meter = self.contexts = None  # the next run starts from free memory
+            release(self.place.device)
 
     def measured_to_stored(self, earlier) -> tuple[BenchResult, Path] | None:
         """Measure, combine over the group, compare, predict, store."""
