@@ -17,10 +17,10 @@ Chunks:
                 calls) or is refused with its reason before anything loads
   compiling-*   the same for torch.compile's modes and options, and compile with offloading
   measures      0 < MFU < 100%, energy > 0 J per image (Zeus), CUDA memory peaks consistent
-  trace         --trace: stage ranges and operator tables against the stage timer
-  predictions   the stored prediction: peak memory against CUDA's max allocated (10%), the roofline
-                lower bound under every stage's fastest call; writes this GPU's calibration of
-                achieved fractions per operator kind (for predict/data/efficiency.json)
+  trace         a --trace run of each model: stage lengths and operator tables against the stage
+                timer; the stored prediction against the run: peak memory against CUDA's max
+                allocated (10%), the roofline lower bound under every stage's fastest call; writes
+                this GPU's achieved fractions per operator kind (for predict/data/efficiency.json)
   cuda1         a run on cuda:1 stays on cuda:1 (when a second GPU is visible)
 
 Without CUDA it runs what a CPU can show, on tiny pipelines, and marks the rest SKIP. The
@@ -320,43 +320,37 @@ def chunk_measures(report: Report) -> None:
     )
 
 
+def _check_trace(report: Report, kind: str, result, table) -> None:
+    """The traced call's stage lengths against the stage timer's, and no stage busier than its length."""
+    from diffmeter.measure.trace import OUTSIDE
+
+    timed = result.trace.stages.model_dump()
+    total = result.trace.total_s
+    worst, busiest = 0.0, 0.0
+    for stage in table.stages:  # each stage's length against the stage timer's, as a share of the call
+        worst = max(worst, abs(stage.range_s - timed[f"{stage.stage}_s"]) / total)
+        busy = sum(row.self_s for row in stage.rows if row.name != OUTSIDE)
+        busiest = max(busiest, busy / stage.range_s if stage.range_s > 0 else 0.0)
+    steps = [abs(r - t) / t for r, t in zip(result.trace.ranges_s["steps"], result.trace.stages.steps_s, strict=True)]
+    ok = worst < 0.05 and max(steps) < 0.1 and busiest <= 1.0
+    report.add(
+        "trace",
+        f"{kind} stages",
+        "PASS" if ok else "FAIL",
+        f"{table.time_base} time: stage lengths within {100 * worst:.1f}% of the call of the stage timer's "
+        f"(limit 5%), step ranges within {100 * max(steps):.1f}% (limit 10%), operators busy at most "
+        f"{100 * busiest:.0f}% of their stage (limit 100%)",
+    )
+
+
 def chunk_trace(report: Report) -> None:
-    """--trace on this device: the stage ranges and the operators table against the stage timer."""
-    from diffmeter.measure.trace import OpsTable
-
-    for kind in MODELS:
-        with tempfile.TemporaryDirectory() as out:
-            try:
-                result, folder = bench(model_spec(kind, trace=True), out=out)
-            except DiffmeterError as error:
-                report.add("trace", kind, "FAIL", str(error))
-                continue
-            table = OpsTable.model_validate_json((folder / result.trace.ops_file).read_text())
-        timed = result.trace.stages.model_dump()
-        worst = 0.0
-        for stage in table.stages:
-            expected = timed[f"{stage.stage}_s"]
-            if expected > 0:
-                worst = max(worst, abs(sum(row.self_s for row in stage.rows) - expected) / expected)
-        steps = [
-            abs(r - t) / t for r, t in zip(result.trace.ranges_s["steps"], result.trace.stages.steps_s, strict=True)
-        ]
-        ok = worst < 0.1 and max(steps) < 0.1
-        report.add(
-            "trace",
-            kind,
-            "PASS" if ok else "FAIL",
-            f"{table.time_base} time: stage tables within {100 * worst:.1f}% of the stage times, step ranges within "
-            f"{100 * max(steps):.1f}% (limit 10%)",
-        )
-
-
-def chunk_predictions(report: Report) -> None:
-    """The stored prediction against the run: predicted peak memory against CUDA's max allocated, the
+    """A --trace run of each model: its stage lengths and operators table against the stage timer
+    (``_check_trace``); the stored prediction against the run: predicted peak memory against CUDA's max allocated, the
     roofline lower bound against every stage's fastest call; and this device's achieved fractions per
     operator kind from the traced calls, written for predict/data/efficiency.json."""
     import json
 
+    from diffmeter.measure.trace import OpsTable
     from diffmeter.predict.calibrate import calibrate, stage_measurements
     from diffmeter.predict.operators import operator_work
     from diffmeter.predict.roofline import lower_bounds
@@ -365,11 +359,13 @@ def chunk_predictions(report: Report) -> None:
     for kind in MODELS:
         with tempfile.TemporaryDirectory() as out:
             try:
-                result, _ = bench(model_spec(kind, trace=True), out=out)
+                result, folder = bench(model_spec(kind, trace=True), out=out)
             except DiffmeterError as error:
-                report.add("predictions", kind, "FAIL", str(error))
+                report.add("trace", kind, "FAIL", str(error))
                 continue
             stages = stage_measurements(result)
+            table = OpsTable.model_validate_json((folder / result.trace.ops_file).read_text())
+            _check_trace(report, kind, result, table)
         if CUDA:  # each traced run's whole stored result: calibration data for predict/
             slug = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
             with open(RESULTS / f"gpu_runs_{slug}.jsonl", "a") as runs:
@@ -377,13 +373,13 @@ def chunk_predictions(report: Report) -> None:
         prediction = result.prediction
         if prediction is None or prediction.time is None:
             why = result.notes + (prediction.notes if prediction else [])
-            report.add("predictions", kind, "FAIL", f"no prediction stored: {why}")
+            report.add("trace", kind, "FAIL", f"no prediction stored: {why}")
             continue
         allocated = result.summary.peak_memory.cuda_max_allocated_bytes
         if allocated:
             off = prediction.peak_memory_bytes / allocated - 1
             report.add(
-                "predictions",
+                "trace",
                 f"{kind} peak memory",
                 "PASS" if abs(off) <= 0.1 else "FAIL",
                 f"predicted {prediction.peak_memory_bytes / 2**30:.3f} GiB, CUDA max allocated "
@@ -392,7 +388,7 @@ def chunk_predictions(report: Report) -> None:
         time = prediction.time
         above = [s.stage for s in time.stages if s.lower_s > result.summary.stages_s[s.stage].min]
         report.add(
-            "predictions",
+            "trace",
             f"{kind} lower bound",
             "FAIL" if above else "PASS",
             f"lower bound {time.lower_s:.3f} s vs fastest call {result.summary.latency_s.min:.3f} s"
@@ -401,17 +397,17 @@ def chunk_predictions(report: Report) -> None:
         work = operator_work(result.spec.profile_spec())
         measured.append((stages, lower_bounds(work, time.peak_tflops * 1e12, time.bandwidth_bytes_per_s)))
     if not CUDA or not measured:
-        report.add("predictions", "CUDA calibration", "SKIP", "needs CUDA runs")
+        report.add("trace", "CUDA calibration", "SKIP", "needs CUDA runs")
         return
     name = re.sub(r"[^A-Za-z0-9]+", "_", torch.cuda.get_device_name()).strip("_")
     models = ", ".join(f"{model} {size}px bf16" for model, _, size, _ in MODELS.values())
     calibration = calibrate(
         measured,
-        f"benchmarks/gpu_validation.py --chunk predictions on {torch.cuda.get_device_name()}: random weights, {models}",
+        f"benchmarks/gpu_validation.py --chunk trace on {torch.cuda.get_device_name()}: random weights, {models}",
     )
     target = RESULTS / f"efficiency_cuda_{name}.json"
     target.write_text(json.dumps({"cuda": calibration.model_dump(mode="json")}, indent=2) + "\n")
-    report.add("predictions", "CUDA calibration", "PASS", f"written to {target.name}: {calibration.fractions}")
+    report.add("trace", "CUDA calibration", "PASS", f"written to {target.name}: {calibration.fractions}")
 
 
 def chunk_cuda1(report: Report) -> None:
@@ -437,7 +433,6 @@ CHUNKS = {
     **{f"compiling-{kind}": chunk_techniques(kind, compiling=True) for kind in MODELS},
     "measures": chunk_measures,
     "trace": chunk_trace,
-    "predictions": chunk_predictions,
     "cuda1": chunk_cuda1,
 }
 

@@ -157,3 +157,74 @@ def test_fused_attention_kernels_are_counted_by_their_sdpa_operator_not_from_the
     kernel = _recorded("aten::_efficient_attention_forward", [[2, 64, 4, 32]] * 3 + [[]] * 11, parent=sdpa)
     assert operator_flops(sdpa) == sdpa_flop_count(q, q, q) == 4 * 2 * 4 * 64 * 64 * 32
     assert operator_flops(kernel) is None
+
+
+def _event(name, start_us, end_us, device="cpu", parent=None, kernel_us=0.0, event_id=None):
+    """A FunctionEvent as torch.profiler builds it from kineto: CPU events nest by cpu_parent; on CUDA every
+    record_function range also appears once more on the GPU's timeline (a gpu_user_annotation event)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    event = SimpleNamespace(
+        name=name,
+        id=event_id if event_id is not None else id(name) + int(start_us),
+        device_type=DeviceType.CPU if device == "cpu" else DeviceType.CUDA,
+        time_range=SimpleNamespace(start=start_us, end=end_us),
+        cpu_parent=parent,
+        cpu_children=[],
+        input_shapes=[],
+        concrete_inputs=[],
+        self_cpu_time_total=end_us - start_us,
+        self_device_time_total=kernel_us,
+    )
+    if parent is not None:
+        parent.cpu_children.append(event)
+    return event
+
+
+def test_cuda_stage_lengths_come_from_the_gpu_timeline_once_and_kernels_from_the_range_that_launched_them():
+    """On an H200 every stage range was counted twice (host range + its GPU mirror): text encoding came out at
+    exactly 2x the stage timer's figure and "other" negative. The host launches ahead of the GPU; the stage
+    timer's CUDA events time the GPU's timeline, so the table must too."""
+    from diffmeter.measure.trace import OUTSIDE, PREFIX, ops_table
+
+    host = {
+        name: _event(PREFIX + name, start, end, event_id=i)
+        for i, (name, start, end) in enumerate(
+            [
+                ("pipeline call", 0, 1000),
+                ("text encoding", 0, 300),
+                ("step 0", 300, 500),
+                ("step 1", 500, 700),
+                ("VAE decode", 700, 1000),
+            ]
+        )
+    }
+    gpu = [  # the same ranges on the GPU: later and, where the GPU is the bottleneck, longer
+        _event(PREFIX + name, start, end, device="cuda", event_id=100 + i)
+        for i, (name, start, end) in enumerate(
+            [
+                ("pipeline call", 50, 1450),
+                ("text encoding", 50, 250),
+                ("step 0", 400, 700),
+                ("step 1", 700, 1000),
+                ("VAE decode", 1000, 1400),
+            ]
+        )
+    ]
+    mm = _event("aten::mm", 310, 320, parent=host["step 0"], kernel_us=250.0)
+    conv = _event("aten::cudnn_convolution", 710, 720, parent=host["VAE decode"], kernel_us=300.0)
+    events = [*host.values(), *gpu, mm, conv]
+
+    table, ranges_s = ops_table(events, steps=2, time_base="cuda")
+    assert ranges_s["text_encoding"] == pytest.approx(200e-6)
+    assert ranges_s["steps"] == pytest.approx([300e-6, 300e-6])
+    assert ranges_s["vae_decode"] == pytest.approx(400e-6)
+    assert ranges_s["other"] == pytest.approx(1400e-6 - 200e-6 - 600e-6 - 400e-6)
+    rows = {stage.stage: {row.name: row.self_s for row in stage.rows} for stage in table.stages}
+    assert rows["denoising"] == pytest.approx({"aten::mm": 250e-6, OUTSIDE: 350e-6})
+    assert rows["vae_decode"] == pytest.approx({"aten::cudnn_convolution": 300e-6, OUTSIDE: 100e-6})
+
+    cpu_table, cpu_ranges = ops_table([*host.values(), mm, conv], steps=2, time_base="cpu")
+    assert cpu_ranges["text_encoding"] == pytest.approx(300e-6)  # a CPU run: the host's ranges, as before

@@ -5,8 +5,12 @@ The stage ranges are ``record_function`` ranges opened and closed at the stage t
 marks (``StageTimer.listener``), so a range in the trace is the stage the run's figures
 time. Per stage, each operator's *self* time (CPU time on CPU runs, kernel time on CUDA
 runs) is summed by name; the stage's remaining time, spent outside any operator (Python,
-the pipeline's own code, the profiler), is a row of its own, so a stage's rows add up to
-its range. FLOPs come from torch.utils.flop_counter's formulas applied to the shapes the
+the pipeline's own code, the profiler; on CUDA: no kernel running), is a row of its own, so a
+stage's rows add up to its range. On CUDA a stage's length is its range on the GPU's timeline
+(kineto mirrors each range there, from its first kernel to its last), as the stage timer's CUDA
+events measure it, and a kernel belongs to the stage whose host range launched it (torch joins
+kernels to operators by correlation id): the host runs ahead of the GPU, so its ranges are not
+the stages' lengths. FLOPs come from torch.utils.flop_counter's formulas applied to the shapes the
 profiler recorded, counted once at the outermost operator that has a formula and credited
 to the operator below it that did the work (``aten::addmm`` under ``aten::linear``, the CPU
 convolution kernel under ``aten::convolution``).
@@ -23,6 +27,7 @@ from pathlib import Path
 
 import torch
 from pydantic import BaseModel
+from torch.autograd import DeviceType
 
 from diffmeter.measure.stages import Stages, StageTimer
 from diffmeter.quiet import native_stderr_to
@@ -208,15 +213,19 @@ def _top(rows: list[OpRow]) -> list[OpRow]:
 def ops_table(events, steps: int, time_base: str) -> tuple[OpsTable, dict]:
     """Operators by stage from the profiler's events; also each stage range's length (seconds)."""
     ranges = [event for event in events if event.name.startswith(PREFIX)]
-    stage_of = {event.id: _stage(event.name[len(PREFIX) :], steps) for event in ranges}
+    host = [event for event in ranges if event.device_type == DeviceType.CPU]
+    stage_of = {event.id: _stage(event.name[len(PREFIX) :], steps) for event in host}  # who launched what
+    timeline = host
+    if time_base == "cuda":  # lengths on the GPU's clock, as the stage timer's CUDA events measure them
+        timeline = [event for event in ranges if event.device_type != DeviceType.CPU] or host
     seconds = defaultdict(float)
     ends = {}  # each step range's end: steps are contiguous, a step runs from the previous one's end
-    for event in ranges:
+    for event in timeline:
         name = event.name[len(PREFIX) :]
         if name.startswith("step ") and int(name.split()[1]) < steps:
             ends[int(name.split()[1])] = event
         elif name != "pipeline call":
-            seconds[stage_of[event.id]] += (event.time_range.end - event.time_range.start) / 1e6
+            seconds[_stage(name, steps)] += (event.time_range.end - event.time_range.start) / 1e6
     step_seconds, previous = [], None
     for index in sorted(ends):
         start = ends[index].time_range.start if previous is None else previous
@@ -224,7 +233,7 @@ def ops_table(events, steps: int, time_base: str) -> tuple[OpsTable, dict]:
         previous = ends[index].time_range.end
     if step_seconds:
         seconds["denoising"] = sum(step_seconds)
-    call = next((event for event in ranges if event.name == PREFIX + "pipeline call"), None)
+    call = next((event for event in timeline if event.name == PREFIX + "pipeline call"), None)
     if call is not None:  # "other" is the call minus its stages, as the stage timer defines it
         total = (call.time_range.end - call.time_range.start) / 1e6
         seconds["other"] = total - sum(seconds[stage] for stage in STAGES if stage != "other")
