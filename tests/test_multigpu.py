@@ -334,14 +334,14 @@ def _documented_commands() -> list[list[str]]:
 def test_every_command_of_the_multigpu_guide_runs_on_this_cpu(tmp_path):
     """No --device: the ranks find no CUDA and run on the CPU over gloo, each command as written."""
     commands = _documented_commands()
-    assert len(commands) == 10 and all(command[2].startswith(("tiny-", "runs/")) for command in commands)
+    assert len(commands) == 11 and all(command[2].startswith(("tiny-", "runs/")) for command in commands)
     for command in commands:
         done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, (command, done.stderr)
         assert "Traceback" not in done.stderr
     stored = [read_result(path.parent) for path in tmp_path.rglob(RESULTS)]
-    assert len(stored) == 8 and all(result.status == "complete" for result in stored)
-    assert sorted(result.parallel.world_size for result in stored if result.parallel) == [2, 2, 2, 2, 2, 4]
+    assert len(stored) == 9 and all(result.status == "complete" for result in stored)
+    assert sorted(result.parallel.world_size for result in stored if result.parallel) == [2, 2, 2, 2, 2, 2, 4]
 
 
 def _schema_differences(one, other, where: str = "") -> list[str]:
@@ -391,11 +391,14 @@ def test_a_parallel_run_a_one_process_run_and_a_sweep_cell_store_the_same_schema
         ("tiny-sd", {"cfg_degree": 2}, 2),  # batched CFG: each rank one half of the stacked batch
         ("tiny-wan", {"cfg_degree": 2, "height": 32, "width": 32}, 2),  # two denoiser calls per step
         ("tiny-wan", {"cfg_degree": 2, "ulysses_degree": 2, "height": 32, "width": 32}, 4),  # composed with Ulysses
+        ("tiny-flux", {"cfg_degree": 2, "true_cfg_scale": 2.5}, 2),  # FLUX.1's true CFG: a second call per step
+        ("tiny-flux", {"cfg_degree": 2, "true_cfg_scale": 2.5, "ulysses_degree": 2}, 4),
     ],
-    ids=["sd", "wan", "wan-ulysses"],
+    ids=["sd", "wan", "wan-ulysses", "flux-true-cfg", "flux-true-cfg-ulysses"],
 )
 def test_cfg_parallel_gives_the_one_process_images(model, settings, processes, tmp_path):
-    reference, _ = bench(_spec(model, **{k: v for k, v in settings.items() if k in ("height", "width")}), out=tmp_path)
+    alone = {k: v for k, v in settings.items() if k in ("height", "width", "true_cfg_scale")}
+    reference, _ = bench(_spec(model, **alone), out=tmp_path)
     result, _ = bench(_spec(model, **settings), out=tmp_path)
     _assert_same_images(result, reference)
     assert result.parallel.world_size == processes and result.parallel.cfg_degree == 2

@@ -25,6 +25,30 @@ def test_guidance_distilled_flux_runs_one_batch_and_no_negative_prompt():
     assert all(c.calls == 1 for c in result.components if c.role == "text_encoder")
 
 
+def test_flux_true_cfg_calls_the_transformer_twice_per_step_and_encodes_the_negative_prompt_with_both_encoders():
+    """FluxPipeline.__call__ (diffusers 0.42.1): do_true_cfg encodes the negative prompt with CLIP and T5 and
+    runs a second, separate transformer call per step; the embedded guidance stays."""
+    plain, true_cfg = profile("flux-dev", steps=28), profile("flux-dev", steps=28, true_cfg_scale=3.5)
+    transformer = _component(true_cfg, "transformer")
+    assert true_cfg.cfg and true_cfg.true_cfg_scale == 3.5 and true_cfg.guidance_scale == plain.guidance_scale
+    assert transformer.calls == 56 and transformer.batch_per_call == 1
+    assert transformer.macs == 2 * _component(plain, "transformer").macs
+    assert [c.calls for c in true_cfg.components if c.role == "text_encoder"] == [2, 2]
+    assert _component(true_cfg, "vae").macs == _component(plain, "vae").macs
+
+
+@pytest.mark.parametrize(
+    "model,scale,message",
+    [
+        ("sd15", 3.0, "sd15 guides with --guidance-scale alone: drop --true-cfg-scale"),
+        ("flux-dev", 1.0, "--true-cfg-scale must be above 1"),
+    ],
+)
+def test_true_cfg_is_refused_where_it_means_nothing(model, scale, message):
+    with pytest.raises(DiffmeterError, match=message):
+        profile(model, true_cfg_scale=scale)
+
+
 def test_cfg_doubles_the_denoiser_batch_and_encodes_the_negative_prompt():
     guided, unguided = profile("sd15", guidance_scale=7.5), profile("sd15", guidance_scale=1.0)
     assert _component(guided, "unet").macs == 2 * _component(unguided, "unet").macs

@@ -39,6 +39,9 @@ class ProfileSpec:
     steps: int | None = None
     batch_size: int = 1
     guidance_scale: float | None = None
+    #: FLUX.1's true classifier-free guidance (FluxPipeline's ``true_cfg_scale``, with an empty negative
+    #: prompt): above 1, a second, unconditional transformer call per step; None: off, as the pipeline's default
+    true_cfg_scale: float | None = None
     num_frames: int | None = None
     dtype: str | None = None
     prompt_tokens: int | None = None
@@ -85,6 +88,11 @@ class ProfileSpec:
                 raise DiffmeterError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
         if self.guidance_scale is not None and self.guidance_scale < 0:
             raise DiffmeterError(f"--guidance-scale must be 0 or more, got {self.guidance_scale:g}")
+        if self.true_cfg_scale is not None and self.true_cfg_scale <= 1:
+            raise DiffmeterError(
+                f"--true-cfg-scale must be above 1 (1 or less runs no true CFG: leave it out), "
+                f"got {self.true_cfg_scale:g}"
+            )
         if self.template_tokens is not None and self.template_tokens < 0:
             raise DiffmeterError(f"template_tokens must be 0 or more, got {self.template_tokens}")
         if self.instruction_tokens is not None and self.instruction_tokens < 0:

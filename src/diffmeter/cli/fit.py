@@ -18,6 +18,7 @@ from diffmeter.cli.options import (
     Height,
     ModelArgument,
     NumFrames,
+    TrueCfgScale,
     Width,
 )
 from diffmeter.errors import DiffmeterError
@@ -35,6 +36,7 @@ def fit(
     width: Width = None,
     batch_size: BatchSize = 1,
     guidance_scale: GuidanceScale = None,
+    true_cfg_scale: TrueCfgScale = None,
     num_frames: NumFrames = None,
     dtype: Annotated[
         str | None, typer.Option(metavar="DTYPE", help="float16 | bfloat16 | float32", rich_help_panel=GENERATION)
@@ -58,6 +60,7 @@ def fit(
         width=width,
         batch_size=batch_size,
         guidance_scale=guidance_scale,
+        true_cfg_scale=true_cfg_scale,
         num_frames=num_frames,
         dtype=dtype,
     )

@@ -40,6 +40,14 @@ GuidanceScale = Annotated[
     float | None,
     typer.Option(metavar="X", help="classifier-free guidance scale; <= 1 disables CFG", rich_help_panel=GENERATION),
 ]
+TrueCfgScale = Annotated[
+    float | None,
+    typer.Option(
+        metavar="X",
+        help="FLUX.1's true CFG (true_cfg_scale, empty negative prompt): above 1, a second transformer call per step",
+        rich_help_panel=GENERATION,
+    ),
+]
 NumFrames = Annotated[
     int | None, typer.Option(help="video models: frames per video (default: the model's)", rich_help_panel=GENERATION)
 ]

@@ -22,6 +22,7 @@ from diffmeter.cli.options import (
     NumFrames,
     ResolutionBinning,
     RingDegree,
+    TrueCfgScale,
     UlyssesDegree,
 )
 from diffmeter.cli.progress import progress_bar
@@ -81,6 +82,7 @@ def profile(
     ] = None,
     batch_size: BatchSize = 1,
     guidance_scale: GuidanceScale = None,
+    true_cfg_scale: TrueCfgScale = None,
     num_frames: NumFrames = None,
     dtype: Annotated[
         str | None,
@@ -154,6 +156,7 @@ def profile(
             steps=n,
             batch_size=batch_size,
             guidance_scale=guidance_scale,
+            true_cfg_scale=true_cfg_scale,
             num_frames=num_frames,
             dtype=dtype,
             prompt_tokens=prompt_tokens,

@@ -168,6 +168,7 @@ def per_gpu_step(profile, ulysses: int, ring: int, cfg: int = 1) -> dict:
         steps=profile.steps,
         batch_size=profile.batch_size,
         guidance_scale=profile.guidance_scale,
+        true_cfg_scale=profile.true_cfg_scale,
         num_frames=profile.num_frames,
         dtype=profile.dtype,
         ulysses_degree=ulysses,

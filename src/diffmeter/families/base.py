@@ -80,6 +80,8 @@ class Family:
     cfg_mode: ClassVar[str] = "batched"
     #: whether the negative prompt goes through the text encoders when CFG is on
     encodes_negative: ClassVar[bool] = True
+    #: the pipeline takes ``true_cfg_scale`` beside an embedded guidance (FLUX.1)
+    true_cfg: ClassVar[bool] = False
     is_video: ClassVar[bool] = False
     #: the denoiser predicts a flow velocity (flow-matching samplers only), not noise
     flow_matching: ClassVar[bool] = False
@@ -116,6 +118,17 @@ class Family:
         """The pipeline's own ``__call__`` arguments for diffmeter's guidance scale: most pipelines
         call it ``guidance_scale``; some guide under another name or only with a negative prompt."""
         return {"guidance_scale": guidance_scale}
+
+    def true_cfg_arguments(self, true_cfg_scale: float | None, batch_size: int) -> dict[str, Any]:
+        """The ``__call__`` arguments of ``--true-cfg-scale`` (only families with ``true_cfg`` take one)."""
+        return {}
+
+    def cfg_of(self, shapes: Shapes) -> str:
+        """How this generation guides: ``cfg_mode`` when CFG is on, else "never"."""
+        return self.cfg_mode if shapes.cfg else "never"
+
+    def guided(self, shapes: Shapes) -> bool:
+        return self.cfg_of(shapes) != "never"
 
     def prepare_pipeline(self, pipe, guidance_scale: float, batch_size: int) -> None:
         """Set on a loaded pipeline what it takes outside ``__call__`` (a guider component holding
@@ -210,6 +223,11 @@ class Family:
 
     def shapes(self, entry: PipelineEntry, spec: ProfileSpec) -> Shapes:
         notes = []
+        if spec.true_cfg_scale is not None and not self.true_cfg:
+            raise DiffmeterError(
+                f"--true-cfg-scale is FLUX.1's true CFG beside its embedded guidance; {entry.name} guides with "
+                "--guidance-scale alone: drop --true-cfg-scale"
+            )
         if not self.is_video and spec.num_frames is not None:
             raise DiffmeterError(
                 f"{entry.name} generates images; --num-frames is for video models (Wan, CogVideoX): drop it"
@@ -250,7 +268,7 @@ class Family:
 
     def text_calls(self, shapes: Shapes) -> list[Call]:
         calls = []
-        negative = shapes.cfg and self.cfg_mode != "never" and self.encodes_negative
+        negative = self.guided(shapes) and self.encodes_negative
         for encoder in self.text_encoders:
             if encoder not in shapes.entry.components:
                 continue
@@ -286,9 +304,10 @@ class Family:
 
     def denoiser_calls(self, shapes: Shapes) -> list[Call]:
         steps, batch = shapes.spec.steps, shapes.spec.batch_size
-        if not shapes.cfg or self.cfg_mode == "never":
+        mode = self.cfg_of(shapes)
+        if mode == "never":
             count, call_batch, note = steps, batch, "no CFG"
-        elif self.cfg_mode == "batched":
+        elif mode == "batched":
             count, call_batch, note = steps, 2 * batch, "CFG batched: uncond + cond in one call"
         else:
             count, call_batch, note = 2 * steps, batch, "CFG: separate uncond and cond calls"

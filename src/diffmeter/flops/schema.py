@@ -61,6 +61,8 @@ class Profile(BaseModel):
     steps: int
     batch_size: int
     guidance_scale: float
+    #: FLUX.1's true CFG scale when it runs (a second, unconditional denoiser call per step); None: off
+    true_cfg_scale: float | None = None
     cfg: bool
     dtype: str
     components: list[ComponentProfile]

@@ -30,7 +30,9 @@ def run_table(result: BenchResult) -> Group:
     frames = f"x{spec.num_frames}f" if spec.num_frames else ""
     title = (
         f"{result.model.name} ({result.model.id}) on {device}: {spec.width}x{spec.height}{frames} px (WxH), "
-        f"{spec.steps} steps, batch {spec.batch_size}, guidance {spec.guidance_scale:g}, {spec.dtype}"
+        f"{spec.steps} steps, batch {spec.batch_size}, guidance {spec.guidance_scale:g}, "
+        + (f"true CFG {spec.true_cfg_scale:g}, " if spec.true_cfg_scale is not None else "")
+        + spec.dtype
     )
     if result.status != "complete" or result.summary is None:
         return Group(Text(title, style="bold"), Text(f"failed: {result.error}", style="red"))

@@ -19,10 +19,11 @@ def size(profile: Profile) -> str:
 
 
 def _setting(profile: Profile) -> str:
-    return (
-        f"{size(profile)} px (WxH), {profile.steps} steps, batch {profile.batch_size}, "
-        f"guidance {profile.guidance_scale:g} ({'CFG' if profile.cfg else 'no CFG'}), {profile.dtype}"
-    )
+    if profile.true_cfg_scale is not None:
+        guidance = f"guidance {profile.guidance_scale:g} (embedded), true CFG {profile.true_cfg_scale:g}"
+    else:
+        guidance = f"guidance {profile.guidance_scale:g} ({'CFG' if profile.cfg else 'no CFG'})"
+    return f"{size(profile)} px (WxH), {profile.steps} steps, batch {profile.batch_size}, {guidance}, {profile.dtype}"
 
 
 def profile_table(profile: Profile) -> FittedTable:

@@ -82,10 +82,11 @@ def check_cfg_parallel(spec, target) -> None:
     if spec.tp_degree > 1:
         raise DiffmeterError("--cfg-degree with --tp-degree is not supported yet: pair it with --ulysses-degree")
     if guided_mode(spec, target) is None:
+        hint = "; its true CFG (--true-cfg-scale) has two" if target.family.true_cfg else ""
         raise DiffmeterError(
             f"--cfg-degree 2 splits a guided step's conditional and unconditional halves, but {target.entry.name} "
             "runs one denoiser call of its own batch per step here (guidance-distilled, or --guidance-scale 1 or "
-            "less): there is no half to split"
+            f"less): there is no half to split{hint}"
         )
 
 

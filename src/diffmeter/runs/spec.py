@@ -26,6 +26,8 @@ class BenchSpec(BaseModel):
     width: int | None = None
     steps: int | None = None
     guidance_scale: float | None = None
+    #: FLUX.1's true CFG (FluxPipeline's ``true_cfg_scale``, empty negative prompt); None: off
+    true_cfg_scale: float | None = None
     num_frames: int | None = None
     max_sequence_length: int | None = None
     resolution_binning: bool | None = None
@@ -133,6 +135,7 @@ class BenchSpec(BaseModel):
             steps=self.steps,
             batch_size=self.batch_size,
             guidance_scale=self.guidance_scale,
+            true_cfg_scale=self.true_cfg_scale,
             num_frames=self.num_frames,
             dtype=self.dtype,
             max_sequence_length=self.max_sequence_length,

@@ -45,6 +45,7 @@ def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | t
         *([f"frames-{spec.num_frames}"] if spec.num_frames else []),
         f"steps-{spec.steps}",
         f"guidance-{spec.guidance_scale:g}",
+        *([f"true-cfg-{spec.true_cfg_scale:g}"] if spec.true_cfg_scale is not None else []),
         f"seed-{spec.seed}",
         spec.dtype,
         spec.device.replace(":", ""),

@@ -65,6 +65,7 @@ class Workload:
         arguments.update(
             num_inference_steps=spec.steps,
             **self.family.guidance_arguments(self.entry, spec.guidance_scale),
+            **self.family.true_cfg_arguments(spec.true_cfg_scale, spec.batch_size),
             # CPU generators: the same seed gives the same noise on every device
             generator=[torch.Generator("cpu").manual_seed(seed) for seed in batch.seeds],
             output_type="pil",
