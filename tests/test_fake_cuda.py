@@ -222,6 +222,35 @@ def test_a_context_parallel_rank_places_itself_before_any_cuda_call(tmp_path, mo
     LEDGER.append(("rank 1 of Ulysses 2", "covered up to its first collective"))
 
 
+def test_a_tensor_parallel_rank_never_holds_its_whole_denoiser_on_its_gpu(tmp_path, monkeypatch):
+    """Rank 1 of tensor parallel 2 (collectives faked): its denoiser loads on the CPU and is still wholly there when
+    the shard is taken (``distribute_tensor`` then moves one parameter at a time and keeps the rank's slice), while
+    the other components are on its GPU; the sharding itself needs real collectives (tests/test_multigpu.py)."""
+    from diffmeter.distributed import context_parallel, rank_run
+
+    seen = {}
+
+    def shard(model, mesh, device):
+        seen["denoiser on"] = {str(parameter.device) for parameter in model.parameters()}
+        seen["device"] = device
+
+    spec = BenchSpec(model="tiny-flux", tp_degree=2, steps=2, iterations=1, predict=False)
+    with (
+        rank_environment(1, 2, monkeypatch, tmp_path / "staging") as gathered,
+        FakeCuda(own="cuda:1") as cuda,
+        mock.patch.object(context_parallel, "enable_tensor_parallel", shard),
+    ):
+        assert rank_run.run(spec, tmp_path, False, "torchrun") is None
+    assert not cuda.violations and cuda.calls[0] == type(cuda.calls[0])("set_device", 1, True)
+    assert seen == {"denoiser on": {"cpu"}, "device": torch.device("cuda:1")}
+    result = BenchResult.model_validate_json(gathered[0][0])
+    assert result.status == "complete" and result.spec.device == "cuda:1"
+    assert gathered[0][1]["parameter_bytes"] > 0  # what it holds, handed to rank 0 for the group's record
+    LEDGER.append(
+        ("rank 1 of tensor parallel 2", "covered (collectives faked): denoiser loaded on the CPU, sharded from there")
+    )
+
+
 def test_the_launcher_asks_no_gpu_about_memory(tmp_path, monkeypatch):
     """The process starting the ranks checks everything it can, but not memory: that would open a context on
     GPU 0 for the whole run; each rank checks its own GPU."""

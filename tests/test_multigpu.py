@@ -253,6 +253,31 @@ def _with_a_rank_fault(rank: int, fault: str) -> dict:
     return {**os.environ, "PYTHONPATH": path, "RANK_FAULT": fault, "RANK_FAULT_RANK": str(rank)}
 
 
+@pytest.mark.slow
+def test_tensor_parallel_2_shards_the_denoiser_and_gives_the_one_process_images(tmp_path):
+    """Two ranks over gloo, diffusers' sharding and collectives real (its device list extended to the CPU, which
+    it leaves out: tests/rank_faults/sitecustomize.py): each rank holds less of the denoiser than the whole."""
+    out = tmp_path / "out"
+    environment = {**_with_a_rank_fault(0, ""), "TP_ON_CPU": "1"}
+    command = ["diffmeter", "bench", "tiny-flux", "--tp-degree", "2", "--steps", "2", "--iterations", "2"]
+    done = subprocess.run([*command, "--out", str(out)], env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    (stored,) = out.glob(f"*tp-2*/{RESULTS}")
+    result = read_result(stored.parent)
+    reference, _ = bench(_spec("tiny-flux", steps=2, iterations=2), out=tmp_path / "one")
+    _assert_same_images(result, reference)
+    whole = sum(parameter.nbytes for parameter in _denoiser(reference).parameters())
+    held = [rank.denoiser_parameter_bytes for rank in result.parallel.ranks]
+    assert len(held) == 2 and held[0] == held[1] and 0 < held[0] < whole, (held, whole)
+
+
+def _denoiser(result):
+    from diffmeter.catalog import resolve
+    from diffmeter.tiny import tiny_pipeline
+
+    return tiny_pipeline(resolve(result.spec.model)).transformer
+
+
 def _logged_at(line: str):
     from datetime import datetime
 

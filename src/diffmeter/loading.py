@@ -87,9 +87,15 @@ def _variant(entry: PipelineEntry, root: Path) -> str | None:
 
 
 def load_pipeline(
-    entry: PipelineEntry, source: WeightsSource, device: torch.device, dtype: str, seed: int = 0
+    entry: PipelineEntry,
+    source: WeightsSource,
+    device: torch.device,
+    dtype: str,
+    seed: int = 0,
+    held: tuple[str, ...] = (),
 ) -> diffusers.DiffusionPipeline:
-    """The pipeline on ``device`` at ``dtype``, progress bar off."""
+    """The pipeline on ``device`` at ``dtype``, progress bar off; the ``held`` components stay on the CPU
+    (whoever holds them back places them: tensor parallelism moves each rank's shard only)."""
     torch_dtype = getattr(torch, dtype)
     if source.kind == "pretrained":
         pipe = _pretrained(entry, source, torch_dtype)  # already at dtype, fp32-only modules kept
@@ -97,12 +103,17 @@ def load_pipeline(
         if source.kind == "tiny-random":
             pipe = tiny_pipeline(entry, "cpu", seed)
         else:
-            pipe = random_pipeline(entry, device, torch_dtype, seed)
+            pipe = random_pipeline(entry, device, torch_dtype, seed, held)
         for component in pipe.components.values():
             if isinstance(component, torch.nn.Module):
                 component.to(torch_dtype)
                 keep_fp32_modules(component, torch_dtype)
-    pipe.to(device)
+    if held:
+        for name, component in pipe.components.items():
+            if isinstance(component, torch.nn.Module) and name not in held:
+                component.to(device)
+    else:
+        pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -152,8 +163,11 @@ def _pretrained(entry: PipelineEntry, source: WeightsSource, torch_dtype: torch.
         raise DiffmeterError(f"cannot load {entry.id} from {source.path}: {first_line}") from None
 
 
-def random_pipeline(entry: PipelineEntry, device: torch.device, dtype: torch.dtype, seed: int = 0):
-    """Real-size components with random weights, built straight on ``device`` at ``dtype``.
+def random_pipeline(
+    entry: PipelineEntry, device: torch.device, dtype: torch.dtype, seed: int = 0, held: tuple[str, ...] = ()
+):
+    """Real-size components with random weights, built straight on ``device`` at ``dtype`` (``held`` ones on
+    the CPU).
 
     Tokenizers come from the family's tiny entry (token ids stay inside every real vocabulary, and
     padded lengths follow the pipeline's own settings); the scheduler too, unless the entry ships one.
@@ -165,7 +179,10 @@ def random_pipeline(entry: PipelineEntry, device: torch.device, dtype: torch.dty
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        parts = {name: build_component(component, device) for name, component in entry.components.items()}
+        parts = {
+            name: build_component(component, torch.device("cpu") if name in held else device)
+            for name, component in entry.components.items()
+        }
     finally:
         torch.set_default_dtype(previous)
     runtime = dict(template.extra["runtime"])

@@ -7,6 +7,9 @@ so it is read at each call); RANK_FAULT says what happens in that rank's attenti
 ``oom:K`` raises CUDA's out-of-memory error at the K-th call (calls on the meta device, the checks' shape
 probes, not counted); ``sleep:K:S`` sleeps S seconds in each of the
 first K calls. Out of memory cannot be made on purpose on this CPU; everything else in the run is real.
+
+TP_ON_CPU=1 adds "cpu" to the devices diffusers runs tensor parallelism on (``_SUPPORTED_TP_DEVICES``: cuda,
+neuron, tpu, xpu), so that its real sharding and collectives run over gloo here; no CUDA exists to run them on.
 """
 
 import os
@@ -30,3 +33,8 @@ if os.environ.get("RANK_FAULT"):
         return attention(*args, **kwargs)
 
     torch.nn.functional.scaled_dot_product_attention = planted
+
+if os.environ.get("TP_ON_CPU"):
+    import diffusers.hooks.tensor_parallel as tensor_parallel
+
+    tensor_parallel._SUPPORTED_TP_DEVICES = (*tensor_parallel._SUPPORTED_TP_DEVICES, "cpu")

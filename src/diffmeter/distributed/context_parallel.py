@@ -16,13 +16,38 @@ def device_mesh(device: torch.device, data: int, cfg: int, ring: int, ulysses: i
     return dist.device_mesh.init_device_mesh(device.type, degrees, mesh_dim_names=MESH_DIMS)
 
 
-def enable_tensor_parallel(model: torch.nn.Module, mesh) -> None:
-    """Shard ``model``'s weights over the mesh's tp ranks with diffusers' own plan (``_tp_plan``); runs
-    on the accelerators diffusers supports (``hooks.tensor_parallel._SUPPORTED_TP_DEVICES``), which
-    ``support`` checked before loading."""
-    from diffusers.models._modeling_parallel import TensorParallelConfig
+def enable_tensor_parallel(model: torch.nn.Module, mesh, device: torch.device) -> None:
+    """Shard ``model``'s weights over the mesh's tp ranks with diffusers' own plan (``_tp_plan``), each rank
+    keeping its shard on ``device``: a model held back on the CPU is never whole on the GPU (``distribute_tensor``
+    moves one parameter at a time and keeps the rank's slice). diffusers runs it on the accelerators it lists
+    (``hooks.tensor_parallel._SUPPORTED_TP_DEVICES``), which ``parallel_support`` checked before loading.
 
-    model.enable_parallelism(config=TensorParallelConfig(mesh=mesh["tp"]))
+    Without an accelerator ``enable_parallelism`` cannot run (``_resolve_parallel_config`` divides by
+    ``torch.accelerator.device_count()``, diffusers 0.42.1): its steps are done here with ``device``, as
+    ``enable`` does for context parallelism."""
+    from diffusers.models._modeling_parallel import ParallelConfig, TensorParallelConfig
+
+    config = TensorParallelConfig(mesh=mesh["tp"])
+    if torch.accelerator.device_count() > 0:
+        model.enable_parallelism(config=config)
+        return
+    from diffusers.hooks.tensor_parallel import apply_tensor_parallel
+
+    parallel = ParallelConfig(tensor_parallel_config=config)
+    parallel.setup(dist.get_rank(), dist.get_world_size(), device, mesh=config.mesh)
+    model._parallel_config = parallel
+    apply_tensor_parallel(model, config, model._tp_plan)
+
+
+def resident_parameter_bytes(models: list[torch.nn.Module]) -> int:
+    """Bytes of the models' parameters this rank holds: its own shard of each tensor-parallel one."""
+    from torch.distributed.tensor import DTensor
+
+    return sum(
+        (parameter.to_local() if isinstance(parameter, DTensor) else parameter).nbytes
+        for model in models
+        for parameter in model.parameters()
+    )
 
 
 def enable(model: torch.nn.Module, mesh, ring: int, ulysses: int, device: torch.device) -> None:

@@ -114,19 +114,24 @@ class RankGroup:
         place, parallel = self.place, self.parallel
         return f"rank {place.rank} of {place.world} ({parallel.backend}, {parallel.launcher}), process {os.getpid()}"
 
+    def holds_back(self, run: PreparedRun) -> tuple[str, ...]:
+        """Under tensor parallelism the denoisers load on the CPU: ``apply`` moves each rank's shard only, so no
+        GPU ever holds a whole denoiser (the reason to shard it)."""
+        return tuple(run.target.family.denoisers(run.entry)) if run.spec.tp_degree > 1 else ()
+
     def apply(self, pipe) -> None:
         """The parallelisms as layers on every denoiser, innermost first: diffusers' context (or tensor)
         parallelism, then CFG parallelism around it; the first call's context-parallel collectives counted."""
         spec = self.run.spec
-        if spec.model_parallel == 1:
-            return
         names = self.run.target.family.denoisers(self.run.entry)
         models = [getattr(pipe, name) for name in names if getattr(pipe, name, None) is not None]
         for model in models:
             if spec.tp_degree > 1:
-                context_parallel.enable_tensor_parallel(model, self.mesh)
+                context_parallel.enable_tensor_parallel(model, self.mesh, self.place.device)
+                model.to(self.place.device)  # what the plan does not shard: norms, embeddings, buffers
             elif spec.context_degree > 1:
                 context_parallel.enable(model, self.mesh, spec.ring_degree, spec.ulysses_degree, self.place.device)
+        self.measured["parameter_bytes"] = context_parallel.resident_parameter_bytes(models)
         if spec.context_degree > 1:
             communication.count_first_call(models[0], self.measured)
         if spec.cfg_degree > 1:
@@ -143,12 +148,12 @@ class RankGroup:
     def combine(self, result: BenchResult, run: PreparedRun, staging: Path) -> BenchResult | None:
         """Every rank's result gathered on rank 0 and merged there; the others return None."""
         gathered = [None] * self.place.world if self.place.rank == 0 else None
-        dist.gather_object((result.model_dump_json(), self.measured.get("bytes")), gathered, dst=0)
+        dist.gather_object((result.model_dump_json(), self.measured), gathered, dst=0)
         if self.place.rank != 0:
             return None
         results = [BenchResult.model_validate_json(text) for text, _ in gathered]
         spec = run.spec
-        merged = group_result(spec, results, self.parallel, staging, [moved for _, moved in gathered])
+        merged = group_result(spec, results, self.parallel, staging, [measured for _, measured in gathered])
         if merged.status == "complete":
             single = scaling.one_device_name(spec, run.entry, [o.label() for o in run.optimizations])
             merged.parallel.scaling = scaling.against_one_device(merged, self.out, single)

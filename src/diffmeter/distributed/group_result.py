@@ -17,7 +17,7 @@ RANKS = "ranks"
 
 
 def group_result(
-    spec: BenchSpec, results: list[BenchResult], parallel: Parallel, staging: Path, measured: list[int | None]
+    spec: BenchSpec, results: list[BenchResult], parallel: Parallel, staging: Path, measured: list[dict]
 ) -> BenchResult:
     """Rank 0's result with the group's figures: calls as the slowest rank's, every data-parallel
     group's images, energy over all GPUs, FLOPs per GPU, and each rank's own figures kept."""
@@ -39,8 +39,8 @@ def group_result(
     firsts = [r.first_call for r in results]
     first_call = merge.slowest(firsts, group_images(firsts[::context]))
     parallel.ranks = [
-        merge.rank_record(rank, result, moved)
-        for rank, (result, moved) in enumerate(zip(results, measured, strict=True))
+        merge.rank_record(rank, result, figures)
+        for rank, (result, figures) in enumerate(zip(results, measured, strict=True))
     ]
     parallel.images_identical_across_ranks = _identical(results, context, staging) if context > 1 else None
     images = sorted((image for leader in leaders for image in leader.images), key=lambda image: image.seed)

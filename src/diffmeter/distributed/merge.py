@@ -82,7 +82,9 @@ def same_pixels(first, second) -> bool:
     return torch.equal(load_frames(first), load_frames(second))
 
 
-def rank_record(rank: int, result: BenchResult, measured_bytes: int | None = None) -> RankRecord:
+def rank_record(rank: int, result: BenchResult, measured: dict) -> RankRecord:
+    """One rank's own figures; ``measured``: what its group layer counted (bytes received in the first
+    denoiser call, parameter bytes it holds)."""
     summary = result.summary
     return RankRecord(
         rank=rank,
@@ -92,7 +94,8 @@ def rank_record(rank: int, result: BenchResult, measured_bytes: int | None = Non
         stages_s=summary.stages_s,
         peak_memory=summary.peak_memory,
         energy=summary.energy,
-        measured_bytes_per_denoiser_call=measured_bytes,
+        measured_bytes_per_denoiser_call=measured.get("bytes"),
+        denoiser_parameter_bytes=measured.get("parameter_bytes"),
         iterations=result.iterations,
     )
 

@@ -11,11 +11,9 @@ alone uses :data:`ALONE`, which adds nothing. The choice between the two is made
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import warnings
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
@@ -31,81 +29,14 @@ from diffmeter.measure.stages import StageTimer
 from diffmeter.optimize import build
 from diffmeter.optimize.tf32 import fp32_math, fp32_precision
 from diffmeter.runs import baseline, calls, speedups, storage
+from diffmeter.runs.group import ALONE, Group
 from diffmeter.runs.placement import Placement
-from diffmeter.runs.prepared import PreparedRun, prepare, result_fields, run_name
+from diffmeter.runs.prepared import prepare, result_fields, run_name
 from diffmeter.runs.prompt_profile import profile_of_the_prompts
 from diffmeter.runs.results import BenchResult, Speedup
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.summary import measurement_notes, summarize_run
 from diffmeter.runs.workload import Workload, outputs
-
-
-class Group(Protocol):
-    """What a parallel group adds to the lifecycle; every method is a no-op (or the identity) alone."""
-
-    def join(self, run: PreparedRun) -> None:
-        """Join the group, once the run is checked."""
-
-    def open(self, directory: storage.RunDirectory, requests) -> tuple[Path, Path]:
-        """The run's folder opened (by one process) and known to all: (where this process saves the run's
-        images, where it keeps its log). ``requests(calls)`` lists the group's requests for the folder."""
-
-    def workload(self, spec: BenchSpec, entry) -> Workload:
-        """The batches this process generates."""
-
-    def describe(self) -> str:
-        """This process's place in the group, for its log."""
-
-    def copy_log(self, log) -> None:
-        """Where else this process's log is written (where the launcher keeps it if the run fails)."""
-
-    def apply(self, pipe) -> None:
-        """Split the loaded pipeline's work over the group, after the techniques."""
-
-    def barrier(self) -> None:
-        """Wait for every process: before the measured loop and before each measured call."""
-
-    def combine(self, result: BenchResult, run: PreparedRun, staging: Path) -> BenchResult | None:
-        """The group's result from every process's (on the process that stores it; None on the others)."""
-
-    def abandon(self, reason: str) -> None:
-        """A process failed (``reason``): stop every process of the group (raises) or, alone, return."""
-
-
-class Alone:
-    """A run in one process: it opens its own folder, generates every batch and stores what it measured."""
-
-    def join(self, run: PreparedRun) -> None:
-        pass
-
-    def open(self, directory: storage.RunDirectory, requests) -> tuple[Path, Path]:
-        staging = directory.open()
-        storage.write_json(staging / storage.REQUESTS, requests(None))
-        return staging, staging
-
-    def workload(self, spec: BenchSpec, entry) -> Workload:
-        return Workload(spec, entry)
-
-    def describe(self) -> str:
-        return f"one process ({os.getpid()})"
-
-    def copy_log(self, log) -> None:
-        pass
-
-    def apply(self, pipe) -> None:
-        pass
-
-    def barrier(self) -> None:
-        pass
-
-    def combine(self, result: BenchResult, run: PreparedRun, staging: Path) -> BenchResult:
-        return result
-
-    def abandon(self, reason: str) -> None:
-        pass
-
-
-ALONE = Alone()
 
 
 class MeasuredRun:
@@ -210,7 +141,8 @@ class MeasuredRun:
         self.started = time.perf_counter()
         placed = any(o.places_pipeline for o in run.optimizations)
         device = torch.device("cpu") if placed else self.device
-        self.pipe = load_pipeline(run.entry, run.source, device, spec.dtype, spec.seed)
+        held = self.group.holds_back(run)
+        self.pipe = load_pipeline(run.entry, run.source, device, spec.dtype, spec.seed, held)
         run.target.family.prepare_pipeline(self.pipe, spec.guidance_scale, spec.batch_size)
 
     def apply(self) -> None:

@@ -41,6 +41,9 @@ class RankRecord(BaseModel):
     energy: Energy
     #: bytes this rank received through the collectives in its first denoiser call (a warm-up call)
     measured_bytes_per_denoiser_call: int | None = None
+    #: bytes of the denoisers' parameters this rank holds after the parallel layers (its shards under tensor
+    #: parallelism; the whole denoiser otherwise)
+    denoiser_parameter_bytes: int | None = None
     #: each measured call as this rank timed it (BenchResult.iterations hold the maximum over ranks)
     iterations: list[Iteration] = []
 
