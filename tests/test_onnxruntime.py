@@ -139,3 +139,101 @@ def test_pixart_is_refused_because_its_export_does_not_load(tmp_path, monkeypatc
     monkeypatch.setenv("DIFFMETER_CACHE_DIR", str(tmp_path))
     with pytest.raises(onnxruntime.capi.onnxruntime_pybind11_state.Fail, match="Squeeze"):
         generate("tiny-pixart", [one("onnxruntime", target("tiny-pixart"))], batch=1)
+
+
+def test_providers_run_on_the_runs_own_gpu_and_stream_with_tensorrt_backed_by_cuda():
+    """Without device_id every session ran on GPU 0 whatever cuda:N the run was on; TensorRT had no CUDA
+    fallback (rejected nodes went to the CPU) and no fp16 flag (float16 graphs could build FP32 engines)."""
+    from diffmeter.optimize.onnxruntime import execution_providers
+
+    cuda_1 = torch.device("cuda", 1)
+    assert execution_providers("cpu", torch.device("cpu"), "float32", None) == ["CPUExecutionProvider"]
+    own = {"device_id": 1, "user_compute_stream": "4096"}
+    assert execution_providers("cuda", cuda_1, "float32", 4096) == [
+        ("CUDAExecutionProvider", own),
+        "CPUExecutionProvider",
+    ]
+    assert execution_providers("tensorrt", cuda_1, "float16", 4096) == [
+        ("TensorrtExecutionProvider", {**own, "trt_fp16_enable": True}),
+        ("CUDAExecutionProvider", own),
+        "CPUExecutionProvider",
+    ]
+    assert execution_providers("tensorrt", cuda_1, "float32", 4096)[0][1]["trt_fp16_enable"] is False
+
+
+def test_the_cuda_binding_waits_for_pytorchs_stream_and_keeps_its_inputs_alive(monkeypatch):
+    """IOBinding holds bare pointers: a contiguous copy freed before the run could be reused by PyTorch's allocator
+    (the first of two non-contiguous inputs was); and ONNX Runtime must not read inputs before PyTorch's stream has
+    made them. CUDA cannot exist here: the stream and the session are stand-ins recording what happens, the
+    tensors are real."""
+    import gc
+    from unittest import mock
+
+    from diffmeter.optimize import onnxruntime as ort
+
+    events = []
+    stream = mock.Mock(synchronize=lambda: events.append("stream synchronized"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+
+    class Binding:
+        def __init__(self):
+            self.pointers = []
+
+        def bind_input(self, name, device, index, dtype, shape, pointer):
+            self.pointers.append(pointer)
+
+        def bind_output(self, *args):
+            pass
+
+        def synchronize_outputs(self):
+            events.append("outputs synchronized")
+
+    binding = Binding()
+
+    def run(bound):
+        live = {t.data_ptr() for t in gc.get_objects() if type(t) is torch.Tensor and t.numel()}
+        events.append(("run", all(pointer in live for pointer in bound.pointers)))
+
+    output = mock.Mock(type="tensor(float)", shape=[2, 3])
+    output.name = "out"
+    session = mock.Mock(io_binding=lambda: binding, run_with_iobinding=run, get_outputs=lambda: [output])
+    inputs = [torch.randn(3, 2).t(), torch.randn(3, 2).t(), torch.ones(2, 3, dtype=torch.bool)]
+    (result,) = ort._run_on_cuda(session, ["a", "b", "mask"], inputs)
+    assert events == ["stream synchronized", ("run", True), "outputs synchronized"]
+    assert result.shape == (2, 3) and result.dtype == torch.float32
+
+
+@pytest.mark.slow
+def test_every_dtype_a_catalog_pipeline_hands_its_denoiser_can_cross_into_onnx_runtime():
+    """The first denoiser call of every tiny pipeline, its tensor arguments' dtypes read (LTX-Video passes a
+    boolean mask, which raised KeyError on the cuda and tensorrt providers); bfloat16 is refused up front."""
+    from diffmeter.catalog import all_entries
+    from diffmeter.families import get_family
+    from diffmeter.optimize.onnxruntime import _NUMPY, UNEXPORTABLE
+    from diffmeter.runs.workload import Workload
+    from diffmeter.tiny import tiny_pipeline
+
+    class Seen(Exception):
+        pass
+
+    dtypes = {}
+    for entry in (e for e in all_entries() if e.is_tiny):
+        pipe = tiny_pipeline(entry)
+        family = get_family(entry.family)
+        denoiser = getattr(pipe, family.denoiser)
+        if type(denoiser).__name__ in UNEXPORTABLE:
+            continue  # refused before loading (test_refusals_name_the_reason holds the reasons)
+
+        def record(module, args, kwargs, name=entry.name):
+            leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+            dtypes[name] = {leaf.dtype for leaf in leaves if isinstance(leaf, torch.Tensor)}
+            raise Seen
+
+        denoiser.register_forward_pre_hook(record, with_kwargs=True)
+        spec = BenchSpec(model=entry.name, steps=1, iterations=1).settle(entry)
+        workload = Workload(spec, entry)
+        with pytest.raises(Seen):
+            pipe(**workload.call_arguments(pipe, workload.batch(0)))
+    assert len(dtypes) >= 25
+    assert torch.bool in set().union(*dtypes.values())
+    assert {name: seen - set(_NUMPY) for name, seen in dtypes.items() if seen - set(_NUMPY)} == {}

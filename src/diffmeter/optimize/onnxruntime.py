@@ -50,13 +50,51 @@ BYPASSED_KINDS = ("cache", "attention", "quantization")
 #: denoisers whose forward reads tensor values into Python (the exporter cannot trace it)
 UNEXPORTABLE = {
     "Lumina2Transformer2DModel": "its forward reads the attention mask's lengths into Python (.tolist())",
+    # the exporter: "No ONNX function found for aten.unsqueeze ... complex-valued input" (torch 2.13)
+    "LuminaNextDiT2DModel": "it takes its rotary frequencies as complex64 tensors, which the ONNX exporter cannot "
+    "translate",
     # held by tests/test_onnxruntime.py: the day the exporter gets it right, that test fails
     "PixArtTransformer2DModel": (
         "its output's squeeze(1) of a dimension that is not 1 (a no-op in PyTorch) becomes an ONNX Squeeze "
         "that ONNX Runtime refuses to load"
     ),
 }
-_NUMPY = {torch.float32: "float32", torch.float16: "float16", torch.int64: "int64", torch.int32: "int32"}
+#: every dtype a tensor can cross into ONNX Runtime with (numpy's name); bfloat16 has none (refused in ``supports``)
+_NUMPY = {
+    torch.float64: "float64",
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.int16: "int16",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.bool: "bool",  # LTX-Video's attention mask
+}
+#: ONNX Runtime's output type names and the torch dtype each comes back as
+_OUTPUTS = {
+    f"tensor({'float' if name == 'float32' else 'double' if name == 'float64' else name})": dtype
+    for dtype, name in _NUMPY.items()
+}
+
+
+def execution_providers(provider: str, device: torch.device, dtype: str, stream: int | None) -> list:
+    """ONNX Runtime's providers with their options for a run on ``device`` (ONNX Runtime docs, "CUDA Execution
+    Provider" and "TensorRT Execution Provider", configuration options): ``device_id`` the run's GPU (without it
+    every session runs on GPU 0, whatever ``cuda:N`` the run is on); ``user_compute_stream`` PyTorch's current
+    stream, so ONNX Runtime computes after the kernels that made its inputs and before those that read its
+    outputs, on the stream the stage timer's events are on; TensorRT in float16 with ``trt_fp16_enable`` (else a
+    float16 graph may build FP32 engines), and the CUDA provider after it for the nodes TensorRT rejects (else they
+    fall back to the CPU)."""
+    if provider == "cpu":
+        return ["CPUExecutionProvider"]
+    cuda = {"device_id": device.index or 0}
+    if stream is not None:
+        cuda["user_compute_stream"] = str(stream)
+    providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
+    if provider == "tensorrt":
+        providers.insert(0, ("TensorrtExecutionProvider", {**cuda, "trt_fp16_enable": dtype == "float16"}))
+    return providers
 
 
 class Config(BaseModel):
@@ -259,8 +297,11 @@ class _OrtModule:
         if self.technique.config.release_weights and not self.released:
             self.module.to("meta")  # before the session loads its copy: the two never coexist
             self.released = True
-        provider = PROVIDERS[self.technique.config.provider]
-        providers = [provider, "CPUExecutionProvider"] if provider != "CPUExecutionProvider" else [provider]
+        device = self.target.device
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())  # inside the run's device scope: its own
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+        providers = execution_providers(self.technique.config.provider, device, self.target.dtype, stream)
         session = onnxruntime.InferenceSession(str(path), self.options, providers=providers)
         return session, out_spec
 
@@ -284,18 +325,30 @@ def _export(flat: torch.nn.Module, tensors: tuple, path: Path, opset: int | None
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     with torch.no_grad():
-        program = torch.onnx.export(flat, tensors, dynamo=True, opset_version=opset, verbose=False)
+        try:
+            program = torch.onnx.export(flat, tensors, dynamo=True, opset_version=opset, verbose=False)
+        except Exception as error:  # the exporter's own errors: one line, the run stored as failed
+            from diffmeter.errors import DiffmeterError
+
+            shutil.rmtree(staging, ignore_errors=True)
+            said = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+            raise DiffmeterError(f"onnxruntime: the ONNX exporter could not export this model: {said}") from None
     program.save(str(staging / path.name), external_data=True)
     staging.rename(path.parent)  # a half-written export never has the final name
 
 
 def _run_on_cuda(session, names: list[str], tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Inputs and outputs bound to CUDA memory (ONNX Runtime's IOBinding): nothing crosses to the host."""
+    """Inputs and outputs bound to CUDA memory (ONNX Runtime's IOBinding): nothing crosses to the host. The
+    bound tensors (contiguous copies included) live until the run returns: the binding holds bare pointers, and
+    a freed copy's memory could be handed to another tensor by PyTorch's allocator before ONNX Runtime reads it.
+    PyTorch's stream is synchronized before the run: ONNX Runtime's issues #26609 and #32673 are wrong TensorRT
+    results from inputs read before the kernels making them had finished."""
     import numpy
 
+    bound = [tensor.contiguous() for tensor in tensors]
+    torch.cuda.current_stream(bound[0].device).synchronize()
     binding = session.io_binding()
-    for name, tensor in zip(names, tensors, strict=True):
-        tensor = tensor.contiguous()
+    for name, tensor in zip(names, bound, strict=True):
         binding.bind_input(
             name,
             "cuda",
@@ -307,11 +360,13 @@ def _run_on_cuda(session, names: list[str], tensors: list[torch.Tensor]) -> list
     device = tensors[0].device
     outputs = []
     for output in session.get_outputs():
-        dtype = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16}[output.type]
+        dtype = _OUTPUTS[output.type]
         result = torch.empty(tuple(output.shape), dtype=dtype, device=device)
         binding.bind_output(
             output.name, "cuda", device.index or 0, numpy.dtype(_NUMPY[dtype]), tuple(result.shape), result.data_ptr()
         )
         outputs.append(result)
     session.run_with_iobinding(binding)
+    binding.synchronize_outputs()
+    del bound  # only now: ONNX Runtime has read them
     return outputs
