@@ -44,13 +44,20 @@ def timed_call(pipe, timer: StageTimer, arguments: dict, index: int, meter: Ener
     return iteration, output
 
 
-def warm_up_indices(spec: BenchSpec, pipe, workload, compiling: bool) -> tuple[list[int], int]:
-    """The batches the warm-up calls run: ``spec.warmup`` of them, plus, when compiling, one per
-    prompt-dependent input shape the measured calls use that those have not run (a compiled model
-    recompiles, or records a new CUDA graph, on a new shape, which must not happen in a measured call).
-    Returns (indices, how many were added for shapes)."""
-    warmups = list(range(spec.warmup))
-    shapes = _unseen_shapes(spec, pipe, workload) if compiling else []
+#: warm-up calls a CUDA-graph compile mode needs: cudagraph trees run a function's first call as a warm-up and
+#: record its graph on the second (torch/_inductor/cudagraph_trees.py, CUDAGraphTreeManager: "We run graph
+#: warmups ... and return the result on the first invocation of a function"), so a component called once per
+#: generation (VAE decode, a text encoder) would record in the first measured call after one warm-up call
+CUDA_GRAPH_WARMUPS = 2
+
+
+def warm_up_indices(spec: BenchSpec, pipe, workload, compiling: bool, graphs: bool = False) -> tuple[list[int], int]:
+    """The batches the warm-up calls run: ``spec.warmup`` of them (at least ``CUDA_GRAPH_WARMUPS`` when a
+    technique records CUDA graphs), plus, when compiling, one per prompt-dependent input shape the measured
+    calls use that those have not run (a compiled model recompiles, or records a new CUDA graph, on a new
+    shape, which must not happen in a measured call). Returns (indices, how many were added for shapes)."""
+    warmups = list(range(max(spec.warmup, CUDA_GRAPH_WARMUPS if graphs else 0)))
+    shapes = _unseen_shapes(spec, pipe, workload, len(warmups)) if compiling else []
     return warmups + shapes, len(shapes)
 
 
@@ -65,7 +72,7 @@ def keep_measuring(spec: BenchSpec, iterations: list[Iteration], elapsed: float)
     return latency.ci_level < CONFIDENCE or latency.relative_ci > spec.target_precision
 
 
-def _unseen_shapes(spec, pipe, workload) -> list[int]:
+def _unseen_shapes(spec, pipe, workload, warmed: int) -> list[int]:
     if workload.class_conditional:
         return []
     family = workload.family
@@ -73,7 +80,7 @@ def _unseen_shapes(spec, pipe, workload) -> list[int]:
     def shape(index: int) -> tuple:
         return tuple(sorted(family.prompt_settings(pipe, workload.batch(index).prompts).items()))
 
-    seen = {shape(index) for index in range(spec.warmup)}
+    seen = {shape(index) for index in range(warmed)}
     period = len(workload.pool) // math.gcd(len(workload.pool), spec.batch_size)  # batches repeat after this
     unseen = []
     for index in range(max(spec.iterations, period)):

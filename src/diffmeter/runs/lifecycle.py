@@ -174,7 +174,13 @@ class MeasuredRun:
         """The cold call and the other warm-up calls (plus one per unseen input shape when compiling)."""
         spec = self.run_.spec
         compiling = any(o.kind == "compile" for o in self.run_.optimizations)
-        indices, self.shape_warmups = calls.warm_up_indices(spec, self.pipe, self.workload, compiling)
+        graphs = any(getattr(o, "cuda_graphs", False) for o in self.run_.optimizations)
+        indices, self.shape_warmups = calls.warm_up_indices(spec, self.pipe, self.workload, compiling, graphs)
+        if graphs and spec.warmup < calls.CUDA_GRAPH_WARMUPS:
+            self.base["notes"].append(
+                f"{calls.CUDA_GRAPH_WARMUPS} warm-up calls, not --warmup {spec.warmup}: CUDA graphs are recorded on a "
+                "function's second call, and a component called once per generation would record in a measured one"
+            )
         self.planned = len(indices) + spec.iterations
         warmup = []
         for done, index in enumerate(indices):
