@@ -237,3 +237,13 @@ def test_every_dtype_a_catalog_pipeline_hands_its_denoiser_can_cross_into_onnx_r
     assert len(dtypes) >= 25
     assert torch.bool in set().union(*dtypes.values())
     assert {name: seen - set(_NUMPY) for name, seen in dtypes.items() if seen - set(_NUMPY)} == {}
+
+
+def test_runs_through_onnx_runtime_on_cuda_say_its_memory_is_not_in_the_peak():
+    from diffmeter.optimize.onnxruntime import Config, OnnxRuntime
+
+    on_gpu = target("tiny-flux")
+    assert OnnxRuntime(Config()).note(on_gpu) is None  # the CPU provider: host memory, in the process's RSS
+    said = OnnxRuntime(Config(provider="tensorrt")).note(on_gpu)
+    assert "ONNX Runtime's own GPU memory" in said and "TensorRT engines" in said and "stays resident" in said
+    assert "stays resident" not in OnnxRuntime(Config(provider="cuda", release_weights=True)).note(on_gpu)

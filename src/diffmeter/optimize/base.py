@@ -129,6 +129,10 @@ class Optimization:
     def apply(self, pipe, target: Target) -> None:
         raise NotImplementedError
 
+    def note(self, target: Target) -> str | None:
+        """What a reader of the run's figures must know about this technique (None: nothing)."""
+        return None
+
     def call_context(self):
         """A context entered around every pipeline call (most techniques need none)."""
         return contextlib.nullcontext()

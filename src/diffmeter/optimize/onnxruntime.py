@@ -152,6 +152,16 @@ class OnnxRuntime(Optimization):
                 )
         return None
 
+    def note(self, target: Target) -> str | None:
+        if self.config.provider == "cpu":
+            return None
+        engines = ", TensorRT engines" if self.config.provider == "tensorrt" else ""
+        kept = "" if self.config.release_weights else "; PyTorch's copy of the exported weights stays resident too"
+        return (
+            f"peak memory leaves out ONNX Runtime's own GPU memory (its CUDA arena{engines}): PyTorch's allocator, "
+            f"which the figures read, does not see it{kept}"
+        )
+
     def clashes(self, others: list[Optimization]) -> str | None:
         for other in others:
             bypassed = other.name in ("vae-slicing", "vae-tiling") and self.config.decoder

@@ -46,6 +46,12 @@ class TensorRT(Optimization):
             return f"TensorRT builds engines for NVIDIA GPUs; this run is on {target.device.type}"
         return None
 
+    def note(self, target: Target) -> str | None:
+        return (
+            "peak memory is read from PyTorch's allocator: GPU memory TensorRT allocates itself (its engines) is not "
+            "in it; PyTorch's copy of the weights stays resident too"
+        )
+
     def clashes(self, others: list[Optimization]) -> str | None:
         for other in others:
             if other.name == "offload":

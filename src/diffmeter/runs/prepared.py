@@ -76,7 +76,7 @@ def result_fields(run: PreparedRun) -> dict:
         weights_random=run.source.random,
         environment=collect(),
         profile=run.profile,
-        notes=_notes(spec, entry, run.optimizations),
+        notes=_notes(spec, entry, run.optimizations) + [n for o in run.optimizations if (n := o.note(run.target))],
         optimizations=[
             AppliedOptimization(
                 name=o.name, label=o.label(), kind=o.kind, lossless=o.lossless, params=o.config.model_dump(mode="json")
