@@ -1,0 +1,120 @@
+"""What every chunk of benchmarks/gpu_validation.py shares: the models it runs, the report it writes, a real
+``diffmeter bench`` run, and this card's achievable matmul and copy rates (CUDA events)."""
+
+from __future__ import annotations
+
+import tempfile
+from datetime import datetime, timezone
+
+import diffusers
+import torch
+import transformers
+
+from diffmeter.errors import DiffmeterError
+from diffmeter.runs.lifecycle import bench
+from diffmeter.runs.spec import BenchSpec
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+#: (family kind, real-size model, tiny stand-in on CPU, size, steps)
+MODELS = {
+    "unet": ("sd15", "tiny-sd", 512, 8),
+    "mmdit": ("flux-schnell", "tiny-flux", 512, 4),
+    "dit": ("pixart-sigma-1024", "tiny-pixart", 512, 8),
+}
+#: this card's bare bf16 matmul TFLOP/s and copy GB/s, measured once by whichever chunk needs them first
+ACHIEVABLE: dict[str, float] = {}
+
+
+class Report:
+    """Rows of (chunk, check, outcome, detail); outcome is PASS, FAIL, REFUSED or SKIP."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, str, str]] = []
+
+    def add(self, chunk: str, check: str, outcome: str, detail: str) -> None:
+        self.rows.append((chunk, check, outcome, detail))
+        print(f"{outcome:8s} {chunk:18s} {check}: {detail}", flush=True)
+
+    def markdown(self, device_name: str, seconds: float, chunks: list[str]) -> str:
+        counts = {
+            outcome: sum(row[2] == outcome for row in self.rows) for outcome in ("PASS", "FAIL", "REFUSED", "SKIP")
+        }
+        lines = [
+            f"# GPU validation on {device_name}",
+            "",
+            f"Run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `python benchmarks/gpu_validation.py"
+            + (f" --chunk {' --chunk '.join(chunks)}`" if chunks else "`")
+            + f", {seconds / 60:.1f} min: torch {torch.__version__}, diffusers {diffusers.__version__}, "
+            f"transformers {transformers.__version__}.",
+            "",
+            ", ".join(f"{count} {outcome}" for outcome, count in counts.items()) + ".",
+            "",
+            "REFUSED: the technique does not apply and said why before loading anything (a correct outcome).",
+            "SKIP: this machine cannot show it (no CUDA, one GPU).",
+            "",
+            "| chunk | check | outcome | detail |",
+            "|---|---|---|---|",
+        ]
+        for chunk, check, outcome, detail in self.rows:
+            lines.append(f"| {chunk} | {check} | {outcome} | {detail.replace('|', '/')} |")
+        return "\n".join(lines) + "\n"
+
+
+def run(spec: BenchSpec):
+    """A real diffmeter bench run into a temporary folder; (result, None) or (None, refusal)."""
+    with tempfile.TemporaryDirectory() as out:
+        try:
+            result, _ = bench(spec, out=out)
+        except DiffmeterError as error:
+            return None, str(error)
+    return result, None
+
+
+def model_spec(kind: str, **settings) -> BenchSpec:
+    model, tiny, size, steps = MODELS[kind]
+    base = dict(model=model if CUDA else tiny, random_weights=CUDA, steps=steps, iterations=2, warmup=1)
+    if CUDA:
+        base.update(height=size, width=size, dtype="bf16", device="cuda")
+    if kind == "dit":
+        base["resolution_binning"] = False
+    return BenchSpec(**{**base, **settings})
+
+
+def event_seconds(work, repeats: int) -> float:
+    """Mean seconds per call of ``work`` over ``repeats`` calls, timed with CUDA events after 3 warm-ups."""
+    for _ in range(3):
+        work()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        work()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / 1000 / repeats
+
+
+def achievable() -> dict[str, float]:
+    """{"matmul_tflops": bf16 8192^3, "copy_gbs": 1 GiB device-to-device, read + written}, measured once."""
+    if not ACHIEVABLE:
+        n = 8192
+        a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        ACHIEVABLE["matmul_tflops"] = 2 * n**3 / event_seconds(lambda: a @ b, 20) / 1e12
+        source = torch.empty(2**30, device="cuda", dtype=torch.uint8)
+        target = torch.empty_like(source)
+        ACHIEVABLE["copy_gbs"] = 2 * 2**30 / event_seconds(lambda: target.copy_(source), 20) / 1e9
+        del a, b, source, target
+        torch.cuda.empty_cache()
+    return ACHIEVABLE
+
+
+def wall_clock(result) -> tuple[bool, str]:
+    """Each measured call's device-timed total (CUDA events on the run's stream) against the host's wall clock
+    around the same call, which waits for the GPU: an event on another stream or device, or a stage left out,
+    shows as a difference."""
+    from gpu_checks import WALL_TOLERANCE
+
+    worst = max(abs(it.total_s - it.wall_s) / it.wall_s for it in result.iterations)
+    clock = "CUDA events" if CUDA else "host clock"
+    limit = 100 * WALL_TOLERANCE
+    return worst <= WALL_TOLERANCE, f"{clock} total vs host wall clock within {100 * worst:.2f}% (limit {limit:g}%)"

@@ -1,0 +1,60 @@
+"""benchmarks/gpu_validation.py, the one command for a lent GPU, kept from rotting: every check fails on a
+wrong input (the self-test), passes on a right one, and the chunks a CPU can run pass here."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+import gpu_checks  # noqa: E402
+
+
+def _script(*arguments, **kwargs):
+    return subprocess.run(
+        [sys.executable, str(BENCHMARKS / "gpu_validation.py"), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=kwargs.pop("timeout", 120),
+        **kwargs,
+    )
+
+
+def test_the_self_test_fails_every_check_on_a_wrong_input():
+    """Faked there, and why: no NVML exists on a CPU machine, so two GPUs' energy counters and process lists
+    are stand-ins (gpu_checks.FakeNvml); the peak table and the byte counts are plain numbers."""
+    done = _script("--self-test")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if line[:4] in ("FAIL", "PASS")]
+    assert len(lines) == len(gpu_checks.self_test()) >= 6 and all(line.startswith("FAIL") for line in lines)
+
+
+def test_the_same_checks_pass_on_right_inputs():
+    nvml = gpu_checks.FakeNvml()
+    read = gpu_checks.nvml_energy_j(1, nvml)
+    before = read()
+    nvml.window()
+    assert gpu_checks.peak_table(989.5, 798.0, "H200 SXM")[0] == "PASS"
+    assert gpu_checks.mfu(286.0, 989.5, 798.0)[0] == "PASS"  # FLUX.1-schnell 512 px on an H200: MFU 28.9%
+    assert gpu_checks.energy(0.98 * (read() - before), read() - before)[0] == "PASS"
+    assert gpu_checks.agree("peak bytes", 10 << 30, 10 << 30, "snapshot", 0.01)[0] == "PASS"
+    assert gpu_checks.stray_contexts([1], own=1)[0] == "PASS"
+
+
+def test_help_names_every_chunk():
+    done = _script("--help")
+    chunks = _script("--list").stdout.split()
+    assert done.returncode == 0 and len(chunks) >= 10
+    assert all(chunk in done.stdout for chunk in chunks)
+
+
+@pytest.mark.slow
+def test_what_a_cpu_can_run_of_it_passes(tmp_path):
+    report = tmp_path / "report.md"
+    chunks = ["stages", "trace", "onnxruntime", "graph-runs", "peak", "measures", "two-process", "cuda1"]
+    done = _script(*(f"--chunk={chunk}" for chunk in chunks), "--report", str(report), timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:]
+    text = report.read_text()
+    assert "| FAIL |" not in text and text.count("| PASS |") >= 10 and "| SKIP |" in text
