@@ -52,8 +52,10 @@ def test_help_names_every_chunk():
 
 @pytest.mark.slow
 def test_what_a_cpu_can_run_of_it_passes(tmp_path):
+    """The trace chunk is left out: on tiny pipelines a call lasts milliseconds, and a CI machine's scheduler
+    moves a stage boundary by that much (tests/test_trace.py holds the traced stages on CPU)."""
     report = tmp_path / "report.md"
-    chunks = ["stages", "trace", "onnxruntime", "graph-runs", "peak", "measures", "two-process", "cuda1"]
+    chunks = ["stages", "onnxruntime", "graph-runs", "peak", "measures", "two-process", "cuda1"]
     done = _script(*(f"--chunk={chunk}" for chunk in chunks), "--report", str(report), timeout=900)
     assert done.returncode == 0, done.stdout[-3000:]
     text = report.read_text()

@@ -6,7 +6,8 @@ from collections import defaultdict
 
 import pytest
 
-from diffmeter.measure.trace import OPS_FILE, OUTSIDE, PREFIX, TRACE_FILE, OpsTable, kind_of
+from diffmeter.measure.ops import OUTSIDE, PREFIX, OpsTable, kind_of
+from diffmeter.measure.trace import OPS_FILE, TRACE_FILE
 from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.storage import REQUESTS, read_result
@@ -150,7 +151,7 @@ def test_fused_attention_kernels_are_counted_by_their_sdpa_operator_not_from_the
     recorded shapes crashed a traced H200 run. The SDPA operator above it carries the count."""
     from torch.utils.flop_counter import sdpa_flop_count
 
-    from diffmeter.measure.trace import operator_flops
+    from diffmeter.measure.ops import operator_flops
 
     q = [2, 4, 64, 32]
     sdpa = _recorded("aten::_scaled_dot_product_efficient_attention", [q, q, q, [], [], [], [], [], []])
@@ -187,7 +188,7 @@ def test_cuda_stage_lengths_come_from_the_gpu_timeline_once_and_kernels_from_the
     """On an H200 every stage range was counted twice (host range + its GPU mirror): text encoding came out at
     exactly 2x the stage timer's figure and "other" negative. The host launches ahead of the GPU; the stage
     timer's CUDA events time the GPU's timeline, so the table must too."""
-    from diffmeter.measure.trace import OUTSIDE, PREFIX, ops_table
+    from diffmeter.measure.ops import OUTSIDE, PREFIX, ops_table
 
     host = {
         name: _event(PREFIX + name, start, end, event_id=i)

@@ -15,7 +15,8 @@ from collections import defaultdict
 
 from pydantic import BaseModel
 
-from diffmeter.measure.trace import OUTSIDE, read_ops
+from diffmeter.measure.ops import OUTSIDE
+from diffmeter.measure.trace import read_ops
 from diffmeter.predict.roofline import STAGES, Calibration
 
 #: a kind below this share of the run's time gives no sample (too little time to divide by)

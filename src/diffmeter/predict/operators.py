@@ -18,7 +18,7 @@ from diffmeter import cache
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER, Call
 from diffmeter.flops.counter import FORMULAS
-from diffmeter.measure.trace import kind_of
+from diffmeter.measure.ops import kind_of
 from diffmeter.predict.memory import DTYPES, cache_key, cast_floating, fake_module, settled_plan
 from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork
 from diffmeter.spec import ProfileSpec

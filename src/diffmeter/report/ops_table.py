@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from diffmeter import units
-from diffmeter.measure.trace import OUTSIDE, OpsTable
+from diffmeter.measure.ops import OUTSIDE, OpsTable
 from diffmeter.report.layout import Column, FittedTable
 from diffmeter.report.run_table import STAGE_LABELS
 
