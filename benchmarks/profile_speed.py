@@ -1,21 +1,14 @@
 """How fast is diffmeter, and how do its SD 1.5 UNet counts compare with thop and fvcore?
 
-Measures:
-1. ``diffmeter profile --all --json`` run 3 times as a cold subprocess (the real CLI, which
-   forks one worker per CPU), and once with ``--jobs 1`` (one process) for reference:
-   wall and CPU time (s), and the peak RSS of the whole process tree (MB, sampled every
-   50 ms), against targets of 30 s and 2 GB.
-2. One SD 1.5 UNet call at 512x512 with classifier-free guidance (batch 2; 4x64x64
-   latents; 77 text tokens of width 768), counted three ways, each timed, with the
-   process's peak-RSS increase (MB):
-   a. diffmeter: ``diffmeter.profile("sd15", steps=1)`` on the meta device, from the config;
-   b. thop: ``thop.profile`` on the UNet built on CPU with random fp32 weights;
-   c. fvcore: ``FlopCountAnalysis`` on the same module and input.
-   All three report MACs (multiply-accumulates); the differences are broken down.
+1. ``diffmeter profile --all --json`` 3 times as a cold subprocess (the real CLI, one worker per CPU) and
+   once with ``--jobs 1``: wall and CPU time (s), peak RSS of the process tree (MB, sampled every 50 ms),
+   against targets of 30 s and 2 GB.
+2. One SD 1.5 UNet call at 512x512 with CFG (batch 2; 4x64x64 latents; 77 tokens of width 768) counted by
+   diffmeter (``profile("sd15", steps=1)``, meta device), thop and fvcore (the UNet on CPU, random fp32
+   weights), each timed with its peak-RSS increase (MB); all report MACs, the differences broken down.
 
-Run from the repo root:  python benchmarks/profile_speed.py   (5 to 10 minutes on 2 cores)
-thop and fvcore come with the `compare` extra:  pip install -e '.[compare]'
-The report is printed and written to benchmarks/results/profile_speed.md.
+Run from the repo root:  python benchmarks/profile_speed.py   (5 to 10 minutes on 2 cores; thop and fvcore
+come with the `compare` extra: pip install -e '.[compare]'). Writes benchmarks/results/profile_speed.md.
 """
 
 from __future__ import annotations

@@ -13,17 +13,13 @@ import time
 
 import pytest
 import torch
+from parallel_runs import assert_same_images, cpu_spec, with_a_rank_fault
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.execute import bench
-from diffmeter.measure.quality import compare
 from diffmeter.runs.prepared import prepare
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.storage import RESULTS, read_result
-
-
-def _spec(model: str = "tiny-flux", **settings) -> BenchSpec:
-    return BenchSpec(**{"model": model, "device": "cpu", "warmup": 1, "iterations": 2, **settings})
 
 
 @pytest.mark.parametrize(
@@ -44,7 +40,7 @@ def _spec(model: str = "tiny-flux", **settings) -> BenchSpec:
 )
 def test_unsupported_parallel_runs_are_refused_before_loading(settings, message):
     with pytest.raises(DiffmeterError) as refused:
-        prepare(_spec(**settings))
+        prepare(cpu_spec(**settings))
     assert message in str(refused.value)
 
 
@@ -52,7 +48,7 @@ def _on_cuda(monkeypatch, **settings):
     """A CUDA target for the checks: torch.cuda.device_count is faked (no GPU here); the checks are diffmeter's."""
     import dataclasses
 
-    run = prepare(_spec(**settings))
+    run = prepare(cpu_spec(**settings))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     return run.spec, dataclasses.replace(run.target, device=torch.device("cuda", 0))
 
@@ -97,26 +93,14 @@ def test_the_cli_refuses_ring_on_native_attention_in_one_line(cli, tmp_path):
     assert "log-sum-exp" in err and not any(tmp_path.iterdir())
 
 
-def _images(result) -> dict:
-    return {image.seed: result.folder / image.path for image in result.images}
-
-
-def _assert_same_images(result, reference) -> None:
-    mine, theirs = _images(result), _images(reference)
-    assert mine.keys() == theirs.keys()
-    for seed, path in mine.items():
-        quality = compare(path, theirs[seed], seed)
-        assert quality.identical or quality.psnr_db > 60, (seed, quality)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "settings"), [("tiny-flux", {}), ("tiny-wan", {"height": 32, "width": 32})], ids=["flux", "wan"]
 )
 def test_ulysses_2_gives_the_one_process_images_and_rank_0_writes_once(model, settings, tmp_path):
-    reference, _ = bench(_spec(model, **settings), out=tmp_path / "one")
-    result, folder = bench(_spec(model, ulysses_degree=2, **settings), out=tmp_path / "two")
-    _assert_same_images(result, reference)
+    reference, _ = bench(cpu_spec(model, **settings), out=tmp_path / "one")
+    result, folder = bench(cpu_spec(model, ulysses_degree=2, **settings), out=tmp_path / "two")
+    assert_same_images(result, reference)
     assert result.parallel.images_identical_across_ranks is True
     assert [rank.rank for rank in result.parallel.ranks] == [0, 1]
     assert result.parallel.backend == "gloo" and result.parallel.launcher == "diffmeter"
@@ -145,10 +129,10 @@ def _median_s_per_image(result, stage: str | None = None) -> float:
 
 @pytest.mark.slow
 def test_data_parallel_2_gives_every_image_of_one_process_and_its_scaling(cli, tmp_path):
-    _, single = bench(_spec(iterations=4), out=tmp_path)
-    result, folder = bench(_spec(data_parallel=2), out=tmp_path)
+    _, single = bench(cpu_spec(iterations=4), out=tmp_path)
+    result, folder = bench(cpu_spec(data_parallel=2), out=tmp_path)
     reference = read_result(single)
-    _assert_same_images(result, reference)
+    assert_same_images(result, reference)
     assert result.summary.images == 4 and [call.images for call in result.iterations] == [2, 2]
     assert result.parallel.images_identical_across_ranks is None
     assert [rank.measured_bytes_per_denoiser_call for rank in result.parallel.ranks] == [None, None]
@@ -246,38 +230,6 @@ def test_counting_the_first_call_leaves_a_compiled_denoiser_compiling():
     assert compilation.graphs_compiled > 0
 
 
-def _with_a_rank_fault(rank: int, fault: str) -> dict:
-    """The environment of a CLI run whose rank ``rank`` carries ``fault`` (tests/rank_faults/sitecustomize.py)."""
-    here = os.path.join(os.path.dirname(__file__), "rank_faults")
-    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path, "RANK_FAULT": fault, "RANK_FAULT_RANK": str(rank)}
-
-
-@pytest.mark.slow
-def test_tensor_parallel_2_shards_the_denoiser_and_gives_the_one_process_images(tmp_path):
-    """Two ranks over gloo, diffusers' sharding and collectives real (its device list extended to the CPU, which
-    it leaves out: tests/rank_faults/sitecustomize.py): each rank holds less of the denoiser than the whole."""
-    out = tmp_path / "out"
-    environment = {**_with_a_rank_fault(0, ""), "TP_ON_CPU": "1"}
-    command = ["diffmeter", "bench", "tiny-flux", "--tp-degree", "2", "--steps", "2", "--iterations", "2"]
-    done = subprocess.run([*command, "--out", str(out)], env=environment, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
-    (stored,) = out.glob(f"*tp-2*/{RESULTS}")
-    result = read_result(stored.parent)
-    reference, _ = bench(_spec("tiny-flux", steps=2, iterations=2), out=tmp_path / "one")
-    _assert_same_images(result, reference)
-    whole = sum(parameter.nbytes for parameter in _denoiser(reference).parameters())
-    held = [rank.denoiser_parameter_bytes for rank in result.parallel.ranks]
-    assert len(held) == 2 and held[0] == held[1] and 0 < held[0] < whole, (held, whole)
-
-
-def _denoiser(result):
-    from diffmeter.catalog import resolve
-    from diffmeter.tiny import tiny_pipeline
-
-    return tiny_pipeline(resolve(result.spec.model)).transformer
-
-
 def _logged_at(line: str):
     from datetime import datetime
 
@@ -294,7 +246,7 @@ def test_a_rank_out_of_memory_in_its_second_step_ends_the_run_with_that_reason(t
     out = tmp_path / "out"
     command = ["diffmeter", "bench", "tiny-flux", "--ulysses-degree", "2", "--steps", "2", "--iterations", "3"]
     done = subprocess.run(
-        [*command, "--out", str(out)], env=_with_a_rank_fault(1, "oom:3"), capture_output=True, text=True, timeout=300
+        [*command, "--out", str(out)], env=with_a_rank_fault(1, "oom:3"), capture_output=True, text=True, timeout=300
     )
     ended = datetime.now()
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
@@ -319,7 +271,7 @@ def test_no_rank_measures_while_another_is_still_warming_up(tmp_path):
     out = tmp_path / "out"
     command = ["diffmeter", "bench", "tiny-flux", "--data-parallel", "2", "--steps", "2", "--iterations", "2"]
     done = subprocess.run(
-        [*command, "--out", str(out)], env=_with_a_rank_fault(1, "sleep:4:1"), capture_output=True, text=True,
+        [*command, "--out", str(out)], env=with_a_rank_fault(1, "sleep:4:1"), capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -407,66 +359,3 @@ def test_a_parallel_run_a_one_process_run_and_a_sweep_cell_store_the_same_schema
     assert _schema_differences(stored["one"], stored["cell"]) == []
     assert set(stored["one"]) == set(stored["parallel"]) == set(stored["cell"])
     assert _schema_differences({"a": 1, "b": [1]}, {"a": "1"}) == [".b", ".a: int vs str"]  # the check can fail
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("model", "settings", "processes"),
-    [
-        ("tiny-sd", {"cfg_degree": 2}, 2),  # batched CFG: each rank one half of the stacked batch
-        ("tiny-wan", {"cfg_degree": 2, "height": 32, "width": 32}, 2),  # two denoiser calls per step
-        ("tiny-wan", {"cfg_degree": 2, "ulysses_degree": 2, "height": 32, "width": 32}, 4),  # composed with Ulysses
-        ("tiny-flux", {"cfg_degree": 2, "true_cfg_scale": 2.5}, 2),  # FLUX.1's true CFG: a second call per step
-        ("tiny-flux", {"cfg_degree": 2, "true_cfg_scale": 2.5, "ulysses_degree": 2}, 4),
-    ],
-    ids=["sd", "wan", "wan-ulysses", "flux-true-cfg", "flux-true-cfg-ulysses"],
-)
-def test_cfg_parallel_gives_the_one_process_images(model, settings, processes, tmp_path):
-    alone = {k: v for k, v in settings.items() if k in ("height", "width", "true_cfg_scale")}
-    reference, _ = bench(_spec(model, **alone), out=tmp_path)
-    result, _ = bench(_spec(model, **settings), out=tmp_path)
-    _assert_same_images(result, reference)
-    assert result.parallel.world_size == processes and result.parallel.cfg_degree == 2
-    assert result.parallel.images_identical_across_ranks is True
-    assert result.summary.flops["denoising"] == reference.summary.flops["denoising"] // processes  # per GPU
-    denoiser_calls = {call.denoiser_calls for call in result.iterations}
-    assert denoiser_calls == {call.denoiser_calls for call in reference.iterations}  # every call made, half skipped
-    communication = result.parallel.communication  # counted offline: the other half's prediction each step
-    assert communication.cfg_degree == 2 and communication.cfg_bytes_per_step > 0
-    assert result.parallel.scaling.one_device_run is not None  # the one-process run under the same --out
-
-
-def test_cfg_parallel_is_refused_where_there_is_no_half_to_split():
-    with pytest.raises(DiffmeterError, match="tiny-flux runs one denoiser call of its own batch per step"):
-        prepare(_spec("tiny-flux", cfg_degree=2))
-    with pytest.raises(DiffmeterError, match="--guidance-scale 1 or less"):
-        prepare(_spec("tiny-sd", cfg_degree=2, guidance_scale=1.0))
-    with pytest.raises(DiffmeterError, match="a guided step has two halves"):
-        prepare(_spec("tiny-sd", cfg_degree=4))
-    with pytest.raises(DiffmeterError, match="PipeFusion .* run it with xDiT"):
-        prepare(_spec("tiny-sd", pipefusion_degree=2))
-
-
-def test_offline_cfg_volume_is_the_other_halfs_prediction():
-    """tiny-sd at 32 px: its UNet predicts 4 channels at 16 x 16 latents in float32: with CFG parallelism each
-    GPU receives the other rank's prediction for the step's one image, 4 x 16 x 16 x 4 bytes."""
-    from diffmeter.catalog import resolve
-    from diffmeter.distributed.communication import offline
-    from diffmeter.families import get_family
-
-    run = prepare(_spec("tiny-sd", cfg_degree=2))
-    entry = resolve("tiny-sd")
-    config = entry.components["unet"].config
-    latent = 32 // 2 ** (len(entry.components["vae"].config["block_out_channels"]) - 1)
-    moved = offline(entry, get_family(entry.family), run.spec.profile_spec().with_defaults(entry.defaults), 1, 1, 2)
-    assert moved.cfg_bytes_per_step == config["out_channels"] * latent * latent * 4
-    assert moved.bytes_per_step == moved.cfg_bytes_per_step and moved.bytes_per_denoiser_call == 0
-
-
-def test_profile_counts_cfg_parallelism_per_gpu(cli):
-    code, out, _ = cli("profile", "tiny-sd", "--cfg-degree", "2", "--json")
-    split = json.loads(out)["context_parallel_per_gpu_step"]
-    assert code == 0 and split["cfg_degree"] == 2 and split["flops_per_step_per_gpu"] * 2 == split["flops_per_step"]
-    assert split["bytes_received_per_step_per_gpu"] == split["cfg_bytes_per_step"] == 4 * 16 * 16 * 4
-    code, _, err = cli("profile", "tiny-flux", "--cfg-degree", "2")
-    assert code == 2 and "no half to split" in err and len(err.strip().splitlines()) == 1
