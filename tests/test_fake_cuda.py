@@ -251,6 +251,43 @@ def test_a_tensor_parallel_rank_never_holds_its_whole_denoiser_on_its_gpu(tmp_pa
     )
 
 
+def test_a_quantized_denoiser_is_never_whole_and_unquantized_on_the_gpu(tmp_path):
+    """quantize loads the denoiser on the CPU and hands torchao each linear layer on cuda:1 to quantize there
+    (``quantize_(device=...)``), so the unquantized weights are never all on the GPU; the other components load
+    on cuda:1. torchao's tensor subclasses cannot be faked, so its quantize_ is a recorder here, moving each
+    layer as torchao would."""
+    import torchao.quantization
+
+    seen = {}
+
+    def quantize_(module, config, filter_fn=None, device=None):
+        seen["denoiser on"] = {str(parameter.device) for parameter in module.parameters()}
+        seen["device"] = device
+        for layer in module.modules():
+            if isinstance(layer, torch.nn.Linear):
+                layer.to(device)
+
+    spec = BenchSpec(
+        model="tiny-flux",
+        device="cuda:1",
+        steps=2,
+        iterations=1,
+        dtype="bfloat16",
+        predict=False,
+        optimizations=[{"name": "quantize", "params": {"weights": "int8"}}],
+    )
+    with FakeCuda(own="cuda:1") as cuda, mock.patch.object(torchao.quantization, "quantize_", quantize_):
+        result, folder = bench(spec, out=tmp_path)
+    assert not cuda.violations and result.status == "complete"
+    assert seen == {"denoiser on": {"cpu"}, "device": torch.device("cuda:1")}
+    LEDGER.append(
+        (
+            "quantize (int8) on tiny-flux",
+            "covered with torchao's quantize_ recorded: loaded on the CPU, each layer quantized on cuda:1",
+        )
+    )
+
+
 def test_the_launcher_asks_no_gpu_about_memory(tmp_path, monkeypatch):
     """The process starting the ranks checks everything it can, but not memory: that would open a context on
     GPU 0 for the whole run; each rank checks its own GPU."""

@@ -48,6 +48,8 @@ class Target:
     device: torch.device
     dtype: str
     steps: int
+    #: components the run loaded on the CPU for the technique that places them on ``device`` (``holds_back``)
+    held: tuple[str, ...] = ()
 
     @cached_property
     def denoiser_class(self) -> type:
@@ -128,6 +130,11 @@ class Optimization:
 
     def apply(self, pipe, target: Target) -> None:
         raise NotImplementedError
+
+    def holds_back(self, target: Target) -> tuple[str, ...]:
+        """Components to load on the CPU: this technique moves them to ``target.device`` itself (quantization:
+        a layer at a time, so the unquantized weights are never whole on the GPU)."""
+        return ()
 
     def note(self, target: Target) -> str | None:
         """What a reader of the run's figures must know about this technique (None: nothing)."""

@@ -48,6 +48,9 @@ class Quantize(Optimization):
     def variants(cls) -> list[Optimization]:
         return [cls(Config(weights=weights)) for weights in ("int8", "fp8")]
 
+    def holds_back(self, target: Target) -> tuple[str, ...]:
+        return tuple(self.components(target)) if target.device.type == "cuda" else ()
+
     def apply(self, pipe, target: Target) -> None:
         with quiet_import():
             from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
@@ -57,7 +60,12 @@ class Quantize(Optimization):
         self._inductor = inductor.get_config_copy()  # torchao sets its recommended inductor flags globally
         config = Int8WeightOnlyConfig() if self.config.weights == "int8" else Float8WeightOnlyConfig()
         for name in self.components(target):
-            quantize_(getattr(pipe, name), config)
+            module = getattr(pipe, name)
+            if name in target.held:  # on the CPU: each linear layer moved to the GPU, then quantized there
+                quantize_(module, config, device=target.device)  # torchao's quantize_(device=...)
+                module.to(target.device)  # what quantize_ does not touch: norms, embeddings, convolutions
+            else:
+                quantize_(module, config)
 
     def restore(self, pipe, target: Target) -> None:
         import torch._inductor.config as inductor

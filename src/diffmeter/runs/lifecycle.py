@@ -11,6 +11,7 @@ alone uses :data:`ALONE`, which adds nothing. The choice between the two is made
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import warnings
 from pathlib import Path
@@ -135,19 +136,23 @@ class MeasuredRun:
         return BenchResult(status="complete", summary=summary, **self.figures, **self.base)
 
     def load(self) -> None:
-        """The pipeline, on the run's device (on the CPU when a technique places it)."""
+        """The pipeline, on the run's device (on the CPU when a technique places it, and the components a
+        parallel layer or a technique places itself)."""
         run, spec = self.run_, self.run_.spec
         self.progress("loading", 0, None)
         self.started = time.perf_counter()
         placed = any(o.places_pipeline for o in run.optimizations)
         device = torch.device("cpu") if placed else self.device
-        held = self.group.holds_back(run)
-        self.pipe = load_pipeline(run.entry, run.source, device, spec.dtype, spec.seed, held)
+        target = self.place.target(run.target)
+        # components a parallel layer or a technique places itself, loaded on the CPU (nothing when all is)
+        held = self.group.holds_back(run) + tuple(n for o in run.optimizations for n in o.holds_back(target))
+        self.held = () if placed else held
+        self.pipe = load_pipeline(run.entry, run.source, device, spec.dtype, spec.seed, self.held)
         run.target.family.prepare_pipeline(self.pipe, spec.guidance_scale, spec.batch_size)
 
     def apply(self) -> None:
         """The techniques in their order, then the group's split of the model."""
-        target = self.place.target(self.run_.target)
+        target = dataclasses.replace(self.place.target(self.run_.target), held=self.held)
         for optimization in self.run_.optimizations:
             self.log.info("applying %s", optimization.label())
             optimization.apply(self.pipe, target)
