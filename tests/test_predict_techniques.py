@@ -106,3 +106,23 @@ def test_a_vae_without_tiling_is_offered_none():
     prediction = predict_memory(ProfileSpec(model="tiny-kandinsky3"))
     assert prediction.decoder == "movq" and prediction.vae_activation_bytes["vae-tiling"] is None
     assert not any("vae-tiling" in chosen for chosen in settings(prediction))
+
+
+def test_benchs_memory_check_counts_quantized_weights_at_one_byte(monkeypatch):
+    """fit lists quantize-int8 for FLUX.1-dev on a card the bfloat16 weights overflow; bench's own check refused
+    it, counting every weight at two bytes. (The card is a number: available memory is the one input.)"""
+    import torch
+
+    from diffmeter import profile
+    from diffmeter.catalog import resolve
+    from diffmeter.errors import DoesNotFit
+    from diffmeter.runs import memory_check
+    from diffmeter.runs.spec import BenchSpec
+
+    entry = resolve("flux-dev")
+    counted = profile("flux-dev", height=512, width=512, steps=4)
+    spec = BenchSpec(model="flux-dev", height=512, width=512, steps=4, dtype="bfloat16", device="cuda")
+    monkeypatch.setattr(memory_check, "available_bytes", lambda device: counted.param_bytes - (5 << 30))
+    with pytest.raises(DoesNotFit, match="this run needs at least"):
+        memory_check.check_fits(spec, entry, "vae", counted, torch.device("cuda"))
+    memory_check.check_fits(spec, entry, "vae", counted, torch.device("cuda"), {"transformer"})  # fits

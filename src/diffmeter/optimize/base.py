@@ -136,6 +136,11 @@ class Optimization:
         a layer at a time, so the unquantized weights are never whole on the GPU)."""
         return ()
 
+    def one_byte_components(self, target: Target) -> tuple[str, ...]:
+        """Components whose weights this technique stores at one byte per parameter (int8, float8): the
+        memory check counts them so (a lower bound: scales and unquantized layers come on top)."""
+        return ()
+
     def note(self, target: Target) -> str | None:
         """What a reader of the run's figures must know about this technique (None: nothing)."""
         return None

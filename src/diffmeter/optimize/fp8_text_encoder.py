@@ -38,6 +38,9 @@ class FP8TextEncoder(Optimization):
             if name in target.entry.components and target.entry.components[name].class_name in LARGE_ENCODERS
         ]
 
+    def one_byte_components(self, target: Target) -> tuple[str, ...]:
+        return tuple(self.encoders(target))
+
     def supports(self, target: Target) -> str | None:
         if not self.encoders(target):
             return "it has no large text encoder (T5/UMT5/Gemma) to store in float8"

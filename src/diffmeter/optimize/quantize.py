@@ -48,6 +48,9 @@ class Quantize(Optimization):
     def variants(cls) -> list[Optimization]:
         return [cls(Config(weights=weights)) for weights in ("int8", "fp8")]
 
+    def one_byte_components(self, target: Target) -> tuple[str, ...]:
+        return tuple(self.components(target))
+
     def holds_back(self, target: Target) -> tuple[str, ...]:
         return tuple(self.components(target)) if target.device.type == "cuda" else ()
 

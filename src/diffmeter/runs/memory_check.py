@@ -4,8 +4,9 @@ killed by the kernel on a CPU machine).
 The estimate is a lower bound, so the check only refuses what surely does not fit: the
 parameters at the run's dtype, plus what every decode must hold: the VAE decoder's last feature
 map at full resolution (its first block's channels, at the image size, for every image of the
-batch, or one at a time with VAE slicing) and the decoded images themselves. Offloading runs skip
-the check (weights are not all resident), and ``--no-memory-check`` skips it on request.
+batch, or one at a time with VAE slicing) and the decoded images themselves. Quantized weights (int8,
+float8) count at one byte per parameter; offloading runs skip the check (weights are not all resident),
+and ``--no-memory-check`` skips it on request.
 """
 
 from __future__ import annotations
@@ -49,12 +50,15 @@ def decode_bytes(spec, entry, decoder: str, batch: int) -> tuple[int, int]:
     return (at_once * channels + 3 * batch) * pixels, channels
 
 
-def check_fits(spec, entry, decoder: str, profile: Profile, device: torch.device) -> None:
+def check_fits(
+    spec, entry, decoder: str, profile: Profile, device: torch.device, one_byte: set[str] = frozenset()
+) -> None:
     """Raise with the figures when the lower bound exceeds what ``device`` has available; when one
-    image would fit, name --batch-size and the largest batch that fits."""
+    image would fit, name --batch-size and the largest batch that fits. The ``one_byte`` components'
+    weights count at one byte per parameter (quantized to int8 or float8)."""
     if any(o.name == "offload" for o in spec.optimizations):
         return
-    parameters = profile.param_bytes
+    parameters = sum(c.params if c.name in one_byte else c.param_bytes for c in profile.components)
     decode, channels = decode_bytes(spec, entry, decoder, spec.batch_size)
     needed = parameters + decode
     available = available_bytes(device)

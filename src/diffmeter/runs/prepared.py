@@ -55,7 +55,8 @@ def prepare(
     else:  # the weights are looked for where the run happens
         source = WeightsSource("pretrained")
     if spec.memory_check and here and check_memory:
-        check_fits(spec, entry, target.family.decoder, profile, device or torch.device(spec.device))
+        one_byte = {name for o in optimizations for name in o.one_byte_components(target)}
+        check_fits(spec, entry, target.family.decoder, profile, device or torch.device(spec.device), one_byte)
     return PreparedRun(spec, entry, profile, target, optimizations, source, run_name(spec, entry, optimizations))
 
 
