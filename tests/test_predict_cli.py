@@ -35,9 +35,23 @@ def test_a_generation_larger_than_the_card_does_not_fit(cli):
 def test_named_gpus_come_from_the_datasheet_table():
     h100 = named_gpu("h100")
     row = next(row for row in PEAKS if row.name == "H100 SXM")
-    assert h100.name == "H100 SXM" and h100.memory_bytes == row.memory_gb * 2**30
+    assert h100.name == "H100 SXM" and h100.memory_bytes == 81_559 * 2**20  # as nvidia-smi reports it
     assert named_gpu("H100 PCIe").name == "H100 PCIe" and named_gpu("a10").name == "A10"
     assert h100.peak_tflops("bfloat16") == row.tflops["bf16"]
+
+
+def test_table_memory_is_the_drivers_and_the_fallback_is_below_every_driver_figure():
+    """An L40S sold as 48 GB reports 46,068 MiB (ECC on); reading its "48 GB" as GiB overstated it by 3 GiB."""
+    from diffmeter.predict.devices import driver_memory, of_row
+
+    assert named_gpu("l40s").memory_bytes == 46_068 * 2**20 and named_gpu("l4").memory_bytes == 23_034 * 2**20
+    rows = {row.name: row for row in PEAKS}
+    for name, reported in driver_memory().items():
+        row = rows[name]  # every figure belongs to a row of the table
+        assert reported["source"] and reported["quote"]
+        assert int(row.memory_gb * 1e9) < reported["mib"] * 2**20 <= row.memory_gb * 2**30
+    a40 = rows["A40"]
+    assert "A40" not in driver_memory() and of_row(a40).memory_bytes == int(a40.memory_gb * 1e9)
 
 
 def test_gpu_spec_reads_text_and_json():

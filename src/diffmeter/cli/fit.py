@@ -29,7 +29,7 @@ def fit(
     model: ModelArgument,
     memory: Annotated[
         str | None,
-        typer.Option(metavar="SIZE", help='GPU memory to fit in, e.g. "24GB" (GB read as GiB, as on datasheets)'),
+        typer.Option(metavar="SIZE", help='GPU memory to fit in, e.g. "24GB" (read as GiB: give what nvidia-smi reports, e.g. 23034MiB as 22.5GB)'),
     ] = None,
     gpu: GpuName = None,
     height: Height = None,

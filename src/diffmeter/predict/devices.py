@@ -4,8 +4,10 @@ measured (``measure.cpu_peaks``)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+from importlib import resources
 
 from pydantic import BaseModel
 
@@ -16,8 +18,10 @@ _SPEC_PART = re.compile(r"^\s*([\d.]+)\s*(gb|gib|tflops|tb/s|gb/s)\s*$", re.IGNO
 
 
 class Device(BaseModel):
-    """Memory in bytes, bandwidth in bytes/s, peaks in TFLOP/s. A datasheet's memory "GB" is read as
-    GiB (2^30 bytes): an "80GB" H100 reports 81,559 MiB in nvidia-smi, a "24GB" RTX 4090 24,564 MiB."""
+    """Memory in bytes, bandwidth in bytes/s, peaks in TFLOP/s. A table GPU's memory is what its driver
+    reports (nvidia-smi's MiB, ``data/gpu_memory.json``, each figure cited): an "80GB" H100 81,559 MiB, a
+    "48GB" L40S 46,068 MiB with ECC on; where no driver figure was found, the datasheet's GB as 10^9 bytes,
+    which is below every driver figure seen."""
 
     name: str
     #: "cuda" or "cpu": which calibration of achieved fractions applies (``roofline``)
@@ -58,14 +62,27 @@ def named_gpu(name: str, dtypes: tuple[str, ...] = ()) -> Device:
 
 
 def of_row(row) -> Device:
-    """A ``measure.peaks`` row as a device."""
+    """A ``measure.peaks`` row as a device, its memory as its driver reports it."""
+    reported = driver_memory().get(row.name)
+    if reported:
+        memory, said = reported["mib"] * 2**20, f"memory {reported['mib']:,} MiB as nvidia-smi reports it"
+    elif row.memory_gb:
+        memory, said = int(row.memory_gb * 1e9), f"memory the datasheet's {row.memory_gb:g} GB as 10^9 bytes"
+    else:
+        memory, said = None, "no single memory size"
     return Device(
         name=row.name,
-        memory_bytes=int(row.memory_gb * 2**30) if row.memory_gb else None,
+        memory_bytes=memory,
         bandwidth_bytes_per_s=row.bandwidth_gb_s * 1e9 if row.bandwidth_gb_s else None,
         tflops=dict(row.tflops),
-        source=row.source,
+        source=f"{row.source}; {said}",
     )
+
+
+@functools.cache
+def driver_memory() -> dict[str, dict]:
+    """Each table GPU's memory as its driver reports it, with the nvidia-smi output it was read from."""
+    return json.loads(resources.files("diffmeter.predict").joinpath("data/gpu_memory.json").read_text())["gpus"]
 
 
 def this_cpu(*dtypes: str) -> Device:
