@@ -29,7 +29,9 @@ def fit(
     model: ModelArgument,
     memory: Annotated[
         str | None,
-        typer.Option(metavar="SIZE", help='GPU memory to fit in, e.g. "24GB" (read as GiB: give what nvidia-smi reports, e.g. 23034MiB as 22.5GB)'),
+        typer.Option(
+            metavar="SIZE", help='GPU memory to fit in, e.g. "22.5GB" (read as GiB: nvidia-smi\'s 23034MiB is 22.5GB)'
+        ),
     ] = None,
     gpu: GpuName = None,
     height: Height = None,
