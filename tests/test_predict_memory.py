@@ -37,6 +37,41 @@ def test_predicted_peaks_equal_the_profiler_timeline_within_2_percent(name):
     assert predicted.peak_bytes == pytest.approx(real.peak_bytes, rel=0.02)
 
 
+def test_a_float32_vae_under_a_bfloat16_pipeline_is_predicted_per_stage_within_2_percent(tmp_path):
+    """Wan's model cards load the VAE in float32 beside a bfloat16 transformer; the real CPU run, loaded by
+    bench's own loader, against the prediction of the same component dtypes; bench records them as loaded."""
+    from diffmeter.runs.lifecycle import bench
+    from diffmeter.runs.spec import BenchSpec
+
+    entry, own = resolve("tiny-wan"), {"vae": "float32"}
+    pipe = load_pipeline(entry, locate_weights(entry, False), torch.device("cpu"), "bfloat16", component_dtypes=own)
+    pipe, call, settings = tiny_call(entry, pipe=pipe)
+    spec = ProfileSpec(
+        model="tiny-wan",
+        dtype="bfloat16",
+        component_dtypes=(("vae", "float32"),),
+        **settings,
+        **token_settings(entry, pipe),
+    )
+    _, _, plan = settled_plan(spec)
+    components = {c.component: (getattr(pipe, c.component), c.method, STAGE_OF_ROLE[c.role]) for c in plan if c.count}
+    real = measure_stage_peaks(call, components)
+    predicted = predict_memory(spec)
+    assert predicted.stages[0].resident_param_bytes == real.resident_param_bytes
+    for stage in predicted.stages:
+        assert stage.peak_bytes == pytest.approx(real.stage_peak_bytes[stage.stage], rel=0.02), stage.stage
+    assert (
+        predicted.component_param_bytes["vae"]
+        == 2 * predict_memory(ProfileSpec(model="tiny-wan", dtype="bfloat16")).component_param_bytes["vae"]
+    )
+    result, _ = bench(
+        BenchSpec(model="tiny-wan", dtype="bfloat16", component_dtypes=own, steps=2, iterations=1, height=32, width=32),
+        out=tmp_path,
+    )
+    assert result.component_dtypes == {"transformer": "bfloat16", "text_encoder": "bfloat16", "vae": "float32"}
+    assert result.spec.component_dtypes == own and result.profile.component_dtypes == own
+
+
 def test_stage_peak_splits_into_its_parts_and_cfg_doubles_the_denoiser_batch():
     spec = ProfileSpec(model="tiny-sd", guidance_scale=7.5)
     guided, unguided = predict_memory(spec), predict_memory(ProfileSpec(model="tiny-sd", guidance_scale=1.0))

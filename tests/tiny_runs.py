@@ -25,9 +25,11 @@ def tiny_call(
     guidance_scale: float | None = None,
     steps: int | None = None,
     max_sequence_length: int | None = None,
+    pipe=None,
 ):
-    """The real diffusers pipeline and its call: (pipeline, call(), settings before the prompt's)."""
-    pipe = tiny_pipeline(entry)
+    """The real diffusers pipeline (``pipe``, else the tiny one at float32) and its call: (pipeline, call(),
+    settings before the prompt's)."""
+    pipe = pipe or tiny_pipeline(entry)
     defaults = entry.defaults
     settings = {
         "height": defaults.height,

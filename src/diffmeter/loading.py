@@ -7,6 +7,7 @@ anything is written or loaded.
 
 from __future__ import annotations
 
+import collections
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,21 +94,24 @@ def load_pipeline(
     dtype: str,
     seed: int = 0,
     held: tuple[str, ...] = (),
+    component_dtypes: dict[str, str] | None = None,
 ) -> diffusers.DiffusionPipeline:
-    """The pipeline on ``device`` at ``dtype``, progress bar off; the ``held`` components stay on the CPU
-    (whoever holds them back places them: tensor parallelism moves each rank's shard only)."""
+    """The pipeline on ``device`` at ``dtype`` (``component_dtypes``: components at another), progress bar off;
+    the ``held`` components stay on the CPU (whoever holds them back places them: tensor parallelism moves
+    each rank's shard only)."""
     torch_dtype = getattr(torch, dtype)
-    if source.kind == "pretrained":
-        pipe = _pretrained(entry, source, torch_dtype)  # already at dtype, fp32-only modules kept
+    own = {name: getattr(torch, value) for name, value in (component_dtypes or {}).items()}
+    if source.kind == "pretrained":  # already at its dtype, fp32-only modules kept
+        pipe = _pretrained(entry, source, {"default": torch_dtype, **own} if own else torch_dtype)
     else:
         if source.kind == "tiny-random":
             pipe = tiny_pipeline(entry, "cpu", seed)
         else:
             pipe = random_pipeline(entry, device, torch_dtype, seed, held)
-        for component in pipe.components.values():
+        for name, component in pipe.components.items():
             if isinstance(component, torch.nn.Module):
-                component.to(torch_dtype)
-                keep_fp32_modules(component, torch_dtype)
+                component.to(own.get(name, torch_dtype))
+                keep_fp32_modules(component, own.get(name, torch_dtype))
     if held:
         for name, component in pipe.components.items():
             if isinstance(component, torch.nn.Module) and name not in held:
@@ -146,7 +150,8 @@ def keep_fp32_modules(module: torch.nn.Module, dtype: torch.dtype) -> None:
             tensor.data = tensor.data.float()
 
 
-def _pretrained(entry: PipelineEntry, source: WeightsSource, torch_dtype: torch.dtype):
+def _pretrained(entry: PipelineEntry, source: WeightsSource, torch_dtype):
+    """diffusers' ``from_pretrained``; ``torch_dtype`` a dtype, or {"default": dtype, component: dtype}."""
     pipeline_class = getattr(diffusers, entry.pipeline_class, diffusers.DiffusionPipeline)
     extra = {}
     if "safety_checker" in inspect.signature(pipeline_class.__init__).parameters:
@@ -189,3 +194,18 @@ def random_pipeline(
     if isinstance(entry.extra.get("scheduler"), dict):  # the entry ships its own (Wan 2.2's experts switch on it)
         runtime["scheduler"] = entry.extra["scheduler"]
     return assemble(entry.pipeline_class, parts, runtime, entry.extra.get("pipeline_init", {}))
+
+
+def loaded_dtypes(pipe) -> dict[str, str]:
+    """Each model component's dtype as loaded: the one most of its floating-point parameters hold (modules a
+    model keeps in float32, such as Wan's time embedder, aside)."""
+    found = {}
+    for name, component in pipe.components.items():
+        if isinstance(component, torch.nn.Module):
+            counts = collections.Counter()
+            for parameter in component.parameters():
+                if parameter.is_floating_point():
+                    counts[parameter.dtype] += parameter.numel()
+            if counts:
+                found[name] = str(counts.most_common(1)[0][0]).removeprefix("torch.")
+    return found

@@ -29,6 +29,23 @@ def paired_size(height: int | None, width: int | None) -> tuple[int | None, int 
     return height, width
 
 
+def settled_component_dtypes(given, defaults: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The model card's component dtypes (``Defaults.component_dtypes``) with the user's over them, sorted."""
+    merged = {**defaults, **{name: normalize_dtype(dtype) for name, dtype in dict(given).items()}}
+    return tuple(sorted(merged.items()))
+
+
+def parse_component_dtypes(values: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """``--component-dtype vae=float32`` (repeatable) as (name, dtype) pairs; one clear line otherwise."""
+    pairs = []
+    for value in values or []:
+        name, _, dtype = value.partition("=")
+        if not name or not dtype:
+            raise DiffmeterError(f"--component-dtype takes NAME=DTYPE, such as vae=float32; got '{value}'")
+        pairs.append((name.strip(), normalize_dtype(dtype.strip())))
+    return tuple(pairs)
+
+
 @dataclass(frozen=True)
 class ProfileSpec:
     """A generation to count. ``None`` fields take the model's catalog defaults."""
@@ -44,6 +61,8 @@ class ProfileSpec:
     true_cfg_scale: float | None = None
     num_frames: int | None = None
     dtype: str | None = None
+    #: components at another dtype than ``dtype`` ((name, dtype) pairs: a float32 VAE under a bfloat16 pipeline)
+    component_dtypes: tuple[tuple[str, str], ...] = ()
     prompt_tokens: int | None = None
     negative_prompt_tokens: int | None = None
     instruction_tokens: int | None = None
@@ -68,6 +87,7 @@ class ProfileSpec:
             guidance_scale=defaults.guidance_scale if self.guidance_scale is None else self.guidance_scale,
             num_frames=self.num_frames if self.num_frames is not None else defaults.num_frames,
             dtype=normalize_dtype(self.dtype) or defaults.dtype,
+            component_dtypes=settled_component_dtypes(self.component_dtypes, defaults.component_dtypes),
             resolution_binning=defaults.resolution_binning
             if self.resolution_binning is None
             else self.resolution_binning,
@@ -75,7 +95,21 @@ class ProfileSpec:
         spec.check()
         return spec
 
+    def check_components(self, model: str, components) -> None:
+        """Every component named in ``component_dtypes`` is one of the model's."""
+        unknown = [name for name, _ in self.component_dtypes if name not in components]
+        if unknown:
+            raise DiffmeterError(
+                f"--component-dtype: {model} has no component {', '.join(unknown)} (it has {', '.join(components)})"
+            )
+
+    def dtype_of(self, component: str) -> str:
+        """The dtype ``component`` runs at: its own where one is given, else the pipeline's."""
+        return dict(self.component_dtypes).get(component, self.dtype)
+
     def check(self) -> None:
+        for _, dtype in self.component_dtypes:
+            normalize_dtype(dtype)
         for name in ("height", "width", "steps", "batch_size"):
             value = getattr(self, name)
             if value is not None and value <= 0:

@@ -20,6 +20,8 @@ class Defaults(BaseModel):
     num_frames: int | None = None
     #: the pipeline snaps sizes to aspect-ratio bins by default (PixArt, SANA, HunyuanDiT)
     resolution_binning: bool = True
+    #: components the model card loads at another dtype than ``dtype`` (Wan's float32 VAE)
+    component_dtypes: dict[str, DType] = {}
 
 
 class ComponentEntry(BaseModel):

@@ -11,6 +11,7 @@ from diffmeter.cli import options as o
 from diffmeter.cli.app import command, console, load_libraries
 from diffmeter.cli.progress import progress_bar
 from diffmeter.errors import DiffmeterError
+from diffmeter.spec import parse_component_dtypes
 
 #: the bench parameters that are optimization shorthands (see optimize/options.py)
 OPTIMIZATION_FLAGS = (
@@ -70,6 +71,7 @@ def bench(
             rich_help_panel=o.GENERATION,
         ),
     ] = None,
+    component_dtype: o.ComponentDtype = None,
     device: o.Device = None,
     warmup: o.Warmup = 1,
     iterations: o.Iterations = 3,
@@ -232,6 +234,7 @@ def _bench_spec(values: dict):
         resolution_binning=None if values["resolution_binning"] else False,
         seed=values["seed"],
         dtype=values["dtype"],
+        component_dtypes=dict(parse_component_dtypes(values["component_dtype"])),
         device=values["device"],
         warmup=values["warmup"],
         iterations=values["iterations"],

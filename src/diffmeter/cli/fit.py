@@ -13,6 +13,7 @@ from diffmeter.cli.options import (
     GENERATION,
     AsJson,
     BatchSize,
+    ComponentDtype,
     GpuName,
     GuidanceScale,
     Height,
@@ -43,13 +44,14 @@ def fit(
     dtype: Annotated[
         str | None, typer.Option(metavar="DTYPE", help="float16 | bfloat16 | float32", rich_help_panel=GENERATION)
     ] = None,
+    component_dtype: ComponentDtype = None,
     as_json: AsJson = False,
 ) -> None:
     """List the memory settings (offload, quantization, VAE tiling, fp8 text encoder) whose predicted
     peak fits the GPU, likely fastest first (ordered by how each technique works: no time is predicted)."""
     from diffmeter.predict.devices import chosen_gpu, spec_gpu
     from diffmeter.report.memory_table import fit_table
-    from diffmeter.spec import ProfileSpec
+    from diffmeter.spec import ProfileSpec, parse_component_dtypes
 
     if (memory is None) == (gpu is None):
         raise DiffmeterError("give the memory to fit in: --memory 24GB, or --gpu NAME (not both)")
@@ -65,6 +67,7 @@ def fit(
         true_cfg_scale=true_cfg_scale,
         num_frames=num_frames,
         dtype=dtype,
+        component_dtypes=parse_component_dtypes(component_dtype),
     )
     load_libraries()
     from diffmeter.predict.memory import predict_memory

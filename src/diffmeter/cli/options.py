@@ -40,6 +40,15 @@ GuidanceScale = Annotated[
     float | None,
     typer.Option(metavar="X", help="classifier-free guidance scale; <= 1 disables CFG", rich_help_panel=GENERATION),
 ]
+ComponentDtype = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--component-dtype",
+        metavar="NAME=DTYPE",
+        help="one component at another dtype, e.g. vae=float32 (repeatable; default: the model card's)",
+        rich_help_panel=GENERATION,
+    ),
+]
 TrueCfgScale = Annotated[
     float | None,
     typer.Option(

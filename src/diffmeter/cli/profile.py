@@ -15,6 +15,7 @@ from diffmeter.cli.options import (
     AsJson,
     BatchSize,
     CfgDegree,
+    ComponentDtype,
     GpuName,
     GpuSpec,
     GuidanceScale,
@@ -90,6 +91,7 @@ def profile(
             metavar="DTYPE", help="float16 | bfloat16 | float32 (parameter memory)", rich_help_panel=GENERATION
         ),
     ] = None,
+    component_dtype: ComponentDtype = None,
     prompt_tokens: Annotated[
         int | None,
         typer.Option(
@@ -129,7 +131,7 @@ def profile(
     from diffmeter.flops.cached import cached_profile
     from diffmeter.report.export import profiles_csv
     from diffmeter.report.tables import profile_table, summary_table
-    from diffmeter.spec import ProfileSpec
+    from diffmeter.spec import ProfileSpec, parse_component_dtypes
 
     names = list(models or [])
     if all_models and names:
@@ -159,6 +161,7 @@ def profile(
             true_cfg_scale=true_cfg_scale,
             num_frames=num_frames,
             dtype=dtype,
+            component_dtypes=parse_component_dtypes(component_dtype),
             prompt_tokens=prompt_tokens,
             negative_prompt_tokens=negative_prompt_tokens,
             instruction_tokens=instruction_tokens,

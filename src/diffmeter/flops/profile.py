@@ -24,7 +24,10 @@ from diffmeter.spec import ProfileSpec
 
 
 def profile(model: str, *, depth: int = 0, **settings) -> Profile:
-    """Count MACs/FLOPs of ``model`` at the given settings (see ``ProfileSpec``)."""
+    """Count MACs/FLOPs of ``model`` at the given settings (see ``ProfileSpec``; ``component_dtypes`` may be a
+    dict: ``{"vae": "float32"}``)."""
+    if isinstance(settings.get("component_dtypes"), dict):
+        settings["component_dtypes"] = tuple(sorted(settings["component_dtypes"].items()))
     return profile_spec(ProfileSpec(model=model, **settings), depth=depth)
 
 
@@ -81,12 +84,13 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
     plan = family.plan(shapes)
     spec = shapes.spec  # binning or the pipeline's rounding may have changed the size
     resized = (spec.height, spec.width) != requested
-    bytes_per_param = BYTES_PER_PARAM[spec.dtype]
+    spec.check_components(entry.name, list(entry.components))
 
     components = []
     for name in dict.fromkeys(call.component for call in plan):
         calls = [call for call in plan if call.component == name]
         try:
+            bytes_per_param = BYTES_PER_PARAM[spec.dtype_of(name)]
             components.append(_profile_component(name, entry.components[name], calls, depth, bytes_per_param))
         except ValueError as error:  # the model's own refusal (a size beyond its position embeddings)
             raise DiffmeterError(
@@ -121,12 +125,13 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
         true_cfg_scale=spec.true_cfg_scale,
         cfg=family.guided(shapes),
         dtype=spec.dtype,
+        component_dtypes=dict(spec.component_dtypes),
         components=components,
         denoiser_macs_per_step=denoiser_macs // spec.steps,
         total_macs=total_macs,
         total_flops=2 * total_macs,
         params=params,
-        param_bytes=params * bytes_per_param,
+        param_bytes=sum(c.param_bytes for c in components),
         notes=shapes.notes,
     )
 

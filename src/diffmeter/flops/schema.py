@@ -61,6 +61,8 @@ class Profile(BaseModel):
     steps: int
     batch_size: int
     guidance_scale: float
+    #: components at another dtype than ``dtype`` (a float32 VAE under a bfloat16 pipeline)
+    component_dtypes: dict[str, str] = {}
     #: FLUX.1's true CFG scale when it runs (a second, unconditional denoiser call per step); None: off
     true_cfg_scale: float | None = None
     cfg: bool

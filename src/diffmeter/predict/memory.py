@@ -168,8 +168,8 @@ def settled_plan(spec: ProfileSpec):
 def _predict(spec: ProfileSpec) -> MemoryPrediction:
     entry, spec, plan = settled_plan(spec)
     family = get_family(entry.family)
-    dtype = DTYPES[spec.dtype]
-    metas = {name: meta_module(component, dtype) for name, component in entry.components.items()}
+    dtype_of = {name: DTYPES[spec.dtype_of(name)] for name in entry.components}
+    metas = {name: meta_module(component, dtype_of[name]) for name, component in entry.components.items()}
     largest = {name: largest_layer_bytes(module) for name, module in metas.items()}
     quantized = {kind: {name: quantized_bytes(m, kind) for name, m in metas.items()} for kind in ("int8", "fp8")}
     modules = {name: fake_copy(module) for name, module in metas.items()}
@@ -181,7 +181,7 @@ def _predict(spec: ProfileSpec) -> MemoryPrediction:
     for call in plan:
         if not call.count:
             continue
-        memory = _tracked(entry, modules[call.component], call, dtype)
+        memory = _tracked(entry, modules[call.component], call, dtype_of[call.component])
         # the text embeddings stay live to the end of the call (the prompt's while the negative prompt is
         # encoded, both through denoising and decoding), beside the copies a call's inputs make of them
         # (a denoiser called at the prompt batch gets the prompt's embeddings themselves, not a copy)
@@ -207,7 +207,7 @@ def _predict(spec: ProfileSpec) -> MemoryPrediction:
             )
         )
         if call.role == VAE_DECODER and call.component == family.decoder:  # not LTX-2's audio decoder
-            vae_modes = _vae_modes(entry, modules[call.component], call, dtype)
+            vae_modes = _vae_modes(entry, modules[call.component], call, dtype_of[call.component])
     stages = {}
     for found in calls:
         if found.stage not in stages or found.peak_bytes > stages[found.stage].peak_bytes:
@@ -230,7 +230,7 @@ def _predict(spec: ProfileSpec) -> MemoryPrediction:
         largest_layer_bytes=largest,
         quantized_bytes=quantized,
         large_text_encoders=encoders,
-        fp8_storage_bytes={name: fp8_storage_bytes(entry.components[name], dtype) for name in encoders},
+        fp8_storage_bytes={name: fp8_storage_bytes(entry.components[name], dtype_of[name]) for name in encoders},
         vae_activation_bytes=vae_modes,
         decoder=family.decoder,
     )

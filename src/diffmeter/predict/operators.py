@@ -103,12 +103,12 @@ def operator_work(spec: ProfileSpec) -> OperatorWork:
 
 def _count(spec: ProfileSpec) -> OperatorWork:
     entry, spec, plan = settled_plan(spec)
-    dtype = DTYPES[spec.dtype]
     modules: dict[str, torch.nn.Module] = {}
     calls = []
     for call in plan:
         if not call.count:
             continue
+        dtype = DTYPES[spec.dtype_of(call.component)]
         if call.component not in modules:
             modules[call.component] = fake_module(entry.components[call.component], dtype)
         try:

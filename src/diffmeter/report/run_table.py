@@ -33,6 +33,7 @@ def run_table(result: BenchResult) -> Group:
         f"{spec.steps} steps, batch {spec.batch_size}, guidance {spec.guidance_scale:g}, "
         + (f"true CFG {spec.true_cfg_scale:g}, " if spec.true_cfg_scale is not None else "")
         + spec.dtype
+        + "".join(f", {name} {dtype}" for name, dtype in sorted(spec.component_dtypes.items()))
     )
     if result.status != "complete" or result.summary is None:
         return Group(Text(title, style="bold"), Text(f"failed: {result.error}", style="red"))

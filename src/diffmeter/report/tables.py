@@ -23,7 +23,9 @@ def _setting(profile: Profile) -> str:
         guidance = f"guidance {profile.guidance_scale:g} (embedded), true CFG {profile.true_cfg_scale:g}"
     else:
         guidance = f"guidance {profile.guidance_scale:g} ({'CFG' if profile.cfg else 'no CFG'})"
-    return f"{size(profile)} px (WxH), {profile.steps} steps, batch {profile.batch_size}, {guidance}, {profile.dtype}"
+    own = ", ".join(f"{name} {dtype}" for name, dtype in profile.component_dtypes.items())
+    dtype = f"{profile.dtype} ({own})" if own else profile.dtype
+    return f"{size(profile)} px (WxH), {profile.steps} steps, batch {profile.batch_size}, {guidance}, {dtype}"
 
 
 def profile_table(profile: Profile) -> FittedTable:

@@ -20,7 +20,7 @@ import torch
 
 from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
-from diffmeter.loading import load_pipeline
+from diffmeter.loading import load_pipeline, loaded_dtypes
 from diffmeter.measure.clock import clock_for, device_scope
 from diffmeter.measure.compilation import watch_compilation
 from diffmeter.measure.conditions import ConditionsMonitor
@@ -147,7 +147,10 @@ class MeasuredRun:
         # components a parallel layer or a technique places itself, loaded on the CPU (nothing when all is)
         held = self.group.holds_back(run) + tuple(n for o in run.optimizations for n in o.holds_back(target))
         self.held = () if placed else held
-        self.pipe = load_pipeline(run.entry, run.source, device, spec.dtype, spec.seed, self.held)
+        self.pipe = load_pipeline(
+            run.entry, run.source, device, spec.dtype, spec.seed, self.held, spec.component_dtypes
+        )
+        self.base["component_dtypes"] = loaded_dtypes(self.pipe)
         run.target.family.prepare_pipeline(self.pipe, spec.guidance_scale, spec.batch_size)
 
     def apply(self) -> None:

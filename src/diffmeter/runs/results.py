@@ -120,6 +120,8 @@ class BenchResult(BaseModel):
     weights: str
     weights_random: bool
     environment: Environment
+    #: each model component's dtype as loaded (its first floating-point parameter's); empty for a failed load
+    component_dtypes: dict[str, str] = {}
     load_s: float | None = None
     #: how float32 matmuls and convolutions ran in the measured calls ("tf32" or "ieee"); CUDA only
     fp32_precision: dict[str, str] | None = None

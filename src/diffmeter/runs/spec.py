@@ -33,6 +33,8 @@ class BenchSpec(BaseModel):
     resolution_binning: bool | None = None
     seed: int = 0
     dtype: str | None = None
+    #: components at another dtype than ``dtype``: {"vae": "float32"} (defaults: the model card's)
+    component_dtypes: dict[str, str] = {}
     device: str | None = None
     warmup: int = 1
     iterations: int = 3
@@ -118,6 +120,7 @@ class BenchSpec(BaseModel):
                 "num_frames": profile.num_frames,
                 "resolution_binning": profile.resolution_binning,
                 "dtype": profile.dtype,
+                "component_dtypes": _component_dtypes(profile, entry),
                 "device": str(device),
             }
         )
@@ -138,6 +141,7 @@ class BenchSpec(BaseModel):
             true_cfg_scale=self.true_cfg_scale,
             num_frames=self.num_frames,
             dtype=self.dtype,
+            component_dtypes=tuple(sorted(self.component_dtypes.items())),
             max_sequence_length=self.max_sequence_length,
             resolution_binning=self.resolution_binning,
         )
@@ -213,3 +217,9 @@ def resolve_device(name: str | None) -> torch.device:
     if device.type != "cpu":
         raise DiffmeterError(f"unsupported device '{name}': use cuda, cuda:N or cpu")
     return device
+
+
+def _component_dtypes(profile: ProfileSpec, entry: PipelineEntry) -> dict[str, str]:
+    """The settled component dtypes, each a component of the model, those equal to the pipeline's dropped."""
+    profile.check_components(entry.name, list(entry.components))
+    return {name: dtype for name, dtype in profile.component_dtypes if dtype != profile.dtype}

@@ -48,6 +48,7 @@ def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | t
         *([f"true-cfg-{spec.true_cfg_scale:g}"] if spec.true_cfg_scale is not None else []),
         f"seed-{spec.seed}",
         spec.dtype,
+        *(f"{slug(name)}-{dtype}" for name, dtype in sorted(spec.component_dtypes.items())),
         spec.device.replace(":", ""),
         *(["random-weights"] if spec.random_weights else []),
         *([f"max-sequence-length-{spec.max_sequence_length}"] if spec.max_sequence_length else []),
