@@ -79,3 +79,25 @@ def test_bad_gpu_input_is_one_line(cli, args, message):
 def test_unknown_gpu_lists_the_table():
     with pytest.raises(DiffmeterError, match="L40S"):
         named_gpu("nope")
+
+
+def test_profile_gpu_with_benchs_technique_flags_predicts_what_bench_stores(cli, tmp_path):
+    """The same flags, parsed by the same code, name the same techniques: profile's prediction of the run is
+    the prediction bench stores beside its measurements of it."""
+    from diffmeter.runs.lifecycle import bench
+    from diffmeter.runs.spec import BenchSpec
+
+    code, out, _ = cli("profile", "tiny-sd3", "--gpu", "cpu", "--vae-tiling", "--offload", "model", "--json")
+    assert code == 0
+    predicted = json.loads(out)
+    assert predicted["memory_techniques"] == ["offload-model", "vae-tiling"]
+    code, out, _ = cli("profile", "tiny-sd3", "--gpu", "cpu", "--vae-tiling", "--json")
+    predicted = json.loads(out)
+    result, _ = bench(
+        BenchSpec(model="tiny-sd3", steps=predicted["steps"], iterations=1, optimizations=[{"name": "vae-tiling"}]),
+        out=tmp_path,
+    )
+    assert result.prediction.memory_techniques == predicted["memory_techniques"] == ["vae-tiling"]
+    assert result.prediction.peak_memory_bytes == predicted["peak_memory_bytes"] <= predicted["memory"]["peak_bytes"]
+    code, _, err = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "compile")
+    assert code == 2 and "compile: the memory prediction models offload" in err

@@ -16,15 +16,21 @@ from diffmeter.cli.options import (
     BatchSize,
     CfgDegree,
     ComponentDtype,
+    Fp8TextEncoder,
     GpuName,
     GpuSpec,
     GuidanceScale,
     MaxSequenceLength,
     NumFrames,
+    Offload,
+    Opt,
+    Quantize,
     ResolutionBinning,
     RingDegree,
     TrueCfgScale,
     UlyssesDegree,
+    VaeSlicing,
+    VaeTiling,
 )
 from diffmeter.cli.progress import progress_bar
 from diffmeter.errors import DiffmeterError
@@ -125,8 +131,15 @@ def profile(
     cfg_degree: CfgDegree = 1,
     gpu: GpuName = None,
     gpu_spec: GpuSpec = None,
+    offload: Offload = None,
+    vae_tiling: VaeTiling = False,
+    vae_slicing: VaeSlicing = False,
+    quantize: Quantize = None,
+    fp8_text_encoder: Fp8TextEncoder = False,
+    opt: Opt = None,
 ) -> None:
-    """Count MACs and FLOPs of a whole generation, per component, from configs alone."""
+    """Count MACs and FLOPs of a whole generation, per component, from configs alone; with --gpu, its peak
+    memory (under bench's memory techniques, named as bench takes them) and time on that GPU."""
     from diffmeter.catalog import all_entries
     from diffmeter.flops.cached import cached_profile
     from diffmeter.report.export import profiles_csv
@@ -195,8 +208,18 @@ def profile(
         from diffmeter.distributed.communication import per_gpu_step
 
         split = per_gpu_step(results[0], ulysses_degree, ring_degree, cfg_degree)
+    flags = dict(
+        offload=offload,
+        vae_tiling=vae_tiling,
+        vae_slicing=vae_slicing,
+        quantize=quantize,
+        fp8_text_encoder=fp8_text_encoder,
+        opt=opt,
+    )
+    if any(flags.values()) and not (gpu or gpu_spec):
+        raise DiffmeterError("techniques change the predicted memory, not the count: add --gpu NAME (or --gpu-spec)")
     if gpu or gpu_spec:
-        _predicted(specs, results, gpu, gpu_spec, as_json, as_csv)
+        _predicted(specs, results, gpu, gpu_spec, as_json, as_csv, flags)
     elif as_json:
         payload = results[0].to_json_dict() if len(results) == 1 else {"profiles": [p.to_json_dict() for p in results]}
         if split is not None:
@@ -228,8 +251,9 @@ def _split_line(split: dict) -> str:
     )
 
 
-def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: bool, as_csv: bool) -> None:
-    """Each profile with its predicted peak memory and time on the chosen device (``predict/``)."""
+def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: bool, as_csv: bool, flags) -> None:
+    """Each profile with its predicted peak memory and time on the chosen device (``predict/``); ``flags``:
+    bench's technique options, parsed by bench's own parser and named as bench's stored prediction names them."""
     from diffmeter.predict.devices import chosen_gpu, is_this_cpu
     from diffmeter.report.memory_table import memory_table
     from diffmeter.report.tables import profile_table
@@ -239,9 +263,21 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
         raise DiffmeterError("--csv has no place for predictions: use --json with --gpu/--gpu-spec")
     chosen = None if is_this_cpu(gpu) else chosen_gpu(gpu, gpu_spec)  # a wrong name fails before any work
     load_libraries()
+    from diffmeter.optimize.options import from_flags
+    from diffmeter.predict.bench_prediction import memory_technique
     from diffmeter.predict.memory import predict_memory
     from diffmeter.predict.operators import operator_work
     from diffmeter.predict.roofline import missing_figures, predict_time
+    from diffmeter.predict.techniques import peak_under
+
+    asked = from_flags(**flags)
+    unmodelled = [o.name for o in asked if memory_technique(o.name, o.params) is None]
+    if unmodelled:
+        raise DiffmeterError(
+            f"{', '.join(unmodelled)}: the memory prediction models offload, VAE tiling and slicing, quantize and "
+            "the fp8 text encoder; drop the others here"
+        )
+    techniques = tuple(memory_technique(o.name, o.params) for o in asked)
 
     memories = [predict_memory(spec) for spec in specs]
     chosen = chosen or chosen_gpu(gpu, gpu_spec, tuple({memory.dtype for memory in memories}))
@@ -256,6 +292,8 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
                 **found.to_json_dict(),
                 "gpu": chosen.model_dump(),
                 "memory": memory.model_dump(mode="json"),
+                "memory_techniques": list(techniques),
+                "peak_memory_bytes": peak_under(memory, techniques),
                 "time": time.model_dump(mode="json") if time else None,
             }
             for found, memory, time in zip(results, memories, times, strict=True)
@@ -264,5 +302,7 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
         return
     for found, memory, time, lacking in zip(results, memories, times, missing, strict=True):
         console.print(profile_table(found))
-        console.print(memory_table(memory, chosen))
+        console.print(memory_table(memory, chosen, techniques))
         console.print(time_table(time) if time else f"no time prediction: {lacking}", markup=False)
+        if time and techniques:
+            console.print(f"time predicted without {', '.join(techniques)} (not modelled in time yet)", markup=False)

@@ -14,7 +14,11 @@ def gib(value: float) -> str:
     return f"{value / 2**30:,.2f} GiB"
 
 
-def memory_table(prediction: MemoryPrediction, gpu: Device | None) -> FittedTable:
+def memory_table(prediction: MemoryPrediction, gpu: Device | None, techniques: tuple[str, ...] = ()) -> FittedTable:
+    """A row per stage with every component loaded; then the whole generation (under ``techniques``, the names
+    ``predict.techniques`` models them by) and whether it fits ``gpu``."""
+    from diffmeter.predict.techniques import peak_under
+
     title = f"predicted peak memory ({prediction.dtype}, every component loaded)"
     table = FittedTable(
         escape(title),
@@ -39,8 +43,11 @@ def memory_table(prediction: MemoryPrediction, gpu: Device | None) -> FittedTabl
     table.add_row(
         "whole generation", f"at {prediction.peak_stage}", "", "", "", gib(prediction.peak_bytes), section=True
     )
+    peak = peak_under(prediction, techniques)
+    if techniques:
+        table.add_row(escape(f"under {', '.join(techniques)}"), "whole generation", "", "", "", gib(peak))
     if gpu is not None and gpu.memory_bytes:
-        fits = prediction.peak_bytes <= gpu.memory_bytes
+        fits = peak <= gpu.memory_bytes
         verdict = "fits" if fits else "does not fit"
         table.add_row(
             escape(f"{gpu.name} ({gib(gpu.memory_bytes)})"),
@@ -48,7 +55,7 @@ def memory_table(prediction: MemoryPrediction, gpu: Device | None) -> FittedTabl
             "",
             "",
             "",
-            gib(gpu.memory_bytes - prediction.peak_bytes) + " left" if fits else "",
+            gib(gpu.memory_bytes - peak) + " left" if fits else "",
             style=None if fits else "red",
         )
     return table
