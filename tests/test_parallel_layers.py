@@ -88,7 +88,7 @@ def test_offline_cfg_volume_is_the_other_halfs_prediction():
     entry = resolve("tiny-sd")
     config = entry.components["unet"].config
     latent = 32 // 2 ** (len(entry.components["vae"].config["block_out_channels"]) - 1)
-    moved = offline(entry, get_family(entry.family), run.spec.profilecpu_spec().with_defaults(entry.defaults), 1, 1, 2)
+    moved = offline(entry, get_family(entry.family), run.spec.profile_spec().with_defaults(entry.defaults), 1, 1, 2)
     assert moved.cfg_bytes_per_step == config["out_channels"] * latent * latent * 4
     assert moved.bytes_per_step == moved.cfg_bytes_per_step and moved.bytes_per_denoiser_call == 0
 
