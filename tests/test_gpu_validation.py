@@ -59,4 +59,4 @@ def test_what_a_cpu_can_run_of_it_passes(tmp_path):
     done = _script(*(f"--chunk={chunk}" for chunk in chunks), "--report", str(report), timeout=900)
     assert done.returncode == 0, done.stdout[-3000:]
     text = report.read_text()
-    assert "| FAIL |" not in text and text.count("| PASS |") >= 10 and "| SKIP |" in text
+    assert "| FAIL |" not in text and text.count("| PASS |") >= 6 and "| SKIP |" in text
