@@ -85,6 +85,8 @@ def test_tensor_parallel_with_a_quantized_denoiser_is_refused_before_loading(mon
         support.check(spec, target, build(from_config(["quantize"])), here=False)
     text_only = {"name": "quantize", "params": {"components": ["text_encoder_2"]}}
     support.check(spec, target, build(from_config([text_only])), here=False)
+    with pytest.raises(DiffmeterError, match="a parallel run keeps each rank's on its own GPU"):
+        support.check(spec, target, build(from_config(["offload"])), here=False)  # diffusers: after loading
 
 
 def test_the_cli_refuses_ring_on_native_attention_in_one_line(cli, tmp_path):

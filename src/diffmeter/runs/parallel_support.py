@@ -45,7 +45,10 @@ def check(spec, target, optimizations, here: bool = True) -> None:
             "`diffmeter show`"
         )
     if any(o.places_pipeline for o in optimizations):
-        raise DiffmeterError("offloading moves the denoiser between devices; it cannot run under context parallelism")
+        raise DiffmeterError(
+            "offloading moves the denoiser between devices; a parallel run keeps each rank's on its own GPU (diffusers "
+            "refuses offloaded models for tensor parallelism too): drop the offload or the parallelism"
+        )
     if target.device.type == "cuda":
         if target.device.index:
             raise DiffmeterError(
