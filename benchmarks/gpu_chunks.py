@@ -5,12 +5,11 @@ cuda:1, and ONNX Runtime on CUDA. Each check is a rule of ``gpu_checks`` and can
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 
 import gpu_checks as checks
 import torch
-from gpu_runs import CUDA, MODELS, Report, achievable, model_spec, run, wall_clock
+from gpu_runs import CUDA, MODELS, RESULTS, Report, achievable, device_slug, model_spec, run, wall_clock
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.optimize import OptimizationSpec
@@ -137,7 +136,7 @@ def chunk_trace(report: Report) -> None:
                 report, kind, result, OpsTable.model_validate_json((folder / result.trace.ops_file).read_text())
             )
         if CUDA:  # each traced run's whole stored result: calibration data for predict/
-            with open(_results() / f"gpu_runs_{_slug()}.jsonl", "a") as runs:
+            with open(RESULTS / f"gpu_runs_{device_slug()}.jsonl", "a") as runs:
                 runs.write(result.model_dump_json() + "\n")
         prediction = result.prediction
         if prediction is None or prediction.time is None:
@@ -173,7 +172,7 @@ def chunk_trace(report: Report) -> None:
     models = ", ".join(f"{model} {size}px bf16" for model, _, size, _ in MODELS.values())
     source = f"benchmarks/gpu_validation.py --chunk trace on {torch.cuda.get_device_name()}: random weights, {models}"
     calibration = calibrate(measured, source)
-    target = _results() / f"efficiency_cuda_{_slug()}.json"
+    target = RESULTS / f"efficiency_cuda_{device_slug()}.json"
     target.write_text(json.dumps({"cuda": calibration.model_dump(mode="json")}, indent=2) + "\n")
     report.add("trace", "CUDA calibration", "PASS", f"written to {target.name}: {calibration.fractions}")
 
@@ -270,19 +269,6 @@ def chunk_onnxruntime(report: Report) -> None:
                 ]
             worst = min(float("inf") if q.identical else q.psnr_db for q in quality)
             ok = result.status == "complete" and worst > 30
-            report.add(
-                "onnxruntime",
-                f"{provider} {dtype}",
-                "PASS" if ok else "FAIL",
-                f"images against PyTorch's: worst PSNR {worst:.1f} dB (limit 30 dB)",
-            )
-
-
-def _results():
-    from pathlib import Path
-
-    return Path(__file__).parent / "results"
-
-
-def _slug() -> str:
-    return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+            said = "identical" if worst == float("inf") else f"worst PSNR {worst:.1f} dB"
+            outcome = "PASS" if ok else "FAIL"
+            report.add("onnxruntime", f"{provider} {dtype}", outcome, f"images against PyTorch's: {said} (limit 30 dB)")

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import re
 import tempfile
 from datetime import datetime, timezone
+from pathlib import Path
 
 import diffusers
 import torch
 import transformers
+from gpu_checks import WALL_TOLERANCE
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.runs.lifecycle import bench
@@ -22,6 +25,7 @@ MODELS = {
     "mmdit": ("flux-schnell", "tiny-flux", 512, 4),
     "dit": ("pixart-sigma-1024", "tiny-pixart", 512, 8),
 }
+RESULTS = Path(__file__).parent / "results"
 #: this card's bare bf16 matmul TFLOP/s and copy GB/s, measured once by whichever chunk needs them first
 ACHIEVABLE: dict[str, float] = {}
 
@@ -112,9 +116,12 @@ def wall_clock(result) -> tuple[bool, str]:
     """Each measured call's device-timed total (CUDA events on the run's stream) against the host's wall clock
     around the same call, which waits for the GPU: an event on another stream or device, or a stage left out,
     shows as a difference."""
-    from gpu_checks import WALL_TOLERANCE
-
     worst = max(abs(it.total_s - it.wall_s) / it.wall_s for it in result.iterations)
     clock = "CUDA events" if CUDA else "host clock"
     limit = 100 * WALL_TOLERANCE
     return worst <= WALL_TOLERANCE, f"{clock} total vs host wall clock within {100 * worst:.2f}% (limit {limit:g}%)"
+
+
+def device_slug() -> str:
+    """This machine's device as the result files name it: nvidia-h200, or cpu."""
+    return re.sub(r"[^a-z0-9]+", "-", (torch.cuda.get_device_name(0) if CUDA else "cpu").lower()).strip("-")

@@ -35,7 +35,6 @@ commit it.
 from __future__ import annotations
 
 import argparse
-import re
 import signal
 import sys
 import time
@@ -48,10 +47,9 @@ import gpu_checks
 import gpu_chunks as chunks
 import torch
 import transformers
-from gpu_runs import CUDA, MODELS, Report
+from gpu_runs import CUDA, MODELS, RESULTS, Report, device_slug
 from gpu_technique_chunks import chunk_graph_runs, chunk_techniques
 
-RESULTS = Path(__file__).parent / "results"
 CHUNKS = {
     "peak": chunks.chunk_peak,
     "stages": chunks.chunk_stages,
@@ -108,8 +106,7 @@ def main() -> int:
     device_name = torch.cuda.get_device_name(0) if CUDA else "cpu (CPU-possible parts only)"
     report = Report()
     started = time.perf_counter()
-    slug = re.sub(r"[^a-z0-9]+", "-", (torch.cuda.get_device_name(0) if CUDA else "cpu").lower()).strip("-")
-    path = arguments.report or RESULTS / f"gpu_validation_{slug}.md"
+    path = arguments.report or RESULTS / f"gpu_validation_{device_slug()}.md"
     signal.signal(signal.SIGTERM, _interrupt)  # `timeout` stops it with the report still written
     try:
         for name in arguments.chunk or list(CHUNKS):

@@ -101,3 +101,10 @@ def test_profile_gpu_with_benchs_technique_flags_predicts_what_bench_stores(cli,
     assert result.prediction.peak_memory_bytes == predicted["peak_memory_bytes"] <= predicted["memory"]["peak_bytes"]
     code, _, err = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "compile")
     assert code == 2 and "compile: the memory prediction models offload" in err
+
+
+@pytest.mark.parametrize("command", [["profile"], ["profile", "--gpu", "h100"], ["fit", "--memory", "24GB"]])
+def test_a_component_dtype_for_a_component_the_model_lacks_is_refused(cli, command):
+    """fit accepted --component-dtype vea=float32 and predicted as if it had not been given."""
+    code, _, err = cli(command[0], "tiny-wan", *command[1:], "--component-dtype", "vea=float32")
+    assert code == 2 and "tiny-wan has no component vea (it has transformer, text_encoder, vae)" in err

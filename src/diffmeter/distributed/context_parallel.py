@@ -33,9 +33,7 @@ def enable_tensor_parallel(model: torch.nn.Module, mesh, device: torch.device) -
         return
     from diffusers.hooks.tensor_parallel import apply_tensor_parallel
 
-    parallel = ParallelConfig(tensor_parallel_config=config)
-    parallel.setup(dist.get_rank(), dist.get_world_size(), device, mesh=config.mesh)
-    model._parallel_config = parallel
+    _record_parallel_config(model, ParallelConfig(tensor_parallel_config=config), config.mesh, device)
     apply_tensor_parallel(model, config, model._tp_plan)
 
 
@@ -69,9 +67,7 @@ def enable(model: torch.nn.Module, mesh, ring: int, ulysses: int, device: torch.
     from diffusers.models.attention import AttentionModuleMixin
     from diffusers.models.attention_processor import Attention, MochiAttention
 
-    parallel = ParallelConfig(context_parallel_config=config)
-    parallel.setup(dist.get_rank(), dist.get_world_size(), device, mesh=config.mesh)
-    model._parallel_config = parallel
+    parallel = _record_parallel_config(model, ParallelConfig(context_parallel_config=config), config.mesh, device)
     for module in model.modules():
         processor = getattr(module, "processor", None)
         if isinstance(module, Attention | MochiAttention | AttentionModuleMixin) and hasattr(
@@ -79,3 +75,11 @@ def enable(model: torch.nn.Module, mesh, ring: int, ulysses: int, device: torch.
         ):
             processor._parallel_config = parallel
     apply_context_parallel(model, config, model._cp_plan)
+
+
+def _record_parallel_config(model: torch.nn.Module, parallel, mesh, device: torch.device):
+    """``_resolve_parallel_config``'s last steps (diffusers 0.42.1, modeling_utils.py) with ``device`` in place of
+    ``rank % torch.accelerator.device_count()``: the config set up for this rank and recorded on the model."""
+    parallel.setup(dist.get_rank(), dist.get_world_size(), device, mesh=mesh)
+    model._parallel_config = parallel
+    return parallel

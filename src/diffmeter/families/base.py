@@ -223,6 +223,7 @@ class Family:
 
     def shapes(self, entry: PipelineEntry, spec: ProfileSpec) -> Shapes:
         notes = []
+        spec.check_components(entry.name, list(entry.components))
         if spec.true_cfg_scale is not None and not self.true_cfg:
             raise DiffmeterError(
                 f"--true-cfg-scale is FLUX.1's true CFG beside its embedded guidance; {entry.name} guides with "

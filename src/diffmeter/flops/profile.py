@@ -84,7 +84,6 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
     plan = family.plan(shapes)
     spec = shapes.spec  # binning or the pipeline's rounding may have changed the size
     resized = (spec.height, spec.width) != requested
-    spec.check_components(entry.name, list(entry.components))
 
     components = []
     for name in dict.fromkeys(call.component for call in plan):

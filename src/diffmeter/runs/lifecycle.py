@@ -143,22 +143,21 @@ class MeasuredRun:
         self.started = time.perf_counter()
         placed = any(o.places_pipeline for o in run.optimizations)
         device = torch.device("cpu") if placed else self.device
-        target = self.place.target(run.target)
+        target = self.place.target(run.target)  # the techniques' target on this process's device
         # components a parallel layer or a technique places itself, loaded on the CPU (nothing when all is)
         held = self.group.holds_back(run) + tuple(n for o in run.optimizations for n in o.holds_back(target))
-        self.held = () if placed else held
+        self.target = dataclasses.replace(target, held=() if placed else held)
         self.pipe = load_pipeline(
-            run.entry, run.source, device, spec.dtype, spec.seed, self.held, spec.component_dtypes
+            run.entry, run.source, device, spec.dtype, spec.seed, self.target.held, spec.component_dtypes
         )
         self.base["component_dtypes"] = loaded_dtypes(self.pipe)
         run.target.family.prepare_pipeline(self.pipe, spec.guidance_scale, spec.batch_size)
 
     def apply(self) -> None:
         """The techniques in their order, then the group's split of the model."""
-        target = dataclasses.replace(self.place.target(self.run_.target), held=self.held)
         for optimization in self.run_.optimizations:
             self.log.info("applying %s", optimization.label())
-            optimization.apply(self.pipe, target)
+            optimization.apply(self.pipe, self.target)
             self.applied.append(optimization)
         self.group.apply(self.pipe)
         _synchronize(self.device)

@@ -96,6 +96,7 @@ class BenchSpec(BaseModel):
             # half precision on CPU is slow and partly unsupported; the model card means a GPU
             dtype = entry.defaults.dtype if device.type == "cuda" else "float32"
         profile = self.model_copy(update={"dtype": dtype}).profile_spec().with_defaults(entry.defaults)
+        profile.check_components(entry.name, list(entry.components))  # before those equal to dtype are dropped
         family = get_family(entry.family)
         height, width = profile.height, profile.width
         if not family.bins(entry, profile):
@@ -120,7 +121,7 @@ class BenchSpec(BaseModel):
                 "num_frames": profile.num_frames,
                 "resolution_binning": profile.resolution_binning,
                 "dtype": profile.dtype,
-                "component_dtypes": _component_dtypes(profile, entry),
+                "component_dtypes": {n: d for n, d in profile.component_dtypes if d != profile.dtype},
                 "device": str(device),
             }
         )
@@ -217,9 +218,3 @@ def resolve_device(name: str | None) -> torch.device:
     if device.type != "cpu":
         raise DiffmeterError(f"unsupported device '{name}': use cuda, cuda:N or cpu")
     return device
-
-
-def _component_dtypes(profile: ProfileSpec, entry: PipelineEntry) -> dict[str, str]:
-    """The settled component dtypes, each a component of the model, those equal to the pipeline's dropped."""
-    profile.check_components(entry.name, list(entry.components))
-    return {name: dtype for name, dtype in profile.component_dtypes if dtype != profile.dtype}
