@@ -69,6 +69,18 @@ def agree(what: str, reported: float, independent: float, source: str, tolerance
     )
 
 
+def fractions(found: dict[str, tuple[float, float]]) -> Outcome:
+    """Achieved fractions of the datasheet peak per operator kind: each between 0 and 1, since no kernel beats the
+    peak; above 1, an operator's FLOPs or bytes are counted too high or its time too low."""
+    impossible = {kind: hi for kind, (lo, hi) in found.items() if not 0 < lo <= hi <= 1}
+    shown = ", ".join(f"{kind} {lo:.2f}-{hi:.2f}" for kind, (lo, hi) in found.items())
+    return (
+        "FAIL" if impossible else "PASS",
+        f"achieved fractions of peak: {shown}"
+        + (f"; outside (0, 1]: {', '.join(impossible)}" if impossible else " (each within (0, 1])"),
+    )
+
+
 def stray_contexts(gpus_with_us: list[int], own: int) -> Outcome:
     """This process on no GPU but its own (a context opened on GPU 0 by an index-less call shows up here, which
     ``torch.cuda.memory_allocated(0)`` cannot see)."""
@@ -160,5 +172,6 @@ def self_test() -> list[tuple[str, str, Outcome]]:
         )
     )
     rows.append(("memory", "a peak read off by 2x", agree("peak bytes", 2 * 10 << 30, 10 << 30, "snapshot", 0.01)))
+    rows.append(("fractions", "matmul FLOPs counted twice", fractions({"matmul": (0.9, 1.5), "attention": (0.3, 0.6)})))
     rows.append(("cuda:1", "a stray context on GPU 0", stray_contexts(gpus_with_process(nvml=nvml), own=1)))
     return rows

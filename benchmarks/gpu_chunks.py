@@ -174,7 +174,8 @@ def chunk_trace(report: Report) -> None:
     calibration = calibrate(measured, source)
     target = RESULTS / f"efficiency_cuda_{device_slug()}.json"
     target.write_text(json.dumps({"cuda": calibration.model_dump(mode="json")}, indent=2) + "\n")
-    report.add("trace", "CUDA calibration", "PASS", f"written to {target.name}: {calibration.fractions}")
+    outcome, detail = checks.fractions(calibration.fractions)
+    report.add("trace", "CUDA calibration", outcome, f"{detail}; written to {target.name}")
 
 
 def _check_trace(report: Report, kind: str, result, table) -> None:

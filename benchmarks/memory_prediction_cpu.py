@@ -52,7 +52,7 @@ def run_pipeline(model: str, size: int, dtype: str) -> list[dict]:
 
     spec = ProfileSpec(model=model, height=size, width=size, steps=1, dtype=dtype)
     started = time.perf_counter()
-    predicted = predict_memory(spec)
+    predicted = predict_memory(spec, on_cuda=False)  # against the CPU run: no cuDNN convolution copies
     predict_s = time.perf_counter() - started
     entry, settled, plan = settled_plan(spec)
     pipe = random_pipeline(entry, torch.device("cpu"), getattr(torch, dtype))

@@ -81,7 +81,7 @@ def test_vae_tiling_lowers_the_decode_activations_at_a_large_size():
 
 
 def test_fit_lists_settings_and_json(cli):
-    code, out, _ = cli("fit", "tiny-flux", "--memory", "0.0035GB", "--json")
+    code, out, _ = cli("fit", "tiny-flux", "--memory", "0.004GB", "--json")
     data = json.loads(out)
     assert code == 0 and data["fits"][0]["techniques"] == ["offload-model"]
     code, out, _ = cli("fit", "tiny-flux", "--memory", "80GB")

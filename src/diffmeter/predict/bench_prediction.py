@@ -48,7 +48,7 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
     name = figures.name if figures else (torch.cuda.get_device_name(device) if device.type == "cuda" else spec.device)
     notes = []
     profile_spec = spec.profile_spec()
-    memory = predict_memory(profile_spec)
+    memory = predict_memory(profile_spec, on_cuda=device.type == "cuda")
     techniques = [t for o in optimizations if (t := memory_technique(o.name, o.params))]
     unmodelled = [o.label for o in optimizations if memory_technique(o.name, o.params) is None]
     if unmodelled:

@@ -6,7 +6,8 @@ mem_tracker.MemTracker``: parameters and buffers are tracked from the module, th
 "other", everything the call allocates as activations, and its peak is the largest total of live
 storages at any operator. Fake tensors sit on ``cpu``, so operators decompose as they do on CPU (the
 CPU flash-attention kernel's output and log-sum-exp, no CUDA workspaces) and sizes are not rounded to
-the CUDA caching allocator's blocks.
+the CUDA caching allocator's blocks. One CUDA transient is added for a run on CUDA (``on_cuda``), because it
+moves a peak: cuDNN holds a copy of a convolution's input, weight and output while it runs (``ConvolutionCopies``).
 
 A stage's peak adds what the pipeline holds while the call runs: every loaded component's parameters
 (a plain ``pipe.to(device)`` keeps them all resident), the call's inputs, and the outputs of the
@@ -20,6 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from diffmeter import cache
@@ -58,6 +60,36 @@ class PeakTracker(MemTracker):
 
     def _post_fw_hook(self, module, inputs, outputs) -> None:
         pass
+
+
+class ConvolutionCopies(TorchDispatchMode):
+    """The largest total live during a convolution on CUDA: cuDNN (9.19, torch 2.11+cu130, on an H200) holds a
+    copy of a convolution's input, weight and output beside them while it runs, in PyTorch's allocator, so in
+    ``max_memory_allocated``. Measured by benchmarks/cuda_overhead.py (results/cuda_overhead_nvidia-h200.json):
+    1.00-1.04x their bytes for 3x3 and 3x3x3 convolutions in bfloat16, float16 and float32 on contiguous
+    (NCHW) inputs; none for 1x1 convolutions or channels-last inputs (0-0.02x). Entered inside ``tracker``, so the
+    output is tracked when the tracker's current total is read."""
+
+    def __init__(self, tracker: MemTracker) -> None:
+        super().__init__()
+        self.tracker = tracker
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        output = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.convolution.default and copied(args[0], args[1]):
+            current = self.tracker.get_tracker_snapshot("current")[torch.device("cpu")]["Total"]
+            copies = sum(t.numel() * t.element_size() for t in (args[0], args[1], output))
+            self.peak = max(self.peak, current + copies)
+        return output
+
+
+def copied(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether cuDNN copies this convolution (see ``ConvolutionCopies``): a 2-D or 3-D convolution with a kernel
+    wider than 1 (1-D convolutions were not measured). Layout is not read: fake tensors on the CPU come out
+    channels-last where a CUDA run's stay contiguous, and diffusers runs contiguous inputs (channels-last is a
+    compile option, whose memory is not predicted)."""
+    return inputs.dim() in (4, 5) and any(size > 1 for size in weight.shape[2:])
 
 
 def storage_bytes(tensors) -> int:
@@ -105,9 +137,9 @@ def cast_floating(value, dtype: torch.dtype):
     return value
 
 
-def track_call(module: torch.nn.Module, call: Call, dtype: torch.dtype) -> CallMemory:
+def track_call(module: torch.nn.Module, call: Call, dtype: torch.dtype, on_cuda: bool = True) -> CallMemory:
     """Run ``call`` once on fake tensors under MemTracker; its peak split into parameters, inputs and
-    activations (the tracker's categories at the peak)."""
+    activations (the tracker's categories at the peak; ``on_cuda``: with cuDNN's convolution copies)."""
     handle = call.prepare(module) if call.prepare else None
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
@@ -115,42 +147,44 @@ def track_call(module: torch.nn.Module, call: Call, dtype: torch.dtype) -> CallM
                 inputs = cast_floating(call.build(torch.device("cpu")), dtype)
             tracker = PeakTracker()
             tracker.track_external(module, *(leaf for leaf in tree_leaves(inputs) if isinstance(leaf, torch.Tensor)))
-            with tracker:
+            with tracker, ConvolutionCopies(tracker) as convolutions:
                 output = getattr(module, call.method)(**inputs)
             peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
     finally:
         if handle is not None:
             handle.remove()
     by_kind = {str(kind.value) if hasattr(kind, "value") else str(kind): size for kind, size in peak.items()}
+    during_convolution = max(0, convolutions.peak - peak["Total"]) if on_cuda else 0
     return CallMemory(
         param_bytes=by_kind["Parameter"] + by_kind["Buffer"],
         input_bytes=by_kind["Other"],
-        activation_bytes=by_kind["Activation"] + by_kind["Temp"],
+        activation_bytes=by_kind["Activation"] + by_kind["Temp"] + during_convolution,
         output_bytes=storage_bytes(tree_leaves(output)),
     )
 
 
-def cache_key(spec: ProfileSpec) -> dict:
-    """What a prediction for ``spec`` depends on: the entry's configs and the settings."""
+def cache_key(spec: ProfileSpec, on_cuda: bool = True) -> dict:
+    """What a prediction for ``spec`` depends on: the entry's configs, the settings and the device kind."""
     from dataclasses import asdict
 
-    return {"entry": resolve(spec.model).model_dump(mode="json"), "spec": asdict(spec)}
+    return {"entry": resolve(spec.model).model_dump(mode="json"), "spec": asdict(spec), "on_cuda": on_cuda}
 
 
-def predict_memory(spec: ProfileSpec) -> MemoryPrediction:
-    """The peak memory of one generation at ``spec``: from the disk cache (same configs, settings,
-    libraries and diffmeter source) or tracked on fake tensors and remembered."""
-    found = cached_memory(spec)
+def predict_memory(spec: ProfileSpec, on_cuda: bool = True) -> MemoryPrediction:
+    """The peak memory of one generation at ``spec`` on a CUDA device (``on_cuda=False``: on the CPU, without
+    cuDNN's convolution copies): from the disk cache (same configs, settings, libraries and diffmeter
+    source) or tracked on fake tensors and remembered."""
+    found = cached_memory(spec, on_cuda)
     if found is not None:
         return found
-    found = _predict(spec)
-    cache.store("memory", cache_key(spec), found.model_dump(mode="json"))
+    found = _predict(spec, on_cuda)
+    cache.store("memory", cache_key(spec, on_cuda), found.model_dump(mode="json"))
     return found
 
 
-def cached_memory(spec: ProfileSpec) -> MemoryPrediction | None:
+def cached_memory(spec: ProfileSpec, on_cuda: bool = True) -> MemoryPrediction | None:
     """The prediction for this exact question from the disk cache, or None."""
-    stored = cache.load("memory", cache_key(spec))
+    stored = cache.load("memory", cache_key(spec, on_cuda))
     return MemoryPrediction.model_validate(stored) if stored is not None else None
 
 
@@ -165,7 +199,7 @@ def settled_plan(spec: ProfileSpec):
     return entry, shapes.spec, family.plan(shapes)
 
 
-def _predict(spec: ProfileSpec) -> MemoryPrediction:
+def _predict(spec: ProfileSpec, on_cuda: bool) -> MemoryPrediction:
     entry, spec, plan = settled_plan(spec)
     family = get_family(entry.family)
     dtype_of = {name: DTYPES[spec.dtype_of(name)] for name in entry.components}
@@ -181,7 +215,7 @@ def _predict(spec: ProfileSpec) -> MemoryPrediction:
     for call in plan:
         if not call.count:
             continue
-        memory = _tracked(entry, modules[call.component], call, dtype_of[call.component])
+        memory = _tracked(entry, modules[call.component], call, dtype_of[call.component], on_cuda)
         # the text embeddings stay live to the end of the call (the prompt's while the negative prompt is
         # encoded, both through denoising and decoding), beside the copies a call's inputs make of them
         # (a denoiser called at the prompt batch gets the prompt's embeddings themselves, not a copy)
@@ -207,7 +241,7 @@ def _predict(spec: ProfileSpec) -> MemoryPrediction:
             )
         )
         if call.role == VAE_DECODER and call.component == family.decoder:  # not LTX-2's audio decoder
-            vae_modes = _vae_modes(entry, modules[call.component], call, dtype_of[call.component])
+            vae_modes = _vae_modes(entry, modules[call.component], call, dtype_of[call.component], on_cuda)
     stages = {}
     for found in calls:
         if found.stage not in stages or found.peak_bytes > stages[found.stage].peak_bytes:
@@ -221,6 +255,7 @@ def _predict(spec: ProfileSpec) -> MemoryPrediction:
     ]
     return MemoryPrediction(
         dtype=spec.dtype,
+        on_cuda=on_cuda,
         stages=ordered,
         component_param_bytes=params,
         peak_bytes=top.peak_bytes,
@@ -236,9 +271,9 @@ def _predict(spec: ProfileSpec) -> MemoryPrediction:
     )
 
 
-def _tracked(entry, module: torch.nn.Module, call: Call, dtype: torch.dtype) -> CallMemory:
+def _tracked(entry, module: torch.nn.Module, call: Call, dtype: torch.dtype, on_cuda: bool) -> CallMemory:
     try:
-        return track_call(module, call, dtype)
+        return track_call(module, call, dtype, on_cuda)
     except (RuntimeError, NotImplementedError, TypeError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise DiffmeterError(
@@ -247,7 +282,7 @@ def _tracked(entry, module: torch.nn.Module, call: Call, dtype: torch.dtype) -> 
         ) from None
 
 
-def _vae_modes(entry, vae: torch.nn.Module, call: Call, dtype: torch.dtype) -> dict[str, int | None]:
+def _vae_modes(entry, vae: torch.nn.Module, call: Call, dtype: torch.dtype, on_cuda: bool) -> dict[str, int | None]:
     """The decode's activations with diffusers' tiled and sliced decoding (None: the VAE has no such mode)."""
     found: dict[str, int | None] = {}
     for mode, method, flag in (
@@ -260,7 +295,7 @@ def _vae_modes(entry, vae: torch.nn.Module, call: Call, dtype: torch.dtype) -> d
             found[mode] = None
             continue
         try:
-            found[mode] = _tracked(entry, vae, call, dtype).activation_bytes
+            found[mode] = _tracked(entry, vae, call, dtype, on_cuda).activation_bytes
         finally:
             setattr(vae, flag, False)
     return found

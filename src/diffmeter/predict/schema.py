@@ -31,6 +31,9 @@ class MemoryPrediction(BaseModel):
     every component run on fake tensors (``torch.distributed._tools.mem_tracker.MemTracker``)."""
 
     dtype: str
+    #: predicted for a CUDA device: with cuDNN's copies of a convolution's input, weight and output
+    #: (``predict.memory.ConvolutionCopies``); False: for the CPU, without them
+    on_cuda: bool = True
     stages: list[StageMemory]
     #: parameters and buffers per component, at the run's dtype
     component_param_bytes: dict[str, int]
