@@ -13,7 +13,9 @@ from diffmeter.families import get_family
 from diffmeter.loading import load_pipeline, locate_weights
 from diffmeter.optimize.base import Target
 from diffmeter.optimize.fp8_text_encoder import FP8TextEncoder
+from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES
 from diffmeter.predict.memory import predict_memory
+from diffmeter.predict.offload_time import lower_s, moved_bytes
 from diffmeter.predict.techniques import fitting, peak_under, settings
 from diffmeter.spec import ProfileSpec
 
@@ -80,12 +82,63 @@ def test_vae_tiling_lowers_the_decode_activations_at_a_large_size():
     assert peak_under(prediction, ("offload-sequential", "vae-tiling")) < layerwise
 
 
-def test_fit_lists_settings_and_json(cli):
-    code, out, _ = cli("fit", "tiny-flux", "--memory", "0.004GB", "--json")
+def test_fit_holds_back_the_cuda_context_and_lists_settings_and_json(cli):
+    held = CUDA_HOLDBACK_BYTES / 2**30  # 1.28 GiB, measured on an H200
+    code, out, _ = cli("fit", "tiny-flux", "--memory", f"{held + 0.004:.6f}GB", "--json")
     data = json.loads(out)
     assert code == 0 and data["fits"][0]["techniques"] == ["offload-model"]
+    assert data["held_back_bytes"] == CUDA_HOLDBACK_BYTES and data["fits"][0]["lower_s"] is None  # no GPU named
+    # 4 MiB more than tiny-flux needs, without the hold-back: nothing fits
+    code, out, _ = cli("fit", "tiny-flux", "--memory", "0.005GB", "--json")
+    assert code == 0 and json.loads(out)["fits"] == []
     code, out, _ = cli("fit", "tiny-flux", "--memory", "80GB")
-    assert code == 0 and "as is" in out
+    assert code == 0 and "as is" in out and "1.28 GiB held back" in out
+
+
+def test_fit_on_a_named_gpu_orders_settings_by_their_predicted_time(cli):
+    code, out, _ = cli("fit", "tiny-flux", "--gpu", "L4", "--steps", "4", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["host_link"] == "PCIe Gen4 x16"
+    times = [row["lower_s"] for row in data["fits"]]
+    assert times == sorted(times) and all(time > 0 for time in times)
+
+
+def test_offloading_moves_its_weights_over_the_host_link_once_or_at_every_call():
+    prediction = predict_memory(ProfileSpec(model="tiny-flux", steps=3))
+    params = prediction.component_param_bytes
+    called = {call.component for call in prediction.calls}
+    # model offload: every component in and out once; sequential and group: every call's weights in
+    assert moved_bytes(prediction, ("offload-model",)) == 2 * sum(params[name] for name in called)
+    per_call = sum(call.count * params[call.component] for call in prediction.calls)
+    assert {call.count for call in prediction.calls if call.component == "transformer"} == {3}
+    assert moved_bytes(prediction, ("offload-sequential",)) == moved_bytes(prediction, ("offload-group",)) == per_call
+    assert moved_bytes(prediction, ("vae-tiling",)) == 0
+    quantized = moved_bytes(prediction, ("offload-model", "quantize-int8"))
+    assert quantized == moved_bytes(prediction, ("offload-model",)) - 2 * (
+        params["transformer"] - prediction.quantized_bytes["int8"]["transformer"]
+    )
+    link = 1e6  # bytes/s: the transfer dominates a 1 ms compute
+    assert lower_s(1e-3, prediction, ("offload-sequential",), link) == pytest.approx(1e-3 + per_call / link)
+    assert lower_s(1e-3, prediction, ("offload-group",), link) == pytest.approx(per_call / link)  # overlapped
+    assert lower_s(10.0, prediction, ("offload-group",), link) == 10.0
+
+
+def test_torchao_weights_survive_accelerates_per_layer_offload_so_fit_offers_them_together():
+    """fit lists quantize with sequential offload: accelerate's hooks keep torchao's weights on the meta
+    device between calls and bring them back unchanged (here on the CPU, its execution device)."""
+    pytest.importorskip("torchao")
+    from accelerate import cpu_offload
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)).to(torch.bfloat16)
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    quantize_(model, Int8WeightOnlyConfig())
+    quantized = model(x)
+    cpu_offload(model, execution_device=torch.device("cpu"))
+    assert model[0].weight.device.type == "meta" and is_traceable_wrapper_subclass(model[0].weight)
+    assert torch.equal(model(x), quantized)
+    prediction = predict_memory(ProfileSpec(model="tiny-flux"))
+    assert ("offload-sequential", "quantize-int8") in settings(prediction)
 
 
 @pytest.mark.parametrize(

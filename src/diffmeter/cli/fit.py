@@ -19,6 +19,7 @@ from diffmeter.cli.options import (
     Height,
     ModelArgument,
     NumFrames,
+    Steps,
     TrueCfgScale,
     Width,
 )
@@ -37,6 +38,7 @@ def fit(
     gpu: GpuName = None,
     height: Height = None,
     width: Width = None,
+    steps: Steps = None,
     batch_size: BatchSize = 1,
     guidance_scale: GuidanceScale = None,
     true_cfg_scale: TrueCfgScale = None,
@@ -47,9 +49,11 @@ def fit(
     component_dtype: ComponentDtype = None,
     as_json: AsJson = False,
 ) -> None:
-    """List the memory settings (offload, quantization, VAE tiling, fp8 text encoder) whose predicted
-    peak fits the GPU, likely fastest first (ordered by how each technique works: no time is predicted)."""
-    from diffmeter.predict.devices import chosen_gpu, spec_gpu
+    """List the memory settings (offload, quantization, VAE tiling, fp8 text encoder) that bench can run and whose
+    predicted peak fits the GPU once the CUDA context and libraries are held back, fastest first: each with its
+    predicted lower bound of time (roofline plus offloading's host-link transfers) on a named GPU."""
+    from diffmeter.catalog import resolve
+    from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, chosen_gpu, spec_gpu
     from diffmeter.report.memory_table import fit_table
     from diffmeter.spec import ProfileSpec, parse_component_dtypes
 
@@ -62,6 +66,7 @@ def fit(
         model=model,
         height=height,
         width=width,
+        steps=steps,
         batch_size=batch_size,
         guidance_scale=guidance_scale,
         true_cfg_scale=true_cfg_scale,
@@ -69,18 +74,75 @@ def fit(
         dtype=dtype,
         component_dtypes=parse_component_dtypes(component_dtype),
     )
+    entry = resolve(model)
     load_libraries()
     from diffmeter.predict.memory import predict_memory
     from diffmeter.predict.techniques import fitting
 
     prediction = predict_memory(spec)
+    usable = target.memory_bytes - CUDA_HOLDBACK_BYTES
     # fp8 weights need FP8 tensor cores: a table GPU says whether it has them; a bare --memory is not refused
-    fits = fitting(prediction, target.memory_bytes, fp8=gpu is None or "fp8" in target.tflops)
+    found = fitting(prediction, usable, fp8=gpu is None or "fp8" in target.tflops)
+    fits, refused = _runnable(found, entry, spec.with_defaults(entry.defaults))
+    times = _lower_times(spec, prediction, target, [chosen for chosen, _ in fits])
+    rows = [(chosen, peak, times.get(chosen)) for chosen, peak in fits]
+    if all(time is not None for _, _, time in rows):  # the mechanism's order stays among equal times
+        rows.sort(key=lambda row: row[2])
     if as_json:
-        rows = [{"techniques": list(chosen), "peak_bytes": peak} for chosen, peak in fits]
-        print(json.dumps({"model": model, "memory_bytes": target.memory_bytes, "fits": rows}, indent=2))
+        payload = {
+            "model": model,
+            "memory_bytes": target.memory_bytes,
+            "held_back_bytes": CUDA_HOLDBACK_BYTES,
+            "host_link": target.host_link,
+            "fits": [{"techniques": list(chosen), "peak_bytes": peak, "lower_s": time} for chosen, peak, time in rows],
+            "refused_by_bench": [{"techniques": list(chosen), "reason": reason} for chosen, reason in refused],
+        }
+        print(json.dumps(payload, indent=2))
         return
-    console.print(fit_table(model, prediction, target, fits))
+    console.print(fit_table(model, prediction, target, rows, CUDA_HOLDBACK_BYTES, refused))
+
+
+def _runnable(fits, entry, spec):
+    """(the settings bench runs on a CUDA GPU, [(setting, why bench refuses it)]): the same checks bench makes
+    before loading anything (``optimize.registry.check``); a missing package is kept, since installing it is the
+    user's choice (the table names the extra)."""
+    import torch
+
+    from diffmeter.errors import MissingPackage
+    from diffmeter.families import get_family
+    from diffmeter.optimize import registry
+    from diffmeter.optimize.base import Target
+    from diffmeter.optimize.options import memory_setting_specs
+
+    target = Target(entry, get_family(entry.family), torch.device("cuda"), spec.dtype, spec.steps)
+    kept, refused = [], []
+    for chosen, peak in fits:
+        try:
+            registry.check(registry.build(memory_setting_specs(chosen)), target)
+        except MissingPackage:
+            kept.append((chosen, peak))
+        except DiffmeterError as error:
+            refused.append((chosen, str(error)))
+        else:
+            kept.append((chosen, peak))
+    return kept, refused
+
+
+def _lower_times(spec, prediction, gpu, settings) -> dict[tuple[str, ...], float]:
+    """Each setting's lower bound of seconds per generation on ``gpu`` (none without the GPU's figures, or
+    without its host link for an offloading setting)."""
+    from diffmeter.predict.offload_time import lower_s, moved_bytes
+    from diffmeter.predict.operators import operator_work
+    from diffmeter.predict.roofline import missing_figures, predict_time
+
+    if missing_figures(gpu, prediction.dtype):
+        return {}
+    compute = predict_time(operator_work(spec), gpu).lower_s
+    return {
+        chosen: lower_s(compute, prediction, chosen, gpu.host_link_bytes_per_s)
+        for chosen in settings
+        if gpu.host_link_bytes_per_s or not moved_bytes(prediction, chosen)
+    }
 
 
 def _memory(text: str) -> str:

@@ -170,3 +170,17 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise DiffmeterError(f"config file {path} must hold a mapping of option: value")
     return {key.replace("-", "_"): value for key, value in data.items()}
+
+
+def memory_setting_specs(setting: tuple[str, ...]) -> list[OptimizationSpec]:
+    """The techniques of a memory setting as ``predict.techniques`` names them ("offload-model",
+    "quantize-fp8", "vae-tiling" ...), as ``bench`` is asked for them."""
+    specs = []
+    for label in setting:
+        if label.startswith("offload-"):
+            specs.append(OptimizationSpec(name="offload", params={"mode": label.removeprefix("offload-")}))
+        elif label.startswith("quantize-"):
+            specs.append(OptimizationSpec(name="quantize", params={"weights": label.removeprefix("quantize-")}))
+        else:
+            specs.append(OptimizationSpec(name=label))
+    return specs

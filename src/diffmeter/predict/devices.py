@@ -14,6 +14,12 @@ from pydantic import BaseModel
 from diffmeter.errors import DiffmeterError
 from diffmeter.measure.peaks import PEAKS, PRECISION
 
+#: what a CUDA process cannot give its tensors, held back before "fits": on an H200 (driver 580, torch
+#: 2.11+cu130) the driver kept 615 MiB of nvidia-smi's total from ``cudaMemGetInfo``, and the CUDA context
+#: (527 MiB), cuBLAS's handle and workspace (158 MiB) and SDPA's and cuDNN's (10 MiB) took 695 MiB outside
+#: PyTorch's allocator (benchmarks/cuda_overhead.py, results/cuda_overhead_nvidia-h200.json)
+CUDA_HOLDBACK_BYTES = (615 + 695) * 2**20
+
 _SPEC_PART = re.compile(r"^\s*([\d.]+)\s*(gb|gib|tflops|tb/s|gb/s)\s*$", re.IGNORECASE)
 
 
@@ -30,6 +36,10 @@ class Device(BaseModel):
     bandwidth_bytes_per_s: float | None
     tflops: dict[str, float]
     source: str
+    #: the link between host and GPU ("PCIe Gen5 x16", "NVLink-C2C") and its datasheet rate per direction,
+    #: bytes/s (``data/host_links.json``, each cited): what offloading's transfers go over
+    host_link: str | None = None
+    host_link_bytes_per_s: float | None = None
 
     def peak_tflops(self, dtype: str) -> float | None:
         return self.tflops.get(PRECISION[dtype], self.tflops.get("any"))
@@ -70,12 +80,15 @@ def of_row(row) -> Device:
         memory, said = int(row.memory_gb * 1e9), f"memory the datasheet's {row.memory_gb:g} GB as 10^9 bytes"
     else:
         memory, said = None, "no single memory size"
+    link = host_links().get(row.name, {})
     return Device(
         name=row.name,
         memory_bytes=memory,
         bandwidth_bytes_per_s=row.bandwidth_gb_s * 1e9 if row.bandwidth_gb_s else None,
         tflops=dict(row.tflops),
         source=f"{row.source}; {said}",
+        host_link=link.get("link"),
+        host_link_bytes_per_s=link["gb_s_per_direction"] * 1e9 if link else None,
     )
 
 
@@ -83,6 +96,12 @@ def of_row(row) -> Device:
 def driver_memory() -> dict[str, dict]:
     """Each table GPU's memory as its driver reports it, with the nvidia-smi output it was read from."""
     return json.loads(resources.files("diffmeter.predict").joinpath("data/gpu_memory.json").read_text())["gpus"]
+
+
+@functools.cache
+def host_links() -> dict[str, dict]:
+    """Each table GPU's host link and its rate per direction, with the datasheet line it was read from."""
+    return json.loads(resources.files("diffmeter.predict").joinpath("data/host_links.json").read_text())["gpus"]
 
 
 def this_cpu(*dtypes: str) -> Device:

@@ -233,6 +233,7 @@ def _predict(spec: ProfileSpec, on_cuda: bool) -> MemoryPrediction:
                 stage=STAGE_OF_ROLE[call.role],
                 component=call.component,
                 batch=call.batch,
+                count=call.count,
                 resident_param_bytes=resident,
                 component_param_bytes=params[call.component],
                 carried_bytes=carried,

@@ -15,6 +15,8 @@ class StageMemory(BaseModel):
     #: the component whose call peaks (its batch: CFG-doubled for a batched-CFG denoiser)
     component: str
     batch: int
+    #: how many times per generation the call runs (a denoiser: once per step, twice with separate CFG calls)
+    count: int = 1
     #: parameters and buffers of every loaded component, at the run's dtype
     resident_param_bytes: int
     #: of which this component's own

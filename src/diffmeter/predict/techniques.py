@@ -30,8 +30,8 @@ QUANTIZATIONS = ("none", "quantize-fp8", "quantize-int8")
 VAE_MODES = ("none", "vae-slicing", "vae-tiling")
 
 
-def peak_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> int:
-    """Peak bytes of the generation with ``techniques`` applied (names as ``bench`` labels them)."""
+def stored_params(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> dict[str, int]:
+    """Each component's weight bytes as ``techniques`` store them (fp8 text encoders, quantized denoisers)."""
     params = dict(prediction.component_param_bytes)
     for name in prediction.large_text_encoders if "fp8-text-encoder" in techniques else ():
         params[name] = prediction.fp8_storage_bytes[name]
@@ -40,6 +40,12 @@ def peak_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> int
             kind = quantization.removeprefix("quantize-")
             for name in prediction.denoisers:
                 params[name] = prediction.quantized_bytes[kind][name]
+    return params
+
+
+def peak_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> int:
+    """Peak bytes of the generation with ``techniques`` applied (names as ``bench`` labels them)."""
+    params = stored_params(prediction, techniques)
     peak = 0
     for call in prediction.calls:
         if "offload-model" in techniques:
@@ -76,8 +82,6 @@ def settings(prediction: MemoryPrediction, fp8: bool = True) -> list[tuple[str, 
     quantizations = tuple(q for q in QUANTIZATIONS if fp8 or q != "quantize-fp8")
     found = []
     for offload, quantization, vae_mode, encoder in itertools.product(OFFLOADS, quantizations, vae, text):
-        if offload == "offload-sequential" and quantization != "none":
-            continue  # accelerate's per-layer hooks and torchao's tensor subclasses do not combine
         chosen = tuple(t for t in (offload, quantization, vae_mode, encoder) if t != "none")
         cost = (OFFLOADS.index(offload), QUANTIZATIONS.index(quantization) > 0, len(chosen))
         found.append((cost, chosen))

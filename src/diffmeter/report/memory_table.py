@@ -61,20 +61,46 @@ def memory_table(prediction: MemoryPrediction, gpu: Device | None, techniques: t
     return table
 
 
-def fit_table(model: str, prediction: MemoryPrediction, gpu: Device, fits: list[tuple[tuple[str, ...], int]]):
-    """The settings that fit, likely fastest first (by mechanism: no time is predicted); a line if none does."""
+def fit_table(
+    model: str,
+    prediction: MemoryPrediction,
+    gpu: Device,
+    rows: list[tuple[tuple[str, ...], int, float | None]],
+    held_back: int,
+    refused: list[tuple[tuple[str, ...], str]],
+) -> FittedTable:
+    """The settings that fit once ``held_back`` bytes are kept for CUDA, with their lower bounds of time, fastest
+    first where every time is known; a line if none does."""
+    timed = all(time is not None for _, _, time in rows) and bool(rows)
+    order = "fastest first" if timed else "likely fastest first"
     table = FittedTable(
         escape(
-            f"{model} on {gpu.name} ({gib(gpu.memory_bytes)}): "
+            f"{model} on {gpu.name} ({gib(gpu.memory_bytes)}, {gib(held_back)} held back for CUDA): "
             f"predicted peak without techniques {gib(prediction.peak_bytes)}"
         ),
-        [Column("setting (likely fastest first)", justify="left"), Column("predicted peak"), Column("left", drop=0)],
+        [
+            Column(f"setting ({order})", justify="left"),
+            Column("predicted peak"),
+            Column("left", drop=1),
+            Column("time >= s/generation", drop=0),
+        ],
     )
-    for chosen, peak in fits:
-        table.add_row(escape(" + ".join(chosen) or "as is"), gib(peak), gib(gpu.memory_bytes - peak))
-    if not fits:
-        table.add_row("nothing fits, even with sequential offload", "", "", style="red")
-    table.caption = (
-        "Peaks count tensors; CUDA adds its context and the caching allocator's rounding (docs/memory-prediction.md)."
-    )
+    usable = gpu.memory_bytes - held_back
+    for chosen, peak, time in rows:
+        shown = f"{time:,.2f}" if time is not None else "-"
+        table.add_row(escape(" + ".join(chosen) or "as is"), gib(peak), gib(usable - peak), shown)
+    if not rows:
+        table.add_row("nothing fits, even with sequential offload", "", "", "", style="red")
+    link = f" over its {gpu.host_link}" if gpu.host_link else ""
+    notes = [
+        f"Held back: {gib(held_back)} for the CUDA context and libraries (measured on an H200, "
+        "docs/memory-prediction.md).",
+        f"Time: a lower bound, the roofline plus offloading's weight transfers{link} at its standard rate; "
+        "quantized weights are timed as unquantized."
+        if timed
+        else "Time: no figures for this GPU (name one with --gpu, or give --gpu-spec to profile).",
+    ]
+    if refused:
+        notes.append(f"Left out, bench refuses them: {'; '.join(escape(' + '.join(c)) + ': ' + r for c, r in refused)}")
+    table.caption = " ".join(notes)
     return table
