@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.markup import escape
 
-from diffmeter.predict.devices import Device
+from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, Device
 from diffmeter.predict.schema import MemoryPrediction
 from diffmeter.report.layout import Column, FittedTable
 
@@ -47,15 +47,17 @@ def memory_table(prediction: MemoryPrediction, gpu: Device | None, techniques: t
     if techniques:
         table.add_row(escape(f"under {', '.join(techniques)}"), "whole generation", "", "", "", gib(peak))
     if gpu is not None and gpu.memory_bytes:
-        fits = peak <= gpu.memory_bytes
+        held = CUDA_HOLDBACK_BYTES if gpu.kind == "cuda" else 0
+        fits = peak + held <= gpu.memory_bytes
         verdict = "fits" if fits else "does not fit"
+        kept = f", {gib(held)} held back for CUDA" if held else ""
         table.add_row(
-            escape(f"{gpu.name} ({gib(gpu.memory_bytes)})"),
+            escape(f"{gpu.name} ({gib(gpu.memory_bytes)}{kept})"),
             verdict,
             "",
             "",
             "",
-            gib(gpu.memory_bytes - peak) + " left" if fits else "",
+            gib(gpu.memory_bytes - held - peak) + " left" if fits else "",
             style=None if fits else "red",
         )
     return table
