@@ -265,7 +265,7 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
     load_libraries()
     from diffmeter.optimize.options import from_flags
     from diffmeter.predict.bench_prediction import memory_technique
-    from diffmeter.predict.memory import predict_memory
+    from diffmeter.predict.memory import VAE_MODES, predict_memory
     from diffmeter.predict.operators import operator_work
     from diffmeter.predict.roofline import missing_figures, predict_time
     from diffmeter.predict.techniques import peak_under
@@ -279,7 +279,8 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
         )
     techniques = tuple(memory_technique(o.name, o.params) for o in asked)
 
-    memories = [predict_memory(spec) for spec in specs]
+    modes = tuple(t for t in techniques if t in VAE_MODES)  # a video's tiled decode is slow to track: only if asked
+    memories = [predict_memory(spec, vae_modes=modes) for spec in specs]
     chosen = chosen or chosen_gpu(gpu, gpu_spec, tuple({memory.dtype for memory in memories}))
     missing = [missing_figures(chosen, memory.dtype) for memory in memories]
     times = [

@@ -14,7 +14,7 @@ import torch
 from diffmeter.errors import DiffmeterError
 from diffmeter.measure.peaks import find_device
 from diffmeter.predict.devices import Device, of_row, this_cpu
-from diffmeter.predict.memory import predict_memory
+from diffmeter.predict.memory import VAE_MODES, predict_memory
 from diffmeter.predict.operators import operator_work
 from diffmeter.predict.roofline import missing_figures, predict_time
 from diffmeter.predict.schema import RunPrediction
@@ -48,8 +48,9 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
     name = figures.name if figures else (torch.cuda.get_device_name(device) if device.type == "cuda" else spec.device)
     notes = []
     profile_spec = spec.profile_spec()
-    memory = predict_memory(profile_spec, on_cuda=device.type == "cuda")
     techniques = [t for o in optimizations if (t := memory_technique(o.name, o.params))]
+    modes = tuple(t for t in techniques if t in VAE_MODES)
+    memory = predict_memory(profile_spec, on_cuda=device.type == "cuda", vae_modes=modes)
     unmodelled = [o.label for o in optimizations if memory_technique(o.name, o.params) is None]
     if unmodelled:
         notes.append(f"memory is predicted without {', '.join(unmodelled)}")

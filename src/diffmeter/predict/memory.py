@@ -163,28 +163,37 @@ def track_call(module: torch.nn.Module, call: Call, dtype: torch.dtype, on_cuda:
     )
 
 
-def cache_key(spec: ProfileSpec, on_cuda: bool = True) -> dict:
-    """What a prediction for ``spec`` depends on: the entry's configs, the settings and the device kind."""
+#: diffusers' decode modes whose activations a prediction can hold (``MemoryPrediction.vae_activation_bytes``)
+VAE_MODES = ("vae-tiling", "vae-slicing")
+
+
+def cache_key(spec: ProfileSpec, on_cuda: bool = True, vae_modes: tuple[str, ...] = VAE_MODES) -> dict:
+    """What a prediction for ``spec`` depends on: the entry's configs, the settings, the device kind and the
+    decode modes asked for."""
     from dataclasses import asdict
 
-    return {"entry": resolve(spec.model).model_dump(mode="json"), "spec": asdict(spec), "on_cuda": on_cuda}
+    entry = resolve(spec.model).model_dump(mode="json")
+    return {"entry": entry, "spec": asdict(spec), "on_cuda": on_cuda, "vae_modes": sorted(vae_modes)}
 
 
-def predict_memory(spec: ProfileSpec, on_cuda: bool = True) -> MemoryPrediction:
+def predict_memory(spec: ProfileSpec, on_cuda: bool = True, vae_modes: tuple[str, ...] = VAE_MODES) -> MemoryPrediction:
     """The peak memory of one generation at ``spec`` on a CUDA device (``on_cuda=False``: on the CPU, without
-    cuDNN's convolution copies): from the disk cache (same configs, settings, libraries and diffmeter
-    source) or tracked on fake tensors and remembered."""
-    found = cached_memory(spec, on_cuda)
+    cuDNN's convolution copies), with the decode's activations under each of ``vae_modes`` (a tiled decode of a
+    video runs every tile of every frame: ask only for what is used): from the disk cache (same configs,
+    settings, libraries and diffmeter source) or tracked on fake tensors and remembered."""
+    found = cached_memory(spec, on_cuda, vae_modes)
     if found is not None:
         return found
-    found = _predict(spec, on_cuda)
-    cache.store("memory", cache_key(spec, on_cuda), found.model_dump(mode="json"))
+    found = _predict(spec, on_cuda, vae_modes)
+    cache.store("memory", cache_key(spec, on_cuda, vae_modes), found.model_dump(mode="json"))
     return found
 
 
-def cached_memory(spec: ProfileSpec, on_cuda: bool = True) -> MemoryPrediction | None:
+def cached_memory(
+    spec: ProfileSpec, on_cuda: bool = True, vae_modes: tuple[str, ...] = VAE_MODES
+) -> MemoryPrediction | None:
     """The prediction for this exact question from the disk cache, or None."""
-    stored = cache.load("memory", cache_key(spec, on_cuda))
+    stored = cache.load("memory", cache_key(spec, on_cuda, vae_modes))
     return MemoryPrediction.model_validate(stored) if stored is not None else None
 
 
@@ -199,7 +208,7 @@ def settled_plan(spec: ProfileSpec):
     return entry, shapes.spec, family.plan(shapes)
 
 
-def _predict(spec: ProfileSpec, on_cuda: bool) -> MemoryPrediction:
+def _predict(spec: ProfileSpec, on_cuda: bool, vae_modes: tuple[str, ...]) -> MemoryPrediction:
     entry, spec, plan = settled_plan(spec)
     family = get_family(entry.family)
     dtype_of = {name: DTYPES[spec.dtype_of(name)] for name in entry.components}
@@ -210,7 +219,7 @@ def _predict(spec: ProfileSpec, on_cuda: bool) -> MemoryPrediction:
     params = {name: param_bytes(module) for name, module in modules.items()}
     resident = sum(params.values())
     calls: list[StageMemory] = []
-    vae_modes: dict[str, int | None] = {}
+    decoded: dict[str, int | None] = {}
     text_outputs = one_prompt = 0
     for call in plan:
         if not call.count:
@@ -242,7 +251,7 @@ def _predict(spec: ProfileSpec, on_cuda: bool) -> MemoryPrediction:
             )
         )
         if call.role == VAE_DECODER and call.component == family.decoder:  # not LTX-2's audio decoder
-            vae_modes = _vae_modes(entry, modules[call.component], call, dtype_of[call.component], on_cuda)
+            decoded = _vae_modes(entry, modules[call.component], call, dtype_of[call.component], on_cuda, vae_modes)
     stages = {}
     for found in calls:
         if found.stage not in stages or found.peak_bytes > stages[found.stage].peak_bytes:
@@ -267,7 +276,7 @@ def _predict(spec: ProfileSpec, on_cuda: bool) -> MemoryPrediction:
         quantized_bytes=quantized,
         large_text_encoders=encoders,
         fp8_storage_bytes={name: fp8_storage_bytes(entry.components[name], dtype_of[name]) for name in encoders},
-        vae_activation_bytes=vae_modes,
+        vae_activation_bytes=decoded,
         decoder=family.decoder,
     )
 
@@ -283,13 +292,18 @@ def _tracked(entry, module: torch.nn.Module, call: Call, dtype: torch.dtype, on_
         ) from None
 
 
-def _vae_modes(entry, vae: torch.nn.Module, call: Call, dtype: torch.dtype, on_cuda: bool) -> dict[str, int | None]:
-    """The decode's activations with diffusers' tiled and sliced decoding (None: the VAE has no such mode)."""
+def _vae_modes(
+    entry, vae: torch.nn.Module, call: Call, dtype: torch.dtype, on_cuda: bool, modes: tuple[str, ...]
+) -> dict[str, int | None]:
+    """The decode's activations with each of diffusers' tiled and sliced decoding in ``modes`` (None: the VAE
+    has no such mode)."""
     found: dict[str, int | None] = {}
     for mode, method, flag in (
         ("vae-tiling", "enable_tiling", "use_tiling"),
         ("vae-slicing", "enable_slicing", "use_slicing"),
     ):
+        if mode not in modes:
+            continue
         try:
             getattr(vae, method)()
         except (AttributeError, NotImplementedError):  # ModelMixin's own enable_tiling raises for VAEs without it

@@ -51,7 +51,8 @@ class MemoryPrediction(BaseModel):
     #: the text encoders fp8-text-encoder stores in float8, and their parameters then
     large_text_encoders: list[str] = []
     fp8_storage_bytes: dict[str, int] = {}
-    #: "vae-tiling"/"vae-slicing" -> the VAE decode's activations with it (None: the VAE has no such mode)
+    #: "vae-tiling"/"vae-slicing" -> the VAE decode's activations with it (None: the VAE has no such mode);
+    #: only the modes the prediction was asked for (``predict_memory(vae_modes=...)``)
     vae_activation_bytes: dict[str, int | None] = {}
     #: the image/video decoder those figures are for (LTX-2 also decodes audio)
     decoder: str = ""

@@ -57,7 +57,9 @@ def peak_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> int
         activations = call.activation_bytes
         if call.stage == VAE_DECODE and call.component == prediction.decoder:
             for mode in ("vae-tiling", "vae-slicing"):
-                if mode in techniques and prediction.vae_activation_bytes.get(mode) is not None:
+                if mode in techniques and mode not in prediction.vae_activation_bytes:
+                    raise ValueError(f"this prediction was made without {mode}: predict_memory(vae_modes=...)")
+                if mode in techniques and prediction.vae_activation_bytes[mode] is not None:
                     activations = min(activations, prediction.vae_activation_bytes[mode])
         peak = max(peak, resident + call.carried_bytes + activations)
     return peak

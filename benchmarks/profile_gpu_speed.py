@@ -1,0 +1,85 @@
+"""How long `diffmeter profile MODEL --gpu h100` (cold) and `diffmeter fit MODEL --gpu h100` (warm) take for every
+catalog model, and `diffmeter profile --all` (cold): the real CLI in fresh processes, wall seconds.
+
+- profile --gpu, cold: a fresh process with the disk cache off (``DIFFMETER_CACHE_DIR=off``): the FLOPs profile,
+  the memory prediction and the operator pass all run. Target: under 15 s for every model.
+- fit, warm: a second ``fit`` with the disk cache of the first (a fresh process each time, so imports count).
+  Target: under 5 s. The first (cold) ``fit`` is shown too: it tracks the tiled and sliced decodes as well.
+- profile --all --json, cold, cache off. Target: under 30 s.
+
+Run from the repo root:  python benchmarks/profile_gpu_speed.py   (about 30 minutes on 2 cores).
+Writes benchmarks/results/profile_gpu_speed.md.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from diffmeter.catalog import all_entries
+
+TARGETS = {"profile": 15.0, "fit": 5.0, "all": 30.0}
+OUT = Path(__file__).parent / "results" / "profile_gpu_speed.md"
+
+
+def timed(arguments: list[str], cache: str) -> tuple[float, int]:
+    """Wall seconds and exit code of ``diffmeter ARGUMENTS`` in a fresh process with ``DIFFMETER_CACHE_DIR=cache``."""
+    environment = {**os.environ, "DIFFMETER_CACHE_DIR": cache}
+    started = time.perf_counter()
+    done = subprocess.run(["diffmeter", *arguments], env=environment, capture_output=True, text=True)
+    return time.perf_counter() - started, done.returncode
+
+
+def main() -> int:
+    models = sorted(entry.name for entry in all_entries() if not entry.name.startswith("tiny-"))
+    load = os.getloadavg()[0]
+    rows = []
+    for model in models:
+        profile_s, profile_rc = timed(["profile", model, "--gpu", "h100", "--json"], "off")
+        with tempfile.TemporaryDirectory() as cache:
+            cold_s, fit_rc = timed(["fit", model, "--gpu", "h100", "--json"], cache)
+            warm_s, _ = timed(["fit", model, "--gpu", "h100", "--json"], cache)
+        rows.append((model, profile_s, profile_rc, cold_s, warm_s, fit_rc))
+        print(f"{model}: profile {profile_s:.1f} s (rc {profile_rc}), fit {cold_s:.1f} s cold, {warm_s:.1f} s warm")
+    all_s, all_rc = timed(["profile", "--all", "--json"], "off")
+    end_load = os.getloadavg()[0]
+    worst_profile = max(rows, key=lambda row: row[1])
+    worst_fit = max(rows, key=lambda row: row[4])
+    lines = [
+        "# `profile --gpu` and `fit` speed over the whole catalog",
+        "",
+        f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; machine: {os.cpu_count()} CPUs; "
+        f"Python {sys.version.split()[0]}",
+        f"- 1-minute load average: {load:.2f} at start, {end_load:.2f} at end (above ~0.1, other processes shared "
+        "the CPUs and inflated wall times)",
+        f"- {len(models)} catalog models; every figure is wall seconds of the real CLI in a fresh process",
+        "",
+        f"**profile --gpu h100, cold** (cache off): median {statistics.median(r[1] for r in rows):.1f} s, slowest "
+        f"{worst_profile[1]:.1f} s ({worst_profile[0]}); target < {TARGETS['profile']:g} s: "
+        + ("**PASS**" if worst_profile[1] < TARGETS["profile"] else "**FAIL**"),
+        "",
+        f"**fit --gpu h100, warm** (disk cache of a first fit): median {statistics.median(r[4] for r in rows):.1f} s, "
+        f"slowest {worst_fit[4]:.1f} s ({worst_fit[0]}); target < {TARGETS['fit']:g} s: "
+        + ("**PASS**" if worst_fit[4] < TARGETS["fit"] else "**FAIL**"),
+        "",
+        f"**profile --all --json, cold** (cache off): {all_s:.1f} s (exit {all_rc}); target < {TARGETS['all']:g} s: "
+        + ("**PASS**" if all_s < TARGETS["all"] else "**FAIL**"),
+        "",
+        "| model | profile --gpu h100, cold (s) | fit, cold (s) | fit, warm (s) | exit codes (profile, fit) |",
+        "|---|---|---|---|---|",
+    ]
+    for model, profile_s, profile_rc, cold_s, warm_s, fit_rc in rows:
+        lines.append(f"| {model} | {profile_s:.1f} | {cold_s:.1f} | {warm_s:.1f} | {profile_rc}, {fit_rc} |")
+    OUT.write_text("\n".join(lines) + "\n")
+    print(f"written to {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
