@@ -179,3 +179,27 @@ def test_benchs_memory_check_counts_quantized_weights_at_one_byte(monkeypatch):
     with pytest.raises(DoesNotFit, match="this run needs at least"):
         memory_check.check_fits(spec, entry, "vae", counted, torch.device("cuda"))
     memory_check.check_fits(spec, entry, "vae", counted, torch.device("cuda"), {"transformer"})  # fits
+
+
+def test_the_decode_modes_are_tracked_only_when_asked_and_never_assumed():
+    """A video's tiled decode runs every tile of every frame on fake tensors (85 s for Wan 2.2 TI2V-5B): profile
+    and bench ask only for the modes they apply, and a peak under a mode not tracked is refused, not guessed."""
+    spec = ProfileSpec(model="tiny-sd", steps=1)
+    bare, tiled = predict_memory(spec, vae_modes=()), predict_memory(spec, vae_modes=("vae-tiling",))
+    assert bare.vae_activation_bytes == {} and set(tiled.vae_activation_bytes) == {"vae-tiling"}
+    assert bare.peak_bytes == tiled.peak_bytes == predict_memory(spec).peak_bytes
+    with pytest.raises(ValueError, match="without vae-tiling"):
+        peak_under(bare, ("vae-tiling",))
+    assert peak_under(tiled, ("offload-sequential", "vae-tiling")) == peak_under(
+        predict_memory(spec), ("offload-sequential", "vae-tiling")
+    )
+
+
+def test_profile_gpu_tracks_the_tiled_decode_only_with_vae_tiling(cli):
+    code, out, _ = cli("profile", "tiny-wan", "--gpu", "h100", "--steps", "1", "--vae-tiling", "--json")
+    tiled = json.loads(out)
+    code_bare, out_bare, _ = cli("profile", "tiny-wan", "--gpu", "h100", "--steps", "1", "--json")
+    bare = json.loads(out_bare)
+    assert code == code_bare == 0 and tiled["memory_techniques"] == ["vae-tiling"]
+    assert set(tiled["memory"]["vae_activation_bytes"]) == {"vae-tiling"} and bare["memory"]["vae_activation_bytes"] == {}
+    assert tiled["peak_memory_bytes"] <= bare["peak_memory_bytes"]

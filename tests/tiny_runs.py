@@ -45,7 +45,7 @@ def tiny_call(
         **get_family(entry.family).guidance_arguments(entry, settings["guidance_scale"]),
         output_type="np",
         generator=torch.Generator().manual_seed(0),
-        **entry.extra["runtime"].get("call", {}),
+        **entry.extra.get("runtime", {}).get("call", {}),
     )
     if entry.family == "dit":
         inputs = {"class_labels": [1] * batch_size}

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.profiler._memory_profiler import OpTree
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 _MARK = "diffmeter-stage::"
 #: CPU convolution kernels whose scratch buffers are allocated and freed inside the call
@@ -51,12 +52,22 @@ class MeasuredMemory(BaseModel):
     peak_with_scratch_bytes: int
 
 
+def _plain(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors holding ``tensor``'s data: itself, or a wrapper subclass's inner tensors (torchao's
+    quantized weights: the int8 or float8 data and its scales), which own the storages."""
+    if is_traceable_wrapper_subclass(tensor):
+        names, _ = tensor.__tensor_flatten__()
+        return [plain for name in names for plain in _plain(getattr(tensor, name))]
+    return [tensor]
+
+
 def _storages_bytes(modules: list[torch.nn.Module]) -> int:
     seen = {}
     for module in modules:
         for tensor in [*module.parameters(), *module.buffers()]:
-            storage = tensor.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
+            for plain in _plain(tensor):
+                storage = plain.untyped_storage()
+                seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
 
 
