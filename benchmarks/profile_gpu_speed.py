@@ -49,8 +49,11 @@ def main() -> int:
         print(f"{model}: profile {profile_s:.1f} s (rc {profile_rc}), fit {cold_s:.1f} s cold, {warm_s:.1f} s warm")
     all_s, all_rc = timed(["profile", "--all", "--json"], "off")
     end_load = os.getloadavg()[0]
-    worst_profile = max(rows, key=lambda row: row[1])
-    worst_fit = max(rows, key=lambda row: row[4])
+    answered = [row for row in rows if row[2] == 0 and row[5] == 0]  # the rest are refused in one line
+    refused = ", ".join(row[0] for row in rows if row not in answered)
+    worst_profile = max(answered, key=lambda row: row[1])
+    worst_fit = max(answered, key=lambda row: row[4])
+    over = ", ".join(f"{row[0]} {row[1]:.1f} s" for row in answered if row[1] >= TARGETS["profile"])
     lines = [
         "# `profile --gpu` and `fit` speed over the whole catalog",
         "",
@@ -58,15 +61,17 @@ def main() -> int:
         f"Python {sys.version.split()[0]}",
         f"- 1-minute load average: {load:.2f} at start, {end_load:.2f} at end (above ~0.1, other processes shared "
         "the CPUs and inflated wall times)",
-        f"- {len(models)} catalog models; every figure is wall seconds of the real CLI in a fresh process",
+        f"- {len(models)} catalog models; every figure is wall seconds of the real CLI in a fresh process. "
+        f"{len(answered)} are predicted; the targets are over those. Refused in one line (exit 2: the memory "
+        f"prediction cannot run them on fake tensors, docs/memory-prediction.md): {refused or 'none'}",
         "",
-        f"**profile --gpu h100, cold** (cache off): median {statistics.median(r[1] for r in rows):.1f} s, slowest "
-        f"{worst_profile[1]:.1f} s ({worst_profile[0]}); target < {TARGETS['profile']:g} s: "
-        + ("**PASS**" if worst_profile[1] < TARGETS["profile"] else "**FAIL**"),
+        f"**profile --gpu h100, cold** (cache off): median {statistics.median(r[1] for r in answered):.1f} s, "
+        f"slowest {worst_profile[1]:.1f} s ({worst_profile[0]}); target < {TARGETS['profile']:g} s: "
+        + ("**PASS**" if not over else f"**FAIL** ({over})"),
         "",
-        f"**fit --gpu h100, warm** (disk cache of a first fit): median {statistics.median(r[4] for r in rows):.1f} s, "
-        f"slowest {worst_fit[4]:.1f} s ({worst_fit[0]}); target < {TARGETS['fit']:g} s: "
-        + ("**PASS**" if worst_fit[4] < TARGETS["fit"] else "**FAIL**"),
+        f"**fit --gpu h100, warm** (disk cache of a first fit): median "
+        f"{statistics.median(r[4] for r in answered):.1f} s, slowest {worst_fit[4]:.1f} s ({worst_fit[0]}); "
+        f"target < {TARGETS['fit']:g} s: " + ("**PASS**" if worst_fit[4] < TARGETS["fit"] else "**FAIL**"),
         "",
         f"**profile --all --json, cold** (cache off): {all_s:.1f} s (exit {all_rc}); target < {TARGETS['all']:g} s: "
         + ("**PASS**" if all_s < TARGETS["all"] else "**FAIL**"),
