@@ -8,7 +8,7 @@ catalog model, and `diffmeter profile --all` (cold): the real CLI in fresh proce
 - profile --all --json, cold, cache off. Target: under 30 s.
 
 Run from the repo root:  python benchmarks/profile_gpu_speed.py   (about 30 minutes on 2 cores).
-Writes benchmarks/results/profile_gpu_speed.md.
+Writes benchmarks/results/profile_gpu_speed.md; with model names, times those again and appends them.
 """
 
 from __future__ import annotations
@@ -36,17 +36,40 @@ def timed(arguments: list[str], cache: str) -> tuple[float, int]:
     return time.perf_counter() - started, done.returncode
 
 
+def measure(model: str) -> tuple[str, float, int, float, float, int]:
+    profile_s, profile_rc = timed(["profile", model, "--gpu", "h100", "--json"], "off")
+    with tempfile.TemporaryDirectory() as cache:
+        cold_s, fit_rc = timed(["fit", model, "--gpu", "h100", "--json"], cache)
+        warm_s, _ = timed(["fit", model, "--gpu", "h100", "--json"], cache)
+    print(f"{model}: profile {profile_s:.1f} s (rc {profile_rc}), fit {cold_s:.1f} s cold, {warm_s:.1f} s warm")
+    return model, profile_s, profile_rc, cold_s, warm_s, fit_rc
+
+
+def rerun(models: list[str]) -> int:
+    """Time ``models`` again and append them to the results as a section of their own (after a change that
+    concerns them; the whole catalog's table above stays as it was measured)."""
+    load = os.getloadavg()[0]
+    rows = [measure(model) for model in models]
+    lines = [
+        "",
+        f"## Rerun of {len(models)} models, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC (load average "
+        f"{load:.2f} at start, {os.getloadavg()[0]:.2f} at end)",
+        "",
+        "| model | profile --gpu h100, cold (s) | fit, cold (s) | fit, warm (s) | exit codes (profile, fit) |",
+        "|---|---|---|---|---|",
+        *(f"| {m} | {p:.1f} | {c:.1f} | {w:.1f} | {prc}, {frc} |" for m, p, prc, c, w, frc in rows),
+    ]
+    with open(OUT, "a") as results:
+        results.write("\n".join(lines) + "\n")
+    return 0
+
+
 def main() -> int:
+    if len(sys.argv) > 1:  # python benchmarks/profile_gpu_speed.py MODEL ...: a rerun of those models
+        return rerun(sys.argv[1:])
     models = sorted(entry.name for entry in all_entries() if not entry.name.startswith("tiny-"))
     load = os.getloadavg()[0]
-    rows = []
-    for model in models:
-        profile_s, profile_rc = timed(["profile", model, "--gpu", "h100", "--json"], "off")
-        with tempfile.TemporaryDirectory() as cache:
-            cold_s, fit_rc = timed(["fit", model, "--gpu", "h100", "--json"], cache)
-            warm_s, _ = timed(["fit", model, "--gpu", "h100", "--json"], cache)
-        rows.append((model, profile_s, profile_rc, cold_s, warm_s, fit_rc))
-        print(f"{model}: profile {profile_s:.1f} s (rc {profile_rc}), fit {cold_s:.1f} s cold, {warm_s:.1f} s warm")
+    rows = [measure(model) for model in models]
     all_s, all_rc = timed(["profile", "--all", "--json"], "off")
     end_load = os.getloadavg()[0]
     answered = [row for row in rows if row[2] == 0 and row[5] == 0]  # the rest are refused in one line

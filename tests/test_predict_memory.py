@@ -19,6 +19,7 @@ from diffmeter.predict.memory import (
     settled_plan,
     track_call,
 )
+from diffmeter.predict.operators import operator_work, predict_memory_and_work
 from diffmeter.predict.schema import DENOISING_STEP, TEXT_ENCODING, VAE_DECODE
 from diffmeter.spec import ProfileSpec
 
@@ -170,3 +171,15 @@ def test_sd15s_vae_decode_on_cuda_holds_its_largest_convolutions_copies():
     # 1.1 MiB of weight), at least the copy of its 256-to-128 one (192 MiB)
     assert 192 * 2**20 <= extra[VAE_DECODE] <= 258 * 2**20
     assert extra[TEXT_ENCODING] == 0 and cuda.peak_stage == VAE_DECODE
+
+
+@pytest.mark.parametrize("name", ["tiny-flux", "tiny-wan"])
+def test_one_fake_run_for_memory_and_operators_equals_the_two_passes(monkeypatch, tmp_path, name):
+    """profile --gpu, fit and bench run the memory tracker and the operator tally in one fake run of the plan;
+    each figure equals its own pass's, and both are remembered."""
+    monkeypatch.setenv("DIFFMETER_CACHE_DIR", "off")
+    spec = ProfileSpec(model=name, steps=2, dtype="bfloat16")
+    alone = predict_memory(spec), operator_work(spec)
+    monkeypatch.setenv("DIFFMETER_CACHE_DIR", str(tmp_path))
+    assert predict_memory_and_work(spec) == alone
+    assert cached_memory(spec) == alone[0] and operator_work(spec) == alone[1]

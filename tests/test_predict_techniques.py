@@ -201,5 +201,7 @@ def test_profile_gpu_tracks_the_tiled_decode_only_with_vae_tiling(cli):
     code_bare, out_bare, _ = cli("profile", "tiny-wan", "--gpu", "h100", "--steps", "1", "--json")
     bare = json.loads(out_bare)
     assert code == code_bare == 0 and tiled["memory_techniques"] == ["vae-tiling"]
-    assert set(tiled["memory"]["vae_activation_bytes"]) == {"vae-tiling"} and bare["memory"]["vae_activation_bytes"] == {}
+    assert (
+        set(tiled["memory"]["vae_activation_bytes"]) == {"vae-tiling"} and bare["memory"]["vae_activation_bytes"] == {}
+    )
     assert tiled["peak_memory_bytes"] <= bare["peak_memory_bytes"]

@@ -76,15 +76,15 @@ def fit(
     )
     entry = resolve(model)
     load_libraries()
-    from diffmeter.predict.memory import predict_memory
+    from diffmeter.predict.operators import predict_memory_and_work
     from diffmeter.predict.techniques import fitting
 
-    prediction = predict_memory(spec)
+    prediction, work = predict_memory_and_work(spec)  # one fake run for the memory and the time
     usable = target.memory_bytes - CUDA_HOLDBACK_BYTES
     # fp8 weights need FP8 tensor cores: a table GPU says whether it has them; a bare --memory is not refused
     found = fitting(prediction, usable, fp8=gpu is None or "fp8" in target.tflops)
     fits, refused = _runnable(found, entry, spec.with_defaults(entry.defaults))
-    times = _lower_times(spec, prediction, target, [chosen for chosen, _ in fits])
+    times = _lower_times(work, prediction, target, [chosen for chosen, _ in fits])
     rows = [(chosen, peak, times.get(chosen)) for chosen, peak in fits]
     if all(time is not None for _, _, time in rows):  # the mechanism's order stays among equal times
         rows.sort(key=lambda row: row[2])
@@ -128,16 +128,15 @@ def _runnable(fits, entry, spec):
     return kept, refused
 
 
-def _lower_times(spec, prediction, gpu, settings) -> dict[tuple[str, ...], float]:
+def _lower_times(work, prediction, gpu, settings) -> dict[tuple[str, ...], float]:
     """Each setting's lower bound of seconds per generation on ``gpu`` (none without the GPU's figures, or
     without its host link for an offloading setting)."""
     from diffmeter.predict.offload_time import lower_s, moved_bytes
-    from diffmeter.predict.operators import operator_work
     from diffmeter.predict.roofline import missing_figures, predict_time
 
     if missing_figures(gpu, prediction.dtype):
         return {}
-    compute = predict_time(operator_work(spec), gpu).lower_s
+    compute = predict_time(work, gpu).lower_s
     return {
         chosen: lower_s(compute, prediction, chosen, gpu.host_link_bytes_per_s)
         for chosen in settings

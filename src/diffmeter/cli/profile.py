@@ -265,8 +265,8 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
     load_libraries()
     from diffmeter.optimize.options import from_flags
     from diffmeter.predict.bench_prediction import memory_technique
-    from diffmeter.predict.memory import VAE_MODES, predict_memory
-    from diffmeter.predict.operators import operator_work
+    from diffmeter.predict.memory import VAE_MODES
+    from diffmeter.predict.operators import predict_memory_and_work
     from diffmeter.predict.roofline import missing_figures, predict_time
     from diffmeter.predict.techniques import peak_under
 
@@ -280,12 +280,12 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
     techniques = tuple(memory_technique(o.name, o.params) for o in asked)
 
     modes = tuple(t for t in techniques if t in VAE_MODES)  # a video's tiled decode is slow to track: only if asked
-    memories = [predict_memory(spec, vae_modes=modes) for spec in specs]
+    predicted = [predict_memory_and_work(spec, vae_modes=modes) for spec in specs]  # one fake run for both
+    memories = [memory for memory, _ in predicted]
     chosen = chosen or chosen_gpu(gpu, gpu_spec, tuple({memory.dtype for memory in memories}))
     missing = [missing_figures(chosen, memory.dtype) for memory in memories]
     times = [
-        None if lacking else predict_time(operator_work(spec), chosen)
-        for spec, lacking in zip(specs, missing, strict=True)
+        None if lacking else predict_time(work, chosen) for (_, work), lacking in zip(predicted, missing, strict=True)
     ]
     if as_json:
         payloads = [

@@ -14,8 +14,8 @@ import torch
 from diffmeter.errors import DiffmeterError
 from diffmeter.measure.peaks import find_device
 from diffmeter.predict.devices import Device, of_row, this_cpu
-from diffmeter.predict.memory import VAE_MODES, predict_memory
-from diffmeter.predict.operators import operator_work
+from diffmeter.predict.memory import VAE_MODES
+from diffmeter.predict.operators import predict_memory_and_work
 from diffmeter.predict.roofline import missing_figures, predict_time
 from diffmeter.predict.schema import RunPrediction
 from diffmeter.predict.techniques import peak_under
@@ -50,7 +50,7 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
     profile_spec = spec.profile_spec()
     techniques = [t for o in optimizations if (t := memory_technique(o.name, o.params))]
     modes = tuple(t for t in techniques if t in VAE_MODES)
-    memory = predict_memory(profile_spec, on_cuda=device.type == "cuda", vae_modes=modes)
+    memory, work = predict_memory_and_work(profile_spec, on_cuda=device.type == "cuda", vae_modes=modes)
     unmodelled = [o.label for o in optimizations if memory_technique(o.name, o.params) is None]
     if unmodelled:
         notes.append(f"memory is predicted without {', '.join(unmodelled)}")
@@ -63,7 +63,7 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
     elif lacking := missing_figures(figures, memory.dtype, precision):
         notes.append(f"no time: {lacking}")
     else:
-        time = predict_time(operator_work(profile_spec), figures, precision)
+        time = predict_time(work, figures, precision)
         untimed = [o.label for o in optimizations if o.name not in TIME_MODELLED]
     return RunPrediction(
         device=name,

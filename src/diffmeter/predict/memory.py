@@ -16,6 +16,8 @@ calls before it in the same stage (the prompt's embeddings while the negative pr
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -137,9 +139,16 @@ def cast_floating(value, dtype: torch.dtype):
     return value
 
 
-def track_call(module: torch.nn.Module, call: Call, dtype: torch.dtype, on_cuda: bool = True) -> CallMemory:
+def track_call(
+    module: torch.nn.Module,
+    call: Call,
+    dtype: torch.dtype,
+    on_cuda: bool = True,
+    also: TorchDispatchMode | None = None,
+) -> CallMemory:
     """Run ``call`` once on fake tensors under MemTracker; its peak split into parameters, inputs and
-    activations (the tracker's categories at the peak; ``on_cuda``: with cuDNN's convolution copies)."""
+    activations (the tracker's categories at the peak; ``on_cuda``: with cuDNN's convolution copies). ``also``:
+    another mode that sees the same run's operators (``operators.OperatorTally``: one run for both passes)."""
     handle = call.prepare(module) if call.prepare else None
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
@@ -147,7 +156,7 @@ def track_call(module: torch.nn.Module, call: Call, dtype: torch.dtype, on_cuda:
                 inputs = cast_floating(call.build(torch.device("cpu")), dtype)
             tracker = PeakTracker()
             tracker.track_external(module, *(leaf for leaf in tree_leaves(inputs) if isinstance(leaf, torch.Tensor)))
-            with tracker, ConvolutionCopies(tracker) as convolutions:
+            with tracker, ConvolutionCopies(tracker) as convolutions, also or contextlib.nullcontext():
                 output = getattr(module, call.method)(**inputs)
             peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
     finally:
@@ -184,7 +193,7 @@ def predict_memory(spec: ProfileSpec, on_cuda: bool = True, vae_modes: tuple[str
     found = cached_memory(spec, on_cuda, vae_modes)
     if found is not None:
         return found
-    found = _predict(spec, on_cuda, vae_modes)
+    found = predict_tracked(spec, on_cuda, vae_modes)
     cache.store("memory", cache_key(spec, on_cuda, vae_modes), found.model_dump(mode="json"))
     return found
 
@@ -208,7 +217,14 @@ def settled_plan(spec: ProfileSpec):
     return entry, shapes.spec, family.plan(shapes)
 
 
-def _predict(spec: ProfileSpec, on_cuda: bool, vae_modes: tuple[str, ...]) -> MemoryPrediction:
+def predict_tracked(
+    spec: ProfileSpec,
+    on_cuda: bool,
+    vae_modes: tuple[str, ...],
+    watch: Callable[[Call], TorchDispatchMode] | None = None,
+) -> MemoryPrediction:
+    """The prediction, tracked; ``watch(call)`` gives a mode to run beside the tracker in each call of the plan
+    (not in the decode-mode reruns)."""
     entry, spec, plan = settled_plan(spec)
     family = get_family(entry.family)
     dtype_of = {name: DTYPES[spec.dtype_of(name)] for name in entry.components}
@@ -224,7 +240,8 @@ def _predict(spec: ProfileSpec, on_cuda: bool, vae_modes: tuple[str, ...]) -> Me
     for call in plan:
         if not call.count:
             continue
-        memory = _tracked(entry, modules[call.component], call, dtype_of[call.component], on_cuda)
+        also = watch(call) if watch else None
+        memory = _tracked(entry, modules[call.component], call, dtype_of[call.component], on_cuda, also)
         # the text embeddings stay live to the end of the call (the prompt's while the negative prompt is
         # encoded, both through denoising and decoding), beside the copies a call's inputs make of them
         # (a denoiser called at the prompt batch gets the prompt's embeddings themselves, not a copy)
@@ -281,9 +298,11 @@ def _predict(spec: ProfileSpec, on_cuda: bool, vae_modes: tuple[str, ...]) -> Me
     )
 
 
-def _tracked(entry, module: torch.nn.Module, call: Call, dtype: torch.dtype, on_cuda: bool) -> CallMemory:
+def _tracked(
+    entry, module: torch.nn.Module, call: Call, dtype: torch.dtype, on_cuda: bool, also: TorchDispatchMode | None = None
+) -> CallMemory:
     try:
-        return track_call(module, call, dtype, on_cuda)
+        return track_call(module, call, dtype, on_cuda, also)
     except (RuntimeError, NotImplementedError, TypeError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise DiffmeterError(

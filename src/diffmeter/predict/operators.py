@@ -19,8 +19,18 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER, Call
 from diffmeter.flops.counter import FORMULAS
 from diffmeter.measure.ops import kind_of
-from diffmeter.predict.memory import DTYPES, cache_key, cast_floating, fake_module, settled_plan
-from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork
+from diffmeter.predict.memory import (
+    DTYPES,
+    VAE_MODES,
+    cache_key,
+    cached_memory,
+    cast_floating,
+    fake_module,
+    predict_memory,
+    predict_tracked,
+    settled_plan,
+)
+from diffmeter.predict.schema import CallWork, MemoryPrediction, OperatorGroup, OperatorWork
 from diffmeter.spec import ProfileSpec
 
 #: the stage a component's calls are timed in, as ``bench`` names its stages
@@ -71,6 +81,12 @@ class OperatorTally(TorchDispatchMode):
         self.groups[(kind_of(func._schema.name), flops, total)] += 1
         return out
 
+    def operators(self) -> list[OperatorGroup]:
+        return [
+            OperatorGroup(kind=kind, flops=flops, bytes=moved, calls=calls)
+            for (kind, flops, moved), calls in sorted(self.groups.items())
+        ]
+
 
 def tally_call(module: torch.nn.Module, call: Call, dtype: torch.dtype) -> list[OperatorGroup]:
     """Run ``call`` once on fake tensors and count its operators."""
@@ -84,10 +100,7 @@ def tally_call(module: torch.nn.Module, call: Call, dtype: torch.dtype) -> list[
     finally:
         if handle is not None:
             handle.remove()
-    return [
-        OperatorGroup(kind=kind, flops=flops, bytes=moved, calls=calls)
-        for (kind, flops, moved), calls in sorted(tally.groups.items())
-    ]
+    return tally.operators()
 
 
 def operator_work(spec: ProfileSpec) -> OperatorWork:
@@ -99,6 +112,34 @@ def operator_work(spec: ProfileSpec) -> OperatorWork:
     found = _count(spec)
     cache.store("operators", cache_key(spec), found.model_dump(mode="json"))
     return found
+
+
+def predict_memory_and_work(
+    spec: ProfileSpec, on_cuda: bool = True, vae_modes: tuple[str, ...] = VAE_MODES
+) -> tuple[MemoryPrediction, OperatorWork]:
+    """``predict_memory`` and ``operator_work`` of ``spec`` from one fake-tensor run of the call plan where
+    neither is in the disk cache (the two passes run the same calls on the same modules), each stored."""
+    memory, stored = cached_memory(spec, on_cuda, vae_modes), cache.load("operators", cache_key(spec))
+    if stored is not None:
+        return memory or predict_memory(spec, on_cuda, vae_modes), OperatorWork.model_validate(stored)
+    if memory is not None:
+        return memory, operator_work(spec)
+    _, settled, _ = settled_plan(spec)
+    tallies: list[tuple[Call, OperatorTally]] = []
+
+    def watch(call: Call) -> OperatorTally:
+        tallies.append((call, OperatorTally()))
+        return tallies[-1][1]
+
+    memory = predict_tracked(spec, on_cuda, vae_modes, watch)
+    calls = [
+        CallWork(stage=STAGE_KEY[call.role], component=call.component, count=call.count, operators=tally.operators())
+        for call, tally in tallies
+    ]
+    work = OperatorWork(dtype=settled.dtype, calls=calls)
+    cache.store("memory", cache_key(spec, on_cuda, vae_modes), memory.model_dump(mode="json"))
+    cache.store("operators", cache_key(spec), work.model_dump(mode="json"))
+    return memory, work
 
 
 def _count(spec: ProfileSpec) -> OperatorWork:
