@@ -105,7 +105,7 @@ def fit(
 def _runnable(fits, entry, spec):
     """(the settings bench runs on a CUDA GPU, [(setting, why bench refuses it)]): the same checks bench makes
     before loading anything (``optimize.registry.check``); a missing package is kept, since installing it is the
-    user's choice (the table names the extra)."""
+    user's choice."""
     import torch
 
     from diffmeter.errors import MissingPackage
@@ -120,11 +120,11 @@ def _runnable(fits, entry, spec):
         try:
             registry.check(registry.build(memory_setting_specs(chosen)), target)
         except MissingPackage:
-            kept.append((chosen, peak))
+            pass
         except DiffmeterError as error:
             refused.append((chosen, str(error)))
-        else:
-            kept.append((chosen, peak))
+            continue
+        kept.append((chosen, peak))
     return kept, refused
 
 

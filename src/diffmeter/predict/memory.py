@@ -156,14 +156,15 @@ def track_call(
                 inputs = cast_floating(call.build(torch.device("cpu")), dtype)
             tracker = PeakTracker()
             tracker.track_external(module, *(leaf for leaf in tree_leaves(inputs) if isinstance(leaf, torch.Tensor)))
-            with tracker, ConvolutionCopies(tracker) as convolutions, also or contextlib.nullcontext():
+            convolutions = ConvolutionCopies(tracker) if on_cuda else contextlib.nullcontext()
+            with tracker, convolutions, also or contextlib.nullcontext():
                 output = getattr(module, call.method)(**inputs)
             peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
     finally:
         if handle is not None:
             handle.remove()
     by_kind = {str(kind.value) if hasattr(kind, "value") else str(kind): size for kind, size in peak.items()}
-    during_convolution = max(0, convolutions.peak - peak["Total"]) if on_cuda else 0
+    during_convolution = max(0, convolutions.peak - peak["Total"]) if on_cuda else 0  # the CPU holds no copies
     return CallMemory(
         param_bytes=by_kind["Parameter"] + by_kind["Buffer"],
         input_bytes=by_kind["Other"],
