@@ -6,13 +6,18 @@ catalog model, and `diffmeter profile --all` (cold): the real CLI in fresh proce
 - fit, warm: a second ``fit`` with the disk cache of the first (a fresh process each time, so imports count).
   Target: under 5 s. The first (cold) ``fit`` is shown too: it tracks the tiled and sliced decodes as well.
 - profile --all --json, cold, cache off. Target: under 30 s.
+- Figures: each model's FLOPs, peak memory (per stage and per call) and time bounds from ``profile --gpu
+  --json``, compared with benchmarks/results/profile_gpu_figures.json (the last run's, with its commit), then
+  written there: a speed-up must not change a figure.
 
-Run from the repo root:  python benchmarks/profile_gpu_speed.py   (about 30 minutes on 2 cores).
-Writes benchmarks/results/profile_gpu_speed.md; with model names, times those again and appends them.
+Run from the repo root:  python benchmarks/profile_gpu_speed.py   (about 25 minutes on 2 cores).
+Writes benchmarks/results/profile_gpu_speed.md; with model names, times those again and appends them;
+with ``--figures``, only writes the figures file (the baseline, run at the commit before a change).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -26,23 +31,73 @@ from diffmeter.catalog import all_entries
 
 TARGETS = {"profile": 15.0, "fit": 5.0, "all": 30.0}
 OUT = Path(__file__).parent / "results" / "profile_gpu_speed.md"
+FIGURES = Path(__file__).parent / "results" / "profile_gpu_figures.json"
 
 
-def timed(arguments: list[str], cache: str) -> tuple[float, int]:
-    """Wall seconds and exit code of ``diffmeter ARGUMENTS`` in a fresh process with ``DIFFMETER_CACHE_DIR=cache``."""
+def timed(arguments: list[str], cache: str) -> tuple[float, int, str]:
+    """Wall seconds, exit code and output of ``diffmeter ARGUMENTS`` in a fresh process with
+    ``DIFFMETER_CACHE_DIR=cache``."""
     environment = {**os.environ, "DIFFMETER_CACHE_DIR": cache}
     started = time.perf_counter()
     done = subprocess.run(["diffmeter", *arguments], env=environment, capture_output=True, text=True)
-    return time.perf_counter() - started, done.returncode
+    return time.perf_counter() - started, done.returncode, done.stdout
 
 
-def measure(model: str) -> tuple[str, float, int, float, float, int]:
-    profile_s, profile_rc = timed(["profile", model, "--gpu", "h100", "--json"], "off")
+def figures_of(output: str, returncode: int) -> dict:
+    """What ``profile --gpu --json`` predicts: FLOPs, parameter bytes, peak memory per stage and per call, and the
+    time's lower bound per stage (bytes and seconds as printed); a refusal as its exit code."""
+    if returncode:
+        return {"exit": returncode}
+    found = json.loads(output)
+    found = found[0] if isinstance(found, list) else found
+    memory = found["memory"]
+    return {
+        "total_flops": found["total_flops"],
+        "param_bytes": found["param_bytes"],
+        "peak_memory_bytes": found["peak_memory_bytes"],
+        "stage_peak_bytes": {stage["stage"]: stage["peak_bytes"] for stage in memory["stages"]},
+        "call_peak_bytes": [[call["component"], call["batch"], call["peak_bytes"]] for call in memory["calls"]],
+        "lower_s": found["time"]["lower_s"],
+        "stage_lower_s": {stage["stage"]: stage["lower_s"] for stage in found["time"]["stages"]},
+    }
+
+
+def profiled(model: str) -> tuple[float, int, dict]:
+    """``profile MODEL --gpu h100 --json``, cold: seconds, exit code, figures."""
+    seconds, returncode, output = timed(["profile", model, "--gpu", "h100", "--json"], "off")
+    return seconds, returncode, figures_of(output, returncode)
+
+
+def measure(model: str) -> tuple[str, float, int, float, float, int, dict]:
+    profile_s, profile_rc, figures = profiled(model)
     with tempfile.TemporaryDirectory() as cache:
-        cold_s, fit_rc = timed(["fit", model, "--gpu", "h100", "--json"], cache)
-        warm_s, _ = timed(["fit", model, "--gpu", "h100", "--json"], cache)
+        cold_s, fit_rc, _ = timed(["fit", model, "--gpu", "h100", "--json"], cache)
+        warm_s, _, _ = timed(["fit", model, "--gpu", "h100", "--json"], cache)
     print(f"{model}: profile {profile_s:.1f} s (rc {profile_rc}), fit {cold_s:.1f} s cold, {warm_s:.1f} s warm")
-    return model, profile_s, profile_rc, cold_s, warm_s, fit_rc
+    return model, profile_s, profile_rc, cold_s, warm_s, fit_rc, figures
+
+
+def commit() -> str:
+    done = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
+def write_figures(figures: dict[str, dict]) -> None:
+    when = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
+    FIGURES.write_text(json.dumps({"commit": commit(), "date": when, "models": figures}, indent=1) + "\n")
+
+
+def compared(figures: dict[str, dict]) -> str:
+    """One line: these figures against the last run's."""
+    if not FIGURES.exists():
+        return "**figures**: no earlier run to compare with"
+    before = json.loads(FIGURES.read_text())
+    changed = sorted(model for model, found in figures.items() if before["models"].get(model) != found)
+    verdict = "**UNCHANGED**" if not changed else f"**CHANGED** ({', '.join(changed)})"
+    return (
+        f"**figures** (FLOPs, parameter bytes, peak memory per stage and per call, time bounds per stage) against "
+        f"the last run's (commit {before['commit']}, {before['date']}): {verdict} for {len(figures)} models"
+    )
 
 
 def rerun(models: list[str]) -> int:
@@ -57,7 +112,7 @@ def rerun(models: list[str]) -> int:
         "",
         "| model | profile --gpu h100, cold (s) | fit, cold (s) | fit, warm (s) | exit codes (profile, fit) |",
         "|---|---|---|---|---|",
-        *(f"| {m} | {p:.1f} | {c:.1f} | {w:.1f} | {prc}, {frc} |" for m, p, prc, c, w, frc in rows),
+        *(f"| {m} | {p:.1f} | {c:.1f} | {w:.1f} | {prc}, {frc} |" for m, p, prc, c, w, frc, _ in rows),
     ]
     with open(OUT, "a") as results:
         results.write("\n".join(lines) + "\n")
@@ -65,12 +120,17 @@ def rerun(models: list[str]) -> int:
 
 
 def main() -> int:
+    models = sorted(entry.name for entry in all_entries() if not entry.name.startswith("tiny-"))
+    if sys.argv[1:] == ["--figures"]:  # the baseline, at the commit before a change
+        write_figures({model: profiled(model)[2] for model in models})
+        print(f"written to {FIGURES}")
+        return 0
     if len(sys.argv) > 1:  # python benchmarks/profile_gpu_speed.py MODEL ...: a rerun of those models
         return rerun(sys.argv[1:])
-    models = sorted(entry.name for entry in all_entries() if not entry.name.startswith("tiny-"))
     load = os.getloadavg()[0]
     rows = [measure(model) for model in models]
-    all_s, all_rc = timed(["profile", "--all", "--json"], "off")
+    figures = {row[0]: row[6] for row in rows}
+    all_s, all_rc, _ = timed(["profile", "--all", "--json"], "off")
     end_load = os.getloadavg()[0]
     answered = [row for row in rows if row[2] == 0 and row[5] == 0]  # the rest are refused in one line
     refused = ", ".join(row[0] for row in rows if row not in answered)
@@ -99,13 +159,16 @@ def main() -> int:
         f"**profile --all --json, cold** (cache off): {all_s:.1f} s (exit {all_rc}); target < {TARGETS['all']:g} s: "
         + ("**PASS**" if all_s < TARGETS["all"] else "**FAIL**"),
         "",
+        compared(figures),
+        "",
         "| model | profile --gpu h100, cold (s) | fit, cold (s) | fit, warm (s) | exit codes (profile, fit) |",
         "|---|---|---|---|---|",
     ]
-    for model, profile_s, profile_rc, cold_s, warm_s, fit_rc in rows:
+    for model, profile_s, profile_rc, cold_s, warm_s, fit_rc, _ in rows:
         lines.append(f"| {model} | {profile_s:.1f} | {cold_s:.1f} | {warm_s:.1f} | {profile_rc}, {fit_rc} |")
     OUT.write_text("\n".join(lines) + "\n")
-    print(f"written to {OUT}")
+    write_figures(figures)
+    print(f"written to {OUT} and {FIGURES}")
     return 0
 
 

@@ -201,9 +201,14 @@ def count_flops(
             handle.remove()
 
 
-def _layout(block: torch.nn.Module) -> tuple:
-    """What ``repr(block)`` says (every submodule's path, class and settings), without building the string."""
-    return tuple((name, type(module), module.extra_repr()) for name, module in block.named_modules())
+def block_structure(block: torch.nn.Module) -> tuple:
+    """What makes two blocks run alike: what ``repr(block)`` says (every submodule's path, class and settings,
+    without building the string) and every parameter's and buffer's shape and dtype."""
+    layout = tuple((name, type(module), module.extra_repr()) for name, module in block.named_modules())
+    tensors = tuple(
+        (name, tuple(tensor.shape), tensor.dtype) for name, tensor in block.state_dict(keep_vars=True).items()
+    )
+    return layout, tensors
 
 
 class _ReusedForward:
@@ -211,8 +216,7 @@ class _ReusedForward:
 
     def __init__(self, block: torch.nn.Module, path: str, state: _State, memo: dict) -> None:
         self.block, self.path, self.state, self.memo = block, path, state, memo
-        shapes = tuple((name, tuple(tensor.shape)) for name, tensor in block.state_dict(keep_vars=True).items())
-        self.structure = (_layout(block), shapes)
+        self.structure = block_structure(block)
         self.original = block.forward
         block.forward = self
 

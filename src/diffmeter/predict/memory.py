@@ -32,9 +32,11 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, get_family
 from diffmeter.optimize.fp8_text_encoder import LARGE_ENCODERS
 from diffmeter.predict.footprints import fp8_storage_bytes, largest_layer_bytes, meta_module, quantized_bytes
+from diffmeter.predict.replay import replayed_blocks
 from diffmeter.predict.schema import DENOISING_STEP, TEXT_ENCODING, VAE_DECODE, MemoryPrediction, StageMemory
 from diffmeter.spec import ProfileSpec
 
+CPU, TOTAL = torch.device("cpu"), "Total"  # fake tensors' device; MemTracker's key for a device's total
 STAGE_OF_ROLE = {TEXT_ENCODER: TEXT_ENCODING, DENOISER: DENOISING_STEP, VAE_DECODER: VAE_DECODE}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -63,6 +65,31 @@ class PeakTracker(MemTracker):
     def _post_fw_hook(self, module, inputs, outputs) -> None:
         pass
 
+    # A replay recorder (``replay.Recorder``): the block's peak above its entry, per category. It reads and
+    # resets MemTracker's running peak (``_curr_mem_snap``, ``_peak_mem``, ``_peak_mem_snap``, kept per device
+    # by ``_update_peak_stats``: torch/distributed/_tools/mem_tracker.py, lines 502-523 in torch 2.13).
+    def begin(self) -> tuple:
+        entry = dict(self._curr_mem_snap.get(CPU, {}))
+        saved = (self._peak_mem.get(CPU, 0), self._peak_mem_snap.get(CPU))
+        self._peak_mem[CPU], self._peak_mem_snap[CPU] = entry.get(TOTAL, 0), dict(entry)
+        return entry, saved
+
+    def end(self, begun: tuple) -> dict:
+        entry, (peak, snapshot) = begun
+        inside = self._peak_mem_snap[CPU]
+        if peak >= self._peak_mem[CPU]:
+            self._peak_mem[CPU], self._peak_mem_snap[CPU] = peak, snapshot
+        return {key: inside.get(key, 0) - entry.get(key, 0) for key in inside.keys() | entry.keys()}
+
+    def current_total(self) -> int:
+        return self._curr_mem_snap.get(CPU, {}).get(TOTAL, 0)
+
+    def apply(self, effect: dict) -> None:
+        current = self._curr_mem_snap.get(CPU, {})
+        reached = {key: current.get(key, 0) + change for key, change in effect.items()}
+        if reached[TOTAL] > self._peak_mem.get(CPU, 0):
+            self._peak_mem[CPU], self._peak_mem_snap[CPU] = reached[TOTAL], reached
+
 
 class ConvolutionCopies(TorchDispatchMode):
     """The largest total live during a convolution on CUDA: cuDNN (9.19, torch 2.11+cu130, on an H200) holds a
@@ -80,10 +107,26 @@ class ConvolutionCopies(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         output = func(*args, **(kwargs or {}))
         if func is torch.ops.aten.convolution.default and copied(args[0], args[1]):
-            current = self.tracker.get_tracker_snapshot("current")[torch.device("cpu")]["Total"]
             copies = sum(t.numel() * t.element_size() for t in (args[0], args[1], output))
-            self.peak = max(self.peak, current + copies)
+            self.peak = max(self.peak, self._current() + copies)
         return output
+
+    def _current(self) -> int:
+        return self.tracker.get_tracker_snapshot("current")[CPU][TOTAL]
+
+    # a replay recorder (``replay.Recorder``): the highest total inside a block, above the total at its entry
+    def begin(self) -> tuple[int, int]:
+        saved, self.peak = self.peak, 0
+        return saved, self._current()
+
+    def end(self, begun: tuple[int, int]) -> int | None:
+        saved, entry = begun
+        inside, self.peak = self.peak, max(saved, self.peak)
+        return inside - entry if inside else None
+
+    def apply(self, effect: int | None) -> None:
+        if effect is not None:
+            self.peak = max(self.peak, self._current() + effect)
 
 
 def copied(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -145,10 +188,13 @@ def track_call(
     dtype: torch.dtype,
     on_cuda: bool = True,
     also: TorchDispatchMode | None = None,
+    replay: bool = True,
 ) -> CallMemory:
     """Run ``call`` once on fake tensors under MemTracker; its peak split into parameters, inputs and
     activations (the tracker's categories at the peak; ``on_cuda``: with cuDNN's convolution copies). ``also``:
-    another mode that sees the same run's operators (``operators.OperatorTally``: one run for both passes)."""
+    another mode, and replay recorder, that sees the same run's operators (``operators.OperatorTally``: one run
+    for both passes). ``replay``: repeated blocks run once (``replay.replayed_blocks``), except in VAE
+    decoders, whose blocks may carry state between calls (as the FLOPs counter does)."""
     handle = call.prepare(module) if call.prepare else None
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
@@ -157,7 +203,10 @@ def track_call(
             tracker = PeakTracker()
             tracker.track_external(module, *(leaf for leaf in tree_leaves(inputs) if isinstance(leaf, torch.Tensor)))
             convolutions = ConvolutionCopies(tracker) if on_cuda else contextlib.nullcontext()
-            with tracker, convolutions, also or contextlib.nullcontext():
+            recorders = [tracker, *([convolutions] if on_cuda else []), *([also] if also else [])]
+            live = tracker.current_total
+            replayed = replayed_blocks(module, recorders, live) if replay and call.role != VAE_DECODER else None
+            with tracker, convolutions, also or contextlib.nullcontext(), replayed or contextlib.nullcontext():
                 output = getattr(module, call.method)(**inputs)
             peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
     finally:

@@ -81,6 +81,16 @@ class OperatorTally(TorchDispatchMode):
         self.groups[(kind_of(func._schema.name), flops, total)] += 1
         return out
 
+    # a replay recorder (``replay.Recorder``): the operators a block ran
+    def begin(self) -> Counter:
+        return Counter(self.groups)
+
+    def end(self, begun: Counter) -> Counter:
+        return self.groups - begun
+
+    def apply(self, effect: Counter) -> None:
+        self.groups.update(effect)
+
     def operators(self) -> list[OperatorGroup]:
         return [
             OperatorGroup(kind=kind, flops=flops, bytes=moved, calls=calls)

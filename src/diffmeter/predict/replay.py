@@ -1,0 +1,181 @@
+"""Repeated blocks tracked once: a block of a ``ModuleList`` called with inputs like those of an identical
+block already run on fake tensors is not run again. What the first run did to each recorder (the memory
+tracker's peak above its level at the block's entry, cuDNN's convolution copies, the operators counted) is
+applied again at the current level, and the block's outputs are allocated afresh with the same shapes,
+strides and dtypes (or are the same input objects, where the block returned an input). A transformer's
+stack then costs one block per distinct input signature, and every figure is the one a full run gives
+(``tests/test_replay.py`` compares both on real diffusers blocks).
+
+A block is run every time, never replayed, where replaying could differ: it changed its arguments
+(a list of caches), left more or less memory live than its new outputs hold (a hook that keeps its
+attention weights), returned views of one storage at two dtypes, or returned an object that is not a
+tensor, a number, a string or None.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Protocol
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from diffmeter.flops.counter import block_structure
+
+#: a memo entry for a block that must run every time
+RUN_ALWAYS = "run always"
+PLAIN = (type(None), bool, int, float, str)
+
+
+class Recorder(Protocol):
+    """Something a block's run changes, recorded once and applied again on replay."""
+
+    def begin(self) -> object:
+        """Called as a block starts running; returns what ``end`` needs."""
+
+    def end(self, begun: object) -> object:
+        """Called as it ends; returns the block's effect, relative to its start."""
+
+    def apply(self, effect: object) -> None:
+        """Does the recorded effect again, from the current state."""
+
+
+def input_signature(args: tuple, kwargs: dict) -> tuple:
+    """The flattened inputs' structure; per tensor its shape, strides, offset, dtype, device and which earlier
+    input shares its storage; other values as they are (by identity where they are not plain)."""
+    leaves, structure = tree_flatten((args, kwargs))
+    first_with_storage: dict[int, int] = {}
+    described = []
+    for index, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor):
+            storage = first_with_storage.setdefault(leaf.untyped_storage()._cdata, index)
+            described.append(
+                (tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype, leaf.device.type, storage)
+            )
+        else:
+            described.append(leaf if isinstance(leaf, PLAIN) else ("object", type(leaf).__qualname__, id(leaf)))
+    return str(structure), tuple(described)
+
+
+def output_layout(output, args: tuple, kwargs: dict):
+    """How to make ``output`` again from a later call's inputs, or None where that could differ: the storages
+    the block allocated (elements, dtype, device), and per leaf the input it is, its view of an input or of an
+    allocated storage (shape, strides, offset), or a plain value."""
+    inputs = tree_flatten((args, kwargs))[0]
+    position = {id(leaf): index for index, leaf in enumerate(inputs) if isinstance(leaf, torch.Tensor)}
+    input_storage = {
+        leaf.untyped_storage()._cdata: index for index, leaf in enumerate(inputs) if isinstance(leaf, torch.Tensor)
+    }
+    leaves, structure = tree_flatten(output)
+    storages: dict[int, tuple[int, torch.dtype, torch.device]] = {}
+    made = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            if id(leaf) in position:
+                made.append(("input", position[id(leaf)]))
+                continue
+            storage, view = leaf.untyped_storage(), (tuple(leaf.shape), leaf.stride(), leaf.storage_offset())
+            if storage._cdata in input_storage:
+                if inputs[input_storage[storage._cdata]].dtype != leaf.dtype:
+                    return None
+                made.append(("view of input", input_storage[storage._cdata], *view))
+                continue
+            if storage.nbytes() % leaf.element_size():
+                return None
+            found = storages.setdefault(
+                storage._cdata, (storage.nbytes() // leaf.element_size(), leaf.dtype, leaf.device)
+            )
+            if found[1] != leaf.dtype:
+                return None
+            made.append(("view of new", list(storages).index(storage._cdata), *view))
+        elif isinstance(leaf, PLAIN):
+            made.append(("value", leaf))
+        else:
+            return None
+    return structure, list(storages.values()), made
+
+
+def new_bytes(layout) -> int:
+    """The bytes of the storages a block's outputs were allocated in."""
+    return sum(elements * dtype.itemsize for elements, dtype, _ in layout[1])
+
+
+def rebuild(layout, args: tuple, kwargs: dict):
+    """The outputs described by ``layout`` for a call with these inputs (storages are allocated through the
+    active modes, so the tracker sees them)."""
+    structure, storages, made = layout
+    inputs = tree_flatten((args, kwargs))[0]
+    allocated = [torch.empty(elements, dtype=dtype, device=device) for elements, dtype, device in storages]
+    leaves = []
+    for how, *what in made:
+        if how == "input":
+            leaves.append(inputs[what[0]])
+        elif how == "value":
+            leaves.append(what[0])
+        else:
+            base = inputs[what[0]] if how == "view of input" else allocated[what[0]]
+            leaves.append(base.as_strided(*what[1:]))
+    return tree_unflatten(leaves, structure)
+
+
+class _ReplayedForward:
+    """Wraps one block's ``forward``: runs it while recording, or replays an identical earlier run."""
+
+    def __init__(
+        self, block: torch.nn.Module, recorders: Sequence[Recorder], live: Callable[[], int], memo: dict, tally: Counter
+    ) -> None:
+        self.block, self.recorders, self.live, self.memo, self.tally = block, recorders, live, memo, tally
+        self.structure = block_structure(block)
+        self.original = block.forward
+        block.forward = self
+
+    def __call__(self, *args, **kwargs):
+        signature = input_signature(args, kwargs)
+        key = (self.structure, signature)
+        found = self.memo.get(key)
+        self.tally[RUN_ALWAYS if found == RUN_ALWAYS else "recorded" if found is None else "replayed"] += 1
+        if found == RUN_ALWAYS:
+            return self.original(*args, **kwargs)
+        if found is not None:
+            effects, layout = found
+            for recorder, effect in zip(self.recorders, effects, strict=True):
+                recorder.apply(effect)
+            return rebuild(layout, args, kwargs)
+        identities = [id(leaf) for leaf in tree_flatten((args, kwargs))[0]]
+        before, begun = self.live(), [recorder.begin() for recorder in self.recorders]
+        output = self.original(*args, **kwargs)
+        effects = [recorder.end(started) for recorder, started in zip(self.recorders, begun, strict=True)]
+        layout = output_layout(output, args, kwargs)
+        unchanged = input_signature(args, kwargs) == signature and identities == [
+            id(leaf) for leaf in tree_flatten((args, kwargs))[0]
+        ]
+        kept_only_outputs = layout is not None and self.live() - before == new_bytes(layout)
+        self.memo[key] = (effects, layout) if unchanged and kept_only_outputs else RUN_ALWAYS
+        return output
+
+    def remove(self) -> None:
+        del self.block.forward
+
+
+@contextmanager
+def replayed_blocks(
+    module: torch.nn.Module, recorders: Sequence[Recorder], live: Callable[[], int]
+) -> Iterator[Counter]:
+    """Inside the block, every ``ModuleList`` block of ``module`` is run once per input signature and replayed
+    after that (see the module docstring); ``live()``: the bytes live now. The memo lives as long as the block.
+    Yields the count of block calls "recorded", "replayed" and "run always"."""
+    memo: dict = {}
+    tally: Counter = Counter()
+    wrapped = [
+        _ReplayedForward(block, recorders, live, memo, tally)
+        for _, modules in module.named_modules()
+        if isinstance(modules, torch.nn.ModuleList)
+        for block in modules
+    ]
+    try:
+        yield tally
+    finally:
+        for forward in wrapped:
+            forward.remove()
