@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_runs import tiny_call, token_settings
+from tiny_runs import TINY, tiny_call, token_settings
 
 from diffmeter.catalog import resolve
 from diffmeter.families import Call
@@ -19,12 +19,18 @@ from diffmeter.predict.memory import (
     settled_plan,
     track_call,
 )
+from diffmeter.predict.memory_checks import memory_check
 from diffmeter.predict.operators import operator_work, predict_memory_and_work
 from diffmeter.predict.schema import DENOISING_STEP, TEXT_ENCODING, VAE_DECODE
 from diffmeter.spec import ProfileSpec
 
-#: a UNet, MMDiTs, a DiT with cross-attention, video DiTs with causal video VAEs, class-conditional
-FAMILIES = ["tiny-sd", "tiny-sdxl", "tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-wan", "tiny-cogvideox", "tiny-dit"]
+#: one tiny pipeline of every family predict/data/memory_checks.json calls checked: the claim shown beside their
+#: predictions is held here (a UNet, MMDiTs, DiTs with cross-attention, video DiTs with causal video VAEs, ...)
+CHECKED = sorted(
+    {entry.family: entry.name for entry in reversed(TINY) if "checked:" in memory_check(entry.family)}.values()
+)
+#: families whose models read their masks' values (predict/fake_run.py): predicted, not yet within 2%
+HOST_MASKS = ["tiny-lumina2", "tiny-hunyuanimage", "tiny-hunyuanvideo15", "tiny-qwenimage21"]
 
 
 def measured(name: str, guidance_scale: float | None = None):
@@ -32,11 +38,17 @@ def measured(name: str, guidance_scale: float | None = None):
     pipe, call, settings = tiny_call(entry, guidance_scale=guidance_scale)
     spec = ProfileSpec(model=name, **settings, **token_settings(entry, pipe))
     _, _, plan = settled_plan(spec)
-    components = {c.component: (getattr(pipe, c.component), c.method, STAGE_OF_ROLE[c.role]) for c in plan if c.count}
+    # every component of the plan is resident, called or not (HunyuanImage's ByT5 without quoted text)
+    components = {c.component: (getattr(pipe, c.component), c.method, STAGE_OF_ROLE[c.role]) for c in plan}
     return spec, measure_stage_peaks(call, components)
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+def test_the_checked_families_cover_the_architectures():
+    families = {resolve(name).family for name in CHECKED}
+    assert len(CHECKED) >= 10 and {"sd", "sdxl", "flux", "sd3", "pixart", "wan", "cogvideox", "dit"} <= families
+
+
+@pytest.mark.parametrize("name", CHECKED)
 def test_predicted_peaks_equal_the_profiler_timeline_within_2_percent(name):
     spec, real = measured(name)
     predicted = predict_memory(spec, on_cuda=False)  # the CPU's timeline: no cuDNN copies
@@ -45,6 +57,17 @@ def test_predicted_peaks_equal_the_profiler_timeline_within_2_percent(name):
     for stage in predicted.stages:
         assert stage.peak_bytes == pytest.approx(real.stage_peak_bytes[stage.stage], rel=0.02), stage.stage
     assert predicted.peak_bytes == pytest.approx(real.peak_bytes, rel=0.02)
+
+
+@pytest.mark.parametrize("name", HOST_MASKS)
+def test_models_that_read_their_masks_are_predicted_and_flagged_until_checked(name):
+    """On fake tensors their masks keep their values (they were refused before); their parameters are exact, and
+    the prediction says plainly that the family is not yet within 2% of its real run."""
+    spec, real = measured(name)
+    predicted = predict_memory(spec, on_cuda=False)
+    assert {s.stage for s in predicted.stages} == set(real.stage_peak_bytes)
+    assert predicted.stages[0].resident_param_bytes == real.resident_param_bytes
+    assert predicted.checked.startswith("NOT within 2%")
 
 
 def test_a_float32_vae_under_a_bfloat16_pipeline_is_predicted_per_stage_within_2_percent(tmp_path):
@@ -64,7 +87,8 @@ def test_a_float32_vae_under_a_bfloat16_pipeline_is_predicted_per_stage_within_2
         **token_settings(entry, pipe),
     )
     _, _, plan = settled_plan(spec)
-    components = {c.component: (getattr(pipe, c.component), c.method, STAGE_OF_ROLE[c.role]) for c in plan if c.count}
+    # every component of the plan is resident, called or not (HunyuanImage's ByT5 without quoted text)
+    components = {c.component: (getattr(pipe, c.component), c.method, STAGE_OF_ROLE[c.role]) for c in plan}
     real = measure_stage_peaks(call, components)
     predicted = predict_memory(spec, on_cuda=False)
     assert predicted.stages[0].resident_param_bytes == real.resident_param_bytes

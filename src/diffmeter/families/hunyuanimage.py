@@ -27,7 +27,16 @@ from dataclasses import dataclass
 
 import torch
 
-from diffmeter.families.base import DENOISER, TEXT_ENCODER, Call, Family, Shapes, register
+from diffmeter.families.base import (
+    DENOISER,
+    TEXT_ENCODER,
+    Call,
+    Family,
+    Shapes,
+    host_values,
+    register,
+    to_device_of,
+)
 
 #: HunyuanImagePipeline.prompt_template_encode_start_idx: template tokens dropped after encoding
 DROPPED_TOKENS = 34
@@ -200,10 +209,21 @@ class HunyuanImage(Family):
         steps, batch = shapes.spec.steps, shapes.spec.batch_size
         uncond = self.uncond_steps(shapes.entry, shapes.spec.guidance_scale, steps)
         build = self._builder(shapes, batch)
-        calls = [Call(self.denoiser, DENOISER, batch, steps, build, note="cond", prepare=_meta_masks)]
+        calls = [
+            Call(self.denoiser, DENOISER, batch, steps, build, note="cond", prepare=_meta_masks, reads_values=True)
+        ]
         if uncond:
             calls.append(
-                Call(self.denoiser, DENOISER, batch, uncond, build, note="uncond (separate call)", prepare=_meta_masks)
+                Call(
+                    self.denoiser,
+                    DENOISER,
+                    batch,
+                    uncond,
+                    build,
+                    note="uncond (separate call)",
+                    prepare=_meta_masks,
+                    reads_values=True,
+                )
             )
         return calls
 
@@ -221,11 +241,11 @@ class HunyuanImage(Family):
                 ),
                 "timestep": torch.zeros(batch, device=device),
                 "encoder_hidden_states": torch.zeros(batch, qwen, config["text_embed_dim"], device=device),
-                # masks on the CPU: the transformer reorders its text tokens with boolean indexing, which the
-                # meta device cannot size (_meta_masks moves them back where they are read)
-                "encoder_attention_mask": torch.ones(batch, qwen, dtype=torch.long, device="cpu"),
+                # masks on the CPU with their values: the transformer reorders its text tokens with boolean
+                # indexing, which the meta device cannot size (_meta_masks moves them back where they are read)
+                "encoder_attention_mask": host_values(lambda: torch.ones(batch, qwen, dtype=torch.long)),
                 "encoder_hidden_states_2": torch.zeros(batch, byt5, config["text_embed_2_dim"], device=device),
-                "encoder_attention_mask_2": torch.zeros(batch, byt5, dtype=torch.long, device="cpu"),
+                "encoder_attention_mask_2": host_values(lambda: torch.zeros(batch, byt5, dtype=torch.long)),
                 "return_dict": False,
             }
             if config.get("use_meanflow"):
@@ -242,17 +262,10 @@ class HunyuanImage(Family):
 
 def _meta_masks(transformer):
     """The builder hands the transformer CPU masks, so that its boolean reordering of the text tokens
-    (valid first) can size its pieces; every module reading a mask afterwards gets it back on the meta
-    device. The reordering moves no FLOPs and keeps every token."""
-
-    def to_meta(value):
-        return value.to("meta") if isinstance(value, torch.Tensor) and value.device.type == "cpu" else value
-
-    def on_meta(module, args, kwargs):
-        return tuple(to_meta(arg) for arg in args), {name: to_meta(value) for name, value in kwargs.items()}
-
+    (valid first) can size its pieces; every module reading a mask afterwards gets it where its activations
+    are (``to_device_of``). The reordering moves no FLOPs and keeps every token."""
     modules = [transformer.context_embedder, *transformer.transformer_blocks, *transformer.single_transformer_blocks]
-    handles = [module.register_forward_pre_hook(on_meta, with_kwargs=True) for module in modules]
+    handles = [module.register_forward_pre_hook(to_device_of(module), with_kwargs=True) for module in modules]
     return _Handles(handles)
 
 

@@ -5,9 +5,20 @@ pipeline's ``guider`` component rather than a ``__call__`` argument."""
 from __future__ import annotations
 
 import torch
+from torch._guards import active_fake_mode
 from torch.overrides import TorchFunctionMode
 
-from diffmeter.families.base import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, Family, Shapes, register, timesteps
+from diffmeter.families.base import (
+    DENOISER,
+    TEXT_ENCODER,
+    VAE_DECODER,
+    Call,
+    Family,
+    Shapes,
+    is_placeholder,
+    register,
+    timesteps,
+)
 
 #: HunyuanVideo15Pipeline.__init__ constants: the chat template's first 108 tokens are cropped off
 #: the Qwen hidden states (prompt_template_encode_start_idx), and T2V passes 729 zero image tokens
@@ -203,7 +214,7 @@ def _guider(entry) -> dict | None:
 
 
 # ---- meta-device hooks ------------------------------------------------------------------------
-class _TextReorderOnMeta(TorchFunctionMode):
+class _TextReorderOnMeta(TorchFunctionMode):  # and on fake tensors (the memory prediction), likewise
     """HunyuanVideo15Transformer3DModel.forward asks ``torch.all(image_embeds == 0)`` (T2V: True) and
     reorders each sample's text tokens valid-first with boolean masks: ``x[mask]`` then ``x[~mask]``,
     concatenated back to the full length. The meta device can do neither; here the T2V test answers
@@ -216,17 +227,17 @@ class _TextReorderOnMeta(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.all and args and args[0].is_meta:
+        if func is torch.all and args and is_placeholder(args[0]):
             return True
-        if func is torch.Tensor.__invert__ and args[0].is_meta and args[0].dtype == torch.bool:
+        if func is torch.Tensor.__invert__ and is_placeholder(args[0]) and args[0].dtype == torch.bool:
             out = func(*args, **kwargs)
             self.inverted[id(out)] = out
             return out
-        if func is torch.Tensor.__getitem__ and args[0].is_meta:
+        if func is torch.Tensor.__getitem__ and is_placeholder(args[0]):
             index = args[1]
             if isinstance(index, torch.Tensor) and index.dtype == torch.bool:
-                source = args[0]
-                return source[:] if id(index) in self.inverted else source[:0]
+                source = args[0]  # a selection copies what it keeps
+                return source[:].clone() if id(index) in self.inverted else source[:0].clone()
         return func(*args, **kwargs)
 
 
@@ -245,7 +256,8 @@ def _meta_text_reorder(transformer):
 
 class _PatchedMask:
     """AutoencoderKLHunyuanVideo15's mid-block attention builds its frame-causal mask with one Python
-    assignment per token (49,290 at 480p): no compute, so on meta an empty mask of its shape stands in."""
+    assignment per token (49,290 at 480p): no compute, so on meta and on fake tensors an empty mask of its shape
+    stands in (the same storage: the real one is filled in place)."""
 
     def __init__(self) -> None:
         from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15AttnBlock
@@ -254,7 +266,7 @@ class _PatchedMask:
         self.original = HunyuanVideo15AttnBlock.__dict__["prepare_causal_attention_mask"]
 
         def empty_mask(n_frame, n_hw, dtype, device, batch_size=None):
-            if torch.device(device).type != "meta":
+            if torch.device(device).type != "meta" and active_fake_mode() is None:  # a real run
                 return self.original.__func__(n_frame, n_hw, dtype, device, batch_size)
             mask = torch.empty(n_frame * n_hw, n_frame * n_hw, dtype=dtype, device=device)
             return mask if batch_size is None else mask.unsqueeze(0).expand(batch_size, -1, -1)

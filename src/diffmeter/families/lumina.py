@@ -98,6 +98,7 @@ class Lumina2(Family):
                 self._builder(shapes, batch),
                 note=f"{label}: {tokens} caption tokens",
                 prepare=_caption_lengths(batch, padded, tokens),
+                reads_values=True,
             )
             for label, tokens in lengths
         ]

@@ -24,7 +24,16 @@ from dataclasses import replace
 
 import torch
 
-from diffmeter.families.base import DENOISER, TEXT_ENCODER, Call, Shapes, register, timesteps
+from diffmeter.families.base import (
+    DENOISER,
+    TEXT_ENCODER,
+    Call,
+    Shapes,
+    host_values,
+    register,
+    timesteps,
+    to_device_of,
+)
 from diffmeter.families.qwenimage import QwenImage
 
 #: QwenImage21Pipeline.__call__: ``output_resolution`` (1024) sets both sides when none is given
@@ -190,6 +199,7 @@ class QwenImage21(QwenImage):
                         self._builder(shapes, batch, text, "extract"),
                         note=f"{label}, step 1 (prefill, caches the text): {text} text + {image} image tokens",
                         prepare=_meta_masks,
+                        reads_values=True,
                     )
                 )
                 calls.append(
@@ -201,6 +211,7 @@ class QwenImage21(QwenImage):
                         self._builder(shapes, batch, text, "cached"),
                         note=f"{label}, later steps: {image} image tokens over {text} cached text tokens",
                         prepare=_meta_masks,
+                        reads_values=True,
                     )
                 )
         else:
@@ -214,6 +225,7 @@ class QwenImage21(QwenImage):
                         self._builder(shapes, batch, text, None),
                         note=f"{label}: {text} text + {image} image tokens (no KV cache: causal_condition is off)",
                         prepare=_meta_masks,
+                        reads_values=True,
                     )
                 )
         return calls
@@ -228,21 +240,24 @@ class QwenImage21(QwenImage):
             cache = None
             if mode is not None:
                 cache = QwenImage21KVCache(config["num_layers"])
-            if mode == "cached":
+            if mode == "cached":  # the cached keys and values at the transformer's dtype, as the extract call made them
                 heads, head_dim = config["num_attention_heads"], config["attention_head_dim"]
+                dtype = getattr(torch, shapes.spec.dtype_of(self.denoiser))
                 for layer in cache.layer_caches:
                     layer.store(
-                        torch.zeros(batch, text_tokens, heads, head_dim, device=device),
-                        torch.zeros(batch, text_tokens, heads, head_dim, device=device),
+                        torch.zeros(batch, text_tokens, heads, head_dim, dtype=dtype, device=device),
+                        torch.zeros(batch, text_tokens, heads, head_dim, dtype=dtype, device=device),
                     )
             # the pipeline's image_pad_mask: the text slots, then one slot per 2x2 group of target latents;
             # the transformer reads it with .tolist() and nonzero(), so it stays on the CPU
-            img_mask = torch.cat(
-                [
-                    torch.zeros(batch, text_tokens, dtype=torch.bool, device="cpu"),
-                    torch.ones(batch, image // 4, dtype=torch.bool, device="cpu"),
-                ],
-                dim=1,
+            img_mask = host_values(
+                lambda: torch.cat(
+                    [
+                        torch.zeros(batch, text_tokens, dtype=torch.bool),
+                        torch.ones(batch, image // 4, dtype=torch.bool),
+                    ],
+                    dim=1,
+                )
             )
             return {
                 "hidden_states": torch.zeros(batch, image, config["in_channels"], device=device),
@@ -272,19 +287,9 @@ class _Handles:
             handle.remove()
 
 
-def _to_meta(value):
-    if isinstance(value, torch.Tensor) and value.device.type == "cpu":
-        return value.to("meta")
-    return value
-
-
 def _meta_masks(transformer):
     """The transformer derives its token masks from the CPU ``img_mask`` (data-dependent ops the meta
-    device cannot run); the blocks and the final norm then mix them with meta activations in
-    ``torch.where``: hand those modules the masks on the meta device. Shapes are unchanged."""
-
-    def hook(module, args, kwargs):
-        return tuple(_to_meta(a) for a in args), {k: _to_meta(v) for k, v in kwargs.items()}
-
+    device cannot run); the blocks and the final norm then mix them with activations in ``torch.where``:
+    hand those modules the masks where their activations are (``to_device_of``). Shapes are unchanged."""
     modules = [*transformer.transformer_blocks, transformer.norm_out]
-    return _Handles([module.register_forward_pre_hook(hook, with_kwargs=True) for module in modules])
+    return _Handles([module.register_forward_pre_hook(to_device_of(module), with_kwargs=True) for module in modules])

@@ -31,7 +31,9 @@ from diffmeter.catalog import ComponentEntry, resolve
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, get_family
 from diffmeter.optimize.fp8_text_encoder import LARGE_ENCODERS
+from diffmeter.predict.fake_run import fake_run
 from diffmeter.predict.footprints import fp8_storage_bytes, largest_layer_bytes, meta_module, quantized_bytes
+from diffmeter.predict.memory_checks import memory_check
 from diffmeter.predict.replay import replayed_blocks
 from diffmeter.predict.schema import DENOISING_STEP, TEXT_ENCODING, VAE_DECODE, MemoryPrediction, StageMemory
 from diffmeter.spec import ProfileSpec
@@ -197,7 +199,7 @@ def track_call(
     decoders, whose blocks may carry state between calls (as the FLOPs counter does)."""
     handle = call.prepare(module) if call.prepare else None
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+        with fake_run(call.reads_values):
             with torch.device("cpu"):
                 inputs = cast_floating(call.build(torch.device("cpu")), dtype)
             tracker = PeakTracker()
@@ -345,6 +347,7 @@ def predict_tracked(
         fp8_storage_bytes={name: fp8_storage_bytes(entry.components[name], dtype_of[name]) for name in encoders},
         vae_activation_bytes=decoded,
         decoder=family.decoder,
+        checked=memory_check(entry.family),
     )
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections import Counter
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -19,6 +18,7 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER, Call
 from diffmeter.flops.counter import FORMULAS
 from diffmeter.measure.ops import kind_of
+from diffmeter.predict.fake_run import fake_run
 from diffmeter.predict.memory import (
     DTYPES,
     VAE_MODES,
@@ -102,7 +102,7 @@ def tally_call(module: torch.nn.Module, call: Call, dtype: torch.dtype) -> list[
     """Run ``call`` once on fake tensors and count its operators."""
     handle = call.prepare(module) if call.prepare else None
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+        with fake_run(call.reads_values):
             with torch.device("cpu"):
                 inputs = cast_floating(call.build(torch.device("cpu")), dtype)
             with OperatorTally() as tally:

@@ -56,6 +56,8 @@ class MemoryPrediction(BaseModel):
     vae_activation_bytes: dict[str, int | None] = {}
     #: the image/video decoder those figures are for (LTX-2 also decodes audio)
     decoder: str = ""
+    #: how the family's prediction compared with a real run (``predict.memory_checks``)
+    checked: str = ""
     method: str = "MemTracker under FakeTensorMode (CPU kernels' shapes; no allocator rounding)"
 
 

@@ -60,6 +60,8 @@ def memory_table(prediction: MemoryPrediction, gpu: Device | None, techniques: t
             gib(gpu.memory_bytes - held - peak) + " left" if fits else "",
             style=None if fits else "red",
         )
+    if prediction.checked:
+        table.caption = escape(prediction.checked)
     return table
 
 
