@@ -353,7 +353,7 @@ def host_values(make: Callable[[], torch.Tensor]) -> torch.Tensor:
     """A small tensor the model reads for its values (an attention mask it turns into lengths or a token order),
     made by ``make`` as a real CPU tensor: on the meta device (the FLOPs counter) and in the memory prediction's
     fake-tensor run too, which keeps its values (``predict/fake_run.py``)."""
-    with unset_fake_temporarily():
+    with unset_fake_temporarily(), torch.device("cpu"):  # not the meta device the FLOPs counter builds under
         return make()
 
 
