@@ -285,7 +285,8 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
     chosen = chosen or chosen_gpu(gpu, gpu_spec, tuple({memory.dtype for memory in memories}))
     missing = [missing_figures(chosen, memory.dtype) for memory in memories]
     times = [
-        None if lacking else predict_time(work, chosen) for (_, work), lacking in zip(predicted, missing, strict=True)
+        None if lacking else predict_time(work, chosen, weights=memory.weight_read_bytes)
+        for (memory, work), lacking in zip(predicted, missing, strict=True)
     ]
     if as_json:
         payloads = [

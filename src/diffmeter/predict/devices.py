@@ -40,6 +40,8 @@ class Device(BaseModel):
     #: bytes/s (``data/host_links.json``, each cited): what offloading's transfers go over
     host_link: str | None = None
     host_link_bytes_per_s: float | None = None
+    #: the L2 cache, bytes (``data/gpu_cache.json``, each cited; whitepaper MB as 2^20 bytes)
+    l2_bytes: int | None = None
 
     def peak_tflops(self, dtype: str) -> float | None:
         return self.tflops.get(PRECISION[dtype], self.tflops.get("any"))
@@ -89,6 +91,7 @@ def of_row(row) -> Device:
         source=f"{row.source}; {said}",
         host_link=link.get("link"),
         host_link_bytes_per_s=link["gb_s_per_direction"] * 1e9 if link else None,
+        l2_bytes=int(l2_caches()[row.name]["l2_mb"] * 2**20) if row.name in l2_caches() else None,
     )
 
 
@@ -102,6 +105,12 @@ def driver_memory() -> dict[str, dict]:
 def host_links() -> dict[str, dict]:
     """Each table GPU's host link and its rate per direction, with the datasheet line it was read from."""
     return json.loads(resources.files("diffmeter.predict").joinpath("data/host_links.json").read_text())["gpus"]
+
+
+@functools.cache
+def l2_caches() -> dict[str, dict]:
+    """Each table GPU's L2 cache (MB) with the whitepaper line it was read from; absent where none states it."""
+    return json.loads(resources.files("diffmeter.predict").joinpath("data/gpu_cache.json").read_text())["gpus"]
 
 
 def this_cpu(*dtypes: str) -> Device:

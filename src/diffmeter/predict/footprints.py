@@ -41,6 +41,13 @@ def largest_layer_bytes(module: torch.nn.Module) -> int:
     )
 
 
+def weight_read_bytes(module: torch.nn.Module) -> int:
+    """What one call must read of the component's weights at least: its parameters and buffers, embedding
+    tables left out (a lookup reads only the rows it returns)."""
+    tables = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Embedding)}
+    return tensor_bytes([t for t in (*module.parameters(), *module.buffers()) if id(t) not in tables])
+
+
 def quantized_bytes(module: torch.nn.Module, kind: str) -> int:
     """Parameters and buffers with every nn.Linear weight stored as torchao's weight-only ``kind``."""
     linears = {id(m.weight): m.weight for m in module.modules() if isinstance(m, torch.nn.Linear)}

@@ -31,14 +31,20 @@ from diffmeter.catalog import ComponentEntry, resolve
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, get_family
 from diffmeter.optimize.fp8_text_encoder import LARGE_ENCODERS
+from diffmeter.predict.convolution_copies import CPU, TOTAL, ConvolutionCopies
 from diffmeter.predict.fake_run import fake_run
-from diffmeter.predict.footprints import fp8_storage_bytes, largest_layer_bytes, meta_module, quantized_bytes
+from diffmeter.predict.footprints import (
+    fp8_storage_bytes,
+    largest_layer_bytes,
+    meta_module,
+    quantized_bytes,
+    weight_read_bytes,
+)
 from diffmeter.predict.memory_checks import memory_check
 from diffmeter.predict.replay import replayed_blocks
 from diffmeter.predict.schema import DENOISING_STEP, TEXT_ENCODING, VAE_DECODE, MemoryPrediction, StageMemory
 from diffmeter.spec import ProfileSpec
 
-CPU, TOTAL = torch.device("cpu"), "Total"  # fake tensors' device; MemTracker's key for a device's total
 STAGE_OF_ROLE = {TEXT_ENCODER: TEXT_ENCODING, DENOISER: DENOISING_STEP, VAE_DECODER: VAE_DECODE}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -91,52 +97,6 @@ class PeakTracker(MemTracker):
         reached = {key: current.get(key, 0) + change for key, change in effect.items()}
         if reached[TOTAL] > self._peak_mem.get(CPU, 0):
             self._peak_mem[CPU], self._peak_mem_snap[CPU] = reached[TOTAL], reached
-
-
-class ConvolutionCopies(TorchDispatchMode):
-    """The largest total live during a convolution on CUDA: cuDNN (9.19, torch 2.11+cu130, on an H200) holds a
-    copy of a convolution's input, weight and output beside them while it runs, in PyTorch's allocator, so in
-    ``max_memory_allocated``. Measured by benchmarks/cuda_overhead.py (results/cuda_overhead_nvidia-h200.json):
-    1.00-1.04x their bytes for 3x3 and 3x3x3 convolutions in bfloat16, float16 and float32 on contiguous
-    (NCHW) inputs; none for 1x1 convolutions or channels-last inputs (0-0.02x). Entered inside ``tracker``, so the
-    output is tracked when the tracker's current total is read."""
-
-    def __init__(self, tracker: MemTracker) -> None:
-        super().__init__()
-        self.tracker = tracker
-        self.peak = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        output = func(*args, **(kwargs or {}))
-        if func is torch.ops.aten.convolution.default and copied(args[0], args[1]):
-            copies = sum(t.numel() * t.element_size() for t in (args[0], args[1], output))
-            self.peak = max(self.peak, self._current() + copies)
-        return output
-
-    def _current(self) -> int:
-        return self.tracker.get_tracker_snapshot("current")[CPU][TOTAL]
-
-    # a replay recorder (``replay.Recorder``): the highest total inside a block, above the total at its entry
-    def begin(self) -> tuple[int, int]:
-        saved, self.peak = self.peak, 0
-        return saved, self._current()
-
-    def end(self, begun: tuple[int, int]) -> int | None:
-        saved, entry = begun
-        inside, self.peak = self.peak, max(saved, self.peak)
-        return inside - entry if inside else None
-
-    def apply(self, effect: int | None) -> None:
-        if effect is not None:
-            self.peak = max(self.peak, self._current() + effect)
-
-
-def copied(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether cuDNN copies this convolution (see ``ConvolutionCopies``): a 2-D or 3-D convolution with a kernel
-    wider than 1 (1-D convolutions were not measured). Layout is not read: fake tensors on the CPU come out
-    channels-last where a CUDA run's stay contiguous, and diffusers runs contiguous inputs (channels-last is a
-    compile option, whose memory is not predicted)."""
-    return inputs.dim() in (4, 5) and any(size > 1 for size in weight.shape[2:])
 
 
 def storage_bytes(tensors) -> int:
@@ -282,6 +242,7 @@ def predict_tracked(
     dtype_of = {name: DTYPES[spec.dtype_of(name)] for name in entry.components}
     metas = {name: meta_module(component, dtype_of[name]) for name, component in entry.components.items()}
     largest = {name: largest_layer_bytes(module) for name, module in metas.items()}
+    weights = {name: weight_read_bytes(module) for name, module in metas.items()}
     quantized = {kind: {name: quantized_bytes(m, kind) for name, m in metas.items()} for kind in ("int8", "fp8")}
     modules = {name: fake_copy(module) for name, module in metas.items()}
     params = {name: param_bytes(module) for name, module in modules.items()}
@@ -342,6 +303,7 @@ def predict_tracked(
         calls=calls,
         denoisers=[name for name in family.denoisers(entry) if name in entry.components],
         largest_layer_bytes=largest,
+        weight_read_bytes=weights,
         quantized_bytes=quantized,
         large_text_encoders=encoders,
         fp8_storage_bytes={name: fp8_storage_bytes(entry.components[name], dtype_of[name]) for name in encoders},

@@ -1,7 +1,13 @@
 """Seconds per generation on a device, from every operator's work (``operators``).
 
-Lower bound: each operator takes at least max(FLOPs / peak, bytes moved / bandwidth); summed over
-every operator of every call. Expected: each operator kind's lower bound divided by the fraction of
+Two bounds, each saying what it bounds:
+- lower bound, of the eager operators as dispatched: each operator takes at least max(FLOPs / peak, bytes moved /
+  bandwidth), summed over every operator of every call; an operator whose bytes fit in the card's L2 cache is
+  charged no memory time (its inputs may still be there; no L2 bandwidth is assumed), so a small image on a card
+  with a large L2 is not bounded by DRAM it may never touch; a call is never under its ideal bound.
+- ideal bound, of any implementation (compiled, fused, fp8 at the fp8 peak): per call, max(its FLOPs / the
+  dense peak, its weights read once / bandwidth), weights no larger than L2 not charged.
+Expected: each operator kind's lower bound divided by the fraction of
 it that kind achieves, plus a fixed cost per operator (launch, dispatch, Python), both as ranges
 calibrated on measured runs (``data/efficiency.json``, written by ``benchmarks/roofline_cpu.py`` for
 CPUs and ``benchmarks/gpu_validation.py --chunk roofline`` for CUDA GPUs). A device class without a
@@ -18,7 +24,7 @@ from pydantic import BaseModel
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.predict.devices import Device
-from diffmeter.predict.schema import OperatorWork, StageTime, TimePrediction
+from diffmeter.predict.schema import CallWork, OperatorWork, StageTime, TimePrediction
 
 STAGES = ("text_encoding", "denoising", "vae_decode")
 
@@ -38,19 +44,51 @@ def calibrations() -> dict[str, Calibration]:
     return {kind: Calibration.model_validate(found) for kind, found in json.loads(text).items()}
 
 
-def operator_lower_s(flops: int, moved: int, peak_flops: float, bandwidth: float) -> float:
-    return max(flops / peak_flops, moved / bandwidth)
+def operator_lower_s(flops: int, moved: int, peak_flops: float, bandwidth: float, l2_bytes: int | None = None) -> float:
+    """One operator's least time; bytes that fit in ``l2_bytes`` cost none."""
+    return max(flops / peak_flops, 0.0 if l2_bytes and moved <= l2_bytes else moved / bandwidth)
 
 
-def lower_bounds(work: OperatorWork, peak_flops: float, bandwidth: float) -> dict[str, dict[str, list[float]]]:
+def lower_bounds(
+    work: OperatorWork, peak_flops: float, bandwidth: float, l2_bytes: int | None = None
+) -> dict[str, dict[str, list[float]]]:
     """Per stage, per operator kind: [lower-bound seconds, operators] over one generation."""
     found: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
     for call in work.calls:
         for group in call.operators:
             total = found[call.stage][group.kind]
-            total[0] += operator_lower_s(group.flops, group.bytes, peak_flops, bandwidth) * group.calls * call.count
+            seconds = operator_lower_s(group.flops, group.bytes, peak_flops, bandwidth, l2_bytes)
+            total[0] += seconds * group.calls * call.count
             total[1] += group.calls * call.count
     return found
+
+
+def call_bounds(
+    call: CallWork, read: int, peak_flops: float, bandwidth: float, l2_bytes: int | None = None
+) -> tuple[float, float]:
+    """One call's (eager, ideal) seconds, times its count. Ideal: its FLOPs at ``peak_flops`` or its weights
+    (``read`` bytes) once, whichever takes longer. Eager: its operators' bounds summed, and never under the ideal
+    (an operator's bytes may each fit in L2 while the call's weights do not)."""
+    flops = sum(group.flops * group.calls for group in call.operators)
+    ideal = max(flops / peak_flops, 0.0 if l2_bytes and read <= l2_bytes else read / bandwidth)
+    eager = sum(
+        operator_lower_s(group.flops, group.bytes, peak_flops, bandwidth, l2_bytes) * group.calls
+        for group in call.operators
+    )
+    return max(eager, ideal) * call.count, ideal * call.count
+
+
+def stage_bounds(
+    work: OperatorWork, weights: dict[str, int], peak_flops: float, bandwidth: float, l2_bytes: int | None = None
+) -> dict[str, tuple[float, float]]:
+    """Per stage, (eager, ideal) seconds over one generation; ``weights``: the bytes each component's call reads
+    of its weights at least."""
+    found: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for call in work.calls:
+        eager, ideal = call_bounds(call, weights.get(call.component, 0), peak_flops, bandwidth, l2_bytes)
+        found[call.stage][0] += eager
+        found[call.stage][1] += ideal
+    return {stage: (eager, ideal) for stage, (eager, ideal) in found.items()}
 
 
 def peak_of(device: Device, dtype: str, precision: str | None = None) -> float | None:
@@ -69,17 +107,23 @@ def missing_figures(device: Device, dtype: str, precision: str | None = None) ->
 
 
 def predict_time(
-    work: OperatorWork, device: Device, precision: str | None = None, calibration: Calibration | None = None
+    work: OperatorWork,
+    device: Device,
+    precision: str | None = None,
+    calibration: Calibration | None = None,
+    weights: dict[str, int] | None = None,
 ) -> TimePrediction:
     """The time of the generation ``work`` describes on ``device``; ``precision`` overrides the peak's
-    key ("tf32" for float32 matmuls on TF32 tensor cores); ``calibration`` the shipped one for the
-    device's kind."""
+    key ("tf32" for float32 matmuls on TF32 tensor cores, "fp8"); ``calibration`` the shipped one for the
+    device's kind; ``weights``: the bytes each component's call reads of its weights at least
+    (``MemoryPrediction.weight_read_bytes``), for the ideal bound."""
     lacking = missing_figures(device, work.dtype, precision)
     if lacking:
         raise DiffmeterError(lacking)
     peak_tflops = peak_of(device, work.dtype, precision)
     calibration = calibration or calibrations().get(device.kind)
-    bounds = lower_bounds(work, peak_tflops * 1e12, device.bandwidth_bytes_per_s)
+    bounds = lower_bounds(work, peak_tflops * 1e12, device.bandwidth_bytes_per_s, device.l2_bytes)
+    both = stage_bounds(work, weights or {}, peak_tflops * 1e12, device.bandwidth_bytes_per_s, device.l2_bytes)
     stages = []
     for stage in STAGES:
         if stage not in bounds:
@@ -94,8 +138,9 @@ def predict_time(
                 operators=operators,
                 flops=flops,
                 bytes=moved,
-                lower_s=sum(seconds for seconds, _ in kinds.values()),
+                lower_s=both[stage][0],
                 expected_s=expected_s(kinds, operators, calibration) if calibration else None,
+                ideal_s=both[stage][1] if weights is not None else None,
             )
         )
     expected = [stage.expected_s for stage in stages]
@@ -107,6 +152,8 @@ def predict_time(
         stages=stages,
         lower_s=sum(stage.lower_s for stage in stages),
         expected_s=(sum(e[0] for e in expected), sum(e[1] for e in expected)) if calibration else None,
+        ideal_s=sum(both[stage.stage][1] for stage in stages) if weights is not None else None,
+        l2_bytes=device.l2_bytes,
         calibration=calibration.source if calibration else f"no calibration for {device.kind} devices yet",
     )
 

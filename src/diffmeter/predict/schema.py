@@ -34,7 +34,7 @@ class MemoryPrediction(BaseModel):
 
     dtype: str
     #: predicted for a CUDA device: with cuDNN's copies of a convolution's input, weight and output
-    #: (``predict.memory.ConvolutionCopies``); False: for the CPU, without them
+    #: (``predict.convolution_copies.ConvolutionCopies``); False: for the CPU, without them
     on_cuda: bool = True
     stages: list[StageMemory]
     #: parameters and buffers per component, at the run's dtype
@@ -46,6 +46,8 @@ class MemoryPrediction(BaseModel):
     denoisers: list[str] = []
     #: per component: its largest single layer's parameters (what layer-wise offload keeps resident)
     largest_layer_bytes: dict[str, int] = {}
+    #: per component: the weights a call reads at least (embedding tables left out): the ideal time bound's bytes
+    weight_read_bytes: dict[str, int] = {}
     #: "int8"/"fp8" -> per component: parameters with every nn.Linear weight quantized (torchao weight-only)
     quantized_bytes: dict[str, dict[str, int]] = {}
     #: the text encoders fp8-text-encoder stores in float8, and their parameters then
@@ -97,6 +99,8 @@ class StageTime(BaseModel):
     bytes: int
     lower_s: float
     expected_s: tuple[float, float] | None = None
+    #: the ideal bound: no implementation, compiled or fused, is faster (None: no weights given)
+    ideal_s: float | None = None
 
 
 class TimePrediction(BaseModel):
@@ -110,11 +114,16 @@ class TimePrediction(BaseModel):
     stages: list[StageTime]
     lower_s: float
     expected_s: tuple[float, float] | None = None
+    ideal_s: float | None = None
+    #: the card's L2 cache (bytes): operators whose bytes fit in it are charged no memory time in ``lower_s``
+    l2_bytes: int | None = None
     #: where the expected range's efficiencies come from, or why there is none
     calibration: str
     method: str = (
-        "per operator max(FLOPs / peak, bytes moved / bandwidth), summed (lower bound); expected: each kind's "
-        "time divided by its calibrated achieved fraction, plus a calibrated overhead per operator"
+        "lower bound (of the eager operators as dispatched): per operator max(FLOPs / peak, bytes moved / "
+        "bandwidth), bytes that fit in L2 not charged, summed; ideal bound (of any implementation, compiled, fused "
+        "or fp8): per call max(FLOPs / the dtype's dense peak, weights read once / bandwidth); expected: each "
+        "kind's time divided by its calibrated achieved fraction, plus a calibrated overhead per operator"
     )
 
 

@@ -16,6 +16,10 @@ def expected_range(expected: tuple[float, float] | None) -> str:
     return f"{units.seconds(expected[0])} to {units.seconds(expected[1])}" if expected else "not calibrated"
 
 
+def optional_seconds(value: float | None) -> str:
+    return units.seconds(value) if value is not None else "-"
+
+
 def time_table(prediction: TimePrediction) -> FittedTable:
     title = (
         f"predicted time on {prediction.device} ({prediction.dtype}: {prediction.peak_tflops:,.3g} TFLOP/s peak, "
@@ -28,6 +32,7 @@ def time_table(prediction: TimePrediction) -> FittedTable:
             Column("operators", drop=2),
             Column("FLOPs", drop=1),
             Column("bytes moved", drop=0),
+            Column("ideal bound", drop=3),
             Column("lower bound"),
             Column("expected"),
         ],
@@ -38,6 +43,7 @@ def time_table(prediction: TimePrediction) -> FittedTable:
             f"{stage.operators:,}",
             units.flops(stage.flops),
             units.nbytes(stage.bytes),
+            optional_seconds(stage.ideal_s),
             units.seconds(stage.lower_s),
             expected_range(stage.expected_s),
         )
@@ -46,12 +52,16 @@ def time_table(prediction: TimePrediction) -> FittedTable:
         "",
         "",
         "",
+        optional_seconds(prediction.ideal_s),
         units.seconds(prediction.lower_s),
         expected_range(prediction.expected_s),
         section=True,
     )
+    l2 = f", bytes within its {prediction.l2_bytes / 2**20:g} MiB L2 not charged" if prediction.l2_bytes else ""
     table.caption = escape(
-        "Lower bound: each operator at max(FLOPs / peak, bytes / bandwidth). Expected: "
-        f"{prediction.calibration} (docs/memory-prediction.md)."
+        f"Ideal bound (no {prediction.dtype} implementation is faster, compiled or fused): each call's FLOPs at the "
+        "dense peak or its weights read once. Lower bound (of the eager operators): each operator at max(FLOPs / "
+        f"peak, bytes / bandwidth){l2}, a call never under its ideal. Expected: {prediction.calibration} "
+        "(docs/memory-prediction.md)."
     )
     return table

@@ -1,0 +1,92 @@
+"""The two time bounds hold: no published, measured time in benchmarks/published_figures.yaml lies under its
+ideal bound, and no eager run's under the eager-operator bound; each bound's rules on the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from diffmeter.predict.devices import Device, chosen_gpu, named_gpu
+from diffmeter.predict.operators import predict_memory_and_work
+from diffmeter.predict.roofline import lower_bounds, missing_figures, predict_time, stage_bounds
+from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork
+from diffmeter.spec import ProfileSpec
+
+FIGURES = Path(__file__).parents[1] / "benchmarks" / "published_figures.yaml"
+SETTINGS = ("dtype", "height", "width", "steps", "batch_size", "num_frames", "guidance_scale")
+#: techniques that change the operators a run dispatches: the eager bound is of the plain eager operators
+NOT_EAGER = {"compile"}
+
+
+def latency_figures() -> list[dict]:
+    figures = yaml.safe_load(FIGURES.read_text())["figures"]
+    return [f for f in figures if f["kind"] == "latency" and f.get("usable", True)]
+
+
+def spec_of(figure: dict) -> ProfileSpec:
+    chosen = {}
+    for key in SETTINGS:
+        value = figure.get(key)
+        chosen[key] = figure["predict_with"][key] if value == "not stated" else value
+    return ProfileSpec(model=figure["model"], **{k: v for k, v in chosen.items() if v is not None})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("figure", latency_figures(), ids=lambda figure: figure["id"])
+def test_no_published_time_is_under_its_bounds(figure):
+    spec = figure.get("gpu_spec")  # the datasheet figures of the card's exact variant, where the row covers several
+    device = chosen_gpu(None if spec else figure["gpu"], spec)
+    memory, work = predict_memory_and_work(spec_of(figure), vae_modes=())
+    if missing_figures(device, work.dtype):
+        pytest.skip(missing_figures(device, work.dtype))
+    time = predict_time(work, device, weights=memory.weight_read_bytes)
+    published = figure["published"]["value"]
+    assert time.ideal_s <= time.lower_s
+    assert published >= time.ideal_s, f"{published} s published, ideal bound {time.ideal_s:.3f} s"
+    if not NOT_EAGER & set(figure["techniques"]):
+        assert published >= time.lower_s, f"{published} s published, eager bound {time.lower_s:.3f} s"
+
+
+def one_call(flops: int, moved: int, component: str = "transformer") -> OperatorWork:
+    group = OperatorGroup(kind="matmul", flops=flops, bytes=moved, calls=10)
+    return OperatorWork(
+        dtype="bfloat16", calls=[CallWork(stage="denoising", component=component, count=4, operators=[group])]
+    )
+
+
+def test_bytes_that_fit_in_l2_cost_no_memory_time():
+    small, large = one_call(flops=10**6, moved=2**20), one_call(flops=10**6, moved=2**30)
+    bandwidth, peak, l2 = 1e12, 1e15, 50 * 2**20
+    assert lower_bounds(small, peak, bandwidth, l2)["denoising"]["matmul"][0] == pytest.approx(40 * 10**6 / peak)
+    assert lower_bounds(small, peak, bandwidth)["denoising"]["matmul"][0] == pytest.approx(40 * 2**20 / bandwidth)
+    assert lower_bounds(large, peak, bandwidth, l2)["denoising"]["matmul"][0] == pytest.approx(40 * 2**30 / bandwidth)
+
+
+def test_the_ideal_bound_reads_each_calls_weights_once_and_runs_its_flops_at_the_peak():
+    work = one_call(flops=10**12, moved=2**20)
+    peak, bandwidth, l2 = 1e15, 1e12, 50 * 2**20
+    # compute-bound: 4 calls x 10 operators x 10^12 FLOPs at 10^15 FLOP/s
+    assert stage_bounds(work, {"transformer": 10**9}, peak, bandwidth)["denoising"][1] == pytest.approx(0.04)
+    # weight-bound: 4 calls x 10^11 bytes at 10^12 B/s; weights within L2 cost nothing
+    assert stage_bounds(work, {"transformer": 10**11}, peak, bandwidth)["denoising"][1] == pytest.approx(0.4)
+    assert stage_bounds(work, {"transformer": 10**7}, peak, bandwidth, l2)["denoising"][1] == pytest.approx(0.04)
+    # every operator's bytes fit in L2 but the call's weights do not: the eager bound is never under the ideal
+    assert stage_bounds(work, {"transformer": 10**11}, peak, bandwidth, l2)["denoising"] == pytest.approx((0.4, 0.4))
+
+
+def test_a_cards_l2_comes_from_its_whitepaper_and_an_unstated_one_is_left_out():
+    assert named_gpu("H100 SXM").l2_bytes == 50 * 2**20 and named_gpu("RTX 4090").l2_bytes == 72 * 2**20
+    assert named_gpu("H200 SXM").l2_bytes is None  # no NVIDIA document states it: every byte goes to DRAM
+    assert Device(name="x", memory_bytes=None, bandwidth_bytes_per_s=1.0, tflops={}, source="").l2_bytes is None
+
+
+def test_the_ideal_bound_is_below_the_eager_bound_for_a_real_size_model():
+    memory, work = predict_memory_and_work(ProfileSpec(model="sd15", steps=2, height=512, width=512), vae_modes=())
+    time = predict_time(work, named_gpu("H100 SXM"), weights=memory.weight_read_bytes)
+    assert 0 < time.ideal_s < time.lower_s
+    assert all(0 < stage.ideal_s <= stage.lower_s for stage in time.stages)
+    # CLIP's layers each fit in the H100's L2 while its weights do not: its eager bound is its ideal one
+    text = next(stage for stage in time.stages if stage.stage == "text_encoding")
+    assert text.lower_s == pytest.approx(text.ideal_s)
