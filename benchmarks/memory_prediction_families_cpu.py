@@ -5,7 +5,8 @@ test prompt) under torch.profiler's memory timeline (``diffmeter.measure.memory_
 ``predict_memory(spec, on_cuda=False)`` for the same settings and prompt lengths; parameters resident and the
 peak of each stage (text encoding, one denoising step, VAE decode) and of the whole call. Tiny sizes magnify
 what is small at real size (a pipeline's own small tensors, a mask), so a family off here may be close at real
-size, but a family within 2% here has nothing left out that scales with the model. Random weights: sizes are real, images noise.
+size, but a family within 2% here has nothing left out that scales with the model. Random weights: sizes
+are real, images noise.
 
 Run from the repo root:  python benchmarks/memory_prediction_families_cpu.py   (about 3 minutes on 2 cores)
 Writes benchmarks/results/memory_prediction_families_cpu.md and src/diffmeter/predict/data/memory_checks.json,
