@@ -88,15 +88,25 @@ def write_figures(figures: dict[str, dict]) -> None:
 
 
 def compared(figures: dict[str, dict]) -> str:
-    """One line: these figures against the last run's."""
+    """These figures against the last run's: unchanged, or per changed model which figures changed."""
     if not FIGURES.exists():
         return "**figures**: no earlier run to compare with"
     before = json.loads(FIGURES.read_text())
-    changed = sorted(model for model, found in figures.items() if before["models"].get(model) != found)
-    verdict = "**UNCHANGED**" if not changed else f"**CHANGED** ({', '.join(changed)})"
+    changed = []
+    for model, found in sorted(figures.items()):
+        earlier = before["models"].get(model)
+        if earlier == found:
+            continue
+        if earlier is None or "exit" in earlier or "exit" in found:
+            was = "new" if earlier is None else f"exit {earlier['exit']}" if "exit" in earlier else "predicted"
+            now = f"exit {found['exit']}" if "exit" in found else "predicted"
+            changed.append(f"{model} ({was} -> {now})")
+        else:
+            changed.append(f"{model} ({', '.join(key for key in found if found[key] != earlier.get(key))})")
+    verdict = "**UNCHANGED**" if not changed else f"**CHANGED**: {'; '.join(changed)}"
     return (
         f"**figures** (FLOPs, parameter bytes, peak memory per stage and per call, time bounds per stage) against "
-        f"the last run's (commit {before['commit']}, {before['date']}): {verdict} for {len(figures)} models"
+        f"the last run's (commit {before['commit']}, {before['date']}), {len(figures)} models: {verdict}"
     )
 
 

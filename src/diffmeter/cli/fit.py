@@ -105,7 +105,25 @@ def fit(
 def _runnable(fits, entry, spec):
     """(the settings bench runs on a CUDA GPU, [(setting, why bench refuses it)]): the same checks bench makes
     before loading anything (``optimize.registry.check``); a missing package is kept, since installing it is the
-    user's choice."""
+    user's choice. Remembered on disk with the prediction (a check may import a component's class: seconds)."""
+    from diffmeter import cache
+
+    key = {
+        "entry": entry.model_dump(mode="json"),
+        "dtype": spec.dtype,
+        "steps": spec.steps,
+        "settings": [list(chosen) for chosen, _ in fits],
+    }
+    stored = cache.load("runnable", key)
+    if stored is None:
+        stored = [[list(chosen), why] for chosen, why in _refusals([chosen for chosen, _ in fits], entry, spec)]
+        cache.store("runnable", key, stored)
+    refused = [(tuple(chosen), why) for chosen, why in stored]
+    said = {chosen for chosen, _ in refused}
+    return [(chosen, peak) for chosen, peak in fits if tuple(chosen) not in said], refused
+
+
+def _refusals(settings, entry, spec) -> list[tuple[tuple[str, ...], str]]:
     import torch
 
     from diffmeter.errors import MissingPackage
@@ -115,17 +133,15 @@ def _runnable(fits, entry, spec):
     from diffmeter.optimize.options import memory_setting_specs
 
     target = Target(entry, get_family(entry.family), torch.device("cuda"), spec.dtype, spec.steps)
-    kept, refused = [], []
-    for chosen, peak in fits:
+    refused = []
+    for chosen in settings:
         try:
             registry.check(registry.build(memory_setting_specs(chosen)), target)
         except MissingPackage:
             pass
         except DiffmeterError as error:
-            refused.append((chosen, str(error)))
-            continue
-        kept.append((chosen, peak))
-    return kept, refused
+            refused.append((tuple(chosen), str(error)))
+    return refused
 
 
 def _lower_times(work, prediction, gpu, settings) -> dict[tuple[str, ...], float]:

@@ -54,6 +54,8 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
     unmodelled = [o.label for o in optimizations if memory_technique(o.name, o.params) is None]
     if unmodelled:
         notes.append(f"memory is predicted without {', '.join(unmodelled)}")
+    if memory.checked and not memory.checked.startswith("checked"):
+        notes.append(f"memory: {memory.checked}")
     time, untimed = None, []
     precision = (
         "tf32" if fp32_precision and fp32_precision.get("matmul") == "tf32" and spec.dtype == "float32" else None

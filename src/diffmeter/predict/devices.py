@@ -40,6 +40,8 @@ class Device(BaseModel):
     #: bytes/s (``data/host_links.json``, each cited): what offloading's transfers go over
     host_link: str | None = None
     host_link_bytes_per_s: float | None = None
+    #: the GPU architecture ("hopper", "ampere", ...): which fitted calibration applies (``roofline``)
+    architecture: str | None = None
     #: the L2 cache, bytes (``data/gpu_cache.json``, each cited; whitepaper MB as 2^20 bytes)
     l2_bytes: int | None = None
 
@@ -92,7 +94,27 @@ def of_row(row) -> Device:
         host_link=link.get("link"),
         host_link_bytes_per_s=link["gb_s_per_direction"] * 1e9 if link else None,
         l2_bytes=int(l2_caches()[row.name]["l2_mb"] * 2**20) if row.name in l2_caches() else None,
+        architecture=architecture_of(row.name),
     )
+
+
+#: the first word of a table GPU's name -> its architecture
+ARCHITECTURES = {
+    "hopper": ("H100", "H200", "H800", "H20", "GH200"),
+    "blackwell": ("B200", "GB200", "B300", "RTX 5090", "RTX 5080"),
+    "ada": ("L4", "L40", "L40S", "RTX 4090", "RTX 4080", "RTX 6000 Ada", "L20"),
+    "ampere": ("A100", "A800", "A10G", "A10", "A40", "A30", "RTX 3090", "RTX A6000"),
+    "turing": ("T4",),
+    "volta": ("V100", "V100S"),
+}
+
+
+def architecture_of(name: str) -> str | None:
+    """A table GPU's architecture, by its name's model ("H100 SXM" -> hopper); None for another name."""
+    for architecture, models in ARCHITECTURES.items():
+        if any(name == model or name.startswith(model + " ") for model in models):
+            return architecture
+    return None
 
 
 @functools.cache

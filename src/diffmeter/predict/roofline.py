@@ -39,9 +39,34 @@ class Calibration(BaseModel):
 
 
 def calibrations() -> dict[str, Calibration]:
-    """The shipped calibrations by device kind ("cpu", "cuda")."""
+    """The shipped calibrations: "cpu", and "cuda:ARCHITECTURE" (eager runs)."""
     text = resources.files("diffmeter.predict").joinpath("data/efficiency.json").read_text()
     return {kind: Calibration.model_validate(found) for kind, found in json.loads(text).items()}
+
+
+#: where an architecture without a fit of its own borrows one: the fractions are of each card's own peak and
+#: bandwidth, so a neighbour's apply scaled by the card's datasheet figures
+NEIGHBOURS = {"blackwell": "hopper", "ada": "ampere", "turing": "ampere", "volta": "ampere", "ampere": "hopper"}
+
+
+def calibration_for(device: Device) -> Calibration | None:
+    """The device's calibration: its kind's ("cpu"), its architecture's, or the nearest neighbour's (said in the
+    source); None where there is none."""
+    shipped = calibrations()
+    if device.kind != "cuda":
+        return shipped.get(device.kind)
+    architecture = device.architecture
+    tried = []
+    while architecture and architecture not in tried:
+        found = shipped.get(f"cuda:{architecture}")
+        if found is not None:
+            if architecture == device.architecture:
+                return found
+            borrowed = f"{found.source}; borrowed for {device.architecture} ({device.name}) from {architecture}"
+            return found.model_copy(update={"source": borrowed})
+        tried.append(architecture)
+        architecture = NEIGHBOURS.get(architecture)
+    return None
 
 
 def operator_lower_s(flops: int, moved: int, peak_flops: float, bandwidth: float, l2_bytes: int | None = None) -> float:
@@ -121,7 +146,7 @@ def predict_time(
     if lacking:
         raise DiffmeterError(lacking)
     peak_tflops = peak_of(device, work.dtype, precision)
-    calibration = calibration or calibrations().get(device.kind)
+    calibration = calibration or calibration_for(device)
     bounds = lower_bounds(work, peak_tflops * 1e12, device.bandwidth_bytes_per_s, device.l2_bytes)
     both = stage_bounds(work, weights or {}, peak_tflops * 1e12, device.bandwidth_bytes_per_s, device.l2_bytes)
     stages = []

@@ -106,5 +106,7 @@ def fit_table(
     ]
     if refused:
         notes.append(f"Left out, bench refuses them: {'; '.join(escape(' + '.join(c)) + ': ' + r for c, r in refused)}")
+    if prediction.checked and not prediction.checked.startswith("checked"):
+        notes.append(f"Memory: {escape(prediction.checked)}.")
     table.caption = " ".join(notes)
     return table

@@ -1,0 +1,148 @@
+"""Fit the expected time range of eager runs per GPU architecture on published, measured runs, and validate it by
+leaving one source out at a time (``diffmeter.predict.fit_published``).
+
+Runs: the latency figures of benchmarks/published_figures.yaml that are usable, eager (no compile), on the GPU
+alone (no offload: its host transfers are outside the roofline), and predictable (the GPU's figures have the
+dtype's peak and a bandwidth). Each run's predicted work is ``predict_memory_and_work`` at the figure's settings
+(those the source does not state take its ``predict_with``), its eager bound per operator kind from
+``roofline.lower_bounds`` on the figure's GPU (``--gpu-spec`` figures where the table row covers several cards).
+
+Writes the fitted calibrations into src/diffmeter/predict/data/efficiency.json ("cuda:hopper", ...), and
+benchmarks/results/calibration_published.md: every run with its held-out range, and per architecture the
+leave-one-source-out coverage, the midpoint's median error and the range's width. Run from the repo root:
+    python benchmarks/calibrate_published.py   (a few minutes: fake-tensor runs, cached on disk)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from published_comparison import load_figures, settings
+
+from diffmeter.predict.devices import chosen_gpu
+from diffmeter.predict.fit_published import (
+    COMPUTE_KINDS,
+    PublishedRun,
+    as_calibration,
+    fit,
+    leave_one_source_out,
+    summary,
+)
+from diffmeter.predict.operators import predict_memory_and_work
+from diffmeter.predict.roofline import lower_bounds, missing_figures, peak_of
+from diffmeter.spec import ProfileSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+EFFICIENCY = ROOT / "src" / "diffmeter" / "predict" / "data" / "efficiency.json"
+OUT = ROOT / "benchmarks" / "results" / "calibration_published.md"
+#: techniques whose time is not the eager operators on the GPU
+LEFT_OUT = {"compile": "compiled", "offload-model": "offloaded: host transfers are outside the roofline"}
+
+
+def source_of(figure: dict) -> str:
+    """The harness a figure was measured by: its source's title up to the first parenthesis."""
+    return figure["source"]["title"].split(" (")[0]
+
+
+def published_run(figure: dict) -> tuple[PublishedRun | None, str]:
+    """The run, or None and why it is left out."""
+    if not figure.get("usable", True):
+        return None, "not usable"
+    for technique in figure["techniques"]:
+        if technique in LEFT_OUT:
+            return None, LEFT_OUT[technique]
+    chosen, _ = settings(figure)
+    spec_text = figure.get("gpu_spec")
+    device = chosen_gpu(None if spec_text else figure["gpu"], spec_text)
+    table = chosen_gpu(figure["gpu"], None)  # the architecture of the row the figures are of
+    spec = ProfileSpec(model=figure["model"], **{k: v for k, v in chosen.items() if v is not None})
+    _, work = predict_memory_and_work(spec, vae_modes=())
+    if missing_figures(device, work.dtype):
+        return None, "the GPU's figures lack the dtype's peak or the bandwidth"
+    bounds = lower_bounds(work, peak_of(device, work.dtype) * 1e12, device.bandwidth_bytes_per_s, device.l2_bytes)
+    compute = sum(seconds for kinds in bounds.values() for kind, (seconds, _) in kinds.items() if kind in COMPUTE_KINDS)
+    total = sum(seconds for kinds in bounds.values() for seconds, _ in kinds.values())
+    operators = int(sum(count for kinds in bounds.values() for _, count in kinds.values()))
+    run = PublishedRun(
+        id=figure["id"],
+        source=source_of(figure),
+        architecture=table.architecture,
+        published_s=figure["published"]["value"],
+        compute_s=compute,
+        memory_s=total - compute,
+        operators=operators,
+    )
+    return run, ""
+
+
+def main() -> int:
+    runs, left_out = [], []
+    for figure in load_figures():
+        if figure["kind"] != "latency":
+            continue
+        run, why = published_run(figure)
+        if run is None:
+            left_out.append(f"- {figure['id']}: {why}")
+        else:
+            runs.append(run)
+            print(run, flush=True)
+    when = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
+    shipped = json.loads(EFFICIENCY.read_text())
+    lines = [
+        "# The expected time range of eager runs, fitted on published runs",
+        "",
+        f"- date: {when}; {len(runs)} published eager runs (benchmarks/published_figures.yaml), fitted per GPU "
+        "architecture (`diffmeter.predict.fit_published`); each source held out in turn and predicted by the "
+        "fit of the others",
+        "- target (issue 27): coverage >= 80% with hi/lo <= 1.5, midpoint median error <= 12%",
+        "",
+    ]
+    for architecture in sorted({run.architecture for run in runs}):
+        mine = [run for run in runs if run.architecture == architecture]
+        found = fit(mine)
+        held = leave_one_source_out(mine)
+        sources = sorted({run.source for run in mine})
+        calibration = as_calibration(
+            found,
+            f"benchmarks/calibrate_published.py: {len(mine)} published eager runs on {architecture} GPUs from "
+            f"{len(sources)} sources ({', '.join(sources)}), {when}",
+        )
+        shipped[f"cuda:{architecture}"] = calibration.model_dump(mode="json")
+        lines += [
+            f"## {architecture}: {len(mine)} runs, {len(sources)} sources",
+            "",
+            f"Fit on all: a_compute {found.a_compute:.3f}, a_memory {found.a_memory:.3f} (achieved fractions "
+            f"{1 / found.a_compute:.3f} and {1 / found.a_memory:.3f}), {found.overhead_s * 1e6:.2f} us per "
+            f"operator; range factor w {found.width:.3f} (hi/lo {found.width**2:.2f})",
+            "",
+        ]
+        if held:
+            stats = summary(held)
+            lines += [
+                f"Leave one source out: coverage **{stats['coverage']:.0%}** ({sum(h.inside for h in held)} of "
+                f"{len(held)}), midpoint median error **{stats['median_error']:.1%}**, median width hi/lo "
+                f"**{stats['median_width']:.2f}**",
+                "",
+                "| run | source | published (s) | held-out midpoint (s) | range (s) | error | inside |",
+                "|---|---|---|---|---|---|---|",
+                *(
+                    f"| {h.run.id} | {h.run.source} | {h.run.published_s:.3g} | {h.midpoint:.3g} | "
+                    f"{h.low:.3g} to {h.high:.3g} | {h.error:+.1%} | {'yes' if h.inside else '**no**'} |"
+                    for h in held
+                ),
+                "",
+            ]
+        else:
+            lines += ["One source only: nothing to hold out.", ""]
+    lines += ["## Left out", "", *left_out, ""]
+    EFFICIENCY.write_text(json.dumps(shipped, indent=2) + "\n")
+    OUT.write_text("\n".join(lines))
+    print(f"written to {OUT} and {EFFICIENCY}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""The expected time range of eager runs on CUDA GPUs, fitted on published, measured runs
+(``benchmarks/calibrate_published.py`` reads benchmarks/published_figures.yaml and writes the fit into
+``data/efficiency.json``, one calibration per GPU architecture).
+
+Model, per architecture: a run's time = a_compute x (the eager bound of its matmul, attention and convolution
+operators) + a_memory x (the eager bound of the others) + overhead x (its operators). a = 1 / the fraction of
+the roofline a kind achieves, so a >= 1 (no eager operator beats its bound) and the overhead >= 0; fitted by
+least squares on relative errors (each run counts alike, whatever its length). With fewer than
+``FULL_MODEL_ROWS`` runs or ``FULL_MODEL_SOURCES`` sources, one multiplier on the whole eager bound instead.
+
+The range: the midpoint times [1 / w, w], w the smallest factor that holds ``COVERAGE`` of the fitted runs.
+Validation leaves one source (not one row) out at a time: the held-out runs against the range fitted without
+them (coverage, the midpoint's median error, the width hi / lo).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+from diffmeter.predict.roofline import Calibration
+
+COMPUTE_KINDS = ("matmul", "attention", "convolution")
+MEMORY_KINDS = ("normalization", "elementwise", "other")
+COVERAGE = 0.8
+FULL_MODEL_ROWS, FULL_MODEL_SOURCES = 6, 3
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One published eager run with its predicted work: the eager bound per kind group (seconds) and operators."""
+
+    id: str
+    source: str
+    architecture: str
+    published_s: float
+    compute_s: float
+    memory_s: float
+    operators: int
+
+
+@dataclass(frozen=True)
+class Fit:
+    """a_compute, a_memory (>= 1), seconds per operator (>= 0), and the range's factor w."""
+
+    a_compute: float
+    a_memory: float
+    overhead_s: float
+    width: float
+
+    def midpoint(self, run: PublishedRun) -> float:
+        return self.a_compute * run.compute_s + self.a_memory * run.memory_s + self.overhead_s * run.operators
+
+    def range(self, run: PublishedRun) -> tuple[float, float]:
+        middle = self.midpoint(run)
+        return middle / self.width, middle * self.width
+
+
+def _bounded_least_squares(matrix: np.ndarray, lower: np.ndarray) -> np.ndarray:
+    """min |matrix x - 1| with x >= lower: every set of variables held at their bound tried (3 variables)."""
+    best, best_residual = None, math.inf
+    count = matrix.shape[1]
+    for held in itertools.chain.from_iterable(itertools.combinations(range(count), k) for k in range(count + 1)):
+        x = lower.astype(float).copy()
+        free = [i for i in range(count) if i not in held]
+        if free:
+            target = np.ones(matrix.shape[0]) - matrix[:, list(held)] @ x[list(held)]
+            x[free] = np.linalg.lstsq(matrix[:, free], target, rcond=None)[0]
+        if np.any(x < lower - 1e-12):
+            continue
+        residual = float(np.sum((matrix @ x - 1) ** 2))
+        if residual < best_residual:
+            best, best_residual = x, residual
+    return best
+
+
+def fit(runs: list[PublishedRun]) -> Fit:
+    """The model fitted on ``runs`` (one architecture), with its range's factor."""
+    full = len(runs) >= FULL_MODEL_ROWS and len({run.source for run in runs}) >= FULL_MODEL_SOURCES
+    if full:
+        rows = [[r.compute_s, r.memory_s, r.operators] for r in runs]
+        lower = np.array([1.0, 1.0, 0.0])
+    else:
+        rows = [[r.compute_s + r.memory_s] for r in runs]
+        lower = np.array([1.0])
+    matrix = np.array(rows) / np.array([[run.published_s] for run in runs])
+    x = _bounded_least_squares(matrix, lower)
+    a_compute, a_memory, overhead = (x[0], x[1], x[2]) if full else (x[0], x[0], 0.0)
+    point = Fit(a_compute, a_memory, overhead, 1.0)
+    ratios = sorted(max(run.published_s / point.midpoint(run), point.midpoint(run) / run.published_s) for run in runs)
+    width = ratios[min(len(ratios) - 1, math.ceil(COVERAGE * len(ratios)) - 1)] * (1 + 1e-9)  # the edge run inside
+    return Fit(a_compute, a_memory, overhead, width)
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    run: PublishedRun
+    midpoint: float
+    low: float
+    high: float
+
+    @property
+    def inside(self) -> bool:
+        return self.low <= self.run.published_s <= self.high
+
+    @property
+    def error(self) -> float:
+        """The midpoint's error, a fraction of the published time."""
+        return self.midpoint / self.run.published_s - 1
+
+
+def leave_one_source_out(runs: list[PublishedRun]) -> list[HeldOut]:
+    """Each source's runs against the fit of the other sources' runs (a source alone is not held out)."""
+    found = []
+    for source in sorted({run.source for run in runs}):
+        others = [run for run in runs if run.source != source]
+        if not others:
+            continue
+        fitted = fit(others)
+        for run in runs:
+            if run.source == source:
+                found.append(HeldOut(run, fitted.midpoint(run), *fitted.range(run)))
+    return found
+
+
+def summary(held: list[HeldOut]) -> dict[str, float]:
+    """Coverage (fraction inside), the midpoint's median absolute error, and the median width hi / lo."""
+    return {
+        "coverage": sum(h.inside for h in held) / len(held),
+        "median_error": statistics.median(abs(h.error) for h in held),
+        "median_width": statistics.median(h.high / h.low for h in held),
+    }
+
+
+def as_calibration(found: Fit, source: str) -> Calibration:
+    """The fit as achieved fractions per kind ([lowest, highest]) and an overhead range: the expected range
+    ``roofline.expected_s`` computes from them is the midpoint times [1 / w, w] (a fraction is at most 1)."""
+    fractions = {}
+    for kinds, a in ((COMPUTE_KINDS, found.a_compute), (MEMORY_KINDS, found.a_memory)):
+        for kind in kinds:
+            fractions[kind] = (1 / (a * found.width), min(1.0, found.width / a))
+    overhead = (found.overhead_s / found.width, found.overhead_s * found.width)
+    return Calibration(source=source, fractions=fractions, overhead_s=overhead)

@@ -1,0 +1,74 @@
+"""The fit of the expected range on published runs (``predict/fit_published.py``) on runs made from known
+parameters, and the range it ships as a calibration."""
+
+from __future__ import annotations
+
+import pytest
+
+from diffmeter.predict.devices import named_gpu
+from diffmeter.predict.fit_published import (
+    PublishedRun,
+    as_calibration,
+    fit,
+    leave_one_source_out,
+    summary,
+)
+from diffmeter.predict.roofline import calibration_for, expected_s
+
+
+def made(a_compute: float, a_memory: float, overhead_s: float, source: str, index: int, noise: float = 1.0):
+    compute, memory, operators = 1.0 + index, 0.2 + 0.3 * (index % 3), 1000 * (1 + index % 4)
+    published = (a_compute * compute + a_memory * memory + overhead_s * operators) * noise
+    return PublishedRun(f"{source}-{index}", source, "hopper", published, compute, memory, operators)
+
+
+def test_the_fit_recovers_the_parameters_runs_were_made_with():
+    runs = [made(2.0, 5.0, 1e-5, f"s{i % 3}", i) for i in range(9)]
+    found = fit(runs)
+    assert (found.a_compute, found.a_memory, found.overhead_s) == pytest.approx((2.0, 5.0, 1e-5), rel=1e-6)
+    assert found.width == pytest.approx(1.0)
+
+
+def test_no_kind_is_fitted_faster_than_its_roofline():
+    """Runs faster than their eager bound (impossible for an eager run) pull the multipliers to 1, not below."""
+    runs = [made(0.5, 0.5, 0.0, f"s{i % 3}", i) for i in range(9)]
+    found = fit(runs)
+    assert found.a_compute >= 1 and found.a_memory >= 1 and found.overhead_s >= 0
+
+
+def test_few_runs_fit_one_multiplier_and_the_range_holds_the_stated_share():
+    runs = [made(3.0, 3.0, 0.0, "a", 0, 1.1), made(3.0, 3.0, 0.0, "b", 1, 0.9), made(3.0, 3.0, 0.0, "c", 2, 1.0)]
+    found = fit(runs)
+    assert found.a_compute == found.a_memory and found.overhead_s == 0
+    inside = [found.range(run)[0] <= run.published_s <= found.range(run)[1] for run in runs]
+    assert sum(inside) / len(inside) >= 0.8 - 1e-9
+
+
+def test_a_held_out_source_is_predicted_by_the_others_alone():
+    """A source whose runs are 3x slower than the rest is outside the range the others give it."""
+    runs = [made(2.0, 5.0, 1e-5, f"s{i % 3}", i) for i in range(9)]
+    runs += [made(6.0, 15.0, 3e-5, "slow", i) for i in range(3)]
+    held = leave_one_source_out(runs)
+    slow = [h for h in held if h.run.source == "slow"]
+    assert len(held) == len(runs) and not any(h.inside for h in slow)
+    assert all(h.error == pytest.approx(-2 / 3, rel=0.05) for h in slow)
+    assert summary(held)["coverage"] < 1
+
+
+def test_the_shipped_calibration_gives_the_fits_range():
+    runs = [made(2.0, 5.0, 1e-5, f"s{i % 3}", i, 1 + 0.05 * (i % 2)) for i in range(9)]
+    found = fit(runs)
+    calibration = as_calibration(found, "test")
+    run = runs[4]
+    kinds = {"matmul": [run.compute_s, 1], "elementwise": [run.memory_s, 1]}
+    low, high = expected_s(kinds, run.operators, calibration)
+    assert (low, high) == pytest.approx(found.range(run), rel=1e-6)
+
+
+def test_a_card_takes_its_architectures_calibration_or_a_neighbours_and_says_so():
+    hopper = calibration_for(named_gpu("H100 SXM"))
+    if hopper is None:
+        pytest.skip("no CUDA calibration shipped")
+    assert calibration_for(named_gpu("H200 SXM")).source == hopper.source
+    blackwell = calibration_for(named_gpu("B200"))
+    assert blackwell.fractions == hopper.fractions and "borrowed for blackwell (B200) from hopper" in blackwell.source
