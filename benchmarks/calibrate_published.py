@@ -25,6 +25,8 @@ from published_comparison import load_figures, settings
 from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.fit_published import (
     COMPUTE_KINDS,
+    FULL_MODEL_ROWS,
+    FULL_MODEL_SOURCES,
     PublishedRun,
     as_calibration,
     fit,
@@ -105,22 +107,33 @@ def main() -> int:
         found = fit(mine)
         held = leave_one_source_out(mine)
         sources = sorted({run.source for run in mine})
-        calibration = as_calibration(
-            found,
-            f"benchmarks/calibrate_published.py: {len(mine)} published eager runs on {architecture} GPUs from "
-            f"{len(sources)} sources ({', '.join(sources)}), {when}",
-        )
-        shipped[f"cuda:{architecture}"] = calibration.model_dump(mode="json")
+        stats = summary(held) if held else None
+        shipped_here = len(mine) >= FULL_MODEL_ROWS and len(sources) >= FULL_MODEL_SOURCES
+        if shipped_here:
+            calibration = as_calibration(
+                found,
+                f"fitted on {len(mine)} published eager runs on {architecture} GPUs from {len(sources)} sources "
+                f"({', '.join(sources)}); held out a source at a time: {stats['coverage']:.0%} of runs inside their "
+                f"range, midpoint median error {stats['median_error']:.0%} (benchmarks/calibrate_published.py, {when})",
+            )
+            shipped[f"cuda:{architecture}"] = calibration.model_dump(mode="json")
+        else:
+            shipped.pop(f"cuda:{architecture}", None)
         lines += [
             f"## {architecture}: {len(mine)} runs, {len(sources)} sources",
             "",
             f"Fit on all: a_compute {found.a_compute:.3f}, a_memory {found.a_memory:.3f} (achieved fractions "
             f"{1 / found.a_compute:.3f} and {1 / found.a_memory:.3f}), {found.overhead_s * 1e6:.2f} us per "
-            f"operator; range factor w {found.width:.3f} (hi/lo {found.width**2:.2f})",
+            f"operator; range factor w {found.width:.3f} (hi/lo {found.width**2:.2f}). "
+            + (
+                f"Shipped as `cuda:{architecture}`."
+                if shipped_here
+                else f"Not shipped: under {FULL_MODEL_ROWS} runs or {FULL_MODEL_SOURCES} sources; {architecture} GPUs "
+                "borrow a neighbour's calibration (`roofline.NEIGHBOURS`)."
+            ),
             "",
         ]
         if held:
-            stats = summary(held)
             lines += [
                 f"Leave one source out: coverage **{stats['coverage']:.0%}** ({sum(h.inside for h in held)} of "
                 f"{len(held)}), midpoint median error **{stats['median_error']:.1%}**, median width hi/lo "

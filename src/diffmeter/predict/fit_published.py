@@ -138,10 +138,11 @@ def summary(held: list[HeldOut]) -> dict[str, float]:
 
 def as_calibration(found: Fit, source: str) -> Calibration:
     """The fit as achieved fractions per kind ([lowest, highest]) and an overhead range: the expected range
-    ``roofline.expected_s`` computes from them is the midpoint times [1 / w, w] (a fraction is at most 1)."""
+    ``roofline.expected_s`` computes from them is the midpoint times [1 / w, w]. A highest fraction may pass 1 (a
+    kind fitted at its bound); ``roofline.predict_time`` keeps a range from going under the eager bound."""
     fractions = {}
     for kinds, a in ((COMPUTE_KINDS, found.a_compute), (MEMORY_KINDS, found.a_memory)):
         for kind in kinds:
-            fractions[kind] = (1 / (a * found.width), min(1.0, found.width / a))
+            fractions[kind] = (1 / (a * found.width), found.width / a)
     overhead = (found.overhead_s / found.width, found.overhead_s * found.width)
     return Calibration(source=source, fractions=fractions, overhead_s=overhead)

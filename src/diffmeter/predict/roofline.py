@@ -164,7 +164,7 @@ def predict_time(
                 flops=flops,
                 bytes=moved,
                 lower_s=both[stage][0],
-                expected_s=expected_s(kinds, operators, calibration) if calibration else None,
+                expected_s=at_least(expected_s(kinds, operators, calibration), both[stage][0]) if calibration else None,
                 ideal_s=both[stage][1] if weights is not None else None,
             )
         )
@@ -181,6 +181,11 @@ def predict_time(
         l2_bytes=device.l2_bytes,
         calibration=calibration.source if calibration else f"no calibration for {device.kind} devices yet",
     )
+
+
+def at_least(expected: tuple[float, float], lower: float) -> tuple[float, float]:
+    """An expected range never under the eager bound (no eager run is faster)."""
+    return max(expected[0], lower), max(expected[1], lower)
 
 
 def expected_s(kinds: dict[str, list[float]], operators: int, calibration: Calibration) -> tuple[float, float]:
