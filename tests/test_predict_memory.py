@@ -10,6 +10,7 @@ from diffmeter.catalog import resolve
 from diffmeter.families import Call
 from diffmeter.loading import load_pipeline, locate_weights
 from diffmeter.measure.memory_timeline import measure_stage_peaks
+from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, named_gpu
 from diffmeter.predict.memory import (
     STAGE_OF_ROLE,
     cached_memory,
@@ -22,6 +23,7 @@ from diffmeter.predict.memory import (
 from diffmeter.predict.memory_checks import memory_check
 from diffmeter.predict.operators import operator_work, predict_memory_and_work
 from diffmeter.predict.schema import DENOISING_STEP, TEXT_ENCODING, VAE_DECODE
+from diffmeter.report.memory_table import fit_table, memory_table
 from diffmeter.spec import ProfileSpec
 
 #: one tiny pipeline of every family predict/data/memory_checks.json calls checked: the claim shown beside their
@@ -68,6 +70,10 @@ def test_models_that_read_their_masks_are_predicted_and_flagged_until_checked(na
     assert {s.stage for s in predicted.stages} == set(real.stage_peak_bytes)
     assert predicted.stages[0].resident_param_bytes == real.resident_param_bytes
     assert predicted.checked.startswith("NOT within 2%")
+    # and it says so wherever the figure is shown: under profile's memory table and in fit's notes
+    gpu = named_gpu("H100 SXM")
+    assert predicted.checked in memory_table(predicted, gpu).caption
+    assert predicted.checked in fit_table(name, predicted, gpu, [], CUDA_HOLDBACK_BYTES, []).caption
 
 
 def test_a_float32_vae_under_a_bfloat16_pipeline_is_predicted_per_stage_within_2_percent(tmp_path):

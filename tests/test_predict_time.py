@@ -198,3 +198,13 @@ def test_long_times_read_in_minutes_and_hours():
 
     assert units.seconds(29_858) == "8.29 h" and units.seconds(424) == "7.07 min"
     assert units.seconds(119.5) == "119.500 s" and units.seconds(0.5) == "500.00 ms"
+
+
+def test_a_stored_prediction_names_a_family_whose_memory_is_not_yet_checked():
+    """bench stores the family's verdict beside its prediction (for the settled spec), as profile and fit show it."""
+    from diffmeter.predict.bench_prediction import predict_or_note
+
+    flagged, why = predict_or_note(BenchSpec(model="tiny-lumina2", device="cpu", dtype="float32"), [], None)
+    assert why is None and any(note.startswith("memory: NOT within 2%") for note in flagged.notes), flagged.notes
+    checked, _ = predict_or_note(BenchSpec(model="tiny-sd", device="cpu", dtype="float32"), [], None)
+    assert not any(note.startswith("memory:") for note in checked.notes)
