@@ -88,6 +88,7 @@ def test_fit_holds_back_the_cuda_context_and_lists_settings_and_json(cli):
     data = json.loads(out)
     assert code == 0 and data["fits"][0]["techniques"] == ["offload-model"]
     assert data["held_back_bytes"] == CUDA_HOLDBACK_BYTES and data["fits"][0]["lower_s"] is None  # no GPU named
+    assert data["memory_checked"].startswith("checked: the tiny flux pipeline")  # the family's check, as in the table
     # 4 MiB more than tiny-flux needs, without the hold-back: nothing fits
     code, out, _ = cli("fit", "tiny-flux", "--memory", "0.005GB", "--json")
     assert code == 0 and json.loads(out)["fits"] == []

@@ -96,6 +96,7 @@ def fit(
             "host_link": target.host_link,
             "fits": [{"techniques": list(chosen), "peak_bytes": peak, "lower_s": time} for chosen, peak, time in rows],
             "refused_by_bench": [{"techniques": list(chosen), "reason": reason} for chosen, reason in refused],
+            "memory_checked": prediction.checked,
         }
         print(json.dumps(payload, indent=2))
         return
