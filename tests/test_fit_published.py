@@ -10,7 +10,7 @@ from diffmeter.predict.fit_published import (
     PublishedRun,
     as_calibration,
     fit,
-    leave_one_source_out,
+    leave_one_out,
     summary,
 )
 from diffmeter.predict.roofline import calibration_for, expected_s
@@ -19,7 +19,9 @@ from diffmeter.predict.roofline import calibration_for, expected_s
 def made(a_compute: float, a_memory: float, overhead_s: float, source: str, index: int, noise: float = 1.0):
     compute, memory, operators = 1.0 + index, 0.2 + 0.3 * (index % 3), 1000 * (1 + index % 4)
     published = (a_compute * compute + a_memory * memory + overhead_s * operators) * noise
-    return PublishedRun(f"{source}-{index}", source, "hopper", published, compute, memory, operators)
+    return PublishedRun(
+        f"{source}-{index}", source, "hopper", f"model{index % 2}", published, compute, memory, operators
+    )
 
 
 def test_the_fit_recovers_the_parameters_runs_were_made_with():
@@ -48,11 +50,18 @@ def test_a_held_out_source_is_predicted_by_the_others_alone():
     """A source whose runs are 3x slower than the rest is outside the range the others give it."""
     runs = [made(2.0, 5.0, 1e-5, f"s{i % 3}", i) for i in range(9)]
     runs += [made(6.0, 15.0, 3e-5, "slow", i) for i in range(3)]
-    held = leave_one_source_out(runs)
+    held = leave_one_out(runs)
     slow = [h for h in held if h.run.source == "slow"]
     assert len(held) == len(runs) and not any(h.inside for h in slow)
     assert all(h.error == pytest.approx(-2 / 3, rel=0.05) for h in slow)
     assert summary(held)["coverage"] < 1
+
+
+def test_one_sources_runs_are_held_out_a_model_at_a_time():
+    runs = [made(2.0, 2.0, 0.0, "only", i) for i in range(8)]  # one source: one multiplier is fitted
+    assert not leave_one_out(runs)  # one source: nothing to hold out by source
+    held = leave_one_out(runs, by="model")
+    assert len(held) == 8 and all(h.error == pytest.approx(0, abs=1e-6) for h in held)
 
 
 def test_the_shipped_calibration_gives_the_fits_range():
@@ -69,7 +78,7 @@ def test_a_card_takes_its_architectures_calibration_or_a_neighbours_and_says_so(
     hopper = calibration_for(named_gpu("H100 SXM"))
     assert "published eager runs on hopper GPUs" in hopper.source
     assert calibration_for(named_gpu("H200 SXM")).source == hopper.source
-    blackwell = calibration_for(named_gpu("B200"))
-    assert blackwell.fractions == hopper.fractions and "borrowed for blackwell (B200) from hopper" in blackwell.source
+    blackwell = calibration_for(named_gpu("B200"))  # its own fit: Hopper's runs B200's published times 40% fast
+    assert "on blackwell GPUs" in blackwell.source and blackwell.fractions != hopper.fractions
     ada = calibration_for(named_gpu("RTX 4090"))  # ada -> ampere (none shipped) -> hopper
     assert ada.fractions == hopper.fractions and "borrowed for ada (RTX 4090) from hopper" in ada.source

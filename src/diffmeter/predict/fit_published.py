@@ -9,8 +9,9 @@ least squares on relative errors (each run counts alike, whatever its length). W
 ``FULL_MODEL_ROWS`` runs or ``FULL_MODEL_SOURCES`` sources, one multiplier on the whole eager bound instead.
 
 The range: the midpoint times [1 / w, w], w the smallest factor that holds ``COVERAGE`` of the fitted runs.
-Validation leaves one source (not one row) out at a time: the held-out runs against the range fitted without
-them (coverage, the midpoint's median error, the width hi / lo).
+Validation leaves one source (not one row) out at a time, or one model where a single source measured every run
+of an architecture: the held-out runs against the range fitted without them (coverage, the midpoint's median
+error, the width hi / lo).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class PublishedRun:
     id: str
     source: str
     architecture: str
+    model: str
     published_s: float
     compute_s: float
     memory_s: float
@@ -113,16 +115,17 @@ class HeldOut:
         return self.midpoint / self.run.published_s - 1
 
 
-def leave_one_source_out(runs: list[PublishedRun]) -> list[HeldOut]:
-    """Each source's runs against the fit of the other sources' runs (a source alone is not held out)."""
+def leave_one_out(runs: list[PublishedRun], by: str = "source") -> list[HeldOut]:
+    """Each group's runs (``by``: "source", or "model" where one source measured them all) against the fit of the
+    other groups' runs; a single group is not held out."""
     found = []
-    for source in sorted({run.source for run in runs}):
-        others = [run for run in runs if run.source != source]
+    for group in sorted({getattr(run, by) for run in runs}):
+        others = [run for run in runs if getattr(run, by) != group]
         if not others:
             continue
         fitted = fit(others)
         for run in runs:
-            if run.source == source:
+            if getattr(run, by) == group:
                 found.append(HeldOut(run, fitted.midpoint(run), *fitted.range(run)))
     return found
 
