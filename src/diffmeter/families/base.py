@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
@@ -40,7 +39,7 @@ class Call:
     #: in their arguments) may be replayed instead of run again: a causal video VAE's decoder
     replayed: tuple[str, ...] = ()
     #: the model reads the values of small host tensors it is given (masks it turns into lengths, made with
-    #: ``host_values``): the memory prediction's fake-tensor run keeps them (``predict/fake_run.py``)
+    #: ``host_masks.host_values``): the memory prediction's fake-tensor run keeps them (``predict/fake_run.py``)
     reads_values: bool = False
 
 
@@ -347,34 +346,6 @@ class Family:
         channels = self.latent_channels(shapes.entry)
         z = latents(batch, channels, shapes.latent_height, shapes.latent_width, device)
         return {self.decoder_arg: z, **self.decoder_kwargs}
-
-
-def host_values(make: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """A small tensor the model reads for its values (an attention mask it turns into lengths or a token order),
-    made by ``make`` as a real CPU tensor: on the meta device (the FLOPs counter) and in the memory prediction's
-    fake-tensor run too, which keeps its values (``predict/fake_run.py``)."""
-    with unset_fake_temporarily(), torch.device("cpu"):  # not the meta device the FLOPs counter builds under
-        return make()
-
-
-def is_placeholder(tensor: torch.Tensor) -> bool:
-    """A tensor without values: on the meta device, or fake without a constant (the memory prediction's run)."""
-    return tensor.is_meta or (isinstance(tensor, FakeTensor) and tensor.constant is None)
-
-
-def to_device_of(module: torch.nn.Module):
-    """A forward pre-hook moving a family's host masks (``host_values``) to where ``module``'s parameters are, for
-    the modules that mix them with activations: the meta device for the FLOPs counter; in the fake-tensor run
-    they are already on the CPU, where they keep their values."""
-    device = next(module.parameters()).device
-
-    def hook(module, args, kwargs):
-        def move(value):
-            return value.to(device) if isinstance(value, torch.Tensor) and value.device.type == "cpu" else value
-
-        return tuple(move(arg) for arg in args), {name: move(value) for name, value in kwargs.items()}
-
-    return hook
 
 
 def latents(batch: int, channels: int, height: int, width: int, device: torch.device) -> torch.Tensor:

@@ -27,16 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from diffmeter.families.base import (
-    DENOISER,
-    TEXT_ENCODER,
-    Call,
-    Family,
-    Shapes,
-    host_values,
-    register,
-    to_device_of,
-)
+from diffmeter.families.base import DENOISER, TEXT_ENCODER, Call, Family, Shapes, register
+from diffmeter.families.host_masks import host_values, to_device_of
 
 #: HunyuanImagePipeline.prompt_template_encode_start_idx: template tokens dropped after encoding
 DROPPED_TOKENS = 34

@@ -8,17 +8,8 @@ import torch
 from torch._guards import active_fake_mode
 from torch.overrides import TorchFunctionMode
 
-from diffmeter.families.base import (
-    DENOISER,
-    TEXT_ENCODER,
-    VAE_DECODER,
-    Call,
-    Family,
-    Shapes,
-    is_placeholder,
-    register,
-    timesteps,
-)
+from diffmeter.families.base import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, Family, Shapes, register, timesteps
+from diffmeter.families.host_masks import is_placeholder
 
 #: HunyuanVideo15Pipeline.__init__ constants: the chat template's first 108 tokens are cropped off
 #: the Qwen hidden states (prompt_template_encode_start_idx), and T2V passes 729 zero image tokens

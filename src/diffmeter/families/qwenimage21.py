@@ -24,16 +24,8 @@ from dataclasses import replace
 
 import torch
 
-from diffmeter.families.base import (
-    DENOISER,
-    TEXT_ENCODER,
-    Call,
-    Shapes,
-    host_values,
-    register,
-    timesteps,
-    to_device_of,
-)
+from diffmeter.families.base import DENOISER, TEXT_ENCODER, Call, Shapes, register, timesteps
+from diffmeter.families.host_masks import host_values, to_device_of
 from diffmeter.families.qwenimage import QwenImage
 
 #: QwenImage21Pipeline.__call__: ``output_resolution`` (1024) sets both sides when none is given

@@ -98,11 +98,11 @@ def of_row(row) -> Device:
     )
 
 
-#: the first word of a table GPU's name -> its architecture
+#: the models of the table's GPUs (a row's name, or its first words) by architecture
 ARCHITECTURES = {
     "hopper": ("H100", "H200", "H800", "H20", "GH200"),
-    "blackwell": ("B200", "GB200", "B300", "RTX 5090", "RTX 5080"),
-    "ada": ("L4", "L40", "L40S", "RTX 4090", "RTX 4080", "RTX 6000 Ada", "L20"),
+    "blackwell": ("B200", "GB200"),
+    "ada": ("L4", "L40", "L40S", "RTX 4090", "RTX 6000 Ada"),
     "ampere": ("A100", "A800", "A10G", "A10", "A40", "A30", "RTX 3090", "RTX A6000"),
     "turing": ("T4",),
     "volta": ("V100", "V100S"),

@@ -3,7 +3,7 @@ devices, no data), where the small integer and boolean tensors a model reads for
 masks it turns into sequence lengths, token reorderings) keep their values.
 
 On the meta device (the FLOPs counter) a family hands such masks to the model as real CPU tensors
-(``families.base.host_values``). Under ``FakeTensorMode`` a real tensor would become a fake one without values,
+(``families.host_masks.host_values``). Under ``FakeTensorMode`` a real tensor would become a fake one without values,
 and ``.tolist()`` or a boolean selection on it would fail. Here a real integer or boolean CPU tensor reaching
 an operator becomes a *constant* fake tensor instead (FakeTensorConverter's ``make_constant``), and
 FakeTensorMode computes an operator whose tensor inputs are all constants for real, keeping its outputs as

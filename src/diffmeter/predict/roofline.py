@@ -5,12 +5,13 @@ Two bounds, each saying what it bounds:
   bandwidth), summed over every operator of every call; an operator whose bytes fit in the card's L2 cache is
   charged no memory time (its inputs may still be there; no L2 bandwidth is assumed), so a small image on a card
   with a large L2 is not bounded by DRAM it may never touch; a call is never under its ideal bound.
-- ideal bound, of any implementation (compiled, fused, fp8 at the fp8 peak): per call, max(its FLOPs / the
-  dense peak, its weights read once / bandwidth), weights no larger than L2 not charged.
+- ideal bound, of any implementation at the run's dtype (compiled, fused): per call, max(its FLOPs / the dense
+  peak, its weights read once / bandwidth), weights no larger than L2 not charged (an fp8 run is bounded at the
+  fp8 peak, not by this).
 Expected: each operator kind's lower bound divided by the fraction of
 it that kind achieves, plus a fixed cost per operator (launch, dispatch, Python), both as ranges
 calibrated on measured runs (``data/efficiency.json``, written by ``benchmarks/roofline_cpu.py`` for
-CPUs and ``benchmarks/gpu_validation.py --chunk roofline`` for CUDA GPUs). A device class without a
+CPUs and ``benchmarks/calibrate_published.py``, from published runs, per GPU architecture). A device class without a
 calibration gets the lower bound alone, and says so.
 """
 

@@ -99,7 +99,7 @@ class StageTime(BaseModel):
     bytes: int
     lower_s: float
     expected_s: tuple[float, float] | None = None
-    #: the ideal bound: no implementation, compiled or fused, is faster (None: no weights given)
+    #: the ideal bound: no implementation at the dtype, compiled or fused, is faster (None: no weights given)
     ideal_s: float | None = None
 
 
@@ -121,9 +121,10 @@ class TimePrediction(BaseModel):
     calibration: str
     method: str = (
         "lower bound (of the eager operators as dispatched): per operator max(FLOPs / peak, bytes moved / "
-        "bandwidth), bytes that fit in L2 not charged, summed; ideal bound (of any implementation, compiled, fused "
-        "or fp8): per call max(FLOPs / the dtype's dense peak, weights read once / bandwidth); expected: each "
-        "kind's time divided by its calibrated achieved fraction, plus a calibrated overhead per operator"
+        "bandwidth), bytes that fit in L2 not charged, summed; ideal bound (of any implementation at the dtype, "
+        "compiled or fused): per call max(FLOPs / the dtype's dense peak, weights read once / bandwidth); "
+        "expected: each kind's time divided by its calibrated achieved fraction, plus a calibrated overhead per "
+        "operator"
     )
 
 
