@@ -69,6 +69,18 @@ def agree(what: str, reported: float, independent: float, source: str, tolerance
     )
 
 
+def in_range(measured_s: float, expected_s: tuple[float, float], lower_s: float) -> Outcome:
+    """A measured time against the prediction's expected range (calibrated on published runs): outside it the
+    range, or the count it scales, is wrong for this card; under the lower bound the bound is."""
+    lo, hi = expected_s
+    ok = lo <= measured_s <= hi and measured_s >= lower_s
+    return (
+        "PASS" if ok else "FAIL",
+        f"measured median {measured_s:.3f} s vs expected {lo:.3f}-{hi:.3f} s (midpoint "
+        f"{100 * ((lo + hi) / 2 / measured_s - 1):+.0f}%), lower bound {lower_s:.3f} s",
+    )
+
+
 def fractions(found: dict[str, tuple[float, float]]) -> Outcome:
     """Achieved fractions of the datasheet peak per operator kind: each between 0 and 1, since no kernel beats the
     peak; above 1, an operator's FLOPs or bytes are counted too high or its time too low."""
@@ -173,5 +185,7 @@ def self_test() -> list[tuple[str, str, Outcome]]:
     )
     rows.append(("memory", "a peak read off by 2x", agree("peak bytes", 2 * 10 << 30, 10 << 30, "snapshot", 0.01)))
     rows.append(("fractions", "matmul FLOPs counted twice", fractions({"matmul": (0.9, 1.5), "attention": (0.3, 0.6)})))
+    rows.append(("expected range", "a time counted 2x too fast", in_range(0.2, (0.3, 0.45), 0.1)))
+    rows.append(("expected range", "a lower bound above the run", in_range(0.4, (0.3, 0.45), 0.5)))
     rows.append(("cuda:1", "a stray context on GPU 0", stray_contexts(gpus_with_process(nvml=nvml), own=1)))
     return rows

@@ -155,7 +155,11 @@ def chunk_trace(report: Report) -> None:
                     checks.PREDICTION_TOLERANCE,
                 ),
             )
+        _check_stage_memory(report, kind, prediction.stage_peak_memory_bytes, result.summary.peak_memory)
         time = prediction.time
+        if CUDA and time.expected_s is not None:  # the GPU ranges are fitted on published runs
+            median = result.summary.latency_s.median
+            report.add("trace", f"{kind} expected range", *checks.in_range(median, time.expected_s, time.lower_s))
         above = [s.stage for s in time.stages if s.lower_s > result.summary.stages_s[s.stage].min]
         report.add(
             "trace",
@@ -176,6 +180,20 @@ def chunk_trace(report: Report) -> None:
     target.write_text(json.dumps({"cuda": calibration.model_dump(mode="json")}, indent=2) + "\n")
     outcome, detail = checks.fractions(calibration.fractions)
     report.add("trace", "CUDA calibration", outcome, f"{detail}; written to {target.name}")
+
+
+def _check_stage_memory(report: Report, kind: str, predicted: dict[str, int], memory) -> None:
+    """Each stage's predicted peak against CUDA's max allocated inside that stage (reset at every stage mark)."""
+    measured = memory.cuda_stage_max_allocated_bytes
+    if not measured:
+        report.add("trace", f"{kind} peak memory per stage", "SKIP" if not CUDA else "FAIL", "no stage peaks stored")
+        return
+    for stage, bytes_ in predicted.items():
+        if stage not in measured:
+            report.add("trace", f"{kind} {stage} peak memory", "FAIL", f"the run stored no peak for {stage}")
+            continue
+        outcome = checks.agree("predicted", bytes_, measured[stage], "CUDA max allocated", checks.PREDICTION_TOLERANCE)
+        report.add("trace", f"{kind} {stage} peak memory", *outcome)
 
 
 def _check_trace(report: Report, kind: str, result, table) -> None:

@@ -35,6 +35,8 @@ class Report:
 
     def __init__(self) -> None:
         self.rows: list[tuple[str, str, str, str]] = []
+        #: chunk -> seconds it took (each must stay under 10 minutes on one H100)
+        self.seconds: dict[str, float] = {}
 
     def add(self, chunk: str, check: str, outcome: str, detail: str) -> None:
         self.rows.append((chunk, check, outcome, detail))
@@ -53,6 +55,8 @@ class Report:
             f"transformers {transformers.__version__}.",
             "",
             ", ".join(f"{count} {outcome}" for outcome, count in counts.items()) + ".",
+            "",
+            "Seconds per chunk: " + ", ".join(f"{chunk} {seconds:.0f}" for chunk, seconds in self.seconds.items()),
             "",
             "REFUSED: the technique does not apply and said why before loading anything (a correct outcome).",
             "SKIP: this machine cannot show it (no CUDA, one GPU).",

@@ -110,12 +110,15 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # `timeout` stops it with the report still written
     try:
         for name in arguments.chunk or list(CHUNKS):
+            begun = time.perf_counter()
             try:
                 CHUNKS[name](report)
             except Exception as error:  # a crash is the finding: record it with its place, run the next chunk
                 frame = traceback.extract_tb(error.__traceback__)[-1]
                 where = f"{Path(frame.filename).name}:{frame.lineno}"
                 report.add(name, "chunk crashed", "FAIL", f"{type(error).__name__}: {error} ({where})"[:400])
+            finally:
+                report.seconds[name] = time.perf_counter() - begun
     finally:  # what was found so far is written even when interrupted
         path.write_text(report.markdown(device_name, time.perf_counter() - started, arguments.chunk or []))
         print(f"\nwritten to {path}")

@@ -17,6 +17,7 @@ from tiny_runs import TINY
 
 from diffmeter.distributed.group import RankFailed
 from diffmeter.errors import DiffmeterError
+from diffmeter.predict.schema import DENOISING_STEP, VAE_DECODE
 from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.results import BenchResult
 from diffmeter.runs.spec import BenchSpec
@@ -63,6 +64,7 @@ def assert_ran_on_its_own_gpu(result: BenchResult, folder: Path, cuda: FakeCuda)
     assert {call.device for call in cuda.calls if call.name == "Event.record"} == {1}
     assert ("reset_peak_memory_stats", 1) in {(call.name, call.device) for call in cuda.calls}
     assert result.summary.peak_memory.cuda_max_allocated_bytes is not None
+    assert {DENOISING_STEP, VAE_DECODE} <= set(result.summary.peak_memory.cuda_stage_max_allocated_bytes)
     assert result.summary.energy.gpu_indices == [1]
     assert result.images and all((folder / image.path).exists() for image in result.images)
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel
 
+from diffmeter.measure.stage_memory import StagePeaks
+
 
 class PeakMemory(BaseModel):
     """Bytes. CUDA peaks cover the measured iterations only; RSS is the process's lifetime peak."""
@@ -24,6 +26,9 @@ class PeakMemory(BaseModel):
     cuda_max_reserved_bytes: int | None = None
     #: allocated right after loading (weights and buffers): what the model occupies at rest
     cuda_loaded_bytes: int | None = None
+    #: per stage (text encoding, denoising step, VAE decode, outside components), CUDA max allocated in any
+    #: measured call (``measure/stage_memory.py``)
+    cuda_stage_max_allocated_bytes: dict[str, int] | None = None
     process_peak_rss_bytes: int
     #: "measured iterations" (reset before them) or "process lifetime" (no reset possible)
     process_peak_rss_scope: str = "process lifetime"
@@ -66,17 +71,26 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def read_peaks(device: torch.device, loaded: int | None, rss_was_reset: bool) -> PeakMemory:
+def read_peaks(
+    device: torch.device, loaded: int | None, rss_was_reset: bool, stage_peaks: StagePeaks | None = None
+) -> PeakMemory:
+    """The peaks since ``reset_peaks``; on CUDA, ``stage_peaks`` (which resets CUDA's marks at every stage)
+    holds the whole peaks and each stage's."""
     hwm = _vm_hwm_bytes() if rss_was_reset else None
     rss = {
         "process_peak_rss_bytes": hwm if hwm is not None else peak_rss_bytes(),
         "process_peak_rss_scope": "measured iterations" if hwm is not None else "process lifetime",
     }
     if device.type == "cuda":
+        allocated, reserved = torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+        stages = None
+        if stage_peaks is not None:
+            allocated, reserved, stages = stage_peaks.read()
         return PeakMemory(
-            cuda_max_allocated_bytes=torch.cuda.max_memory_allocated(device),
-            cuda_max_reserved_bytes=torch.cuda.max_memory_reserved(device),
+            cuda_max_allocated_bytes=allocated,
+            cuda_max_reserved_bytes=reserved,
             cuda_loaded_bytes=loaded,
+            cuda_stage_max_allocated_bytes=stages,
             **rss,
         )
     return PeakMemory(**rss)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from diffmeter.measure.clock import CudaEventClock, HostClock
+from diffmeter.measure.stage_memory import StagePeaks
 
 _NOTHING = object()
 
@@ -79,9 +80,12 @@ class StageTimer:
         denoiser: str | list[str],
         decoder: str,
         clock: HostClock | CudaEventClock,
+        memory: StagePeaks | None = None,
     ) -> None:
         self.pipe = pipe
         self.clock = clock
+        #: CUDA's peak allocated bytes per stage, read at every mark
+        self.memory = memory
         self.text_encoders = [getattr(pipe, name) for name in text_encoders if getattr(pipe, name, None) is not None]
         #: the denoiser, and the experts a pipeline switches to between steps (Wan 2.2's transformer_2)
         names = [denoiser] if isinstance(denoiser, str) else denoiser
@@ -127,6 +131,8 @@ class StageTimer:
     # ---- marks --------------------------------------------------------------------------
     def _mark(self, label: str) -> None:
         self._marks.append((label, self.clock.mark()))
+        if self.memory is not None:
+            self.memory.mark(label)
         if self.listener is not None:
             self.listener(label)
 

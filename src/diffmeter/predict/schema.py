@@ -135,6 +135,8 @@ class RunPrediction(BaseModel):
     device: str
     #: peak memory of one generation, with the run's memory techniques where they are modelled
     peak_memory_bytes: int | None = None
+    #: each stage's peak (text encoding, denoising step, VAE decode), with the same techniques
+    stage_peak_memory_bytes: dict[str, int] = {}
     memory_techniques: list[str] = []
     time: TimePrediction | None = None
     #: the run's techniques the time prediction leaves out: it is the time of a pipeline without them, not of what ran

@@ -45,8 +45,14 @@ def stored_params(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> 
 
 def peak_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> int:
     """Peak bytes of the generation with ``techniques`` applied (names as ``bench`` labels them)."""
+    return max(stage_peaks_under(prediction, techniques).values(), default=0)
+
+
+def stage_peaks_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> dict[str, int]:
+    """Each stage's peak bytes with ``techniques`` applied: its heaviest call's resident weights, carried
+    tensors and activations."""
     params = stored_params(prediction, techniques)
-    peak = 0
+    peaks: dict[str, int] = {}
     for call in prediction.calls:
         if "offload-model" in techniques:
             resident = params[call.component]
@@ -61,8 +67,8 @@ def peak_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> int
                     raise ValueError(f"this prediction was made without {mode}: predict_memory(vae_modes=...)")
                 if mode in techniques and prediction.vae_activation_bytes[mode] is not None:
                     activations = min(activations, prediction.vae_activation_bytes[mode])
-        peak = max(peak, resident + call.carried_bytes + activations)
-    return peak
+        peaks[call.stage] = max(peaks.get(call.stage, 0), resident + call.carried_bytes + activations)
+    return peaks
 
 
 def supported(prediction: MemoryPrediction) -> dict[str, bool]:

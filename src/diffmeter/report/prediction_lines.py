@@ -15,6 +15,18 @@ def measured_memory(result: BenchResult) -> tuple[int, str] | None:
     return None
 
 
+def stage_memory(result: BenchResult) -> list[str]:
+    """Each stage's predicted peak against CUDA's measured one, where the run measured stages."""
+    measured = result.summary.peak_memory.cuda_stage_max_allocated_bytes or {}
+    predicted = result.prediction.stage_peak_memory_bytes
+    return [
+        f"{stage} {units.nbytes(bytes_)} vs {units.nbytes(measured[stage])} "
+        f"({100 * (bytes_ / measured[stage] - 1):+.1f}%)"
+        for stage, bytes_ in predicted.items()
+        if measured.get(stage)
+    ]
+
+
 def prediction_lines(result: BenchResult) -> list[str]:
     prediction = result.prediction
     if prediction is None or result.summary is None:
@@ -30,6 +42,9 @@ def prediction_lines(result: BenchResult) -> list[str]:
         else:
             line += " (a CPU run measures RSS, which also holds the interpreter and libraries)"
         lines.append(line)
+        stages = stage_memory(result)
+        if stages:
+            lines.append("predicted vs CUDA max allocated per stage: " + "; ".join(stages))
     time = prediction.time
     if time is not None:
         measured = result.summary.latency_s.median

@@ -26,6 +26,7 @@ from diffmeter.measure.compilation import watch_compilation
 from diffmeter.measure.conditions import ConditionsMonitor
 from diffmeter.measure.energy import Energy, EnergyMeter
 from diffmeter.measure.memory import loaded_bytes, out_of_memory, read_peaks, release, reset_peaks
+from diffmeter.measure.stage_memory import StagePeaks
 from diffmeter.measure.stages import StageTimer
 from diffmeter.optimize import build
 from diffmeter.optimize.tf32 import fp32_math, fp32_precision
@@ -168,12 +169,14 @@ class MeasuredRun:
         self.base["notes"] += [note] if note else []
         self.loaded = loaded_bytes(self.device)
         self.meter = EnergyMeter(self.device)
+        self.stage_peaks = StagePeaks(self.device) if self.device.type == "cuda" else None
         self.timer = StageTimer(
             self.pipe,
             list(family.text_encoders),
             list(family.denoisers(run.entry)),
             family.decoder,
             clock_for(self.device),
+            self.stage_peaks,
         )
         self.contexts = [o.call_context for o in run.optimizations]
 
@@ -210,6 +213,8 @@ class MeasuredRun:
         spec, device = self.run_.spec, self.device
         self.group.barrier()
         self.rss_was_reset = reset_peaks(device)
+        if self.stage_peaks is not None:
+            self.stage_peaks.reset()
         iterations, energy, images, elapsed = [], [], [], 0.0
         monitor = ConditionsMonitor(device.index or 0 if device.type == "cuda" else None)
         monitor.start()
@@ -255,7 +260,7 @@ class MeasuredRun:
         return summarize_run(
             self.run_.spec,
             iterations,
-            read_peaks(self.device, self.loaded, self.rss_was_reset),
+            read_peaks(self.device, self.loaded, self.rss_was_reset, self.stage_peaks),
             Energy.of(*self.energy, images, self.meter),
             self.base["profile"],
             self.figures["first_call_s"],
