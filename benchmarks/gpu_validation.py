@@ -119,7 +119,8 @@ def main() -> int:
                 report.add(name, "chunk crashed", "FAIL", f"{type(error).__name__}: {error} ({where})"[:400])
             finally:
                 report.seconds[name] = time.perf_counter() - begun
-    finally:  # what was found so far is written even when interrupted
+                path.write_text(report.markdown(device_name, time.perf_counter() - started, arguments.chunk or []))
+    finally:  # written after every chunk and at the end: what was found survives a stop inside a chunk
         path.write_text(report.markdown(device_name, time.perf_counter() - started, arguments.chunk or []))
         print(f"\nwritten to {path}")
     return 1 if any(row[2] == "FAIL" for row in report.rows) else 0

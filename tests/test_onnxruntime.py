@@ -144,7 +144,7 @@ def test_pixart_is_refused_because_its_export_does_not_load(tmp_path, monkeypatc
 def test_providers_run_on_the_runs_own_gpu_and_stream_with_tensorrt_backed_by_cuda():
     """Without device_id every session ran on GPU 0 whatever cuda:N the run was on; TensorRT had no CUDA
     fallback (rejected nodes went to the CPU) and no fp16 flag (float16 graphs could build FP32 engines)."""
-    from diffmeter.optimize.onnxruntime import execution_providers
+    from diffmeter.optimize.onnxruntime_session import execution_providers
 
     cuda_1 = torch.device("cuda", 1)
     assert execution_providers("cpu", torch.device("cpu"), "float32", None) == ["CPUExecutionProvider"]
@@ -247,3 +247,50 @@ def test_runs_through_onnx_runtime_on_cuda_say_its_memory_is_not_in_the_peak():
     said = OnnxRuntime(Config(provider="tensorrt")).note(on_gpu)
     assert "ONNX Runtime's own GPU memory" in said and "TensorRT engines" in said and "stays resident" in said
     assert "stays resident" not in OnnxRuntime(Config(provider="cuda", release_weights=True)).note(on_gpu)
+
+
+def _relu_onnx(path):
+    """A real one-node ONNX graph (Relu), written with onnx's helpers."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    tensor = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 4]) for name in ("x", "y")]
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [tensor[0]], [tensor[1]])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_session_that_cannot_start_the_provider_asked_for_is_an_error_not_a_silent_fallback(tmp_path):
+    """On a GPU machine without TensorRT's libnvinfer, ONNX Runtime printed the error and ran the graph on CUDA
+    (on GPU 0, without the provider options), and the run was stored as TensorRT's. Here, this CPU-only
+    onnxruntime starts a session asked for CUDA on the CPU, with a warning: the same silent substitution."""
+    import onnxruntime
+
+    from diffmeter.optimize.onnxruntime_session import execution_providers, started_session
+
+    path = _relu_onnx(tmp_path / "relu.onnx")
+    providers = execution_providers("cuda", torch.device("cuda", 1), "float32", None)
+    with pytest.raises(DiffmeterError, match="could not start CUDAExecutionProvider and fell back to CPU"):
+        started_session(onnxruntime, path, onnxruntime.SessionOptions(), providers)
+    session = started_session(onnxruntime, path, onnxruntime.SessionOptions(), ["CPUExecutionProvider"])
+    assert session.get_providers() == ["CPUExecutionProvider"]
+
+
+def test_a_provider_that_fails_to_start_is_reported_with_onnx_runtimes_reason(tmp_path):
+    """TensorRT's libraries cannot exist here: a stand-in for onnxruntime raises what onnxruntime-gpu 1.31.1
+    raised on an H200 without them, and records that its own fallback was turned off."""
+    from types import SimpleNamespace
+
+    from diffmeter.optimize.onnxruntime_session import started_session
+
+    asked = {}
+
+    def session(path, options, providers, **kwargs):
+        asked.update(kwargs)
+        raise RuntimeError("Failed to load library libonnxruntime_providers_tensorrt.so with error: libnvinfer.so.10")
+
+    fake = SimpleNamespace(InferenceSession=session)
+    providers = [("TensorrtExecutionProvider", {}), ("CUDAExecutionProvider", {}), "CPUExecutionProvider"]
+    with pytest.raises(DiffmeterError, match="could not start TensorrtExecutionProvider: .*libnvinfer.so.10"):
+        started_session(fake, tmp_path / "model.onnx", None, providers)
+    assert asked == {"enable_fallback": 0}

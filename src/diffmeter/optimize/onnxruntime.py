@@ -34,17 +34,13 @@ from torch.utils import _pytree as pytree
 
 from diffmeter import cache
 from diffmeter.optimize.base import Optimization, Target, denoisers
+from diffmeter.optimize.onnxruntime_session import PROVIDERS, execution_providers, started_session
 from diffmeter.optimize.registry import register
 
 log = logging.getLogger(__name__)
 
 #: what the exported graph needs, and the extra that installs it
 PACKAGES = ("onnxruntime", "onnx", "onnxscript")
-PROVIDERS = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-}
 #: techniques whose work lives in hooks or module state the exported graph never runs
 BYPASSED_KINDS = ("cache", "attention", "quantization")
 #: denoisers whose forward reads tensor values into Python (the exporter cannot trace it)
@@ -76,25 +72,6 @@ _OUTPUTS = {
     f"tensor({'float' if name == 'float32' else 'double' if name == 'float64' else name})": dtype
     for dtype, name in _NUMPY.items()
 }
-
-
-def execution_providers(provider: str, device: torch.device, dtype: str, stream: int | None) -> list:
-    """ONNX Runtime's providers with their options for a run on ``device`` (ONNX Runtime docs, "CUDA Execution
-    Provider" and "TensorRT Execution Provider", configuration options): ``device_id`` the run's GPU (without it
-    every session runs on GPU 0, whatever ``cuda:N`` the run is on); ``user_compute_stream`` PyTorch's current
-    stream, so ONNX Runtime computes after the kernels that made its inputs and before those that read its
-    outputs, on the stream the stage timer's events are on; TensorRT in float16 with ``trt_fp16_enable`` (else a
-    float16 graph may build FP32 engines), and the CUDA provider after it for the nodes TensorRT rejects (else they
-    fall back to the CPU)."""
-    if provider == "cpu":
-        return ["CPUExecutionProvider"]
-    cuda = {"device_id": device.index or 0}
-    if stream is not None:
-        cuda["user_compute_stream"] = str(stream)
-    providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
-    if provider == "tensorrt":
-        providers.insert(0, ("TensorrtExecutionProvider", {**cuda, "trt_fp16_enable": dtype == "float16"}))
-    return providers
 
 
 class Config(BaseModel):
@@ -175,6 +152,9 @@ class OnnxRuntime(Optimization):
     def apply(self, pipe, target: Target) -> None:
         import onnxruntime
 
+        # the environment logger's warnings reach the terminal otherwise (onnxruntime-gpu 1.31.1 printed "No
+        # registered plugin EP device found for 'CUDAExecutionProvider'" for every CUDA session on an H200)
+        onnxruntime.set_default_logger_severity(3)
         options = onnxruntime.SessionOptions()
         options.log_severity_level = 3  # warnings about unused initializers are not the user's concern
         options.intra_op_num_threads = torch.get_num_threads()  # the threads PyTorch would have used
@@ -312,8 +292,7 @@ class _OrtModule:
             device = torch.device("cuda", torch.cuda.current_device())  # inside the run's device scope: its own
         stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
         providers = execution_providers(self.technique.config.provider, device, self.target.dtype, stream)
-        session = onnxruntime.InferenceSession(str(path), self.options, providers=providers)
-        return session, out_spec
+        return started_session(onnxruntime, path, self.options, providers), out_spec
 
     def _run(self, session, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         names = [i.name for i in session.get_inputs()]
