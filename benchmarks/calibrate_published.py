@@ -154,6 +154,7 @@ def main() -> int:
                 f"fitted on {len(mine)} published eager runs on {architecture} GPUs from {len(sources)} sources "
                 f"({', '.join(sources)}); held out a {by} at a time: {stats['coverage']:.0%} of runs inside their "
                 f"range, midpoint median error {stats['median_error']:.0%} (benchmarks/calibrate_published.py, {when})",
+                mine,
             )
             shipped[f"cuda:{architecture}"] = calibration.model_dump(mode="json")
         else:

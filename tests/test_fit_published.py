@@ -67,7 +67,8 @@ def test_one_sources_runs_are_held_out_a_model_at_a_time():
 def test_the_shipped_calibration_gives_the_fits_range():
     runs = [made(2.0, 5.0, 1e-5, f"s{i % 3}", i, 1 + 0.05 * (i % 2)) for i in range(9)]
     found = fit(runs)
-    calibration = as_calibration(found, "test")
+    calibration = as_calibration(found, "test", runs)
+    assert calibration.least_bound_per_operator_s == min((r.compute_s + r.memory_s) / r.operators for r in runs)
     run = runs[4]
     kinds = {"matmul": [run.compute_s, 1], "elementwise": [run.memory_s, 1]}
     low, high = expected_s(kinds, run.operators, calibration)
@@ -82,3 +83,17 @@ def test_a_card_takes_its_architectures_calibration_or_a_neighbours_and_says_so(
     assert "on blackwell GPUs" in blackwell.source and blackwell.fractions != hopper.fractions
     ada = calibration_for(named_gpu("RTX 4090"))  # ada -> ampere (none shipped) -> hopper
     assert ada.fractions == hopper.fractions and "borrowed for ada (RTX 4090) from hopper" in ada.source
+
+
+def test_a_run_with_smaller_operators_than_any_fitted_run_says_its_range_may_not_hold():
+    """SD 1.5 at 512 px, 8 steps, on an H200: 4.1 us of eager bound per operator, under every published Hopper run
+    (14 us and up), and its measured time was twice the range's midpoint. Larger runs carry no such note."""
+    from diffmeter.predict.operators import operator_work
+    from diffmeter.predict.roofline import predict_time
+    from diffmeter.spec import ProfileSpec
+
+    h200 = named_gpu("H200 SXM")
+    short = predict_time(operator_work(ProfileSpec(model="sd15", height=512, width=512, steps=8, dtype="bf16")), h200)
+    assert "outside the fitted runs" in short.outside_calibration
+    full = predict_time(operator_work(ProfileSpec(model="flux-dev", steps=28, dtype="bf16")), h200)
+    assert full.outside_calibration is None

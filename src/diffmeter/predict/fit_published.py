@@ -139,8 +139,9 @@ def summary(held: list[HeldOut]) -> dict[str, float]:
     }
 
 
-def as_calibration(found: Fit, source: str) -> Calibration:
-    """The fit as achieved fractions per kind ([lowest, highest]) and an overhead range: the expected range
+def as_calibration(found: Fit, source: str, runs: list[PublishedRun]) -> Calibration:
+    """The fit of ``runs`` as achieved fractions per kind ([lowest, highest]), an overhead range, and the least eager
+    bound per operator among the runs (under it, a prediction says it is outside the fit): the expected range
     ``roofline.expected_s`` computes from them is the midpoint times [1 / w, w]. A highest fraction may pass 1 (a
     kind fitted at its bound); ``roofline.predict_time`` keeps a range from going under the eager bound."""
     fractions = {}
@@ -148,4 +149,5 @@ def as_calibration(found: Fit, source: str) -> Calibration:
         for kind in kinds:
             fractions[kind] = (1 / (a * found.width), found.width / a)
     overhead = (found.overhead_s / found.width, found.overhead_s * found.width)
-    return Calibration(source=source, fractions=fractions, overhead_s=overhead)
+    least = min((run.compute_s + run.memory_s) / run.operators for run in runs)
+    return Calibration(source=source, fractions=fractions, overhead_s=overhead, least_bound_per_operator_s=least)

@@ -37,6 +37,9 @@ class Calibration(BaseModel):
     source: str
     fractions: dict[str, tuple[float, float]]
     overhead_s: tuple[float, float]
+    #: the least eager bound per operator among the runs it was fitted on (seconds): a run under it is launch-bound
+    #: beyond anything the fit saw
+    least_bound_per_operator_s: float | None = None
 
 
 def calibrations() -> dict[str, Calibration]:
@@ -170,17 +173,32 @@ def predict_time(
             )
         )
     expected = [stage.expected_s for stage in stages]
+    lower, operators = sum(stage.lower_s for stage in stages), sum(stage.operators for stage in stages)
     return TimePrediction(
         device=device.name,
         dtype=work.dtype,
         peak_tflops=peak_tflops,
         bandwidth_bytes_per_s=device.bandwidth_bytes_per_s,
         stages=stages,
-        lower_s=sum(stage.lower_s for stage in stages),
+        lower_s=lower,
         expected_s=(sum(e[0] for e in expected), sum(e[1] for e in expected)) if calibration else None,
+        outside_calibration=outside(calibration, lower / operators) if calibration and operators else None,
         ideal_s=sum(both[stage.stage][1] for stage in stages) if weights is not None else None,
         l2_bytes=device.l2_bytes,
         calibration=calibration.source if calibration else f"no calibration for {device.kind} devices yet",
+    )
+
+
+def outside(calibration: Calibration, bound_per_operator_s: float) -> str | None:
+    """Why the expected range may not hold for a run whose operators are smaller than any the fit saw, or None."""
+    least = calibration.least_bound_per_operator_s
+    if least is None or bound_per_operator_s >= least:
+        return None
+    return (
+        f"outside the fitted runs: {bound_per_operator_s * 1e6:.1f} us of eager bound per operator, under the "
+        f"{least * 1e6:.1f} us of every run the range was fitted on; so short a run is bound by launching its "
+        "operators, and can be up to 2x slower than the range's midpoint (SD 1.5 and PixArt-Sigma at 512 px, 8 steps, "
+        "on an H200: benchmarks/results/gpu_validation_nvidia-h200.md)"
     )
 
 

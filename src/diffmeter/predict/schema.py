@@ -119,6 +119,8 @@ class TimePrediction(BaseModel):
     l2_bytes: int | None = None
     #: where the expected range's efficiencies come from, or why there is none
     calibration: str
+    #: why the expected range may not hold for this run (smaller operators than any fitted run's), or None
+    outside_calibration: str | None = None
     method: str = (
         "lower bound (of the eager operators as dispatched): per operator max(FLOPs / peak, bytes moved / "
         "bandwidth), bytes that fit in L2 not charged, summed; ideal bound (of any implementation at the dtype, "

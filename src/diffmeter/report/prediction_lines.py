@@ -63,5 +63,7 @@ def prediction_lines(result: BenchResult) -> list[str]:
                     f"{expected_range(stage.expected_s)} / {units.seconds(stats.median)}"
                 )
         lines.append(parts[0] + " (per stage, bound / expected / measured: " + "; ".join(parts[1:]) + ")")
+        if time.outside_calibration:
+            lines.append(f"prediction: the expected range is {time.outside_calibration}")
     lines += [f"prediction: {note}" for note in prediction.notes]
     return lines

@@ -63,5 +63,6 @@ def time_table(prediction: TimePrediction) -> FittedTable:
         "dense peak or its weights read once. Lower bound (of the eager operators): each operator at max(FLOPs / "
         f"peak, bytes / bandwidth){l2}, a call never under its ideal. Expected: {prediction.calibration} "
         "(docs/memory-prediction.md)."
+        + (f" The expected range is {prediction.outside_calibration}." if prediction.outside_calibration else "")
     )
     return table
