@@ -24,6 +24,7 @@ from pathlib import Path
 from published_comparison import load_figures, settings
 
 from diffmeter.predict.devices import chosen_gpu
+from diffmeter.predict.fit_energy import EnergyRun, energy_summary, fit_power, leave_one_model_out
 from diffmeter.predict.fit_published import (
     COMPUTE_KINDS,
     FULL_MODEL_ROWS,
@@ -48,6 +49,47 @@ LEFT_OUT = {"compile": "compiled", "offload-model": "offloaded: host transfers a
 def source_of(figure: dict) -> str:
     """The harness a figure was measured by: its source's title up to the first parenthesis."""
     return figure["source"]["title"].split(" (")[0]
+
+
+def energy_run(figure: dict, run: PublishedRun) -> EnergyRun | None:
+    """The run's published energy per output with its card's TDP, where the figure stores one."""
+    energy, tdp = figure.get("published_energy"), chosen_gpu(figure["gpu"], None).tdp_w
+    if not energy or tdp is None:
+        return None
+    return EnergyRun(run, energy["value"], settings(figure)[0]["batch_size"] or 1, tdp)
+
+
+def energy_lines(architecture: str, energy: list[EnergyRun], mine: list[PublishedRun], found) -> tuple[list, dict]:
+    """The power fit of ``architecture`` on its energy runs, validated a model at a time: (lines, calibration
+    fields)."""
+    if len({e.run.model for e in energy}) < 2:
+        return [], {}
+    power = fit_power(energy, [found.midpoint(e.run) for e in energy])
+    held = leave_one_model_out(energy, mine)
+    stats = energy_summary(held)
+    said = (
+        f"average board power {power.fraction:.2f} x TDP fitted on {len(energy)} published runs' energy "
+        f"({', '.join(sorted({e.run.source for e in energy}))}); held out a model at a time: {stats['coverage']:.0%} "
+        f"inside their range, midpoint median error {stats['median_error']:.0%}"
+    )
+    lines = [
+        f"### {architecture}: energy per output, {len(energy)} runs",
+        "",
+        f"Fit on all: average board power {power.fraction:.3f} x TDP, range factor w {power.width:.3f} (hi/lo "
+        f"{power.width**2:.2f}). Leave one model out (its time and power both fitted without it): coverage "
+        f"**{stats['coverage']:.0%}** ({sum(h.inside for h in held)} of {len(held)}), midpoint median error "
+        f"**{stats['median_error']:.1%}**, median width hi/lo **{stats['median_width']:.2f}**",
+        "",
+        "| run | published (J per output) | held-out midpoint (J) | range (J) | error | inside |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {h.run.run.id} | {h.run.published_j:.4g} | {h.midpoint:.4g} | {h.low:.4g} to {h.high:.4g} | "
+            f"{h.error:+.1%} | {'yes' if h.inside else '**no**'} |"
+            for h in held
+        ),
+        "",
+    ]
+    return lines, {"power_fraction": power.fraction, "energy_width": power.width, "energy_source": said}
 
 
 def published_run(figure: dict) -> tuple[PublishedRun | None, str]:
@@ -117,7 +159,7 @@ def borrowed_lines(runs: list[PublishedRun], fits: dict) -> list[str]:
 
 
 def main() -> int:
-    runs, left_out = [], []
+    runs, energy, left_out = [], [], []
     for figure in load_figures():
         if figure["kind"] != "latency":
             continue
@@ -126,11 +168,12 @@ def main() -> int:
             left_out.append(f"- {figure['id']}: {why}")
         else:
             runs.append(run)
+            energy += [found] if (found := energy_run(figure, run)) else []
             print(run, flush=True)
     when = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
     shipped = json.loads(EFFICIENCY.read_text())
     lines = [
-        "# The expected time range of eager runs, fitted on published runs",
+        "# The expected time and energy of eager runs, fitted on published runs",
         "",
         f"- date: {when}; {len(runs)} published eager runs (benchmarks/published_figures.yaml), fitted per GPU "
         "architecture (`diffmeter.predict.fit_published`); each source held out in turn and predicted by the "
@@ -156,6 +199,8 @@ def main() -> int:
                 f"range, midpoint median error {stats['median_error']:.0%} (benchmarks/calibrate_published.py, {when})",
                 mine,
             )
+            power_lines, power = energy_lines(architecture, [e for e in energy if e.run in mine], mine, found)
+            calibration = calibration.model_copy(update=power)
             shipped[f"cuda:{architecture}"] = calibration.model_dump(mode="json")
         else:
             shipped.pop(f"cuda:{architecture}", None)
@@ -190,6 +235,7 @@ def main() -> int:
             ]
         else:
             lines += ["One source only: nothing to hold out.", ""]
+        lines += power_lines if shipped_here else []
     lines += borrowed_lines(runs, shipped_fits)
     lines += ["## Left out", "", *left_out, ""]
     EFFICIENCY.write_text(json.dumps(shipped, indent=2) + "\n")

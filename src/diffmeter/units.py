@@ -1,6 +1,6 @@
 """Human-readable numbers that always carry their unit (decimal prefixes: G = 1e9)."""
 
-_PREFIXES = ((1e24, "Y"), (1e21, "Z"), (1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K"))
+_PREFIXES = ((1e24, "Y"), (1e21, "Z"), (1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
 def _scaled(value: float, unit: str) -> str:
@@ -35,7 +35,7 @@ def nbytes(value: float) -> str:
 
 
 def params(value: float) -> str:
-    for factor, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+    for factor, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
         if value >= factor:
             return f"{value / factor:,.2f}{suffix} params"
     return f"{value:,.0f} params"

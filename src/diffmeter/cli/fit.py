@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -17,7 +18,6 @@ from diffmeter.cli.options import (
     GpuName,
     GuidanceScale,
     Height,
-    ModelArgument,
     NumFrames,
     Steps,
     TrueCfgScale,
@@ -28,7 +28,22 @@ from diffmeter.errors import DiffmeterError
 
 @command()
 def fit(
-    model: ModelArgument,
+    model: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="MODEL", help="catalog name, hub id, local diffusers folder or tiny-* entry", show_default=False
+        ),
+    ] = None,
+    all_models: Annotated[
+        bool,
+        typer.Option(
+            "--all", help="the predicted leaderboard: every catalog model at its defaults on every GPU of the table"
+        ),
+    ] = False,
+    html: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="with --all: the page (default leaderboard.html)")
+    ] = None,
+    csv: Annotated[Path | None, typer.Option(metavar="FILE", help="with --all: also the rows as CSV")] = None,
     memory: Annotated[
         str | None,
         typer.Option(
@@ -51,12 +66,23 @@ def fit(
 ) -> None:
     """List the memory settings (offload, quantization, VAE tiling, fp8 text encoder) that bench can run and whose
     predicted peak fits the GPU once the CUDA context and libraries are held back, fastest first: each with its
-    predicted lower bound of time (roofline plus offloading's host-link transfers) on a named GPU."""
+    predicted lower bound of time (roofline plus offloading's host-link transfers) on a named GPU. With --all: the
+    predicted leaderboard, every catalog model on every GPU (or --gpu's), as a sortable page and CSV."""
     from diffmeter.catalog import resolve
     from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, chosen_gpu, spec_gpu
     from diffmeter.report.memory_table import fit_table
     from diffmeter.spec import ProfileSpec, parse_component_dtypes
 
+    if all_models:
+        from diffmeter.cli.leaderboard import leaderboard
+
+        if model or memory:
+            raise DiffmeterError("--all predicts every catalog model on the table's GPUs: drop MODEL and --memory")
+        return leaderboard(gpu, html, csv, as_json)
+    if html or csv:
+        raise DiffmeterError("--html and --csv write the leaderboard: add --all")
+    if model is None:
+        raise DiffmeterError("name a MODEL (see `diffmeter models`), or pass --all for every catalog model")
     if (memory is None) == (gpu is None):
         raise DiffmeterError("give the memory to fit in: --memory 24GB, or --gpu NAME (not both)")
     target = chosen_gpu(gpu, None) if gpu else spec_gpu(_memory(memory)).model_copy(update={"name": memory})
@@ -78,13 +104,14 @@ def fit(
     load_libraries()
     from diffmeter.predict.operators import predict_memory_and_work
     from diffmeter.predict.techniques import fitting
+    from diffmeter.runs.fitting import lower_times, runnable
 
     prediction, work = predict_memory_and_work(spec)  # one fake run for the memory and the time
     usable = target.memory_bytes - CUDA_HOLDBACK_BYTES
     # fp8 weights need FP8 tensor cores: a table GPU says whether it has them; a bare --memory is not refused
     found = fitting(prediction, usable, fp8=gpu is None or "fp8" in target.tflops)
-    fits, refused = _runnable(found, entry, spec.with_defaults(entry.defaults))
-    times = _lower_times(work, prediction, target, [chosen for chosen, _ in fits])
+    fits, refused = runnable(found, entry, spec.with_defaults(entry.defaults))
+    times = lower_times(work, prediction, target, [chosen for chosen, _ in fits])
     rows = [(chosen, peak, times.get(chosen)) for chosen, peak in fits]
     if all(time is not None for _, _, time in rows):  # the mechanism's order stays among equal times
         rows.sort(key=lambda row: row[2])
@@ -101,64 +128,6 @@ def fit(
         print(json.dumps(payload, indent=2))
         return
     console.print(fit_table(model, prediction, target, rows, CUDA_HOLDBACK_BYTES, refused))
-
-
-def _runnable(fits, entry, spec):
-    """(the settings bench runs on a CUDA GPU, [(setting, why bench refuses it)]): the same checks bench makes
-    before loading anything (``optimize.registry.check``); a missing package is kept, since installing it is the
-    user's choice. Remembered on disk with the prediction (a check may import a component's class: seconds)."""
-    from diffmeter import cache
-
-    key = {
-        "entry": entry.model_dump(mode="json"),
-        "dtype": spec.dtype,
-        "steps": spec.steps,
-        "settings": [list(chosen) for chosen, _ in fits],
-    }
-    stored = cache.load("runnable", key)
-    if stored is None:
-        stored = [[list(chosen), why] for chosen, why in _refusals([chosen for chosen, _ in fits], entry, spec)]
-        cache.store("runnable", key, stored)
-    refused = [(tuple(chosen), why) for chosen, why in stored]
-    said = {chosen for chosen, _ in refused}
-    return [(chosen, peak) for chosen, peak in fits if tuple(chosen) not in said], refused
-
-
-def _refusals(settings, entry, spec) -> list[tuple[tuple[str, ...], str]]:
-    import torch
-
-    from diffmeter.errors import MissingPackage
-    from diffmeter.families import get_family
-    from diffmeter.optimize import registry
-    from diffmeter.optimize.base import Target
-    from diffmeter.optimize.options import memory_setting_specs
-
-    target = Target(entry, get_family(entry.family), torch.device("cuda"), spec.dtype, spec.steps)
-    refused = []
-    for chosen in settings:
-        try:
-            registry.check(registry.build(memory_setting_specs(chosen)), target)
-        except MissingPackage:
-            pass
-        except DiffmeterError as error:
-            refused.append((tuple(chosen), str(error)))
-    return refused
-
-
-def _lower_times(work, prediction, gpu, settings) -> dict[tuple[str, ...], float]:
-    """Each setting's lower bound of seconds per generation on ``gpu`` (none without the GPU's figures, or
-    without its host link for an offloading setting)."""
-    from diffmeter.predict.offload_time import lower_s, moved_bytes
-    from diffmeter.predict.roofline import missing_figures, predict_time
-
-    if missing_figures(gpu, prediction.dtype):
-        return {}
-    compute = predict_time(work, gpu).lower_s
-    return {
-        chosen: lower_s(compute, prediction, chosen, gpu.host_link_bytes_per_s)
-        for chosen in settings
-        if gpu.host_link_bytes_per_s or not moved_bytes(prediction, chosen)
-    }
 
 
 def _memory(text: str) -> str:

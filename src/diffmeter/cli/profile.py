@@ -257,7 +257,7 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
     from diffmeter.predict.devices import chosen_gpu, is_this_cpu
     from diffmeter.report.memory_table import memory_table
     from diffmeter.report.tables import profile_table
-    from diffmeter.report.time_table import time_table
+    from diffmeter.report.time_table import energy_line, time_table
 
     if as_csv:
         raise DiffmeterError("--csv has no place for predictions: use --json with --gpu/--gpu-spec")
@@ -285,8 +285,8 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
     chosen = chosen or chosen_gpu(gpu, gpu_spec, tuple({memory.dtype for memory in memories}))
     missing = [missing_figures(chosen, memory.dtype) for memory in memories]
     times = [
-        None if lacking else predict_time(work, chosen, weights=memory.weight_read_bytes)
-        for (memory, work), lacking in zip(predicted, missing, strict=True)
+        None if lacking else predict_time(work, chosen, weights=memory.weight_read_bytes, outputs=spec.batch_size)
+        for (memory, work), lacking, spec in zip(predicted, missing, specs, strict=True)
     ]
     if as_json:
         payloads = [
@@ -306,5 +306,7 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
         console.print(profile_table(found))
         console.print(memory_table(memory, chosen, techniques))
         console.print(time_table(time) if time else f"no time prediction: {lacking}", markup=False)
+        if time and time.expected_s:
+            console.print(energy_line(time, "video" if found.num_frames else "image"), markup=False)
         if time and techniques:
             console.print(f"time predicted without {', '.join(techniques)} (not modelled in time yet)", markup=False)

@@ -65,7 +65,7 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
     elif lacking := missing_figures(figures, memory.dtype, precision):
         notes.append(f"no time: {lacking}")
     else:
-        time = predict_time(work, figures, precision, weights=memory.weight_read_bytes)
+        time = predict_time(work, figures, precision, weights=memory.weight_read_bytes, outputs=spec.batch_size)
         untimed = [o.label for o in optimizations if o.name not in TIME_MODELLED]
     return RunPrediction(
         device=name,

@@ -44,6 +44,9 @@ class Device(BaseModel):
     architecture: str | None = None
     #: the L2 cache, bytes (``data/gpu_cache.json``, each cited; whitepaper MB as 2^20 bytes)
     l2_bytes: int | None = None
+    #: the card's TDP (maximum board power), watts (``data/gpu_power.json``, each cited): what the energy
+    #: prediction's calibrated share of it applies to
+    tdp_w: float | None = None
 
     def peak_tflops(self, dtype: str) -> float | None:
         return self.tflops.get(PRECISION[dtype], self.tflops.get("any"))
@@ -95,6 +98,7 @@ def of_row(row) -> Device:
         host_link_bytes_per_s=link["gb_s_per_direction"] * 1e9 if link else None,
         l2_bytes=int(l2_caches()[row.name]["l2_mb"] * 2**20) if row.name in l2_caches() else None,
         architecture=architecture_of(row.name),
+        tdp_w=board_power()[row.name]["tdp_w"] if row.name in board_power() else None,
     )
 
 
@@ -133,6 +137,13 @@ def host_links() -> dict[str, dict]:
 def l2_caches() -> dict[str, dict]:
     """Each table GPU's L2 cache (MB) with the whitepaper line it was read from; absent where none states it."""
     return json.loads(resources.files("diffmeter.predict").joinpath("data/gpu_cache.json").read_text())["gpus"]
+
+
+@functools.cache
+def board_power() -> dict[str, dict]:
+    """Each table GPU's TDP (watts) with the datasheet line it was read from; absent where none was found."""
+    found = json.loads(resources.files("diffmeter.predict").joinpath("data/gpu_power.json").read_text())["gpus"]
+    return {name: figures for name, figures in found.items() if figures.get("tdp_w")}
 
 
 def this_cpu(*dtypes: str) -> Device:

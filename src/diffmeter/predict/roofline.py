@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.predict.devices import Device
+from diffmeter.predict.energy import predict_energy
 from diffmeter.predict.schema import CallWork, OperatorWork, StageTime, TimePrediction
 
 STAGES = ("text_encoding", "denoising", "vae_decode")
@@ -40,6 +41,11 @@ class Calibration(BaseModel):
     #: the least eager bound per operator among the runs it was fitted on (seconds): a run under it is launch-bound
     #: beyond anything the fit saw
     least_bound_per_operator_s: float | None = None
+    #: the average board power while generating, a share of the card's TDP, and the energy range's factor w,
+    #: fitted on published runs' energy (``fit_energy``), with where they come from
+    power_fraction: float | None = None
+    energy_width: float | None = None
+    energy_source: str | None = None
 
 
 def calibrations() -> dict[str, Calibration]:
@@ -141,11 +147,13 @@ def predict_time(
     precision: str | None = None,
     calibration: Calibration | None = None,
     weights: dict[str, int] | None = None,
+    outputs: int = 1,
 ) -> TimePrediction:
     """The time of the generation ``work`` describes on ``device``; ``precision`` overrides the peak's
     key ("tf32" for float32 matmuls on TF32 tensor cores, "fp8"); ``calibration`` the shipped one for the
     device's kind; ``weights``: the bytes each component's call reads of its weights at least
-    (``MemoryPrediction.weight_read_bytes``), for the ideal bound."""
+    (``MemoryPrediction.weight_read_bytes``), for the ideal bound; ``outputs``: the images (or videos) one
+    generation makes, for the energy per output."""
     lacking = missing_figures(device, work.dtype, precision)
     if lacking:
         raise DiffmeterError(lacking)
@@ -174,6 +182,7 @@ def predict_time(
         )
     expected = [stage.expected_s for stage in stages]
     lower, operators = sum(stage.lower_s for stage in stages), sum(stage.operators for stage in stages)
+    whole = (sum(e[0] for e in expected), sum(e[1] for e in expected)) if calibration else None
     return TimePrediction(
         device=device.name,
         dtype=work.dtype,
@@ -181,8 +190,9 @@ def predict_time(
         bandwidth_bytes_per_s=device.bandwidth_bytes_per_s,
         stages=stages,
         lower_s=lower,
-        expected_s=(sum(e[0] for e in expected), sum(e[1] for e in expected)) if calibration else None,
+        expected_s=whole,
         outside_calibration=outside(calibration, lower / operators) if calibration and operators else None,
+        energy=predict_energy(whole, device, outputs, calibration) if calibration else None,
         ideal_s=sum(both[stage.stage][1] for stage in stages) if weights is not None else None,
         l2_bytes=device.l2_bytes,
         calibration=calibration.source if calibration else f"no calibration for {device.kind} devices yet",

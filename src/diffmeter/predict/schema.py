@@ -103,6 +103,19 @@ class StageTime(BaseModel):
     ideal_s: float | None = None
 
 
+class EnergyPrediction(BaseModel):
+    """Joules per output of one generation (an image, or a video), and the board power they assume (watts)."""
+
+    #: the card's TDP, with the datasheet it was read from (``data/gpu_power.json``)
+    tdp_w: float
+    #: the calibrated average board power while generating
+    power_w: float
+    outputs: int
+    per_output_j: tuple[float, float]
+    #: where the power share comes from, and how well it held on published runs left out of its fit
+    calibration: str
+
+
 class TimePrediction(BaseModel):
     """Seconds per generation on one device: per stage (``text_encoding``, ``denoising``,
     ``vae_decode``) and whole, with the figures it used."""
@@ -121,6 +134,8 @@ class TimePrediction(BaseModel):
     calibration: str
     #: why the expected range may not hold for this run (smaller operators than any fitted run's), or None
     outside_calibration: str | None = None
+    #: the energy per output the expected time implies at the calibrated board power (None: no TDP or no fit)
+    energy: EnergyPrediction | None = None
     method: str = (
         "lower bound (of the eager operators as dispatched): per operator max(FLOPs / peak, bytes moved / "
         "bandwidth), bytes that fit in L2 not charged, summed; ideal bound (of any implementation at the dtype, "

@@ -65,5 +65,13 @@ def prediction_lines(result: BenchResult) -> list[str]:
         lines.append(parts[0] + " (per stage, bound / expected / measured: " + "; ".join(parts[1:]) + ")")
         if time.outside_calibration:
             lines.append(f"prediction: the expected range is {time.outside_calibration}")
+        if time.energy is not None:
+            low, high = time.energy.per_output_j
+            measured_j = result.summary.energy.gpu_j_per_image
+            lines.append(
+                f"predicted GPU energy per image: {units.joules(low)} to {units.joules(high)} at "
+                f"{time.energy.power_w:.0f} W"
+                + (f"; measured {units.joules(measured_j)} (Zeus)" if measured_j is not None else "")
+            )
     lines += [f"prediction: {note}" for note in prediction.notes]
     return lines

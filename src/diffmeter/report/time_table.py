@@ -20,6 +20,21 @@ def optional_seconds(value: float | None) -> str:
     return units.seconds(value) if value is not None else "-"
 
 
+def energy_line(prediction: TimePrediction, output: str = "image") -> str:
+    """The predicted energy per output (``output``: "image" or "video"), with the board power it assumes and
+    where that comes from."""
+    energy = prediction.energy
+    if energy is None:
+        return f"no energy prediction on {prediction.device}: no TDP in the table or no fitted board power"
+    low, high = energy.per_output_j
+    each = output if energy.outputs == 1 else f"{output} ({energy.outputs} per generation)"
+    return (
+        f"predicted energy per {each} on {prediction.device}: {units.joules(low)} to {units.joules(high)} "
+        f"({low / 3600:.3g} to {high / 3600:.3g} Wh): the expected time at {energy.power_w:.0f} W, the share of "
+        f"its {energy.tdp_w:.0f} W TDP that turned predicted times into published energy; {energy.calibration}"
+    )
+
+
 def time_table(prediction: TimePrediction) -> FittedTable:
     title = (
         f"predicted time on {prediction.device} ({prediction.dtype}: {prediction.peak_tflops:,.3g} TFLOP/s peak, "

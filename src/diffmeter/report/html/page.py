@@ -60,7 +60,7 @@ figcaption { font-size: 12px; max-width: 400px; } .prompt { color: #777; }
             justify-content: center; cursor: zoom-out; } #lightbox img { max-width: 95vw; max-height: 95vh; }
 """
 
-SCRIPT = """
+SORT_SCRIPT = """
 document.querySelectorAll('table.summary th').forEach((th, column) => th.addEventListener('click', () => {
   const body = th.closest('table').tBodies[0];
   const ascending = !th.classList.contains('sorted-asc');
@@ -76,12 +76,17 @@ document.querySelectorAll('table.summary th').forEach((th, column) => th.addEven
   });
   rows.forEach(row => body.appendChild(row));
 }));
+"""
+SCRIPT = (
+    SORT_SCRIPT
+    + """
 const lightbox = document.getElementById('lightbox');
 document.querySelectorAll('img.thumb').forEach(img => img.addEventListener('click', () => {
   lightbox.querySelector('img').src = img.dataset.full; lightbox.style.display = 'flex';
 }));
 lightbox.addEventListener('click', () => { lightbox.style.display = 'none'; });
 """
+)
 
 
 def render(study: Study, title: str, images_per_run: int = 4) -> str:

@@ -1,0 +1,26 @@
+"""Energy per output (image, or video) predicted on a GPU: its calibrated average board power, a share of the
+card's TDP fitted per architecture on published runs' energy (``fit_energy``), times the predicted time."""
+
+from __future__ import annotations
+
+from diffmeter.predict.devices import Device
+from diffmeter.predict.schema import EnergyPrediction
+
+
+def predict_energy(
+    expected_s: tuple[float, float], device: Device, outputs: int, calibration
+) -> EnergyPrediction | None:
+    """The range for a generation whose expected time is ``expected_s`` (seconds), or None where the card has no
+    TDP or the calibration no fitted power. ``calibration``: a ``roofline.Calibration``."""
+    if device.tdp_w is None or calibration.power_fraction is None or calibration.energy_width is None:
+        return None
+    power = calibration.power_fraction * device.tdp_w
+    middle = power * (expected_s[0] * expected_s[1]) ** 0.5 / outputs  # the time range's geometric midpoint
+    width = calibration.energy_width
+    return EnergyPrediction(
+        tdp_w=device.tdp_w,
+        power_w=power,
+        outputs=outputs,
+        per_output_j=(middle / width, middle * width),
+        calibration=calibration.energy_source or calibration.source,
+    )

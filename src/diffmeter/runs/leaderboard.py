@@ -1,0 +1,91 @@
+"""The predicted leaderboard: every catalog model at its defaults on every GPU of the table, offline. For each
+pair: whether it fits (and with which memory setting, fastest first, as ``fit`` answers), the predicted time
+(the lower bound, and the calibrated expected range where the setting is the plain pipeline) and the energy per
+image or video, each cell saying how it was predicted."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, Device
+
+
+class Cell(BaseModel):
+    """One model on one GPU (bytes, seconds per generation, joules per output)."""
+
+    model: str
+    gpu: str
+    architecture: str | None
+    #: the GPU's memory as its driver reports it, and what is left after the CUDA context and libraries
+    memory_bytes: int
+    fits: bool
+    #: the fastest setting bench can run that fits ([] = the plain pipeline); None where none fits
+    setting: list[str] | None = None
+    peak_bytes: int | None = None
+    #: the plain pipeline's predicted peak (what does not fit, when nothing plain does)
+    plain_peak_bytes: int
+    lower_s: float | None = None
+    expected_s: tuple[float, float] | None = None
+    energy_j: tuple[float, float] | None = None
+    output: str = "image"
+    #: how each figure was predicted, or why one is missing
+    notes: list[str] = []
+
+
+def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
+    """One model's cells on ``gpus``: one fake run of its generation at the catalog defaults, then per GPU."""
+    from diffmeter.catalog import resolve
+    from diffmeter.predict.operators import predict_memory_and_work
+    from diffmeter.predict.roofline import missing_figures, predict_time
+    from diffmeter.predict.techniques import fitting, peak_under
+    from diffmeter.runs.fitting import lower_times, runnable
+    from diffmeter.spec import ProfileSpec
+
+    entry = resolve(name)
+    spec = ProfileSpec(model=name).with_defaults(entry.defaults)
+    prediction, work = predict_memory_and_work(spec)
+    plain = peak_under(prediction, ())
+    output = "video" if spec.num_frames else "image"
+    memory_note = f"memory: {prediction.checked}" if prediction.checked else "memory: tracked on fake tensors"
+    cells = []
+    for gpu in gpus:
+        usable = gpu.memory_bytes - CUDA_HOLDBACK_BYTES
+        found, _ = runnable(fitting(prediction, usable, fp8="fp8" in gpu.tflops), entry, spec)
+        times = lower_times(work, prediction, gpu, [chosen for chosen, _ in found])
+        rows = sorted(found, key=lambda row: times.get(row[0], float("inf")))
+        cell = Cell(
+            model=name,
+            gpu=gpu.name,
+            architecture=gpu.architecture,
+            memory_bytes=gpu.memory_bytes,
+            fits=bool(rows),
+            plain_peak_bytes=plain,
+            output=output,
+            notes=[memory_note],
+        )
+        if rows:
+            chosen, peak = rows[0]
+            cell.setting, cell.peak_bytes, cell.lower_s = list(chosen), peak, times.get(chosen)
+            lacking = missing_figures(gpu, prediction.dtype)
+            if lacking:
+                cell.notes.append(f"no time: {lacking}")
+            elif not chosen:
+                time = predict_time(work, gpu, weights=prediction.weight_read_bytes, outputs=spec.batch_size)
+                cell.expected_s = time.expected_s
+                cell.energy_j = time.energy.per_output_j if time.energy else None
+                cell.notes.append(f"time: {time.calibration}")
+                if time.outside_calibration:
+                    cell.notes.append(f"time: the expected range is {time.outside_calibration}")
+                cell.notes.append(f"energy: {time.energy.calibration}" if time.energy else "energy: no TDP or fit")
+            else:
+                cell.notes.append(f"time: lower bound only; no expected range for {', '.join(chosen)}")
+        cells.append(cell)
+    return cells
+
+
+def table_gpus() -> list[Device]:
+    """Every GPU of the table with a single memory size (a row covering several sizes cannot say what fits)."""
+    from diffmeter.measure.peaks import PEAKS
+    from diffmeter.predict.devices import of_row
+
+    return [device for device in (of_row(row) for row in PEAKS) if device.memory_bytes]

@@ -1,0 +1,118 @@
+"""The predicted leaderboard (``runs/leaderboard.py``, ``report/leaderboard.py``, ``fit --all``): real catalog
+models predicted on real table GPUs, the page sorted in a real browser, the CSV read back."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import shutil
+
+import pytest
+
+from diffmeter.catalog import resolve
+from diffmeter.predict.devices import named_gpu
+from diffmeter.predict.operators import predict_memory_and_work
+from diffmeter.predict.roofline import predict_time
+from diffmeter.report.leaderboard import leaderboard_csv, leaderboard_html, summary_table
+from diffmeter.runs.leaderboard import model_cells
+from diffmeter.spec import ProfileSpec
+
+GPUS = ("H100 SXM", "L4", "T4")
+
+
+@pytest.fixture(scope="module")
+def cells():
+    gpus = [named_gpu(name) for name in GPUS]
+    return model_cells("sd15", gpus) + model_cells("flux-dev", gpus)
+
+
+def cell(cells, model, gpu):
+    return next(c for c in cells if c.model == model and c.gpu == gpu)
+
+
+def test_a_model_that_fits_plain_gets_the_expected_time_and_energy_profile_gives(cells):
+    found = cell(cells, "sd15", "H100 SXM")
+    assert found.fits and found.setting == [] and found.peak_bytes == found.plain_peak_bytes
+    spec = ProfileSpec(model="sd15").with_defaults(resolve("sd15").defaults)
+    memory, work = predict_memory_and_work(spec)
+    time = predict_time(work, named_gpu("H100 SXM"), weights=memory.weight_read_bytes)
+    assert found.expected_s == time.expected_s and found.lower_s == time.lower_s
+    assert found.energy_j == time.energy.per_output_j
+    low, high = found.energy_j  # 700 W TDP x the fitted share x the expected time
+    assert low < time.energy.power_w * time.expected_s[1] and high > time.energy.power_w * time.expected_s[0]
+    assert any(note.startswith("energy: average board power") for note in found.notes)
+
+
+def test_a_model_too_large_for_the_card_plain_gets_its_fastest_setting_and_no_expected_range(cells):
+    found = cell(cells, "flux-dev", "L4")
+    assert found.plain_peak_bytes > found.memory_bytes  # FLUX.1-dev's 33 GB of weights on a 23 GB card
+    assert found.fits and found.setting and found.peak_bytes < found.memory_bytes
+    assert found.expected_s is None and found.energy_j is None
+    assert any("lower bound only" in note for note in found.notes)
+
+
+def test_a_card_without_a_vendor_tdp_or_a_dtype_peak_says_so(cells):
+    l4 = cell(cells, "sd15", "L4")
+    assert l4.expected_s is not None and l4.energy_j is None and "energy: no TDP or fit" in l4.notes
+    t4 = cell(cells, "flux-dev", "T4")  # bfloat16 FLUX on a T4: no bf16 tensor cores in the table
+    assert t4.expected_s is None and (not t4.fits or any("no time" in note for note in t4.notes))
+
+
+def test_the_csv_holds_every_cell_with_units_in_its_names(cells):
+    rows = list(csv.DictReader(io.StringIO(leaderboard_csv(cells))))
+    assert len(rows) == len(cells) == 6
+    row = next(r for r in rows if r["model"] == "sd15" and r["gpu"] == "H100 SXM")
+    found = cell(cells, "sd15", "H100 SXM")
+    assert row["setting"] == "plain" and float(row["expected_low_s"]) == found.expected_s[0]
+    assert float(row["energy_high_j"]) == found.energy_j[1] and int(row["memory_bytes"]) == found.memory_bytes
+    assert summary_table(cells).row_count == len(GPUS)
+
+
+def _chromium() -> str | None:
+    return os.environ.get("DIFFMETER_CHROMIUM") or next(
+        (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None
+    )
+
+
+def test_the_page_sorts_by_expected_time_in_a_real_browser(cells, tmp_path):
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    executable = _chromium()
+    if executable is None:
+        pytest.skip("no Chromium here: apt-get install chromium (.ci/run does), or set DIFFMETER_CHROMIUM")
+    page_file = tmp_path / "leaderboard.html"
+    page_file.write_text(leaderboard_html(cells, ["A100 (its row covers several memory sizes)"]))
+    errors, requests = [], []
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.on("request", lambda request: requests.append(request.url))
+            page.goto(page_file.as_uri())
+            expected = "() => Array.from(document.querySelectorAll('tbody tr')).map(r => r.cells[8].dataset.value)"
+            page.click("table.summary th:nth-child(9)")  # expected time, ascending
+            ascending = page.evaluate(expected)
+            page.click("table.summary th:nth-child(9)")
+            descending = page.evaluate(expected)
+            header = page.evaluate("() => document.querySelector('th:nth-child(9)').textContent")
+        finally:
+            browser.close()
+    assert errors == [] and requests == [page_file.as_uri()]
+    assert header == "expected time"
+    numbers = [float(value) for value in ascending if value]
+    assert numbers == sorted(numbers) and len(numbers) >= 2
+    assert [float(value) for value in descending if value] == sorted(numbers, reverse=True)
+    assert ascending[-len(cells) + len(numbers) :] == [""] * (len(cells) - len(numbers))  # unknowns last
+
+
+def test_bad_leaderboard_input_is_one_line_and_exit_2(cli, tmp_path):
+    for args, said in (
+        (("fit", "sd15", "--all"), "drop MODEL"),
+        (("fit", "sd15", "--gpu", "h100", "--csv", tmp_path / "x.csv"), "add --all"),
+        (("fit", "--all", "--html", tmp_path / "missing" / "page.html"), "no folder"),
+        (("fit", "--all", "--gpu", "a100"), "no single memory size"),
+    ):
+        code, out, err = cli(*args)
+        assert code == 2 and said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not list(tmp_path.iterdir())
