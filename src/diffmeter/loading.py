@@ -8,6 +8,7 @@ anything is written or loaded.
 from __future__ import annotations
 
 import collections
+import contextlib
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,13 +106,13 @@ def load_pipeline(
         pipe = _pretrained(entry, source, {"default": torch_dtype, **own} if own else torch_dtype)
     else:
         if source.kind == "tiny-random":
-            pipe = tiny_pipeline(entry, "cpu", seed)
+            with default_dtype(torch_dtype):  # as from_pretrained builds (a component at another dtype aside)
+                pipe = tiny_pipeline(entry, "cpu", seed)
         else:
-            pipe = random_pipeline(entry, device, torch_dtype, seed, held)
+            pipe = random_pipeline(entry, device, torch_dtype, seed, held, own)
         for name, component in pipe.components.items():
             if isinstance(component, torch.nn.Module):
-                component.to(own.get(name, torch_dtype))
-                keep_fp32_modules(component, own.get(name, torch_dtype))
+                cast_as_loaded(component, own.get(name, torch_dtype))
     if held:
         for name, component in pipe.components.items():
             if isinstance(component, torch.nn.Module) and name not in held:
@@ -137,6 +138,35 @@ def fp32_module_names(module: torch.nn.Module, dtype: torch.dtype) -> set[str]:
     if dtype in (torch.float16, torch.bfloat16):
         keep |= set(module._keep_in_fp32_modules_strict or [])
     return keep
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Build under ``dtype`` as torch's default, as both loaders instantiate a model at its ``torch_dtype``
+    (diffusers models/modeling_utils.py ``_set_default_torch_dtype``, transformers modeling_utils.py
+    ``local_torch_dtype``)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def cast_as_loaded(module: torch.nn.Module, dtype: torch.dtype) -> None:
+    """What ``from_pretrained`` leaves at ``dtype``: the floating tensors a checkpoint stores (parameters,
+    persistent buffers) cast to it; non-persistent buffers as the class made them while it was built (a table it
+    builds in float32 explicitly, such as PixArt's or CogVideoX's positional embedding, stays float32: no
+    checkpoint value replaces it); the class's float32 modules kept in float32."""
+    stored = {id(tensor) for tensor in module.state_dict(keep_vars=True).values()}
+    for owner in module.modules():
+        for parameter in owner.parameters(recurse=False):
+            if parameter.is_floating_point() and id(parameter) in stored:
+                parameter.data = parameter.data.to(dtype)
+        for name, buffer in list(owner.named_buffers(recurse=False)):
+            if buffer.is_floating_point() and id(buffer) in stored:
+                setattr(owner, name, buffer.to(dtype))
+    keep_fp32_modules(module, dtype)
 
 
 def keep_fp32_modules(module: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -169,10 +199,15 @@ def _pretrained(entry: PipelineEntry, source: WeightsSource, torch_dtype):
 
 
 def random_pipeline(
-    entry: PipelineEntry, device: torch.device, dtype: torch.dtype, seed: int = 0, held: tuple[str, ...] = ()
+    entry: PipelineEntry,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int = 0,
+    held: tuple[str, ...] = (),
+    own: dict[str, torch.dtype] | None = None,
 ):
-    """Real-size components with random weights, built straight on ``device`` at ``dtype`` (``held`` ones on
-    the CPU).
+    """Real-size components with random weights, built straight on ``device`` at ``dtype`` (``own``: components
+    at another; ``held`` ones on the CPU).
 
     Tokenizers come from the family's tiny entry (token ids stay inside every real vocabulary, and
     padded lengths follow the pipeline's own settings); the scheduler too, unless the entry ships one.
@@ -181,15 +216,10 @@ def random_pipeline(
     if template is None:
         raise DiffmeterError(f"no tiny {entry.family} entry to borrow tokenizers and a scheduler from")
     torch.manual_seed(seed)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        parts = {
-            name: build_component(component, torch.device("cpu") if name in held else device)
-            for name, component in entry.components.items()
-        }
-    finally:
-        torch.set_default_dtype(previous)
+    parts = {}
+    for name, component in entry.components.items():
+        with default_dtype((own or {}).get(name, dtype)):
+            parts[name] = build_component(component, torch.device("cpu") if name in held else device)
     runtime = dict(template.extra["runtime"])
     if isinstance(entry.extra.get("scheduler"), dict):  # the entry ships its own (Wan 2.2's experts switch on it)
         runtime["scheduler"] = entry.extra["scheduler"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from diffmeter.catalog import ComponentEntry
-from diffmeter.loading import keep_fp32_modules
+from diffmeter.loading import cast_as_loaded, default_dtype
 from diffmeter.pipelines import build_component
 from diffmeter.quiet import quiet_libraries
 
@@ -15,11 +15,11 @@ _ROW_BYTES = {"int8": 4 + 1, "fp8": 4}
 
 
 def meta_module(component: ComponentEntry, dtype: torch.dtype) -> torch.nn.Module:
-    """The component on meta at ``dtype`` as bench loads it: floating tensors cast (``module.to``), the
-    model class's float32 modules kept in float32."""
-    with quiet_libraries():  # diffusers' advice to load with torch_dtype: this is what loading does
-        module = build_component(component, "meta").to(dtype)
-    keep_fp32_modules(module, dtype)
+    """The component on meta at ``dtype`` as bench loads it (``loading.cast_as_loaded``): built under ``dtype``,
+    stored tensors cast, non-persistent buffers as the class made them, float32 modules kept."""
+    with quiet_libraries(), default_dtype(dtype):  # diffusers' advice to load with torch_dtype: this is loading
+        module = build_component(component, "meta")
+    cast_as_loaded(module, dtype)
     return module
 
 
