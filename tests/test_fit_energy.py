@@ -64,3 +64,16 @@ def test_the_shipped_hopper_and_blackwell_calibrations_predict_energy():
         calibration = calibration_for(named_gpu(card))
         assert 0.5 < calibration.power_fraction <= 1 and calibration.energy_width >= 1
         assert "board power" in calibration.energy_source
+
+
+def test_a_launch_bound_runs_energy_says_it_is_likely_high():
+    """SD 1.5 at 512 px, 8 steps, on an H200 drew 217-313 W (Zeus), not the fit's 98% of 700 W."""
+    from diffmeter.predict.operators import operator_work
+    from diffmeter.predict.roofline import predict_time
+    from diffmeter.spec import ProfileSpec
+
+    h200 = named_gpu("H200 SXM")
+    short = predict_time(operator_work(ProfileSpec(model="sd15", height=512, width=512, steps=8, dtype="bf16")), h200)
+    assert "likely high" in short.energy.calibration
+    full = predict_time(operator_work(ProfileSpec(model="flux-dev", steps=28, dtype="bf16")), h200)
+    assert "likely high" not in full.energy.calibration

@@ -6,12 +6,19 @@ from __future__ import annotations
 from diffmeter.predict.devices import Device
 from diffmeter.predict.schema import EnergyPrediction
 
+#: what a launch-bound run draws, measured (benchmarks/results/gpu_runs_nvidia-h200.jsonl, Zeus)
+LAUNCH_BOUND_POWER = (
+    "outside the fitted runs, like their time: launch-bound runs draw less, on an H200 SD 1.5 and PixArt-Sigma at "
+    "512 px 217-313 W and FLUX.1-schnell 430-477 W against the fit's share, so this range is likely high"
+)
+
 
 def predict_energy(
-    expected_s: tuple[float, float], device: Device, outputs: int, calibration
+    expected_s: tuple[float, float], device: Device, outputs: int, calibration, launch_bound: str | None = None
 ) -> EnergyPrediction | None:
     """The range for a generation whose expected time is ``expected_s`` (seconds), or None where the card has no
-    TDP or the calibration no fitted power. ``calibration``: a ``roofline.Calibration``."""
+    TDP or the calibration no fitted power. ``calibration``: a ``roofline.Calibration``; ``launch_bound``: why the
+    time range may not hold (its operators smaller than any fitted run's), said in the energy's calibration too."""
     if device.tdp_w is None or calibration.power_fraction is None or calibration.energy_width is None:
         return None
     power = calibration.power_fraction * device.tdp_w
@@ -22,5 +29,6 @@ def predict_energy(
         power_w=power,
         outputs=outputs,
         per_output_j=(middle / width, middle * width),
-        calibration=calibration.energy_source or calibration.source,
+        calibration=(calibration.energy_source or calibration.source)
+        + (f"; {LAUNCH_BOUND_POWER}" if launch_bound else ""),
     )

@@ -183,6 +183,7 @@ def predict_time(
     expected = [stage.expected_s for stage in stages]
     lower, operators = sum(stage.lower_s for stage in stages), sum(stage.operators for stage in stages)
     whole = (sum(e[0] for e in expected), sum(e[1] for e in expected)) if calibration else None
+    launch_bound = outside(calibration, lower / operators) if calibration and operators else None
     return TimePrediction(
         device=device.name,
         dtype=work.dtype,
@@ -191,8 +192,8 @@ def predict_time(
         stages=stages,
         lower_s=lower,
         expected_s=whole,
-        outside_calibration=outside(calibration, lower / operators) if calibration and operators else None,
-        energy=predict_energy(whole, device, outputs, calibration) if calibration else None,
+        outside_calibration=launch_bound,
+        energy=predict_energy(whole, device, outputs, calibration, launch_bound) if calibration else None,
         ideal_s=sum(both[stage.stage][1] for stage in stages) if weights is not None else None,
         l2_bytes=device.l2_bytes,
         calibration=calibration.source if calibration else f"no calibration for {device.kind} devices yet",
