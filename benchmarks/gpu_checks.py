@@ -81,6 +81,16 @@ def in_range(measured_s: float, expected_s: tuple[float, float], lower_s: float)
     )
 
 
+def energy_in_range(measured_j: float, expected_j: tuple[float, float]) -> Outcome:
+    """A run's measured energy per image (Zeus) against the predicted range (fitted board power x time)."""
+    lo, hi = expected_j
+    return (
+        "PASS" if lo <= measured_j <= hi else "FAIL",
+        f"measured {measured_j:.1f} J per image vs predicted {lo:.1f}-{hi:.1f} J (midpoint "
+        f"{100 * ((lo * hi) ** 0.5 / measured_j - 1):+.0f}%)",
+    )
+
+
 def fractions(found: dict[str, tuple[float, float]]) -> Outcome:
     """Achieved fractions of the datasheet peak per operator kind: each between 0 and 1, since no kernel beats the
     peak; above 1, an operator's FLOPs or bytes are counted too high or its time too low."""
@@ -187,5 +197,6 @@ def self_test() -> list[tuple[str, str, Outcome]]:
     rows.append(("fractions", "matmul FLOPs counted twice", fractions({"matmul": (0.9, 1.5), "attention": (0.3, 0.6)})))
     rows.append(("expected range", "a time counted 2x too fast", in_range(0.2, (0.3, 0.45), 0.1)))
     rows.append(("expected range", "a lower bound above the run", in_range(0.4, (0.3, 0.45), 0.5)))
+    rows.append(("expected energy", "energy read at 2x the power", energy_in_range(400.0, (150.0, 210.0))))
     rows.append(("cuda:1", "a stray context on GPU 0", stray_contexts(gpus_with_process(nvml=nvml), own=1)))
     return rows

@@ -160,6 +160,9 @@ def chunk_trace(report: Report) -> None:
         if CUDA and time.expected_s is not None:  # the GPU ranges are fitted on published runs
             median = result.summary.latency_s.median
             report.add("trace", f"{kind} expected range", *checks.in_range(median, time.expected_s, time.lower_s))
+            measured_j = result.summary.energy.gpu_j_per_image
+            if time.energy is not None and measured_j is not None:
+                report.add("trace", f"{kind} energy", *checks.energy_in_range(measured_j, time.energy.per_output_j))
         above = [s.stage for s in time.stages if s.lower_s > result.summary.stages_s[s.stage].min]
         report.add(
             "trace",

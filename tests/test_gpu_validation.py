@@ -42,6 +42,7 @@ def test_the_same_checks_pass_on_right_inputs():
     assert gpu_checks.agree("peak bytes", 10 << 30, 10 << 30, "snapshot", 0.01)[0] == "PASS"
     assert gpu_checks.stray_contexts([1], own=1)[0] == "PASS"
     assert gpu_checks.in_range(0.35, (0.3, 0.45), 0.1)[0] == "PASS"
+    assert gpu_checks.energy_in_range(180.0, (150.0, 210.0))[0] == "PASS"
     # the H200's second traced run (benchmarks/results/efficiency_cuda_nvidia-h200.json)
     assert gpu_checks.fractions({"matmul": (0.57, 0.95), "attention": (0.38, 0.64)})[0] == "PASS"
 
