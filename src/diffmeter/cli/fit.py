@@ -78,6 +78,13 @@ def fit(
 
         if model or memory:
             raise DiffmeterError("--all predicts every catalog model on the table's GPUs: drop MODEL and --memory")
+        given = {
+            "--height": height, "--width": width, "--steps": steps, "--guidance-scale": guidance_scale,
+            "--true-cfg-scale": true_cfg_scale, "--num-frames": num_frames, "--dtype": dtype,
+            "--component-dtype": component_dtype, "--batch-size": None if batch_size == 1 else batch_size,
+        }  # fmt: skip
+        if named := [flag for flag, value in given.items() if value]:
+            raise DiffmeterError(f"--all predicts each model at its catalog defaults: drop {', '.join(named)}")
         return leaderboard(gpu, html, csv, as_json)
     if html or csv:
         raise DiffmeterError("--html and --csv write the leaderboard: add --all")
