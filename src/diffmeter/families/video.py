@@ -224,11 +224,18 @@ class CogVideoX(Family):
     def default_frames(self, entry) -> int:
         return entry.components[self.denoiser].config["sample_frames"]  # CogVideoXPipeline's num_frames default
 
+    @staticmethod
+    def denoised_frames(config: dict, latent_frames: int) -> int:
+        """The latent frames the transformer runs on: CogVideoX 1.5 (``patch_size_t``) pads them to a multiple of
+        it, and the pipeline drops the padding before the decode (diffusers pipeline_cogvideox.py ``__call__``:
+        ``additional_frames``, ``latents[:, additional_frames:]``)."""
+        patch = config.get("patch_size_t")
+        return latent_frames + (-latent_frames % patch if patch else 0)
+
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)
-        hidden = torch.zeros(
-            batch, shapes.latent_frames, config["in_channels"], shapes.latent_height, shapes.latent_width
-        )
+        frames = self.denoised_frames(config, shapes.latent_frames)
+        hidden = torch.zeros(batch, frames, config["in_channels"], shapes.latent_height, shapes.latent_width)
         rotary = None
         if config.get("use_rotary_positional_embeddings"):
             # the pipeline's own RoPE helper, given just the attributes it reads
@@ -239,7 +246,7 @@ class CogVideoX(Family):
                 transformer=SimpleNamespace(config=SimpleNamespace(**{"patch_size_t": None, **config})),
             )
             rotary = CogVideoXPipeline._prepare_rotary_positional_embeddings(
-                pipeline, shapes.spec.height, shapes.spec.width, shapes.latent_frames, device
+                pipeline, shapes.spec.height, shapes.spec.width, frames, device
             )
         return {
             "hidden_states": hidden,
