@@ -55,10 +55,12 @@ def chunk_measures(report: Report) -> None:
             report.add("measures", check, "SKIP", f"{SKIP_CUDA} (NVML counters, the caching allocator)")
         return
     matmul = achievable()["matmul_tflops"]
-    torch.cuda.memory._record_memory_history(context=None, max_entries=4_000_000)
+    torch.cuda.memory._record_memory_history(context="alloc", stacks="python", max_entries=4_000_000)
     before = torch.cuda.memory_allocated()
     result, refusal = run(model_spec("mmdit", iterations=3))
-    replayed = _replayed_peak(torch.cuda.memory._snapshot(), torch.cuda.current_device(), before)
+    snapshot = torch.cuda.memory._snapshot()
+    replayed = _replayed_peak(snapshot, torch.cuda.current_device(), before)
+    stages = replayed_stage_peaks(snapshot, torch.cuda.current_device(), before)
     torch.cuda.memory._record_memory_history(enabled=None)
     if result is None:
         report.add("measures", "flux-schnell run", "FAIL", refusal)
@@ -80,6 +82,17 @@ def chunk_measures(report: Report) -> None:
             0.02,
         ),
     )
+    measured = summary.peak_memory.cuda_stage_max_allocated_bytes or {}
+    for stage, bytes_ in stages.items():
+        if stage in measured:
+            outcome = checks.agree(
+                f"{stage}: CUDA max allocated in the stage (at its marks)",
+                measured[stage],
+                bytes_,
+                "the event trace's allocations made inside that component (by their Python stack)",
+                0.02,
+            )
+            report.add("measures", f"peak memory, {stage}", *outcome)
     report.add("measures", "energy", *_energy_window())
 
 
@@ -93,6 +106,33 @@ def _replayed_peak(snapshot: dict, device: int, start: int) -> int:
         elif event["action"] == "free_completed":
             allocated -= event["size"]
     return peak
+
+
+#: where an allocation's Python stack says it was made (innermost match first), by the stage it belongs to
+STAGE_FILES = (
+    ("VAE decode", "diffusers/models/autoencoders/"),
+    ("text encoding", "transformers/models/"),
+    ("denoising step", "diffusers/models/transformers/"),
+    ("denoising step", "diffusers/models/unets/"),
+    ("denoising step", "diffusers/schedulers/"),
+)
+
+
+def replayed_stage_peaks(snapshot: dict, device: int, start: int) -> dict[str, int]:
+    """Each stage's most bytes allocated at once, replaying the allocator's event trace and giving each allocation
+    to the stage its recorded Python stack was in (the innermost frame of a text encoder's, denoiser's, scheduler's
+    or VAE's source file): an attribution independent of the stage timer's marks."""
+    allocated, peaks = start, {}
+    for event in snapshot["device_traces"][device]:
+        if event["action"] == "alloc":
+            allocated += event["size"]
+            files = [frame["filename"].replace("\\", "/") for frame in event.get("frames", [])]
+            stage = next((name for path in files for name, part in STAGE_FILES if part in path), None)
+            if stage is not None:
+                peaks[stage] = max(peaks.get(stage, 0), allocated)
+        elif event["action"] == "free_completed":
+            allocated -= event["size"]
+    return peaks
 
 
 def _energy_window() -> tuple[str, str]:

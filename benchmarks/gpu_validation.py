@@ -10,7 +10,8 @@ Chunks:
                  right dense peak is reached to 50-100%; device-to-device copy GB/s
   stages         each call's device-timed total (CUDA events) against the host wall clock around it, which
                  waits for the GPU (2%), for a UNet (sd15), an MMDiT (flux-schnell), a DiT (pixart-sigma)
-  measures       flux-schnell: MFU below a bare matmul and in a plausible band; CUDA max allocated against the
+  measures       flux-schnell: MFU below a bare matmul and in a plausible band; CUDA max allocated, whole and per
+                 stage (each allocation given to the stage its Python stack was in), against the
                  allocator's own event trace replayed; diffmeter's energy meter against NVML's total-energy
                  counter of the run's GPU, read directly around the same window (5%)
   trace          a --trace run of each model: stage lengths against the stage timer (5% of the call), no stage

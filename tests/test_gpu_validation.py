@@ -64,3 +64,25 @@ def test_what_a_cpu_can_run_of_it_passes(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:]
     text = report.read_text()
     assert "| FAIL |" not in text and text.count("| PASS |") >= 6 and "| SKIP |" in text
+
+
+def test_the_stage_peaks_replayed_from_the_allocators_trace_follow_each_allocations_stack():
+    """The allocator's event trace cannot be recorded here (no CUDA): a snapshot in its format (torch/cuda/memory.py
+    ``_snapshot``: device_traces of alloc / free_completed events with their Python frames) stands in for one."""
+    import gpu_chunks
+
+    def alloc(size, *files):
+        return {"action": "alloc", "size": size, "frames": [{"filename": f, "name": "f", "line": 1} for f in files]}
+
+    pipeline = "site-packages/diffusers/pipelines/flux/pipeline_flux.py"
+    trace = [
+        alloc(100, pipeline),  # latents: outside every component
+        alloc(700, "site-packages/transformers/models/t5/modeling_t5.py", pipeline),
+        {"action": "free_completed", "size": 700},
+        alloc(500, "site-packages/diffusers/models/attention_processor.py",
+              "site-packages/diffusers/models/transformers/transformer_flux.py", pipeline),
+        {"action": "free_completed", "size": 500},
+        alloc(900, "site-packages/diffusers/models/autoencoders/autoencoder_kl.py", pipeline),
+    ]  # fmt: skip
+    peaks = gpu_chunks.replayed_stage_peaks({"device_traces": [trace]}, 0, 1000)
+    assert peaks == {"text encoding": 1800, "denoising step": 1600, "VAE decode": 2000}
