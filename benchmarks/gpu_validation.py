@@ -15,8 +15,9 @@ Chunks:
                  allocator's own event trace replayed; diffmeter's energy meter against NVML's total-energy
                  counter of the run's GPU, read directly around the same window (5%)
   trace          a --trace run of each model: stage lengths against the stage timer (5% of the call), no stage
-                 busier than its length; the stored prediction: peak memory against CUDA's max allocated (10%),
-                 the roofline lower bound under every stage's fastest call; writes this GPU's achieved
+                 busier than its length; the stored prediction: peak memory, whole and per stage, against CUDA's
+                 max allocated (10%), the roofline lower bound under every stage's fastest call, the measured
+                 time inside the expected range and the energy (Zeus) inside its range; writes this GPU's achieved
                  fractions per operator kind (for predict/data/efficiency.json)
   two-process    data parallel 2 and Ulysses 2 on two GPUs (SKIP with one: tests/test_multigpu.py runs both on CPU)
   cuda1          a run on cuda:1 holds no context on another GPU (NVML's list of this process's GPUs)
