@@ -24,7 +24,7 @@ from pathlib import Path
 from published_comparison import load_figures, settings
 
 from diffmeter.predict.devices import chosen_gpu
-from diffmeter.predict.fit_energy import EnergyRun, energy_summary, fit_power, leave_one_model_out
+from diffmeter.predict.fit_energy import EnergyRun, fit_power, leave_one_model_out
 from diffmeter.predict.fit_published import (
     COMPUTE_KINDS,
     FULL_MODEL_ROWS,
@@ -66,7 +66,7 @@ def energy_lines(architecture: str, energy: list[EnergyRun], mine: list[Publishe
         return [], {}
     power = fit_power(energy, [found.midpoint(e.run) for e in energy])
     held = leave_one_model_out(energy, mine)
-    stats = energy_summary(held)
+    stats = summary(held)
     said = (
         f"average board power {power.fraction:.2f} x TDP fitted on {len(energy)} published runs' energy "
         f"({', '.join(sorted({e.run.source for e in energy}))}); held out a model at a time: {stats['coverage']:.0%} "
@@ -182,7 +182,7 @@ def main() -> int:
         "",
     ]
     shipped_fits: dict = {}
-    for architecture in sorted({run.architecture for run in runs}, key=lambda name: name != "hopper"):
+    for architecture in sorted({run.architecture for run in runs}, key=lambda name: (name != "hopper", name)):
         mine = [run for run in runs if run.architecture == architecture]
         found = fit(mine)
         by = "source" if len({run.source for run in mine}) > 1 else "model"

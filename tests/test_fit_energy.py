@@ -7,8 +7,8 @@ import pytest
 
 from diffmeter.predict.devices import named_gpu
 from diffmeter.predict.energy import predict_energy
-from diffmeter.predict.fit_energy import EnergyRun, energy_summary, fit_power, leave_one_model_out
-from diffmeter.predict.fit_published import PublishedRun, fit
+from diffmeter.predict.fit_energy import EnergyRun, fit_power, leave_one_model_out
+from diffmeter.predict.fit_published import PublishedRun, fit, summary
 from diffmeter.predict.roofline import Calibration, calibration_for
 
 
@@ -43,7 +43,7 @@ def test_a_held_out_model_is_predicted_by_the_others_time_and_power_alone():
     assert all(not h.inside and h.error > 0.5 for h in low)
     others = [h for h in held if h.run.run.model != "m0"]
     assert max(abs(h.error) for h in others) < min(h.error for h in low)
-    assert energy_summary(held)["coverage"] < 1
+    assert summary(held)["coverage"] < 1
     assert fit(timed).midpoint(runs[1].run) == pytest.approx(runs[1].run.published_s)
 
 

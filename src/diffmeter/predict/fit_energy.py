@@ -11,11 +11,9 @@ runs' energy against the time and power fitted without them.
 
 from __future__ import annotations
 
-import math
-import statistics
 from dataclasses import dataclass
 
-from diffmeter.predict.fit_published import COVERAGE, PublishedRun, fit
+from diffmeter.predict.fit_published import PublishedRun, covering, fit
 
 
 @dataclass(frozen=True)
@@ -43,9 +41,7 @@ def fit_power(runs: list[EnergyRun], times: list[float]) -> PowerFit:
     """The fraction minimizing the relative errors of ``runs`` at the predicted ``times`` (seconds per call)."""
     x = [run.tdp_w * time / run.outputs / run.published_j for run, time in zip(runs, times, strict=True)]
     fraction = sum(x) / sum(value * value for value in x)
-    ratios = sorted(max(fraction * value, 1 / (fraction * value)) for value in x)
-    width = ratios[min(len(ratios) - 1, math.ceil(COVERAGE * len(ratios)) - 1)] * (1 + 1e-9)
-    return PowerFit(fraction, width)
+    return PowerFit(fraction, covering([fraction * value for value in x]))
 
 
 @dataclass(frozen=True)
@@ -79,12 +75,3 @@ def leave_one_model_out(energy: list[EnergyRun], timed: list[PublishedRun]) -> l
                 middle = power.midpoint(e, time_fit.midpoint(e.run))
                 found.append(HeldOutEnergy(e, middle, middle / power.width, middle * power.width))
     return found
-
-
-def energy_summary(held: list[HeldOutEnergy]) -> dict[str, float]:
-    """Coverage (fraction inside), the midpoint's median absolute error, and the width hi / lo."""
-    return {
-        "coverage": sum(h.inside for h in held) / len(held),
-        "median_error": statistics.median(abs(h.error) for h in held),
-        "median_width": statistics.median(h.high / h.low for h in held),
-    }

@@ -93,9 +93,13 @@ def fit(runs: list[PublishedRun]) -> Fit:
     x = _bounded_least_squares(matrix, lower)
     a_compute, a_memory, overhead = (x[0], x[1], x[2]) if full else (x[0], x[0], 0.0)
     point = Fit(a_compute, a_memory, overhead, 1.0)
-    ratios = sorted(max(run.published_s / point.midpoint(run), point.midpoint(run) / run.published_s) for run in runs)
-    width = ratios[min(len(ratios) - 1, math.ceil(COVERAGE * len(ratios)) - 1)] * (1 + 1e-9)  # the edge run inside
-    return Fit(a_compute, a_memory, overhead, width)
+    return Fit(a_compute, a_memory, overhead, covering([point.midpoint(run) / run.published_s for run in runs]))
+
+
+def covering(ratios: list[float]) -> float:
+    """The smallest factor w with ``COVERAGE`` of the predicted / published ``ratios`` inside [1 / w, w]."""
+    spread = sorted(max(ratio, 1 / ratio) for ratio in ratios)
+    return spread[min(len(spread) - 1, math.ceil(COVERAGE * len(spread)) - 1)] * (1 + 1e-9)  # the edge run inside
 
 
 @dataclass(frozen=True)
@@ -130,8 +134,9 @@ def leave_one_out(runs: list[PublishedRun], by: str = "source") -> list[HeldOut]
     return found
 
 
-def summary(held: list[HeldOut]) -> dict[str, float]:
-    """Coverage (fraction inside), the midpoint's median absolute error, and the median width hi / lo."""
+def summary(held: list) -> dict[str, float]:
+    """Coverage (fraction inside), the midpoint's median absolute error, and the median width hi / lo, of held-out
+    predictions (``HeldOut``, ``fit_energy.HeldOutEnergy``)."""
     return {
         "coverage": sum(h.inside for h in held) / len(held),
         "median_error": statistics.median(abs(h.error) for h in held),
