@@ -111,14 +111,14 @@ def fit(
     load_libraries()
     from diffmeter.predict.operators import predict_memory_and_work
     from diffmeter.predict.techniques import fitting
-    from diffmeter.runs.fitting import lower_times, runnable
+    from diffmeter.runs.fitting import lower_times, plain_time, runnable
 
     prediction, work = predict_memory_and_work(spec)  # one fake run for the memory and the time
     usable = target.memory_bytes - CUDA_HOLDBACK_BYTES
     # fp8 weights need FP8 tensor cores: a table GPU says whether it has them; a bare --memory is not refused
     found = fitting(prediction, usable, fp8=gpu is None or "fp8" in target.tflops)
     fits, refused = runnable(found, entry, spec.with_defaults(entry.defaults))
-    times = lower_times(work, prediction, target, [chosen for chosen, _ in fits])
+    times = lower_times(plain_time(work, prediction, target), prediction, target, [chosen for chosen, _ in fits])
     rows = [(chosen, peak, times.get(chosen)) for chosen, peak in fits]
     if all(time is not None for _, _, time in rows):  # the mechanism's order stays among equal times
         rows.sort(key=lambda row: row[2])

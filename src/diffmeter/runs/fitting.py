@@ -49,17 +49,25 @@ def refusals(settings, entry, spec) -> list[tuple[tuple[str, ...], str]]:
     return refused
 
 
-def lower_times(work, prediction, gpu, settings) -> dict[tuple[str, ...], float]:
-    """Each setting's lower bound of seconds per generation on ``gpu`` (none without the GPU's figures, or
-    without its host link for an offloading setting)."""
-    from diffmeter.predict.offload_time import lower_s, moved_bytes
+def plain_time(work, prediction, gpu, outputs: int = 1):
+    """The plain pipeline's predicted time on ``gpu`` (``roofline.TimePrediction``), None without the GPU's
+    figures for the dtype."""
     from diffmeter.predict.roofline import missing_figures, predict_time
 
     if missing_figures(gpu, prediction.dtype):
+        return None
+    return predict_time(work, gpu, weights=prediction.weight_read_bytes, outputs=outputs)
+
+
+def lower_times(time, prediction, gpu, settings) -> dict[tuple[str, ...], float]:
+    """Each setting's lower bound of seconds per generation on ``gpu``, from the plain pipeline's ``time``
+    (``plain_time``; none without it, or without the GPU's host link for an offloading setting)."""
+    from diffmeter.predict.offload_time import lower_s, moved_bytes
+
+    if time is None:
         return {}
-    compute = predict_time(work, gpu, weights=prediction.weight_read_bytes).lower_s
     return {
-        chosen: lower_s(compute, prediction, chosen, gpu.host_link_bytes_per_s)
+        chosen: lower_s(time.lower_s, prediction, chosen, gpu.host_link_bytes_per_s)
         for chosen in settings
         if gpu.host_link_bytes_per_s or not moved_bytes(prediction, chosen)
     }

@@ -36,9 +36,9 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
     """One model's cells on ``gpus``: one fake run of its generation at the catalog defaults, then per GPU."""
     from diffmeter.catalog import resolve
     from diffmeter.predict.operators import predict_memory_and_work
-    from diffmeter.predict.roofline import missing_figures, predict_time
+    from diffmeter.predict.roofline import missing_figures
     from diffmeter.predict.techniques import fitting, peak_under
-    from diffmeter.runs.fitting import lower_times, runnable
+    from diffmeter.runs.fitting import lower_times, plain_time, runnable
     from diffmeter.spec import ProfileSpec
 
     entry = resolve(name)
@@ -51,7 +51,8 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
     for gpu in gpus:
         usable = gpu.memory_bytes - CUDA_HOLDBACK_BYTES
         found, _ = runnable(fitting(prediction, usable, fp8="fp8" in gpu.tflops), entry, spec)
-        times = lower_times(work, prediction, gpu, [chosen for chosen, _ in found])
+        time = plain_time(work, prediction, gpu, spec.batch_size)
+        times = lower_times(time, prediction, gpu, [chosen for chosen, _ in found])
         rows = sorted(found, key=lambda row: times.get(row[0], float("inf")))
         cell = Cell(
             model=name,
@@ -66,11 +67,9 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
         if rows:
             chosen, peak = rows[0]
             cell.setting, cell.peak_bytes, cell.lower_s = list(chosen), peak, times.get(chosen)
-            lacking = missing_figures(gpu, prediction.dtype)
-            if lacking:
-                cell.notes.append(f"no time: {lacking}")
+            if time is None:
+                cell.notes.append(f"no time: {missing_figures(gpu, prediction.dtype)}")
             elif not chosen:
-                time = predict_time(work, gpu, weights=prediction.weight_read_bytes, outputs=spec.batch_size)
                 cell.expected_s = time.expected_s
                 cell.energy_j = time.energy.per_output_j if time.energy else None
                 cell.notes.append(f"time: {time.calibration}")
