@@ -18,7 +18,7 @@ from diffmeter.predict.memory import VAE_MODES
 from diffmeter.predict.operators import predict_memory_and_work
 from diffmeter.predict.roofline import missing_figures, predict_time
 from diffmeter.predict.schema import RunPrediction
-from diffmeter.predict.techniques import peak_under, stage_peaks_under
+from diffmeter.predict.techniques import stage_peaks_under
 
 #: optimizations that change the time only through the peak the roofline already uses
 TIME_MODELLED = {"tf32"}
@@ -67,10 +67,11 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
     else:
         time = predict_time(work, figures, precision, weights=memory.weight_read_bytes, outputs=spec.batch_size)
         untimed = [o.label for o in optimizations if o.name not in TIME_MODELLED]
+    stages = stage_peaks_under(memory, tuple(techniques))  # the whole peak is the largest stage's (peak_under)
     return RunPrediction(
         device=name,
-        peak_memory_bytes=peak_under(memory, tuple(techniques)),
-        stage_peak_memory_bytes=stage_peaks_under(memory, tuple(techniques)),
+        peak_memory_bytes=max(stages.values(), default=0),
+        stage_peak_memory_bytes=stages,
         memory_techniques=techniques,
         time=time,
         time_left_out=untimed if time is not None else [],
