@@ -35,7 +35,8 @@ from diffmeter.predict.fit_published import (
     leave_one_out,
     summary,
 )
-from diffmeter.predict.operators import predict_memory_and_work
+from diffmeter.predict.memory import VAE_MODES
+from diffmeter.predict.operators import operator_work, predict_memory_and_work
 from diffmeter.predict.roofline import NEIGHBOURS, lower_bounds, missing_figures, peak_of
 from diffmeter.spec import ProfileSpec
 
@@ -104,7 +105,9 @@ def published_run(figure: dict) -> tuple[PublishedRun | None, str]:
     device = chosen_gpu(None if spec_text else figure["gpu"], spec_text)
     table = chosen_gpu(figure["gpu"], None)  # the architecture of the row the figures are of
     spec = ProfileSpec(model=figure["model"], **{k: v for k, v in chosen.items() if v is not None})
-    _, work = predict_memory_and_work(spec, vae_modes=())
+    modes = tuple(t for t in figure["techniques"] if t in VAE_MODES)
+    # a tiled or sliced decode: its own operators (without the plain decode, which may not run at that batch)
+    work = operator_work(spec, modes) if modes else predict_memory_and_work(spec, vae_modes=())[1]
     if missing_figures(device, work.dtype):
         return None, "the GPU's figures lack the dtype's peak or the bandwidth"
     bounds = lower_bounds(work, peak_of(device, work.dtype) * 1e12, device.bandwidth_bytes_per_s, device.l2_bytes)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from diffmeter.predict.memory import VAE_MODES
 from diffmeter.predict.schema import MemoryPrediction
 from diffmeter.predict.techniques import peak_under
 
@@ -60,7 +61,8 @@ def profile_command(figure: dict, chosen: dict) -> list[str]:
     for key, value in chosen.items():
         if value is not None:
             command += [f"--{key.replace('_', '-')}", str(value)]
-    return command
+    # a latency with a tiled or sliced decode is timed so (memory figures apply every technique to the memory)
+    return command + [f"--{t}" for t in figure["techniques"] if figure["kind"] == "latency" and t in VAE_MODES]
 
 
 def run_profile(command: list[str], cache: dict) -> dict:
@@ -74,9 +76,13 @@ def run_profile(command: list[str], cache: dict) -> dict:
             text=True,
             check=False,
         )
-        if done.returncode != 0:
-            raise SystemExit(f"diffmeter {' '.join(command)} failed:\n{done.stderr.strip()}")
-        cache[key] = json.loads(done.stdout)
+        said = done.stderr.strip()
+        if done.returncode != 0 and not (said.startswith("Error: ") and "\n" not in said):
+            raise SystemExit(f"diffmeter {' '.join(command)} failed:\n{said}")
+        if done.returncode != 0:  # its one-line refusal, shown in the row (a memory row cannot do without it)
+            cache[key] = {"error": said.removeprefix("Error: ")}
+        else:
+            cache[key] = json.loads(done.stdout)
     return cache[key]
 
 
@@ -180,7 +186,9 @@ def seconds(value: float) -> str:
 def latency_row(figure: dict, profile: dict, chosen: dict, assumed: list[str]) -> str:
     published = figure["published"]["value"]
     time = profile.get("time")
-    if "time" not in profile:
+    if "error" in profile:
+        ideal, bound, expected, ratio, inside = f"not predicted: {cell(profile['error'])}", "", "", "", ""
+    elif "time" not in profile:
         ideal = bound = expected = ratio = inside = "not yet predicted"
     elif time is None:
         ideal, bound = "none: the GPU's figures lack the dtype's peak or the bandwidth", ""
@@ -240,6 +248,8 @@ def generated(figures: list[dict]) -> str:
         chosen, assumed = settings(figure)
         profile = run_profile(profile_command(figure, chosen), cache)
         if figure["kind"] == "memory":
+            if "error" in profile:
+                raise SystemExit(f"diffmeter {' '.join(profile_command(figure, chosen))} failed: {profile['error']}")
             memory.append(memory_row(figure, profile, chosen, assumed))
         else:
             latency.append(latency_row(figure, profile, chosen, assumed))

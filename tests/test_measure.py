@@ -59,6 +59,8 @@ DEVICE_NAMES = {
     "NVIDIA H20": 148.0,
     "NVIDIA B200": 2250.0,
     "NVIDIA GB200": 2500.0,
+    "NVIDIA B300 SXM6 AC": 2250.0,  # as nvidia-smi names it
+    "AMD Instinct MI300X": 1307.4,  # as ROCm's torch.cuda.get_device_name names it
     "NVIDIA A100-SXM4-80GB": 312.0,
     "NVIDIA A100-SXM4-40GB": 312.0,
     "NVIDIA A100-PCIE-40GB": 312.0,
@@ -80,6 +82,8 @@ DEVICE_NAMES = {
     "NVIDIA H100": None,
     "NVIDIA H20-3e": None,
     "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": None,
+    "AMD Instinct MI300A": None,
+    "AMD Instinct MI325X": None,
     "Some Future GPU": None,
 }
 

@@ -266,7 +266,7 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
     from diffmeter.optimize.options import from_flags
     from diffmeter.predict.bench_prediction import memory_technique
     from diffmeter.predict.memory import VAE_MODES
-    from diffmeter.predict.operators import predict_memory_and_work
+    from diffmeter.predict.operators import operator_work, predict_memory_and_work
     from diffmeter.predict.roofline import missing_figures, predict_time
     from diffmeter.predict.techniques import peak_under
 
@@ -281,6 +281,8 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
 
     modes = tuple(t for t in techniques if t in VAE_MODES)  # a video's tiled decode is slow to track: only if asked
     predicted = [predict_memory_and_work(spec, vae_modes=modes) for spec in specs]  # one fake run for both
+    if modes:  # the decode's operators as the tiled or sliced decode runs them
+        predicted = [(memory, operator_work(spec, modes)) for (memory, _), spec in zip(predicted, specs, strict=True)]
     memories = [memory for memory, _ in predicted]
     chosen = chosen or chosen_gpu(gpu, gpu_spec, tuple({memory.dtype for memory in memories}))
     missing = [missing_figures(chosen, memory.dtype) for memory in memories]
@@ -308,5 +310,12 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
         console.print(time_table(time) if time else f"no time prediction: {lacking}", markup=False)
         if time and time.expected_s:
             console.print(energy_line(time, "video" if found.num_frames else "image"), markup=False)
-        if time and techniques:
-            console.print(f"time predicted without {', '.join(techniques)} (not modelled in time yet)", markup=False)
+        if time and modes:
+            console.print(
+                f"VAE decode timed as {' and '.join(modes)} runs it (its FLOPs above: the count table's are the "
+                "plain decode's)",
+                markup=False,
+            )
+        untimed = [t for t in techniques if t not in VAE_MODES]
+        if time and untimed:
+            console.print(f"time predicted without {', '.join(untimed)} (not modelled in time yet)", markup=False)

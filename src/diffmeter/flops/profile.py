@@ -97,10 +97,18 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
                 f"({entry.components[name].class_name}) says: {str(error).strip().splitlines()[0]}"
             ) from None
         except RuntimeError as error:
-            if "overflow" not in str(error):
+            if "overflow" in str(error):
+                raise DiffmeterError(
+                    f"{spec.width}x{spec.height} (WxH) is too large to count: its tensors overflow PyTorch's size "
+                    "limits"
+                ) from None
+            if "Kernel size can't be greater" not in str(error):
                 raise
+            # diffusers' CogVideoXSafeConv3d cuts a tensor over 2 GiB along time into parts its kernel cannot span
             raise DiffmeterError(
-                f"{spec.width}x{spec.height} (WxH) is too large to count: its tensors overflow PyTorch's size limits"
+                f"{entry.name}'s {name} ({entry.components[name].class_name}) cannot run {spec.batch_size} at once "
+                f"at {spec.width}x{spec.height} (WxH): {str(error).strip().splitlines()[-1]}; the pipeline runs it "
+                "only with vae.enable_slicing() (bench --vae-slicing): lower --batch-size to count it here"
             ) from None
 
     denoiser_macs = sum(c.macs for c in components if c.role == DENOISER)

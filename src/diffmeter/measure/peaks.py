@@ -1,7 +1,7 @@
 """Peak dense tensor throughput per GPU and precision, for model FLOP utilization (MFU).
 
-Figures are NVIDIA datasheet numbers in TFLOP/s *without* structured sparsity: datasheets
-headline the 2x sparse figure for tensor-core precisions, and MFU against it would halve
+Figures are vendor datasheet numbers (NVIDIA's; AMD's for the MI300X) in TFLOP/s *without* structured
+sparsity: datasheets headline the 2x sparse figure for tensor-core precisions, and MFU against it would halve
 every result, so tensor figures here are half the headline where the sheet marks it sparse.
 "fp32" is plain CUDA-core FP32; "tf32" applies when float32 matmuls may use TF32. GeForce
 "bf16"/"fp16" are the FP32-accumulate rates (what PyTorch runs). Memory is in GB, memory
@@ -123,6 +123,16 @@ PEAKS = (
         "NVIDIA GB200 NVL72 specifications, per GPU (dense = half the sparse figure)",
         memory_gb=186,
         bandwidth_gb_s=8000,
+    ),
+    DevicePeak(
+        "B300",
+        ("b300",),
+        {"fp32": 75.0, "tf32": 1125.0, "bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0},
+        "NVIDIA/exemplar-performance README, 'Peak Theoretical Throughput' (non-sparse BF16 2250, FP8 4500 per B300;"
+        " 'Memory bandwidth 7.7 TB/s per GPU'); TF32, FP32 and FP16: the HGX B300 table as reproduced (sparse halved)",
+        allows=("sxm6", "ac"),
+        memory_gb=288,
+        bandwidth_gb_s=7700,
     ),
     DevicePeak(
         "A100",
@@ -256,6 +266,16 @@ PEAKS = (
         "NVIDIA RTX A6000 datasheet (dense = half the sparse figure)",
         memory_gb=48,
         bandwidth_gb_s=768,
+    ),
+    DevicePeak(
+        "MI300X",
+        ("mi300x",),
+        {"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9},
+        "AMD Instinct MI300 series microarchitecture (ROCm docs, 'Peak-performance capabilities of the MI300X': "
+        "dense matrix peaks; 5.3 TB/s) and ROCm's GPU specifications table (192 GiB)",
+        allows=("amd", "instinct"),
+        memory_gb=206.2,
+        bandwidth_gb_s=5300,
     ),
 )
 

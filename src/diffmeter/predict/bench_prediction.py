@@ -2,7 +2,8 @@
 
 Memory takes the run's memory techniques into account where ``techniques`` models them (offload,
 VAE tiling and slicing, the fp8 text encoder, weight-only quantization); time is the unoptimized
-pipeline's, at the peak the run could use (TF32 for float32 matmuls when it was on). Whatever the
+pipeline's, at the peak the run could use (TF32 for float32 matmuls when it was on), with the VAE decode's
+operators as a tiled or sliced decode runs them. Whatever the
 prediction leaves out of the run is named in its notes, so a gap between the two is explained, not
 hidden.
 """
@@ -15,13 +16,14 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.measure.peaks import find_device
 from diffmeter.predict.devices import Device, of_row, this_cpu
 from diffmeter.predict.memory import VAE_MODES
-from diffmeter.predict.operators import predict_memory_and_work
+from diffmeter.predict.operators import operator_work, predict_memory_and_work
 from diffmeter.predict.roofline import missing_figures, predict_time
 from diffmeter.predict.schema import RunPrediction
 from diffmeter.predict.techniques import stage_peaks_under
 
-#: optimizations that change the time only through the peak the roofline already uses
-TIME_MODELLED = {"tf32"}
+#: optimizations whose time is predicted: through the peak the roofline uses (TF32), or the decode's operators
+#: as the tiled or sliced decode runs them
+TIME_MODELLED = {"tf32", *VAE_MODES}
 
 
 def memory_technique(name: str, params: dict) -> str | None:
@@ -51,6 +53,8 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
     techniques = [t for o in optimizations if (t := memory_technique(o.name, o.params))]
     modes = tuple(t for t in techniques if t in VAE_MODES)
     memory, work = predict_memory_and_work(profile_spec, on_cuda=device.type == "cuda", vae_modes=modes)
+    if modes:
+        work = operator_work(profile_spec, modes)
     unmodelled = [o.label for o in optimizations if memory_technique(o.name, o.params) is None]
     if unmodelled:
         notes.append(f"memory is predicted without {', '.join(unmodelled)}")

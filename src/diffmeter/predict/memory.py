@@ -229,6 +229,16 @@ def settled_plan(spec: ProfileSpec):
     return entry, shapes.spec, family.plan(shapes)
 
 
+def weight_reads(spec: ProfileSpec) -> dict[str, int]:
+    """Each component's least weight read per call (``MemoryPrediction.weight_read_bytes``), from its configs
+    alone: no call is run."""
+    entry, spec, _ = settled_plan(spec)
+    return {
+        name: weight_read_bytes(meta_module(component, DTYPES[spec.dtype_of(name)]))
+        for name, component in entry.components.items()
+    }
+
+
 def predict_tracked(
     spec: ProfileSpec,
     on_cuda: bool,

@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_leaves
 
 from diffmeter import cache
 from diffmeter.errors import DiffmeterError
-from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER, Call
+from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, get_family
 from diffmeter.flops.counter import FORMULAS
 from diffmeter.measure.ops import kind_of
 from diffmeter.predict.fake_run import fake_run
@@ -113,15 +113,41 @@ def tally_call(module: torch.nn.Module, call: Call, dtype: torch.dtype) -> list[
     return tally.operators()
 
 
-def operator_work(spec: ProfileSpec) -> OperatorWork:
+#: how diffusers switches a VAE to a decode mode: the ``enable_*`` method (AutoencoderMixin)
+DECODE_SWITCHES = {"vae-tiling": "enable_tiling", "vae-slicing": "enable_slicing"}
+
+
+def operator_work(spec: ProfileSpec, decode_modes: tuple[str, ...] = ()) -> OperatorWork:
     """Every operator of one generation at ``spec``: from the disk cache (same configs, settings,
-    libraries and diffmeter source) or counted on fake tensors and remembered."""
-    stored = cache.load("operators", cache_key(spec))
+    libraries and diffmeter source) or counted on fake tensors and remembered. ``decode_modes``: the VAE
+    decodes as ``vae.enable_tiling()`` / ``enable_slicing()`` make it (overlapping tiles, an image at a
+    time), its operators counted as diffusers runs them; the other calls are the plain run's."""
+    key = {**cache_key(spec), "decode_modes": sorted(decode_modes)} if decode_modes else cache_key(spec)
+    stored = cache.load("operators", key)
     if stored is not None:
         return OperatorWork.model_validate(stored)
-    found = _count(spec)
-    cache.store("operators", cache_key(spec), found.model_dump(mode="json"))
+    plain = cache.load("operators", cache_key(spec)) if decode_modes else None
+    if plain is not None:  # only the decode to count again
+        found = _with_decode(OperatorWork.model_validate(plain), _count(spec, decode_modes, decode_only=True))
+    else:
+        found = _count(spec, decode_modes)
+    cache.store("operators", key, found.model_dump(mode="json"))
     return found
+
+
+def _with_decode(plain: OperatorWork, decoded: OperatorWork) -> OperatorWork:
+    """``plain``'s calls with its VAE decode calls replaced by ``decoded``'s, in place."""
+    replaced = {(c.stage, c.component) for c in decoded.calls}
+    calls: list[CallWork] = []
+    done: set[tuple[str, str]] = set()
+    for call in plain.calls:
+        pair = (call.stage, call.component)
+        if pair not in replaced:
+            calls.append(call)
+        elif pair not in done:
+            done.add(pair)
+            calls.extend(c for c in decoded.calls if (c.stage, c.component) == pair)
+    return OperatorWork(dtype=plain.dtype, calls=calls)
 
 
 def predict_memory_and_work(
@@ -152,16 +178,20 @@ def predict_memory_and_work(
     return memory, work
 
 
-def _count(spec: ProfileSpec) -> OperatorWork:
+def _count(spec: ProfileSpec, decode_modes: tuple[str, ...] = (), decode_only: bool = False) -> OperatorWork:
     entry, spec, plan = settled_plan(spec)
+    decoder = get_family(entry.family).decoder
     modules: dict[str, torch.nn.Module] = {}
     calls = []
     for call in plan:
-        if not call.count:
+        decodes = call.role == VAE_DECODER and call.component == decoder  # not LTX-2's audio decoder
+        if not call.count or (decode_only and not decodes):
             continue
         dtype = DTYPES[spec.dtype_of(call.component)]
         if call.component not in modules:
             modules[call.component] = fake_module(entry.components[call.component], dtype)
+            if decodes:
+                _switch(entry, modules[call.component], decode_modes)
         try:
             operators = tally_call(modules[call.component], call, dtype)
         except (RuntimeError, NotImplementedError, TypeError) as error:
@@ -173,3 +203,12 @@ def _count(spec: ProfileSpec) -> OperatorWork:
             CallWork(stage=STAGE_KEY[call.role], component=call.component, count=call.count, operators=operators)
         )
     return OperatorWork(dtype=spec.dtype, calls=calls)
+
+
+def _switch(entry, vae: torch.nn.Module, modes: tuple[str, ...]) -> None:
+    """Turn ``modes`` on in ``vae`` as the pipeline's user would, or say plainly that it has no such mode."""
+    for mode in modes:
+        try:
+            getattr(vae, DECODE_SWITCHES[mode])()
+        except (AttributeError, NotImplementedError):  # ModelMixin's own enable_tiling raises for VAEs without it
+            raise DiffmeterError(f"{entry.name}: its VAE ({type(vae).__name__}) has no {mode}: drop --{mode}") from None

@@ -68,3 +68,13 @@ def llama() -> transformers.PreTrainedTokenizerBase:
     )
     built.chat_template = LLAMA3_CHAT_TEMPLATE
     return built
+
+
+@tokenizer("llava-llama")
+def llava_llama() -> transformers.PreTrainedTokenizerBase:
+    """HunyuanVideo's tokenizer (llava-llama-3-8b's, a LlamaTokenizerFast): HunyuanVideoPipeline pads it to
+    ``max_length`` without setting a pad token, so it has its own; which token it is (not read here) changes
+    no length."""
+    built = llama()
+    built.pad_token = "<|end_of_text|>"
+    return built
