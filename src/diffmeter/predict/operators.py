@@ -8,6 +8,7 @@ are left out. The roofline time
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -192,6 +193,8 @@ def _count(spec: ProfileSpec, decode_modes: tuple[str, ...] = (), decode_only: b
             modules[call.component] = fake_module(entry.components[call.component], dtype)
             if decodes:
                 _switch(entry, modules[call.component], decode_modes)
+        if decodes and "vae-slicing" in decode_modes and call.batch > 1:
+            call = _one_at_a_time(call)
         try:
             operators = tally_call(modules[call.component], call, dtype)
         except (RuntimeError, NotImplementedError, TypeError) as error:
@@ -212,3 +215,20 @@ def _switch(entry, vae: torch.nn.Module, modes: tuple[str, ...]) -> None:
             getattr(vae, DECODE_SWITCHES[mode])()
         except (AttributeError, NotImplementedError):  # ModelMixin's own enable_tiling raises for VAEs without it
             raise DiffmeterError(f"{entry.name}: its VAE ({type(vae).__name__}) has no {mode}: drop --{mode}") from None
+
+
+def _one_at_a_time(call: Call) -> Call:
+    """A sliced decode as diffusers' VAEs run it (``AutoencoderKL.decode``: ``self._decode(z_slice) for z_slice in
+    z.split(1)``, the same in the video VAEs): a batch-1 decode, ``batch`` times, counted once and repeated; the
+    concatenation of the slices (one operator, no FLOPs) is left out."""
+
+    def build(device: torch.device) -> dict:
+        inputs = call.build(device)
+        return {
+            name: value[:1]
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == call.batch
+            else value
+            for name, value in inputs.items()
+        }
+
+    return replace(call, batch=1, count=call.count * call.batch, build=build)
