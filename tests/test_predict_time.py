@@ -133,7 +133,7 @@ def test_bench_stores_the_prediction_beside_the_measurements(predicted_run):
     for stage in time.stages:
         assert stage.lower_s <= result.summary.stages_s[stage.stage].min
     assert time.lower_s <= result.summary.latency_s.min
-    assert prediction.time_left_out == ["vae-tiling"]
+    assert prediction.time_left_out == []  # the decode is counted as the tiled decode runs it
     stored = json.loads((folder / "results.json").read_text())
     assert stored["prediction"]["time"]["lower_s"] == pytest.approx(time.lower_s)
 
@@ -143,7 +143,7 @@ def test_show_prints_predicted_against_measured(predicted_run, cli):
     code, out, _ = cli("show", folder)
     assert code == 0
     assert "predicted peak memory with vae-tiling" in out
-    assert "predicted time per call of the pipeline without vae-tiling (not what ran; no check of it) on CPU" in out
+    assert "predicted time per call on CPU" in out and "without vae-tiling" not in out
 
 
 def test_no_predict_leaves_it_out(tmp_path, cli):

@@ -274,7 +274,7 @@ PEAKS = (
         "AMD Instinct MI300 series microarchitecture (ROCm docs, 'Peak-performance capabilities of the MI300X': "
         "dense matrix peaks; 5.3 TB/s) and ROCm's GPU specifications table (192 GiB)",
         allows=("amd", "instinct"),
-        memory_gb=206.2,
+        memory_gb=192,
         bandwidth_gb_s=5300,
     ),
 )
