@@ -123,11 +123,20 @@ class Family:
         return {"guidance_scale": guidance_scale}
 
     def true_cfg_arguments(self, true_cfg_scale: float | None, batch_size: int) -> dict[str, Any]:
-        """The ``__call__`` arguments of ``--true-cfg-scale`` (only families with ``true_cfg`` take one)."""
-        return {}
+        """The ``__call__`` arguments of ``--true-cfg-scale`` (only families with ``true_cfg`` take one): an empty
+        negative prompt per output, since the pipeline runs true CFG only with one and encodes a string at batch
+        1, which its unconditional call could not pair with a batch."""
+        if not self.true_cfg or true_cfg_scale is None:
+            return {}
+        return {"true_cfg_scale": true_cfg_scale, "negative_prompt": [""] * batch_size}
 
     def cfg_of(self, shapes: Shapes) -> str:
-        """How this generation guides: ``cfg_mode`` when CFG is on, else "never"."""
+        """How this generation guides: ``cfg_mode`` when CFG is on, else "never". A ``true_cfg`` family
+        (FluxPipeline, HunyuanVideoPipeline.__call__, diffusers 0.42.1: ``do_true_cfg = true_cfg_scale > 1 and
+        has_neg_prompt``) encodes the negative prompt with every encoder and runs the denoiser a second time per
+        step on it, after the conditional call; the embedded guidance stays on both."""
+        if self.true_cfg:
+            return "separate" if shapes.spec.true_cfg_scale is not None else "never"
         return self.cfg_mode if shapes.cfg else "never"
 
     def guided(self, shapes: Shapes) -> bool:

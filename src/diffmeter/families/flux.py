@@ -43,19 +43,6 @@ class Flux(Family):
     def size_multiple(self, entry) -> int:
         return self.pixel_multiple(entry)  # FluxPipeline: vae_scale_factor * 2
 
-    def cfg_of(self, shapes: Shapes) -> str:
-        """True CFG (FluxPipeline.__call__, diffusers 0.42.1: ``do_true_cfg = true_cfg_scale > 1 and
-        has_neg_prompt``) encodes the negative prompt with both encoders and runs the transformer a
-        second time per step on it, after the conditional call; the embedded guidance stays on both."""
-        return "separate" if shapes.spec.true_cfg_scale is not None else "never"
-
-    def true_cfg_arguments(self, true_cfg_scale: float | None, batch_size: int) -> dict:
-        """An empty negative prompt per image: the pipeline runs true CFG only with one, and encodes a
-        string at batch 1, which its unconditional call could not pair with a batch of images."""
-        if true_cfg_scale is None:
-            return {}
-        return {"true_cfg_scale": true_cfg_scale, "negative_prompt": [""] * batch_size}
-
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)
         image_tokens = (shapes.latent_height // 2) * (shapes.latent_width // 2)

@@ -42,18 +42,6 @@ class HunyuanVideo(Family):
         temporal = entry.components[self.decoder].config.get("temporal_compression_ratio", 4)
         return (spec.num_frames - 1) // temporal + 1
 
-    def cfg_of(self, shapes: Shapes) -> str:
-        """``do_true_cfg = true_cfg_scale > 1 and has_neg_prompt`` (HunyuanVideoPipeline.__call__, diffusers
-        0.42.1): the negative prompt through both encoders, and a second transformer call per step after the
-        conditional one; the embedded guidance stays on both."""
-        return "separate" if shapes.spec.true_cfg_scale is not None else "never"
-
-    def true_cfg_arguments(self, true_cfg_scale: float | None, batch_size: int) -> dict:
-        """An empty negative prompt per video: the pipeline runs true CFG only with one."""
-        if true_cfg_scale is None:
-            return {}
-        return {"true_cfg_scale": true_cfg_scale, "negative_prompt": [""] * batch_size}
-
     def text_calls(self, shapes: Shapes) -> list[Call]:
         """Llama reads the template and the prompt padded to ``max_sequence_length + crop_start`` tokens (all its
         layers run: the pipeline asks for every hidden state and keeps the third from last); CLIP reads 77."""
