@@ -38,6 +38,9 @@ GIB, GB = 2**30, 10**9
 #: a published unit -> bytes per unit, and whether the source states it
 UNITS = {"GiB": (GIB, True), "GB": (GB, True), "GB (not stated)": (GIB, False)}
 
+#: how the CLI begins its one-line refusal (cli.app)
+REFUSAL = "error: "
+
 
 def load_figures(path: Path = FIGURES) -> list[dict]:
     return yaml.safe_load(path.read_text())["figures"]
@@ -77,10 +80,11 @@ def run_profile(command: list[str], cache: dict) -> dict:
             check=False,
         )
         said = done.stderr.strip()
-        if done.returncode != 0 and not (said.startswith("Error: ") and "\n" not in said):
+        refused = said.startswith(REFUSAL) and "\n" not in said  # cli.app's one line; anything else is a crash
+        if done.returncode != 0 and not refused:
             raise SystemExit(f"diffmeter {' '.join(command)} failed:\n{said}")
         if done.returncode != 0:  # its one-line refusal, shown in the row (a memory row cannot do without it)
-            cache[key] = {"error": said.removeprefix("Error: ")}
+            cache[key] = {"error": said.removeprefix(REFUSAL)}
         else:
             cache[key] = json.loads(done.stdout)
     return cache[key]

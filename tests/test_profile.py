@@ -142,6 +142,14 @@ def test_bad_settings_are_refused_with_the_fix(settings, message):
         profile("sd3-medium", **settings)
 
 
+@pytest.mark.slow
+def test_a_batch_cogvideox_vae_cannot_decode_at_once_names_vae_slicing():
+    """diffusers' CogVideoXSafeConv3d splits a tensor over 2 GiB along time into parts its kernel cannot span: the
+    pipeline decodes 8 videos only one at a time (about a minute of fake-tensor counting)."""
+    with pytest.raises(DiffmeterError, match=r"cannot run 8 at once .*vae.enable_slicing\(\) \(bench --vae-slicing\)"):
+        profile("cogvideox-2b", batch_size=8, steps=1)
+
+
 def test_video_frames_must_fit_the_temporal_compression():
     with pytest.raises(DiffmeterError, match="use 4k\\+1 frames, e.g. 77 or 81"):
         profile("wan21-t2v-1.3b", num_frames=80)
