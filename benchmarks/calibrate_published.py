@@ -5,7 +5,8 @@ Runs: the latency figures of benchmarks/published_figures.yaml that are usable, 
 alone (no offload: its host transfers are outside the roofline), and predictable (the GPU's figures have the
 dtype's peak and a bandwidth). Each run's predicted work is ``predict_memory_and_work`` at the figure's settings
 (those the source does not state take its ``predict_with``), its eager bound per operator kind from
-``roofline.lower_bounds`` on the figure's GPU (``--gpu-spec`` figures where the table row covers several cards).
+``roofline.lower_bounds`` on the figure's GPU and its attention scores (``--gpu-spec`` figures where the table row
+covers several cards).
 
 Writes the fitted calibrations into src/diffmeter/predict/data/efficiency.json ("cuda:hopper", ...), and
 benchmarks/results/calibration_published.md: every run with its held-out range, and per architecture the
@@ -111,7 +112,11 @@ def published_run(figure: dict) -> tuple[PublishedRun | None, str]:
     if missing_figures(device, work.dtype):
         return None, "the GPU's figures lack the dtype's peak or the bandwidth"
     bounds = lower_bounds(work, peak_of(device, work.dtype) * 1e12, device.bandwidth_bytes_per_s, device.l2_bytes)
-    compute = sum(seconds for kinds in bounds.values() for kind, (seconds, _) in kinds.items() if kind in COMPUTE_KINDS)
+
+    def seconds_of(chosen: tuple[str, ...]) -> float:
+        return sum(seconds for kinds in bounds.values() for kind, (seconds, _) in kinds.items() if kind in chosen)
+
+    compute, attention = seconds_of(COMPUTE_KINDS), seconds_of(("attention",))
     total = sum(seconds for kinds in bounds.values() for seconds, _ in kinds.values())
     operators = int(sum(count for kinds in bounds.values() for _, count in kinds.values()))
     run = PublishedRun(
@@ -121,7 +126,9 @@ def published_run(figure: dict) -> tuple[PublishedRun | None, str]:
         model=figure["model"],
         published_s=figure["published"]["value"],
         compute_s=compute,
-        memory_s=total - compute,
+        attention_s=attention,
+        memory_s=total - compute - attention,
+        scores=sum(group.scores * group.calls * call.count for call in work.calls for group in call.operators),
         operators=operators,
     )
     return run, ""
@@ -210,9 +217,11 @@ def main() -> int:
         lines += [
             f"## {architecture}: {len(mine)} runs, {len(sources)} sources",
             "",
-            f"Fit on all: a_compute {found.a_compute:.3f}, a_memory {found.a_memory:.3f} (achieved fractions "
-            f"{1 / found.a_compute:.3f} and {1 / found.a_memory:.3f}), {found.overhead_s * 1e6:.2f} us per "
-            f"operator; range factor w {found.width:.3f} (hi/lo {found.width**2:.2f}). "
+            f"Fit on all: a_compute {found.a_compute:.3f}, a_attention {found.a_attention:.3f}, a_memory "
+            f"{found.a_memory:.3f} (achieved fractions of the roofline {1 / found.a_compute:.3f}, "
+            f"{1 / found.a_attention:.3f} and {1 / found.a_memory:.3f}), {found.score_s * 1e12:.3f} ps per attention "
+            f"score, {found.overhead_s * 1e6:.2f} us per operator; range factor w {found.width:.3f} (hi/lo "
+            f"{found.width**2:.2f}). "
             + (
                 f"Shipped as `cuda:{architecture}`."
                 if shipped_here

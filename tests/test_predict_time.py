@@ -24,7 +24,7 @@ def tally(module, *inputs) -> dict[str, list[tuple[int, int, int]]]:
     with torch.no_grad(), OperatorTally() as counted:
         module(*inputs)
     found: dict[str, list[tuple[int, int, int]]] = {}
-    for (kind, flops, moved), calls in counted.groups.items():
+    for (kind, flops, moved, _), calls in counted.groups.items():
         found.setdefault(kind, []).append((flops, moved, calls))
     return found
 
@@ -85,6 +85,31 @@ def test_lower_bound_takes_each_operators_slower_roof_and_the_range_its_calibrat
     assert low == pytest.approx(4 / 0.8 + 6 / 1.0 + 4 * 0.1)
     assert high == pytest.approx(4 / 0.5 + 6 / 0.25 + 4 * 0.2)
     assert predict_time(work, device.model_copy(update={"kind": "elsewhere"})).expected_s is None
+
+
+def test_attention_scores_are_counted_per_kernel_and_priced_by_the_calibration():
+    """Each scaled-dot-product attention computes batch x heads x queries x keys scores (a mask or grouped keys
+    change none of it); the expected range adds their calibrated cost to the kinds' and operators'."""
+    query, key = torch.randn(2, 4, 10, 8), torch.randn(2, 4, 6, 8)
+    mask = torch.ones(2, 1, 10, 6, dtype=torch.bool)
+    with torch.no_grad(), OperatorTally() as counted:
+        torch.nn.functional.scaled_dot_product_attention(query, key, key)
+        torch.nn.functional.scaled_dot_product_attention(query, key, key, attn_mask=mask)
+        query @ key.transpose(-1, -2)  # a matmul: no scores
+    attention = [group for group in counted.operators() if group.kind == "attention"]
+    assert sum(group.calls for group in attention) == 2 and all(group.scores == 2 * 4 * 10 * 6 for group in attention)
+    assert all(group.scores == 0 for group in counted.operators() if group.kind != "attention")
+
+    device = Device(
+        name="d", kind="cuda", memory_bytes=None, bandwidth_bytes_per_s=1e9, tflops={"fp32": 1.0}, source=""
+    )
+    work = work_of(("attention", 10**12, 1, 1), count=3)
+    work.calls[0].operators[0].scores = 10**12
+    priced = Calibration(source="t", fractions={"other": (0.5, 0.5)}, overhead_s=(0, 0), score_s=(1e-12, 2e-12))
+    unpriced = priced.model_copy(update={"score_s": None})
+    low, high = predict_time(work, device, calibration=priced).expected_s
+    assert (low, high) == pytest.approx((3 * (2 + 1), 3 * (2 + 2)))
+    assert predict_time(work, device, calibration=unpriced).expected_s == pytest.approx((6, 6))
 
 
 def test_tf32_uses_its_own_peak_and_missing_figures_are_named():

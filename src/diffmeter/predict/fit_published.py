@@ -2,13 +2,16 @@
 (``benchmarks/calibrate_published.py`` reads benchmarks/published_figures.yaml and writes the fit into
 ``data/efficiency.json``, one calibration per GPU architecture).
 
-Model, per architecture: a run's time = a_compute x (the eager bound of its matmul, attention and convolution
-operators) + a_memory x (the eager bound of the others) + overhead x (its operators). a = 1 / the fraction of
-the roofline a kind achieves, so a >= 1 (no eager operator beats its bound) and the overhead >= 0; fitted by
-least squares on relative errors (each run counts alike, whatever its length). With fewer than
-``FULL_MODEL_ROWS`` runs or ``FULL_MODEL_SOURCES`` sources, one multiplier on the whole eager bound instead.
+Model, per architecture: a run's time = a_compute x (the eager bound of its matmul and convolution operators)
++ a_attention x (its attention operators') + score_s x (its attention scores: the softmax exponentials, on the
+special-function units, which make attention with a 64-wide head slower per FLOP than with a 128-wide one)
++ a_memory x (the eager bound of the others) + overhead x (its operators). a = 1 / the fraction of the roofline a
+kind achieves, so a >= 1 (no eager operator beats its bound), score_s and the overhead >= 0; fitted by least
+squares on relative errors (each run counts alike, whatever its length). With fewer than ``FULL_MODEL_ROWS`` runs
+or ``FULL_MODEL_MODELS`` models, one multiplier on the whole eager bound instead.
 
-The range: the midpoint times [1 / w, w], w the smallest factor that holds ``COVERAGE`` of the fitted runs.
+The range: the midpoint times [1 / w, w], w the smallest factor that holds ``COVERAGE`` of the fitted runs (95%:
+a fit is closer to the runs it has seen than to a held-out source's, which the validation below measures).
 Validation leaves one source (not one row) out at a time, or one model where a single source measured every run
 of an architecture: the held-out runs against the range fitted without them (coverage, the midpoint's median
 error, the width hi / lo).
@@ -25,15 +28,18 @@ import numpy as np
 
 from diffmeter.predict.roofline import Calibration
 
-COMPUTE_KINDS = ("matmul", "attention", "convolution")
+COMPUTE_KINDS = ("matmul", "convolution")
 MEMORY_KINDS = ("normalization", "elementwise", "other")
-COVERAGE = 0.8
-FULL_MODEL_ROWS, FULL_MODEL_SOURCES = 6, 3
+COVERAGE = 0.95
+FULL_MODEL_ROWS, FULL_MODEL_MODELS = 8, 4
+#: the scores column's unit in the least squares (seconds per 10^12 scores), so its columns are alike in size
+SCORE_UNIT = 1e-12
 
 
 @dataclass(frozen=True)
 class PublishedRun:
-    """One published eager run with its predicted work: the eager bound per kind group (seconds) and operators."""
+    """One published eager run with its predicted work: the eager bound per kind group (seconds), its attention
+    scores and operators."""
 
     id: str
     source: str
@@ -41,21 +47,35 @@ class PublishedRun:
     model: str
     published_s: float
     compute_s: float
+    attention_s: float
     memory_s: float
+    scores: int
     operators: int
+
+    def features(self) -> list[float]:
+        return [self.compute_s, self.attention_s, self.scores * SCORE_UNIT, self.memory_s, self.operators]
 
 
 @dataclass(frozen=True)
 class Fit:
-    """a_compute, a_memory (>= 1), seconds per operator (>= 0), and the range's factor w."""
+    """a_compute, a_attention, a_memory (>= 1), seconds per attention score and per operator (>= 0), and the
+    range's factor w."""
 
     a_compute: float
+    a_attention: float
+    score_s: float
     a_memory: float
     overhead_s: float
     width: float
 
     def midpoint(self, run: PublishedRun) -> float:
-        return self.a_compute * run.compute_s + self.a_memory * run.memory_s + self.overhead_s * run.operators
+        return (
+            self.a_compute * run.compute_s
+            + self.a_attention * run.attention_s
+            + self.score_s * run.scores
+            + self.a_memory * run.memory_s
+            + self.overhead_s * run.operators
+        )
 
     def range(self, run: PublishedRun) -> tuple[float, float]:
         middle = self.midpoint(run)
@@ -63,7 +83,7 @@ class Fit:
 
 
 def _bounded_least_squares(matrix: np.ndarray, lower: np.ndarray) -> np.ndarray:
-    """min |matrix x - 1| with x >= lower: every set of variables held at their bound tried (3 variables)."""
+    """min |matrix x - 1| with x >= lower: every set of variables held at their bound tried (5 variables)."""
     best, best_residual = None, math.inf
     count = matrix.shape[1]
     for held in itertools.chain.from_iterable(itertools.combinations(range(count), k) for k in range(count + 1)):
@@ -82,18 +102,21 @@ def _bounded_least_squares(matrix: np.ndarray, lower: np.ndarray) -> np.ndarray:
 
 def fit(runs: list[PublishedRun]) -> Fit:
     """The model fitted on ``runs`` (one architecture), with its range's factor."""
-    full = len(runs) >= FULL_MODEL_ROWS and len({run.source for run in runs}) >= FULL_MODEL_SOURCES
+    full = len(runs) >= FULL_MODEL_ROWS and len({run.model for run in runs}) >= FULL_MODEL_MODELS
     if full:
-        rows = [[r.compute_s, r.memory_s, r.operators] for r in runs]
-        lower = np.array([1.0, 1.0, 0.0])
+        rows = [run.features() for run in runs]
+        lower = np.array([1.0, 1.0, 0.0, 1.0, 0.0])
     else:
-        rows = [[r.compute_s + r.memory_s] for r in runs]
+        rows = [[r.compute_s + r.attention_s + r.memory_s] for r in runs]
         lower = np.array([1.0])
     matrix = np.array(rows) / np.array([[run.published_s] for run in runs])
     x = _bounded_least_squares(matrix, lower)
-    a_compute, a_memory, overhead = (x[0], x[1], x[2]) if full else (x[0], x[0], 0.0)
-    point = Fit(a_compute, a_memory, overhead, 1.0)
-    return Fit(a_compute, a_memory, overhead, covering([point.midpoint(run) / run.published_s for run in runs]))
+    if full:
+        point = Fit(x[0], x[1], x[2] * SCORE_UNIT, x[3], x[4], 1.0)
+    else:
+        point = Fit(x[0], x[0], 0.0, x[0], 0.0, 1.0)
+    ratios = [point.midpoint(run) / run.published_s for run in runs]
+    return Fit(point.a_compute, point.a_attention, point.score_s, point.a_memory, point.overhead_s, covering(ratios))
 
 
 def covering(ratios: list[float]) -> float:
@@ -150,9 +173,16 @@ def as_calibration(found: Fit, source: str, runs: list[PublishedRun]) -> Calibra
     ``roofline.expected_s`` computes from them is the midpoint times [1 / w, w]. A highest fraction may pass 1 (a
     kind fitted at its bound); ``roofline.predict_time`` keeps a range from going under the eager bound."""
     fractions = {}
-    for kinds, a in ((COMPUTE_KINDS, found.a_compute), (MEMORY_KINDS, found.a_memory)):
+    for kinds, a in (
+        (COMPUTE_KINDS, found.a_compute),
+        (("attention",), found.a_attention),
+        (MEMORY_KINDS, found.a_memory),
+    ):
         for kind in kinds:
             fractions[kind] = (1 / (a * found.width), found.width / a)
     overhead = (found.overhead_s / found.width, found.overhead_s * found.width)
-    least = min((run.compute_s + run.memory_s) / run.operators for run in runs)
-    return Calibration(source=source, fractions=fractions, overhead_s=overhead, least_bound_per_operator_s=least)
+    score = (found.score_s / found.width, found.score_s * found.width)
+    least = min((run.compute_s + run.attention_s + run.memory_s) / run.operators for run in runs)
+    return Calibration(
+        source=source, fractions=fractions, overhead_s=overhead, score_s=score, least_bound_per_operator_s=least
+    )

@@ -7,6 +7,7 @@ are left out. The roofline time
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import replace
 
@@ -57,12 +58,22 @@ def moves_nothing(func, out) -> bool:
     return func._schema.name in NO_TRAFFIC or not any(isinstance(t, torch.Tensor) for t in tree_leaves(out))
 
 
+def attention_scores(func, args) -> int:
+    """The scores a scaled-dot-product attention kernel computes (every aten ``_scaled_dot_product_*`` variant
+    takes query (..., L, E) and key (..., S, E) first, native/transformers/attention.cpp): the query's elements
+    per head dimension times the keys; 0 for any other operator."""
+    if not func._schema.name.startswith("aten::_scaled_dot_product"):
+        return 0
+    query, key = args[0], args[1]
+    return math.prod(query.shape[:-1]) * key.shape[-2]
+
+
 class OperatorTally(TorchDispatchMode):
-    """Counts every operator run inside it: (kind, FLOPs, bytes) -> calls."""
+    """Counts every operator run inside it: (kind, FLOPs, bytes, attention scores) -> calls."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.groups: Counter[tuple[str, int, int]] = Counter()
+        self.groups: Counter[tuple[str, int, int, int]] = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -79,7 +90,7 @@ class OperatorTally(TorchDispatchMode):
         total = sum(moved.values())
         if packet is torch.ops.aten.embedding:  # reads the rows it returns, not the whole table
             total += tensor_bytes(out)
-        self.groups[(kind_of(func._schema.name), flops, total)] += 1
+        self.groups[(kind_of(func._schema.name), flops, total, attention_scores(func, args))] += 1
         return out
 
     # a replay recorder (``replay.Recorder``): the operators a block ran
@@ -94,8 +105,8 @@ class OperatorTally(TorchDispatchMode):
 
     def operators(self) -> list[OperatorGroup]:
         return [
-            OperatorGroup(kind=kind, flops=flops, bytes=moved, calls=calls)
-            for (kind, flops, moved), calls in sorted(self.groups.items())
+            OperatorGroup(kind=kind, flops=flops, bytes=moved, calls=calls, scores=scores)
+            for (kind, flops, moved, scores), calls in sorted(self.groups.items())
         ]
 
 

@@ -9,7 +9,9 @@ Two bounds, each saying what it bounds:
   peak, its weights read once / bandwidth), weights no larger than L2 not charged (an fp8 run is bounded at the
   fp8 peak, not by this).
 Expected: each operator kind's lower bound divided by the fraction of
-it that kind achieves, plus a fixed cost per operator (launch, dispatch, Python), both as ranges
+it that kind achieves, plus a cost per attention score (its softmax exponential runs on the special-function units,
+a few TFLOP/s on an H100 against the tensor cores' hundreds: attention with a small head dimension is slower per
+FLOP than its FLOPs say), plus a fixed cost per operator (launch, dispatch, Python), all as ranges
 calibrated on measured runs (``data/efficiency.json``, written by ``benchmarks/roofline_cpu.py`` for
 CPUs and ``benchmarks/calibrate_published.py``, from published runs, per GPU architecture). A device class without a
 calibration gets the lower bound alone, and says so.
@@ -38,6 +40,8 @@ class Calibration(BaseModel):
     source: str
     fractions: dict[str, tuple[float, float]]
     overhead_s: tuple[float, float]
+    #: seconds per attention score beyond its FLOPs (``OperatorGroup.scores``), where the fit has one
+    score_s: tuple[float, float] | None = None
     #: the least eager bound per operator among the runs it was fitted on (seconds): a run under it is launch-bound
     #: beyond anything the fit saw
     least_bound_per_operator_s: float | None = None
@@ -169,6 +173,7 @@ def predict_time(
         flops = sum(g.flops * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
         moved = sum(g.bytes * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
         operators = int(sum(count for _, count in kinds.values()))
+        scores = sum(g.scores * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
         stages.append(
             StageTime(
                 stage=stage,
@@ -176,7 +181,9 @@ def predict_time(
                 flops=flops,
                 bytes=moved,
                 lower_s=both[stage][0],
-                expected_s=at_least(expected_s(kinds, operators, calibration), both[stage][0]) if calibration else None,
+                expected_s=at_least(expected_s(kinds, operators, calibration, scores), both[stage][0])
+                if calibration
+                else None,
                 ideal_s=both[stage][1] if weights is not None else None,
             )
         )
@@ -218,10 +225,13 @@ def at_least(expected: tuple[float, float], lower: float) -> tuple[float, float]
     return max(expected[0], lower), max(expected[1], lower)
 
 
-def expected_s(kinds: dict[str, list[float]], operators: int, calibration: Calibration) -> tuple[float, float]:
+def expected_s(
+    kinds: dict[str, list[float]], operators: int, calibration: Calibration, scores: int = 0
+) -> tuple[float, float]:
     """A stage's expected range: each kind's lower bound over its highest and lowest achieved fraction
-    (a kind not calibrated takes "other"'s), plus the overhead per operator."""
-    low = high = 0.0
+    (a kind not calibrated takes "other"'s), plus the cost of its attention ``scores`` and the overhead per
+    operator."""
+    low, high = (scores * calibration.score_s[0], scores * calibration.score_s[1]) if calibration.score_s else (0, 0)
     for kind, (seconds, _) in kinds.items():
         fractions = calibration.fractions.get(kind, calibration.fractions["other"])
         low += seconds / fractions[1]

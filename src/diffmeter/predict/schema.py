@@ -71,6 +71,9 @@ class OperatorGroup(BaseModel):
     flops: int
     bytes: int
     calls: int
+    #: attention scores per call (batch x heads x queries x keys) of a scaled-dot-product attention: each is a
+    #: softmax exponential, which runs on the special-function units, not the tensor cores the FLOPs use
+    scores: int = 0
 
 
 class CallWork(BaseModel):
