@@ -104,6 +104,17 @@ def test_fit_on_a_named_gpu_orders_settings_by_their_predicted_time(cli):
     assert times == sorted(times) and all(time > 0 for time in times)
 
 
+def test_fit_on_a_gpu_without_a_known_host_link_offers_no_offloading_and_does_not_fail(cli):
+    """B300's host link is not in data/host_links.json: the settings that move nothing are timed, offloading is
+    not offered a time (it crashed dividing by the missing link)."""
+    code, out, err = cli("fit", "tiny-flux", "--gpu", "B300", "--steps", "4", "--json")
+    data = json.loads(out)
+    assert code == 0, err
+    assert data["host_link"] is None and data["fits"]
+    timed = [row for row in data["fits"] if row.get("lower_s") is not None]
+    assert timed and not any("offload" in technique for row in timed for technique in row["techniques"])
+
+
 def test_offloading_moves_its_weights_over_the_host_link_once_or_at_every_call():
     prediction = predict_memory(ProfileSpec(model="tiny-flux", steps=3))
     params = prediction.component_param_bytes

@@ -32,9 +32,11 @@ def moved_bytes(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> in
 
 
 def lower_s(
-    compute_s: float, prediction: MemoryPrediction, techniques: tuple[str, ...], link_bytes_per_s: float
+    compute_s: float, prediction: MemoryPrediction, techniques: tuple[str, ...], link_bytes_per_s: float | None
 ) -> float:
     """A lower bound of the generation's seconds under ``techniques``: ``compute_s`` (the roofline's bound)
-    plus the host-link transfers, or the longer of the two where they overlap (group offload)."""
-    transfer = moved_bytes(prediction, techniques) / link_bytes_per_s
+    plus the host-link transfers, or the longer of the two where they overlap (group offload). A setting that
+    moves nothing needs no link (a card whose host link is not in the table)."""
+    moved = moved_bytes(prediction, techniques)
+    transfer = moved / link_bytes_per_s if moved else 0.0
     return max(compute_s, transfer) if "offload-group" in techniques else compute_s + transfer
