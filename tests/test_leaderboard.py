@@ -12,7 +12,7 @@ import pytest
 
 from diffmeter.catalog import resolve
 from diffmeter.predict.devices import named_gpu
-from diffmeter.predict.operators import predict_memory_and_work
+from diffmeter.predict.operators import operator_work, predict_memory_and_work
 from diffmeter.predict.roofline import predict_time
 from diffmeter.report.leaderboard import leaderboard_csv, leaderboard_html, summary_table
 from diffmeter.runs.leaderboard import model_cells
@@ -117,3 +117,17 @@ def test_bad_leaderboard_input_is_one_line_and_exit_2(cli, tmp_path):
         code, out, err = cli(*args)
         assert code == 2 and said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_a_model_that_fits_only_with_a_tiled_decode_gets_the_tiled_decodes_expected_time():
+    """CogVideoX-2b's plain decode does not fit an L4; tiled it does, and the cell's times are the tiled decode's
+    (more FLOPs than the plain one: the tiles overlap), with an expected range (a few minutes of fake tensors)."""
+    found = model_cells("cogvideox-2b", [named_gpu("L4")])[0]
+    assert found.fits and found.setting == ["vae-tiling"]
+    spec = ProfileSpec(model="cogvideox-2b").with_defaults(resolve("cogvideox-2b").defaults)
+    memory, plain = predict_memory_and_work(spec)
+    tiled = predict_time(operator_work(spec, ("vae-tiling",)), named_gpu("L4"), weights=memory.weight_read_bytes)
+    assert found.lower_s == tiled.lower_s and found.expected_s == tiled.expected_s
+    assert tiled.lower_s > predict_time(plain, named_gpu("L4"), weights=memory.weight_read_bytes).lower_s
+    assert "time: the VAE decode as vae-tiling runs it" in found.notes

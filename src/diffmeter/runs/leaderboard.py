@@ -1,7 +1,7 @@
 """The predicted leaderboard: every catalog model at its defaults on every GPU of the table, offline. For each
 pair: whether it fits (and with which memory setting, fastest first, as ``fit`` answers), the predicted time
-(the lower bound, and the calibrated expected range where the setting is the plain pipeline) and the energy per
-image or video, each cell saying how it was predicted."""
+(the lower bound, and the calibrated expected range where the setting is the plain pipeline or a tiled or sliced
+VAE decode, timed as it decodes) and the energy per image or video, each cell saying how it was predicted."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ class Cell(BaseModel):
 def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
     """One model's cells on ``gpus``: one fake run of its generation at the catalog defaults, then per GPU."""
     from diffmeter.catalog import resolve
-    from diffmeter.predict.operators import predict_memory_and_work
+    from diffmeter.predict.memory import VAE_MODES
+    from diffmeter.predict.operators import operator_work, predict_memory_and_work
     from diffmeter.predict.roofline import missing_figures
     from diffmeter.predict.techniques import fitting, peak_under
     from diffmeter.runs.fitting import lower_times, plain_time, runnable
@@ -47,7 +48,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
     plain = peak_under(prediction, ())
     output = "video" if spec.num_frames else "image"
     memory_note = f"memory: {prediction.checked}" if prediction.checked else "memory: tracked on fake tensors"
-    cells = []
+    cells, decoded = [], {}
     for gpu in gpus:
         usable = gpu.memory_bytes - CUDA_HOLDBACK_BYTES
         found, _ = runnable(fitting(prediction, usable, fp8="fp8" in gpu.tflops), entry, spec)
@@ -69,7 +70,12 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
             cell.setting, cell.peak_bytes, cell.lower_s = list(chosen), peak, times.get(chosen)
             if time is None:
                 cell.notes.append(f"no time: {missing_figures(gpu, prediction.dtype)}")
-            elif not chosen:
+            elif set(chosen) <= set(VAE_MODES):
+                if chosen:  # the decode's operators as the tiled or sliced decode runs them
+                    decoded[chosen] = decoded.get(chosen) or operator_work(spec, chosen)
+                    time = plain_time(decoded[chosen], prediction, gpu, spec.batch_size)
+                    cell.lower_s = time.lower_s
+                    cell.notes.append(f"time: the VAE decode as {' and '.join(chosen)} runs it")
                 cell.expected_s = time.expected_s
                 cell.energy_j = time.energy.per_output_j if time.energy else None
                 cell.notes.append(f"time: {time.calibration}")
