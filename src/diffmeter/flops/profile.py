@@ -108,7 +108,8 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
             raise DiffmeterError(
                 f"{entry.name}'s {name} ({entry.components[name].class_name}) cannot run {spec.batch_size} at once "
                 f"at {spec.width}x{spec.height} (WxH): {str(error).strip().splitlines()[-1]}; the pipeline runs it "
-                "only with vae.enable_slicing() (bench --vae-slicing): lower --batch-size to count it here"
+                "only with vae.enable_slicing() (bench --vae-slicing), and profile counts the decode whole, even with "
+                "--vae-slicing: lower --batch-size to count it here"
             ) from None
 
     denoiser_macs = sum(c.macs for c in components if c.role == DENOISER)
