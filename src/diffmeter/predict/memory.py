@@ -186,6 +186,8 @@ def track_call(
 
 #: diffusers' decode modes whose activations a prediction can hold (``MemoryPrediction.vae_activation_bytes``)
 VAE_MODES = ("vae-tiling", "vae-slicing")
+#: how diffusers switches a VAE to each mode (AutoencoderMixin): the ``enable_*`` method, and the flag it sets
+DECODE_SWITCHES = {"vae-tiling": ("enable_tiling", "use_tiling"), "vae-slicing": ("enable_slicing", "use_slicing")}
 
 
 def cache_key(spec: ProfileSpec, on_cuda: bool = True, vae_modes: tuple[str, ...] = VAE_MODES) -> dict:
@@ -342,10 +344,7 @@ def _vae_modes(
     """The decode's activations with each of diffusers' tiled and sliced decoding in ``modes`` (None: the VAE
     has no such mode)."""
     found: dict[str, int | None] = {}
-    for mode, method, flag in (
-        ("vae-tiling", "enable_tiling", "use_tiling"),
-        ("vae-slicing", "enable_slicing", "use_slicing"),
-    ):
+    for mode, (method, flag) in DECODE_SWITCHES.items():
         if mode not in modes:
             continue
         try:

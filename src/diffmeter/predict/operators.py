@@ -22,6 +22,7 @@ from diffmeter.flops.counter import FORMULAS
 from diffmeter.measure.ops import kind_of
 from diffmeter.predict.fake_run import fake_run
 from diffmeter.predict.memory import (
+    DECODE_SWITCHES,
     DTYPES,
     VAE_MODES,
     cache_key,
@@ -125,10 +126,6 @@ def tally_call(module: torch.nn.Module, call: Call, dtype: torch.dtype) -> list[
     return tally.operators()
 
 
-#: how diffusers switches a VAE to a decode mode: the ``enable_*`` method (AutoencoderMixin)
-DECODE_SWITCHES = {"vae-tiling": "enable_tiling", "vae-slicing": "enable_slicing"}
-
-
 def operator_work(spec: ProfileSpec, decode_modes: tuple[str, ...] = ()) -> OperatorWork:
     """Every operator of one generation at ``spec``: from the disk cache (same configs, settings,
     libraries and diffmeter source) or counted on fake tensors and remembered. ``decode_modes``: the VAE
@@ -223,7 +220,7 @@ def _switch(entry, vae: torch.nn.Module, modes: tuple[str, ...]) -> None:
     """Turn ``modes`` on in ``vae`` as the pipeline's user would, or say plainly that it has no such mode."""
     for mode in modes:
         try:
-            getattr(vae, DECODE_SWITCHES[mode])()
+            getattr(vae, DECODE_SWITCHES[mode][0])()
         except (AttributeError, NotImplementedError):  # ModelMixin's own enable_tiling raises for VAEs without it
             raise DiffmeterError(f"{entry.name}: its VAE ({type(vae).__name__}) has no {mode}: drop --{mode}") from None
 
