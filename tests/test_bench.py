@@ -48,11 +48,18 @@ def test_stages_add_up_to_the_total_and_the_total_to_the_wall_clock(runs, name):
     result, _ = runs[name]
     for iteration in result.iterations:
         stages = iteration.stages
-        parts = [stages.text_encoding_s, stages.denoising_s, stages.vae_decode_s, stages.other_s]
+        parts = [
+            stages.text_encoding_s,
+            stages.image_encoding_s,
+            stages.denoising_s,
+            stages.vae_decode_s,
+            stages.other_s,
+        ]
         assert min(parts) >= 0 and stages.denoising_s == pytest.approx(sum(stages.steps_s))
         assert sum(parts) == pytest.approx(iteration.total_s, rel=1e-9)
         assert sum(parts) == pytest.approx(iteration.wall_s, rel=0.05)
-    assert all(stats.median > 0 for name, stats in result.summary.stages_s.items() if name != "text_encoding")
+    assert all(stats.median > 0 for name, stats in result.summary.stages_s.items() if "encoding" not in name)
+    assert result.summary.stages_s["image_encoding"].max == 0  # text-to-image: no input image encoded
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -67,6 +67,12 @@ BAD = [
     (["tiny-sd", "--prompt", "a", "--prompts", "b.txt"], "either --prompt or --prompts"),
     (["sd15"], "not in the local Hugging Face cache"),
     (["tiny-dit", "--prompt", "a cat"], "is class-conditional"),
+    (["tiny-sd", "--image-size", "32x32"], "takes no input image: drop --image-size"),
+    (["tiny-flux-kontext", "--image-size", "32"], "--image-size takes WIDTHxHEIGHT"),
+    (["tiny-flux-kontext", "--image-size", "2x2"], "leaving nothing; use at least 4x4"),
+    (["tiny-flux-kontext", "--image-size", "32x32", "--image-size", "32x32"], "edits one input image"),
+    (["tiny-flux-kontext", "--image", "missing.png"], "--image missing.png: no such file"),
+    (["tiny-flux-kontext", "--image", "prompts.txt"], "not an image PIL can read"),
 ]
 
 
@@ -74,6 +80,7 @@ BAD = [
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, tmp_path, monkeypatch, args, message):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "prompts.txt").write_text("a cat\n")
     code, out, err = cli("bench", *args, "--out", tmp_path / "out")
     assert code == 2 and message in err
     assert err.startswith("error:") and "Traceback" not in err and len(err.strip().splitlines()) == 1

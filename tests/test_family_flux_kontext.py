@@ -1,4 +1,4 @@
-"""FLUX.1 Kontext (FluxKontextPipeline) profiled as text-to-image: what the generic tests do not reach.
+"""FLUX.1 Kontext (FluxKontextPipeline), text-to-image and editing: what the generic tests do not reach.
 
 FluxKontextPipeline re-fits every requested size to ``max_area`` pixels at the requested aspect ratio
 before it generates; these tests hold diffmeter to the real pipeline on sizes off the default, on its
@@ -6,13 +6,16 @@ own default size, at another max_sequence_length, and check the real catalog ent
 
 import pytest
 import torch
+from PIL import Image
 from tiny_runs import PROMPT, TINY
 
 from diffmeter import profile
 from diffmeter.catalog import resolve
+from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 from diffmeter.flops.analytic import FORMULAS
 from diffmeter.flops.counter import count_flops
+from diffmeter.spec import ProfileSpec
 from diffmeter.tiny import tiny_pipeline
 
 ENTRY = next(e for e in TINY if e.name == "tiny-flux-kontext")
@@ -91,3 +94,114 @@ def test_flux_closed_form_covers_kontext_text_to_image(size):
         entry.components["transformer"].config, image_tokens, entry.text_max_length["text_encoder_2"]
     )
     assert abs(closed - counted) / counted < 0.01
+
+
+def edit_run(image_size: tuple[int, int], batch: int = 1, **arguments):
+    """The real tiny FluxKontextPipeline editing one image per prompt (``image_size`` as (height, width)), one
+    generator per output as bench calls it: MACs per component name, and the input shapes its VAE encoded."""
+    pipe = tiny_pipeline(ENTRY)
+    encode, encoded = pipe.vae.encode, []
+
+    def spy(x, *args, **kwargs):
+        encoded.append(tuple(x.shape))
+        return encode(x, *args, **kwargs)
+
+    pipe.vae.encode = spy
+    images = [Image.new("RGB", image_size[::-1], (40 * k, 90, 160)) for k in range(batch)]
+    components = {name: getattr(pipe, name) for name in ENTRY.components}
+    call = dict(ENTRY.extra["runtime"]["call"])
+    call.update(arguments)
+    generators = [torch.Generator().manual_seed(k) for k in range(batch)]
+    with torch.no_grad(), count_flops(components) as counts:
+        pipe(
+            prompt=[PROMPT] * batch, image=images, num_inference_steps=2, output_type="np", generator=generators, **call
+        )
+    macs = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in ENTRY.components}
+    return macs, encoded
+
+
+def by_name(result) -> dict[str, int]:
+    """Per component name, over its roles (the VAE encodes and decodes)."""
+    macs: dict[str, int] = {}
+    for component in result.components:
+        macs[component.name] = macs.get(component.name, 0) + component.macs
+    return macs
+
+
+@pytest.mark.parametrize(
+    ("image", "batch", "arguments"),
+    [((24, 40), 1, {}), ((32, 32), 2, {}), ((26, 18), 1, {"true_cfg_scale": 2.0, "negative_prompt": ""})],
+)
+def test_an_edit_is_counted_exactly(image, batch, arguments):
+    """With an input image (off the multiple of 4, at batch 2, with true CFG) the tiny pipeline's real run
+    equals the offline profile per component: the image encoded once per output, its tokens in every call."""
+    negative = {"negative_prompt": [""] * batch} if arguments else {}
+    real, encoded = edit_run(image, batch, **{**arguments, **negative}, guidance_scale=2.5)
+    offline = profile(
+        "tiny-flux-kontext",
+        steps=2,
+        batch_size=batch,
+        guidance_scale=2.5,
+        image_sizes=[image],
+        true_cfg_scale=arguments.get("true_cfg_scale"),
+    )
+    assert by_name(offline) == real
+    step = 4  # tiny: vae_scale_factor 2, times 2
+    made = (image[0] // step * step, image[1] // step * step)
+    assert encoded == [(1, 3, *made)] * batch
+    assert offline.input_images == [made]
+    assert (offline.requested_images is None) == (made == image)
+    encode = next(c for c in offline.components if c.role == "image_encoder")
+    assert (encode.name, encode.calls, encode.batch_per_call) == ("vae", batch, 1)
+    text_only = profile("tiny-flux-kontext", steps=2, batch_size=batch, guidance_scale=2.5)
+    assert offline.params == text_only.params  # the VAE's weights are counted once
+
+
+@pytest.mark.parametrize("size", [(1000, 700), (500, 2000), (1024, 1024), (768, 1360)])
+def test_the_preferred_kontext_resolution_is_the_pipelines(size):
+    """``_auto_resize`` (the pipeline's default): the real pipeline's choice of input size, read where it
+    encodes, equals the family's (the run stops there: a 1024-pixel image is too big for the tiny transformer)."""
+    pipe = tiny_pipeline(ENTRY)
+
+    class Encoded(Exception):
+        pass
+
+    def stop(x, *args, **kwargs):
+        raise Encoded(tuple(x.shape[-2:]))
+
+    pipe.vae.encode = stop
+    with pytest.raises(Encoded) as caught:
+        pipe(prompt=PROMPT, image=Image.new("RGB", size[::-1]), num_inference_steps=1, max_sequence_length=32)
+    entry = ENTRY.model_copy(deep=True)
+    entry.extra["runtime"]["call"]["_auto_resize"] = True
+    notes = []
+    spec = ProfileSpec(model=ENTRY.name, image_sizes=(size,)).with_defaults(entry.defaults)
+    assert get_family(ENTRY.family).input_images(entry, spec, notes) == [caught.value.args[0]]
+
+
+def test_a_kontext_edit_adds_the_image_tokens_to_every_transformer_call():
+    """flux1-kontext-dev editing a 1024x1024 image at 1024x1024: the transformer sees 4096 + 4096 image tokens,
+    exactly what FLUX.1-dev's sees at 2048x1024; the VAE encodes the image once, at what its encoder costs."""
+    edit = profile("flux1-kontext-dev", image_sizes=["1024x1024"])
+    assert edit.input_images == [(1024, 1024)]
+    transformer = next(c for c in edit.components if c.role == "denoiser")
+    wide = next(c for c in profile("flux-dev", height=1024, width=2048).components if c.role == "denoiser")
+    assert transformer.macs_per_call == wide.macs_per_call
+    text_only = profile("flux1-kontext-dev")
+    added = edit.total_macs - text_only.total_macs
+    encode = next(c for c in edit.components if c.role == "image_encoder")
+    plain = next(c for c in text_only.components if c.role == "denoiser")
+    assert added == encode.macs + transformer.macs - plain.macs
+    assert transformer.macs > 2 * plain.macs  # attention grows with the square of the sequence
+    assert any("4096 input-image tokens" in note for note in edit.notes)
+
+
+def test_image_sizes_the_pipeline_cannot_take_are_refused():
+    with pytest.raises(DiffmeterError, match="edits one input image"):
+        profile("tiny-flux-kontext", image_sizes=[(32, 32), (32, 32)])
+    with pytest.raises(DiffmeterError, match="multiple of 4"):
+        profile("tiny-flux-kontext", image_sizes=[(2, 32)])
+    with pytest.raises(DiffmeterError, match="takes no input image"):
+        profile("tiny-flux", image_sizes=[(32, 32)])
+    with pytest.raises(DiffmeterError, match="WIDTHxHEIGHT"):
+        profile("tiny-flux-kontext", image_sizes=["32by32"])

@@ -35,6 +35,19 @@ def settled_component_dtypes(given, defaults: dict[str, str]) -> tuple[tuple[str
     return tuple(sorted(merged.items()))
 
 
+def parse_image_size(value: str) -> tuple[int, int]:
+    """``--image-size 1024x768`` (width x height, as the pipelines' docs write sizes) as (height, width)."""
+    width, sep, height = value.lower().partition("x")
+    if not sep or not width.strip().isdigit() or not height.strip().isdigit():
+        raise DiffmeterError(f"--image-size takes WIDTHxHEIGHT in pixels, such as 1024x768; got '{value}'")
+    return int(height), int(width)
+
+
+def image_sizes_of(values) -> tuple[tuple[int, int], ...]:
+    """Input image sizes as (height, width) pairs, from "WxH" strings or (height, width) pairs (the Python API)."""
+    return tuple(parse_image_size(v) if isinstance(v, str) else (int(v[0]), int(v[1])) for v in values or ())
+
+
 def parse_component_dtypes(values: list[str] | None) -> tuple[tuple[str, str], ...]:
     """``--component-dtype vae=float32`` (repeatable) as (name, dtype) pairs; one clear line otherwise."""
     pairs = []
@@ -74,6 +87,9 @@ class ProfileSpec:
     glyph_text: bool | None = None
     resolution_binning: bool | None = None
     max_sequence_length: int | None = None
+    #: the input images' sizes, (height, width) each, in the pipeline's order (an edit's source image, reference
+    #: images); empty: none (text-to-image). Each output of a batch has its own input images.
+    image_sizes: tuple[tuple[int, int], ...] = ()
 
     def with_defaults(self, defaults) -> ProfileSpec:
         """Fill unset fields from a catalog ``Defaults`` and check every value."""
@@ -127,6 +143,9 @@ class ProfileSpec:
                 f"--true-cfg-scale must be above 1 (1 or less runs no true CFG: leave it out), "
                 f"got {self.true_cfg_scale:g}"
             )
+        for height, width in self.image_sizes:
+            if height <= 0 or width <= 0:
+                raise DiffmeterError(f"--image-size must be positive pixels, got {width}x{height} (WxH)")
         if self.template_tokens is not None and self.template_tokens < 0:
             raise DiffmeterError(f"template_tokens must be 0 or more, got {self.template_tokens}")
         if self.instruction_tokens is not None and self.instruction_tokens < 0:

@@ -11,7 +11,7 @@ from diffmeter.cli import options as o
 from diffmeter.cli.app import command, console, load_libraries
 from diffmeter.cli.progress import progress_bar
 from diffmeter.errors import DiffmeterError
-from diffmeter.spec import parse_component_dtypes
+from diffmeter.spec import image_sizes_of, parse_component_dtypes
 
 #: the bench parameters that are optimization shorthands (see optimize/options.py)
 OPTIMIZATION_FLAGS = (
@@ -58,6 +58,16 @@ def bench(
     steps: o.Steps = None,
     guidance_scale: o.GuidanceScale = None,
     true_cfg_scale: o.TrueCfgScale = None,
+    image_size: o.ImageSize = None,
+    image: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="PATH",
+            help="an input image file, repeatable in the pipeline's order (default: seeded noise at --image-size)",
+            rich_help_panel=o.GENERATION,
+            show_default=False,
+        ),
+    ] = None,
     num_frames: o.NumFrames = None,
     max_sequence_length: o.MaxSequenceLength = None,
     resolution_binning: o.ResolutionBinning = True,
@@ -229,6 +239,8 @@ def _bench_spec(values: dict):
         steps=values["steps"],
         guidance_scale=values["guidance_scale"],
         true_cfg_scale=values["true_cfg_scale"],
+        image_sizes=list(image_sizes_of(values["image_size"])),
+        images=list(values["image"] or []),
         num_frames=values["num_frames"],
         max_sequence_length=values["max_sequence_length"],
         resolution_binning=None if values["resolution_binning"] else False,

@@ -18,6 +18,7 @@ from diffmeter.cli.options import (
     GpuName,
     GuidanceScale,
     Height,
+    ImageSize,
     NumFrames,
     Steps,
     TrueCfgScale,
@@ -57,6 +58,7 @@ def fit(
     batch_size: BatchSize = 1,
     guidance_scale: GuidanceScale = None,
     true_cfg_scale: TrueCfgScale = None,
+    image_size: ImageSize = None,
     num_frames: NumFrames = None,
     dtype: Annotated[
         str | None, typer.Option(metavar="DTYPE", help="float16 | bfloat16 | float32", rich_help_panel=GENERATION)
@@ -71,7 +73,7 @@ def fit(
     from diffmeter.catalog import resolve
     from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, chosen_gpu, spec_gpu
     from diffmeter.report.memory_table import fit_table
-    from diffmeter.spec import ProfileSpec, parse_component_dtypes
+    from diffmeter.spec import ProfileSpec, image_sizes_of, parse_component_dtypes
 
     if all_models:
         from diffmeter.cli.leaderboard import leaderboard
@@ -80,8 +82,9 @@ def fit(
             raise DiffmeterError("--all predicts every catalog model on the table's GPUs: drop MODEL and --memory")
         given = {
             "--height": height, "--width": width, "--steps": steps, "--guidance-scale": guidance_scale,
-            "--true-cfg-scale": true_cfg_scale, "--num-frames": num_frames, "--dtype": dtype,
-            "--component-dtype": component_dtype, "--batch-size": None if batch_size == 1 else batch_size,
+            "--true-cfg-scale": true_cfg_scale, "--image-size": image_size, "--num-frames": num_frames,
+            "--dtype": dtype, "--component-dtype": component_dtype,
+            "--batch-size": None if batch_size == 1 else batch_size,
         }  # fmt: skip
         if named := [flag for flag, value in given.items() if value]:
             raise DiffmeterError(f"--all predicts each model at its catalog defaults: drop {', '.join(named)}")
@@ -103,6 +106,7 @@ def fit(
         batch_size=batch_size,
         guidance_scale=guidance_scale,
         true_cfg_scale=true_cfg_scale,
+        image_sizes=image_sizes_of(image_size),
         num_frames=num_frames,
         dtype=dtype,
         component_dtypes=parse_component_dtypes(component_dtype),

@@ -57,6 +57,17 @@ TrueCfgScale = Annotated[
         rich_help_panel=GENERATION,
     ),
 ]
+ImageSize = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--image-size",
+        metavar="WxH",
+        help="an input image's size (an edit's source, a reference), repeatable in the pipeline's order; "
+        "the pipeline's own resize applies",
+        rich_help_panel=GENERATION,
+        show_default=False,
+    ),
+]
 NumFrames = Annotated[
     int | None, typer.Option(help="video models: frames per video (default: the model's)", rich_help_panel=GENERATION)
 ]

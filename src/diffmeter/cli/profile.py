@@ -20,6 +20,7 @@ from diffmeter.cli.options import (
     GpuName,
     GpuSpec,
     GuidanceScale,
+    ImageSize,
     MaxSequenceLength,
     NumFrames,
     Offload,
@@ -90,6 +91,7 @@ def profile(
     batch_size: BatchSize = 1,
     guidance_scale: GuidanceScale = None,
     true_cfg_scale: TrueCfgScale = None,
+    image_size: ImageSize = None,
     num_frames: NumFrames = None,
     dtype: Annotated[
         str | None,
@@ -144,7 +146,7 @@ def profile(
     from diffmeter.flops.cached import cached_profile
     from diffmeter.report.export import profiles_csv
     from diffmeter.report.tables import profile_table, summary_table
-    from diffmeter.spec import ProfileSpec, parse_component_dtypes
+    from diffmeter.spec import ProfileSpec, image_sizes_of, parse_component_dtypes
 
     names = list(models or [])
     if all_models and names:
@@ -172,6 +174,7 @@ def profile(
             batch_size=batch_size,
             guidance_scale=guidance_scale,
             true_cfg_scale=true_cfg_scale,
+            image_sizes=image_sizes_of(image_size),
             num_frames=num_frames,
             dtype=dtype,
             component_dtypes=parse_component_dtypes(component_dtype),

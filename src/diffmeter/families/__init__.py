@@ -7,10 +7,30 @@ docs/adding-a-family.md).
 import importlib
 import pkgutil
 
-from diffmeter.families.base import DENOISER, FAMILIES, TEXT_ENCODER, VAE_DECODER, Call, Family, Shapes, get_family
+from diffmeter.families.base import (
+    DENOISER,
+    FAMILIES,
+    IMAGE_ENCODER,
+    TEXT_ENCODER,
+    VAE_DECODER,
+    Call,
+    Family,
+    Shapes,
+    get_family,
+)
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name != "base":
         importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["DENOISER", "FAMILIES", "TEXT_ENCODER", "VAE_DECODER", "Call", "Family", "Shapes", "get_family"]
+__all__ = [
+    "DENOISER",
+    "FAMILIES",
+    "IMAGE_ENCODER",
+    "TEXT_ENCODER",
+    "VAE_DECODER",
+    "Call",
+    "Family",
+    "Shapes",
+    "get_family",
+]

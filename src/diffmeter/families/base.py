@@ -17,9 +17,9 @@ import torch
 
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
+from diffmeter.families import binning
 from diffmeter.spec import ProfileSpec
-
-DENOISER, TEXT_ENCODER, VAE_DECODER = "denoiser", "text_encoder", "vae_decoder"
+from diffmeter.stages import DENOISER, IMAGE_ENCODER, TEXT_ENCODER, VAE_DECODER  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,8 @@ class Shapes:
     latent_width: int
     latent_frames: int | None
     text_tokens: dict[str, int] = field(default_factory=dict)
+    #: the input images' (height, width) as the pipeline resizes them before encoding, in its order
+    images: list[tuple[int, int]] = field(default_factory=list)
     #: modelling assumptions worth telling the reader (binning, estimates, prompt lengths)
     notes: list[str] = field(default_factory=list)
 
@@ -86,6 +88,8 @@ class Family:
     #: the pipeline takes ``true_cfg_scale`` beside an embedded guidance (FLUX.1)
     true_cfg: ClassVar[bool] = False
     is_video: ClassVar[bool] = False
+    #: input images the pipeline takes (``--image-size``): 0 for text-to-image
+    max_images: ClassVar[int] = 0
     #: the denoiser predicts a flow velocity (flow-matching samplers only), not noise
     flow_matching: ClassVar[bool] = False
     #: the denoiser passes an attention mask to scaled-dot-product attention (text padding
@@ -220,18 +224,7 @@ class Family:
         """The size the pipeline really generates at when it bins resolutions; None if it does not."""
         if self.bin_tables is None:
             return None
-        import importlib
-
-        from diffusers.image_processor import PixArtImageProcessor
-
-        module, tables = self.bin_tables
-        sample_size = entry.components[self.denoiser].config["sample_size"]
-        if sample_size not in tables:
-            raise DiffmeterError(
-                f"{entry.name}: no resolution bins for sample_size {sample_size}; pass --no-resolution-binning"
-            )
-        bins = getattr(importlib.import_module(module), tables[sample_size])
-        return PixArtImageProcessor.classify_height_width_bin(height, width, ratios=bins)
+        return binning.binned_size(entry, self.denoiser, self.bin_tables, height, width)
 
     def shapes(self, entry: PipelineEntry, spec: ProfileSpec) -> Shapes:
         notes = []
@@ -270,14 +263,34 @@ class Family:
                 )
             lengths[self.sequence_encoder] = spec.max_sequence_length
         frames = self.latent_frames(entry, spec)
-        return Shapes(entry, spec, spec.height // scale, spec.width // scale, frames, lengths, notes)
+        images = self.input_images(entry, spec, notes)
+        return Shapes(entry, spec, spec.height // scale, spec.width // scale, frames, lengths, images, notes)
+
+    def input_images(self, entry: PipelineEntry, spec: ProfileSpec, notes: list[str]) -> list[tuple[int, int]]:
+        """The input images' (height, width) as the pipeline resizes them, with a note on each resize; a
+        text-to-image pipeline takes none."""
+        if spec.image_sizes:
+            raise DiffmeterError(
+                f"{entry.name} ({entry.pipeline_class}) generates from text alone and takes no input image: "
+                "drop --image-size"
+            )
+        return []
 
     def latent_frames(self, entry: PipelineEntry, spec: ProfileSpec) -> int | None:
         return None
 
     # ---- the call plan -------------------------------------------------------------------
     def plan(self, shapes: Shapes) -> list[Call]:
-        return [*self.text_calls(shapes), *self.denoiser_calls(shapes), *self.decoder_calls(shapes)]
+        return [
+            *self.text_calls(shapes),
+            *self.image_calls(shapes),
+            *self.denoiser_calls(shapes),
+            *self.decoder_calls(shapes),
+        ]
+
+    def image_calls(self, shapes: Shapes) -> list[Call]:
+        """The calls that encode the input images (none without any)."""
+        return []
 
     def text_calls(self, shapes: Shapes) -> list[Call]:
         calls = []

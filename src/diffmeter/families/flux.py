@@ -1,13 +1,15 @@
 """FLUX.1: MMDiT with 2x2-packed latents, CLIP pooled + T5 sequence, guidance-distilled.
 
-FLUX.1 Kontext (``FluxKontextPipeline``) runs the same transformer; without an input image it
-generates like FluxPipeline, except that it first re-fits the requested size to ``max_area``
-pixels at the requested aspect ratio (floored to multiples of 16)."""
+FLUX.1 Kontext (``FluxKontextPipeline``) runs the same transformer. It first re-fits the requested
+size to ``max_area`` pixels at the requested aspect ratio (floored to multiples of 16); an input image
+is resized to a preferred Kontext resolution, VAE-encoded, and its packed tokens ride along with the
+noisy latents in every transformer call (then dropped from its output)."""
 
 import torch
 
 from diffmeter.errors import DiffmeterError
-from diffmeter.families.base import Family, Shapes, register, timesteps
+from diffmeter.families.base import Call, Family, Shapes, register, timesteps
+from diffmeter.families.images import ImageConditioned, size_text, vae_encode_calls
 
 #: FluxKontextPipeline.__call__'s max_area default
 KONTEXT_MAX_AREA = 1024**2
@@ -60,10 +62,11 @@ class Flux(Family):
 
 
 @register
-class FluxKontext(Flux):
-    """FluxKontextPipeline run as text-to-image (no input image)."""
+class FluxKontext(ImageConditioned, Flux):
+    """FluxKontextPipeline: an edit of one input image (``--image-size``), or text-to-image without one."""
 
     name = "flux_kontext"
+    max_images = 1
 
     def default_size(self, entry) -> tuple[int, int]:
         height, width, _ = self.pipeline_size(entry, *super().default_size(entry))
@@ -92,13 +95,63 @@ class FluxKontext(Flux):
             ),
         )
 
+    def input_images(self, entry, spec, notes) -> list[tuple[int, int]]:
+        """FluxKontextPipeline.__call__ (diffusers 0.42.1, "3. Preprocess image"): the image's aspect ratio picks
+        the nearest of PREFERRED_KONTEXT_RESOLUTIONS (unless called with ``_auto_resize=False``), then each side is
+        floored to a multiple of vae_scale_factor * 2; the output keeps its own size (1024x1024 by default)."""
+        if len(spec.image_sizes) > self.max_images:
+            raise DiffmeterError(
+                f"{entry.pipeline_class} edits one input image; got {len(spec.image_sizes)} --image-size: pass one"
+            )
+        if not spec.image_sizes:
+            notes.append(
+                f"{entry.pipeline_class} counted as text-to-image (no input image); --image-size WxH counts an edit: "
+                "the image VAE-encoded once per output, its packed tokens added to every transformer call"
+            )
+            return []
+        height, width = spec.image_sizes[0]
+        step = self.size_multiple(entry)
+        if entry.extra.get("runtime", {}).get("call", {}).get("_auto_resize", True):
+            from diffusers.pipelines.flux.pipeline_flux_kontext import PREFERRED_KONTEXT_RESOLUTIONS
+
+            _, width, height = min((abs(width / height - w / h), w, h) for w, h in PREFERRED_KONTEXT_RESOLUTIONS)
+        made = (height // step * step, width // step * step)
+        if 0 in made:
+            raise DiffmeterError(
+                f"--image-size {size_text(spec.image_sizes[0])}: {entry.pipeline_class} floors each side of the input "
+                f"image to a multiple of {step} pixels, leaving nothing; use at least {step}x{step}"
+            )
+        if made != spec.image_sizes[0]:
+            notes.append(
+                f"{entry.pipeline_class} resizes the {size_text(spec.image_sizes[0])} (WxH) input image to "
+                f"{size_text(made)}: the preferred Kontext resolution nearest its aspect ratio, floored to a multiple "
+                f"of {step}"
+            )
+        return [made]
+
+    def image_calls(self, shapes: Shapes) -> list[Call]:
+        return vae_encode_calls(self, shapes)
+
+    def image_tokens(self, shapes: Shapes) -> int:
+        """Packed (2x2) latent tokens of the input image, concatenated after the noisy latents' every call."""
+        scale = self.vae_scale(shapes.entry) * 2
+        return sum((height // scale) * (width // scale) for height, width in shapes.images)
+
     def shapes(self, entry, spec) -> Shapes:
         shapes = super().shapes(entry, spec)
-        tokens = (shapes.latent_height // 2) * (shapes.latent_width // 2)
-        shapes.note(
-            f"{entry.pipeline_class} counted as text-to-image (no input image); editing an image also "
-            "VAE-encodes it once and adds its packed tokens (resized to a preferred Kontext resolution: "
-            f"4096 tokens for a square input at 1024x1024) to the {tokens} noisy-latent tokens of every "
-            "transformer call"
-        )
+        if shapes.images:
+            tokens = (shapes.latent_height // 2) * (shapes.latent_width // 2)
+            shapes.note(
+                f"editing: {self.image_tokens(shapes)} input-image tokens beside the {tokens} noisy-latent tokens in "
+                "every transformer call (attention grows with the square of their sum)"
+            )
         return shapes
+
+    def denoiser_inputs(self, shapes: Shapes, batch: int, device):
+        inputs = super().denoiser_inputs(shapes, batch, device)
+        extra = self.image_tokens(shapes)
+        if extra:
+            hidden = inputs["hidden_states"]
+            inputs["hidden_states"] = torch.zeros(batch, hidden.shape[1] + extra, hidden.shape[2])
+            inputs["img_ids"] = torch.zeros(inputs["img_ids"].shape[0] + extra, 3)
+        return inputs

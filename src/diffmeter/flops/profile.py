@@ -14,20 +14,21 @@ import torch
 
 from diffmeter.catalog import ComponentEntry, resolve
 from diffmeter.errors import DiffmeterError
-from diffmeter.families import DENOISER, VAE_DECODER, Call, get_family
+from diffmeter.families import DENOISER, IMAGE_ENCODER, VAE_DECODER, Call, get_family
 from diffmeter.flops.cached import cached_params, cached_profile, remember_params, remember_profile
 from diffmeter.flops.counter import KINDS, FlopCounts, call_signature, count_flops
 from diffmeter.flops.schema import BYTES_PER_PARAM, CallProfile, ComponentProfile, Profile
 from diffmeter.parallel import parallel_map
 from diffmeter.pipelines import build_component, component_class, count_params
-from diffmeter.spec import ProfileSpec
+from diffmeter.spec import ProfileSpec, image_sizes_of
 
 
 def profile(model: str, *, depth: int = 0, **settings) -> Profile:
     """Count MACs/FLOPs of ``model`` at the given settings (see ``ProfileSpec``; ``component_dtypes`` may be a
-    dict: ``{"vae": "float32"}``)."""
+    dict: ``{"vae": "float32"}``; ``image_sizes`` "WxH" strings or (height, width) pairs)."""
     if isinstance(settings.get("component_dtypes"), dict):
         settings["component_dtypes"] = tuple(sorted(settings["component_dtypes"].items()))
+    settings["image_sizes"] = image_sizes_of(settings.get("image_sizes"))
     return profile_spec(ProfileSpec(model=model, **settings), depth=depth)
 
 
@@ -86,8 +87,9 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
     resized = (spec.height, spec.width) != requested
 
     components = []
-    for name in dict.fromkeys(call.component for call in plan):
-        calls = [call for call in plan if call.component == name]
+    # a row per component and role: the VAE that encodes an input image and decodes the output is two rows
+    for name, role in dict.fromkeys((call.component, call.role) for call in plan):
+        calls = [call for call in plan if (call.component, call.role) == (name, role)]
         try:
             bytes_per_param = BYTES_PER_PARAM[spec.dtype_of(name)]
             components.append(_profile_component(name, entry.components[name], calls, depth, bytes_per_param))
@@ -116,7 +118,8 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
     total_macs = sum(c.macs for c in components)
     for component in components:
         component.share = component.macs / total_macs if total_macs else 0.0
-    params = sum(c.params for c in components)
+    weights = {c.name: c for c in components}  # a component's weights once, whatever roles it plays (Profile.weights)
+    params = sum(c.params for c in weights.values())
     return Profile(
         model=entry.id,
         name=entry.name,
@@ -127,6 +130,8 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
         requested_height=requested[0] if resized else None,
         requested_width=requested[1] if resized else None,
         num_frames=spec.num_frames if family.is_video else None,
+        input_images=shapes.images,
+        requested_images=list(spec.image_sizes) if list(spec.image_sizes) != shapes.images else None,
         steps=spec.steps,
         batch_size=spec.batch_size,
         guidance_scale=spec.guidance_scale,
@@ -139,7 +144,7 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
         total_macs=total_macs,
         total_flops=2 * total_macs,
         params=params,
-        param_bytes=sum(c.param_bytes for c in components),
+        param_bytes=sum(c.param_bytes for c in weights.values()),
         notes=shapes.notes,
     )
 
@@ -153,11 +158,11 @@ def meta_inputs(call: Call) -> dict:
 def count_call(module: torch.nn.Module, name: str, call: Call, inputs: dict, submodules: bool = True) -> FlopCounts:
     """Run one call of ``module`` on the meta device under the counter.
 
-    Repeated blocks are reused except in VAE decoders, whose blocks carry state between
-    calls (Wan's causal-convolution caches); a call may name submodules to replay instead."""
+    Repeated blocks are reused except in VAEs, whose blocks carry state between calls
+    (Wan's causal-convolution caches); a call may name submodules to replay instead."""
     handle = call.prepare(module) if call.prepare else None
     try:
-        reuse = call.role != VAE_DECODER
+        reuse = call.role not in (VAE_DECODER, IMAGE_ENCODER)
         with torch.no_grad(), count_flops({name: module}, reuse, submodules, call.replayed) as counts:
             getattr(module, call.method)(**inputs)
     finally:

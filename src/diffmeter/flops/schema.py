@@ -58,6 +58,10 @@ class Profile(BaseModel):
     requested_height: int | None = None
     requested_width: int | None = None
     num_frames: int | None
+    #: the input images (height, width) as the pipeline resized them before encoding; empty: text-to-image
+    input_images: list[tuple[int, int]] = []
+    #: the input image sizes asked for (height, width), when the pipeline resized any (None otherwise)
+    requested_images: list[tuple[int, int]] | None = None
     steps: int
     batch_size: int
     guidance_scale: float
@@ -75,6 +79,11 @@ class Profile(BaseModel):
     param_bytes: int
     notes: list[str] = []
     units: dict[str, str] = UNITS
+
+    def weights(self) -> list[ComponentProfile]:
+        """One row per component for its weights: a VAE that encodes an input image and decodes the output is
+        two rows of ``components`` (one per role) holding one set of weights."""
+        return list({c.name: c for c in self.components}.values())
 
     def to_json_dict(self) -> dict:
         return self.model_dump(mode="json", by_alias=True)

@@ -20,10 +20,13 @@ import torch
 from pydantic import BaseModel
 from torch.autograd import DeviceType
 
+from diffmeter.stages import STAGE_NAMES
+from diffmeter.stages import STAGES as PIPELINE_STAGES
+
 #: prefix of diffmeter's own ranges in the trace
 PREFIX = "diffmeter: "
 #: the stage tables, in pipeline order
-STAGES = ("text_encoding", "denoising", "vae_decode", "other")
+STAGES = (*PIPELINE_STAGES, "other")
 OUTSIDE = "(outside operators: Python, framework)"
 #: operators per stage kept in results.json (ops.json holds them all)
 TOP = 5
@@ -113,7 +116,7 @@ def ops_table(events, steps: int, time_base: str) -> tuple[OpsTable, dict]:
     call = next((event for event in timeline if event.name == PREFIX + "pipeline call"), None)
     if call is not None:  # "other" is the call minus its stages, as the stage timer defines it
         total = (call.time_range.end - call.time_range.start) / 1e6
-        seconds["other"] = total - sum(seconds[stage] for stage in STAGES if stage != "other")
+        seconds["other"] = total - sum(seconds.get(stage, 0.0) for stage in STAGES if stage != "other")
 
     by_stage: dict[str, dict[str, list]] = {stage: defaultdict(lambda: [0.0, 0, 0, False]) for stage in STAGES}
     for event in events:
@@ -152,10 +155,9 @@ def ops_table(events, steps: int, time_base: str) -> tuple[OpsTable, dict]:
 
 
 def _stage(range_name: str, steps: int) -> str:
-    if range_name == "text encoding":
-        return "text_encoding"
-    if range_name == "VAE decode":
-        return "vae_decode"
+    named = {name: stage for stage, name in STAGE_NAMES.items()}
+    if range_name in named:
+        return named[range_name]
     if range_name.startswith("step ") and int(range_name.split()[1]) < steps:
         return "denoising"
     return "other"  # the whole call's range, and the tail after the last step

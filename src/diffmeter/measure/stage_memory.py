@@ -3,7 +3,7 @@
 At each mark the caching allocator's high-water mark since the previous mark is read and the mark is reset
 (``torch.cuda.max_memory_allocated`` / ``reset_peak_memory_stats``: host-side counters of the allocator,
 kept in the order the host issues allocations, so no synchronization is needed). The segment between two
-marks belongs to the stage its closing mark ends: a text encoder's, a scheduler step's, the VAE's decode,
+marks belongs to the stage its closing mark ends: a text encoder's, the VAE's encode, a scheduler step's, its decode,
 else the pipeline's own code outside its components. Because the marks reset CUDA's high-water marks, the
 run's whole peaks (allocated and reserved) are the largest of the segments' and are read from here too.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from diffmeter.predict.schema import DENOISING_STEP, TEXT_ENCODING, VAE_DECODE
+from diffmeter.predict.schema import DENOISING_STEP, IMAGE_ENCODING, TEXT_ENCODING, VAE_DECODE
 
 OUTSIDE_COMPONENTS = "outside components"
 #: the stage timer's closing marks and the stage each closes; any other mark closes code outside the components
-CLOSED_BY = {"text<": TEXT_ENCODING, "step<": DENOISING_STEP, "decode<": VAE_DECODE}
+CLOSED_BY = {"text<": TEXT_ENCODING, "encode<": IMAGE_ENCODING, "step<": DENOISING_STEP, "decode<": VAE_DECODE}
 
 
 class StagePeaks:

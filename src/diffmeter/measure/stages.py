@@ -1,9 +1,9 @@
-"""Per-stage timing of one pipeline call: text encoding, each denoising step, VAE decode.
+"""Per-stage timing of one pipeline call: text encoding, image encoding, each denoising step, VAE decode.
 
 Boundaries come from the pipeline's own components, so any diffusers pipeline is
 covered without knowing its code: forward hooks on the text encoders, a pre-hook on
 the denoiser (the first call opens step 0), a wrapper on ``scheduler.step`` (each call
-closes a step) and one on the decoder's ``decode``. Steps are contiguous: step *i*
+closes a step) and ones on the VAE's ``encode`` (an input image) and ``decode``. Steps are contiguous: step *i*
 runs from the end of step *i-1* to the end of its own ``scheduler.step``. Whatever
 lies outside these stages (tokenizing, latent preparation, post-processing) is
 ``other``, so the stages always add up to the device-timed total.
@@ -48,9 +48,11 @@ class _Timed:
 
 class Stages(BaseModel):
     """Seconds per stage of one call; ``steps_s`` has one entry per scheduler step, and the
-    four stages add up to the call's device-timed total."""
+    stages add up to the call's device-timed total."""
 
     text_encoding_s: float
+    #: the VAE encoding input images (editing, image-to-video); 0 for text-to-image and results stored before
+    image_encoding_s: float = 0.0
     denoising_s: float
     steps_s: list[float]
     vae_decode_s: float
@@ -95,7 +97,7 @@ class StageTimer:
         #: (owner, method name, what the owner's own __dict__ held before wrapping, if anything)
         self._wrapped: list[tuple[object, str, object]] = []
         self._marks: list[tuple[str, object]] = []
-        self._depth = {"text": 0, "decode": 0}
+        self._depth = {"text": 0, "encode": 0, "decode": 0}
         self._denoiser_calls = 0
         #: called with each mark's label right after it is taken (``bench --trace`` opens its ranges there)
         self.listener: Callable[[str], None] | None = None
@@ -109,6 +111,10 @@ class StageTimer:
             self._handles.append(denoiser.register_forward_pre_hook(lambda *_: self._denoiser_called()))
         self._wrap(self.pipe.scheduler, "step", after=lambda: self._mark("step<"))
         self._wrap(self.decoder, "decode", before=lambda: self._enter("decode"), after=lambda: self._leave("decode"))
+        if callable(getattr(self.decoder, "encode", None)):
+            self._wrap(
+                self.decoder, "encode", before=lambda: self._enter("encode"), after=lambda: self._leave("encode")
+            )
         return self
 
     def __exit__(self, *exc) -> None:
@@ -165,7 +171,7 @@ class StageTimer:
     def _times(self) -> StageTimes:
         seconds = self.clock.seconds
         total = seconds(self._marks[0][1], self._marks[-1][1])
-        spans = {"text": 0.0, "decode": 0.0}
+        spans = {"text": 0.0, "encode": 0.0, "decode": 0.0}
         opened: dict[str, object] = {}
         steps, step_start = [], None
         for label, mark in self._marks[1:-1]:
@@ -180,9 +186,10 @@ class StageTimer:
                 opened[stage] = mark
             else:
                 spans[stage] += seconds(opened.pop(stage), mark)
-        other = total - spans["text"] - sum(steps) - spans["decode"]
+        other = total - spans["text"] - spans["encode"] - sum(steps) - spans["decode"]
         stages = Stages(
             text_encoding_s=spans["text"],
+            image_encoding_s=spans["encode"],
             denoising_s=sum(steps),
             steps_s=steps,
             vae_decode_s=spans["decode"],

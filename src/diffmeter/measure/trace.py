@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from diffmeter.measure.ops import PREFIX, OpsTable, StageOps, ops_table, top_rows
 from diffmeter.measure.stages import Stages, StageTimer
 from diffmeter.quiet import native_stderr_to
+from diffmeter.stages import STAGE_NAMES
 
 TRACE_FILE = "trace.json.gz"
 OPS_FILE = "ops.json"
@@ -39,6 +40,14 @@ class TraceSummary(BaseModel):
     #: each stage's range in the trace, seconds ("steps": one per denoising step)
     ranges_s: dict[str, float | list[float]]
     top_ops: list[StageOps]
+
+
+#: the stage timer's marks and the trace range each opens
+RANGES = {
+    "text": STAGE_NAMES["text_encoding"],
+    "encode": STAGE_NAMES["image_encoding"],
+    "decode": STAGE_NAMES["vae_decode"],
+}
 
 
 class StageRanges:
@@ -63,7 +72,7 @@ class StageRanges:
             self._open("step", f"step {self.steps}")
         elif edge == ">":
             self._close("step")  # decoding ends the tail after the last step
-            self._open(stage, {"text": "text encoding", "decode": "VAE decode"}[stage])
+            self._open(stage, RANGES[stage])
         else:
             self._close(stage)
 

@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_leaves
 from diffmeter import cache
 from diffmeter.catalog import ComponentEntry, resolve
 from diffmeter.errors import DiffmeterError
-from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, get_family
+from diffmeter.families import DENOISER, IMAGE_ENCODER, TEXT_ENCODER, VAE_DECODER, Call, get_family
 from diffmeter.optimize.fp8_text_encoder import LARGE_ENCODERS
 from diffmeter.predict.convolution_copies import CPU, TOTAL, ConvolutionCopies
 from diffmeter.predict.fake_run import fake_run
@@ -42,10 +42,22 @@ from diffmeter.predict.footprints import (
 )
 from diffmeter.predict.memory_checks import memory_check
 from diffmeter.predict.replay import replayed_blocks
-from diffmeter.predict.schema import DENOISING_STEP, TEXT_ENCODING, VAE_DECODE, MemoryPrediction, StageMemory
+from diffmeter.predict.schema import (
+    DENOISING_STEP,
+    IMAGE_ENCODING,
+    TEXT_ENCODING,
+    VAE_DECODE,
+    MemoryPrediction,
+    StageMemory,
+)
 from diffmeter.spec import ProfileSpec
 
-STAGE_OF_ROLE = {TEXT_ENCODER: TEXT_ENCODING, DENOISER: DENOISING_STEP, VAE_DECODER: VAE_DECODE}
+STAGE_OF_ROLE = {
+    TEXT_ENCODER: TEXT_ENCODING,
+    IMAGE_ENCODER: IMAGE_ENCODING,
+    DENOISER: DENOISING_STEP,
+    VAE_DECODER: VAE_DECODE,
+}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -167,7 +179,8 @@ def track_call(
             convolutions = ConvolutionCopies(tracker) if on_cuda else contextlib.nullcontext()
             recorders = [tracker, *([convolutions] if on_cuda else []), *([also] if also else [])]
             live = tracker.current_total
-            replayed = replayed_blocks(module, recorders, live) if replay and call.role != VAE_DECODER else None
+            vae = call.role in (VAE_DECODER, IMAGE_ENCODER) and call.method in ("encode", "decode")
+            replayed = replayed_blocks(module, recorders, live) if replay and not vae else None
             with tracker, convolutions, also or contextlib.nullcontext(), replayed or contextlib.nullcontext():
                 output = getattr(module, call.method)(**inputs)
             peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
@@ -180,8 +193,14 @@ def track_call(
         param_bytes=by_kind["Parameter"] + by_kind["Buffer"],
         input_bytes=by_kind["Other"],
         activation_bytes=by_kind["Activation"] + by_kind["Temp"] + during_convolution,
-        output_bytes=storage_bytes(tree_leaves(output)),
+        output_bytes=storage_bytes(_tensors_of(tree_leaves(output))),
     )
+
+
+def _tensors_of(leaves) -> list:
+    """The tensors among an output's leaves, and those a VAE's ``latent_dist`` (DiagonalGaussianDistribution, not a
+    pytree node) holds: its ``parameters``, whose storage its ``mode()`` latents keep alive."""
+    return [leaf.parameters if hasattr(leaf, "parameters") and hasattr(leaf, "mode") else leaf for leaf in leaves]
 
 
 #: diffusers' decode modes whose activations a prediction can hold (``MemoryPrediction.vae_activation_bytes``)
@@ -261,7 +280,7 @@ def predict_tracked(
     resident = sum(params.values())
     calls: list[StageMemory] = []
     decoded: dict[str, int | None] = {}
-    text_outputs = one_prompt = 0
+    text_outputs = one_prompt = image_outputs = 0
     for call in plan:
         if not call.count:
             continue
@@ -269,15 +288,19 @@ def predict_tracked(
         memory = _tracked(entry, modules[call.component], call, dtype_of[call.component], on_cuda, also)
         # the text embeddings stay live to the end of the call (the prompt's while the negative prompt is
         # encoded, both through denoising and decoding), beside the copies a call's inputs make of them
-        # (a denoiser called at the prompt batch gets the prompt's embeddings themselves, not a copy)
+        # (a denoiser called at the prompt batch gets the prompt's embeddings themselves, not a copy); so do
+        # the input images' latents, every output's, from their encoding on
         if call.role == TEXT_ENCODER:
             earlier = text_outputs + memory.output_bytes * (call.count - 1)
             text_outputs = earlier + memory.output_bytes
             one_prompt += memory.output_bytes
+        elif call.role == IMAGE_ENCODER:
+            earlier = text_outputs + image_outputs + memory.output_bytes * (call.count - 1)
+            image_outputs += memory.output_bytes * call.count
         elif call.role == DENOISER and call.batch == spec.batch_size:
-            earlier = text_outputs - one_prompt
+            earlier = text_outputs - one_prompt + image_outputs
         else:
-            earlier = text_outputs
+            earlier = text_outputs + image_outputs
         carried = memory.input_bytes + earlier
         calls.append(
             StageMemory(
@@ -298,7 +321,7 @@ def predict_tracked(
     for found in calls:
         if found.stage not in stages or found.peak_bytes > stages[found.stage].peak_bytes:
             stages[found.stage] = found
-    ordered = [stages[stage] for stage in (TEXT_ENCODING, DENOISING_STEP, VAE_DECODE) if stage in stages]
+    ordered = [stages[stage] for stage in STAGE_OF_ROLE.values() if stage in stages]
     top = max(ordered, key=lambda s: s.peak_bytes)
     encoders = [
         name

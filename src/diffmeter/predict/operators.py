@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_leaves
 
 from diffmeter import cache
 from diffmeter.errors import DiffmeterError
-from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, get_family
+from diffmeter.families import VAE_DECODER, Call, get_family
 from diffmeter.flops.counter import FORMULAS
 from diffmeter.measure.ops import kind_of
 from diffmeter.predict.fake_run import fake_run
@@ -35,9 +35,7 @@ from diffmeter.predict.memory import (
 )
 from diffmeter.predict.schema import CallWork, MemoryPrediction, OperatorGroup, OperatorWork
 from diffmeter.spec import ProfileSpec
-
-#: the stage a component's calls are timed in, as ``bench`` names its stages
-STAGE_KEY = {TEXT_ENCODER: "text_encoding", DENOISER: "denoising", VAE_DECODER: "vae_decode"}
+from diffmeter.stages import STAGE_OF_ROLE
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
@@ -178,7 +176,9 @@ def predict_memory_and_work(
 
     memory = predict_tracked(spec, on_cuda, vae_modes, watch)
     calls = [
-        CallWork(stage=STAGE_KEY[call.role], component=call.component, count=call.count, operators=tally.operators())
+        CallWork(
+            stage=STAGE_OF_ROLE[call.role], component=call.component, count=call.count, operators=tally.operators()
+        )
         for call, tally in tallies
     ]
     work = OperatorWork(dtype=settled.dtype, calls=calls)
@@ -211,7 +211,7 @@ def _count(spec: ProfileSpec, decode_modes: tuple[str, ...] = (), decode_only: b
                 f"{entry.name}: the operators of its {call.component} cannot be counted on fake tensors: {first}"
             ) from None
         calls.append(
-            CallWork(stage=STAGE_KEY[call.role], component=call.component, count=call.count, operators=operators)
+            CallWork(stage=STAGE_OF_ROLE[call.role], component=call.component, count=call.count, operators=operators)
         )
     return OperatorWork(dtype=spec.dtype, calls=calls)
 

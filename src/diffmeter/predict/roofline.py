@@ -29,8 +29,7 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.predict.devices import Device
 from diffmeter.predict.energy import predict_energy
 from diffmeter.predict.schema import CallWork, OperatorWork, StageTime, TimePrediction
-
-STAGES = ("text_encoding", "denoising", "vae_decode")
+from diffmeter.stages import STAGES
 
 
 class Calibration(BaseModel):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 TEXT_ENCODING, DENOISING_STEP, VAE_DECODE = "text encoding", "denoising step", "VAE decode"
+IMAGE_ENCODING = "image encoding"
 
 
 class StageMemory(BaseModel):

@@ -13,13 +13,9 @@ from diffmeter.report.prediction_lines import prediction_lines
 from diffmeter.runs import speedups
 from diffmeter.runs.results import BenchResult
 from diffmeter.runs.storage import read_result
+from diffmeter.stages import STAGE_NAMES
 
-STAGE_LABELS = {
-    "text_encoding": "text encoding",
-    "denoising": "denoising",
-    "vae_decode": "VAE decode",
-    "other": "other",
-}
+STAGE_LABELS = {**STAGE_NAMES, "other": "other"}
 
 
 def run_table(result: BenchResult) -> Group:
@@ -30,7 +26,8 @@ def run_table(result: BenchResult) -> Group:
     frames = f"x{spec.num_frames}f" if spec.num_frames else ""
     title = (
         f"{result.model.name} ({result.model.id}) on {device}: {spec.width}x{spec.height}{frames} px (WxH), "
-        f"{spec.steps} steps, batch {spec.batch_size}, guidance {spec.guidance_scale:g}, "
+        + "".join(f"input image {width}x{height}, " for height, width in spec.image_sizes)
+        + f"{spec.steps} steps, batch {spec.batch_size}, guidance {spec.guidance_scale:g}, "
         + (f"true CFG {spec.true_cfg_scale:g}, " if spec.true_cfg_scale is not None else "")
         + spec.dtype
         + "".join(f", {name} {dtype}" for name, dtype in sorted(spec.component_dtypes.items()))

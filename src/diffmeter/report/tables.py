@@ -25,7 +25,14 @@ def _setting(profile: Profile) -> str:
         guidance = f"guidance {profile.guidance_scale:g} ({'CFG' if profile.cfg else 'no CFG'})"
     own = ", ".join(f"{name} {dtype}" for name, dtype in profile.component_dtypes.items())
     dtype = f"{profile.dtype} ({own})" if own else profile.dtype
-    return f"{size(profile)} px (WxH), {profile.steps} steps, batch {profile.batch_size}, {guidance}, {dtype}"
+    images = ""
+    if profile.input_images:
+        made = ", ".join(f"{w}x{h}" for h, w in profile.input_images)
+        asked = ", ".join(f"{w}x{h}" for h, w in profile.requested_images or [])
+        images = f", input image{'s' if len(profile.input_images) > 1 else ''} {made}" + (
+            f" (given {asked})" if asked else ""
+        )
+    return f"{size(profile)} px (WxH){images}, {profile.steps} steps, batch {profile.batch_size}, {guidance}, {dtype}"
 
 
 def profile_table(profile: Profile) -> FittedTable:
@@ -44,7 +51,10 @@ def profile_table(profile: Profile) -> FittedTable:
             Column("share", drop=6),
         ],
     )
+    shown = set()
     for component in profile.components:
+        shared = component.name in shown  # the VAE's second role: its weights are on its first row
+        shown.add(component.name)
         kinds = component.macs_by_kind
         split = " / ".join(
             f"{100 * kinds[k] / component.macs:.0f}%" if component.macs else "-"
@@ -54,7 +64,7 @@ def profile_table(profile: Profile) -> FittedTable:
             escape(component.name),
             component.role,
             component.class_name,
-            units.params(component.params),
+            "(above)" if shared else units.params(component.params),
             f"{component.calls} x {component.batch_per_call}",
             units.macs(component.macs_per_call),
             units.macs(component.macs),
@@ -93,33 +103,40 @@ def profile_table(profile: Profile) -> FittedTable:
     return table
 
 
+ROLES = ("text_encoder", "image_encoder", "vae_decoder")
+
+
 def summary_table(profiles: list[Profile]) -> FittedTable:
     """Many generations (sizes, steps, models): a row each."""
+    conditioned = any(p.input_images for p in profiles)
     table = FittedTable(
         "compute per generation",
         [
             Column("model", justify="left"),
             Column("size (WxH)"),
+            *([Column("input images (WxH)", drop=2)] if conditioned else []),
             Column("steps", drop=4),
             Column("CFG", drop=1),
             Column("denoiser MACs / step", drop=5),
             Column("text enc. MACs", drop=2),
+            *([Column("image enc. MACs", drop=2)] if conditioned else []),
             Column("VAE dec. MACs", drop=3),
             Column("total MACs"),
             Column("total FLOPs", drop=6),
         ],
     )
     for p in profiles:
-        by_role = {
-            role: sum(c.macs for c in p.components if c.role == role) for role in ("text_encoder", "vae_decoder")
-        }
+        by_role = {role: sum(c.macs for c in p.components if c.role == role) for role in ROLES}
+        images = ", ".join(f"{w}x{h}" for h, w in p.input_images) or "none"
         table.add_row(
             escape(p.name),
             size(p),
+            *([images] if conditioned else []),
             str(p.steps),
             "yes" if p.cfg else "no",
             units.macs(p.denoiser_macs_per_step),
             units.macs(by_role["text_encoder"]),
+            *([units.macs(by_role["image_encoder"])] if conditioned else []),
             units.macs(by_role["vae_decoder"]),
             units.macs(p.total_macs),
             units.flops(p.total_flops),

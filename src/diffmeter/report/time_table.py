@@ -8,8 +8,9 @@ from rich.markup import escape
 from diffmeter import units
 from diffmeter.predict.schema import TimePrediction
 from diffmeter.report.layout import Column, FittedTable
+from diffmeter.stages import STAGE_NAMES
 
-STAGE_LABELS = {"text_encoding": "text encoding", "denoising": "denoising (all steps)", "vae_decode": "VAE decode"}
+STAGE_LABELS = {**STAGE_NAMES, "denoising": "denoising (all steps)"}
 
 
 def expected_range(expected: tuple[float, float] | None) -> str:

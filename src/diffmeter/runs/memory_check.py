@@ -58,7 +58,7 @@ def check_fits(
     weights count at one byte per parameter (quantized to int8 or float8)."""
     if any(o.name == "offload" for o in spec.optimizations):
         return
-    parameters = sum(c.params if c.name in one_byte else c.param_bytes for c in profile.components)
+    parameters = sum(c.params if c.name in one_byte else c.param_bytes for c in profile.weights())
     decode, channels = decode_bytes(spec, entry, decoder, spec.batch_size)
     needed = parameters + decode
     available = available_bytes(device)

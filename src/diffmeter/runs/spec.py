@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 from diffmeter.optimize.base import OptimizationSpec
-from diffmeter.spec import ProfileSpec, normalize_dtype
+from diffmeter.spec import ProfileSpec, image_sizes_of, normalize_dtype
 
 
 class BenchSpec(BaseModel):
@@ -31,6 +31,11 @@ class BenchSpec(BaseModel):
     num_frames: int | None = None
     max_sequence_length: int | None = None
     resolution_binning: bool | None = None
+    #: input images' sizes, (height, width) each, in the pipeline's order: each output gets its own, seeded noise
+    #: (seed + n, as its generator) unless ``images`` names the files; settled from the files when they are given
+    image_sizes: list[tuple[int, int]] = []
+    #: input image files, in the pipeline's order (every output edits the same ones)
+    images: list[str] = []
     seed: int = 0
     dtype: str | None = None
     #: components at another dtype than ``dtype``: {"vae": "float32"} (defaults: the model card's)
@@ -72,6 +77,12 @@ class BenchSpec(BaseModel):
     #: what runs the pipeline: diffusers (xdit, xDiT's xfuser, is refused with its reason)
     engine: str = "diffusers"
 
+    @field_validator("image_sizes", mode="before")
+    @classmethod
+    def _sizes_as_typed(cls, sizes):
+        """A sweep file or the Python API may write each size as the CLI does: "1024x768" (WxH)."""
+        return list(image_sizes_of(sizes))
+
     @property
     def context_degree(self) -> int:
         return self.ulysses_degree * self.ring_degree
@@ -95,7 +106,12 @@ class BenchSpec(BaseModel):
         if dtype is None:
             # half precision on CPU is slow and partly unsupported; the model card means a GPU
             dtype = entry.defaults.dtype if device.type == "cuda" else "float32"
-        profile = self.model_copy(update={"dtype": dtype}).profile_spec().with_defaults(entry.defaults)
+        image_sizes = image_sizes_of_files(self.images, self.image_sizes)
+        profile = (
+            self.model_copy(update={"dtype": dtype, "image_sizes": image_sizes})
+            .profile_spec()
+            .with_defaults(entry.defaults)
+        )
         profile.check_components(entry.name, list(entry.components))  # before those equal to dtype are dropped
         family = get_family(entry.family)
         height, width = profile.height, profile.width
@@ -116,6 +132,7 @@ class BenchSpec(BaseModel):
                 "tf32": tf32,
                 "height": height,
                 "width": width,
+                "image_sizes": image_sizes,
                 "steps": profile.steps,
                 "guidance_scale": profile.guidance_scale,
                 "num_frames": profile.num_frames,
@@ -140,6 +157,7 @@ class BenchSpec(BaseModel):
             batch_size=self.batch_size,
             guidance_scale=self.guidance_scale,
             true_cfg_scale=self.true_cfg_scale,
+            image_sizes=tuple(tuple(size) for size in self.image_sizes),
             num_frames=self.num_frames,
             dtype=self.dtype,
             component_dtypes=tuple(sorted(self.component_dtypes.items())),
@@ -184,6 +202,29 @@ class BenchSpec(BaseModel):
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise DiffmeterError(f"--peak-tflops must be positive, got {self.peak_tflops}")
         normalize_dtype(self.dtype)
+
+
+def image_sizes_of_files(paths: list[str], sizes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The (height, width) of each ``--image`` file, read from its header; ``--image-size`` alone when no file is
+    given. Both given: they must name the same sizes."""
+    if not paths:
+        return [tuple(size) for size in sizes]
+    from PIL import Image, UnidentifiedImageError
+
+    read = []
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                read.append((image.height, image.width))
+        except FileNotFoundError:
+            raise DiffmeterError(f"--image {path}: no such file") from None
+        except (UnidentifiedImageError, OSError) as error:
+            raise DiffmeterError(f"--image {path}: not an image PIL can read ({error}); pass a PNG or JPEG") from None
+    if sizes and [tuple(size) for size in sizes] != read:
+        given = ", ".join(f"{w}x{h}" for h, w in sizes)
+        found = ", ".join(f"{w}x{h}" for h, w in read)
+        raise DiffmeterError(f"--image-size {given} contradicts the --image files ({found}): drop --image-size")
+    return read
 
 
 def _named_device(name: str | None) -> torch.device:

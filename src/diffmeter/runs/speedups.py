@@ -10,6 +10,7 @@ from diffmeter.runs.results import BenchResult
 STAGES: dict[str, str] = {
     "call": "total_s",
     "text_encoding": "text_encoding_s",
+    "image_encoding": "image_encoding_s",
     "denoising": "denoising_s",
     "vae_decode": "vae_decode_s",
     "other": "other_s",

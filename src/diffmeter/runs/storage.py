@@ -46,6 +46,7 @@ def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | t
         f"steps-{spec.steps}",
         f"guidance-{spec.guidance_scale:g}",
         *([f"true-cfg-{spec.true_cfg_scale:g}"] if spec.true_cfg_scale is not None else []),
+        *_images(spec),
         f"seed-{spec.seed}",
         spec.dtype,
         *(f"{slug(name)}-{dtype}" for name, dtype in sorted(spec.component_dtypes.items())),
@@ -58,6 +59,12 @@ def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | t
         *(f"opt-{slug(name)}" for name in optimizations),
     ]
     return "+".join(parts)
+
+
+def _images(spec: BenchSpec) -> list[str]:
+    """``image-1024x768`` per input image (seeded noise), ``image-file-cat-1024x768`` per ``--image`` file."""
+    files = [f"file-{slug(Path(path).stem, 24)}-" for path in spec.images] or [""] * len(spec.image_sizes)
+    return [f"image-{file}{width}x{height}" for file, (height, width) in zip(files, spec.image_sizes, strict=True)]
 
 
 def parallel_parts(spec: BenchSpec) -> list[str]:

@@ -8,7 +8,7 @@ import statistics
 import torch
 
 from diffmeter import units
-from diffmeter.families import DENOISER, TEXT_ENCODER, VAE_DECODER
+from diffmeter.families import DENOISER, IMAGE_ENCODER, TEXT_ENCODER, VAE_DECODER
 from diffmeter.flops.profile import Profile
 from diffmeter.measure.energy import Energy
 from diffmeter.measure.peaks import device_peak
@@ -26,6 +26,7 @@ def summarize_run(
     images = sum(it.images for it in iterations)
     stages = {
         "text_encoding": Stats.of([it.stages.text_encoding_s for it in iterations]),
+        "image_encoding": Stats.of([it.stages.image_encoding_s for it in iterations]),
         "denoising": Stats.of([it.stages.denoising_s for it in iterations]),
         "vae_decode": Stats.of([it.stages.vae_decode_s for it in iterations]),
         "other": Stats.of([it.stages.other_s for it in iterations]),
@@ -34,6 +35,7 @@ def summarize_run(
     denoising = _flops(profile, DENOISER)
     flops = {
         "text_encoding": _flops(profile, TEXT_ENCODER),
+        "image_encoding": _flops(profile, IMAGE_ENCODER),
         "denoising": denoising,
         "step": denoising // spec.steps,
         "vae_decode": _flops(profile, VAE_DECODER),

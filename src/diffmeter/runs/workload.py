@@ -7,6 +7,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from diffmeter.catalog.entry import PipelineEntry
@@ -34,6 +35,7 @@ class Workload:
         self.entry = entry
         self.family = get_family(entry.family)
         self.class_conditional = entry.family == "dit"
+        self._files: list | None = None
         # data-parallel ranks each take every ``data_parallel``-th batch of the group's workload
         count = spec.num_prompts or spec.batch_size * spec.iterations * spec.data_parallel
         if self.class_conditional:
@@ -74,6 +76,8 @@ class Workload:
             arguments["class_labels"] = batch.class_labels
         else:
             arguments.update(prompt=batch.prompts, height=spec.height, width=spec.width)
+        if spec.image_sizes:
+            arguments.update(self.family.image_arguments([self.input_images(seed) for seed in batch.seeds]))
         if self.family.is_video:
             arguments["num_frames"] = spec.num_frames
         if spec.max_sequence_length is not None:
@@ -81,6 +85,21 @@ class Workload:
         if "use_resolution_binning" in accepted:
             arguments["use_resolution_binning"] = spec.resolution_binning
         return {name: value for name, value in arguments.items() if name in accepted}
+
+    def input_images(self, seed: int) -> list:
+        """One output's input images: the ``--image`` files, else seeded noise at each ``--image-size`` (its
+        output's seed, so a run with other settings edits the same images)."""
+        from PIL import Image
+
+        if self.spec.images:
+            if self._files is None:
+                self._files = [Image.open(path).convert("RGB") for path in self.spec.images]
+            return self._files
+        made = []
+        for index, (height, width) in enumerate(self.spec.image_sizes):
+            pixels = np.random.default_rng([seed, index]).integers(0, 256, (height, width, 3), dtype=np.uint8)
+            made.append(Image.fromarray(pixels))
+        return made
 
     def requests(self, iterations: int) -> dict:
         """requests.json: the inputs of every measured call."""

@@ -11,14 +11,16 @@ import plotly.colors
 import plotly.graph_objects as go
 
 from diffmeter.report.html.study import WEIGHTS_LABELS, Run
+from diffmeter.stages import STAGE_NAMES
 
-STAGES = {
-    "text_encoding": "text encoding",
-    "denoising": "denoising",
-    "vae_decode": "VAE decode",
-    "other": "other",
+STAGES = {**STAGE_NAMES, "other": "other"}
+STAGE_COLORS = {
+    "text_encoding": "#4c78a8",
+    "image_encoding": "#b279a2",
+    "denoising": "#f58518",
+    "vae_decode": "#54a24b",
+    "other": "#bab0ac",
 }
-STAGE_COLORS = {"text_encoding": "#4c78a8", "denoising": "#f58518", "vae_decode": "#54a24b", "other": "#bab0ac"}
 
 
 @dataclass

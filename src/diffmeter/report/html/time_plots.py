@@ -44,6 +44,8 @@ def time_breakdown(study: Study) -> list[Figure]:
     shares = [stage_shares(call) for call in calls]
     bars = go.Figure()
     for stage, name in STAGES.items():
+        if stage == "image_encoding" and not any(share[stage][0] for share in shares):
+            continue  # no run encoded an input image
         bars.add_bar(
             name=name,
             y=labels,
@@ -59,8 +61,8 @@ def time_breakdown(study: Study) -> list[Figure]:
         Figure(
             bars,
             "Each bar is one run's median call (the measured call whose total time is the median) split into its "
-            "stages (text encoding, the denoising loop, VAE decode, everything else), device-timed: the stages of "
-            "one call, so they add up to 100%; hover for seconds. " + measured(runs),
+            "stages (text encoding, image encoding, the denoising loop, VAE decode, everything else), device-timed: "
+            "the stages of one call, so they add up to 100%; hover for seconds. " + measured(runs),
         )
     ]
     steps = step_times(runs)

@@ -1,0 +1,47 @@
+"""Input images: the calls that encode them, shared by the image-conditioned families (editing, image-to-video)."""
+
+from __future__ import annotations
+
+import torch
+
+from diffmeter.families.base import IMAGE_ENCODER, Call, Family, Shapes
+
+
+def vae_encode_calls(family: Family, shapes: Shapes) -> list[Call]:
+    """The VAE encoding each input image once per output: the pipelines diffmeter runs get one image per prompt
+    and one generator per output, and encode them one at a time (``_encode_vae_image`` with a list of generators,
+    FluxKontextPipeline, diffusers 0.42.1: ``self.vae.encode(image[i : i + 1])`` per image)."""
+    calls = []
+    for index, (height, width) in enumerate(shapes.images):
+        channels = shapes.entry.components[family.decoder].config.get("in_channels", 3)
+
+        def build(device: torch.device, height=height, width=width, channels=channels) -> dict:
+            return {"x": torch.zeros(1, channels, height, width, device=device)}
+
+        label = f"input image {index + 1}, " if len(shapes.images) > 1 else ""
+        calls.append(
+            Call(
+                family.decoder,
+                IMAGE_ENCODER,
+                1,
+                shapes.spec.batch_size,
+                build,
+                method="encode",
+                note=f"{label}{width}x{height} (WxH), one per output",
+            )
+        )
+    return calls
+
+
+def size_text(size: tuple[int, int]) -> str:
+    """(height, width) as the WxH users type."""
+    return f"{size[1]}x{size[0]}"
+
+
+class ImageConditioned:
+    """A family whose pipeline takes input images (mixed in before ``Family``): how bench hands them over."""
+
+    def image_arguments(self, images: list[list]) -> dict:
+        """The ``__call__`` arguments for each output's input images (a list per output, in the pipeline's order):
+        one ``image`` per prompt, as a list the pipeline batches like its prompts."""
+        return {"image": [own[0] for own in images]}

@@ -1,0 +1,63 @@
+"""`diffmeter bench` of an edit (the tiny FLUX.1 Kontext with an input image): the image encoding timed as its own
+stage, the stored profile counting it, the input images seeded per output or read from a file."""
+
+import json
+
+import pytest
+from PIL import Image
+
+from diffmeter.catalog import resolve
+from diffmeter.runs.lifecycle import bench
+from diffmeter.runs.spec import BenchSpec
+from diffmeter.runs.storage import RESULTS
+from diffmeter.runs.workload import Workload
+
+
+@pytest.fixture(scope="module")
+def edit(tmp_path_factory):
+    out = tmp_path_factory.mktemp("edits")
+    return bench(BenchSpec(model="tiny-flux-kontext", image_sizes=[(24, 40)], batch_size=2, iterations=2), out=out)
+
+
+def test_the_image_encoding_is_a_stage_of_its_own(edit):
+    result, folder = edit
+    for iteration in result.iterations:
+        stages = iteration.stages
+        assert stages.image_encoding_s > 0
+        parts = [stages.text_encoding_s, stages.image_encoding_s, stages.denoising_s, stages.vae_decode_s]
+        assert sum(parts) + stages.other_s == pytest.approx(iteration.total_s, rel=1e-9)
+    encode = [c for c in result.profile.components if c.role == "image_encoder"]
+    assert [(c.name, c.calls, c.batch_per_call) for c in encode] == [("vae", 2, 1)]  # one per output
+    assert result.summary.flops["image_encoding"] == encode[0].flops
+    assert result.profile.input_images == [(24, 40)]
+    assert "image-40x24" in folder.name
+    stored = json.loads((folder / RESULTS).read_text())
+    assert stored["spec"]["image_sizes"] == [[24, 40]]
+    prediction = result.prediction
+    assert "image_encoding" in [stage.stage for stage in prediction.time.stages]
+    assert "image encoding" in prediction.stage_peak_memory_bytes
+
+
+def test_each_output_edits_its_own_seeded_image(edit):
+    result, _ = edit
+    workload = Workload(result.spec, resolve("tiny-flux-kontext"))
+    first, second = workload.input_images(0), workload.input_images(1)
+    assert first[0].size == second[0].size == (40, 24)
+    assert first[0].tobytes() != second[0].tobytes()
+    assert workload.input_images(0)[0].tobytes() == first[0].tobytes()  # seeded: the same image every time
+
+
+def test_an_image_file_sets_the_input_size(tmp_path):
+    path = tmp_path / "cat.png"
+    Image.new("RGB", (36, 20), (200, 120, 40)).save(path)
+    result, folder = bench(BenchSpec(model="tiny-flux-kontext", images=[str(path)], iterations=1), out=tmp_path / "o")
+    assert result.status == "complete"
+    assert result.spec.image_sizes == [(20, 36)]
+    assert result.profile.input_images == [(20, 36)]
+    assert "image-file-cat-36x20" in folder.name
+
+
+def test_sizes_are_typed_as_on_the_command_line():
+    """A sweep file writes ``image_sizes: ["40x24"]`` (WxH), as ``--image-size`` takes them."""
+    assert BenchSpec(model="tiny-flux-kontext", image_sizes=["40x24"]).image_sizes == [(24, 40)]
+    assert BenchSpec(model="tiny-flux-kontext", image_sizes=[(24, 40)]).image_sizes == [(24, 40)]
