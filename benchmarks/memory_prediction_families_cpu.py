@@ -3,7 +3,8 @@
 For each tiny catalog pipeline: the real diffusers call on CPU (float32, the catalog's default settings, the
 test prompt) under torch.profiler's memory timeline (``diffmeter.measure.memory_timeline``), against
 ``predict_memory(spec, on_cuda=False)`` for the same settings and prompt lengths; parameters resident and the
-peak of each stage (text encoding, one denoising step, VAE decode) and of the whole call. Tiny sizes magnify
+peak of each stage (text encoding, image encoding, one denoising step, VAE decode) and of the whole call; the
+image-conditioned families also editing an input image. Tiny sizes magnify
 what is small at real size (a pipeline's own small tensors, a mask), so a family off here may be close at real
 size, but a family within 2% here has nothing left out that scales with the model. Random weights: sizes
 are real, images noise.
@@ -27,6 +28,7 @@ os.environ["DIFFMETER_CACHE_DIR"] = "off"
 
 from tiny_runs import TINY, tiny_call, token_settings  # noqa: E402
 
+from diffmeter.families import get_family  # noqa: E402
 from diffmeter.measure.memory_timeline import measure_stage_peaks  # noqa: E402
 from diffmeter.predict.memory import STAGE_OF_ROLE, predict_memory, settled_plan  # noqa: E402
 from diffmeter.predict.memory_checks import CHECKS_PATH, TOLERANCE  # noqa: E402
@@ -38,12 +40,17 @@ OUT = ROOT / "benchmarks" / "results" / "memory_prediction_families_cpu.md"
 WHOLE = "whole generation"
 
 
-def compare(entry) -> dict:
+#: an input image (height, width) for the families that take one, checked beside their text-to-image run
+EDIT_IMAGE = ((24, 40),)
+
+
+def compare(entry, image_sizes: tuple[tuple[int, int], ...] = ()) -> dict:
     """The prediction's error per stage (percent of the measured peak) and the resident bytes' difference."""
-    pipe, call, settings = tiny_call(entry)
+    pipe, call, settings = tiny_call(entry, image_sizes=image_sizes)
     spec = ProfileSpec(model=entry.name, **settings, **token_settings(entry, pipe))
     _, _, plan = settled_plan(spec)
-    components = {c.component: (getattr(pipe, c.component), c.method, STAGE_OF_ROLE[c.role]) for c in plan}
+    # keyed by component and method: a VAE encodes an input image and decodes the output
+    components = {(c.component, c.method): (getattr(pipe, c.component), c.method, STAGE_OF_ROLE[c.role]) for c in plan}
     real = measure_stage_peaks(call, components)
     predicted = predict_memory(spec, on_cuda=False, vae_modes=())
     errors = {
@@ -52,7 +59,7 @@ def compare(entry) -> dict:
     }
     errors[WHOLE] = round(100 * (predicted.peak_bytes / real.peak_bytes - 1), 2)
     return {
-        "model": entry.name,
+        "model": entry.name + (" (editing a 40x24 image)" if image_sizes else ""),
         "resident_difference_bytes": predicted.stages[0].resident_param_bytes - real.resident_param_bytes,
         "stage_error_percent": errors,
     }
@@ -61,8 +68,10 @@ def compare(entry) -> dict:
 def main() -> int:
     quiet_libraries()
     rows = []
-    for entry in TINY:
-        rows.append({"family": entry.family, **compare(entry)})
+    runs = [(entry, ()) for entry in TINY]
+    runs += [(entry, EDIT_IMAGE) for entry in TINY if get_family(entry.family).max_images]
+    for entry, images in runs:
+        rows.append({"family": entry.family, **compare(entry, images)})
         print(rows[-1], flush=True)
     by_family: dict[str, list[dict]] = {}
     for row in rows:
@@ -97,15 +106,15 @@ def main() -> int:
         f"- **{passed} of {len(checks)} families within {100 * TOLERANCE:g}%** at every stage (parameters resident "
         "exact); the others are flagged where `profile --gpu` shows their memory",
         "",
-        "| model | family | resident (predicted - measured, bytes) | text encoding | denoising step | VAE decode | "
-        f"whole generation | within {100 * TOLERANCE:g}% |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | family | resident (predicted - measured, bytes) | text encoding | image encoding | denoising step | "
+        f"VAE decode | whole generation | within {100 * TOLERANCE:g}% |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         errors = row["stage_error_percent"]
         cells = [
             f"{errors[stage]:+.2f}%" if stage in errors else "-"
-            for stage in ("text encoding", "denoising step", "VAE decode", WHOLE)
+            for stage in ("text encoding", "image encoding", "denoising step", "VAE decode", WHOLE)
         ]
         ok = not row["resident_difference_bytes"] and all(abs(e) <= 100 * TOLERANCE for e in errors.values())
         lines.append(

@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 from tiny_runs import PROMPT, TINY
 
-from diffmeter import profile
+from diffmeter import profile, units
 from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
@@ -205,3 +205,21 @@ def test_image_sizes_the_pipeline_cannot_take_are_refused():
         profile("tiny-flux", image_sizes=[(32, 32)])
     with pytest.raises(DiffmeterError, match="WIDTHxHEIGHT"):
         profile("tiny-flux-kontext", image_sizes=["32by32"])
+
+
+def test_the_profile_shows_what_the_image_adds(cli):
+    """`profile --image-size` prints the edit beside its text-to-image baseline: both totals, their ratio, and the
+    image encoding's and denoising's extra MACs, each the profiles' own figures."""
+    code, out, err = cli("profile", "tiny-flux-kontext", "--image-size", "40x24", "--json")
+    assert code == 0, err
+    code, out, err = cli("profile", "tiny-flux-kontext", "--image-size", "40x24")
+    assert code == 0, err
+    edit = profile("tiny-flux-kontext", image_sizes=["40x24"])
+    plain = profile("tiny-flux-kontext")
+    line = " ".join(out.split())
+    assert f"this generation {units.macs(edit.total_macs)}, {edit.total_macs / plain.total_macs:.2f}x" in line
+    encoding = next(c.macs for c in edit.components if c.role == "image_encoder")
+    assert f"add {units.macs(encoding)} of image encoding" in line
+    assert "input image 40x24" in line and "image_encoder" in line
+    code, _, err = cli("profile", "tiny-flux", "--image-size", "40x24")
+    assert code == 2 and "takes no input image: drop --image-size" in err and len(err.strip().splitlines()) == 1

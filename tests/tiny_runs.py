@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from PIL import Image
 
 from diffmeter.catalog import PipelineEntry, all_entries
 from diffmeter.families import get_family
@@ -26,9 +27,11 @@ def tiny_call(
     steps: int | None = None,
     max_sequence_length: int | None = None,
     pipe=None,
+    image_sizes: tuple[tuple[int, int], ...] = (),
 ):
     """The real diffusers pipeline (``pipe``, else the tiny one at float32) and its call: (pipeline, call(),
-    settings before the prompt's)."""
+    settings before the prompt's). ``image_sizes``: (height, width) input images, each output its own, handed
+    over as bench does (one generator per output)."""
     pipe = pipe or tiny_pipeline(entry)
     defaults = entry.defaults
     settings = {
@@ -56,6 +59,11 @@ def tiny_call(
     if defaults.num_frames:
         kwargs["num_frames"] = defaults.num_frames
         settings["num_frames"] = defaults.num_frames
+    if image_sizes:
+        own = [[Image.new("RGB", (w, h), (90, 40 * k % 256, 160)) for h, w in image_sizes] for k in range(batch_size)]
+        inputs.update(get_family(entry.family).image_arguments(own))
+        kwargs["generator"] = [torch.Generator().manual_seed(k) for k in range(batch_size)]
+        settings["image_sizes"] = tuple(image_sizes)
     return pipe, lambda: pipe(**inputs, **kwargs), settings
 
 

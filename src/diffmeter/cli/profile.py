@@ -145,7 +145,7 @@ def profile(
     from diffmeter.catalog import all_entries
     from diffmeter.flops.cached import cached_profile
     from diffmeter.report.export import profiles_csv
-    from diffmeter.report.tables import profile_table, summary_table
+    from diffmeter.report.tables import summary_table
     from diffmeter.spec import ProfileSpec, image_sizes_of, parse_component_dtypes
 
     names = list(models or [])
@@ -231,11 +231,31 @@ def profile(
     elif as_csv:
         sys.stdout.write(profiles_csv(results))
     elif len(results) == 1:
-        console.print(profile_table(results[0]))
+        _print_profile(results[0], specs[0])
         if split is not None:
             console.print(_split_line(split), highlight=False, markup=False)
     else:
         console.print(summary_table(results))
+
+
+def _print_profile(found, spec) -> None:
+    """One generation's table; with input images, what they add against the same generation from text alone."""
+    from dataclasses import replace
+
+    from diffmeter.flops.cached import cached_profile
+    from diffmeter.report.tables import conditioning_line, profile_table
+
+    console.print(profile_table(found))
+    if not found.input_images:
+        return
+    plain = replace(spec, image_sizes=())
+    baseline = cached_profile(plain)
+    if baseline is None:
+        load_libraries()
+        from diffmeter.flops.profile import profile_spec
+
+        baseline = profile_spec(plain)
+    console.print(conditioning_line(found, baseline), highlight=False, markup=False)
 
 
 def _split_line(split: dict) -> str:
@@ -259,7 +279,6 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
     bench's technique options, parsed by bench's own parser and named as bench's stored prediction names them."""
     from diffmeter.predict.devices import chosen_gpu, is_this_cpu
     from diffmeter.report.memory_table import memory_table
-    from diffmeter.report.tables import profile_table
     from diffmeter.report.time_table import energy_line, time_table
 
     if as_csv:
@@ -307,8 +326,8 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
         ]
         print(json.dumps(payloads[0] if len(payloads) == 1 else {"profiles": payloads}, indent=2))
         return
-    for found, memory, time, lacking in zip(results, memories, times, missing, strict=True):
-        console.print(profile_table(found))
+    for found, spec, memory, time, lacking in zip(results, specs, memories, times, missing, strict=True):
+        _print_profile(found, spec)
         console.print(memory_table(memory, chosen, techniques))
         console.print(time_table(time) if time else f"no time prediction: {lacking}", markup=False)
         if time and time.expected_s:

@@ -10,15 +10,23 @@ runs real CFG (a second transformer call per step and the empty negative prompt 
 its ``model_index.json`` says ``is_distilled``.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from diffmeter.families.base import Family, Shapes, register, timesteps
+from diffmeter.errors import DiffmeterError
+from diffmeter.families.base import Call, Family, Shapes, register, timesteps
+from diffmeter.families.images import ImageConditioned, size_text, vae_encode_calls
+
+#: Flux2ImageProcessor.check_image_input's limits, and the area Flux2Pipeline.__call__ shrinks a larger reference to
+MIN_SIDE, MAX_ASPECT, MAX_AREA = 64, 8, 1024 * 1024
 
 
-class _Flux2Base(Family):
+class _Flux2Base(ImageConditioned, Family):
     flow_matching = True
+    #: reference images (``image``, a list shared by every prompt of the call): the pipeline sets no limit
+    max_images = 64
     #: Flux2Pipeline / Flux2KleinPipeline warn and floor sides to multiples of vae_scale_factor * 2
     size_rounding = "down"
     text_encoders = ("text_encoder",)
@@ -37,9 +45,62 @@ class _Flux2Base(Family):
     def guidance(self, batch: int, config: dict):
         return None
 
+    def input_images(self, entry, spec, notes) -> list[tuple[int, int]]:
+        """Flux2Pipeline / Flux2KleinPipeline.__call__ ("4. process images", diffusers 0.42.1): each reference is
+        checked (Flux2ImageProcessor.check_image_input: sides of at least 64 px, aspect ratio at most 8), shrunk to
+        1024 * 1024 pixels when larger (``_resize_to_target_area``: int() of each side times the square root of the
+        area ratio), its sides floored to multiples of vae_scale_factor * 2, and centre-cropped there."""
+        step, made = self.size_multiple(entry), []
+        for height, width in spec.image_sizes:
+            if min(height, width) < MIN_SIDE or max(width / height, height / width) > MAX_ASPECT:
+                raise DiffmeterError(
+                    f"--image-size {size_text((height, width))}: {entry.pipeline_class} refuses reference images with "
+                    f"a side under {MIN_SIDE} px or an aspect ratio over {MAX_ASPECT}:1"
+                )
+            resized = (height, width)
+            if width * height > MAX_AREA:
+                scale = math.sqrt(MAX_AREA / (width * height))
+                resized = (int(height * scale), int(width * scale))
+            made.append((resized[0] // step * step, resized[1] // step * step))
+        if made != list(spec.image_sizes):
+            notes.append(
+                f"{entry.pipeline_class} resizes the reference images {', '.join(map(size_text, spec.image_sizes))} "
+                f"(WxH) to {', '.join(map(size_text, made))}: at most {MAX_AREA} pixels, sides floored to a multiple "
+                f"of {step}"
+            )
+        if made and made[-1] != (spec.height, spec.width):
+            notes.append(
+                f"called without a size, {entry.pipeline_class} generates at its last reference image's "
+                f"{size_text(made[-1])}; diffmeter counts (and bench generates at) {spec.width}x{spec.height}, the size "
+                "asked or the model's default: --height/--width set it"
+            )
+        return made
+
+    def image_calls(self, shapes: Shapes) -> list[Call]:
+        return vae_encode_calls(self, shapes, per_output=False)
+
+    def image_arguments(self, images: list[list]) -> dict:
+        """The references go in once, a list shared by every prompt of the call: the first output's."""
+        return {"image": images[0]}
+
+    def reference_tokens(self, shapes: Shapes) -> int:
+        """Packed (2x2-patchified) latent tokens of every reference, after the noisy latents in each call."""
+        scale = self.pixel_multiple(shapes.entry)
+        return sum((height // scale) * (width // scale) for height, width in shapes.images)
+
+    def shapes(self, entry, spec) -> Shapes:
+        shapes = super().shapes(entry, spec)
+        if shapes.images:
+            tokens = (shapes.latent_height // 2) * (shapes.latent_width // 2)
+            shapes.note(
+                f"reference images: {self.reference_tokens(shapes)} tokens beside the {tokens} noisy-latent tokens "
+                "in every transformer call, each image VAE-encoded once per call (shared by the batch)"
+            )
+        return shapes
+
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)
-        image_tokens = (shapes.latent_height // 2) * (shapes.latent_width // 2)
+        image_tokens = (shapes.latent_height // 2) * (shapes.latent_width // 2) + self.reference_tokens(shapes)
         text_tokens = shapes.text_tokens["text_encoder"]
         return {
             "hidden_states": torch.zeros(batch, image_tokens, config["in_channels"]),

@@ -7,10 +7,11 @@ import torch
 from diffmeter.families.base import IMAGE_ENCODER, Call, Family, Shapes
 
 
-def vae_encode_calls(family: Family, shapes: Shapes) -> list[Call]:
-    """The VAE encoding each input image once per output: the pipelines diffmeter runs get one image per prompt
-    and one generator per output, and encode them one at a time (``_encode_vae_image`` with a list of generators,
-    FluxKontextPipeline, diffusers 0.42.1: ``self.vae.encode(image[i : i + 1])`` per image)."""
+def vae_encode_calls(family: Family, shapes: Shapes, per_output: bool = True) -> list[Call]:
+    """The VAE encoding each input image at batch 1: once per output where each prompt has its own image, and
+    bench calls with one generator per output (FluxKontextPipeline._encode_vae_image, diffusers 0.42.1, encodes
+    ``image[i : i + 1]`` per image then); once per call where the images are references shared by the batch
+    (``per_output=False``: Flux2Pipeline.prepare_image_latents encodes each reference once)."""
     calls = []
     for index, (height, width) in enumerate(shapes.images):
         channels = shapes.entry.components[family.decoder].config.get("in_channels", 3)
@@ -24,10 +25,10 @@ def vae_encode_calls(family: Family, shapes: Shapes) -> list[Call]:
                 family.decoder,
                 IMAGE_ENCODER,
                 1,
-                shapes.spec.batch_size,
+                shapes.spec.batch_size if per_output else 1,
                 build,
                 method="encode",
-                note=f"{label}{width}x{height} (WxH), one per output",
+                note=f"{label}{width}x{height} (WxH), " + ("one per output" if per_output else "shared by the batch"),
             )
         )
     return calls

@@ -168,7 +168,7 @@ def track_call(
     activations (the tracker's categories at the peak; ``on_cuda``: with cuDNN's convolution copies). ``also``:
     another mode, and replay recorder, that sees the same run's operators (``operators.OperatorTally``: one run
     for both passes). ``replay``: repeated blocks run once (``replay.replayed_blocks``), except in VAE
-    decoders, whose blocks may carry state between calls (as the FLOPs counter does)."""
+    decoders and encoders, whose blocks may carry state between calls (as the FLOPs counter does)."""
     handle = call.prepare(module) if call.prepare else None
     try:
         with fake_run(call.reads_values):
@@ -179,8 +179,8 @@ def track_call(
             convolutions = ConvolutionCopies(tracker) if on_cuda else contextlib.nullcontext()
             recorders = [tracker, *([convolutions] if on_cuda else []), *([also] if also else [])]
             live = tracker.current_total
-            vae = call.role in (VAE_DECODER, IMAGE_ENCODER) and call.method in ("encode", "decode")
-            replayed = replayed_blocks(module, recorders, live) if replay and not vae else None
+            stateful = call.role in (VAE_DECODER, IMAGE_ENCODER)  # as the FLOPs counter: no block reuse in VAEs
+            replayed = replayed_blocks(module, recorders, live) if replay and not stateful else None
             with tracker, convolutions, also or contextlib.nullcontext(), replayed or contextlib.nullcontext():
                 output = getattr(module, call.method)(**inputs)
             peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]

@@ -145,3 +145,16 @@ def summary_table(profiles: list[Profile]) -> FittedTable:
     if any(p.requested_width is not None for p in profiles):
         table.caption += " asked: the size requested; the pipeline binned or rounded it and made the size shown."
     return table
+
+
+def conditioning_line(edit: Profile, plain: Profile) -> str:
+    """What the input images add, against the same generation from text alone (``plain``)."""
+    denoising = sum(c.macs for c in edit.components if c.role == "denoiser")
+    plain_denoising = sum(c.macs for c in plain.components if c.role == "denoiser")
+    encoding = sum(c.macs for c in edit.components if c.role == "image_encoder")
+    return (
+        f"against text-to-image at the same settings ({units.macs(plain.total_macs)}): this generation "
+        f"{units.macs(edit.total_macs)}, {edit.total_macs / plain.total_macs:.2f}x; the input images add "
+        f"{units.macs(encoding)} of image encoding and {units.macs(denoising - plain_denoising)} of denoising "
+        f"({denoising / plain_denoising:.2f}x its MACs)"
+    )
