@@ -71,8 +71,8 @@ class _Flux2Base(ImageConditioned, Family):
         if made and made[-1] != (spec.height, spec.width):
             notes.append(
                 f"called without a size, {entry.pipeline_class} generates at its last reference image's "
-                f"{size_text(made[-1])}; diffmeter counts (and bench generates at) {spec.width}x{spec.height}, the size "
-                "asked or the model's default: --height/--width set it"
+                f"{size_text(made[-1])}; diffmeter counts (and bench generates at) {spec.width}x{spec.height}, "
+                "the size asked or the model's default: --height/--width set it"
             )
         return made
 
