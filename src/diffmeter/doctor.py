@@ -37,6 +37,7 @@ PACKAGES = (
     ("onnxruntime", "onnxruntime", "pip install 'diffmeter[onnx]'", "onnxruntime (deployment runtime)"),
     ("onnx", "onnx", "pip install 'diffmeter[onnx]'", "onnxruntime: exporting the denoiser"),
     ("onnxscript", "onnxscript", "pip install 'diffmeter[onnx]'", "onnxruntime: torch's ONNX exporter"),
+    ("peft", "peft", "pip install 'diffmeter[lora]'", "bench --lora / --lora-rank: LoRA adapters through diffusers"),
     ("torch-tensorrt", "torch_tensorrt", "pip install 'diffmeter[tensorrt]'", "tensorrt (CUDA only)"),
 )
 

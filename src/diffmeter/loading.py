@@ -239,3 +239,24 @@ def loaded_dtypes(pipe) -> dict[str, str]:
             if counts:
                 found[name] = str(counts.most_common(1)[0][0]).removeprefix("torch.")
     return found
+
+
+def attach_lora(pipe, denoiser: str, targets: tuple[str, ...], rank: int | None, path: str | None, fuse: bool) -> None:
+    """The run's LoRA on the loaded pipeline, through diffusers and peft: a file with ``load_lora_weights``, or a
+    fresh adapter of ``rank`` on ``targets`` (peft's own initialization; the timing does not depend on the values)
+    with the denoiser's ``add_adapter``; then ``fuse_lora`` when asked."""
+    if rank is None and path is None:
+        return
+    try:
+        from peft import LoraConfig
+    except ImportError:
+        raise DiffmeterError(
+            "a LoRA runs through peft, which is not installed: pip install 'diffmeter[lora]'"
+        ) from None
+    if path is not None:
+        pipe.load_lora_weights(str(Path(path).expanduser()))
+    else:
+        config = LoraConfig(r=rank, lora_alpha=rank, target_modules=list(targets))
+        getattr(pipe, denoiser).add_adapter(config)
+    if fuse:
+        pipe.fuse_lora(components=[denoiser])

@@ -90,6 +90,13 @@ class ProfileSpec:
     #: the input images' sizes, (height, width) each, in the pipeline's order (an edit's source image, reference
     #: images); empty: none (text-to-image). Each output of a batch has its own input images.
     image_sizes: tuple[tuple[int, int], ...] = ()
+    #: a LoRA on the denoiser (``families.lora``): its rank, on ``lora_targets`` (empty: the family's trainer
+    #: default); or ``lora_layers``, every adapted layer's path and rank, as a LoRA file names them
+    lora_rank: int | None = None
+    lora_targets: tuple[str, ...] = ()
+    lora_layers: tuple[tuple[str, int], ...] = ()
+    #: the LoRA folded into the base weights (diffusers' ``fuse_lora``): no extra compute, its weights still held
+    fuse_lora: bool = False
 
     def with_defaults(self, defaults) -> ProfileSpec:
         """Fill unset fields from a catalog ``Defaults`` and check every value."""
@@ -146,6 +153,13 @@ class ProfileSpec:
         for height, width in self.image_sizes:
             if height <= 0 or width <= 0:
                 raise DiffmeterError(f"--image-size must be positive pixels, got {width}x{height} (WxH)")
+        if self.lora_rank is not None and self.lora_rank <= 0:
+            raise DiffmeterError(f"--lora-rank must be a positive integer, got {self.lora_rank}")
+        if self.lora_rank is not None and self.lora_layers:
+            raise DiffmeterError("--lora-rank and --lora name the LoRA twice: the file gives its own ranks, drop one")
+        if (self.lora_targets or self.fuse_lora) and self.lora_rank is None and not self.lora_layers:
+            flag = "--lora-targets" if self.lora_targets else "--fuse-lora"
+            raise DiffmeterError(f"{flag} needs a LoRA: add --lora-rank R (or --lora FILE)")
         if self.template_tokens is not None and self.template_tokens < 0:
             raise DiffmeterError(f"template_tokens must be 0 or more, got {self.template_tokens}")
         if self.instruction_tokens is not None and self.instruction_tokens < 0:

@@ -15,10 +15,14 @@ from diffmeter.cli.options import (
     AsJson,
     BatchSize,
     ComponentDtype,
+    FuseLora,
     GpuName,
     GuidanceScale,
     Height,
     ImageSize,
+    LoraFile,
+    LoraRank,
+    LoraTargets,
     NumFrames,
     Steps,
     TrueCfgScale,
@@ -59,6 +63,10 @@ def fit(
     guidance_scale: GuidanceScale = None,
     true_cfg_scale: TrueCfgScale = None,
     image_size: ImageSize = None,
+    lora_rank: LoraRank = None,
+    lora_targets: LoraTargets = None,
+    lora: LoraFile = None,
+    fuse_lora: FuseLora = False,
     num_frames: NumFrames = None,
     dtype: Annotated[
         str | None, typer.Option(metavar="DTYPE", help="float16 | bfloat16 | float32", rich_help_panel=GENERATION)
@@ -71,6 +79,7 @@ def fit(
     predicted lower bound of time (roofline plus offloading's host-link transfers) on a named GPU. With --all: the
     predicted leaderboard, every catalog model on every GPU (or --gpu's), as a sortable page and CSV."""
     from diffmeter.catalog import resolve
+    from diffmeter.lora_file import lora_fields
     from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, chosen_gpu, spec_gpu
     from diffmeter.report.memory_table import fit_table
     from diffmeter.spec import ProfileSpec, image_sizes_of, parse_component_dtypes
@@ -83,6 +92,7 @@ def fit(
         given = {
             "--height": height, "--width": width, "--steps": steps, "--guidance-scale": guidance_scale,
             "--true-cfg-scale": true_cfg_scale, "--image-size": image_size, "--num-frames": num_frames,
+            "--lora-rank": lora_rank, "--lora": lora, "--fuse-lora": fuse_lora,
             "--dtype": dtype, "--component-dtype": component_dtype,
             "--batch-size": None if batch_size == 1 else batch_size,
         }  # fmt: skip
@@ -107,6 +117,7 @@ def fit(
         guidance_scale=guidance_scale,
         true_cfg_scale=true_cfg_scale,
         image_sizes=image_sizes_of(image_size),
+        **lora_fields(model, lora_rank, lora_targets, lora, fuse_lora)[0],
         num_frames=num_frames,
         dtype=dtype,
         component_dtypes=parse_component_dtypes(component_dtype),

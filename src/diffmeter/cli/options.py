@@ -68,6 +68,38 @@ ImageSize = Annotated[
         show_default=False,
     ),
 ]
+LoraRank = Annotated[
+    int | None,
+    typer.Option(
+        metavar="R",
+        help="a LoRA of rank R on the denoiser, unfused (the layers diffusers' trainer adapts; --lora-targets to name "
+        "others)",
+        rich_help_panel=GENERATION,
+    ),
+]
+LoraTargets = Annotated[
+    str | None,
+    typer.Option(
+        metavar="NAME[,NAME...]",
+        help="the layers --lora-rank adapts, as peft's target_modules (attn.to_q,attn.to_k)",
+        rich_help_panel=GENERATION,
+    ),
+]
+LoraFile = Annotated[
+    str | None,
+    typer.Option(
+        "--lora",
+        metavar="PATH",
+        help="a LoRA in diffusers' format (folder or .safetensors): its layers and ranks, read from the header",
+        rich_help_panel=GENERATION,
+    ),
+]
+FuseLora = Annotated[
+    bool,
+    typer.Option(
+        "--fuse-lora", help="the LoRA fused into the weights (fuse_lora): no extra compute", rich_help_panel=GENERATION
+    ),
+]
 NumFrames = Annotated[
     int | None, typer.Option(help="video models: frames per video (default: the model's)", rich_help_panel=GENERATION)
 ]

@@ -17,10 +17,14 @@ from diffmeter.cli.options import (
     CfgDegree,
     ComponentDtype,
     Fp8TextEncoder,
+    FuseLora,
     GpuName,
     GpuSpec,
     GuidanceScale,
     ImageSize,
+    LoraFile,
+    LoraRank,
+    LoraTargets,
     MaxSequenceLength,
     NumFrames,
     Offload,
@@ -92,6 +96,10 @@ def profile(
     guidance_scale: GuidanceScale = None,
     true_cfg_scale: TrueCfgScale = None,
     image_size: ImageSize = None,
+    lora_rank: LoraRank = None,
+    lora_targets: LoraTargets = None,
+    lora: LoraFile = None,
+    fuse_lora: FuseLora = False,
     num_frames: NumFrames = None,
     dtype: Annotated[
         str | None,
@@ -144,6 +152,7 @@ def profile(
     memory (under bench's memory techniques, named as bench takes them) and time on that GPU."""
     from diffmeter.catalog import all_entries
     from diffmeter.flops.cached import cached_profile
+    from diffmeter.lora_file import lora_fields
     from diffmeter.report.export import profiles_csv
     from diffmeter.report.tables import summary_table
     from diffmeter.spec import ProfileSpec, image_sizes_of, parse_component_dtypes
@@ -165,6 +174,11 @@ def profile(
 
     if dtype is None and is_this_cpu(gpu):
         dtype = "float32"  # what bench runs on a CPU (runs/spec.py: settle); the catalog's dtype is for a GPU
+    adapters = {}
+    for name in names:
+        adapters[name], lora_notes = lora_fields(name, lora_rank, lora_targets, lora, fuse_lora)
+        for note in lora_notes:
+            console.print(f"note: {note}", highlight=False, markup=False)
     specs = [
         ProfileSpec(
             model=name,
@@ -175,6 +189,7 @@ def profile(
             guidance_scale=guidance_scale,
             true_cfg_scale=true_cfg_scale,
             image_sizes=image_sizes_of(image_size),
+            **adapters[name],
             num_frames=num_frames,
             dtype=dtype,
             component_dtypes=parse_component_dtypes(component_dtype),

@@ -17,7 +17,7 @@ import torch
 
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
-from diffmeter.families import binning
+from diffmeter.families import binning, lora
 from diffmeter.spec import ProfileSpec
 from diffmeter.stages import DENOISER, IMAGE_ENCODER, TEXT_ENCODER, VAE_DECODER  # noqa: F401 (re-exported)
 
@@ -180,30 +180,7 @@ class Family:
     def pipeline_size(self, entry: PipelineEntry, height: int, width: int) -> tuple[int, int, str | None]:
         """The size the pipeline generates at for a request, with a note when it differs; a size the
         pipeline refuses is refused here, in one line naming its rule."""
-        step = self.size_multiple(entry)
-        made = []
-        for side, value in (("height", height), ("width", width)):
-            down, up = value // step * step, -(-value // step) * step
-            if value % step == 0:
-                made.append(value)
-            elif self.size_rounding == "refuse" or (self.size_rounding == "down" and down == 0):
-                options = " or ".join(str(size) for size in dict.fromkeys((down, up)) if size > 0)
-                raise DiffmeterError(
-                    f"--{side} {value} is not a multiple of {step}, which {entry.pipeline_class} requires "
-                    f"for {entry.name}; try {options}"
-                )
-            else:
-                made.append(down if self.size_rounding == "down" else up)
-        if (made[0], made[1]) == (height, width):
-            return height, width, None
-        return (
-            made[0],
-            made[1],
-            (
-                f"{entry.pipeline_class} generates {width}x{height} (WxH) at {made[1]}x{made[0]}: it rounds each side "
-                f"{self.size_rounding} to a multiple of {step} pixels"
-            ),
-        )
+        return binning.rounded_size(entry, height, width, self.size_multiple(entry), self.size_rounding)
 
     def default_size(self, entry: PipelineEntry) -> tuple[int, int]:
         """(height, width) the pipeline makes when called without a size: most pipelines take the
@@ -281,12 +258,20 @@ class Family:
 
     # ---- the call plan -------------------------------------------------------------------
     def plan(self, shapes: Shapes) -> list[Call]:
-        return [
+        calls = [
             *self.text_calls(shapes),
             *self.image_calls(shapes),
             *self.denoiser_calls(shapes),
             *self.decoder_calls(shapes),
         ]
+        adapter = lora.targets_of(self, shapes.entry, shapes.spec)
+        if adapter:
+            shapes.note(lora.described(adapter, shapes.spec))
+        return lora.with_lora(calls, adapter, shapes.spec.fuse_lora)
+
+    def lora_targets(self, entry: PipelineEntry) -> tuple[str, ...]:
+        """The denoiser layers a LoRA adapts by default (``families.lora``): diffusers' trainer's for the family."""
+        return lora.ATTENTION_PROJECTIONS
 
     def image_calls(self, shapes: Shapes) -> list[Call]:
         """The calls that encode the input images (none without any)."""

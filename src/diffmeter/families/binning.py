@@ -1,4 +1,5 @@
-"""Resolution binning by aspect ratio, as PixArt and SANA pipelines do it: their own tables, read from diffusers."""
+"""The size a pipeline really generates at: resolution binning by aspect ratio, as PixArt and SANA pipelines do it
+(their own tables, read from diffusers), and the rounding or refusal of a size off the pipeline's multiple."""
 
 from __future__ import annotations
 
@@ -23,3 +24,30 @@ def binned_size(
         )
     bins = getattr(importlib.import_module(module), tables[sample_size])
     return PixArtImageProcessor.classify_height_width_bin(height, width, ratios=bins)
+
+
+def rounded_size(
+    entry: PipelineEntry, height: int, width: int, step: int, rounding: str
+) -> tuple[int, int, str | None]:
+    """(height, width) a pipeline makes of a request off its multiple ``step`` (``Family.size_rounding``: "refuse",
+    or round "down" / "up"), with a note when it differs; a refusal in one line naming the rule."""
+    made = []
+    for side, value in (("height", height), ("width", width)):
+        down, up = value // step * step, -(-value // step) * step
+        if value % step == 0:
+            made.append(value)
+        elif rounding == "refuse" or (rounding == "down" and down == 0):
+            options = " or ".join(str(size) for size in dict.fromkeys((down, up)) if size > 0)
+            raise DiffmeterError(
+                f"--{side} {value} is not a multiple of {step}, which {entry.pipeline_class} requires "
+                f"for {entry.name}; try {options}"
+            )
+        else:
+            made.append(down if rounding == "down" else up)
+    if (made[0], made[1]) == (height, width):
+        return height, width, None
+    note = (
+        f"{entry.pipeline_class} generates {width}x{height} (WxH) at {made[1]}x{made[0]}: it rounds each side "
+        f"{rounding} to a multiple of {step} pixels"
+    )
+    return made[0], made[1], note

@@ -8,6 +8,7 @@ noisy latents in every transformer call (then dropped from its output)."""
 import torch
 
 from diffmeter.errors import DiffmeterError
+from diffmeter.families import lora
 from diffmeter.families.base import Call, Family, Shapes, register, timesteps
 from diffmeter.families.images import ImageConditioned, size_text, vae_encode_calls
 
@@ -39,6 +40,9 @@ class Flux(Family):
     true_cfg = True
     default_sample_size = 128  # FluxPipeline.default_sample_size
 
+    def lora_targets(self, entry) -> tuple[str, ...]:
+        return lora.FLUX
+
     def patch(self, entry) -> int:
         return 2  # the pipeline packs latents in 2x2 patches
 
@@ -67,6 +71,9 @@ class FluxKontext(ImageConditioned, Flux):
 
     name = "flux_kontext"
     max_images = 1
+
+    def lora_targets(self, entry) -> tuple[str, ...]:
+        return lora.FLUX_KONTEXT
 
     def default_size(self, entry) -> tuple[int, int]:
         height, width, _ = self.pipeline_size(entry, *super().default_size(entry))

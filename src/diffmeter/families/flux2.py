@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from diffmeter.errors import DiffmeterError
+from diffmeter.families import lora
 from diffmeter.families.base import Call, Family, Shapes, register, timesteps
 from diffmeter.families.images import ImageConditioned, size_text, vae_encode_calls
 
@@ -120,6 +121,9 @@ class Flux2(_Flux2Base):
     name = "flux2"
     cfg_mode = "never"
 
+    def lora_targets(self, entry) -> tuple[str, ...]:
+        return lora.flux2(48)
+
     def guidance(self, batch: int, config: dict):
         # the pipeline always passes guidance; the transformer embeds it when it has a guidance embedder
         # (Flux2Transformer2DModel's guidance_embeds defaults to True)
@@ -142,6 +146,9 @@ class Flux2Klein(_Flux2Base):
 
     name = "flux2_klein"
     cfg_mode = "separate"
+
+    def lora_targets(self, entry) -> tuple[str, ...]:
+        return lora.flux2(24)
 
     @staticmethod
     def is_distilled(entry) -> bool:

@@ -25,6 +25,7 @@ from dataclasses import replace
 import torch
 
 from diffmeter.errors import DiffmeterError
+from diffmeter.families import lora
 from diffmeter.families.base import TEXT_ENCODER, Call, Family, Shapes, latents, register, timesteps
 
 #: HiDreamImagePipeline.default_sample_size (hard-coded; the pixel budget is its square times the VAE scale)
@@ -42,6 +43,9 @@ class HiDream(Family):
     #: max_sequence_length sets every encoder's length (see ``shapes``); T5 is the one it sets first
     sequence_encoder = "text_encoder_3"
     default_sample_size = DEFAULT_SAMPLE_SIZE
+
+    def lora_targets(self, entry) -> tuple[str, ...]:
+        return lora.HIDREAM
 
     def patch(self, entry) -> int:
         return 2  # HiDreamImagePipeline: latents packed in 2x2 patches (image_processor at vae_scale_factor * 2)

@@ -4,6 +4,7 @@ import math
 
 import torch
 
+from diffmeter.families import lora
 from diffmeter.families.base import TEXT_ENCODER, Call, Family, Shapes, latents, register, timesteps
 
 
@@ -14,6 +15,10 @@ class Sana(Family):
     masks_attention = True
     text_encoders = ("text_encoder",)
     sequence_encoder = "text_encoder"
+
+    def lora_targets(self, entry) -> tuple[str, ...]:
+        return lora.SANA
+
     bin_tables = (
         "diffusers.pipelines.sana.pipeline_sana",
         {

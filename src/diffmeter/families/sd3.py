@@ -2,6 +2,7 @@
 
 import torch
 
+from diffmeter.families import lora
 from diffmeter.families.base import Family, Shapes, latents, register, timesteps
 
 
@@ -12,6 +13,9 @@ class StableDiffusion3(Family):
     flow_matching = True
     text_encoders = ("text_encoder", "text_encoder_2", "text_encoder_3")
     sequence_encoder = "text_encoder_3"
+
+    def lora_targets(self, entry) -> tuple[str, ...]:
+        return lora.SD3
 
     def size_multiple(self, entry) -> int:
         return self.pixel_multiple(entry)  # StableDiffusion3Pipeline: vae_scale_factor * patch_size

@@ -2,6 +2,7 @@
 
 import torch
 
+from diffmeter.families import lora
 from diffmeter.families.base import Family, Shapes, latents, register
 
 
@@ -10,6 +11,9 @@ class StableDiffusion(Family):
     name = "sd"
     denoiser = "unet"
     text_encoders = ("text_encoder",)
+
+    def lora_targets(self, entry) -> tuple[str, ...]:
+        return lora.SD_UNET
 
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)
@@ -27,6 +31,10 @@ class StableDiffusion(Family):
 class StableDiffusionXL(StableDiffusion):
     name = "sdxl"
     text_encoders = ("text_encoder", "text_encoder_2")
+
+    def lora_targets(self, entry) -> tuple[str, ...]:
+        return lora.ATTENTION_PROJECTIONS  # train_dreambooth_lora_sdxl.py 1225-1232
+
     #: SDXL's force_zeros_for_empty_prompt: with no negative prompt, uncond embeddings are zeros
     encodes_negative = False
 

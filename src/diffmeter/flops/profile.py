@@ -203,7 +203,8 @@ class MetaComponent:
         inputs = meta_inputs(call)
         # keyed by structure, not config: configs differing only in scaling factors or
         # metadata build identical modules
-        signature = (call.method, call_signature(inputs), call.prepare is None, call.note, call.replayed)
+        prepared = getattr(call.prepare, "key", call.prepare is None)  # a LoRA's hooks: its targets
+        signature = (call.method, call_signature(inputs), prepared, call.note, call.replayed)
         key = (type(self.module).__name__, repr(self.module), name, signature, submodules)
         if key not in self._counts:
             self._counts[key] = count_call(self.module, name, call, inputs, submodules)

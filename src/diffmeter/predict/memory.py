@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_leaves
 from diffmeter import cache
 from diffmeter.catalog import ComponentEntry, resolve
 from diffmeter.errors import DiffmeterError
-from diffmeter.families import DENOISER, IMAGE_ENCODER, TEXT_ENCODER, VAE_DECODER, Call, get_family
+from diffmeter.families import DENOISER, IMAGE_ENCODER, TEXT_ENCODER, VAE_DECODER, Call, get_family, lora
 from diffmeter.optimize.fp8_text_encoder import LARGE_ENCODERS
 from diffmeter.predict.convolution_copies import CPU, TOTAL, ConvolutionCopies
 from diffmeter.predict.fake_run import fake_run
@@ -277,6 +277,9 @@ def predict_tracked(
     quantized = {kind: {name: quantized_bytes(m, kind) for name, m in metas.items()} for kind in ("int8", "fp8")}
     modules = {name: fake_copy(module) for name, module in metas.items()}
     params = {name: param_bytes(module) for name, module in modules.items()}
+    adapter = lora.targets_of(family, entry, spec)  # a LoRA's weights, beside the denoisers' own, fused or not
+    for name in [name for name in family.denoisers(entry) if name in params] if adapter else ():
+        params[name] += lora.adapter_params(metas[name], adapter) * dtype_of[name].itemsize
     resident = sum(params.values())
     calls: list[StageMemory] = []
     decoded: dict[str, int | None] = {}

@@ -23,6 +23,7 @@ COLUMNS: dict[str, str] = {
     "steps": "denoising steps",
     "guidance": "guidance scale",
     "input_images": "input images (editing, image-to-video) as WxH, joined by + (empty: text-to-image)",
+    "lora": "the LoRA on the denoiser: rank N or its file, fused or unfused (empty: none)",
     "dtype": "float16 | bfloat16 | float32",
     "device": "cuda:N or cpu, as run",
     "hardware": "the GPU's name, or the CPU's for CPU runs",
@@ -80,6 +81,7 @@ _SAME_GENERATION = (
     "steps",
     "guidance",
     "input_images",
+    "lora",
     "dtype",
     "device",
     "weights",
@@ -140,6 +142,9 @@ def row(result: BenchResult, folder: str) -> dict[str, Any]:
         steps=spec.steps,
         guidance=spec.guidance_scale,
         input_images="+".join(f"{width}x{height}" for height, width in spec.image_sizes),
+        lora=(f"{spec.lora or f'rank {spec.lora_rank}'} {'fused' if spec.fuse_lora else 'unfused'}")
+        if spec.lora or spec.lora_rank
+        else "",
         dtype=spec.dtype,
         device=spec.device,
         hardware=hardware(result),

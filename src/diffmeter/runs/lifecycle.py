@@ -20,7 +20,7 @@ import torch
 
 from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
-from diffmeter.loading import load_pipeline, loaded_dtypes
+from diffmeter.loading import attach_lora, load_pipeline, loaded_dtypes
 from diffmeter.measure.clock import clock_for, device_scope
 from diffmeter.measure.compilation import watch_compilation
 from diffmeter.measure.conditions import ConditionsMonitor
@@ -151,8 +151,11 @@ class MeasuredRun:
         self.pipe = load_pipeline(
             run.entry, run.source, device, spec.dtype, spec.seed, self.target.held, spec.component_dtypes
         )
+        family = run.target.family
+        targets = tuple(spec.lora_targets) or family.lora_targets(run.entry)
+        attach_lora(self.pipe, family.denoiser, targets, spec.lora_rank, spec.lora, spec.fuse_lora)
         self.base["component_dtypes"] = loaded_dtypes(self.pipe)
-        run.target.family.prepare_pipeline(self.pipe, spec.guidance_scale, spec.batch_size)
+        family.prepare_pipeline(self.pipe, spec.guidance_scale, spec.batch_size)
 
     def apply(self) -> None:
         """The techniques in their order, then the group's split of the model."""

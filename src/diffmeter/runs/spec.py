@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
+from diffmeter.lora_file import lora_fields
 from diffmeter.optimize.base import OptimizationSpec
 from diffmeter.spec import ProfileSpec, image_sizes_of, normalize_dtype
 
@@ -36,6 +37,12 @@ class BenchSpec(BaseModel):
     image_sizes: list[tuple[int, int]] = []
     #: input image files, in the pipeline's order (every output edits the same ones)
     images: list[str] = []
+    #: a LoRA on the denoiser: a fresh adapter of this rank (peft) on ``lora_targets`` (empty: the family's trainer
+    #: default), or a diffusers LoRA file or folder (``lora``); ``fuse_lora``: folded into the weights (fuse_lora)
+    lora_rank: int | None = None
+    lora_targets: list[str] = []
+    lora: str | None = None
+    fuse_lora: bool = False
     seed: int = 0
     dtype: str | None = None
     #: components at another dtype than ``dtype``: {"vae": "float32"} (defaults: the model card's)
@@ -158,6 +165,7 @@ class BenchSpec(BaseModel):
             guidance_scale=self.guidance_scale,
             true_cfg_scale=self.true_cfg_scale,
             image_sizes=tuple(tuple(size) for size in self.image_sizes),
+            **lora_fields(self.model, self.lora_rank, ",".join(self.lora_targets), self.lora, self.fuse_lora)[0],
             num_frames=self.num_frames,
             dtype=self.dtype,
             component_dtypes=tuple(sorted(self.component_dtypes.items())),

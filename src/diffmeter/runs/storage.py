@@ -47,6 +47,7 @@ def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | t
         f"guidance-{spec.guidance_scale:g}",
         *([f"true-cfg-{spec.true_cfg_scale:g}"] if spec.true_cfg_scale is not None else []),
         *_images(spec),
+        *_lora(spec),
         f"seed-{spec.seed}",
         spec.dtype,
         *(f"{slug(name)}-{dtype}" for name, dtype in sorted(spec.component_dtypes.items())),
@@ -65,6 +66,17 @@ def _images(spec: BenchSpec) -> list[str]:
     """``image-1024x768`` per input image (seeded noise), ``image-file-cat-1024x768`` per ``--image`` file."""
     files = [f"file-{slug(Path(path).stem, 24)}-" for path in spec.images] or [""] * len(spec.image_sizes)
     return [f"image-{file}{width}x{height}" for file, (height, width) in zip(files, spec.image_sizes, strict=True)]
+
+
+def _lora(spec: BenchSpec) -> list[str]:
+    """``lora-r16`` (a fresh adapter; with its targets when named), ``lora-file-NAME``; ``-fused`` when fused."""
+    if spec.lora is not None:
+        name = f"lora-file-{slug(Path(spec.lora).expanduser().name, 32)}"
+    elif spec.lora_rank is not None:
+        name = f"lora-r{spec.lora_rank}" + (f"-{slug('-'.join(spec.lora_targets), 32)}" if spec.lora_targets else "")
+    else:
+        return []
+    return [name + ("-fused" if spec.fuse_lora else "")]
 
 
 def parallel_parts(spec: BenchSpec) -> list[str]:

@@ -1,0 +1,182 @@
+"""LoRA on the denoiser, counted as peft runs it: an unfused adapter adds ``lora_B(lora_A(x)) * scaling`` to every
+adapted linear layer (peft 0.21 ``tuners/lora/layer.py``, ``Linear.forward``: two bias-free ``nn.Linear``, dropout
+the identity at inference), so a layer of ``in`` -> ``out`` features adds ``r * (in + out)`` MACs per token; a fused
+one (diffusers' ``fuse_lora``) folds ``B @ A`` into the base weight and adds nothing per call.
+
+Adapted layers are named as peft names its ``target_modules``: a module matches a target when its path equals it
+or ends with ``"." + target``; only ``nn.Linear`` layers are adapted here (the targets of the trainers' defaults)."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+
+from diffmeter.errors import DiffmeterError
+from diffmeter.stages import DENOISER
+
+#: what diffusers' LoRA trainers adapt when given no --lora_layers, read at huggingface/diffusers 58eb52c0
+#: (examples/dreambooth/train_dreambooth_lora_<name>.py, lines cited per family); families without a trainer there
+#: (Wan, HunyuanVideo, LTX, CogVideoX, PixArt, ...) take the attention projections most of those scripts adapt
+ATTENTION_PROJECTIONS = ("to_k", "to_q", "to_v", "to_out.0")  # also qwen_image (1281-1284), z_image, lumina2, sdxl
+FLUX = (  # train_dreambooth_lora_flux.py 1254-1270
+    "attn.to_k",
+    "attn.to_q",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_k_proj",
+    "attn.add_q_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+    "ff.net.0.proj",
+    "ff.net.2",
+    "ff_context.net.0.proj",
+    "ff_context.net.2",
+)
+FLUX_KONTEXT = (*FLUX, "proj_mlp")  # train_dreambooth_lora_flux_kontext.py 1439-1456
+SD3 = FLUX[4:8] + ("attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v")  # train_dreambooth_lora_sd3.py 1248-1265
+SD_UNET = (*ATTENTION_PROJECTIONS, "add_k_proj", "add_v_proj")  # train_dreambooth_lora.py 940-947
+SANA = ("to_k", "to_q", "to_v")  # train_dreambooth_lora_sana.py 1042-1045
+HIDREAM = ("to_k", "to_q", "to_v", "to_out")  # train_dreambooth_lora_hidream.py 1160-1163
+
+
+def flux2(single_blocks: int) -> tuple[str, ...]:
+    """train_dreambooth_lora_flux2.py 1291-1300 (``range(48)``) and _flux2_klein.py 1294-1303 (``range(24)``)."""
+    return (
+        *ATTENTION_PROJECTIONS,
+        "to_qkv_mlp_proj",
+        *(f"single_transformer_blocks.{i}.attn.to_out" for i in range(single_blocks)),
+    )
+
+
+def targets_of(family, entry, spec) -> tuple[tuple[str, int], ...]:
+    """The (target, rank) pairs the spec's LoRA adapts on the denoiser: a LoRA file's own layers, else
+    ``--lora-targets`` or the family's trainer default, each at ``--lora-rank``; none without a LoRA."""
+    if spec.lora_layers:
+        return spec.lora_layers
+    if spec.lora_rank is None:
+        return ()
+    targets = spec.lora_targets or family.lora_targets(entry)
+    return tuple((target, spec.lora_rank) for target in targets)
+
+
+def described(targets: tuple[tuple[str, int], ...], spec) -> str:
+    """One note: which LoRA, and what it costs per call."""
+    ranks = "/".join(map(str, sorted({rank for _, rank in targets})))
+    named = (
+        "a LoRA file's layers"
+        if spec.lora_layers
+        else f"{len(targets)} target names ({', '.join(t for t, _ in targets[:3])}, ...)"
+    )
+    if spec.fuse_lora:
+        return (
+            f"LoRA rank {ranks} on {named}, fused (fuse_lora): no extra compute; its weights stay loaded (diffusers "
+            "keeps them to unfuse) and are counted in the memory prediction"
+        )
+    return (
+        f"LoRA rank {ranks} on {named}, unfused: two extra matmuls per adapted linear layer and call, "
+        "r x (in + out) MACs per token; --fuse-lora counts it folded into the weights"
+    )
+
+
+def matches(path: str, target: str) -> bool:
+    """peft's rule (``check_target_module_exists`` for a list of names): the path is the target or ends with it."""
+    return path == target or path.endswith("." + target)
+
+
+def adapted_layers(module: torch.nn.Module, targets: tuple[tuple[str, int], ...]) -> dict[str, tuple[int, int, int]]:
+    """Each adapted linear layer's path -> (rank, in features, out features); the first target it matches sets its
+    rank (a LoRA file names every layer itself)."""
+    found = {}
+    for path, layer in module.named_modules():
+        if not isinstance(layer, torch.nn.Linear):
+            continue
+        rank = next((rank for target, rank in targets if matches(path, target)), None)
+        if rank is not None:
+            found[path] = (rank, layer.in_features, layer.out_features)
+    return found
+
+
+class _Unfused:
+    """Forward hooks adding each adapted layer's two low-rank matmuls to its output, the adapter's weights made
+    once, beside the layer's own (on the meta device in a count; fake tensors in a memory prediction)."""
+
+    def __init__(self, module: torch.nn.Module, targets: tuple[tuple[str, int], ...]) -> None:
+        self.handles = []
+        layers = dict(module.named_modules())
+        for path, (rank, features_in, features_out) in adapted_layers(module, targets).items():
+            layer = layers[path]
+            down, up = _like(layer.weight, (rank, features_in)), _like(layer.weight, (features_out, rank))
+            self.handles.append(layer.register_forward_hook(self._adding(down, up)))
+
+    @staticmethod
+    def _adding(down: torch.Tensor, up: torch.Tensor):
+        def hook(_layer, args, output):
+            return output + F.linear(F.linear(args[0], down), up)
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _like(weight: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """An adapter weight beside ``weight``: on its device, at its dtype, fake where it is (a memory prediction's
+    module), made outside any tracking (the adapter's bytes are resident, counted with the parameters)."""
+    mode = getattr(weight, "fake_mode", None)
+    with mode if mode is not None else contextlib.nullcontext():
+        return torch.empty(shape, dtype=weight.dtype, device=weight.device)
+
+
+def with_lora(calls: list, targets: tuple[tuple[str, int], ...], fused: bool) -> list:
+    """The denoiser calls of a plan with the adapter's matmuls added (unfused); a fused LoRA changes no call."""
+    if not targets or fused:
+        return calls
+    ranks = sorted({rank for _, rank in targets})
+    label = f"LoRA rank {'/'.join(map(str, ranks))}, unfused"
+
+    def prepare(module: torch.nn.Module) -> _Unfused:
+        unfused = _Unfused(module, targets)
+        if not unfused.handles:
+            raise DiffmeterError(
+                f"the LoRA adapts no linear layer of {type(module).__name__}: its targets "
+                f"({', '.join(target for target, _ in targets[:4])}{', ...' if len(targets) > 4 else ''}) name none"
+            )
+        return unfused
+
+    prepare.key = ("lora", targets)  # told apart from other adapters by the counter's memo (flops.profile)
+    adapted = []
+    for call in calls:
+        if call.role != DENOISER:
+            adapted.append(call)
+            continue
+        note = f"{call.note}; {label}" if call.note else label
+        adapted.append(replace(call, prepare=_both(call.prepare, prepare) if call.prepare else prepare, note=note))
+    return adapted
+
+
+class _Handles:
+    def __init__(self, *handles) -> None:
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in reversed(self.handles):
+            handle.remove()
+
+
+def _both(first, then):
+    """A call's own hooks (HiDream's routing) and the adapter's, installed and removed together."""
+
+    def prepare(module: torch.nn.Module) -> _Handles:
+        return _Handles(first(module), then(module))
+
+    prepare.key = (getattr(first, "key", None), then.key)
+    return prepare
+
+
+def adapter_params(module: torch.nn.Module, targets: tuple[tuple[str, int], ...]) -> int:
+    """Parameters the adapter adds: ``r * (in + out)`` per adapted layer."""
+    return sum(rank * (i + o) for rank, i, o in adapted_layers(module, targets).values())

@@ -1,0 +1,115 @@
+"""LoRA on the denoiser: the offline count against the real tiny pipelines with a real peft adapter (diffusers'
+``add_adapter``), unfused and fused; a LoRA file's layers read from its header; memory; refusals."""
+
+import pytest
+import torch
+from peft import LoraConfig
+from peft.utils import get_peft_model_state_dict
+from tiny_runs import TINY, tiny_call, token_settings
+
+from diffmeter import profile
+from diffmeter.errors import DiffmeterError
+from diffmeter.families import get_family, lora
+from diffmeter.flops.counter import count_flops
+from diffmeter.lora_file import lora_layers
+from diffmeter.predict.memory import predict_memory
+from diffmeter.spec import ProfileSpec
+
+# MMDiT (FLUX.1, SD3, FLUX.2 with its single-block targets), UNet, mixture-of-experts routing hooks (HiDream)
+MODELS = ["tiny-flux", "tiny-sd3", "tiny-flux2", "tiny-sd", "tiny-hidream"]
+
+
+def _tiny(name):
+    return next(entry for entry in TINY if entry.name == name)
+
+
+def counted(entry, pipe, call) -> dict[str, int]:
+    components = {name: getattr(pipe, name) for name in entry.components}
+    with torch.no_grad(), count_flops(components) as counts:
+        call()
+    return {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in entry.components}
+
+
+def adapted(name: str, rank: int, targets=None):
+    """The real tiny pipeline with a peft LoRA on its denoiser (the family's trainer targets unless named)."""
+    entry = _tiny(name)
+    pipe, call, settings = tiny_call(entry)
+    family = get_family(entry.family)
+    config = LoraConfig(r=rank, lora_alpha=rank, target_modules=list(targets or family.lora_targets(entry)))
+    getattr(pipe, family.denoiser).add_adapter(config)
+    return entry, pipe, call, {**settings, **token_settings(entry, pipe)}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_an_unfused_lora_counts_what_peft_runs_and_a_fused_one_the_base(name):
+    entry, pipe, call, settings = adapted(name, 8)
+    assert counted(entry, pipe, call) == {c.name: c.macs for c in profile(name, lora_rank=8, **settings).components}
+    base = {c.name: c.macs for c in profile(name, **settings).components}
+    denoiser = get_family(entry.family).denoiser
+    pipe.fuse_lora(components=[denoiser])
+    assert counted(entry, pipe, call) == base
+    fused = profile(name, lora_rank=8, fuse_lora=True, **settings)
+    assert {c.name: c.macs for c in fused.components} == base
+    unfused = {c.name: c.macs for c in profile(name, lora_rank=8, **settings).components}
+    assert unfused[denoiser] > base[denoiser]
+    assert {k: v for k, v in unfused.items() if k != denoiser} == {k: v for k, v in base.items() if k != denoiser}
+
+
+def test_the_extra_is_rank_times_in_plus_out_per_token_and_layer():
+    """tiny-flux at rank 16 on two targets: the extra MACs per call are r x (in + out) x tokens per adapted
+    layer, tokens being the image tokens for an image-stream layer and image + text for a single block's."""
+    targets = ("attn.to_q", "attn.to_add_out")
+    entry = _tiny("tiny-flux")
+    extra = {}
+    for rank in (16, 32):
+        with_lora = profile("tiny-flux", lora_rank=rank, lora_targets=targets, steps=1)
+        base = profile("tiny-flux", steps=1)
+        extra[rank] = with_lora.denoiser_macs_per_step - base.denoiser_macs_per_step
+    assert extra[32] == 2 * extra[16] > 0  # linear in the rank
+    config = entry.components["transformer"].config
+    inner = config["num_attention_heads"] * config["attention_head_dim"]
+    image = (entry.defaults.height // 2 // 2) * (entry.defaults.width // 2 // 2)
+    text = entry.text_max_length["text_encoder_2"]
+    # to_q: inner -> inner on the image tokens in a joint block, on image + text in a single one; to_add_out (joint
+    # blocks only): inner -> inner on the text tokens
+    joint = config["num_layers"] * (image + text) * (inner + inner)
+    single = config["num_single_layers"] * (image + text) * (inner + inner)
+    assert extra[16] == 16 * (joint + single)
+
+
+def test_a_lora_file_is_read_from_its_header(tmp_path):
+    """A LoRA saved by diffusers (save_lora_weights): its layers and ranks from the header equal the adapter's, and
+    the count from the file equals the count from the same rank and targets."""
+    entry, pipe, call, settings = adapted("tiny-flux", 4, targets=["attn.to_q", "attn.to_k", "proj_out"])
+    type(pipe).save_lora_weights(tmp_path, transformer_lora_layers=get_peft_model_state_dict(pipe.transformer))
+    layers, notes = lora_layers(tmp_path, "transformer")
+    assert notes == [] and {rank for _, rank in layers} == {4}
+    adapters = {path for path, _ in layers}
+    assert adapters == {path for path, m in pipe.transformer.named_modules() if hasattr(m, "lora_A")}
+    from_file = profile("tiny-flux", lora_layers=layers, **settings)
+    assert counted(entry, pipe, call) == {c.name: c.macs for c in from_file.components}
+
+
+def test_the_adapter_weights_are_resident_in_the_memory_prediction():
+    spec = ProfileSpec(model="tiny-flux", lora_rank=8)
+    base = predict_memory(ProfileSpec(model="tiny-flux"), on_cuda=False, vae_modes=())
+    with_lora = predict_memory(spec, on_cuda=False, vae_modes=())
+    entry = _tiny("tiny-flux")
+    from diffmeter.predict.memory import meta_module
+
+    module = meta_module(entry.components["transformer"], torch.float32)
+    added = lora.adapter_params(module, tuple((t, 8) for t in lora.FLUX)) * 4
+    assert added > 0
+    assert with_lora.component_param_bytes["transformer"] - base.component_param_bytes["transformer"] == added
+    step = next(s for s in with_lora.stages if s.stage == "denoising step")
+    plain = next(s for s in base.stages if s.stage == "denoising step")
+    assert step.resident_param_bytes - plain.resident_param_bytes == added
+
+
+def test_refusals():
+    with pytest.raises(DiffmeterError, match="--lora-rank must be a positive integer"):
+        profile("tiny-flux", lora_rank=0)
+    with pytest.raises(DiffmeterError, match="--fuse-lora needs a LoRA"):
+        profile("tiny-flux", fuse_lora=True)
+    with pytest.raises(DiffmeterError, match="adapts no linear layer"):
+        profile("tiny-flux", lora_rank=4, lora_targets=("no_such_layer",))
