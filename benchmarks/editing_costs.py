@@ -15,6 +15,7 @@ from pathlib import Path
 from diffmeter import units
 from diffmeter.catalog import all_entries
 from diffmeter.families import get_family
+from diffmeter.families.images import ImageConditioned
 from diffmeter.flops.analytic import FORMULAS
 from diffmeter.flops.profile import profile_spec
 from diffmeter.predict.devices import named_gpu
@@ -63,7 +64,11 @@ def size_cell(found) -> str:
 def main() -> int:
     quiet_libraries()
     gpu = named_gpu(GPU)
-    entries = [e for e in all_entries() if not e.is_tiny and get_family(e.family).max_images]
+    entries = [
+        e
+        for e in all_entries()
+        if not e.is_tiny and isinstance(get_family(e.family), ImageConditioned) and get_family(e.family).takes_images(e)
+    ]
     when = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
     lines = [
         "# What editing costs",
@@ -83,7 +88,10 @@ def main() -> int:
     ]
     for entry in entries:
         family = get_family(entry.family)
-        settings = IMAGES + [images for images in SEVERAL if len(images) <= family.max_images]
+        if family.is_video:  # the image is resized to the video's size: one size tells all
+            settings = [(), ((entry.defaults.height, entry.defaults.width),)]
+        else:
+            settings = IMAGES + [images for images in SEVERAL if len(images) <= family.max_images]
         rows = [row(ProfileSpec(model=entry.name, image_sizes=images), gpu) for images in settings]
         base = rows[0]
         plain = base["profile"]
@@ -110,6 +118,14 @@ def main() -> int:
             )
         if entry.family == "flux_kontext":
             lines += exactness(entry, rows)
+        elif family.is_video:
+            lines += [
+                "",
+                "WanImageToVideoPipeline runs this checkpoint on an image: resized to the video's size, VAE-encoded",
+                "as a one-frame video once per output, its latent replacing the first latent frame in every step. The",
+                "transformer's calls are text-to-video's: the image costs one VAE encode of one frame. Counted exactly",
+                "like text-to-video: `tests/test_family_wan_i2v.py`.",
+            ]
         else:
             lines += [
                 "",

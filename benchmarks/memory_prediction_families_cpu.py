@@ -29,6 +29,7 @@ os.environ["DIFFMETER_CACHE_DIR"] = "off"
 from tiny_runs import TINY, tiny_call, token_settings  # noqa: E402
 
 from diffmeter.families import get_family  # noqa: E402
+from diffmeter.families.images import ImageConditioned  # noqa: E402
 from diffmeter.measure.memory_timeline import measure_stage_peaks  # noqa: E402
 from diffmeter.predict.memory import STAGE_OF_ROLE, predict_memory, settled_plan  # noqa: E402
 from diffmeter.predict.memory_checks import CHECKS_PATH, TOLERANCE  # noqa: E402
@@ -41,7 +42,12 @@ WHOLE = "whole generation"
 
 
 #: an input image (height, width) for the families that take one, checked beside their text-to-image run
-EDIT_IMAGE = ((24, 40),)
+EDIT_IMAGE = ((64, 72),)
+
+
+def takes_images(entry) -> bool:
+    family = get_family(entry.family)
+    return isinstance(family, ImageConditioned) and family.takes_images(entry)
 
 
 def compare(entry, image_sizes: tuple[tuple[int, int], ...] = ()) -> dict:
@@ -59,7 +65,7 @@ def compare(entry, image_sizes: tuple[tuple[int, int], ...] = ()) -> dict:
     }
     errors[WHOLE] = round(100 * (predicted.peak_bytes / real.peak_bytes - 1), 2)
     return {
-        "model": entry.name + (" (editing a 40x24 image)" if image_sizes else ""),
+        "model": entry.name + (" (editing a 72x64 image)" if image_sizes else ""),
         "resident_difference_bytes": predicted.stages[0].resident_param_bytes - real.resident_param_bytes,
         "stage_error_percent": errors,
     }
@@ -69,7 +75,7 @@ def main() -> int:
     quiet_libraries()
     rows = []
     runs = [(entry, ()) for entry in TINY]
-    runs += [(entry, EDIT_IMAGE) for entry in TINY if get_family(entry.family).max_images]
+    runs += [(entry, EDIT_IMAGE) for entry in TINY if takes_images(entry)]
     for entry, images in runs:
         rows.append({"family": entry.family, **compare(entry, images)})
         print(rows[-1], flush=True)

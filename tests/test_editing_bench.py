@@ -61,3 +61,16 @@ def test_sizes_are_typed_as_on_the_command_line():
     """A sweep file writes ``image_sizes: ["40x24"]`` (WxH), as ``--image-size`` takes them."""
     assert BenchSpec(model="tiny-flux-kontext", image_sizes=["40x24"]).image_sizes == [(24, 40)]
     assert BenchSpec(model="tiny-flux-kontext", image_sizes=[(24, 40)]).image_sizes == [(24, 40)]
+
+
+def test_wan_animates_an_image_with_its_image_to_video_pipeline(tmp_path):
+    """tiny-wan22-5b with --image-size: WanImageToVideoPipeline on the same components, the image encoding timed
+    and counted once per output (one generator each)."""
+    result, folder = bench(
+        BenchSpec(model="tiny-wan22-5b", image_sizes=["96x64"], batch_size=2, iterations=1), out=tmp_path
+    )
+    assert result.status == "complete", result.error
+    assert all(iteration.stages.image_encoding_s > 0 for iteration in result.iterations)
+    encode = next(c for c in result.profile.components if c.role == "image_encoder")
+    assert (encode.calls, encode.batch_per_call) == (2, 1)
+    assert result.profile.input_images == [(64, 64)]  # resized to the video's size

@@ -60,6 +60,7 @@ def tiny_call(
         kwargs["num_frames"] = defaults.num_frames
         settings["num_frames"] = defaults.num_frames
     if image_sizes:
+        pipe = get_family(entry.family).conditioned_pipeline(pipe)
         own = [[Image.new("RGB", (w, h), (90, 40 * k % 256, 160)) for h, w in image_sizes] for k in range(batch_size)]
         inputs.update(get_family(entry.family).image_arguments(own))
         kwargs["generator"] = [torch.Generator().manual_seed(k) for k in range(batch_size)]

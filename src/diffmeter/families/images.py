@@ -7,17 +7,18 @@ import torch
 from diffmeter.families.base import IMAGE_ENCODER, Call, Family, Shapes
 
 
-def vae_encode_calls(family: Family, shapes: Shapes, per_output: bool = True) -> list[Call]:
+def vae_encode_calls(family: Family, shapes: Shapes, per_output: bool = True, video: bool = False) -> list[Call]:
     """The VAE encoding each input image at batch 1: once per output where each prompt has its own image, and
     bench calls with one generator per output (FluxKontextPipeline._encode_vae_image, diffusers 0.42.1, encodes
     ``image[i : i + 1]`` per image then); once per call where the images are references shared by the batch
-    (``per_output=False``: Flux2Pipeline.prepare_image_latents encodes each reference once)."""
+    (``per_output=False``: Flux2Pipeline.prepare_image_latents encodes each reference once). An RGB image, as the
+    pipelines preprocess it; ``video``: as a one-frame video (a video VAE's first frame)."""
     calls = []
     for index, (height, width) in enumerate(shapes.images):
-        channels = shapes.entry.components[family.decoder].config.get("in_channels", 3)
 
-        def build(device: torch.device, height=height, width=width, channels=channels) -> dict:
-            return {"x": torch.zeros(1, channels, height, width, device=device)}
+        def build(device: torch.device, height=height, width=width) -> dict:
+            frames = (1,) if video else ()
+            return {"x": torch.zeros(1, 3, *frames, height, width, device=device)}
 
         label = f"input image {index + 1}, " if len(shapes.images) > 1 else ""
         calls.append(
@@ -46,3 +47,12 @@ class ImageConditioned:
         """The ``__call__`` arguments for each output's input images (a list per output, in the pipeline's order):
         one ``image`` per prompt, as a list the pipeline batches like its prompts."""
         return {"image": [own[0] for own in images]}
+
+    def takes_images(self, entry) -> bool:
+        """Whether this checkpoint takes input images at all (TI2V-5B does, Wan's text-to-video ones do not)."""
+        return True
+
+    def conditioned_pipeline(self, pipe):
+        """The pipeline that takes the images, from the loaded one: itself, unless the checkpoint's own pipeline
+        is text-only and another class runs it on images (Wan 2.2 TI2V-5B)."""
+        return pipe

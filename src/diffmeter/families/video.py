@@ -9,6 +9,7 @@ import torch
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import DENOISER, Call, Family, Shapes, register, timesteps
+from diffmeter.families.images import ImageConditioned, size_text, vae_encode_calls
 
 
 def _latent_frames(entry, num_frames: int, temporal: int) -> int:
@@ -23,11 +24,14 @@ def _latent_frames(entry, num_frames: int, temporal: int) -> int:
 
 
 @register
-class Wan(Family):
+class Wan(ImageConditioned, Family):
     """WanPipeline: Wan 2.1, Wan 2.2's two experts (``boundary_ratio``) and its TI2V-5B model
-    (``expand_timesteps``, the 16x-compressing Wan 2.2 VAE)."""
+    (``expand_timesteps``, the 16x-compressing Wan 2.2 VAE), which also animates an image: the same checkpoint
+    run by WanImageToVideoPipeline (``--image-size``)."""
 
     name = "wan"
+    #: the first frame of a TI2V-5B video (other Wan checkpoints take no image)
+    max_images = 1
     flow_matching = True
     text_encoders = ("text_encoder",)
     sequence_encoder = "text_encoder"
@@ -80,6 +84,47 @@ class Wan(Family):
 
     def latent_frames(self, entry, spec) -> int:
         return _latent_frames(entry, spec.num_frames, _vae_setting(entry, self.decoder, "scale_factor_temporal"))
+
+    # ---- image-to-video (TI2V-5B) --------------------------------------------------------
+    def input_images(self, entry, spec, notes) -> list[tuple[int, int]]:
+        """WanImageToVideoPipeline.__call__ (diffusers 0.42.1) resizes the image to the video's size
+        (``video_processor.preprocess(image, height, width)``) and, with ``expand_timesteps``, VAE-encodes it as a
+        one-frame video whose latent replaces the first latent frame in every step (``first_frame_mask``): the
+        transformer's calls are text-to-video's."""
+        if not spec.image_sizes:
+            return []
+        if not self.takes_images(entry):
+            raise DiffmeterError(
+                f"{entry.name} generates from text alone (Wan's image-to-video models are checkpoints of their own, "
+                "with an image encoder or extra input channels): drop --image-size"
+            )
+        if len(spec.image_sizes) > 1:
+            raise DiffmeterError(f"{entry.name} animates one image (the first frame): pass one --image-size")
+        given = spec.image_sizes[0]
+        notes.append(
+            f"image-to-video: WanImageToVideoPipeline runs {entry.name} on the {size_text(given)} image resized to the "
+            f"video's {spec.width}x{spec.height}, VAE-encoded once per output (bench gives one generator per "
+            "output) as the first latent frame; the transformer's calls are those of text-to-video"
+        )
+        return [(spec.height, spec.width)]
+
+    def takes_images(self, entry) -> bool:
+        return bool(_init(entry, "expand_timesteps"))
+
+    def image_calls(self, shapes: Shapes) -> list[Call]:
+        return vae_encode_calls(self, shapes, per_output=True, video=True)
+
+    def image_arguments(self, images: list[list]) -> dict:
+        """One image for the whole call (the pipeline encodes it once per generator)."""
+        return {"image": images[0][0]}
+
+    def conditioned_pipeline(self, pipe):
+        """The loaded WanPipeline as WanImageToVideoPipeline, sharing its components and ``expand_timesteps``."""
+        from diffusers import WanImageToVideoPipeline
+
+        made = WanImageToVideoPipeline.from_pipe(pipe)
+        made.set_progress_bar_config(**getattr(pipe, "_progress_bar_config", {}))  # from_pipe starts a fresh one
+        return made
 
     def guidance_arguments(self, entry, guidance_scale: float) -> dict:
         """Wan 2.2 A14B's model card guides the low-noise expert with its own ``guidance_scale_2``;

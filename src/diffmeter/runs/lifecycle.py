@@ -152,6 +152,8 @@ class MeasuredRun:
             run.entry, run.source, device, spec.dtype, spec.seed, self.target.held, spec.component_dtypes
         )
         family = run.target.family
+        if spec.image_sizes:
+            self.pipe = family.conditioned_pipeline(self.pipe)
         targets = tuple(spec.lora_targets) or family.lora_targets(run.entry)
         attach_lora(self.pipe, family.denoiser, targets, spec.lora_rank, spec.lora, spec.fuse_lora)
         self.base["component_dtypes"] = loaded_dtypes(self.pipe)
