@@ -3,18 +3,11 @@ on the tiny pipeline under the counter, equal to the offline profile per compone
 
 import pytest
 import torch
-from tiny_runs import TINY, tiny_call, token_settings
+from tiny_runs import TINY, macs_by_name, tiny_call, token_settings
 
 from diffmeter import profile
 from diffmeter.errors import DiffmeterError
 from diffmeter.flops.counter import count_flops
-
-
-def by_name(result) -> dict[str, int]:
-    macs: dict[str, int] = {}
-    for component in result.components:
-        macs[component.name] = macs.get(component.name, 0) + component.macs
-    return macs
 
 
 @pytest.mark.parametrize(("batch", "guidance"), [(1, None), (2, 1.0)])
@@ -34,13 +27,13 @@ def test_image_to_video_is_counted_exactly(batch, guidance):
         call()
     real = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in entry.components}
     offline = profile("tiny-wan22-5b", **{**settings, **token_settings(entry, pipe)})
-    assert by_name(offline) == real
+    assert macs_by_name(offline) == real
     height, width = entry.defaults.height, entry.defaults.width
     assert encoded == [(1, 3, 1, height, width)] * batch  # resized to the video, once per generator
     text_only = profile("tiny-wan22-5b", **{k: v for k, v in settings.items() if k != "image_sizes"})
     plain = {c.name: c.macs for c in text_only.components}
-    assert by_name(offline)["transformer"] == plain["transformer"]  # the transformer's calls are text-to-video's
-    assert by_name(offline)["vae"] > plain["vae"]
+    assert macs_by_name(offline)["transformer"] == plain["transformer"]  # the transformer's calls are text-to-video's
+    assert macs_by_name(offline)["vae"] > plain["vae"]
 
 
 def test_text_only_wan_checkpoints_refuse_an_image():

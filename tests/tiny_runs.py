@@ -82,3 +82,31 @@ def run_tiny(
         call()
     macs = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in entry.components}
     return pipe, macs, {**settings, **token_settings(entry, pipe)}
+
+
+def macs_by_name(result) -> dict[str, int]:
+    """A profile's MACs per component name, over its roles (a VAE that encodes an input image and decodes the
+    output is two rows of one component), as the counter attributes a real run's."""
+    macs: dict[str, int] = {}
+    for component in result.components:
+        macs[component.name] = macs.get(component.name, 0) + component.macs
+    return macs
+
+
+class _Encoded(Exception):
+    pass
+
+
+def encoded_size(pipe, **call) -> tuple[int, int]:
+    """Call ``pipe`` and stop it where its VAE encodes the input image: that image's (height, width), as the
+    pipeline resized it (the run stops there: a real-size image is too big for a tiny transformer)."""
+
+    def stop(x, *args, **kwargs):
+        raise _Encoded(tuple(x.shape[-2:]))
+
+    pipe.vae.encode = stop
+    try:
+        pipe(**call)
+    except _Encoded as caught:
+        return caught.args[0]
+    raise AssertionError("the pipeline never encoded an image")

@@ -10,7 +10,7 @@ import torch
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import lora
 from diffmeter.families.base import Call, Family, Shapes, register, timesteps
-from diffmeter.families.images import ImageConditioned, size_text, vae_encode_calls
+from diffmeter.families.images import ImageConditioned, note_tokens, packed_tokens, size_text, vae_encode_calls
 
 #: FluxKontextPipeline.__call__'s max_area default
 KONTEXT_MAX_AREA = 1024**2
@@ -139,24 +139,14 @@ class FluxKontext(ImageConditioned, Flux):
     def image_calls(self, shapes: Shapes) -> list[Call]:
         return vae_encode_calls(self, shapes)
 
-    def image_tokens(self, shapes: Shapes) -> int:
-        """Packed (2x2) latent tokens of the input image, concatenated after the noisy latents' every call."""
-        scale = self.vae_scale(shapes.entry) * 2
-        return sum((height // scale) * (width // scale) for height, width in shapes.images)
-
     def shapes(self, entry, spec) -> Shapes:
         shapes = super().shapes(entry, spec)
-        if shapes.images:
-            tokens = (shapes.latent_height // 2) * (shapes.latent_width // 2)
-            shapes.note(
-                f"editing: {self.image_tokens(shapes)} input-image tokens beside the {tokens} noisy-latent tokens in "
-                "every transformer call (attention grows with the square of their sum)"
-            )
+        note_tokens(self, shapes, "editing, the input image", "attention grows with the square of their sum")
         return shapes
 
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         inputs = super().denoiser_inputs(shapes, batch, device)
-        extra = self.image_tokens(shapes)
+        extra = packed_tokens(self, shapes)
         if extra:
             hidden = inputs["hidden_states"]
             inputs["hidden_states"] = torch.zeros(batch, hidden.shape[1] + extra, hidden.shape[2])

@@ -18,7 +18,7 @@ import torch
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import lora
 from diffmeter.families.base import Call, Family, Shapes, register, timesteps
-from diffmeter.families.images import ImageConditioned, size_text, vae_encode_calls
+from diffmeter.families.images import ImageConditioned, note_tokens, packed_tokens, size_text, vae_encode_calls
 
 #: Flux2ImageProcessor.check_image_input's limits, and the area Flux2Pipeline.__call__ shrinks a larger reference to
 MIN_SIDE, MAX_ASPECT, MAX_AREA = 64, 8, 1024 * 1024
@@ -84,24 +84,14 @@ class _Flux2Base(ImageConditioned, Family):
         """The references go in once, a list shared by every prompt of the call: the first output's."""
         return {"image": images[0]}
 
-    def reference_tokens(self, shapes: Shapes) -> int:
-        """Packed (2x2-patchified) latent tokens of every reference, after the noisy latents in each call."""
-        scale = self.pixel_multiple(shapes.entry)
-        return sum((height // scale) * (width // scale) for height, width in shapes.images)
-
     def shapes(self, entry, spec) -> Shapes:
         shapes = super().shapes(entry, spec)
-        if shapes.images:
-            tokens = (shapes.latent_height // 2) * (shapes.latent_width // 2)
-            shapes.note(
-                f"reference images: {self.reference_tokens(shapes)} tokens beside the {tokens} noisy-latent tokens "
-                "in every transformer call, each image VAE-encoded once per call (shared by the batch)"
-            )
+        note_tokens(self, shapes, "reference images", "each image VAE-encoded once per call, shared by the batch")
         return shapes
 
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)
-        image_tokens = (shapes.latent_height // 2) * (shapes.latent_width // 2) + self.reference_tokens(shapes)
+        image_tokens = (shapes.latent_height // 2) * (shapes.latent_width // 2) + packed_tokens(self, shapes)
         text_tokens = shapes.text_tokens["text_encoder"]
         return {
             "hidden_states": torch.zeros(batch, image_tokens, config["in_channels"]),

@@ -35,6 +35,23 @@ def vae_encode_calls(family: Family, shapes: Shapes, per_output: bool = True, vi
     return calls
 
 
+def packed_tokens(family: Family, shapes: Shapes) -> int:
+    """The input images' latent tokens, packed as the noisy latents are (VAE scale x patch pixels a side)."""
+    side = family.pixel_multiple(shapes.entry)
+    return sum((height // side) * (width // side) for height, width in shapes.images)
+
+
+def note_tokens(family: Family, shapes: Shapes, what: str, detail: str) -> None:
+    """Say how many tokens the images add beside the noisy latents' in every denoiser call."""
+    if shapes.images:
+        patch = family.patch(shapes.entry)
+        noisy = (shapes.latent_height // patch) * (shapes.latent_width // patch)
+        shapes.note(
+            f"{what}: {packed_tokens(family, shapes)} tokens beside the {noisy} noisy-latent tokens in every "
+            f"transformer call ({detail})"
+        )
+
+
 def size_text(size: tuple[int, int]) -> str:
     """(height, width) as the WxH users type."""
     return f"{size[1]}x{size[0]}"
