@@ -63,7 +63,7 @@ def bench(
         list[str] | None,
         typer.Option(
             metavar="PATH",
-            help="an input image file, repeatable in the pipeline's order (default: seeded noise at --image-size)",
+            help="an input image file, repeatable (default: seeded noise)",
             rich_help_panel=o.GENERATION,
             show_default=False,
         ),

@@ -62,8 +62,7 @@ ImageSize = Annotated[
     typer.Option(
         "--image-size",
         metavar="WxH",
-        help="an input image's size (an edit's source, a reference), repeatable in the pipeline's order; "
-        "the pipeline's own resize applies",
+        help="an input image's size; repeatable, in the pipeline's order",
         rich_help_panel=GENERATION,
         show_default=False,
     ),
@@ -72,16 +71,15 @@ LoraRank = Annotated[
     int | None,
     typer.Option(
         metavar="R",
-        help="a LoRA of rank R on the denoiser, unfused (the layers diffusers' trainer adapts; --lora-targets to name "
-        "others)",
+        help="a LoRA of rank R on the denoiser (diffusers' trainer targets)",
         rich_help_panel=GENERATION,
     ),
 ]
 LoraTargets = Annotated[
     str | None,
     typer.Option(
-        metavar="NAME[,NAME...]",
-        help="the layers --lora-rank adapts, as peft's target_modules (attn.to_q,attn.to_k)",
+        metavar="A,B",
+        help="the layers --lora-rank adapts (peft's target_modules)",
         rich_help_panel=GENERATION,
     ),
 ]
@@ -90,15 +88,13 @@ LoraFile = Annotated[
     typer.Option(
         "--lora",
         metavar="PATH",
-        help="a LoRA in diffusers' format (folder or .safetensors): its layers and ranks, read from the header",
+        help="a LoRA in diffusers' format: its file or folder",
         rich_help_panel=GENERATION,
     ),
 ]
 FuseLora = Annotated[
     bool,
-    typer.Option(
-        "--fuse-lora", help="the LoRA fused into the weights (fuse_lora): no extra compute", rich_help_panel=GENERATION
-    ),
+    typer.Option("--fuse-lora", help="the LoRA fused into the weights (fuse_lora)", rich_help_panel=GENERATION),
 ]
 NumFrames = Annotated[
     int | None, typer.Option(help="video models: frames per video (default: the model's)", rich_help_panel=GENERATION)
