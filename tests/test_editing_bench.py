@@ -74,3 +74,15 @@ def test_wan_animates_an_image_with_its_image_to_video_pipeline(tmp_path):
     encode = next(c for c in result.profile.components if c.role == "image_encoder")
     assert (encode.calls, encode.batch_per_call) == (2, 1)
     assert result.profile.input_images == [(64, 64)]  # resized to the video's size
+
+
+def test_a_sweep_takes_image_sizes_as_an_axis(cli, tmp_path):
+    """A sweep file writes input sizes as the command line does ("40x24"); each cell is planned with its own."""
+    study = tmp_path / "edits.yaml"
+    study.write_text("name: edits\naxes:\n  image_sizes: [['40x24'], ['32x32']]\nfixed:\n  model: tiny-flux-kontext\n")
+    code, out, err = cli("sweep", study, "--out", tmp_path / "out", "--dry-run", "--json")
+    assert code == 0, err
+    cells = json.loads(out)
+    assert [cell["values"]["image_sizes"] for cell in cells] == [["40x24"], ["32x32"]]
+    assert ["image-40x24" in cells[0]["folder"], "image-32x32" in cells[1]["folder"]] == [True, True]
+    assert cells[0]["tflops_per_call"] != cells[1]["tflops_per_call"]  # the images' tokens differ

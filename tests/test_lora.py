@@ -42,15 +42,15 @@ def adapted(name: str, rank: int, targets=None):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_an_unfused_lora_counts_what_peft_runs_and_a_fused_one_the_base(name):
-    entry, pipe, call, settings = adapted(name, 8)
-    assert counted(entry, pipe, call) == {c.name: c.macs for c in profile(name, lora_rank=8, **settings).components}
+    entry, pipe, call, settings = adapted(name, 16)
+    assert counted(entry, pipe, call) == {c.name: c.macs for c in profile(name, lora_rank=16, **settings).components}
     base = {c.name: c.macs for c in profile(name, **settings).components}
     denoiser = get_family(entry.family).denoiser
     pipe.fuse_lora(components=[denoiser])
     assert counted(entry, pipe, call) == base
-    fused = profile(name, lora_rank=8, fuse_lora=True, **settings)
+    fused = profile(name, lora_rank=16, fuse_lora=True, **settings)
     assert {c.name: c.macs for c in fused.components} == base
-    unfused = {c.name: c.macs for c in profile(name, lora_rank=8, **settings).components}
+    unfused = {c.name: c.macs for c in profile(name, lora_rank=16, **settings).components}
     assert unfused[denoiser] > base[denoiser]
     assert {k: v for k, v in unfused.items() if k != denoiser} == {k: v for k, v in base.items() if k != denoiser}
 
