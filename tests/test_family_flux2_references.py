@@ -100,3 +100,11 @@ def test_a_real_flux2_reference_adds_its_tokens():
     per_call = {c.role: c.macs_per_call for c in edit.components}
     assert per_call["denoiser"] == next(c.macs_per_call for c in wide.components if c.role == "denoiser")
     assert any("4096 tokens beside the 4096 noisy-latent tokens" in note for note in edit.notes)
+
+
+def test_the_note_names_the_reference_that_sets_the_size():
+    """Called without a size, Flux2Pipeline takes the first reference's (``height = height or image_height`` keeps
+    the first): the note says so, and diffmeter keeps the size asked."""
+    found = profile("tiny-flux2", image_sizes=[(64, 80), (96, 64)], steps=1)
+    assert (found.height, found.width) == (32, 32)
+    assert any("first reference image's 80x64" in note for note in found.notes)

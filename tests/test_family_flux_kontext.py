@@ -149,7 +149,7 @@ def test_an_edit_is_counted_exactly(image, batch, arguments):
     assert offline.params == text_only.params  # the VAE's weights are counted once
 
 
-@pytest.mark.parametrize("size", [(1000, 700), (500, 2000), (1024, 1024), (768, 1360)])
+@pytest.mark.parametrize("size", [(1000, 700), (500, 2000), (1024, 1024), (768, 1360), (540, 500)])
 def test_the_preferred_kontext_resolution_is_the_pipelines(size):
     """``_auto_resize`` (the pipeline's default): the real pipeline's choice of input size, read where it
     encodes, equals the family's (the run stops there: a 1024-pixel image is too big for the tiny transformer)."""
@@ -184,6 +184,8 @@ def test_image_sizes_the_pipeline_cannot_take_are_refused():
         profile("tiny-flux-kontext", image_sizes=[(32, 32), (32, 32)])
     with pytest.raises(DiffmeterError, match="multiple of 4"):
         profile("tiny-flux-kontext", image_sizes=[(2, 32)])
+    with pytest.raises(DiffmeterError, match="multiple of 16"):  # the pipeline would divide by the zero side
+        profile("flux1-kontext-dev", image_sizes=[(8, 16)])
     with pytest.raises(DiffmeterError, match="takes no input image"):
         profile("tiny-flux", image_sizes=[(32, 32)])
     with pytest.raises(DiffmeterError, match="WIDTHxHEIGHT"):

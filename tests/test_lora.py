@@ -106,6 +106,15 @@ def test_the_adapter_weights_are_resident_in_the_memory_prediction():
     assert step.resident_param_bytes - plain.resident_param_bytes == added
 
 
+def test_only_the_main_denoiser_is_adapted():
+    """diffusers loads a LoRA into ``transformer`` alone (Wan 2.2's low-noise expert only when asked), so the count
+    and the memory adapt it alone."""
+    plain = {c.name: c.macs for c in profile("tiny-wan22", steps=2).components}
+    adapted_count = {c.name: c.macs for c in profile("tiny-wan22", steps=2, lora_rank=4).components}
+    assert adapted_count["transformer"] > plain["transformer"]
+    assert adapted_count["transformer_2"] == plain["transformer_2"]
+
+
 def test_refusals():
     with pytest.raises(DiffmeterError, match="--lora-rank must be a positive integer"):
         profile("tiny-flux", lora_rank=0)
@@ -113,3 +122,7 @@ def test_refusals():
         profile("tiny-flux", fuse_lora=True)
     with pytest.raises(DiffmeterError, match="adapts no linear layer"):
         profile("tiny-flux", lora_rank=4, lora_targets=("no_such_layer",))
+    with pytest.raises(DiffmeterError, match="has no LoRA adapters in diffusers"):
+        profile("tiny-pixart", lora_rank=4)
+    with pytest.raises(DiffmeterError, match="counts only when linear: .*conv1 \\(Conv2d\\)"):
+        profile("tiny-sd", lora_rank=4, lora_targets=("to_q", "conv1"))

@@ -267,7 +267,7 @@ class Family:
         adapter = lora.targets_of(self, shapes.entry, shapes.spec)
         if adapter:
             shapes.note(lora.described(adapter, shapes.spec))
-        return lora.with_lora(calls, adapter, shapes.spec.fuse_lora)
+        return lora.with_lora(calls, adapter, shapes.spec.fuse_lora, self.denoiser)
 
     def lora_targets(self, entry: PipelineEntry) -> tuple[str, ...]:
         """The denoiser layers a LoRA adapts by default (``families.lora``): diffusers' trainer's for the family."""

@@ -103,9 +103,9 @@ class FluxKontext(ImageConditioned, Flux):
         )
 
     def input_images(self, entry, spec, notes) -> list[tuple[int, int]]:
-        """FluxKontextPipeline.__call__ (diffusers 0.42.1, "3. Preprocess image"): the image's aspect ratio picks
-        the nearest of PREFERRED_KONTEXT_RESOLUTIONS (unless called with ``_auto_resize=False``), then each side is
-        floored to a multiple of vae_scale_factor * 2; the output keeps its own size (1024x1024 by default)."""
+        """FluxKontextPipeline.__call__ (diffusers 0.42.1, "3. Preprocess image"): the image floored to multiples of
+        vae_scale_factor * 2, its aspect ratio picks the nearest of PREFERRED_KONTEXT_RESOLUTIONS (unless called with
+        ``_auto_resize=False``), each side floored again; the output keeps its own size (1024x1024 by default)."""
         if len(spec.image_sizes) > self.max_images:
             raise DiffmeterError(
                 f"{entry.pipeline_class} edits one input image; got {len(spec.image_sizes)} --image-size: pass one"
@@ -116,18 +116,20 @@ class FluxKontext(ImageConditioned, Flux):
                 "the image VAE-encoded once per output, its packed tokens added to every transformer call"
             )
             return []
-        height, width = spec.image_sizes[0]
         step = self.size_multiple(entry)
+        # image_processor.get_default_height_width floors the image to its vae_scale_factor (vae_scale_factor * 2
+        # here) before the aspect ratio is taken; a side under it leaves a zero the pipeline divides by
+        height, width = (side - side % step for side in spec.image_sizes[0])
+        if 0 in (height, width):
+            raise DiffmeterError(
+                f"--image-size {size_text(spec.image_sizes[0])}: {entry.pipeline_class} floors each side of the input "
+                f"image to a multiple of {step} pixels, leaving nothing; use at least {step}x{step}"
+            )
         if entry.extra.get("runtime", {}).get("call", {}).get("_auto_resize", True):
             from diffusers.pipelines.flux.pipeline_flux_kontext import PREFERRED_KONTEXT_RESOLUTIONS
 
             _, width, height = min((abs(width / height - w / h), w, h) for w, h in PREFERRED_KONTEXT_RESOLUTIONS)
         made = (height // step * step, width // step * step)
-        if 0 in made:
-            raise DiffmeterError(
-                f"--image-size {size_text(spec.image_sizes[0])}: {entry.pipeline_class} floors each side of the input "
-                f"image to a multiple of {step} pixels, leaving nothing; use at least {step}x{step}"
-            )
         if made != spec.image_sizes[0]:
             notes.append(
                 f"{entry.pipeline_class} resizes the {size_text(spec.image_sizes[0])} (WxH) input image to "

@@ -26,7 +26,8 @@ MIN_SIDE, MAX_ASPECT, MAX_AREA = 64, 8, 1024 * 1024
 
 class _Flux2Base(ImageConditioned, Family):
     flow_matching = True
-    #: reference images (``image``, a list shared by every prompt of the call): the pipeline sets no limit
+    #: reference images (``image``, a list shared by every prompt of the call): the pipeline sets no limit; more
+    #: than this is refused as a likely mistake
     max_images = 64
     #: Flux2Pipeline / Flux2KleinPipeline warn and floor sides to multiples of vae_scale_factor * 2
     size_rounding = "down"
@@ -51,6 +52,10 @@ class _Flux2Base(ImageConditioned, Family):
         checked (Flux2ImageProcessor.check_image_input: sides of at least 64 px, aspect ratio at most 8), shrunk to
         1024 * 1024 pixels when larger (``_resize_to_target_area``: int() of each side times the square root of the
         area ratio), its sides floored to multiples of vae_scale_factor * 2, and centre-cropped there."""
+        if len(spec.image_sizes) > self.max_images:
+            raise DiffmeterError(
+                f"{len(spec.image_sizes)} reference images: diffmeter counts at most {self.max_images}; pass fewer"
+            )
         step, made = self.size_multiple(entry), []
         for height, width in spec.image_sizes:
             if min(height, width) < MIN_SIDE or max(width / height, height / width) > MAX_ASPECT:
@@ -69,10 +74,10 @@ class _Flux2Base(ImageConditioned, Family):
                 f"(WxH) to {', '.join(map(size_text, made))}: at most {MAX_AREA} pixels, sides floored to a multiple "
                 f"of {step}"
             )
-        if made and made[-1] != (spec.height, spec.width):
+        if made and made[0] != (spec.height, spec.width):
             notes.append(
-                f"called without a size, {entry.pipeline_class} generates at its last reference image's "
-                f"{size_text(made[-1])}; diffmeter counts (and bench generates at) {spec.width}x{spec.height}, "
+                f"called without a size, {entry.pipeline_class} generates at its first reference image's "
+                f"{size_text(made[0])}; diffmeter counts (and bench generates at) {spec.width}x{spec.height}, "
                 "the size asked or the model's default: --height/--width set it"
             )
         return made

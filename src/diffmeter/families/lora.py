@@ -53,13 +53,38 @@ def flux2(single_blocks: int) -> tuple[str, ...]:
 
 def targets_of(family, entry, spec) -> tuple[tuple[str, int], ...]:
     """The (target, rank) pairs the spec's LoRA adapts on the denoiser: a LoRA file's own layers, else
-    ``--lora-targets`` or the family's trainer default, each at ``--lora-rank``; none without a LoRA."""
+    ``--lora-targets`` or the family's trainer default, each at ``--lora-rank``; none without a LoRA. Refused
+    where diffusers cannot run it: a denoiser without peft's adapters, a pipeline without LoRA loading or fusing."""
     if spec.lora_layers:
-        return spec.lora_layers
-    if spec.lora_rank is None:
+        targets = spec.lora_layers
+    elif spec.lora_rank is not None:
+        targets = tuple((target, spec.lora_rank) for target in spec.lora_targets or family.lora_targets(entry))
+    else:
         return ()
-    targets = spec.lora_targets or family.lora_targets(entry)
-    return tuple((target, spec.lora_rank) for target in targets)
+    _check_runnable(family, entry, spec)
+    return targets
+
+
+def _check_runnable(family, entry, spec) -> None:
+    """A LoRA bench can run through diffusers: ``add_adapter`` (PeftAdapterMixin) on the denoiser's class, and the
+    pipeline's ``load_lora_weights`` for a file and ``fuse_lora`` to fuse."""
+    import diffusers
+
+    from diffmeter.pipelines import component_class
+
+    denoiser = entry.components[family.denoiser].class_name
+    pipeline = getattr(diffusers, entry.pipeline_class, None)
+    missing = [
+        f"{denoiser} has no LoRA adapters in diffusers (no add_adapter)"
+        if not hasattr(component_class(denoiser), "add_adapter")
+        else None,
+        f"{entry.pipeline_class} loads no LoRA file"
+        if spec.lora_layers and not hasattr(pipeline, "load_lora_weights")
+        else None,
+        f"{entry.pipeline_class} cannot fuse a LoRA" if spec.fuse_lora and not hasattr(pipeline, "fuse_lora") else None,
+    ]
+    if any(missing):
+        raise DiffmeterError(f"{entry.name}: {'; '.join(m for m in missing if m)}: drop the LoRA options")
 
 
 def described(targets: tuple[tuple[str, int], ...], spec) -> str:
@@ -88,14 +113,22 @@ def matches(path: str, target: str) -> bool:
 
 def adapted_layers(module: torch.nn.Module, targets: tuple[tuple[str, int], ...]) -> dict[str, tuple[int, int, int]]:
     """Each adapted linear layer's path -> (rank, in features, out features); the first target it matches sets its
-    rank (a LoRA file names every layer itself)."""
-    found = {}
+    rank (a LoRA file names every layer itself). A target naming another kind of layer (a convolution, which peft
+    also adapts, or a container peft refuses) is refused: its cost is not modelled."""
+    found, other = {}, []
     for path, layer in module.named_modules():
-        if not isinstance(layer, torch.nn.Linear):
-            continue
         rank = next((rank for target, rank in targets if matches(path, target)), None)
-        if rank is not None:
+        if rank is None:
+            continue
+        if isinstance(layer, torch.nn.Linear):
             found[path] = (rank, layer.in_features, layer.out_features)
+        else:
+            other.append(f"{path} ({type(layer).__name__})")
+    if other:
+        raise DiffmeterError(
+            f"the LoRA adapts {len(other)} layer{'s' if len(other) > 1 else ''} diffmeter counts only when linear: "
+            f"{', '.join(other[:3])}{', ...' if len(other) > 3 else ''}; name linear layers with --lora-targets"
+        )
     return found
 
 
@@ -131,8 +164,10 @@ def _like(weight: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
         return torch.empty(shape, dtype=weight.dtype, device=weight.device)
 
 
-def with_lora(calls: list, targets: tuple[tuple[str, int], ...], fused: bool) -> list:
-    """The denoiser calls of a plan with the adapter's matmuls added (unfused); a fused LoRA changes no call."""
+def with_lora(calls: list, targets: tuple[tuple[str, int], ...], fused: bool, denoiser: str) -> list:
+    """The ``denoiser``'s calls of a plan with the adapter's matmuls added (unfused); a fused LoRA changes no call.
+    Only the family's main denoiser: diffusers loads a LoRA into ``transformer`` alone (Wan 2.2's ``transformer_2``
+    only with ``load_into_transformer_2=True``, WanLoraLoaderMixin.load_lora_weights, diffusers 0.42.1)."""
     if not targets or fused:
         return calls
     ranks = sorted({rank for _, rank in targets})
@@ -150,7 +185,7 @@ def with_lora(calls: list, targets: tuple[tuple[str, int], ...], fused: bool) ->
     prepare.key = ("lora", targets)  # told apart from other adapters by the counter's memo (flops.profile)
     adapted = []
     for call in calls:
-        if call.role != DENOISER:
+        if call.role != DENOISER or call.component != denoiser:
             adapted.append(call)
             continue
         note = f"{call.note}; {label}" if call.note else label

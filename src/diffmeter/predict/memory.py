@@ -278,8 +278,10 @@ def predict_tracked(
     modules = {name: fake_copy(module) for name, module in metas.items()}
     params = {name: param_bytes(module) for name, module in modules.items()}
     adapter = lora.targets_of(family, entry, spec)  # a LoRA's weights, beside the denoisers' own, fused or not
-    for name in [name for name in family.denoisers(entry) if name in params] if adapter else ():
-        params[name] += lora.adapter_params(metas[name], adapter) * dtype_of[name].itemsize
+    if adapter:  # on the main denoiser alone, as diffusers loads it (families.lora.with_lora)
+        params[family.denoiser] += (
+            lora.adapter_params(metas[family.denoiser], adapter) * dtype_of[family.denoiser].itemsize
+        )
     resident = sum(params.values())
     calls: list[StageMemory] = []
     decoded: dict[str, int | None] = {}
