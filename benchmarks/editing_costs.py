@@ -47,6 +47,11 @@ def row(spec: ProfileSpec, gpu) -> dict:
     }
 
 
+def token_count(found) -> int:
+    """The input images' packed tokens: 16 pixels a side (the FLUX VAEs' 8x times the 2x2 packing)."""
+    return sum((h // 16) * (w // 16) for h, w in found.input_images)
+
+
 def peaks(found: dict) -> str:
     stages = found["stage_peaks"]
     encoding = units.nbytes(stages["image encoding"]) if "image encoding" in stages else "-"
@@ -109,10 +114,11 @@ def main() -> int:
         ]
         for found in rows:
             p, time = found["profile"], found["time"]
-            tokens = sum((h // 16) * (w // 16) for h, w in p.input_images)
+            # a video's image replaces its first latent frame: no token of its own
+            tokens = "- (first frame)" if p.num_frames and p.input_images else f"{token_count(p):,}"
             expected = f"{time.expected_s[0]:.1f} to {time.expected_s[1]:.1f} s" if time.expected_s else "-"
             lines.append(
-                f"| {size_cell(p)} | {tokens:,} | {units.macs(p.denoiser_macs_per_step)} | "
+                f"| {size_cell(p)} | {tokens} | {units.macs(p.denoiser_macs_per_step)} | "
                 f"{units.macs(found['encode']) if found['encode'] else '-'} | {units.macs(p.total_macs)} | "
                 f"{p.total_macs / plain.total_macs:.2f}x | {peaks(found)} | {expected} |"
             )
@@ -146,7 +152,7 @@ def exactness(entry, rows) -> list[str]:
     text = entry.text_max_length["text_encoder_2"]
     plain, edit = rows[0]["profile"], rows[2]["profile"]
     latent = (plain.height // 16) * (plain.width // 16)
-    image = sum((h // 16) * (w // 16) for h, w in edit.input_images)
+    image = token_count(edit)
     closed_plain = FORMULAS["flux"](config, latent, text)
     closed_edit = FORMULAS["flux"](config, latent + image, text)
     counted_plain = plain.denoiser_macs_per_step

@@ -86,3 +86,15 @@ def test_a_sweep_takes_image_sizes_as_an_axis(cli, tmp_path):
     assert [cell["values"]["image_sizes"] for cell in cells] == [["40x24"], ["32x32"]]
     assert ["image-40x24" in cells[0]["folder"], "image-32x32" in cells[1]["folder"]] == [True, True]
     assert cells[0]["tflops_per_call"] != cells[1]["tflops_per_call"]  # the images' tokens differ
+
+
+def test_a_prediction_with_an_image_shows_the_editing_check():
+    """The memory check of a family editing an image is its own (benchmarks/memory_prediction_families_cpu.py
+    checks it apart): a prediction with images shows that one, one without the text-to-image one."""
+    from diffmeter.predict.memory import predict_memory
+    from diffmeter.spec import ProfileSpec
+
+    plain = predict_memory(ProfileSpec(model="tiny-wan22-5b"), on_cuda=False, vae_modes=())
+    edit = predict_memory(ProfileSpec(model="tiny-wan22-5b", image_sizes=((64, 64),)), on_cuda=False, vae_modes=())
+    assert "editing an image" not in plain.checked and "wan" in plain.checked
+    assert "editing an image" in edit.checked

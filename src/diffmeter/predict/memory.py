@@ -294,14 +294,15 @@ def predict_tracked(
         # the text embeddings stay live to the end of the call (the prompt's while the negative prompt is
         # encoded, both through denoising and decoding), beside the copies a call's inputs make of them
         # (a denoiser called at the prompt batch gets the prompt's embeddings themselves, not a copy); so do
-        # the input images' latents, every output's, from their encoding on
+        # the input images, preprocessed, and their latents, every output's, from their encoding on (the pipelines
+        # keep the preprocessed image in a local of __call__ to its end)
         if call.role == TEXT_ENCODER:
             earlier = text_outputs + memory.output_bytes * (call.count - 1)
             text_outputs = earlier + memory.output_bytes
             one_prompt += memory.output_bytes
         elif call.role == IMAGE_ENCODER:
             earlier = text_outputs + image_outputs + memory.output_bytes * (call.count - 1)
-            image_outputs += memory.output_bytes * call.count
+            image_outputs += memory.input_bytes + memory.output_bytes * call.count
         elif call.role == DENOISER and call.batch == spec.batch_size:
             earlier = text_outputs - one_prompt + image_outputs
         else:
@@ -349,7 +350,7 @@ def predict_tracked(
         fp8_storage_bytes={name: fp8_storage_bytes(entry.components[name], dtype_of[name]) for name in encoders},
         vae_activation_bytes=decoded,
         decoder=family.decoder,
-        checked=memory_check(entry.family),
+        checked=memory_check(entry.family, editing=bool(spec.image_sizes)),
     )
 
 

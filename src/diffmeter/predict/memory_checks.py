@@ -17,16 +17,19 @@ RESULTS = "benchmarks/results/memory_prediction_families_cpu.md"
 
 @cache
 def _checks() -> dict:
-    return json.loads(CHECKS_PATH.read_text())["families"] if CHECKS_PATH.exists() else {}
+    return json.loads(CHECKS_PATH.read_text()) if CHECKS_PATH.exists() else {}
 
 
-def memory_check(family: str) -> str:
-    """One line: how this family's memory prediction compares with its tiny pipeline's real CPU run."""
-    found = _checks().get(family)
+def memory_check(family: str, editing: bool = False) -> str:
+    """One line: how this family's memory prediction compares with its tiny pipeline's real CPU run (``editing``:
+    the run with an input image, checked apart)."""
+    found = _checks().get("editing" if editing else "families", {}).get(family)
+    what = f"{family} editing an image" if editing else family
     if found is None:
-        return f"{family}: not checked against a real run"
+        return f"{what}: not checked against a real run"
     if found["within_tolerance"]:
-        return f"checked: the tiny {family} pipeline's real CPU run, every stage within {100 * TOLERANCE:g}%"
+        run = "real CPU run editing an image" if editing else "real CPU run"
+        return f"checked: the tiny {family} pipeline's {run}, every stage within {100 * TOLERANCE:g}%"
     stage, error, model = found["worst"]
     return (
         f"NOT within {100 * TOLERANCE:g}% of a real run: {model}'s real CPU run differs by {error:+.1f}% at "
