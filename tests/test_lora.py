@@ -126,3 +126,19 @@ def test_refusals():
         profile("tiny-pixart", lora_rank=4)
     with pytest.raises(DiffmeterError, match="counts only when linear: .*conv1 \\(Conv2d\\)"):
         profile("tiny-sd", lora_rank=4, lora_targets=("to_q", "conv1"))
+
+
+def test_a_dora_file_is_refused(tmp_path):
+    """DoRA's magnitude vectors add work per call (peft's lora_variant.forward) that the count leaves out."""
+    from safetensors.torch import save_file
+
+    save_file(
+        {
+            "transformer.x.lora_A.weight": torch.zeros(4, 8),
+            "transformer.x.lora_B.weight": torch.zeros(8, 4),
+            "transformer.x.lora_magnitude_vector": torch.zeros(8),
+        },
+        str(tmp_path / "pytorch_lora_weights.safetensors"),
+    )
+    with pytest.raises(DiffmeterError, match="a DoRA"):
+        lora_layers(tmp_path, "transformer")

@@ -25,9 +25,15 @@ def lora_layers(path: str | Path, denoiser: str) -> tuple[tuple[tuple[str, int],
         raise DiffmeterError(f"--lora {path}: no such file (a diffusers LoRA folder or its .safetensors file)")
     try:
         with safe_open(str(path), "pt") as opened:
-            shapes = {key: opened.get_slice(key).get_shape() for key in opened.keys() if key.endswith(DOWN)}
+            keys = list(opened.keys())
+            shapes = {key: opened.get_slice(key).get_shape() for key in keys if key.endswith(DOWN)}
     except (SafetensorError, OSError) as error:
         raise DiffmeterError(f"--lora {path}: not a safetensors file ({error})") from None
+    if any("lora_magnitude_vector" in key for key in keys):
+        raise DiffmeterError(
+            f"--lora {path}: a DoRA (lora_magnitude_vector), whose extra per-call work diffmeter does not count; "
+            "pass --lora-rank R for its plain LoRA part"
+        )
     layers, elsewhere = {}, set()
     for key, shape in shapes.items():
         component, _, layer = key[: -len(DOWN)].partition(".")
