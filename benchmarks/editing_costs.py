@@ -18,7 +18,7 @@ from diffmeter.families import get_family
 from diffmeter.families.images import ImageConditioned
 from diffmeter.flops.analytic import FORMULAS
 from diffmeter.flops.profile import profile_spec
-from diffmeter.predict.devices import named_gpu
+from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, named_gpu
 from diffmeter.predict.operators import predict_memory_and_work
 from diffmeter.predict.roofline import predict_time
 from diffmeter.quiet import quiet_libraries
@@ -117,6 +117,9 @@ def main() -> int:
             # a video's image replaces its first latent frame: no token of its own
             tokens = "- (first frame)" if p.num_frames and p.input_images else f"{token_count(p):,}"
             expected = f"{time.expected_s[0]:.1f} to {time.expected_s[1]:.1f} s" if time.expected_s else "-"
+            usable = gpu.memory_bytes - CUDA_HOLDBACK_BYTES
+            if found["peak"] > usable:  # the time of a run that cannot start as it is would mislead
+                expected = f"does not fit ({units.nbytes(usable)} usable): `diffmeter fit` names the settings that do"
             lines.append(
                 f"| {size_cell(p)} | {tokens} | {units.macs(p.denoiser_macs_per_step)} | "
                 f"{units.macs(found['encode']) if found['encode'] else '-'} | {units.macs(p.total_macs)} | "
