@@ -43,6 +43,16 @@ def parse_image_size(value: str) -> tuple[int, int]:
     return int(height), int(width)
 
 
+def size_text(size: tuple[int, int]) -> str:
+    """(height, width) as the WxH users type: the inverse of ``parse_image_size``."""
+    return f"{size[1]}x{size[0]}"
+
+
+def sizes_text(sizes, joiner: str = ", ") -> str:
+    """Several (height, width) sizes as WxH, joined."""
+    return joiner.join(map(size_text, sizes))
+
+
 def image_sizes_of(values) -> tuple[tuple[int, int], ...]:
     """Input image sizes as (height, width) pairs, from "WxH" strings or (height, width) pairs (the Python API)."""
     return tuple(parse_image_size(v) if isinstance(v, str) else (int(v[0]), int(v[1])) for v in values or ())
@@ -152,7 +162,7 @@ class ProfileSpec:
             )
         for height, width in self.image_sizes:
             if height <= 0 or width <= 0:
-                raise DiffmeterError(f"--image-size must be positive pixels, got {width}x{height} (WxH)")
+                raise DiffmeterError(f"--image-size must be positive pixels, got {size_text((height, width))} (WxH)")
         if self.lora_rank is not None and self.lora_rank <= 0:
             raise DiffmeterError(f"--lora-rank must be a positive integer, got {self.lora_rank}")
         if self.lora_rank is not None and self.lora_layers:

@@ -10,7 +10,8 @@ import torch
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import lora
 from diffmeter.families.base import Call, Family, Shapes, register, timesteps
-from diffmeter.families.images import ImageConditioned, note_tokens, packed_tokens, size_text, vae_encode_calls
+from diffmeter.families.images import ImageConditioned, note_tokens, packed_tokens, vae_encode_calls
+from diffmeter.spec import size_text
 
 #: FluxKontextPipeline.__call__'s max_area default
 KONTEXT_MAX_AREA = 1024**2

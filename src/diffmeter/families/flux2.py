@@ -18,7 +18,8 @@ import torch
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import lora
 from diffmeter.families.base import Call, Family, Shapes, register, timesteps
-from diffmeter.families.images import ImageConditioned, note_tokens, packed_tokens, size_text, vae_encode_calls
+from diffmeter.families.images import ImageConditioned, note_tokens, packed_tokens, vae_encode_calls
+from diffmeter.spec import size_text, sizes_text
 
 #: Flux2ImageProcessor.check_image_input's limits, and the area Flux2Pipeline.__call__ shrinks a larger reference to
 MIN_SIDE, MAX_ASPECT, MAX_AREA = 64, 8, 1024 * 1024
@@ -70,8 +71,8 @@ class _Flux2Base(ImageConditioned, Family):
             made.append((resized[0] // step * step, resized[1] // step * step))
         if made != list(spec.image_sizes):
             notes.append(
-                f"{entry.pipeline_class} resizes the reference images {', '.join(map(size_text, spec.image_sizes))} "
-                f"(WxH) to {', '.join(map(size_text, made))}: at most {MAX_AREA} pixels, sides floored to a multiple "
+                f"{entry.pipeline_class} resizes the reference images {sizes_text(spec.image_sizes)} "
+                f"(WxH) to {sizes_text(made)}: at most {MAX_AREA} pixels, sides floored to a multiple "
                 f"of {step}"
             )
         if made and made[0] != (spec.height, spec.width):

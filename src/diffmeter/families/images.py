@@ -52,11 +52,6 @@ def note_tokens(family: Family, shapes: Shapes, what: str, detail: str) -> None:
         )
 
 
-def size_text(size: tuple[int, int]) -> str:
-    """(height, width) as the WxH users type."""
-    return f"{size[1]}x{size[0]}"
-
-
 class ImageConditioned:
     """A family whose pipeline takes input images (mixed in before ``Family``): how bench hands them over."""
 

@@ -51,6 +51,11 @@ def flux2(single_blocks: int) -> tuple[str, ...]:
     )
 
 
+def target_names(family, entry, given) -> tuple[str, ...]:
+    """The layers a LoRA of a given rank adapts: those named (``--lora-targets``), else the family's trainer's."""
+    return tuple(given) or family.lora_targets(entry)
+
+
 def targets_of(family, entry, spec) -> tuple[tuple[str, int], ...]:
     """The (target, rank) pairs the spec's LoRA adapts on the denoiser: a LoRA file's own layers, else
     ``--lora-targets`` or the family's trainer default, each at ``--lora-rank``; none without a LoRA. Refused
@@ -58,7 +63,7 @@ def targets_of(family, entry, spec) -> tuple[tuple[str, int], ...]:
     if spec.lora_layers:
         targets = spec.lora_layers
     elif spec.lora_rank is not None:
-        targets = tuple((target, spec.lora_rank) for target in spec.lora_targets or family.lora_targets(entry))
+        targets = tuple((target, spec.lora_rank) for target in target_names(family, entry, spec.lora_targets))
     else:
         return ()
     _check_runnable(family, entry, spec)
@@ -87,14 +92,20 @@ def _check_runnable(family, entry, spec) -> None:
         raise DiffmeterError(f"{entry.name}: {'; '.join(m for m in missing if m)}: drop the LoRA options")
 
 
+def _listed(names: list[str], shown: int) -> str:
+    """The first ``shown`` names, and "..." when there are more."""
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+
+
+def _ranks(targets: tuple[tuple[str, int], ...]) -> str:
+    return "/".join(map(str, sorted({rank for _, rank in targets})))
+
+
 def described(targets: tuple[tuple[str, int], ...], spec) -> str:
     """One note: which LoRA, and what it costs per call."""
-    ranks = "/".join(map(str, sorted({rank for _, rank in targets})))
-    named = (
-        "a LoRA file's layers"
-        if spec.lora_layers
-        else f"{len(targets)} target names ({', '.join(t for t, _ in targets[:3])}, ...)"
-    )
+    ranks = _ranks(targets)
+    names = [target for target, _ in targets]
+    named = "a LoRA file's layers" if spec.lora_layers else f"{len(names)} target names ({_listed(names, 3)})"
     if spec.fuse_lora:
         return (
             f"LoRA rank {ranks} on {named}, fused (fuse_lora): no extra compute; its weights stay loaded (diffusers "
@@ -127,7 +138,7 @@ def adapted_layers(module: torch.nn.Module, targets: tuple[tuple[str, int], ...]
     if other:
         raise DiffmeterError(
             f"the LoRA adapts {len(other)} layer{'s' if len(other) > 1 else ''} diffmeter counts only when linear: "
-            f"{', '.join(other[:3])}{', ...' if len(other) > 3 else ''}; name linear layers with --lora-targets"
+            f"{_listed(other, 3)}; name linear layers with --lora-targets"
         )
     return found
 
@@ -170,15 +181,14 @@ def with_lora(calls: list, targets: tuple[tuple[str, int], ...], fused: bool, de
     only with ``load_into_transformer_2=True``, WanLoraLoaderMixin.load_lora_weights, diffusers 0.42.1)."""
     if not targets or fused:
         return calls
-    ranks = sorted({rank for _, rank in targets})
-    label = f"LoRA rank {'/'.join(map(str, ranks))}, unfused"
+    label = f"LoRA rank {_ranks(targets)}, unfused"
 
     def prepare(module: torch.nn.Module) -> _Unfused:
         unfused = _Unfused(module, targets)
         if not unfused.handles:
             raise DiffmeterError(
                 f"the LoRA adapts no linear layer of {type(module).__name__}: its targets "
-                f"({', '.join(target for target, _ in targets[:4])}{', ...' if len(targets) > 4 else ''}) name none"
+                f"({_listed([target for target, _ in targets], 4)}) name none"
             )
         return unfused
 

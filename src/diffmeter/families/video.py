@@ -9,7 +9,8 @@ import torch
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import DENOISER, Call, Family, Shapes, register, timesteps
-from diffmeter.families.images import ImageConditioned, size_text, vae_encode_calls
+from diffmeter.families.images import ImageConditioned, vae_encode_calls
+from diffmeter.spec import size_text
 
 
 def _latent_frames(entry, num_frames: int, temporal: int) -> int:

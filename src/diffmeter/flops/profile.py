@@ -14,13 +14,14 @@ import torch
 
 from diffmeter.catalog import ComponentEntry, resolve
 from diffmeter.errors import DiffmeterError
-from diffmeter.families import DENOISER, IMAGE_ENCODER, VAE_DECODER, Call, get_family
+from diffmeter.families import DENOISER, Call, get_family
 from diffmeter.flops.cached import cached_params, cached_profile, remember_params, remember_profile
 from diffmeter.flops.counter import KINDS, FlopCounts, call_signature, count_flops
-from diffmeter.flops.schema import BYTES_PER_PARAM, CallProfile, ComponentProfile, Profile
+from diffmeter.flops.schema import BYTES_PER_PARAM, CallProfile, ComponentProfile, Profile, weights_of
 from diffmeter.parallel import parallel_map
 from diffmeter.pipelines import build_component, component_class, count_params
 from diffmeter.spec import ProfileSpec, image_sizes_of
+from diffmeter.stages import VAE_ROLES
 
 
 def profile(model: str, *, depth: int = 0, **settings) -> Profile:
@@ -118,8 +119,8 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
     total_macs = sum(c.macs for c in components)
     for component in components:
         component.share = component.macs / total_macs if total_macs else 0.0
-    weights = {c.name: c for c in components}  # a component's weights once, whatever roles it plays (Profile.weights)
-    params = sum(c.params for c in weights.values())
+    weights = weights_of(components)  # a component's weights once, whatever roles it plays
+    params = sum(c.params for c in weights)
     return Profile(
         model=entry.id,
         name=entry.name,
@@ -144,7 +145,7 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
         total_macs=total_macs,
         total_flops=2 * total_macs,
         params=params,
-        param_bytes=sum(c.param_bytes for c in weights.values()),
+        param_bytes=sum(c.param_bytes for c in weights),
         notes=shapes.notes,
     )
 
@@ -162,7 +163,7 @@ def count_call(module: torch.nn.Module, name: str, call: Call, inputs: dict, sub
     (Wan's causal-convolution caches); a call may name submodules to replay instead."""
     handle = call.prepare(module) if call.prepare else None
     try:
-        reuse = call.role not in (VAE_DECODER, IMAGE_ENCODER)
+        reuse = call.role not in VAE_ROLES
         with torch.no_grad(), count_flops({name: module}, reuse, submodules, call.replayed) as counts:
             getattr(module, call.method)(**inputs)
     finally:

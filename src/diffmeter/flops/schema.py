@@ -44,6 +44,12 @@ class ComponentProfile(BaseModel):
     modules_macs: dict[str, int] | None = None
 
 
+def weights_of(components: list[ComponentProfile]) -> list[ComponentProfile]:
+    """One row per component for its weights: a VAE that encodes an input image and decodes the output is two rows
+    (one per role) holding one set of weights."""
+    return list({c.name: c for c in components}.values())
+
+
 class Profile(BaseModel):
     """Compute of one generation; every count names its unit (see ``units``)."""
 
@@ -81,9 +87,7 @@ class Profile(BaseModel):
     units: dict[str, str] = UNITS
 
     def weights(self) -> list[ComponentProfile]:
-        """One row per component for its weights: a VAE that encodes an input image and decodes the output is
-        two rows of ``components`` (one per role) holding one set of weights."""
-        return list({c.name: c for c in self.components}.values())
+        return weights_of(self.components)
 
     def to_json_dict(self) -> dict:
         return self.model_dump(mode="json", by_alias=True)

@@ -27,6 +27,8 @@ from diffmeter.stages import STAGES as PIPELINE_STAGES
 PREFIX = "diffmeter: "
 #: the stage tables, in pipeline order
 STAGES = (*PIPELINE_STAGES, "other")
+#: the stage of each range the stage timer opens in a trace (measure.trace.RANGES)
+STAGE_OF_RANGE = {name: stage for stage, name in STAGE_NAMES.items()}
 OUTSIDE = "(outside operators: Python, framework)"
 #: operators per stage kept in results.json (ops.json holds them all)
 TOP = 5
@@ -155,9 +157,8 @@ def ops_table(events, steps: int, time_base: str) -> tuple[OpsTable, dict]:
 
 
 def _stage(range_name: str, steps: int) -> str:
-    named = {name: stage for stage, name in STAGE_NAMES.items()}
-    if range_name in named:
-        return named[range_name]
+    if range_name in STAGE_OF_RANGE:
+        return STAGE_OF_RANGE[range_name]
     if range_name.startswith("step ") and int(range_name.split()[1]) < steps:
         return "denoising"
     return "other"  # the whole call's range, and the tail after the last step

@@ -51,6 +51,7 @@ from diffmeter.predict.schema import (
     StageMemory,
 )
 from diffmeter.spec import ProfileSpec
+from diffmeter.stages import VAE_ROLES
 
 STAGE_OF_ROLE = {
     TEXT_ENCODER: TEXT_ENCODING,
@@ -179,8 +180,7 @@ def track_call(
             convolutions = ConvolutionCopies(tracker) if on_cuda else contextlib.nullcontext()
             recorders = [tracker, *([convolutions] if on_cuda else []), *([also] if also else [])]
             live = tracker.current_total
-            stateful = call.role in (VAE_DECODER, IMAGE_ENCODER)  # as the FLOPs counter: no block reuse in VAEs
-            replayed = replayed_blocks(module, recorders, live) if replay and not stateful else None
+            replayed = replayed_blocks(module, recorders, live) if replay and call.role not in VAE_ROLES else None
             with tracker, convolutions, also or contextlib.nullcontext(), replayed or contextlib.nullcontext():
                 output = getattr(module, call.method)(**inputs)
             peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-TEXT_ENCODING, DENOISING_STEP, VAE_DECODE = "text encoding", "denoising step", "VAE decode"
-IMAGE_ENCODING = "image encoding"
+from diffmeter.stages import STAGE_NAMES
+
+TEXT_ENCODING, IMAGE_ENCODING, VAE_DECODE = (STAGE_NAMES[s] for s in ("text_encoding", "image_encoding", "vae_decode"))
+DENOISING_STEP = "denoising step"  # a prediction's denoising stage is one step
 
 
 class StageMemory(BaseModel):

@@ -29,11 +29,7 @@ def run_table(result: BenchResult) -> Group:
         + "".join(f"input image {width}x{height}, " for height, width in spec.image_sizes)
         + f"{spec.steps} steps, batch {spec.batch_size}, guidance {spec.guidance_scale:g}, "
         + (f"true CFG {spec.true_cfg_scale:g}, " if spec.true_cfg_scale is not None else "")
-        + (
-            f"LoRA {spec.lora or f'rank {spec.lora_rank}'} ({'fused' if spec.fuse_lora else 'unfused'}), "
-            if spec.lora or spec.lora_rank
-            else ""
-        )
+        + (f"LoRA {spec.lora_text}, " if spec.lora_text else "")
         + spec.dtype
         + "".join(f", {name} {dtype}" for name, dtype in sorted(spec.component_dtypes.items()))
     )

@@ -7,6 +7,8 @@ from rich.markup import escape
 from diffmeter import units
 from diffmeter.flops.schema import Profile
 from diffmeter.report.layout import Column, FittedTable
+from diffmeter.spec import sizes_text
+from diffmeter.stages import DENOISER, IMAGE_ENCODER, STAGE_OF_ROLE, TEXT_ENCODER, VAE_DECODER
 
 
 def size(profile: Profile) -> str:
@@ -27,8 +29,7 @@ def _setting(profile: Profile) -> str:
     dtype = f"{profile.dtype} ({own})" if own else profile.dtype
     images = ""
     if profile.input_images:
-        made = ", ".join(f"{w}x{h}" for h, w in profile.input_images)
-        asked = ", ".join(f"{w}x{h}" for h, w in profile.requested_images or [])
+        made, asked = sizes_text(profile.input_images), sizes_text(profile.requested_images or [])
         images = f", input image{'s' if len(profile.input_images) > 1 else ''} {made}" + (
             f" (given {asked})" if asked else ""
         )
@@ -103,9 +104,6 @@ def profile_table(profile: Profile) -> FittedTable:
     return table
 
 
-ROLES = ("text_encoder", "image_encoder", "vae_decoder")
-
-
 def summary_table(profiles: list[Profile]) -> FittedTable:
     """Many generations (sizes, steps, models): a row each."""
     conditioned = any(p.input_images for p in profiles)
@@ -126,8 +124,8 @@ def summary_table(profiles: list[Profile]) -> FittedTable:
         ],
     )
     for p in profiles:
-        by_role = {role: sum(c.macs for c in p.components if c.role == role) for role in ROLES}
-        images = ", ".join(f"{w}x{h}" for h, w in p.input_images) or "none"
+        by_role = {role: sum(c.macs for c in p.components if c.role == role) for role in STAGE_OF_ROLE}
+        images = sizes_text(p.input_images) or "none"
         table.add_row(
             escape(p.name),
             size(p),
@@ -135,9 +133,9 @@ def summary_table(profiles: list[Profile]) -> FittedTable:
             str(p.steps),
             "yes" if p.cfg else "no",
             units.macs(p.denoiser_macs_per_step),
-            units.macs(by_role["text_encoder"]),
-            *([units.macs(by_role["image_encoder"])] if conditioned else []),
-            units.macs(by_role["vae_decoder"]),
+            units.macs(by_role[TEXT_ENCODER]),
+            *([units.macs(by_role[IMAGE_ENCODER])] if conditioned else []),
+            units.macs(by_role[VAE_DECODER]),
             units.macs(p.total_macs),
             units.flops(p.total_flops),
         )
@@ -149,9 +147,9 @@ def summary_table(profiles: list[Profile]) -> FittedTable:
 
 def conditioning_line(edit: Profile, plain: Profile) -> str:
     """What the input images add, against the same generation from text alone (``plain``)."""
-    denoising = sum(c.macs for c in edit.components if c.role == "denoiser")
-    plain_denoising = sum(c.macs for c in plain.components if c.role == "denoiser")
-    encoding = sum(c.macs for c in edit.components if c.role == "image_encoder")
+    denoising = sum(c.macs for c in edit.components if c.role == DENOISER)
+    plain_denoising = sum(c.macs for c in plain.components if c.role == DENOISER)
+    encoding = sum(c.macs for c in edit.components if c.role == IMAGE_ENCODER)
     return (
         f"against text-to-image at the same settings ({units.macs(plain.total_macs)}): this generation "
         f"{units.macs(edit.total_macs)}, {edit.total_macs / plain.total_macs:.2f}x; the input images add "

@@ -10,6 +10,7 @@ from typing import Any
 from diffmeter.errors import DiffmeterError
 from diffmeter.runs import speedups, storage
 from diffmeter.runs.results import BenchResult
+from diffmeter.spec import sizes_text
 
 #: column -> what it holds, with its unit (documented in docs/table.md)
 COLUMNS: dict[str, str] = {
@@ -141,10 +142,8 @@ def row(result: BenchResult, folder: str) -> dict[str, Any]:
         batch=spec.batch_size,
         steps=spec.steps,
         guidance=spec.guidance_scale,
-        input_images="+".join(f"{width}x{height}" for height, width in spec.image_sizes),
-        lora=(f"{spec.lora or f'rank {spec.lora_rank}'} {'fused' if spec.fuse_lora else 'unfused'}")
-        if spec.lora or spec.lora_rank
-        else "",
+        input_images=sizes_text(spec.image_sizes, "+"),
+        lora=spec.lora_text,
         dtype=spec.dtype,
         device=spec.device,
         hardware=hardware(result),

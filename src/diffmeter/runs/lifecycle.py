@@ -20,6 +20,7 @@ import torch
 
 from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
+from diffmeter.families import lora
 from diffmeter.loading import attach_lora, load_pipeline, loaded_dtypes
 from diffmeter.measure.clock import clock_for, device_scope
 from diffmeter.measure.compilation import watch_compilation
@@ -154,7 +155,7 @@ class MeasuredRun:
         family = run.target.family
         if spec.image_sizes:
             self.pipe = family.conditioned_pipeline(self.pipe)
-        targets = tuple(spec.lora_targets) or family.lora_targets(run.entry)
+        targets = lora.target_names(family, run.entry, spec.lora_targets)
         attach_lora(self.pipe, family.denoiser, targets, spec.lora_rank, spec.lora, spec.fuse_lora)
         self.base["component_dtypes"] = loaded_dtypes(self.pipe)
         family.prepare_pipeline(self.pipe, spec.guidance_scale, spec.batch_size)

@@ -10,7 +10,7 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 from diffmeter.lora_file import lora_fields
 from diffmeter.optimize.base import OptimizationSpec
-from diffmeter.spec import ProfileSpec, image_sizes_of, normalize_dtype
+from diffmeter.spec import ProfileSpec, image_sizes_of, normalize_dtype, sizes_text
 
 
 class BenchSpec(BaseModel):
@@ -89,6 +89,13 @@ class BenchSpec(BaseModel):
     def _sizes_as_typed(cls, sizes):
         """A sweep file or the Python API may write each size as the CLI does: "1024x768" (WxH)."""
         return list(image_sizes_of(sizes))
+
+    @property
+    def lora_text(self) -> str:
+        """The run's LoRA as tables show it ("rank 16, unfused", "my_lora.safetensors, fused"); "" without one."""
+        if self.lora is None and self.lora_rank is None:
+            return ""
+        return f"{self.lora or f'rank {self.lora_rank}'}, {'fused' if self.fuse_lora else 'unfused'}"
 
     @property
     def context_degree(self) -> int:
@@ -229,9 +236,9 @@ def image_sizes_of_files(paths: list[str], sizes: list[tuple[int, int]]) -> list
         except (UnidentifiedImageError, OSError) as error:
             raise DiffmeterError(f"--image {path}: not an image PIL can read ({error}); pass a PNG or JPEG") from None
     if sizes and [tuple(size) for size in sizes] != read:
-        given = ", ".join(f"{w}x{h}" for h, w in sizes)
-        found = ", ".join(f"{w}x{h}" for h, w in read)
-        raise DiffmeterError(f"--image-size {given} contradicts the --image files ({found}): drop --image-size")
+        raise DiffmeterError(
+            f"--image-size {sizes_text(sizes)} contradicts the --image files ({sizes_text(read)}): drop --image-size"
+        )
     return read
 
 

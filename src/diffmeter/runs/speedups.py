@@ -5,16 +5,10 @@ from __future__ import annotations
 
 from diffmeter.measure.speedup import Criteria, Speedup, estimate
 from diffmeter.runs.results import BenchResult
+from diffmeter.stages import STAGES as PIPELINE_STAGES
 
 #: stages a speed-up can be of, as (name, the Iteration's field holding one call's seconds of it)
-STAGES: dict[str, str] = {
-    "call": "total_s",
-    "text_encoding": "text_encoding_s",
-    "image_encoding": "image_encoding_s",
-    "denoising": "denoising_s",
-    "vae_decode": "vae_decode_s",
-    "other": "other_s",
-}
+STAGES: dict[str, str] = {"call": "total_s", **{stage: f"{stage}_s" for stage in (*PIPELINE_STAGES, "other")}}
 
 #: how a stored note about the run's own timings begins (runs.summary.measurement_notes writes them)
 NOISE_PREFIXES = ("noisy:", "--target-precision", "other processes used")

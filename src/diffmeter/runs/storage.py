@@ -25,6 +25,7 @@ from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
 from diffmeter.runs.results import BenchResult
 from diffmeter.runs.spec import BenchSpec
+from diffmeter.spec import size_text
 
 RESULTS = "results.json"
 REQUESTS = "requests.json"
@@ -65,7 +66,7 @@ def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | t
 def _images(spec: BenchSpec) -> list[str]:
     """``image-1024x768`` per input image (seeded noise), ``image-file-cat-1024x768`` per ``--image`` file."""
     files = [f"file-{slug(Path(path).stem, 24)}-" for path in spec.images] or [""] * len(spec.image_sizes)
-    return [f"image-{file}{width}x{height}" for file, (height, width) in zip(files, spec.image_sizes, strict=True)]
+    return [f"image-{file}{size_text(size)}" for file, size in zip(files, spec.image_sizes, strict=True)]
 
 
 def _lora(spec: BenchSpec) -> list[str]:

@@ -8,12 +8,12 @@ import statistics
 import torch
 
 from diffmeter import units
-from diffmeter.families import DENOISER, IMAGE_ENCODER, TEXT_ENCODER, VAE_DECODER
 from diffmeter.flops.profile import Profile
 from diffmeter.measure.energy import Energy
 from diffmeter.measure.peaks import device_peak
 from diffmeter.measure.stats import CONFIDENCE, Stats
 from diffmeter.runs.results import Iteration, Summary
+from diffmeter.stages import STAGE_OF_ROLE, STAGES
 
 #: the median latency's interval half-width, as a fraction of it, above which a run is flagged noisy
 NOISY = 0.05
@@ -24,23 +24,10 @@ def summarize_run(
 ):
     totals = [it.total_s for it in iterations]
     images = sum(it.images for it in iterations)
-    stages = {
-        "text_encoding": Stats.of([it.stages.text_encoding_s for it in iterations]),
-        "image_encoding": Stats.of([it.stages.image_encoding_s for it in iterations]),
-        "denoising": Stats.of([it.stages.denoising_s for it in iterations]),
-        "vae_decode": Stats.of([it.stages.vae_decode_s for it in iterations]),
-        "other": Stats.of([it.stages.other_s for it in iterations]),
-    }
+    stages = {name: Stats.of([getattr(it.stages, f"{name}_s") for it in iterations]) for name in (*STAGES, "other")}
     step = Stats.of([s for it in iterations for s in it.stages.steps_s] or [0.0])
-    denoising = _flops(profile, DENOISER)
-    flops = {
-        "text_encoding": _flops(profile, TEXT_ENCODER),
-        "image_encoding": _flops(profile, IMAGE_ENCODER),
-        "denoising": denoising,
-        "step": denoising // spec.steps,
-        "vae_decode": _flops(profile, VAE_DECODER),
-        "total": profile.total_flops,
-    }
+    flops = {stage: _flops(profile, role) for role, stage in STAGE_OF_ROLE.items()}
+    flops.update(step=flops["denoising"] // spec.steps, total=profile.total_flops)
     seconds = {name: stats.median for name, stats in stages.items()}
     seconds.update(step=step.median, total=statistics.median(totals))
     achieved = {name: flops[name] / seconds[name] / 1e12 for name in flops if seconds[name] > 0 and flops[name]}
