@@ -98,3 +98,12 @@ def test_a_prediction_with_an_image_shows_the_editing_check():
     edit = predict_memory(ProfileSpec(model="tiny-wan22-5b", image_sizes=((64, 64),)), on_cuda=False, vae_modes=())
     assert "editing an image" not in plain.checked and "wan" in plain.checked
     assert "editing an image" in edit.checked
+
+
+def test_fit_takes_images_and_a_lora(cli):
+    """`fit` counts an edit with a LoRA like `profile` does; `fit --all` (catalog defaults) refuses both."""
+    code, out, err = cli("fit", "tiny-flux-kontext", "--image-size", "40x24", "--lora-rank", "4", "--memory", "8GB")
+    assert code == 0, err
+    assert "tiny-flux-kontext on 8GB" in out and "predicted peak" in out
+    code, _, err = cli("fit", "--all", "--image-size", "40x24", "--lora-rank", "4")
+    assert code == 2 and "--image-size, --lora-rank" in err and len(err.strip().splitlines()) == 1
