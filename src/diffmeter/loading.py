@@ -18,6 +18,7 @@ import torch
 import transformers
 
 from diffmeter.catalog import all_entries
+from diffmeter.catalog.controlnets import CONTROLNET, controlnet_of
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.catalog.local import hf_cache_directory
 from diffmeter.errors import DiffmeterError
@@ -56,6 +57,7 @@ def locate_weights(entry: PipelineEntry, random_weights: bool) -> WeightsSource:
         return WeightsSource("tiny-random")
     if random_weights:
         return WeightsSource("random")
+    controlnet_root(entry)  # its weights found first: one line says what to download
     if entry.origin == "local":
         root = Path(entry.sources["configs"])
     else:
@@ -71,10 +73,27 @@ def locate_weights(entry: PipelineEntry, random_weights: bool) -> WeightsSource:
     return WeightsSource("pretrained", root, _variant(entry, root))
 
 
+def controlnet_root(entry: PipelineEntry) -> Path | None:
+    """The local Hugging Face cache folder of the entry's ControlNet (None without one), or one line saying how to
+    get it."""
+    steering = controlnet_of(entry)
+    if steering is None:
+        return None
+    root = hf_cache_directory(steering["id"])
+    if root is None:
+        raise DiffmeterError(
+            f"weights for the ControlNet {steering['id']} are not in the local Hugging Face cache: download them with "
+            f"`hf download {steering['id']}`, or add --random-weights"
+        )
+    return root
+
+
 def _variant(entry: PipelineEntry, root: Path) -> str | None:
     """``fp16`` when a component ships only fp16-variant files; fail when weights are missing."""
     missing, fp16_only = [], []
     for name in entry.components:
+        if name == CONTROLNET:  # its own repository (``controlnet_root``)
+            continue
         files = [f.name for f in (root / name).glob("*") if f.name.endswith(WEIGHT_SUFFIXES)]
         if not files:
             missing.append(name)
@@ -190,6 +209,14 @@ def _pretrained(entry: PipelineEntry, source: WeightsSource, torch_dtype):
     transformers.utils.logging.disable_progress_bar()
     try:
         with quiet_libraries():
+            steering = controlnet_of(entry)
+            if steering:  # from its own repository, handed to the ControlNet pipeline as from_pipe would
+                model = getattr(diffusers, entry.components[CONTROLNET].class_name)
+                own = torch_dtype
+                if isinstance(torch_dtype, dict):
+                    own = torch_dtype.get(CONTROLNET, torch_dtype["default"])
+                root = controlnet_root(entry)
+                extra[CONTROLNET] = model.from_pretrained(root, torch_dtype=own, local_files_only=True)
             return pipeline_class.from_pretrained(
                 source.path, torch_dtype=torch_dtype, variant=source.variant, local_files_only=True, **extra
             )

@@ -107,6 +107,8 @@ class ProfileSpec:
     lora_layers: tuple[tuple[str, int], ...] = ()
     #: the LoRA folded into the base weights (diffusers' ``fuse_lora``): no extra compute, its weights still held
     fuse_lora: bool = False
+    #: a ControlNet steering the denoiser (``catalog.controlnets``), by catalog name or hub id; None: none
+    controlnet: str | None = None
 
     def with_defaults(self, defaults) -> ProfileSpec:
         """Fill unset fields from a catalog ``Defaults`` and check every value."""

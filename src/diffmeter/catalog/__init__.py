@@ -12,11 +12,12 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
+from diffmeter.catalog.controlnets import with_controlnet
 from diffmeter.catalog.entry import ComponentEntry, Defaults, PipelineEntry
 from diffmeter.catalog.local import entry_from_directory, hf_cache_directory
 from diffmeter.errors import DiffmeterError
 
-__all__ = ["ComponentEntry", "Defaults", "PipelineEntry", "all_entries", "resolve"]
+__all__ = ["ComponentEntry", "Defaults", "PipelineEntry", "all_entries", "entry_of", "resolve"]
 
 
 @cache
@@ -62,3 +63,8 @@ def resolve(model: str) -> PipelineEntry:
         f"unknown model '{model}': not a catalog name, a local diffusers directory, "
         f"or a hub id in the local Hugging Face cache.{hint} Run `diffmeter models` for the list."
     )
+
+
+def entry_of(spec) -> PipelineEntry:
+    """The entry a ``ProfileSpec`` (or ``BenchSpec``) runs: its model's, with its ControlNet if it names one."""
+    return with_controlnet(resolve(spec.model), spec.controlnet)

@@ -35,7 +35,19 @@ class ComponentEntry(BaseModel):
     published_params_source: str | None = None
 
 
-class PipelineEntry(BaseModel):
+class Named:
+    """What a catalog item (a pipeline, a ControlNet) is called, and whether it is a tiny random test one."""
+
+    @property
+    def name(self) -> str:
+        return self.aliases[0] if self.aliases else self.id
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.origin == "tiny"
+
+
+class PipelineEntry(Named, BaseModel):
     """A whole pipeline: what the catalog, a local directory or the HF cache describes."""
 
     id: str
@@ -49,11 +61,3 @@ class PipelineEntry(BaseModel):
     extra: dict[str, Any] = {}
     notes: str = ""
     origin: str = "catalog"
-
-    @property
-    def name(self) -> str:
-        return self.aliases[0] if self.aliases else self.id
-
-    @property
-    def is_tiny(self) -> bool:
-        return self.origin == "tiny"

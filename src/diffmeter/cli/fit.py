@@ -15,6 +15,7 @@ from diffmeter.cli.options import (
     AsJson,
     BatchSize,
     ComponentDtype,
+    ControlNet,
     FuseLora,
     GpuName,
     GuidanceScale,
@@ -63,6 +64,7 @@ def fit(
     guidance_scale: GuidanceScale = None,
     true_cfg_scale: TrueCfgScale = None,
     image_size: ImageSize = None,
+    controlnet: ControlNet = None,
     lora_rank: LoraRank = None,
     lora_targets: LoraTargets = None,
     lora: LoraFile = None,
@@ -78,7 +80,7 @@ def fit(
     predicted peak fits the GPU once the CUDA context and libraries are held back, fastest first: each with its
     predicted lower bound of time (roofline plus offloading's host-link transfers) on a named GPU. With --all: the
     predicted leaderboard, every catalog model on every GPU (or --gpu's), as a sortable page and CSV."""
-    from diffmeter.catalog import resolve
+    from diffmeter.catalog import entry_of
     from diffmeter.lora_file import lora_fields
     from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, chosen_gpu, spec_gpu
     from diffmeter.report.memory_table import fit_table
@@ -92,6 +94,7 @@ def fit(
         given = {
             "--height": height, "--width": width, "--steps": steps, "--guidance-scale": guidance_scale,
             "--true-cfg-scale": true_cfg_scale, "--image-size": image_size, "--num-frames": num_frames,
+            "--controlnet": controlnet,
             "--lora-rank": lora_rank, "--lora": lora, "--fuse-lora": fuse_lora,
             "--dtype": dtype, "--component-dtype": component_dtype,
             "--batch-size": None if batch_size == 1 else batch_size,
@@ -117,12 +120,13 @@ def fit(
         guidance_scale=guidance_scale,
         true_cfg_scale=true_cfg_scale,
         image_sizes=image_sizes_of(image_size),
+        controlnet=controlnet,
         **lora_fields(model, lora_rank, lora_targets, lora, fuse_lora)[0],
         num_frames=num_frames,
         dtype=dtype,
         component_dtypes=parse_component_dtypes(component_dtype),
     )
-    entry = resolve(model)
+    entry = entry_of(spec)
     load_libraries()
     from diffmeter.predict.operators import predict_memory_and_work
     from diffmeter.predict.techniques import fitting

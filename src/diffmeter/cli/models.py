@@ -8,7 +8,9 @@ caption names what was left out and how to see it (a wider terminal, or ``--json
 from __future__ import annotations
 
 import json
+from typing import Annotated
 
+import typer
 from rich import box
 from rich.console import Console
 from rich.markup import escape
@@ -36,10 +38,17 @@ SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
 @command()
-def models(as_json: AsJson = False) -> None:
+def models(
+    as_json: AsJson = False,
+    controlnets: Annotated[
+        bool, typer.Option("--controlnets", help="list the ControlNets (--controlnet NAME) instead")
+    ] = False,
+) -> None:
     """List the catalog: parameters, default settings, hub id, family and components."""
     from diffmeter.catalog import all_entries
 
+    if controlnets:
+        return _controlnets(as_json)
     entries = list(all_entries())
     params = parameter_counts(entries)
     if as_json:
@@ -60,6 +69,36 @@ def models(as_json: AsJson = False) -> None:
         print(json.dumps(rows, indent=2))
     else:
         console.print(catalog_table(entries, params, console.width))
+
+
+def _controlnets(as_json: bool) -> None:
+    """The ControlNets: what each steers, the pipeline that runs it and its parameters (counted on meta tensors)."""
+    from diffmeter.catalog.controlnets import all_controlnets
+
+    found = [entry for entry in all_controlnets() if not entry.is_tiny]
+    load_libraries()
+    from diffmeter.flops.profile import MetaComponent
+
+    rows = [
+        {
+            "name": entry.name,
+            "id": entry.id,
+            "class": entry.class_name,
+            "params": MetaComponent(entry.component()).params,
+            "pipelines": entry.pipelines,
+        }
+        for entry in found
+    ]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title="diffmeter ControlNets (--controlnet NAME)", title_justify="left", box=box.SIMPLE_HEAD)
+    for header in ("name", "params", "steers", "runs in", "hub id"):
+        table.add_column(header, justify="right" if header == "params" else "left")
+    for row in rows:
+        steers, runs = ", ".join(row["pipelines"]), ", ".join(row["pipelines"].values())
+        table.add_row(row["name"], units.params(row["params"]).removesuffix(" params"), steers, runs, escape(row["id"]))
+    console.print(table)
 
 
 def parameter_counts(entries) -> dict[str, int]:

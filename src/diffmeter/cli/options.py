@@ -67,6 +67,15 @@ ImageSize = Annotated[
         show_default=False,
     ),
 ]
+ControlNet = Annotated[
+    str | None,
+    typer.Option(
+        "--controlnet",
+        metavar="NAME",
+        help="a ControlNet (`models --controlnets` lists them)",
+        rich_help_panel=GENERATION,
+    ),
+]
 LoraRank = Annotated[
     int | None,
     typer.Option(

@@ -16,6 +16,7 @@ from diffmeter.cli.options import (
     BatchSize,
     CfgDegree,
     ComponentDtype,
+    ControlNet,
     Fp8TextEncoder,
     FuseLora,
     GpuName,
@@ -96,6 +97,7 @@ def profile(
     guidance_scale: GuidanceScale = None,
     true_cfg_scale: TrueCfgScale = None,
     image_size: ImageSize = None,
+    controlnet: ControlNet = None,
     lora_rank: LoraRank = None,
     lora_targets: LoraTargets = None,
     lora: LoraFile = None,
@@ -189,6 +191,7 @@ def profile(
             guidance_scale=guidance_scale,
             true_cfg_scale=true_cfg_scale,
             image_sizes=image_sizes_of(image_size),
+            controlnet=controlnet,
             **adapters[name],
             num_frames=num_frames,
             dtype=dtype,
@@ -261,9 +264,9 @@ def _print_profile(found, spec) -> None:
     from diffmeter.report.tables import conditioning_line, profile_table
 
     console.print(profile_table(found))
-    if not found.input_images:
+    if not found.input_images and not found.controlnet:
         return
-    plain = replace(spec, image_sizes=())
+    plain = replace(spec, image_sizes=(), controlnet=None)
     baseline = cached_profile(plain)
     if baseline is None:
         load_libraries()

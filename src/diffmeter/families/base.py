@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from diffmeter.catalog.controlnets import CONTROLNET
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import binning, lora
@@ -264,6 +265,8 @@ class Family:
             *self.denoiser_calls(shapes),
             *self.decoder_calls(shapes),
         ]
+        if CONTROLNET in shapes.entry.components:
+            calls = self.controlnet_plan(shapes, calls)
         adapter = lora.targets_of(self, shapes.entry, shapes.spec)
         if adapter:
             shapes.note(lora.described(adapter, shapes.spec))
@@ -276,6 +279,11 @@ class Family:
     def image_calls(self, shapes: Shapes) -> list[Call]:
         """The calls that encode the input images (none without any)."""
         return []
+
+    def controlnet_plan(self, shapes: Shapes, calls: list[Call]) -> list[Call]:
+        """The plan with a ControlNet (``families.controlnet``): its calls before the denoiser's, and the residuals
+        it hands the denoiser; only families whose pipelines diffusers runs with a ControlNet have one."""
+        raise DiffmeterError(f"{shapes.entry.pipeline_class} runs no ControlNet in diffmeter: drop --controlnet")
 
     def text_calls(self, shapes: Shapes) -> list[Call]:
         calls = []
@@ -312,6 +320,11 @@ class Family:
         """The denoiser components a generation calls: the denoiser, and any expert the pipeline
         switches to between steps. Stage timing and the optimizations act on each of them."""
         return (self.denoiser,)
+
+    def step_components(self, entry: PipelineEntry) -> tuple[str, ...]:
+        """What runs inside each denoising step: the denoisers, and a ControlNet before them (bench's stage timer
+        opens a step at the first of their calls)."""
+        return (*self.denoisers(entry), *((CONTROLNET,) if CONTROLNET in entry.components else ()))
 
     def denoiser_calls(self, shapes: Shapes) -> list[Call]:
         steps, batch = shapes.spec.steps, shapes.spec.batch_size

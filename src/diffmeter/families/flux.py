@@ -7,9 +7,10 @@ noisy latents in every transformer call (then dropped from its output)."""
 
 import torch
 
+from diffmeter.catalog.controlnets import CONTROLNET
 from diffmeter.errors import DiffmeterError
-from diffmeter.families import lora
-from diffmeter.families.base import Call, Family, Shapes, register, timesteps
+from diffmeter.families import controlnet, lora
+from diffmeter.families.base import DENOISER, IMAGE_ENCODER, Call, Family, Shapes, register, timesteps
 from diffmeter.families.images import ImageConditioned, note_tokens, packed_tokens, vae_encode_calls
 from diffmeter.spec import size_text
 
@@ -64,6 +65,47 @@ class Flux(Family):
             "guidance": torch.zeros(batch) if config.get("guidance_embeds") else None,
             "return_dict": False,
         }
+
+    def controlnet_plan(self, shapes: Shapes, calls: list[Call]) -> list[Call]:
+        """FluxControlNetPipeline (diffusers 0.42.1, pipeline_flux_controlnet.py 916-940 and 1110-1158): the control
+        image at the output size, repeated per output, is VAE-encoded once per call and packed like the latents
+        (a ControlNet without ``input_hint_block``: the catalog's); the ControlNet runs once per step on the prompt
+        alone, even under true CFG, whose second transformer call reuses its block samples."""
+        config, batch = shapes.config(CONTROLNET), shapes.spec.batch_size
+        first = next(index for index, call in enumerate(calls) if call.role == DENOISER)
+        tokens = (shapes.latent_height // 2) * (shapes.latent_width // 2)
+        size = (shapes.spec.height, shapes.spec.width)
+
+        def build(device):
+            inputs = self.denoiser_inputs(shapes, batch, device)
+            inputs["guidance"] = torch.zeros(batch) if config.get("guidance_embeds") else None
+            inputs["controlnet_cond"] = torch.zeros(batch, tokens, shapes.config(self.denoiser)["in_channels"])
+            if config.get("num_mode") is not None:  # a union ControlNet: its mode joins the text as one more token
+                inputs["controlnet_mode"] = torch.zeros(batch, 1, dtype=torch.long)
+            return inputs
+
+        width = config["num_attention_heads"] * config["attention_head_dim"]
+
+        def residuals(call_batch, device):
+            block = torch.zeros(call_batch, tokens, width)
+            return {
+                "controlnet_block_samples": [block] * config["num_layers"],
+                "controlnet_single_block_samples": [block] * config["num_single_layers"],
+            }
+
+        encode = Call(
+            self.decoder,
+            IMAGE_ENCODER,
+            batch,
+            1,
+            lambda device: {"x": torch.zeros(batch, 3, *size)},
+            method="encode",
+            note=f"the control image, {size[1]}x{size[0]} (WxH), once per output",
+        )
+        controlnet.note(shapes, f"runs once per step at batch {batch}, on the prompt alone")
+        planned = controlnet.with_residuals(calls, self.denoiser, residuals)
+        ran = controlnet.beside(calls[first], build, batch, shapes.spec.steps)
+        return [*planned[:first], encode, ran, *planned[first:]]
 
 
 @register

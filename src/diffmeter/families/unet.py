@@ -2,8 +2,9 @@
 
 import torch
 
-from diffmeter.families import lora
-from diffmeter.families.base import Family, Shapes, latents, register
+from diffmeter.catalog.controlnets import CONTROLNET
+from diffmeter.families import controlnet, lora
+from diffmeter.families.base import DENOISER, Call, Family, Shapes, latents, register
 
 
 @register
@@ -25,6 +26,26 @@ class StableDiffusion(Family):
             ),
             "return_dict": False,
         }
+
+    def controlnet_plan(self, shapes: Shapes, calls: list[Call]) -> list[Call]:
+        """StableDiffusion(XL)ControlNetPipeline (diffusers 0.42.1): the ControlNet takes the denoiser's inputs (the
+        CFG-doubled latents and embeddings) plus the control image at the output size, doubled with them
+        (``prepare_image``), and hands the UNet one residual per down-block output and one for the mid block."""
+        first = next(index for index, call in enumerate(calls) if call.role == DENOISER)
+        denoiser, unet = calls[first], shapes.config(self.denoiser)
+        channels = shapes.config(CONTROLNET).get("conditioning_channels", 3)
+
+        def build(device):
+            inputs = self.denoiser_inputs(shapes, denoiser.batch, device)
+            size = (shapes.spec.height, shapes.spec.width)
+            return {**inputs, "controlnet_cond": torch.zeros(denoiser.batch, channels, *size), "guess_mode": False}
+
+        def residuals(batch, device):
+            return controlnet.unet_residuals(unet, batch, shapes.latent_height, shapes.latent_width)
+
+        controlnet.note(shapes, f"runs every step at the UNet's batch ({denoiser.batch}), on the control image")
+        planned = controlnet.with_residuals(calls, self.denoiser, residuals)
+        return [*planned[:first], controlnet.beside(denoiser, build), *planned[first:]]
 
 
 @register

@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from diffmeter import cache
-from diffmeter.catalog import ComponentEntry, resolve
+from diffmeter.catalog import ComponentEntry, entry_of
 from diffmeter.flops.schema import Profile
 from diffmeter.spec import ProfileSpec
 
 
 def _profile_key(spec: ProfileSpec, depth: int) -> dict:
-    return {"entry": resolve(spec.model).model_dump(mode="json"), "spec": asdict(spec), "depth": depth}
+    return {"entry": entry_of(spec).model_dump(mode="json"), "spec": asdict(spec), "depth": depth}
 
 
 def cached_profile(spec: ProfileSpec, depth: int = 0) -> Profile | None:

@@ -12,7 +12,8 @@ from functools import partial
 
 import torch
 
-from diffmeter.catalog import ComponentEntry, resolve
+from diffmeter.catalog import ComponentEntry, entry_of
+from diffmeter.catalog.controlnets import controlnet_of
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, Call, get_family
 from diffmeter.flops.cached import cached_params, cached_profile, remember_params, remember_profile
@@ -39,11 +40,11 @@ def profile_many(specs: list[ProfileSpec], depth: int = 0, jobs: int = 1, done=N
     they share (the same encoder, VAE or transformer at the same inputs) are reused."""
     if jobs == 1 or len(specs) < 2:
         return parallel_map(partial(profile_spec, depth=depth), specs, 1, done)
-    for name in {c.class_name for spec in specs for c in resolve(spec.model).components.values()}:
+    for name in {c.class_name for spec in specs for c in entry_of(spec).components.values()}:
         component_class(name)  # imported once, before the workers fork
     groups: dict[str, list[int]] = {}
     for index, spec in enumerate(specs):
-        groups.setdefault(resolve(spec.model).family, []).append(index)
+        groups.setdefault(entry_of(spec).family, []).append(index)
     batches = [[specs[index] for index in indices] for indices in groups.values()]
     counted = parallel_map(partial(_profile_all, depth=depth), batches, jobs, done, cost=_cost, size=len)
     profiles: list[Profile | None] = [None] * len(specs)
@@ -60,7 +61,7 @@ def _profile_all(specs: list[ProfileSpec], depth: int) -> list[Profile]:
 def _cost(specs: list[ProfileSpec]) -> float:
     """Videos take the longest to count (a causal VAE decodes frame by frame); then the groups with
     the most components to build and count, so no large group starts last."""
-    entries = [resolve(spec.model) for spec in specs]
+    entries = [entry_of(spec) for spec in specs]
     video = any(spec.num_frames or entry.defaults.num_frames for spec, entry in zip(specs, entries, strict=True))
     return (1000.0 if video else 0.0) + sum(len(entry.components) for entry in entries)
 
@@ -76,7 +77,7 @@ def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
 
 
 def _count(spec: ProfileSpec, depth: int) -> Profile:
-    entry = resolve(spec.model)
+    entry = entry_of(spec)
     family = get_family(entry.family)
     spec = spec.with_defaults(entry.defaults)
     if family.is_video and spec.num_frames is None:
@@ -133,6 +134,7 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
         num_frames=spec.num_frames if family.is_video else None,
         input_images=shapes.images,
         requested_images=list(spec.image_sizes) if list(spec.image_sizes) != shapes.images else None,
+        controlnet=(controlnet_of(entry) or {}).get("id"),
         steps=spec.steps,
         batch_size=spec.batch_size,
         guidance_scale=spec.guidance_scale,

@@ -68,6 +68,8 @@ class Profile(BaseModel):
     input_images: list[tuple[int, int]] = []
     #: the input image sizes asked for (height, width), when the pipeline resized any (None otherwise)
     requested_images: list[tuple[int, int]] | None = None
+    #: the ControlNet steering the denoiser (its hub id; its calls are the ``controlnet`` rows); None: none
+    controlnet: str | None = None
     steps: int
     batch_size: int
     guidance_scale: float

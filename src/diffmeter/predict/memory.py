@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from diffmeter import cache
-from diffmeter.catalog import ComponentEntry, resolve
+from diffmeter.catalog import ComponentEntry, entry_of
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, IMAGE_ENCODER, TEXT_ENCODER, VAE_DECODER, Call, get_family, lora
 from diffmeter.optimize.fp8_text_encoder import LARGE_ENCODERS
@@ -214,7 +214,7 @@ def cache_key(spec: ProfileSpec, on_cuda: bool = True, vae_modes: tuple[str, ...
     decode modes asked for."""
     from dataclasses import asdict
 
-    entry = resolve(spec.model).model_dump(mode="json")
+    entry = entry_of(spec).model_dump(mode="json")
     return {"entry": entry, "spec": asdict(spec), "on_cuda": on_cuda, "vae_modes": sorted(vae_modes)}
 
 
@@ -241,7 +241,7 @@ def cached_memory(
 
 def settled_plan(spec: ProfileSpec):
     """The entry, the settled spec and the call plan, exactly as the profile makes them."""
-    entry = resolve(spec.model)
+    entry = entry_of(spec)
     family = get_family(entry.family)
     spec = spec.with_defaults(entry.defaults)
     if family.is_video and spec.num_frames is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.markup import escape
 
 from diffmeter import units
+from diffmeter.catalog.controlnets import CONTROLNET
 from diffmeter.flops.schema import Profile
 from diffmeter.report.layout import Column, FittedTable
 from diffmeter.spec import sizes_text
@@ -33,6 +34,8 @@ def _setting(profile: Profile) -> str:
         images = f", input image{'s' if len(profile.input_images) > 1 else ''} {made}" + (
             f" (given {asked})" if asked else ""
         )
+    if profile.controlnet:
+        images += f", ControlNet {profile.controlnet}"
     return f"{size(profile)} px (WxH){images}, {profile.steps} steps, batch {profile.batch_size}, {guidance}, {dtype}"
 
 
@@ -146,13 +149,20 @@ def summary_table(profiles: list[Profile]) -> FittedTable:
 
 
 def conditioning_line(edit: Profile, plain: Profile) -> str:
-    """What the input images add, against the same generation from text alone (``plain``)."""
+    """What the input images and the ControlNet add, against the same generation from text alone (``plain``)."""
     denoising = sum(c.macs for c in edit.components if c.role == DENOISER)
     plain_denoising = sum(c.macs for c in plain.components if c.role == DENOISER)
     encoding = sum(c.macs for c in edit.components if c.role == IMAGE_ENCODER)
+    subjects = ([f"the input image{'s' if len(edit.input_images) > 1 else ''}"] if edit.input_images else []) + (
+        ["the ControlNet"] if edit.controlnet else []
+    )
+    verb = "add" if len(subjects) > 1 or len(edit.input_images) > 1 else "adds"
+    steered = sum(c.macs for c in edit.components if c.name == CONTROLNET)
+    controlnet = f", the ControlNet {units.macs(steered // edit.steps)} per step" if steered else ""
+    encoded = f"{units.macs(encoding)} of image encoding and " if encoding else ""
     return (
         f"against text-to-image at the same settings ({units.macs(plain.total_macs)}): this generation "
-        f"{units.macs(edit.total_macs)}, {edit.total_macs / plain.total_macs:.2f}x; the input images add "
-        f"{units.macs(encoding)} of image encoding and {units.macs(denoising - plain_denoising)} of denoising "
-        f"({denoising / plain_denoising:.2f}x its MACs)"
+        f"{units.macs(edit.total_macs)}, {edit.total_macs / plain.total_macs:.2f}x; {' and '.join(subjects)} {verb} "
+        f"{encoded}{units.macs(denoising - plain_denoising)} of denoising ({denoising / plain_denoising:.2f}x its "
+        f"MACs{controlnet})"
     )

@@ -14,7 +14,7 @@ import torch
 from pydantic import BaseModel
 
 from diffmeter import units
-from diffmeter.catalog import resolve
+from diffmeter.catalog import entry_of
 from diffmeter.errors import DiffmeterError, MissingPackage
 from diffmeter.families import get_family
 from diffmeter.measure.conditions import Conditions
@@ -85,7 +85,7 @@ class Ladder(BaseModel):
 
 def plan(spec: BenchSpec, rungs: tuple[str, ...], fast_steps: int | None, compile_mode: str) -> list[Rung]:
     """Every rung's spec, each the previous plus one technique; rungs that do not apply say why."""
-    entry = resolve(spec.model)
+    entry = entry_of(spec)
     base = spec.model_copy(update={"dtype": spec.dtype or "fp32", "tf32": False, "optimizations": []}).settle(entry)
     unknown = [rung for rung in rungs if rung not in RUNGS]
     if unknown:

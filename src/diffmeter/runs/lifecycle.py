@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from diffmeter.catalog import resolve
+from diffmeter.catalog import entry_of
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import lora
 from diffmeter.loading import attach_lora, load_pipeline, loaded_dtypes
@@ -179,7 +179,7 @@ class MeasuredRun:
         self.timer = StageTimer(
             self.pipe,
             list(family.text_encoders),
-            list(family.denoisers(run.entry)),
+            list(family.step_components(run.entry)),
             family.decoder,
             clock_for(self.device),
             self.stage_peaks,
@@ -327,7 +327,7 @@ def stored_or_run(spec: BenchSpec, out, progress=None, rerun: bool = False):
     """The complete result of ``spec`` stored in ``out`` when it holds every image the spec
     asks for (same seed and prompt or class); otherwise run it, replacing what is there.
     Returns (result, folder)."""
-    entry = resolve(spec.model)
+    entry = entry_of(spec)
     settled = spec.settle(entry)
     folder = Path(out).expanduser() / run_name(settled, entry, build(settled.optimizations))
     if not rerun and (folder / storage.RESULTS).exists():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from diffmeter.catalog import PipelineEntry, resolve
+from diffmeter.catalog import PipelineEntry, entry_of
 from diffmeter.families import get_family
 from diffmeter.flops.profile import Profile, profile_spec
 from diffmeter.loading import WeightsSource, locate_weights
@@ -42,7 +42,7 @@ def prepare(
     techniques against the model and device, weights on disk and, ``here`` (on this machine's
     devices), the memory lower bound on ``device`` (the run's own, placed device; else the spec's), unless
     ``check_memory`` is False (a launcher: each rank checks its own GPU). Raises DiffmeterError with the reason."""
-    entry = resolve(spec.model)
+    entry = entry_of(spec)
     spec = spec.settle(entry, here=here)
     profile = profile_spec(spec.profile_spec())  # also checks sizes against the model
     target = Target(entry, get_family(entry.family), torch.device(spec.device), spec.dtype, spec.steps)

@@ -43,6 +43,9 @@ class BenchSpec(BaseModel):
     lora_targets: list[str] = []
     lora: str | None = None
     fuse_lora: bool = False
+    #: a ControlNet steering the denoiser (``diffmeter models --controlnets``): each output gets a seeded-noise
+    #: control image at the output size
+    controlnet: str | None = None
     seed: int = 0
     dtype: str | None = None
     #: components at another dtype than ``dtype``: {"vae": "float32"} (defaults: the model card's)
@@ -178,6 +181,7 @@ class BenchSpec(BaseModel):
             component_dtypes=tuple(sorted(self.component_dtypes.items())),
             max_sequence_length=self.max_sequence_length,
             resolution_binning=self.resolution_binning,
+            controlnet=self.controlnet,
         )
 
     def check(self) -> None:

@@ -48,6 +48,7 @@ def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | t
         f"guidance-{spec.guidance_scale:g}",
         *([f"true-cfg-{spec.true_cfg_scale:g}"] if spec.true_cfg_scale is not None else []),
         *_images(spec),
+        *([f"controlnet-{slug(spec.controlnet, 40)}"] if spec.controlnet else []),
         *_lora(spec),
         f"seed-{spec.seed}",
         spec.dtype,

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from diffmeter.catalog.controlnets import controlnet_of
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
@@ -78,6 +79,10 @@ class Workload:
             arguments.update(prompt=batch.prompts, height=spec.height, width=spec.width)
         if spec.image_sizes:
             arguments.update(self.family.image_arguments([self.input_images(seed) for seed in batch.seeds]))
+        steering = controlnet_of(self.entry)
+        if steering:  # the ControlNet pipelines name it control_image (FLUX) or image (SD, SDXL)
+            name = "control_image" if "control_image" in accepted else "image"
+            arguments.update(steering["call"], **{name: [self.control_image(seed) for seed in batch.seeds]})
         if self.family.is_video:
             arguments["num_frames"] = spec.num_frames
         if spec.max_sequence_length is not None:
@@ -100,6 +105,13 @@ class Workload:
             pixels = np.random.default_rng([seed, index]).integers(0, 256, (height, width, 3), dtype=np.uint8)
             made.append(Image.fromarray(pixels))
         return made
+
+    def control_image(self, seed: int):
+        """One output's ControlNet condition: seeded noise at the output size (the pipelines resize it to it)."""
+        from PIL import Image
+
+        pixels = np.random.default_rng([seed, 1 << 20]).integers(0, 256, (self.spec.height, self.spec.width, 3))
+        return Image.fromarray(pixels.astype(np.uint8))
 
     def requests(self, iterations: int) -> dict:
         """requests.json: the inputs of every measured call."""

@@ -1,0 +1,107 @@
+"""ControlNets as data: each one's config, the base models it steers, and the diffusers pipeline that runs it.
+
+``--controlnet NAME`` adds the ControlNet to its base pipeline's entry as one more component, ``controlnet``,
+and swaps the pipeline class for the ControlNet pipeline diffusers runs it with (``StableDiffusionXLPipeline``
+-> ``StableDiffusionXLControlNetPipeline``): the family then plans its calls (``families.controlnet``)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from diffmeter.catalog.entry import ComponentEntry, Named, PipelineEntry
+from diffmeter.errors import DiffmeterError
+
+#: the component name diffusers' ControlNet pipelines give it
+CONTROLNET = "controlnet"
+
+
+class ControlNetEntry(Named, BaseModel):
+    """One ControlNet: its model class and config, the pipelines it runs in (base pipeline class -> ControlNet
+    pipeline class) and the ``__call__`` arguments it needs there (a union model's ``control_mode``)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    id: str
+    aliases: list[str] = []
+    class_name: str = Field(alias="class")
+    config: dict[str, Any]
+    published_params: int | None = None
+    published_params_source: str | None = None
+    pipelines: dict[str, str]
+    call: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    notes: str = ""
+    origin: str = "catalog"
+
+    def component(self) -> ComponentEntry:
+        return ComponentEntry.model_validate(
+            {
+                "class": self.class_name,
+                "config": self.config,
+                "published_params": self.published_params,
+                "published_params_source": self.published_params_source,
+            }
+        )
+
+
+@cache
+def all_controlnets() -> tuple[ControlNetEntry, ...]:
+    """Every shipped ControlNet: real ones first, then the tiny random ones the tests run."""
+    data = resources.files("diffmeter.catalog") / "data" / "controlnets"
+    found = []
+    for folder, origin in ((data, "catalog"), (data / "tiny", "tiny")):
+        for path in sorted(folder.iterdir(), key=lambda p: p.name):
+            if path.name.endswith(".json"):
+                found.append(ControlNetEntry.model_validate({**json.loads(path.read_text()), "origin": origin}))
+    return tuple(found)
+
+
+def find_controlnet(name: str) -> ControlNetEntry:
+    """A ControlNet by alias or hub id, or one line with the closest names."""
+    names = {known.lower(): entry for entry in all_controlnets() for known in (entry.id, *entry.aliases)}
+    if name.lower() in names:
+        return names[name.lower()]
+    close = difflib.get_close_matches(name.lower(), names, n=3, cutoff=0.5)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise DiffmeterError(
+        f"unknown ControlNet '{name}'.{hint} Run `diffmeter models --controlnets` for the ControlNets diffmeter knows"
+    )
+
+
+def with_controlnet(entry: PipelineEntry, name: str | None) -> PipelineEntry:
+    """``entry`` with the ControlNet ``name`` as its ``controlnet`` component, run by its ControlNet pipeline; a
+    ControlNet made for another base model is refused in one line."""
+    if name is None:
+        return entry
+    found = find_controlnet(name)
+    pipeline = found.pipelines.get(entry.pipeline_class)
+    if pipeline is None:
+        bases = ", ".join(found.pipelines)
+        raise DiffmeterError(
+            f"ControlNet {found.name} steers {bases}; {entry.name} is a {entry.pipeline_class}: pick a ControlNet "
+            f"for {entry.name} (`diffmeter models --controlnets`) or a model its base runs"
+        )
+    if found.is_tiny != entry.is_tiny:
+        kinds = ("a tiny random", "a real") if found.is_tiny else ("a real", "a tiny random")
+        raise DiffmeterError(
+            f"ControlNet {found.name} is {kinds[0]} one and {entry.name} {kinds[1]} pipeline: pair tiny with tiny"
+        )
+    return entry.model_copy(
+        update={
+            "pipeline_class": pipeline,
+            "components": {**entry.components, CONTROLNET: found.component()},
+            "sources": {**entry.sources, CONTROLNET: found.sources.get("config", found.id)},
+            "extra": {**entry.extra, CONTROLNET: {"id": found.id, "name": found.name, "call": found.call}},
+        }
+    )
+
+
+def controlnet_of(entry: PipelineEntry) -> dict[str, Any] | None:
+    """The ControlNet an entry was given (``with_controlnet``): its id, name and call arguments; None without."""
+    return entry.extra.get(CONTROLNET)

@@ -1,0 +1,81 @@
+"""ControlNet calls, shared by the families whose pipelines diffusers runs with one (``--controlnet``).
+
+Every diffusers 0.42.1 ControlNet pipeline calls its ControlNet at every step, whatever ``control_guidance_start``
+and ``control_guidance_end``: outside that range it only multiplies the residuals by a conditioning scale of 0
+(``cond_scale = controlnet_cond_scale * controlnet_keep[i]``: pipeline_controlnet_sd_xl.py 1492, pipeline_controlnet.py
+1290, pipeline_flux_controlnet.py 1109), so the range changes no compute. The ControlNet's outputs (residuals) are
+added to the denoiser's hidden states: the denoiser calls get them as inputs, as the pipeline passes them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from diffmeter.catalog.controlnets import CONTROLNET, controlnet_of
+from diffmeter.families.base import DENOISER, Call, Shapes
+
+#: what every ControlNet note says about the active step range
+STEP_RANGE = (
+    "control_guidance_start/end change no compute: the pipeline runs it every step, scaling its residuals by 0 "
+    "outside the range"
+)
+
+
+def has_controlnet(shapes: Shapes) -> bool:
+    return CONTROLNET in shapes.entry.components
+
+
+def beside(denoiser: Call, build, batch: int | None = None, count: int | None = None) -> Call:
+    """The ControlNet's calls before ``denoiser``'s: one each, unless ``batch`` or ``count`` say otherwise (a
+    ControlNet run once per step on the prompt alone, beside a true-CFG denoiser's two calls)."""
+    return Call(
+        CONTROLNET,
+        DENOISER,
+        denoiser.batch if batch is None else batch,
+        denoiser.count if count is None else count,
+        build,
+        note=f"once per step; {STEP_RANGE}",
+    )
+
+
+def with_residuals(calls: list[Call], denoiser: str, residuals) -> list[Call]:
+    """The ``denoiser``'s calls with the ControlNet's residuals among their inputs (``residuals(batch, device)``)."""
+
+    def adding(call: Call) -> Call:
+        def build(device: torch.device, call=call) -> dict:
+            return {**call.build(device), **residuals(call.batch, device)}
+
+        return replace(call, build=build)
+
+    return [adding(call) if call.component == denoiser and call.role == DENOISER else call for call in calls]
+
+
+def unet_residuals(config: dict, batch: int, height: int, width: int) -> dict:
+    """What a ControlNetModel hands a UNet2DConditionModel: one residual per down-block output (conv_in, each
+    resnet of each down block, each downsampler) and one for the mid block, at the UNet's own sizes
+    (UNet2DConditionModel.forward, diffusers 0.42.1: ``down_block_additional_residuals``)."""
+    channels = config["block_out_channels"]
+    layers = config.get("layers_per_block", 2)
+    layers = [layers] * len(channels) if isinstance(layers, int) else layers
+    shapes = [(channels[0], height, width)]
+    for index, width_ in enumerate(channels):
+        shapes += [(width_, height, width)] * layers[index]
+        if index < len(channels) - 1:  # Downsample2D: a 3x3 convolution, stride 2, padding 1
+            height, width = (height + 1) // 2, (width + 1) // 2
+            shapes.append((width_, height, width))
+    return {
+        "down_block_additional_residuals": tuple(torch.zeros(batch, *shape) for shape in shapes),
+        "mid_block_additional_residual": torch.zeros(batch, channels[-1], height, width),
+    }
+
+
+def call_arguments(shapes: Shapes) -> dict:
+    """The ControlNet's own ``__call__`` arguments (a union model's ``control_mode``), from its catalog entry."""
+    found = controlnet_of(shapes.entry)
+    return dict(found["call"]) if found else {}
+
+
+def note(shapes: Shapes, detail: str) -> None:
+    found = controlnet_of(shapes.entry)
+    shapes.note(f"ControlNet {found['name']} ({found['id']}): {detail}; {STEP_RANGE}")

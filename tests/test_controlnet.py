@@ -1,0 +1,130 @@
+"""ControlNets (``--controlnet``): each tiny kind runs for real in its diffusers ControlNet pipeline under the counter
+and equals the offline profile per component, with and without guidance; bench runs it and times it inside the
+steps; a ControlNet for another base model, or an unknown one, is one line and exit 2."""
+
+import pytest
+import torch
+from PIL import Image
+from tiny_runs import PROMPT, macs_by_name
+
+from diffmeter import profile
+from diffmeter.catalog import resolve
+from diffmeter.catalog.controlnets import CONTROLNET, all_controlnets, with_controlnet
+from diffmeter.flops.counter import count_flops
+from diffmeter.flops.profile import MetaComponent
+from diffmeter.measure.ops import OpsTable
+from diffmeter.measure.trace import OPS_FILE
+from diffmeter.predict.memory import predict_memory
+from diffmeter.runs.lifecycle import bench
+from diffmeter.runs.spec import BenchSpec
+from diffmeter.spec import ProfileSpec
+from diffmeter.tiny import tiny_pipeline
+
+PAIRS = {"tiny-sd": "tiny-controlnet-sd", "tiny-sdxl": "tiny-controlnet-sdxl", "tiny-flux": "tiny-controlnet-flux"}
+
+
+def real_macs(model: str, batch_size: int, guidance_scale: float, **extra) -> dict[str, int]:
+    """The real ControlNet pipeline of ``model`` and its tiny ControlNet, run on a control image at the output
+    size: MACs per component."""
+    entry = with_controlnet(resolve(model), PAIRS[model])
+    pipe = tiny_pipeline(entry)
+    size = (entry.defaults.width, entry.defaults.height)
+    control = [Image.new("RGB", size, (90, 40 * k, 160)) for k in range(batch_size)]
+    name = "control_image" if "Flux" in entry.pipeline_class else "image"
+    call = {**entry.extra["runtime"].get("call", {}), **entry.extra[CONTROLNET]["call"], name: control, **extra}
+    with torch.no_grad(), count_flops({n: getattr(pipe, n) for n in entry.components}) as counts:
+        pipe(
+            prompt=[PROMPT] * batch_size,
+            height=entry.defaults.height,
+            width=entry.defaults.width,
+            num_inference_steps=2,
+            guidance_scale=guidance_scale,
+            output_type="np",
+            generator=torch.Generator().manual_seed(0),
+            **call,
+        )
+    return {n: sum(counts.by_module.get(n, {}).values()) // 2 for n in entry.components}
+
+
+@pytest.mark.parametrize("model", PAIRS)
+@pytest.mark.parametrize("batch_size, guided", [(1, True), (2, False)])
+def test_each_controlnet_kind_is_counted_exactly(model, batch_size, guided):
+    guidance = resolve(model).defaults.guidance_scale if guided else 1.0
+    real = real_macs(model, batch_size, guidance)
+    offline = profile(model, controlnet=PAIRS[model], steps=2, batch_size=batch_size, guidance_scale=guidance)
+    assert macs_by_name(offline) == real
+    assert real[CONTROLNET] > 0
+    denoiser = "unet" if "sd" in model else "transformer"  # the residual additions count no MACs
+    assert (
+        macs_by_name(profile(model, steps=2, batch_size=batch_size, guidance_scale=guidance))[denoiser]
+        == real[denoiser]
+    )
+
+
+def test_flux_true_cfg_runs_the_controlnet_once_per_step():
+    """FluxControlNetPipeline: the negative prompt's transformer call reuses the ControlNet's block samples."""
+    real = real_macs("tiny-flux", 1, 3.5, true_cfg_scale=2.0, negative_prompt=[""])
+    offline = profile("tiny-flux", controlnet="tiny-controlnet-flux", steps=2, true_cfg_scale=2.0)
+    assert macs_by_name(offline) == real
+    rows = {(c.name, c.role): c for c in offline.components}
+    assert rows[(CONTROLNET, "denoiser")].calls == 2 and rows[("transformer", "denoiser")].calls == 4
+    assert rows[("vae", "image_encoder")].calls == 1  # the control image, VAE-encoded once
+
+
+def test_catalog_controlnets_count_their_published_architecture():
+    """The catalog's ControlNets build at their stated sizes; each runs every step beside its base's denoiser."""
+    params = {entry.name: MetaComponent(entry.component()).params for entry in all_controlnets() if not entry.is_tiny}
+    assert params == {"controlnet-flux-union": 3_301_956_608, "controlnet-sdxl-canny": 1_251_014_160}
+    sdxl = profile("sdxl", controlnet="controlnet-sdxl-canny")
+    rows = {(c.name, c.role): c for c in sdxl.components}
+    assert rows[(CONTROLNET, "denoiser")].calls == sdxl.steps
+    assert rows[(CONTROLNET, "denoiser")].batch_per_call == 2  # the CFG batch, as the UNet's
+    assert sdxl.controlnet == "diffusers/controlnet-canny-sdxl-1.0"
+    plain = profile("sdxl")
+    assert sdxl.denoiser_macs_per_step == plain.denoiser_macs_per_step + rows[(CONTROLNET, "denoiser")].macs_per_call
+    assert any("control_guidance_start/end change no compute" in note for note in sdxl.notes)
+
+
+def test_memory_prediction_holds_the_controlnet():
+    found = predict_memory(ProfileSpec(model="tiny-sdxl", controlnet="tiny-controlnet-sdxl"), on_cuda=False)
+    plain = predict_memory(ProfileSpec(model="tiny-sdxl"), on_cuda=False)
+    assert (
+        found.component_param_bytes[CONTROLNET]
+        == 4
+        * MetaComponent(with_controlnet(resolve("tiny-sdxl"), "tiny-controlnet-sdxl").components[CONTROLNET]).params
+    )
+    assert found.peak_bytes > plain.peak_bytes
+
+
+@pytest.fixture(scope="module")
+def steered(tmp_path_factory):
+    out = tmp_path_factory.mktemp("controlnet")
+    return {
+        model: bench(BenchSpec(model=model, controlnet=PAIRS[model], iterations=2, trace=True), out=out)
+        for model in ("tiny-sdxl", "tiny-flux")
+    }
+
+
+@pytest.mark.parametrize("model", ["tiny-sdxl", "tiny-flux"])
+def test_bench_runs_and_times_the_controlnet(steered, model):
+    result, folder = steered[model]
+    assert result.status == "complete"
+    assert f"controlnet-{PAIRS[model]}" in folder.name
+    table = OpsTable.model_validate_json((folder / OPS_FILE).read_text())
+    denoising = next(stage for stage in table.stages if stage.stage == "denoising")
+    # the traced steps (from the ControlNet's first call) hold the FLOPs the profile counts for them
+    assert sum(row.flops for row in denoising.rows if row.flops) == result.summary.flops["denoising"]
+    if model == "tiny-flux":  # the control image's VAE encoding, its own stage
+        assert all(iteration.stages.image_encoding_s > 0 for iteration in result.iterations)
+
+
+def test_bad_controlnets_are_one_line_and_exit_2(cli):
+    for args, said in (
+        (("profile", "tiny-flux", "--controlnet", "tiny-controlnet-sdxl"), "steers StableDiffusionXLPipeline"),
+        (("profile", "flux-dev", "--controlnet", "controlnet-flux-unoin"), "Did you mean controlnet-flux-union"),
+        (("profile", "pixart-sigma-1024", "--controlnet", "controlnet-flux-union"), "pick a ControlNet for"),
+        (("profile", "tiny-flux", "--controlnet", "controlnet-flux-union"), "pair tiny with tiny"),
+        (("fit", "--all", "--controlnet", "controlnet-flux-union"), "--controlnet"),
+    ):
+        code, _, err = cli(*args)
+        assert code == 2 and said in err and len(err.strip().splitlines()) == 1, (args, err)
