@@ -204,7 +204,7 @@ def test_the_profile_shows_what_the_image_adds(cli):
     line = " ".join(out.split())
     assert f"this generation {units.macs(edit.total_macs)}, {edit.total_macs / plain.total_macs:.2f}x" in line
     encoding = next(c.macs for c in edit.components if c.role == "image_encoder")
-    assert f"add {units.macs(encoding)} of image encoding" in line
+    assert f"the input image adds {units.macs(encoding)} of image encoding" in line
     assert "input image 40x24" in line and "image_encoder" in line
     code, _, err = cli("profile", "tiny-flux", "--image-size", "40x24")
     assert code == 2 and "takes no input image: drop --image-size" in err and len(err.strip().splitlines()) == 1
