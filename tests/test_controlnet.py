@@ -10,6 +10,8 @@ from tiny_runs import PROMPT, macs_by_name
 from diffmeter import profile
 from diffmeter.catalog import resolve
 from diffmeter.catalog.controlnets import CONTROLNET, all_controlnets, with_controlnet
+from diffmeter.errors import DiffmeterError
+from diffmeter.families import get_family
 from diffmeter.flops.counter import count_flops
 from diffmeter.flops.profile import MetaComponent
 from diffmeter.measure.ops import OpsTable
@@ -21,16 +23,18 @@ from diffmeter.spec import ProfileSpec
 from diffmeter.tiny import tiny_pipeline
 
 PAIRS = {"tiny-sd": "tiny-controlnet-sd", "tiny-sdxl": "tiny-controlnet-sdxl", "tiny-flux": "tiny-controlnet-flux"}
+#: each kind of ControlNet with its tiny base (SD3's in InstantX's layout, with text)
+KINDS = [*PAIRS.items(), ("tiny-sd3", "tiny-controlnet-sd3")]
 
 
-def real_macs(model: str, batch_size: int, guidance_scale: float, **extra) -> dict[str, int]:
+def real_macs(model: str, batch_size: int, guidance_scale: float, controlnet: str | None = None, **extra):
     """The real ControlNet pipeline of ``model`` and its tiny ControlNet, run on a control image at the output
     size: MACs per component."""
-    entry = with_controlnet(resolve(model), PAIRS[model])
+    entry = with_controlnet(resolve(model), controlnet or PAIRS[model])
     pipe = tiny_pipeline(entry)
     size = (entry.defaults.width, entry.defaults.height)
     control = [Image.new("RGB", size, (90, 40 * k, 160)) for k in range(batch_size)]
-    name = "control_image" if "Flux" in entry.pipeline_class else "image"
+    name = "control_image" if "Flux" in entry.pipeline_class or "3" in entry.pipeline_class else "image"
     call = {**entry.extra["runtime"].get("call", {}), **entry.extra[CONTROLNET]["call"], name: control, **extra}
     with torch.no_grad(), count_flops({n: getattr(pipe, n) for n in entry.components}) as counts:
         pipe(
@@ -46,15 +50,15 @@ def real_macs(model: str, batch_size: int, guidance_scale: float, **extra) -> di
     return {n: sum(counts.by_module.get(n, {}).values()) // 2 for n in entry.components}
 
 
-@pytest.mark.parametrize("model", PAIRS)
+@pytest.mark.parametrize("model, controlnet", KINDS)
 @pytest.mark.parametrize("batch_size, guided", [(1, True), (2, False)])
-def test_each_controlnet_kind_is_counted_exactly(model, batch_size, guided):
+def test_each_controlnet_kind_is_counted_exactly(model, controlnet, batch_size, guided):
     guidance = resolve(model).defaults.guidance_scale if guided else 1.0
-    real = real_macs(model, batch_size, guidance)
-    offline = profile(model, controlnet=PAIRS[model], steps=2, batch_size=batch_size, guidance_scale=guidance)
+    real = real_macs(model, batch_size, guidance, controlnet)
+    offline = profile(model, controlnet=controlnet, steps=2, batch_size=batch_size, guidance_scale=guidance)
     assert macs_by_name(offline) == real
     assert real[CONTROLNET] > 0
-    denoiser = "unet" if "sd" in model else "transformer"  # the residual additions count no MACs
+    denoiser = get_family(resolve(model).family).denoiser  # the residual additions count no MACs
     assert (
         macs_by_name(profile(model, steps=2, batch_size=batch_size, guidance_scale=guidance))[denoiser]
         == real[denoiser]
@@ -74,7 +78,11 @@ def test_flux_true_cfg_runs_the_controlnet_once_per_step():
 def test_catalog_controlnets_count_their_published_architecture():
     """The catalog's ControlNets build at their stated sizes; each runs every step beside its base's denoiser."""
     params = {entry.name: MetaComponent(entry.component()).params for entry in all_controlnets() if not entry.is_tiny}
-    assert params == {"controlnet-flux-union": 3_301_956_608, "controlnet-sdxl-canny": 1_251_014_160}
+    assert params == {
+        "controlnet-flux-union": 3_301_956_608,
+        "controlnet-sd3-canny": 538_805_760,
+        "controlnet-sdxl-canny": 1_251_014_160,
+    }
     sdxl = profile("sdxl", controlnet="controlnet-sdxl-canny")
     rows = {(c.name, c.role): c for c in sdxl.components}
     assert rows[(CONTROLNET, "denoiser")].calls == sdxl.steps
@@ -124,7 +132,24 @@ def test_bad_controlnets_are_one_line_and_exit_2(cli):
         (("profile", "flux-dev", "--controlnet", "controlnet-flux-unoin"), "Did you mean controlnet-flux-union"),
         (("profile", "pixart-sigma-1024", "--controlnet", "controlnet-flux-union"), "pick a ControlNet for"),
         (("profile", "tiny-flux", "--controlnet", "controlnet-flux-union"), "pair tiny with tiny"),
+        (("profile", "tiny-sd3", "--controlnet", "tiny-controlnet-flux"), "steers FluxPipeline"),
+        (
+            ("profile", "sd35-large", "--controlnet", "controlnet-sd3-canny"),
+            "num_attention_heads 24 (its denoiser: 38)",
+        ),
+        (("profile", "flux-dev", "--controlnet", "controlnet-sdxl-canny"), "steers StableDiffusionXLPipeline"),
         (("fit", "--all", "--controlnet", "controlnet-flux-union"), "--controlnet"),
     ):
         code, _, err = cli(*args)
         assert code == 2 and said in err and len(err.strip().splitlines()) == 1, (args, err)
+
+
+def test_a_controlnet_for_another_width_of_the_same_pipeline_is_refused():
+    """Same pipeline class, another denoiser width (a local checkpoint): the ControlNet's residuals could not add."""
+    entry = resolve("tiny-flux")
+    wider = entry.components["transformer"].model_copy(
+        update={"config": {**entry.components["transformer"].config, "num_attention_heads": 4}}
+    )
+    other = entry.model_copy(update={"components": {**entry.components, "transformer": wider}})
+    with pytest.raises(DiffmeterError, match="num_attention_heads 2 \\(its denoiser: 4\\)"):
+        with_controlnet(other, "tiny-controlnet-flux")

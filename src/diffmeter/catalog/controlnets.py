@@ -19,6 +19,8 @@ from diffmeter.errors import DiffmeterError
 
 #: the component name diffusers' ControlNet pipelines give it
 CONTROLNET = "controlnet"
+#: the denoiser a ControlNet steers, as the pipelines name it
+DENOISERS = ("transformer", "unet")
 
 
 class ControlNetEntry(Named, BaseModel):
@@ -34,6 +36,9 @@ class ControlNetEntry(Named, BaseModel):
     published_params: int | None = None
     published_params_source: str | None = None
     pipelines: dict[str, str]
+    #: config keys the base's denoiser must share (its widths): a ControlNet for another size of the same pipeline
+    #: class (SD3.5 Large's on SD3 Medium) is refused
+    matches: list[str] = []
     call: dict[str, Any] = {}
     sources: dict[str, str] = {}
     notes: str = ""
@@ -91,6 +96,14 @@ def with_controlnet(entry: PipelineEntry, name: str | None) -> PipelineEntry:
         kinds = ("a tiny random", "a real") if found.is_tiny else ("a real", "a tiny random")
         raise DiffmeterError(
             f"ControlNet {found.name} is {kinds[0]} one and {entry.name} {kinds[1]} pipeline: pair tiny with tiny"
+        )
+    denoiser = next((entry.components[n].config for n in DENOISERS if n in entry.components), {})
+    differ = [key for key in found.matches if found.config.get(key) != denoiser.get(key)]
+    if differ:
+        said = ", ".join(f"{key} {found.config.get(key)} (its denoiser: {denoiser.get(key)})" for key in differ)
+        raise DiffmeterError(
+            f"ControlNet {found.name} is made for another denoiser than {entry.name}'s: {said}; pick a ControlNet for "
+            f"{entry.name} (`diffmeter models --controlnets`)"
         )
     return entry.model_copy(
         update={

@@ -2,8 +2,9 @@
 
 import torch
 
-from diffmeter.families import lora
-from diffmeter.families.base import Family, Shapes, latents, register, timesteps
+from diffmeter.catalog.controlnets import CONTROLNET
+from diffmeter.families import controlnet, lora
+from diffmeter.families.base import DENOISER, IMAGE_ENCODER, Call, Family, Shapes, latents, register, timesteps
 
 
 @register
@@ -31,3 +32,38 @@ class StableDiffusion3(Family):
             "pooled_projections": torch.zeros(batch, config["pooled_projection_dim"]),
             "return_dict": False,
         }
+
+    def controlnet_plan(self, shapes: Shapes, calls: list[Call]) -> list[Call]:
+        """StableDiffusion3ControlNetPipeline (diffusers 0.42.1, pipeline_stable_diffusion_3_controlnet.py 1063-1077
+        and 1139-1196): the control image, doubled with the CFG batch (``prepare_image``), VAE-encoded once per call;
+        the ControlNet takes the transformer's inputs and the control latents (InstantX's layout: SD3.5's own, without
+        text or a position embedding of their own, are not in the catalog), and hands the transformer one sample per
+        ControlNet block."""
+        config = shapes.config(CONTROLNET)
+        first = next(index for index, call in enumerate(calls) if call.role == DENOISER)
+        denoiser = calls[first]
+        size, channels = (shapes.spec.height, shapes.spec.width), self.latent_channels(shapes.entry)
+        tokens = (shapes.latent_height // self.patch(shapes.entry)) * (shapes.latent_width // self.patch(shapes.entry))
+
+        def build(device):
+            inputs = self.denoiser_inputs(shapes, denoiser.batch, device)
+            latent = (shapes.latent_height, shapes.latent_width)
+            return {**inputs, "controlnet_cond": latents(denoiser.batch, channels, *latent, device)}
+
+        width = config["num_attention_heads"] * config["attention_head_dim"]
+
+        def residuals(batch, device):
+            return {"block_controlnet_hidden_states": [torch.zeros(batch, tokens, width)] * config["num_layers"]}
+
+        encode = Call(
+            self.decoder,
+            IMAGE_ENCODER,
+            denoiser.batch,
+            1,
+            lambda device: {"x": torch.zeros(denoiser.batch, 3, *size)},
+            method="encode",
+            note=f"the control image, {size[1]}x{size[0]} (WxH), once per output and CFG half",
+        )
+        controlnet.note(shapes, f"runs every step at the transformer's batch ({denoiser.batch})")
+        planned = controlnet.with_residuals(calls, self.denoiser, residuals)
+        return [*planned[:first], encode, controlnet.beside(denoiser, build), *planned[first:]]
