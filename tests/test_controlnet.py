@@ -9,7 +9,7 @@ from tiny_runs import PROMPT, macs_by_name
 
 from diffmeter import profile
 from diffmeter.catalog import resolve
-from diffmeter.catalog.controlnets import CONTROLNET, all_controlnets, with_controlnet
+from diffmeter.catalog.controlnets import CONTROLNET, all_controlnets, find_controlnet, with_controlnet
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 from diffmeter.flops.counter import count_flops
@@ -23,15 +23,17 @@ from diffmeter.spec import ProfileSpec
 from diffmeter.tiny import tiny_pipeline
 
 PAIRS = {"tiny-sd": "tiny-controlnet-sd", "tiny-sdxl": "tiny-controlnet-sdxl", "tiny-flux": "tiny-controlnet-flux"}
-#: each kind of ControlNet with its tiny base (SD3's in InstantX's layout, with text)
-KINDS = [*PAIRS.items(), ("tiny-sd3", "tiny-controlnet-sd3")]
+#: each kind of ControlNet with its tiny base: SD3's with text (InstantX's) and without (SD3.5's own)
+KINDS = [*PAIRS.items(), ("tiny-sd3", "tiny-controlnet-sd3"), ("tiny-sd3", "tiny-controlnet-sd35")]
 
 
 def real_macs(model: str, batch_size: int, guidance_scale: float, controlnet: str | None = None, **extra):
     """The real ControlNet pipeline of ``model`` and its tiny ControlNet, run on a control image at the output
     size: MACs per component."""
     entry = with_controlnet(resolve(model), controlnet or PAIRS[model])
-    pipe = tiny_pipeline(entry)
+    # its published config: the pipeline itself completes what it completes (SD3.5's position embedding)
+    published = find_controlnet(controlnet or PAIRS[model]).component()
+    pipe = tiny_pipeline(entry.model_copy(update={"components": {**entry.components, CONTROLNET: published}}))
     size = (entry.defaults.width, entry.defaults.height)
     control = [Image.new("RGB", size, (90, 40 * k, 160)) for k in range(batch_size)]
     name = "control_image" if "Flux" in entry.pipeline_class or "3" in entry.pipeline_class else "image"
@@ -81,6 +83,7 @@ def test_catalog_controlnets_count_their_published_architecture():
     assert params == {
         "controlnet-flux-union": 3_301_956_608,
         "controlnet-sd3-canny": 538_805_760,
+        "controlnet-sd35-large-canny": 2_153_518_976,
         "controlnet-sdxl-canny": 1_251_014_160,
     }
     sdxl = profile("sdxl", controlnet="controlnet-sdxl-canny")

@@ -105,14 +105,33 @@ def with_controlnet(entry: PipelineEntry, name: str | None) -> PipelineEntry:
             f"ControlNet {found.name} is made for another denoiser than {entry.name}'s: {said}; pick a ControlNet for "
             f"{entry.name} (`diffmeter models --controlnets`)"
         )
+    component = found.component()
+    component.config = as_run(found.class_name, component.config, denoiser)
     return entry.model_copy(
         update={
             "pipeline_class": pipeline,
-            "components": {**entry.components, CONTROLNET: found.component()},
+            "components": {**entry.components, CONTROLNET: component},
             "sources": {**entry.sources, CONTROLNET: found.sources.get("config", found.id)},
             "extra": {**entry.extra, CONTROLNET: {"id": found.id, "name": found.name, "call": found.call}},
         }
     )
+
+
+def as_run(class_name: str, config: dict[str, Any], denoiser: dict[str, Any]) -> dict[str, Any]:
+    """The ControlNet's config as its pipeline leaves the module: StableDiffusion3ControlNetPipeline.__init__ gives an
+    SD3 ControlNet without a position embedding of its own (``use_pos_embed: false``, SD3.5's) a copy of the
+    transformer's (pipeline_stable_diffusion_3_controlnet.py 222-224; controlnet_sd3.py 241-251,
+    ``_get_pos_embed_from_transformer``): built here as its own, the same PatchEmbed, so it is counted and held."""
+    if class_name != "SD3ControlNetModel" or config.get("use_pos_embed", True):
+        return config
+    import inspect
+
+    from diffusers import SD3Transformer2DModel
+
+    defaults = {name: p.default for name, p in inspect.signature(SD3Transformer2DModel.__init__).parameters.items()}
+    keys = ("sample_size", "patch_size", "in_channels", "pos_embed_max_size")
+    copied = {key: denoiser.get(key, defaults[key]) for key in keys}
+    return {**config, **copied, "use_pos_embed": True, "pos_embed_type": "sincos"}
 
 
 def controlnet_of(entry: PipelineEntry) -> dict[str, Any] | None:

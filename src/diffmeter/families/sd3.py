@@ -36,9 +36,8 @@ class StableDiffusion3(Family):
     def controlnet_plan(self, shapes: Shapes, calls: list[Call]) -> list[Call]:
         """StableDiffusion3ControlNetPipeline (diffusers 0.42.1, pipeline_stable_diffusion_3_controlnet.py 1063-1077
         and 1139-1196): the control image, doubled with the CFG batch (``prepare_image``), VAE-encoded once per call;
-        the ControlNet takes the transformer's inputs and the control latents (InstantX's layout: SD3.5's own, without
-        text or a position embedding of their own, are not in the catalog), and hands the transformer one sample per
-        ControlNet block."""
+        the ControlNet takes the transformer's inputs (no text where it has no ``joint_attention_dim``: SD3.5's own)
+        and the control latents, and hands the transformer one sample per ControlNet block."""
         config = shapes.config(CONTROLNET)
         first = next(index for index, call in enumerate(calls) if call.role == DENOISER)
         denoiser = calls[first]
@@ -47,6 +46,8 @@ class StableDiffusion3(Family):
 
         def build(device):
             inputs = self.denoiser_inputs(shapes, denoiser.batch, device)
+            if config.get("joint_attention_dim") is None:  # pipeline: controlnet_encoder_hidden_states = None
+                inputs["encoder_hidden_states"] = None
             latent = (shapes.latent_height, shapes.latent_width)
             return {**inputs, "controlnet_cond": latents(denoiser.batch, channels, *latent, device)}
 
