@@ -24,19 +24,25 @@ from diffmeter.tiny import tiny_pipeline
 
 PAIRS = {"tiny-sd": "tiny-controlnet-sd", "tiny-sdxl": "tiny-controlnet-sdxl", "tiny-flux": "tiny-controlnet-flux"}
 #: each kind of ControlNet with its tiny base: SD3's with text (InstantX's) and without (SD3.5's own)
-KINDS = [*PAIRS.items(), ("tiny-sd3", "tiny-controlnet-sd3"), ("tiny-sd3", "tiny-controlnet-sd35")]
+KINDS = [
+    *PAIRS.items(),
+    ("tiny-sd3", "tiny-controlnet-sd3"),
+    ("tiny-sd3", "tiny-controlnet-sd35"),
+    ("tiny-qwenimage", "tiny-controlnet-qwenimage"),
+]
 
 
 def real_macs(model: str, batch_size: int, guidance_scale: float, controlnet: str | None = None, **extra):
     """The real ControlNet pipeline of ``model`` and its tiny ControlNet, run on a control image at the output
-    size: MACs per component."""
+    size: MACs per component, and the profile settings its prompt sets."""
     entry = with_controlnet(resolve(model), controlnet or PAIRS[model])
+    family = get_family(entry.family)
     # its published config: the pipeline itself completes what it completes (SD3.5's position embedding)
     published = find_controlnet(controlnet or PAIRS[model]).component()
     pipe = tiny_pipeline(entry.model_copy(update={"components": {**entry.components, CONTROLNET: published}}))
     size = (entry.defaults.width, entry.defaults.height)
     control = [Image.new("RGB", size, (90, 40 * k, 160)) for k in range(batch_size)]
-    name = "control_image" if "Flux" in entry.pipeline_class or "3" in entry.pipeline_class else "image"
+    name = "image" if "StableDiffusion" in entry.pipeline_class and "3" not in entry.pipeline_class else "control_image"
     call = {**entry.extra["runtime"].get("call", {}), **entry.extra[CONTROLNET]["call"], name: control, **extra}
     with torch.no_grad(), count_flops({n: getattr(pipe, n) for n in entry.components}) as counts:
         pipe(
@@ -44,32 +50,33 @@ def real_macs(model: str, batch_size: int, guidance_scale: float, controlnet: st
             height=entry.defaults.height,
             width=entry.defaults.width,
             num_inference_steps=2,
-            guidance_scale=guidance_scale,
+            **family.guidance_arguments(entry, guidance_scale),
             output_type="np",
             generator=torch.Generator().manual_seed(0),
             **call,
         )
-    return {n: sum(counts.by_module.get(n, {}).values()) // 2 for n in entry.components}
+    macs = {n: sum(counts.by_module.get(n, {}).values()) // 2 for n in entry.components}
+    return macs, family.prompt_settings(pipe, [PROMPT])
 
 
 @pytest.mark.parametrize("model, controlnet", KINDS)
 @pytest.mark.parametrize("batch_size, guided", [(1, True), (2, False)])
 def test_each_controlnet_kind_is_counted_exactly(model, controlnet, batch_size, guided):
     guidance = resolve(model).defaults.guidance_scale if guided else 1.0
-    real = real_macs(model, batch_size, guidance, controlnet)
-    offline = profile(model, controlnet=controlnet, steps=2, batch_size=batch_size, guidance_scale=guidance)
+    real, prompt = real_macs(model, batch_size, guidance, controlnet)
+    offline = profile(model, controlnet=controlnet, steps=2, batch_size=batch_size, guidance_scale=guidance, **prompt)
     assert macs_by_name(offline) == real
     assert real[CONTROLNET] > 0
     denoiser = get_family(resolve(model).family).denoiser  # the residual additions count no MACs
     assert (
-        macs_by_name(profile(model, steps=2, batch_size=batch_size, guidance_scale=guidance))[denoiser]
+        macs_by_name(profile(model, steps=2, batch_size=batch_size, guidance_scale=guidance, **prompt))[denoiser]
         == real[denoiser]
     )
 
 
 def test_flux_true_cfg_runs_the_controlnet_once_per_step():
     """FluxControlNetPipeline: the negative prompt's transformer call reuses the ControlNet's block samples."""
-    real = real_macs("tiny-flux", 1, 3.5, true_cfg_scale=2.0, negative_prompt=[""])
+    real, _ = real_macs("tiny-flux", 1, 3.5, true_cfg_scale=2.0, negative_prompt=[""])
     offline = profile("tiny-flux", controlnet="tiny-controlnet-flux", steps=2, true_cfg_scale=2.0)
     assert macs_by_name(offline) == real
     rows = {(c.name, c.role): c for c in offline.components}
@@ -82,6 +89,7 @@ def test_catalog_controlnets_count_their_published_architecture():
     params = {entry.name: MetaComponent(entry.component()).params for entry in all_controlnets() if not entry.is_tiny}
     assert params == {
         "controlnet-flux-union": 3_301_956_608,
+        "controlnet-qwen-image-union": 1_768_003_584,
         "controlnet-sd3-canny": 538_805_760,
         "controlnet-sd35-large-canny": 2_153_518_976,
         "controlnet-sdxl-canny": 1_251_014_160,

@@ -10,7 +10,9 @@ batch 1) and the transformer runs a second, separate call per step on that text.
 
 import torch
 
-from diffmeter.families.base import DENOISER, TEXT_ENCODER, Call, Family, Shapes, register, timesteps
+from diffmeter.catalog.controlnets import CONTROLNET
+from diffmeter.families import controlnet
+from diffmeter.families.base import DENOISER, IMAGE_ENCODER, TEXT_ENCODER, Call, Family, Shapes, register, timesteps
 
 #: QwenImagePipeline.prompt_template_encode_start_idx: leading template tokens dropped after encoding
 DROPPED_TOKENS = 34
@@ -180,6 +182,41 @@ class QwenImage(Family):
             }
 
         return build
+
+    def controlnet_plan(self, shapes: Shapes, calls: list[Call]) -> list[Call]:
+        """QwenImageControlNetPipeline (diffusers 0.42.1, pipeline_qwenimage_controlnet.py 711-748 and 864-910): the
+        control image at the output size, repeated per output, VAE-encoded once per call as a one-frame video and
+        packed like the latents; the ControlNet runs once per step on the prompt, and the negative prompt's
+        transformer call reuses its block samples."""
+        config, batch = shapes.config(CONTROLNET), shapes.spec.batch_size
+        first = next(index for index, call in enumerate(calls) if call.role == DENOISER)
+        tokens = (shapes.latent_height // 2) * (shapes.latent_width // 2)
+        size = (shapes.spec.height, shapes.spec.width)
+        cond = self._builder(shapes, batch, batch, self.transformer_tokens(shapes))
+
+        def build(device):
+            inputs = {name: value for name, value in cond(device).items() if name != "guidance"}
+            channels = config["in_channels"] + config.get("extra_condition_channels", 0)
+            return {**inputs, "controlnet_cond": torch.zeros(batch, tokens, channels, device=device)}
+
+        width = config["num_attention_heads"] * config["attention_head_dim"]
+
+        def residuals(call_batch, device):
+            return {"controlnet_block_samples": [torch.zeros(call_batch, tokens, width)] * config["num_layers"]}
+
+        encode = Call(
+            self.decoder,
+            IMAGE_ENCODER,
+            batch,
+            1,
+            lambda device: {"x": torch.zeros(batch, 3, 1, *size)},
+            method="encode",
+            note=f"the control image, {size[1]}x{size[0]} (WxH), once per output",
+        )
+        controlnet.note(shapes, f"runs once per step at batch {batch}, on the prompt alone")
+        planned = controlnet.with_residuals(calls, self.denoiser, residuals)
+        ran = controlnet.beside(calls[first], build, batch, shapes.spec.steps)
+        return [*planned[:first], encode, ran, *planned[first:]]
 
     def decoder_inputs(self, shapes: Shapes, batch: int, device):
         """The VAE is causal-3D: one frame of latents, (batch, z_dim, 1, h, w)."""
