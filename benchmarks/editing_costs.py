@@ -1,6 +1,7 @@
 """What editing costs: every image-conditioned catalog model at its defaults, editing input images of several
-sizes, against its own text-to-image generation; offline (the profile's exact MACs, the predicted peak memory
-and time on an H100), and the exactness argument for the transformer.
+sizes, and every catalog ControlNet on its base model, against their own text-to-image generation; offline (the
+profile's exact MACs, the predicted peak memory and time on an H100), and the exactness argument for the
+transformer.
 
 Run from the repo root:  python benchmarks/editing_costs.py   (a few minutes on 2 cores, cold)
 Writes docs/what-editing-costs.md.
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from diffmeter import units
 from diffmeter.catalog import all_entries
+from diffmeter.catalog.controlnets import all_controlnets
 from diffmeter.families import get_family
 from diffmeter.families.images import ImageConditioned
 from diffmeter.flops.analytic import FORMULAS
@@ -143,9 +145,46 @@ def main() -> int:
                 "of a 1024x1024 one), VAE-encoded once per call whatever the batch, and its tokens ride along in",
                 "every transformer call. Counted exactly like text-to-image: `tests/test_family_flux2_references.py`.",
             ]
+    lines += controlnet_section(gpu)
     OUT.write_text("\n".join(lines) + "\n")
     print(f"written to {OUT}")
     return 0
+
+
+def controlnet_section(gpu) -> list[str]:
+    """Every catalog ControlNet on the model it was made for, at that model's defaults, against its text-to-image."""
+    lines = [
+        "",
+        "## ControlNets",
+        "",
+        "Each catalog ControlNet (`diffmeter models --controlnets`) on the model it was made for, at that model's",
+        "defaults, batch 1, with a control image at the output size. Its pipeline runs it every step, whatever",
+        "`control_guidance_start/end` (outside the range it scales the residuals by 0): on the CFG batch for SD3,",
+        "SD3.5 and SDXL, once on the prompt for FLUX.1 and Qwen-Image (whose second, negative-prompt transformer",
+        "call reuses its outputs). FLUX.1, SD3 and Qwen-Image VAE-encode the control image first; SDXL's takes it",
+        "in pixels. Counted exactly as the real pipelines run it: `tests/test_controlnet.py`.",
+        "",
+        "| model + ControlNet | ControlNet params | ControlNet MACs / step | denoising MACs / step | control image "
+        "encode MACs | total MACs | x text-to-image | peak memory: denoising step / whole | expected time (H100) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for steering in (entry for entry in all_controlnets() if not entry.is_tiny):
+        plain = row(ProfileSpec(model=steering.base), gpu)
+        found = row(ProfileSpec(model=steering.base, controlnet=steering.name), gpu)
+        p, time = found["profile"], found["time"]
+        own = next(c for c in p.components if c.name == "controlnet")
+        expected = f"{time.expected_s[0]:.1f} to {time.expected_s[1]:.1f} s" if time.expected_s else "-"
+        before = plain["time"].expected_s
+        was = f" (text-to-image {before[0]:.1f} to {before[1]:.1f} s)" if before else ""
+        stages = found["stage_peaks"]
+        lines.append(
+            f"| {steering.base} + {steering.name} | {units.params(own.params)} | "
+            f"{units.macs(own.macs // p.steps)} | {units.macs(p.denoiser_macs_per_step)} | "
+            f"{units.macs(found['encode']) if found['encode'] else '-'} | {units.macs(p.total_macs)} | "
+            f"{p.total_macs / plain['profile'].total_macs:.2f}x | {units.nbytes(stages['denoising step'])} / "
+            f"{units.nbytes(found['peak'])} (text-to-image {units.nbytes(plain['peak'])}) | {expected}{was} |"
+        )
+    return lines
 
 
 def exactness(entry, rows) -> list[str]:

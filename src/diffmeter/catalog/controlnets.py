@@ -32,6 +32,8 @@ class ControlNetEntry(Named, BaseModel):
     id: str
     aliases: list[str] = []
     class_name: str = Field(alias="class")
+    #: the catalog model it was trained for (its model card's base); others of the same pipeline and widths take it
+    base: str
     config: dict[str, Any]
     published_params: int | None = None
     published_params_source: str | None = None

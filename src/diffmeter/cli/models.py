@@ -84,6 +84,7 @@ def _controlnets(as_json: bool) -> None:
             "name": entry.name,
             "id": entry.id,
             "class": entry.class_name,
+            "base": entry.base,
             "params": MetaComponent(entry.component()).params,
             "pipelines": entry.pipelines,
         }
@@ -93,11 +94,13 @@ def _controlnets(as_json: bool) -> None:
         print(json.dumps(rows, indent=2))
         return
     table = Table(title="diffmeter ControlNets (--controlnet NAME)", title_justify="left", box=box.SIMPLE_HEAD)
-    for header in ("name", "params", "steers", "runs in", "hub id"):
+    for header in ("name", "params", "made for", "runs in", "hub id"):
         table.add_column(header, justify="right" if header == "params" else "left")
     for row in rows:
-        steers, runs = ", ".join(row["pipelines"]), ", ".join(row["pipelines"].values())
-        table.add_row(row["name"], units.params(row["params"]).removesuffix(" params"), steers, runs, escape(row["id"]))
+        runs = ", ".join(row["pipelines"].values())
+        table.add_row(
+            row["name"], units.params(row["params"]).removesuffix(" params"), row["base"], runs, escape(row["id"])
+        )
     console.print(table)
 
 
