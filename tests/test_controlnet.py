@@ -17,6 +17,7 @@ from diffmeter.flops.profile import MetaComponent
 from diffmeter.measure.ops import OpsTable
 from diffmeter.measure.trace import OPS_FILE
 from diffmeter.predict.memory import predict_memory
+from diffmeter.runs.collect import rows
 from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.spec import ProfileSpec
@@ -133,6 +134,8 @@ def test_bench_runs_and_times_the_controlnet(steered, model):
     denoising = next(stage for stage in table.stages if stage.stage == "denoising")
     # the traced steps (from the ControlNet's first call) hold the FLOPs the profile counts for them
     assert sum(row.flops for row in denoising.rows if row.flops) == result.summary.flops["denoising"]
+    stored = next(row for row in rows(folder.parent) if row["folder"] == folder.name)
+    assert stored["controlnet"] == PAIRS[model]  # `diffmeter table` tells it from the plain run
     if model == "tiny-flux":  # the control image's VAE encoding, its own stage
         assert all(iteration.stages.image_encoding_s > 0 for iteration in result.iterations)
 
