@@ -126,6 +126,7 @@ class ProfileSpec:
             resolution_binning=defaults.resolution_binning
             if self.resolution_binning is None
             else self.resolution_binning,
+            image_sizes=self.image_sizes or tuple(tuple(size) for size in defaults.image_sizes),
         )
         spec.check()
         return spec

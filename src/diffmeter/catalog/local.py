@@ -27,8 +27,8 @@ _RUNTIME_ONLY = {
     "tokenizer_3",
     "processor",  # a transformers processor (QwenImage21Pipeline): tokenizer + image processor
     "feature_extractor",
+    "image_processor",  # a transformers image processor (WanImageToVideoPipeline)
     "safety_checker",
-    "image_encoder",
     "id2label",
 }
 

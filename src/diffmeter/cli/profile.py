@@ -273,6 +273,8 @@ def _print_profile(found, spec) -> None:
         from diffmeter.flops.profile import profile_spec
 
         baseline = profile_spec(plain)
+    if baseline.input_images:  # an image-to-video checkpoint: no generation from text alone to compare with
+        return
     console.print(conditioning_line(found, baseline), highlight=False, markup=False)
 
 

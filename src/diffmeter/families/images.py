@@ -7,18 +7,20 @@ import torch
 from diffmeter.families.base import IMAGE_ENCODER, Call, Family, Shapes
 
 
-def vae_encode_calls(family: Family, shapes: Shapes, per_output: bool = True, video: bool = False) -> list[Call]:
+def vae_encode_calls(
+    family: Family, shapes: Shapes, per_output: bool = True, video: bool = False, frames: int = 1
+) -> list[Call]:
     """The VAE encoding each input image at batch 1: once per output where each prompt has its own image, and
     bench calls with one generator per output (FluxKontextPipeline._encode_vae_image, diffusers 0.42.1, encodes
     ``image[i : i + 1]`` per image then); once per call where the images are references shared by the batch
     (``per_output=False``: Flux2Pipeline.prepare_image_latents encodes each reference once). An RGB image, as the
-    pipelines preprocess it; ``video``: as a one-frame video (a video VAE's first frame)."""
+    pipelines preprocess it; ``video``: as a video of ``frames`` frames, the image first (the others zeros: Wan 2.1
+    I2V encodes the whole video)."""
     calls = []
     for index, (height, width) in enumerate(shapes.images):
 
         def build(device: torch.device, height=height, width=width) -> dict:
-            frames = (1,) if video else ()
-            return {"x": torch.zeros(1, 3, *frames, height, width, device=device)}
+            return {"x": torch.zeros(1, 3, *((frames,) if video else ()), height, width, device=device)}
 
         label = f"input image {index + 1}, " if len(shapes.images) > 1 else ""
         calls.append(

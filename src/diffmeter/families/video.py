@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from diffmeter.errors import DiffmeterError
-from diffmeter.families.base import DENOISER, Call, Family, Shapes, register, timesteps
+from diffmeter.families.base import DENOISER, IMAGE_ENCODER, Call, Family, Shapes, register, timesteps
 from diffmeter.families.images import ImageConditioned, vae_encode_calls
 from diffmeter.spec import size_text
 
@@ -93,6 +93,11 @@ class Wan(ImageConditioned, Family):
         one-frame video whose latent replaces the first latent frame in every step (``first_frame_mask``): the
         transformer's calls are text-to-video's."""
         if not spec.image_sizes:
+            if image_to_video(entry):
+                raise DiffmeterError(
+                    f"{entry.name} ({entry.pipeline_class}) animates an image: add --image-size WxH (any size: the "
+                    f"pipeline resizes it to the video's {spec.width}x{spec.height})"
+                )
             return []
         if not self.takes_images(entry):
             raise DiffmeterError(
@@ -102,27 +107,50 @@ class Wan(ImageConditioned, Family):
         if len(spec.image_sizes) > 1:
             raise DiffmeterError(f"{entry.name} animates one image (the first frame): pass one --image-size")
         given = spec.image_sizes[0]
-        notes.append(
-            f"image-to-video: WanImageToVideoPipeline runs {entry.name} on the {size_text(given)} image resized to the "
-            f"video's {spec.width}x{spec.height}, VAE-encoded once per output (bench gives one generator per "
-            "output) as the first latent frame; the transformer's calls are those of text-to-video"
-        )
+        if image_to_video(entry):
+            notes.append(
+                f"image-to-video: the {size_text(given)} image resized to the video's {spec.width}x{spec.height}, "
+                f"VAE-encoded as a video of {spec.num_frames} frames (the image, then zeros) once per output, and read "
+                "by the CLIP vision encoder once per call; its tokens join the text's in every transformer call, "
+                "which takes the image's latents and mask as extra channels"
+            )
+        else:
+            notes.append(
+                f"image-to-video: WanImageToVideoPipeline runs {entry.name} on the {size_text(given)} image resized to "
+                f"the video's {spec.width}x{spec.height}, VAE-encoded once per output (bench gives one generator per "
+                "output) as the first latent frame; the transformer's calls are those of text-to-video"
+            )
         return [(spec.height, spec.width)]
 
     def takes_images(self, entry) -> bool:
-        return bool(_init(entry, "expand_timesteps"))
+        return image_to_video(entry) or bool(_init(entry, "expand_timesteps"))
 
     def image_calls(self, shapes: Shapes) -> list[Call]:
-        return vae_encode_calls(self, shapes, per_output=True, video=True)
+        """TI2V-5B: the image as a one-frame video. Wan 2.1 I2V (WanImageToVideoPipeline.encode_image and
+        prepare_latents, diffusers 0.42.1): the CLIP vision encoder reads it once per call at its own image size
+        (all its layers run; the pipeline keeps the penultimate's 257 tokens), and the VAE encodes a whole
+        ``num_frames`` video, the image then zeros, once per output (bench gives one generator per output)."""
+        if not shapes.images or _init(shapes.entry, "expand_timesteps"):
+            return vae_encode_calls(self, shapes, per_output=True, video=True)
+        side = shapes.config("image_encoder")["image_size"]  # its processor crops to it (preprocessor_config.json)
+
+        def pixels(device):
+            return {"pixel_values": torch.zeros(1, 3, side, side, device=device), "output_hidden_states": True}
+
+        seen = Call("image_encoder", IMAGE_ENCODER, 1, 1, pixels, note=f"the image at {side}x{side}, once per call")
+        return [seen, *vae_encode_calls(self, shapes, per_output=True, video=True, frames=shapes.spec.num_frames)]
 
     def image_arguments(self, images: list[list]) -> dict:
         """One image for the whole call (the pipeline encodes it once per generator)."""
         return {"image": images[0][0]}
 
     def conditioned_pipeline(self, pipe):
-        """The loaded WanPipeline as WanImageToVideoPipeline, sharing its components and ``expand_timesteps``."""
+        """The loaded WanPipeline as WanImageToVideoPipeline, sharing its components and ``expand_timesteps`` (an
+        I2V checkpoint's own pipeline is one already)."""
         from diffusers import WanImageToVideoPipeline
 
+        if isinstance(pipe, WanImageToVideoPipeline):
+            return pipe
         made = WanImageToVideoPipeline.from_pipe(pipe)
         made.set_progress_bar_config(**getattr(pipe, "_progress_bar_config", {}))  # from_pipe starts a fresh one
         return made
@@ -191,12 +219,15 @@ class Wan(ImageConditioned, Family):
             timestep = torch.zeros(batch, tokens, device=device)
         else:
             timestep = timesteps(batch, device)
-        return {
+        inputs = {
             "hidden_states": self._latents(shapes, batch, config["in_channels"]),
             "timestep": timestep,
             "encoder_hidden_states": torch.zeros(batch, shapes.text_tokens["text_encoder"], config["text_dim"]),
             "return_dict": False,
         }
+        if config.get("image_dim") is not None:  # Wan 2.1 I2V: the CLIP image tokens, beside the text's
+            inputs["encoder_hidden_states_image"] = torch.zeros(batch, image_tokens(shapes.entry), config["image_dim"])
+        return inputs
 
     def decoder_calls(self, shapes: Shapes) -> list[Call]:
         """AutoencoderKLWan decodes one latent frame per ``decoder`` call, its causal caches passed in
@@ -220,6 +251,17 @@ def _vae_setting(entry, decoder: str, key: str) -> int:
     from diffusers import AutoencoderKLWan
 
     return inspect.signature(AutoencoderKLWan.__init__).parameters[key].default
+
+
+def image_to_video(entry) -> bool:
+    """A Wan 2.1 I2V checkpoint: its own pipeline is WanImageToVideoPipeline, which needs an image."""
+    return entry.pipeline_class == "WanImageToVideoPipeline"
+
+
+def image_tokens(entry) -> int:
+    """The CLIP vision encoder's tokens: one per patch of the crop, and the class token."""
+    vision = entry.components["image_encoder"].config
+    return (vision["image_size"] // vision["patch_size"]) ** 2 + 1
 
 
 def _init(entry, name: str):

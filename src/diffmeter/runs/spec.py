@@ -149,7 +149,7 @@ class BenchSpec(BaseModel):
                 "tf32": tf32,
                 "height": height,
                 "width": width,
-                "image_sizes": image_sizes,
+                "image_sizes": list(profile.image_sizes),
                 "steps": profile.steps,
                 "guidance_scale": profile.guidance_scale,
                 "num_frames": profile.num_frames,

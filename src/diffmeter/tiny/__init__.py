@@ -38,15 +38,14 @@ def assemble(
     """A pipeline from built components plus a runtime (offline tokenizers, a scheduler config)
     and ``init``: the pipeline's other ``__init__`` arguments as its model_index.json holds them,
     plain values (Wan 2.2's ``boundary_ratio``) or ``{"class", "config"}`` of diffusers config
-    objects (HunyuanImage's guiders)."""
+    objects (HunyuanImage's guiders) or transformers image processors (Wan 2.1 I2V's)."""
     parts = dict(parts)
     for name, kind in runtime["tokenizers"].items():
         parts[name] = TOKENIZERS[kind]()
     scheduler = runtime["scheduler"]
     parts["scheduler"] = getattr(diffusers, scheduler["class"]).from_config(scheduler["config"])
     for name, value in (init or {}).items():
-        configured = isinstance(value, dict) and "class" in value
-        parts[name] = getattr(diffusers, value["class"]).from_config(value["config"]) if configured else value
+        parts[name] = configured(value) if isinstance(value, dict) and "class" in value else value
     pipeline_class = getattr(diffusers, pipeline_class_name)
     expected, optional = pipeline_class._get_signature_keys(pipeline_class)
     expected = set(expected)
@@ -55,3 +54,13 @@ def assemble(
     pipeline = pipeline_class(**{name: part for name, part in parts.items() if name in accepted})
     pipeline.set_progress_bar_config(disable=True)
     return pipeline
+
+
+def configured(value: dict):
+    """A diffusers config object (``from_config``) or a transformers image processor (``from_dict``), from its
+    class name and config."""
+    import transformers
+
+    if hasattr(diffusers, value["class"]):
+        return getattr(diffusers, value["class"]).from_config(value["config"])
+    return getattr(transformers, value["class"]).from_dict(value["config"])

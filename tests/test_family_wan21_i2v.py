@@ -1,0 +1,73 @@
+"""Wan 2.1 I2V (WanImageToVideoPipeline checkpoints): the CLIP vision encoder, the VAE encoding a whole video and the
+36-channel transformer with image cross-attention, run for real on the tiny pipeline under the counter and equal to
+the offline profile per component; the real entries' sizes; a folder of such a pipeline without an image refused."""
+
+import pytest
+import torch
+from tiny_runs import TINY, macs_by_name, tiny_call, token_settings
+
+from diffmeter import profile
+from diffmeter.catalog import resolve
+from diffmeter.errors import DiffmeterError
+from diffmeter.flops.counter import count_flops
+from diffmeter.runs.lifecycle import bench
+from diffmeter.runs.spec import BenchSpec
+from diffmeter.tiny import tiny_pipeline
+
+ENTRY = next(e for e in TINY if e.name == "tiny-wan-i2v")
+
+
+@pytest.mark.parametrize(("batch", "guidance"), [(1, None), (2, 1.0)])
+def test_image_to_video_is_counted_exactly(batch, guidance):
+    pipe, call, settings = tiny_call(ENTRY, batch_size=batch, guidance_scale=guidance, image_sizes=((24, 40),))
+    encode, encoded = pipe.vae.encode, []
+
+    def spy(x, *args, **kwargs):
+        encoded.append(tuple(x.shape))
+        return encode(x, *args, **kwargs)
+
+    pipe.vae.encode = spy
+    with torch.no_grad(), count_flops({name: getattr(pipe, name) for name in ENTRY.components}) as counts:
+        call()
+    real = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in ENTRY.components}
+    offline = profile("tiny-wan-i2v", **{**settings, **token_settings(ENTRY, pipe)})
+    assert macs_by_name(offline) == real
+    frames, height, width = ENTRY.defaults.num_frames, ENTRY.defaults.height, ENTRY.defaults.width
+    assert encoded == [(1, 3, frames, height, width)] * batch  # the whole video, once per generator
+    rows = {(c.name, c.role): c for c in offline.components}
+    assert rows[("image_encoder", "image_encoder")].calls == 1  # the CLIP vision encoder, once per call
+
+
+def test_real_entries_hold_the_published_architecture():
+    """Wan 2.1 I2V 14B: the T2V-14B transformer plus its image cross-attention (16.39B), CLIP ViT-H/14 (632M)."""
+    low, high = profile("wan21-i2v-14b-480p"), profile("wan21-i2v-14b-720p")
+    for found in (low, high):
+        params = {c.name: c.params for c in found.components}
+        assert params["transformer"] == 16_394_878_784 and params["image_encoder"] == 632_076_800
+    assert (low.width, low.height, high.width, high.height) == (832, 480, 1280, 720)
+    assert low.input_images == [(480, 832)]  # the catalog's image: any is resized to the video's size
+    t2v = profile("wan21-t2v-14b", height=480, width=832)
+    t2v_step = t2v.denoiser_macs_per_step
+    assert low.denoiser_macs_per_step > t2v_step  # 257 image tokens in every cross-attention, 36 input channels
+    assert low.denoiser_macs_per_step < 1.05 * t2v_step
+
+
+def test_a_folder_without_an_image_is_refused(tmp_path, cli, capsys):
+    """A local WanImageToVideoPipeline folder has no catalog image: without --image-size, one line, exit 2."""
+    tiny_pipeline(ENTRY).save_pretrained(tmp_path / "i2v")
+    capsys.readouterr()  # save_pretrained's own progress
+    code, _, err = cli("profile", str(tmp_path / "i2v"))
+    assert code == 2 and "animates an image: add --image-size" in err and len(err.strip().splitlines()) == 1
+    tiny = {"height": 16, "width": 16, "num_frames": 9, "steps": 2}  # the folder's defaults are the pipeline's 832x480
+    found = profile(str(tmp_path / "i2v"), image_sizes=["40x24"], **tiny)
+    assert macs_by_name(found) == macs_by_name(profile("tiny-wan-i2v", image_sizes=["40x24"], **tiny))
+    with pytest.raises(DiffmeterError, match="animates one image"):
+        profile("tiny-wan-i2v", image_sizes=[(64, 64), (64, 64)])
+
+
+def test_bench_times_the_image_encoding(tmp_path):
+    result, folder = bench(BenchSpec(model="tiny-wan-i2v", iterations=2), out=tmp_path)
+    assert result.status == "complete"
+    assert all(iteration.stages.image_encoding_s > 0 for iteration in result.iterations)
+    assert result.spec.image_sizes == [(ENTRY.defaults.height, ENTRY.defaults.width)]  # the catalog's default image
+    assert resolve("tiny-wan-i2v").pipeline_class == result.model.pipeline_class
