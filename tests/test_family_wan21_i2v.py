@@ -71,3 +71,18 @@ def test_bench_times_the_image_encoding(tmp_path):
     assert all(iteration.stages.image_encoding_s > 0 for iteration in result.iterations)
     assert result.spec.image_sizes == [(ENTRY.defaults.height, ENTRY.defaults.width)]  # the catalog's default image
     assert resolve("tiny-wan-i2v").pipeline_class == result.model.pipeline_class
+
+
+def test_wan22_experts_animate_without_an_image_encoder():
+    """Wan 2.2 I2V A14B: two 36-channel experts, the image through its VAE latents alone (no CLIP)."""
+    entry = next(e for e in TINY if e.name == "tiny-wan22-i2v")
+    pipe, call, settings = tiny_call(entry, image_sizes=((24, 40),))
+    with torch.no_grad(), count_flops({name: getattr(pipe, name) for name in entry.components}) as counts:
+        call()
+    real = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in entry.components}
+    offline = profile("tiny-wan22-i2v", **{**settings, **token_settings(entry, pipe)})
+    assert macs_by_name(offline) == real and real["transformer"] > 0 and real["transformer_2"] > 0
+    assert "image_encoder" not in macs_by_name(offline)
+    real_entry = profile("wan22-i2v-a14b")
+    params = {c.name: c.params for c in real_entry.components}
+    assert params["transformer"] == params["transformer_2"] == 14_288_901_184

@@ -108,11 +108,16 @@ class Wan(ImageConditioned, Family):
             raise DiffmeterError(f"{entry.name} animates one image (the first frame): pass one --image-size")
         given = spec.image_sizes[0]
         if image_to_video(entry):
+            clip = (
+                ", and read by the CLIP vision encoder once per call; its tokens join the text's in every transformer "
+                "call"
+                if reads_image(entry)
+                else ""
+            )
             notes.append(
                 f"image-to-video: the {size_text(given)} image resized to the video's {spec.width}x{spec.height}, "
-                f"VAE-encoded as a video of {spec.num_frames} frames (the image, then zeros) once per output, and read "
-                "by the CLIP vision encoder once per call; its tokens join the text's in every transformer call, "
-                "which takes the image's latents and mask as extra channels"
+                f"VAE-encoded as a video of {spec.num_frames} frames (the image, then zeros) once per output{clip}; "
+                "the transformer takes the image's latents and mask as extra channels"
             )
         else:
             notes.append(
@@ -132,13 +137,16 @@ class Wan(ImageConditioned, Family):
         ``num_frames`` video, the image then zeros, once per output (bench gives one generator per output)."""
         if not shapes.images or _init(shapes.entry, "expand_timesteps"):
             return vae_encode_calls(self, shapes, per_output=True, video=True)
+        encoded = vae_encode_calls(self, shapes, per_output=True, video=True, frames=shapes.spec.num_frames)
+        if not reads_image(shapes.entry):  # Wan 2.2 I2V A14B: the image's latents alone
+            return encoded
         side = shapes.config("image_encoder")["image_size"]  # its processor crops to it (preprocessor_config.json)
 
         def pixels(device):
             return {"pixel_values": torch.zeros(1, 3, side, side, device=device), "output_hidden_states": True}
 
         seen = Call("image_encoder", IMAGE_ENCODER, 1, 1, pixels, note=f"the image at {side}x{side}, once per call")
-        return [seen, *vae_encode_calls(self, shapes, per_output=True, video=True, frames=shapes.spec.num_frames)]
+        return [seen, *encoded]
 
     def image_arguments(self, images: list[list]) -> dict:
         """One image for the whole call (the pipeline encodes it once per generator)."""
@@ -256,6 +264,12 @@ def _vae_setting(entry, decoder: str, key: str) -> int:
 def image_to_video(entry) -> bool:
     """A Wan 2.1 I2V checkpoint: its own pipeline is WanImageToVideoPipeline, which needs an image."""
     return entry.pipeline_class == "WanImageToVideoPipeline"
+
+
+def reads_image(entry) -> bool:
+    """Whether WanImageToVideoPipeline runs its CLIP image encoder: only for a transformer with an ``image_dim``
+    (pipeline_wan_i2v.py 697-705, diffusers 0.42.1: Wan 2.1 I2V, not Wan 2.2 I2V A14B)."""
+    return entry.components["transformer"].config.get("image_dim") is not None
 
 
 def image_tokens(entry) -> int:
