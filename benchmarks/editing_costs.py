@@ -95,7 +95,10 @@ def main() -> int:
     ]
     for entry in entries:
         family = get_family(entry.family)
-        if family.is_video:  # the image is resized to the video's size: one size tells all
+        needs_image = bool(entry.defaults.image_sizes)  # an image-to-video checkpoint: no text-only run of its own
+        if needs_image:
+            settings = [()]  # its catalog image, at the video's size (any image is resized to it)
+        elif family.is_video:  # the image is resized to the video's size: one size tells all
             settings = [(), ((entry.defaults.height, entry.defaults.width),)]
         else:
             settings = IMAGES + [images for images in SEVERAL if len(images) <= family.max_images]
@@ -122,13 +125,29 @@ def main() -> int:
             usable = gpu.memory_bytes - CUDA_HOLDBACK_BYTES
             if found["peak"] > usable:  # the time of a run that cannot start as it is would mislead
                 expected = f"does not fit ({units.nbytes(usable)} usable): `diffmeter fit` names the settings that do"
+            ratio = "- (no text-only run)" if needs_image else f"{p.total_macs / plain.total_macs:.2f}x"
             lines.append(
                 f"| {size_cell(p)} | {tokens} | {units.macs(p.denoiser_macs_per_step)} | "
                 f"{units.macs(found['encode']) if found['encode'] else '-'} | {units.macs(p.total_macs)} | "
-                f"{p.total_macs / plain.total_macs:.2f}x | {peaks(found)} | {expected} |"
+                f"{ratio} | {peaks(found)} | {expected} |"
             )
         if entry.family == "flux_kontext":
             lines += exactness(entry, rows)
+        elif needs_image:
+            clip = "image_encoder" in entry.components
+            lines += [
+                "",
+                f"{entry.pipeline_class} is this checkpoint's own pipeline: it needs an image, resized to the video's",
+                "size, and VAE-encodes a whole video of it (the image, then zeros) once per output; the transformer",
+                "takes those latents and a mask as 20 extra input channels in every call"
+                + (
+                    ", and the CLIP vision encoder's 257 tokens of the image (read once per call) in every"
+                    " cross-attention."
+                    if clip
+                    else "; no image encoder runs."
+                ),
+                "Counted exactly like the tiny pipeline of its layout: `tests/test_family_wan21_i2v.py`.",
+            ]
         elif family.is_video:
             lines += [
                 "",
