@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_runs import default_images
 from torch._dynamo import register_backend
 from torch.overrides import TorchFunctionMode
 
@@ -88,6 +89,7 @@ def test_masks_attention_says_what_each_denoiser_passes_to_sdpa(entry):
     arguments = dict(num_inference_steps=1, output_type="np", **entry.extra["runtime"].get("call", {}))
     if defaults.num_frames:
         arguments["num_frames"] = defaults.num_frames
+    arguments.update(default_images(entry))
     if entry.family == "dit":
         calls = [dict(class_labels=[1])]
     else:  # a short prompt, and a batch of unequal ones (which pipelines that do not pad must mask)

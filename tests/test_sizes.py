@@ -8,6 +8,7 @@ import re
 import diffusers
 import pytest
 import torch
+from tiny_runs import default_images
 
 from diffmeter.catalog import all_entries
 from diffmeter.errors import DiffmeterError
@@ -44,6 +45,7 @@ def generated_latent_size(entry, height: int, width: int):
         arguments["use_resolution_binning"] = False
     if entry.defaults.num_frames:
         arguments["num_frames"] = entry.defaults.num_frames
+    arguments.update(default_images(entry))
     try:
         with torch.no_grad():
             pipe(**arguments)

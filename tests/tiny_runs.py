@@ -59,6 +59,7 @@ def tiny_call(
     if defaults.num_frames:
         kwargs["num_frames"] = defaults.num_frames
         settings["num_frames"] = defaults.num_frames
+    image_sizes = image_sizes or tuple(tuple(size) for size in defaults.image_sizes)  # an image-to-video checkpoint's
     if image_sizes:
         pipe = get_family(entry.family).conditioned_pipeline(pipe)
         own = [[Image.new("RGB", (w, h), (90, 40 * k % 256, 160)) for h, w in image_sizes] for k in range(batch_size)]
@@ -110,3 +111,10 @@ def encoded_size(pipe, **call) -> tuple[int, int]:
     except _Encoded as caught:
         return caught.args[0]
     raise AssertionError("the pipeline never encoded an image")
+
+
+def default_images(entry: PipelineEntry) -> dict:
+    """The ``__call__`` arguments of the input image an image-to-video checkpoint needs (its catalog default), for
+    the tests that call a pipeline directly; none for the others."""
+    own = [[Image.new("RGB", (w, h), (90, 40, 160)) for h, w in entry.defaults.image_sizes]]
+    return get_family(entry.family).image_arguments(own) if entry.defaults.image_sizes else {}
