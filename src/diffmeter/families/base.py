@@ -42,6 +42,11 @@ class Call:
     #: the model reads the values of small host tensors it is given (masks it turns into lengths, made with
     #: ``host_masks.host_values``): the memory prediction's fake-tensor run keeps them (``predict/fake_run.py``)
     reads_values: bool = False
+    #: an image encoding whose input the pipeline keeps to the end of ``__call__`` (FLUX.1 Kontext's preprocessed
+    #: image); False: freed once encoded (Wan I2V's video, a local of ``prepare_latents``)
+    keeps_input: bool = True
+    #: what of the call's output the pipeline keeps (the CLIP hidden state Wan I2V reads), else all of it
+    kept: Callable[[Any], Any] | None = None
 
 
 @dataclass

@@ -137,7 +137,10 @@ class Wan(ImageConditioned, Family):
         ``num_frames`` video, the image then zeros, once per output (bench gives one generator per output)."""
         if not shapes.images or _init(shapes.entry, "expand_timesteps"):
             return vae_encode_calls(self, shapes, per_output=True, video=True)
-        encoded = vae_encode_calls(self, shapes, per_output=True, video=True, frames=shapes.spec.num_frames)
+        encoded = [  # prepare_latents keeps the latents, not the video it encodes
+            dataclasses.replace(call, keeps_input=False)
+            for call in vae_encode_calls(self, shapes, per_output=True, video=True, frames=shapes.spec.num_frames)
+        ]
         if not reads_image(shapes.entry):  # Wan 2.2 I2V A14B: the image's latents alone
             return encoded
         side = shapes.config("image_encoder")["image_size"]  # its processor crops to it (preprocessor_config.json)
@@ -145,7 +148,16 @@ class Wan(ImageConditioned, Family):
         def pixels(device):
             return {"pixel_values": torch.zeros(1, 3, side, side, device=device), "output_hidden_states": True}
 
-        seen = Call("image_encoder", IMAGE_ENCODER, 1, 1, pixels, note=f"the image at {side}x{side}, once per call")
+        seen = Call(
+            "image_encoder",
+            IMAGE_ENCODER,
+            1,
+            1,
+            pixels,
+            note=f"the image at {side}x{side}, once per call",
+            keeps_input=False,
+            kept=lambda output: output.hidden_states[-2],  # encode_image returns the penultimate layer alone
+        )
         return [seen, *encoded]
 
     def image_arguments(self, images: list[list]) -> dict:

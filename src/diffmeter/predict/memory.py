@@ -193,7 +193,7 @@ def track_call(
         param_bytes=by_kind["Parameter"] + by_kind["Buffer"],
         input_bytes=by_kind["Other"],
         activation_bytes=by_kind["Activation"] + by_kind["Temp"] + during_convolution,
-        output_bytes=storage_bytes(_tensors_of(tree_leaves(output))),
+        output_bytes=storage_bytes(_tensors_of(tree_leaves(call.kept(output) if call.kept else output))),
     )
 
 
@@ -302,7 +302,7 @@ def predict_tracked(
             one_prompt += memory.output_bytes
         elif call.role == IMAGE_ENCODER:
             earlier = text_outputs + image_outputs + memory.output_bytes * (call.count - 1)
-            image_outputs += memory.input_bytes + memory.output_bytes * call.count
+            image_outputs += memory.input_bytes * call.keeps_input + memory.output_bytes * call.count
         elif call.role == DENOISER and call.batch == spec.batch_size:
             earlier = text_outputs - one_prompt + image_outputs
         else:
