@@ -112,15 +112,17 @@ def main() -> int:
             f"Output {plain.width}x{plain.height} (WxH), {plain.steps} steps, guidance {plain.guidance_scale:g} "
             f"({'CFG' if plain.cfg else 'no CFG'}), {plain.dtype}, batch 1.",
             "",
-            "| input image (WxH, given -> encoded) | image tokens | transformer MACs / step | VAE encode MACs | "
+            "| input image (WxH, given -> encoded) | image tokens | transformer MACs / step | image encoding MACs | "
             "total MACs | x text-to-image | peak memory: image encoding / denoising step / whole | "
             "expected time (H100) |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for found in rows:
             p, time = found["profile"], found["time"]
-            # a video's image replaces its first latent frame: no token of its own
-            tokens = "- (first frame)" if p.num_frames and p.input_images else f"{token_count(p):,}"
+            # a video's image replaces its first latent frame (TI2V-5B) or joins as extra channels: no token of its own
+            tokens = f"{token_count(p):,}"
+            if p.num_frames and p.input_images:
+                tokens = "- (extra channels)" if needs_image else "- (first frame)"
             expected = f"{time.expected_s[0]:.1f} to {time.expected_s[1]:.1f} s" if time.expected_s else "-"
             usable = gpu.memory_bytes - CUDA_HOLDBACK_BYTES
             if found["peak"] > usable:  # the time of a run that cannot start as it is would mislead
