@@ -45,7 +45,8 @@ def measured(name: str, guidance_scale: float | None = None):
     spec = ProfileSpec(model=name, **settings, **token_settings(entry, pipe))
     _, _, plan = settled_plan(spec)
     # every component of the plan is resident, called or not (HunyuanImage's ByT5 without quoted text)
-    components = {c.component: (getattr(pipe, c.component), c.method, STAGE_OF_ROLE[c.role]) for c in plan}
+    # keyed by component and method: a VAE that encodes an input image also decodes the output
+    components = {(c.component, c.method): (getattr(pipe, c.component), c.method, STAGE_OF_ROLE[c.role]) for c in plan}
     return spec, measure_stage_peaks(call, components)
 
 
@@ -98,7 +99,8 @@ def test_a_float32_vae_under_a_bfloat16_pipeline_is_predicted_per_stage_within_2
     )
     _, _, plan = settled_plan(spec)
     # every component of the plan is resident, called or not (HunyuanImage's ByT5 without quoted text)
-    components = {c.component: (getattr(pipe, c.component), c.method, STAGE_OF_ROLE[c.role]) for c in plan}
+    # keyed by component and method: a VAE that encodes an input image also decodes the output
+    components = {(c.component, c.method): (getattr(pipe, c.component), c.method, STAGE_OF_ROLE[c.role]) for c in plan}
     real = measure_stage_peaks(call, components)
     predicted = predict_memory(spec, on_cuda=False)
     assert predicted.stages[0].resident_param_bytes == real.resident_param_bytes
