@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 
 from diffmeter.catalog.controlnets import CONTROLNET, controlnet_of
-from diffmeter.families.base import DENOISER, Call, Shapes
+from diffmeter.families.base import DENOISER, IMAGE_ENCODER, Call, Shapes
 
 #: what every ControlNet note says about the active step range
 STEP_RANGE = (
@@ -22,21 +22,52 @@ STEP_RANGE = (
 )
 
 
-def has_controlnet(shapes: Shapes) -> bool:
-    return CONTROLNET in shapes.entry.components
+def denoiser_call(calls: list[Call]) -> Call:
+    """The plan's first denoiser call: the one the ControlNet's calls go before."""
+    return next(call for call in calls if call.role == DENOISER)
 
 
-def beside(denoiser: Call, build, batch: int | None = None, count: int | None = None) -> Call:
-    """The ControlNet's calls before ``denoiser``'s: one each, unless ``batch`` or ``count`` say otherwise (a
-    ControlNet run once per step on the prompt alone, beside a true-CFG denoiser's two calls)."""
+def control_image_encoding(decoder: str, batch: int, size: tuple[int, int], per: str, video: bool = False) -> Call:
+    """The VAE encoding the control image at the output ``size`` ((height, width)) once per call, repeated to
+    ``batch`` by the pipeline's ``prepare_image`` (``video``: as one frame, a video VAE's)."""
     return Call(
+        decoder,
+        IMAGE_ENCODER,
+        batch,
+        1,
+        lambda device: {"x": torch.zeros(batch, 3, *((1,) if video else ()), *size)},
+        method="encode",
+        note=f"the control image, {size[1]}x{size[0]} (WxH), {per}",
+    )
+
+
+def steered(
+    shapes: Shapes,
+    calls: list[Call],
+    denoiser: str,
+    build,
+    residuals,
+    detail: str,
+    batch: int | None = None,
+    count: int | None = None,
+    encode: Call | None = None,
+) -> list[Call]:
+    """The plan with the ControlNet: ``encode`` (its control image) and its calls (inputs from ``build``) before the
+    first denoiser call, one each unless ``batch`` or ``count`` say otherwise (a ControlNet run once per step on
+    the prompt alone, beside a true-CFG denoiser's two calls); the ``denoiser``'s calls given its residuals
+    (``residuals(batch, device)``); the note says ``detail``."""
+    first = calls.index(denoiser_call(calls))
+    ran = Call(
         CONTROLNET,
         DENOISER,
-        denoiser.batch if batch is None else batch,
-        denoiser.count if count is None else count,
+        calls[first].batch if batch is None else batch,
+        calls[first].count if count is None else count,
         build,
         note=f"once per step; {STEP_RANGE}",
     )
+    note(shapes, detail)
+    planned = with_residuals(calls, denoiser, residuals)
+    return [*planned[:first], *([encode] if encode else []), ran, *planned[first:]]
 
 
 def with_residuals(calls: list[Call], denoiser: str, residuals) -> list[Call]:
@@ -68,12 +99,6 @@ def unet_residuals(config: dict, batch: int, height: int, width: int) -> dict:
         "down_block_additional_residuals": tuple(torch.zeros(batch, *shape) for shape in shapes),
         "mid_block_additional_residual": torch.zeros(batch, channels[-1], height, width),
     }
-
-
-def call_arguments(shapes: Shapes) -> dict:
-    """The ControlNet's own ``__call__`` arguments (a union model's ``control_mode``), from its catalog entry."""
-    found = controlnet_of(shapes.entry)
-    return dict(found["call"]) if found else {}
 
 
 def note(shapes: Shapes, detail: str) -> None:

@@ -10,7 +10,7 @@ import torch
 from diffmeter.catalog.controlnets import CONTROLNET
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import controlnet, lora
-from diffmeter.families.base import DENOISER, IMAGE_ENCODER, Call, Family, Shapes, register, timesteps
+from diffmeter.families.base import Call, Family, Shapes, register, timesteps
 from diffmeter.families.images import ImageConditioned, note_tokens, packed_tokens, vae_encode_calls
 from diffmeter.spec import size_text
 
@@ -72,7 +72,6 @@ class Flux(Family):
         (a ControlNet without ``input_hint_block``: the catalog's); the ControlNet runs once per step on the prompt
         alone, even under true CFG, whose second transformer call reuses its block samples."""
         config, batch = shapes.config(CONTROLNET), shapes.spec.batch_size
-        first = next(index for index, call in enumerate(calls) if call.role == DENOISER)
         tokens = (shapes.latent_height // 2) * (shapes.latent_width // 2)
         size = (shapes.spec.height, shapes.spec.width)
 
@@ -93,19 +92,11 @@ class Flux(Family):
                 "controlnet_single_block_samples": [block] * config["num_single_layers"],
             }
 
-        encode = Call(
-            self.decoder,
-            IMAGE_ENCODER,
-            batch,
-            1,
-            lambda device: {"x": torch.zeros(batch, 3, *size)},
-            method="encode",
-            note=f"the control image, {size[1]}x{size[0]} (WxH), once per output",
+        encode = controlnet.control_image_encoding(self.decoder, batch, size, "once per output")
+        detail = f"runs once per step at batch {batch}, on the prompt alone"
+        return controlnet.steered(
+            shapes, calls, self.denoiser, build, residuals, detail, batch, shapes.spec.steps, encode
         )
-        controlnet.note(shapes, f"runs once per step at batch {batch}, on the prompt alone")
-        planned = controlnet.with_residuals(calls, self.denoiser, residuals)
-        ran = controlnet.beside(calls[first], build, batch, shapes.spec.steps)
-        return [*planned[:first], encode, ran, *planned[first:]]
 
 
 @register

@@ -12,7 +12,7 @@ import torch
 
 from diffmeter.catalog.controlnets import CONTROLNET
 from diffmeter.families import controlnet
-from diffmeter.families.base import DENOISER, IMAGE_ENCODER, TEXT_ENCODER, Call, Family, Shapes, register, timesteps
+from diffmeter.families.base import DENOISER, TEXT_ENCODER, Call, Family, Shapes, register, timesteps
 
 #: QwenImagePipeline.prompt_template_encode_start_idx: leading template tokens dropped after encoding
 DROPPED_TOKENS = 34
@@ -189,7 +189,6 @@ class QwenImage(Family):
         packed like the latents; the ControlNet runs once per step on the prompt, and the negative prompt's
         transformer call reuses its block samples."""
         config, batch = shapes.config(CONTROLNET), shapes.spec.batch_size
-        first = next(index for index, call in enumerate(calls) if call.role == DENOISER)
         tokens = (shapes.latent_height // 2) * (shapes.latent_width // 2)
         size = (shapes.spec.height, shapes.spec.width)
         cond = self._builder(shapes, batch, batch, self.transformer_tokens(shapes))
@@ -204,19 +203,11 @@ class QwenImage(Family):
         def residuals(call_batch, device):
             return {"controlnet_block_samples": [torch.zeros(call_batch, tokens, width)] * config["num_layers"]}
 
-        encode = Call(
-            self.decoder,
-            IMAGE_ENCODER,
-            batch,
-            1,
-            lambda device: {"x": torch.zeros(batch, 3, 1, *size)},
-            method="encode",
-            note=f"the control image, {size[1]}x{size[0]} (WxH), once per output",
+        encode = controlnet.control_image_encoding(self.decoder, batch, size, "once per output", video=True)
+        detail = f"runs once per step at batch {batch}, on the prompt alone"
+        return controlnet.steered(
+            shapes, calls, self.denoiser, build, residuals, detail, batch, shapes.spec.steps, encode
         )
-        controlnet.note(shapes, f"runs once per step at batch {batch}, on the prompt alone")
-        planned = controlnet.with_residuals(calls, self.denoiser, residuals)
-        ran = controlnet.beside(calls[first], build, batch, shapes.spec.steps)
-        return [*planned[:first], encode, ran, *planned[first:]]
 
     def decoder_inputs(self, shapes: Shapes, batch: int, device):
         """The VAE is causal-3D: one frame of latents, (batch, z_dim, 1, h, w)."""

@@ -4,7 +4,7 @@ import torch
 
 from diffmeter.catalog.controlnets import CONTROLNET
 from diffmeter.families import controlnet, lora
-from diffmeter.families.base import DENOISER, IMAGE_ENCODER, Call, Family, Shapes, latents, register, timesteps
+from diffmeter.families.base import Call, Family, Shapes, latents, register, timesteps
 
 
 @register
@@ -38,9 +38,7 @@ class StableDiffusion3(Family):
         and 1139-1196): the control image, doubled with the CFG batch (``prepare_image``), VAE-encoded once per call;
         the ControlNet takes the transformer's inputs (no text where it has no ``joint_attention_dim``: SD3.5's own)
         and the control latents, and hands the transformer one sample per ControlNet block."""
-        config = shapes.config(CONTROLNET)
-        first = next(index for index, call in enumerate(calls) if call.role == DENOISER)
-        denoiser = calls[first]
+        config, denoiser = shapes.config(CONTROLNET), controlnet.denoiser_call(calls)
         size, channels = (shapes.spec.height, shapes.spec.width), self.latent_channels(shapes.entry)
         tokens = (shapes.latent_height // self.patch(shapes.entry)) * (shapes.latent_width // self.patch(shapes.entry))
 
@@ -56,15 +54,6 @@ class StableDiffusion3(Family):
         def residuals(batch, device):
             return {"block_controlnet_hidden_states": [torch.zeros(batch, tokens, width)] * config["num_layers"]}
 
-        encode = Call(
-            self.decoder,
-            IMAGE_ENCODER,
-            denoiser.batch,
-            1,
-            lambda device: {"x": torch.zeros(denoiser.batch, 3, *size)},
-            method="encode",
-            note=f"the control image, {size[1]}x{size[0]} (WxH), once per output and CFG half",
-        )
-        controlnet.note(shapes, f"runs every step at the transformer's batch ({denoiser.batch})")
-        planned = controlnet.with_residuals(calls, self.denoiser, residuals)
-        return [*planned[:first], encode, controlnet.beside(denoiser, build), *planned[first:]]
+        encode = controlnet.control_image_encoding(self.decoder, denoiser.batch, size, "once per output and CFG half")
+        detail = f"runs every step at the transformer's batch ({denoiser.batch})"
+        return controlnet.steered(shapes, calls, self.denoiser, build, residuals, detail, encode=encode)

@@ -4,7 +4,7 @@ import torch
 
 from diffmeter.catalog.controlnets import CONTROLNET
 from diffmeter.families import controlnet, lora
-from diffmeter.families.base import DENOISER, Call, Family, Shapes, latents, register
+from diffmeter.families.base import Call, Family, Shapes, latents, register
 
 
 @register
@@ -31,8 +31,7 @@ class StableDiffusion(Family):
         """StableDiffusion(XL)ControlNetPipeline (diffusers 0.42.1): the ControlNet takes the denoiser's inputs (the
         CFG-doubled latents and embeddings) plus the control image at the output size, doubled with them
         (``prepare_image``), and hands the UNet one residual per down-block output and one for the mid block."""
-        first = next(index for index, call in enumerate(calls) if call.role == DENOISER)
-        denoiser, unet = calls[first], shapes.config(self.denoiser)
+        denoiser, unet = controlnet.denoiser_call(calls), shapes.config(self.denoiser)
         channels = shapes.config(CONTROLNET).get("conditioning_channels", 3)
 
         def build(device):
@@ -43,9 +42,8 @@ class StableDiffusion(Family):
         def residuals(batch, device):
             return controlnet.unet_residuals(unet, batch, shapes.latent_height, shapes.latent_width)
 
-        controlnet.note(shapes, f"runs every step at the UNet's batch ({denoiser.batch}), on the control image")
-        planned = controlnet.with_residuals(calls, self.denoiser, residuals)
-        return [*planned[:first], controlnet.beside(denoiser, build), *planned[first:]]
+        detail = f"runs every step at the UNet's batch ({denoiser.batch}), on the control image"
+        return controlnet.steered(shapes, calls, self.denoiser, build, residuals, detail)
 
 
 @register
