@@ -2,6 +2,8 @@
 and equals the offline profile per component, with and without guidance; bench runs it and times it inside the
 steps; a ControlNet for another base model, or an unknown one, is one line and exit 2."""
 
+import json
+
 import pytest
 import torch
 from PIL import Image
@@ -14,6 +16,7 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 from diffmeter.flops.counter import count_flops
 from diffmeter.flops.profile import MetaComponent
+from diffmeter.loading import locate_weights
 from diffmeter.measure.ops import OpsTable
 from diffmeter.measure.trace import OPS_FILE
 from diffmeter.predict.memory import predict_memory
@@ -167,3 +170,21 @@ def test_a_controlnet_for_another_width_of_the_same_pipeline_is_refused():
     other = entry.model_copy(update={"components": {**entry.components, "transformer": wider}})
     with pytest.raises(DiffmeterError, match="num_attention_heads 2 \\(its denoiser: 4\\)"):
         with_controlnet(other, "tiny-controlnet-flux")
+
+
+def test_models_lists_the_controlnets(cli):
+    code, out, _ = cli("models", "--controlnets", "--json")
+    assert code == 0
+    listed = {row["name"]: row for row in json.loads(out)}
+    assert set(listed) == {entry.name for entry in all_controlnets() if not entry.is_tiny}
+    assert listed["controlnet-sdxl-canny"]["params"] == 1_251_014_160
+    assert listed["controlnet-flux-union"]["pipelines"] == {"FluxPipeline": "FluxControlNetPipeline"}
+    code, out, _ = cli("models", "--controlnets")
+    assert code == 0 and "controlnet-qwen-image-union" in out and "made for" in out
+
+
+def test_missing_controlnet_weights_name_the_download():
+    """bench with pretrained weights: the ControlNet's own repository must be in the HF cache; one line says how."""
+    entry = with_controlnet(resolve("sdxl"), "controlnet-sdxl-canny")
+    with pytest.raises(DiffmeterError, match="hf download diffusers/controlnet-canny-sdxl-1.0"):
+        locate_weights(entry, random_weights=False)
