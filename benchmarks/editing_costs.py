@@ -150,6 +150,19 @@ def main() -> int:
                 ),
                 "Counted exactly like the tiny pipeline of its layout: `tests/test_family_wan21_i2v.py`.",
             ]
+        elif entry.family == "ltx":
+            how = (
+                "LTXConditionPipeline takes the image as a condition at frame 0: VAE-encoded once per call"
+                if entry.pipeline_class == "LTXConditionPipeline"
+                else "LTXImageToVideoPipeline runs this checkpoint on an image: VAE-encoded once per output"
+            )
+            lines += [
+                "",
+                f"{how}, resized to the video's size, as a one-frame video: the first latent frame.",
+                "The transformer sees as many tokens as in text-to-video, but each token gets its own timestep (the",
+                "image's at 0), so its AdaLN time embedding runs once per token instead of once per video: that, and",
+                "the encode, is the image's whole cost. Counted exactly: `tests/test_family_ltx_i2v.py`.",
+            ]
         elif family.is_video:
             lines += [
                 "",

@@ -107,3 +107,41 @@ def test_reusing_repeated_blocks_gives_identical_counts(submodules):
     if submodules:
         assert reused.modules(3) == plain.modules(3)
     assert model.blocks[0].forward.__func__ is torch.nn.Sequential.forward  # wrappers removed
+
+
+class _Owner(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = torch.nn.Linear(8, 8)
+        self.own = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.own(self.shared(x))
+
+
+class _Borrower(torch.nn.Module):
+    """Runs another root's module as its own, as ZImageControlNetModel.from_transformer makes it do."""
+
+    def __init__(self, shared: torch.nn.Module) -> None:
+        super().__init__()
+        self.shared = shared
+
+    def forward(self, x):
+        return self.shared(self.shared(x))
+
+
+@pytest.mark.parametrize("order", ["owner first", "borrower first"])
+def test_a_shared_module_counts_for_the_root_that_runs_it(order):
+    owner = _Owner()
+    borrower = _Borrower(owner.shared)
+    roots = {"owner": owner, "borrower": borrower}
+    if order == "borrower first":
+        roots = dict(reversed(roots.items()))
+    with torch.no_grad(), count_flops(roots) as counts:
+        owner(torch.zeros(3, 8))
+        borrower(torch.zeros(5, 8))
+    linear = 2 * 8 * 8
+    assert counts.by_module["owner"]["matmul"] == 3 * linear + 2 * 3 * 8 * 4
+    assert counts.by_module["owner.shared"]["matmul"] == 3 * linear
+    assert counts.by_module["borrower"]["matmul"] == counts.by_module["borrower.shared"]["matmul"] == 2 * 5 * linear
+    assert counts.total == counts.by_module["owner"]["matmul"] + counts.by_module["borrower"]["matmul"]

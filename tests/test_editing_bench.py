@@ -107,3 +107,14 @@ def test_fit_takes_images_and_a_lora(cli):
     assert "tiny-flux-kontext on 8GB" in out and "predicted peak" in out
     code, _, err = cli("fit", "--all", "--image-size", "40x24", "--lora-rank", "4")
     assert code == 2 and "--image-size, --lora-rank" in err and len(err.strip().splitlines()) == 1
+
+
+def test_ltx_animates_an_image_with_its_image_to_video_pipeline(tmp_path):
+    """tiny-ltx with --image-size: LTXImageToVideoPipeline on the same components, the image encoded once per
+    output and the profile's transformer counting the per-token timestep."""
+    result, _ = bench(BenchSpec(model="tiny-ltx", image_sizes=["96x64"], batch_size=2, iterations=1), out=tmp_path)
+    assert result.status == "complete", result.error
+    assert all(iteration.stages.image_encoding_s > 0 for iteration in result.iterations)
+    encode = next(c for c in result.profile.components if c.role == "image_encoder")
+    assert (encode.calls, encode.batch_per_call) == (2, 1)
+    assert any("timestep per token" in note for note in result.profile.notes)

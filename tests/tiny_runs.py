@@ -63,7 +63,7 @@ def tiny_call(
     if image_sizes:
         pipe = get_family(entry.family).conditioned_pipeline(pipe)
         own = [[Image.new("RGB", (w, h), (90, 40 * k % 256, 160)) for h, w in image_sizes] for k in range(batch_size)]
-        inputs.update(get_family(entry.family).image_arguments(own))
+        inputs.update(get_family(entry.family).image_arguments(entry, own))
         kwargs["generator"] = [torch.Generator().manual_seed(k) for k in range(batch_size)]
         settings["image_sizes"] = tuple(image_sizes)
     return pipe, lambda: pipe(**inputs, **kwargs), settings
@@ -117,4 +117,4 @@ def default_images(entry: PipelineEntry) -> dict:
     """The ``__call__`` arguments of the input image an image-to-video checkpoint needs (its catalog default), for
     the tests that call a pipeline directly; none for the others."""
     own = [[Image.new("RGB", (w, h), (90, 40, 160)) for h, w in entry.defaults.image_sizes]]
-    return get_family(entry.family).image_arguments(own) if entry.defaults.image_sizes else {}
+    return get_family(entry.family).image_arguments(entry, own) if entry.defaults.image_sizes else {}

@@ -86,7 +86,7 @@ class _Flux2Base(ImageConditioned, Family):
     def image_calls(self, shapes: Shapes) -> list[Call]:
         return vae_encode_calls(self, shapes, per_output=False)
 
-    def image_arguments(self, images: list[list]) -> dict:
+    def image_arguments(self, entry, images: list[list]) -> dict:
         """The references go in once, a list shared by every prompt of the call: the first output's."""
         return {"image": images[0]}
 

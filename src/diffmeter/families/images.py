@@ -57,7 +57,7 @@ def note_tokens(family: Family, shapes: Shapes, what: str, detail: str) -> None:
 class ImageConditioned:
     """A family whose pipeline takes input images (mixed in before ``Family``): how bench hands them over."""
 
-    def image_arguments(self, images: list[list]) -> dict:
+    def image_arguments(self, entry, images: list[list]) -> dict:
         """The ``__call__`` arguments for each output's input images (a list per output, in the pipeline's order):
         one ``image`` per prompt, as a list the pipeline batches like its prompts."""
         return {"image": [own[0] for own in images]}

@@ -1,12 +1,16 @@
-"""LTX-Video (LTXPipeline, and LTXConditionPipeline run as text-to-video): a DiT over 32x/8x video
-latents packed into tokens, one T5 prompt padded to ``max_sequence_length``, batched CFG, and a VAE
-whose decoder may be conditioned on a decode timestep."""
+"""LTX-Video (LTXPipeline, LTXConditionPipeline): a DiT over 32x/8x video latents packed into tokens, one T5 prompt
+padded to ``max_sequence_length``, batched CFG, and a VAE whose decoder may be conditioned on a decode timestep.
+With ``--image-size`` the same checkpoint animates an image: LTXImageToVideoPipeline (for LTXPipeline's
+checkpoints) or LTXConditionPipeline's ``image`` at frame 0."""
 
 import math
 
 import torch
 
-from diffmeter.families.base import Family, Shapes, register, timesteps
+from diffmeter.errors import DiffmeterError
+from diffmeter.families.base import Call, Family, Shapes, register, timesteps
+from diffmeter.families.images import ImageConditioned, vae_encode_calls
+from diffmeter.spec import size_text
 
 #: ``frame_rate`` default of both pipelines' ``__call__``; it scales RoPE coordinates, never a shape
 FRAME_RATE = 25
@@ -28,8 +32,10 @@ def temporal_compression(vae: dict) -> int:
 
 
 @register
-class LTXVideo(Family):
+class LTXVideo(ImageConditioned, Family):
     name = "ltx"
+    #: the first frame (LTXImageToVideoPipeline; LTXConditionPipeline's ``image`` at ``frame_index`` 0)
+    max_images = 1
     text_encoders = ("text_encoder",)
     sequence_encoder = "text_encoder"
     is_video = True
@@ -65,12 +71,60 @@ class LTXVideo(Family):
                 f"{entry.pipeline_class} takes {spec.num_frames} frames as {shapes.latent_frames} latent frames, "
                 f"decoded to {(shapes.latent_frames - 1) * temporal + 1} frames (its VAE makes {temporal}k+1)"
             )
-        if entry.pipeline_class == "LTXConditionPipeline":
+        if entry.pipeline_class == "LTXConditionPipeline" and not shapes.images:
             shapes.note(
                 "LTXConditionPipeline counted as text-to-video: no image or video conditions (each would add a VAE "
                 "encode and, past frame 0, conditioning tokens)"
             )
         return shapes
+
+    # ---- image-to-video ------------------------------------------------------------------
+    def input_images(self, entry, spec, notes) -> list[tuple[int, int]]:
+        """Both pipelines resize the image to the video's size (``video_processor.preprocess(image, height, width)``,
+        diffusers 0.42.1 pipeline_ltx_image2video.py:773, pipeline_ltx_condition.py:1086), VAE-encode it as a
+        one-frame video and put its latent in the first latent frame; every token's timestep is then its own (0 for
+        the image's), so the transformer embeds one timestep per token instead of one per video."""
+        if not spec.image_sizes:
+            return []
+        if len(spec.image_sizes) > 1:
+            raise DiffmeterError(
+                f"{entry.name} animates one image (the first frame) in diffmeter: pass one --image-size"
+            )
+        given = spec.image_sizes[0]
+        if entry.pipeline_class == "LTXConditionPipeline":
+            how = "LTXConditionPipeline's image condition at frame 0 (strength 1), VAE-encoded once per call"
+        else:
+            how = f"LTXImageToVideoPipeline runs {entry.name} on it, VAE-encoded once per output"
+        notes.append(
+            f"image-to-video: the {size_text(given)} image resized to the video's {spec.width}x{spec.height}; {how} "
+            "as the first latent frame; the transformer embeds a timestep per token (the image's tokens at 0)"
+        )
+        return [(spec.height, spec.width)]
+
+    def image_calls(self, shapes: Shapes) -> list[Call]:
+        """LTXImageToVideoPipeline.prepare_latents encodes ``image[i]`` per generator (bench gives one per output,
+        pipeline_ltx_image2video.py:541); LTXConditionPipeline.prepare_latents encodes each condition once for the
+        whole batch (pipeline_ltx_condition.py:717)."""
+        per_output = shapes.entry.pipeline_class != "LTXConditionPipeline"
+        return vae_encode_calls(self, shapes, per_output=per_output, video=True)
+
+    def image_arguments(self, entry, images: list[list]) -> dict:
+        """LTXImageToVideoPipeline takes one image per output; LTXConditionPipeline's ``image`` list would be one
+        condition per image, so it gets the first output's image alone (the condition is shared by the batch)."""
+        if entry.pipeline_class == "LTXConditionPipeline":
+            return {"image": images[0][0]}
+        return super().image_arguments(entry, images)
+
+    def conditioned_pipeline(self, pipe):
+        """An LTXPipeline checkpoint animates an image through LTXImageToVideoPipeline, sharing its components;
+        LTXConditionPipeline takes the image itself."""
+        from diffusers import LTXImageToVideoPipeline, LTXPipeline
+
+        if type(pipe) is not LTXPipeline:
+            return pipe
+        made = LTXImageToVideoPipeline.from_pipe(pipe)
+        made.set_progress_bar_config(**getattr(pipe, "_progress_bar_config", {}))  # from_pipe starts a fresh one
+        return made
 
     def tokens(self, shapes: Shapes) -> tuple[int, int, int]:
         """(frames, height, width) in tokens after the pipeline's patch packing."""
@@ -91,6 +145,10 @@ class LTXVideo(Family):
         }
         vae = shapes.config(self.decoder)
         spatial, temporal = spatial_compression(vae), temporal_compression(vae)
+        # with an image, each token its own timestep (pipeline_ltx_image2video.py:841, pipeline_ltx_condition.py:1199)
+        step = timesteps(batch, device).unsqueeze(-1)
+        if shapes.images:
+            step = step.expand(batch, frames * height * width)
         if shapes.entry.pipeline_class == "LTXConditionPipeline":
             # a (batch, 1) timestep and the pixel coordinates of each token, as prepare_latents makes them
             from diffusers import LTXConditionPipeline
@@ -106,10 +164,10 @@ class LTXVideo(Family):
             )
             coords = LTXConditionPipeline._scale_video_ids(coords, spatial, temporal, 0, device).float()
             coords[:, 0] = coords[:, 0] * (1.0 / FRAME_RATE)
-            inputs.update(timestep=timesteps(batch, device).unsqueeze(-1), video_coords=coords)
+            inputs.update(timestep=step, video_coords=coords)
         else:
             inputs.update(
-                timestep=timesteps(batch, device),
+                timestep=step if shapes.images else step.squeeze(-1),
                 num_frames=shapes.latent_frames,
                 height=shapes.latent_height,
                 width=shapes.latent_width,

@@ -160,7 +160,7 @@ class Wan(ImageConditioned, Family):
         )
         return [seen, *encoded]
 
-    def image_arguments(self, images: list[list]) -> dict:
+    def image_arguments(self, entry, images: list[list]) -> dict:
         """One image for the whole call (the pipeline encodes it once per generator)."""
         return {"image": images[0][0]}
 

@@ -189,8 +189,9 @@ def count_flops(
         for sub_name, module in root.named_modules():
             path = f"{root_name}.{sub_name}" if sub_name else root_name
             if submodules or not sub_name or id(module) in blocks:
-                handles.append(module.register_forward_pre_hook(_push(state, path)))
-                handles.append(module.register_forward_hook(_pop(state), always_call=True))
+                pushed: list[bool] = []
+                handles.append(module.register_forward_pre_hook(_push(state, path, root_name, pushed)))
+                handles.append(module.register_forward_hook(_pop(state, pushed), always_call=True))
             if id(module) in blocks:
                 handles.append(_ReusedForward(module, path, state, memo))
     try:
@@ -264,15 +265,24 @@ def call_signature(value):
     return ("object", type(value).__qualname__, id(value))
 
 
-def _push(state: _State, path: str):
+def _push(state: _State, path: str, root: str, pushed: list[bool]):
+    """Enter ``path``, unless it is a module another root shares and that root is the one running: a module of two
+    roots (Z-Image's ControlNet runs the transformer's own refiners, ``ZImageControlNetModel.from_transformer``) counts
+    for the root whose call runs it."""
+
     def hook(module, args):
-        state.stack.append(path)
+        running = state.stack[-1].split(".", 1)[0] if state.stack else None
+        enter = running is None or running == root or path == root
+        pushed.append(enter)
+        if enter:
+            state.stack.append(path)
 
     return hook
 
 
-def _pop(state: _State):
+def _pop(state: _State, pushed: list[bool]):
     def hook(module, args, output):
-        state.stack.pop()
+        if pushed.pop():
+            state.stack.pop()
 
     return hook

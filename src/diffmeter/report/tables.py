@@ -160,8 +160,9 @@ def conditioning_line(edit: Profile, plain: Profile) -> str:
     steered = sum(c.macs for c in edit.components if c.name == CONTROLNET)
     controlnet = f", the ControlNet {units.macs(steered // edit.steps)} per step" if steered else ""
     encoded = f"{units.macs(encoding)} of image encoding and " if encoding else ""
+    text_to = "text-to-video" if edit.num_frames else "text-to-image"
     return (
-        f"against text-to-image at the same settings ({units.macs(plain.total_macs)}): this generation "
+        f"against {text_to} at the same settings ({units.macs(plain.total_macs)}): this generation "
         f"{units.macs(edit.total_macs)}, {edit.total_macs / plain.total_macs:.2f}x; {' and '.join(subjects)} {verb} "
         f"{encoded}{units.macs(denoising - plain_denoising)} of denoising ({denoising / plain_denoising:.2f}x its "
         f"MACs{controlnet})"

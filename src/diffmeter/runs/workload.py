@@ -78,7 +78,7 @@ class Workload:
         else:
             arguments.update(prompt=batch.prompts, height=spec.height, width=spec.width)
         if spec.image_sizes:
-            arguments.update(self.family.image_arguments([self.input_images(seed) for seed in batch.seeds]))
+            arguments.update(self.family.image_arguments(self.entry, [self.input_images(seed) for seed in batch.seeds]))
         steering = controlnet_of(self.entry)
         if steering:  # the ControlNet pipelines name it control_image (FLUX) or image (SD, SDXL)
             name = "control_image" if "control_image" in accepted else "image"
