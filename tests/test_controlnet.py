@@ -33,6 +33,9 @@ KINDS = [
     ("tiny-sd3", "tiny-controlnet-sd3"),
     ("tiny-sd3", "tiny-controlnet-sd35"),
     ("tiny-qwenimage", "tiny-controlnet-qwenimage"),
+    # Z-Image's runs the transformer's own refiners: 2.1's control refiner layout and 1.0's plain one
+    ("tiny-z-image", "tiny-controlnet-z-image"),
+    ("tiny-z-image", "tiny-controlnet-z-image-v1"),
 ]
 
 
@@ -97,6 +100,10 @@ def test_catalog_controlnets_count_their_published_architecture():
         "controlnet-sd3-canny": 538_805_760,
         "controlnet-sd35-large-canny": 2_153_518_976,
         "controlnet-sdxl-canny": 1_251_014_160,
+        "controlnet-sdxl-depth": 1_251_014_160,
+        # Z-Image's own parameters alone: the embedders and refiners it runs are the transformer's
+        "controlnet-z-image-union": 3_356_225_792,
+        "controlnet-z-image-union-1.0": 1_550_778_368,
     }
     sdxl = profile("sdxl", controlnet="controlnet-sdxl-canny")
     rows = {(c.name, c.role): c for c in sdxl.components}
@@ -108,15 +115,23 @@ def test_catalog_controlnets_count_their_published_architecture():
     assert any("control_guidance_start/end change no compute" in note for note in sdxl.notes)
 
 
-def test_memory_prediction_holds_the_controlnet():
-    found = predict_memory(ProfileSpec(model="tiny-sdxl", controlnet="tiny-controlnet-sdxl"), on_cuda=False)
-    plain = predict_memory(ProfileSpec(model="tiny-sdxl"), on_cuda=False)
+@pytest.mark.parametrize(
+    "model, controlnet", [("tiny-sdxl", "tiny-controlnet-sdxl"), ("tiny-z-image", "tiny-controlnet-z-image")]
+)
+def test_memory_prediction_holds_the_controlnet(model, controlnet):
+    """Its own weights (Z-Image's borrows the transformer's refiners for its calls and gives them back) and its
+    activations: a higher peak than the base's."""
+    found = predict_memory(ProfileSpec(model=model, controlnet=controlnet), on_cuda=False)
+    plain = predict_memory(ProfileSpec(model=model), on_cuda=False)
+    own = MetaComponent(with_controlnet(resolve(model), controlnet).components[CONTROLNET]).params
+    assert found.component_param_bytes[CONTROLNET] == 4 * own
     assert (
-        found.component_param_bytes[CONTROLNET]
-        == 4
-        * MetaComponent(with_controlnet(resolve("tiny-sdxl"), "tiny-controlnet-sdxl").components[CONTROLNET]).params
+        found.component_param_bytes[get_family(resolve(model).family).denoiser]
+        == plain.component_param_bytes[get_family(resolve(model).family).denoiser]
     )
     assert found.peak_bytes > plain.peak_bytes
+    stepping = next(stage for stage in found.calls if stage.component == CONTROLNET)
+    assert stepping.activation_bytes > 0
 
 
 @pytest.fixture(scope="module")

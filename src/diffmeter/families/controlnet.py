@@ -51,11 +51,12 @@ def steered(
     batch: int | None = None,
     count: int | None = None,
     encode: Call | None = None,
+    step_range: str = STEP_RANGE,
 ) -> list[Call]:
     """The plan with the ControlNet: ``encode`` (its control image) and its calls (inputs from ``build``) before the
     first denoiser call, one each unless ``batch`` or ``count`` say otherwise (a ControlNet run once per step on
     the prompt alone, beside a true-CFG denoiser's two calls); the ``denoiser``'s calls given its residuals
-    (``residuals(batch, device)``); the note says ``detail``."""
+    (``residuals(batch, device)``); the note says ``detail`` and what the active step range does (``step_range``)."""
     first = calls.index(denoiser_call(calls))
     ran = Call(
         CONTROLNET,
@@ -63,9 +64,9 @@ def steered(
         calls[first].batch if batch is None else batch,
         calls[first].count if count is None else count,
         build,
-        note=f"once per step; {STEP_RANGE}",
+        note=f"once per step; {step_range}",
     )
-    note(shapes, detail)
+    note(shapes, detail, step_range)
     planned = with_residuals(calls, denoiser, residuals)
     return [*planned[:first], *([encode] if encode else []), ran, *planned[first:]]
 
@@ -101,6 +102,6 @@ def unet_residuals(config: dict, batch: int, height: int, width: int) -> dict:
     }
 
 
-def note(shapes: Shapes, detail: str) -> None:
+def note(shapes: Shapes, detail: str, step_range: str = STEP_RANGE) -> None:
     found = controlnet_of(shapes.entry)
-    shapes.note(f"ControlNet {found['name']} ({found['id']}): {detail}; {STEP_RANGE}")
+    shapes.note(f"ControlNet {found['name']} ({found['id']}): {detail}; {step_range}")

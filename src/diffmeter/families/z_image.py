@@ -14,9 +14,16 @@ What ZImagePipeline (diffusers 0.42.1) does, and this family with it:
 
 from __future__ import annotations
 
-import torch
+import json
+from dataclasses import replace
 
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from diffmeter.catalog.controlnets import CONTROLNET
+from diffmeter.families import controlnet
 from diffmeter.families.base import DENOISER, Call, Family, Shapes, register
+from diffmeter.pipelines import build_component
 
 #: ZImageTransformer2DModel pads caption and image token runs to multiples of this (SEQ_MULTI_OF)
 SEQ_MULTI_OF = 32
@@ -97,9 +104,9 @@ class ZImage(Family):
 
     # ---- the denoiser ----------------------------------------------------------------------
     def denoiser_calls(self, shapes: Shapes) -> list[Call]:
-        steps, batch = shapes.spec.steps, shapes.spec.batch_size
+        steps = shapes.spec.steps
         cond, uncond = self.caption_lengths(shapes)
-        lengths = [cond] * batch + ([uncond] * batch if uncond is not None else [])
+        lengths = self.caption_batch(shapes)
         padded = [-(-n // SEQ_MULTI_OF) * SEQ_MULTI_OF for n in (cond, uncond) if n is not None]
         if uncond is None:
             note = f"no CFG; {cond} caption tokens (padded to {padded[0]})"
@@ -114,13 +121,107 @@ class ZImage(Family):
             )
 
         def build(device):
-            config = shapes.config(self.denoiser)
-            height, width = shapes.latent_height, shapes.latent_width
-            return {
-                "x": [torch.zeros(config["in_channels"], 1, height, width, device=device) for _ in lengths],
-                "t": torch.zeros(len(lengths), device=device),
-                "cap_feats": [torch.zeros(n, config["cap_feat_dim"], device=device) for n in lengths],
-                "return_dict": False,
-            }
+            return {**self.inputs(shapes, lengths, device), "return_dict": False}
 
         return [Call(self.denoiser, DENOISER, len(lengths), steps, build, note=note)]
+
+    def caption_batch(self, shapes: Shapes) -> list[int]:
+        """The caption tokens of each sample of a transformer call: the prompts', then the negatives' with CFG."""
+        cond, uncond = self.caption_lengths(shapes)
+        batch = shapes.spec.batch_size
+        return [cond] * batch + ([uncond] * batch if uncond is not None else [])
+
+    def inputs(self, shapes: Shapes, lengths: list[int], device) -> dict:
+        """The per-sample lists the transformer (and its ControlNet) take: latents, timesteps, captions."""
+        config = shapes.config(self.denoiser)
+        height, width = shapes.latent_height, shapes.latent_width
+        return {
+            "x": [torch.zeros(config["in_channels"], 1, height, width, device=device) for _ in lengths],
+            "t": torch.zeros(len(lengths), device=device),
+            "cap_feats": [torch.zeros(n, config["cap_feat_dim"], device=device) for n in lengths],
+        }
+
+    # ---- the ControlNet --------------------------------------------------------------------
+    def controlnet_plan(self, shapes: Shapes, calls: list[Call]) -> list[Call]:
+        """ZImageControlNetPipeline (diffusers 0.42.1, pipeline_z_image_controlnet.py 553-577 and 649-675): the control
+        image VAE-encoded once per call at the prompt batch (its 16 latent channels zero-padded to ``control_in_dim``);
+        each step the ControlNet takes the transformer's inputs, repeated for CFG, and runs the transformer's own
+        embedders and refiners (``from_transformer``, controlnet_z_image.py 519-530) before its control blocks; the
+        transformer adds one hint to each layer ``control_layers_places`` names."""
+        config, lengths = shapes.config(CONTROLNET), self.caption_batch(shapes)
+        height, width = shapes.latent_height, shapes.latent_width
+
+        def build(device):
+            control = [torch.zeros(config["control_in_dim"], 1, height, width, device=device) for _ in lengths]
+            return {**self.inputs(shapes, lengths, device), "control_context": control}
+
+        image = -(-(height // 2) * (width // 2) // SEQ_MULTI_OF) * SEQ_MULTI_OF
+        unified = image + max(-(-n // SEQ_MULTI_OF) * SEQ_MULTI_OF for n in lengths)
+        dim = config["dim"]
+
+        def residuals(batch, device):
+            return {
+                "controlnet_block_samples": {
+                    i: torch.zeros(batch, unified, dim) for i in config["control_layers_places"]
+                }
+            }
+
+        size, batch = (shapes.spec.height, shapes.spec.width), shapes.spec.batch_size
+        encode = controlnet.control_image_encoding(self.decoder, batch, size, "once per call")
+        detail = (
+            f"runs every step at the transformer's batch ({len(lengths)}), through the transformer's own embedders and "
+            "refiners (their weights are the transformer's)"
+        )
+        always = "ZImageControlNetPipeline takes no control_guidance_start/end: it runs every step"
+        planned = controlnet.steered(
+            shapes, calls, self.denoiser, build, residuals, detail, encode=encode, step_range=always
+        )
+        lend = lent_transformer(shapes.entry.components[self.denoiser])
+        return [replace(call, prepare=lend) if call.component == CONTROLNET else call for call in planned]
+
+
+def lent_transformer(component):
+    """A ``Call.prepare`` hook giving a ZImageControlNetModel, built from its config alone, the transformer modules
+    its pipeline lends it (``ZImageControlNetModel.from_transformer``): built from the transformer's config on the
+    ControlNet's own device, fake tensors included (the memory prediction), and taken back after the call, so the
+    ControlNet's parameters stay its own."""
+    from diffusers import ZImageControlNetModel
+
+    def prepare(module):
+        lender = build_component(component, "meta")
+        held = next(module.parameters())
+        if isinstance(held, FakeTensor):
+            with held.fake_mode:
+                lender._apply(lambda t: torch.empty(t.shape, dtype=held.dtype if t.is_floating_point() else t.dtype))
+        else:
+            lender.to(held.device, held.dtype)
+        ZImageControlNetModel.from_transformer(module, lender)
+        return _Lent(module)
+
+    prepare.key = ("lent transformer", json.dumps(component.config, sort_keys=True))
+    return prepare
+
+
+class _Lent:
+    """Takes the lent transformer modules back from the ControlNet."""
+
+    def __init__(self, module) -> None:
+        self.module = module
+
+    def remove(self) -> None:
+        for name in LENT:
+            setattr(self.module, name, None)
+
+
+#: what ZImageControlNetModel.from_transformer sets (controlnet_z_image.py 519-530)
+LENT = (
+    "t_scale",
+    "t_embedder",
+    "all_x_embedder",
+    "cap_embedder",
+    "rope_embedder",
+    "noise_refiner",
+    "context_refiner",
+    "x_pad_token",
+    "cap_pad_token",
+)
