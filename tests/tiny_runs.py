@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from PIL import Image
 
@@ -66,6 +68,8 @@ def tiny_call(
         inputs.update(get_family(entry.family).image_arguments(entry, own))
         kwargs["generator"] = [torch.Generator().manual_seed(k) for k in range(batch_size)]
         settings["image_sizes"] = tuple(image_sizes)
+    accepted = inspect.signature(type(pipe).__call__).parameters  # HunyuanVideo 1.5 i2v takes no size: its image's
+    inputs = {name: value for name, value in inputs.items() if name in accepted}
     return pipe, lambda: pipe(**inputs, **kwargs), settings
 
 

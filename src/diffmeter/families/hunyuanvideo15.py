@@ -1,15 +1,32 @@
-"""HunyuanVideo 1.5 text-to-video (HunyuanVideo15Pipeline): an MMDiT over 16x/4x VAE latents, guided
-by a Qwen2.5-VL chat-templated prompt and a ByT5 glyph encoder for quoted text, with CFG set by the
-pipeline's ``guider`` component rather than a ``__call__`` argument."""
+"""HunyuanVideo 1.5 (HunyuanVideo15Pipeline, and HunyuanVideo15ImageToVideoPipeline for its i2v checkpoints): an
+MMDiT over 16x/4x VAE latents, guided by a Qwen2.5-VL chat-templated prompt and a ByT5 glyph encoder for quoted text,
+with CFG set by the pipeline's ``guider`` component rather than a ``__call__`` argument. An i2v checkpoint's image sets
+the video's size, is VAE-encoded as its first latent frame and read by a SigLIP encoder whose 729 tokens fill the slot
+t2v leaves masked: the transformer's calls are t2v's."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from torch._guards import active_fake_mode
 from torch.overrides import TorchFunctionMode
 
-from diffmeter.families.base import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, Family, Shapes, register, timesteps
+from diffmeter.errors import DiffmeterError
+from diffmeter.families.base import (
+    DENOISER,
+    IMAGE_ENCODER,
+    TEXT_ENCODER,
+    VAE_DECODER,
+    Call,
+    Family,
+    Shapes,
+    register,
+    timesteps,
+)
 from diffmeter.families.host_masks import is_placeholder
+from diffmeter.families.images import ImageConditioned, vae_encode_calls
+from diffmeter.spec import size_text
 
 #: HunyuanVideo15Pipeline.__init__ constants: the chat template's first 108 tokens are cropped off
 #: the Qwen hidden states (prompt_template_encode_start_idx), and T2V passes 729 zero image tokens
@@ -19,8 +36,10 @@ IMAGE_TOKENS = 729
 
 
 @register
-class HunyuanVideo15(Family):
+class HunyuanVideo15(ImageConditioned, Family):
     name = "hunyuanvideo15"
+    #: the first frame of an i2v checkpoint's video
+    max_images = 1
     flow_matching = True
     masks_attention = True  # the joint attention gets a boolean text-padding mask
     is_video = True
@@ -84,6 +103,85 @@ class HunyuanVideo15(Family):
         target = entry.components[self.denoiser].config.get("target_size", 640)
         return processor.calculate_default_height_width(9, 16, target)
 
+    def bucket(self, entry, height: int, width: int) -> tuple[int, int]:
+        """The transformer's ``target_size`` bucket nearest an image's aspect ratio, with diffusers' own code."""
+        from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
+
+        processor = HunyuanVideo15ImageProcessor(vae_scale_factor=self.vae_scale(entry))
+        target = entry.components[self.denoiser].config.get("target_size", 640)
+        return processor.calculate_default_height_width(height, width, target)
+
+    # ---- image-to-video ------------------------------------------------------------------
+    def takes_images(self, entry) -> bool:
+        return entry.pipeline_class == "HunyuanVideo15ImageToVideoPipeline"
+
+    def shapes(self, entry, spec) -> Shapes:
+        """HunyuanVideo15ImageToVideoPipeline.__call__ (diffusers 0.42.1, pipeline_hunyuan_video1_5_image2video.py
+        756-759) takes no height or width: the video has the size of the ``target_size`` bucket nearest the image's
+        aspect ratio, and the image is resized and center-cropped to it."""
+        if not self.takes_images(entry):
+            return super().shapes(entry, spec)
+        if not spec.image_sizes:
+            raise DiffmeterError(
+                f"{entry.name} ({entry.pipeline_class}) animates an image, whose aspect ratio sets the video's size: "
+                "add --image-size WxH"
+            )
+        if len(spec.image_sizes) > 1:
+            raise DiffmeterError(f"{entry.name} animates one image (the first frame): pass one --image-size")
+        given = spec.image_sizes[0]
+        height, width = self.bucket(entry, *given)
+        shapes = super().shapes(entry, replace(spec, height=height, width=width))
+        shapes.note(
+            f"image-to-video: {entry.pipeline_class} takes no size: the {size_text(given)} image makes a "
+            f"{width}x{height} video, its target-size bucket (whatever --height/--width say), the image resized and "
+            "cropped to it, VAE-encoded once per call as the first latent frame and read once by the SigLIP image "
+            "encoder; its tokens fill the 729 image slots t2v masks, so the transformer's calls cost what t2v's do"
+        )
+        return shapes
+
+    def input_images(self, entry, spec, notes) -> list[tuple[int, int]]:
+        if not self.takes_images(entry):
+            return super().input_images(entry, spec, notes)
+        return [(spec.height, spec.width)]
+
+    def image_calls(self, shapes: Shapes) -> list[Call]:
+        """_get_image_embeds reads the image once per call at the feature extractor's size and keeps the last hidden
+        state (repeated to the batch); _get_image_latents VAE-encodes it once per call as a one-frame video, a local
+        the latents are made from (pipeline_hunyuan_video1_5_image2video.py 375-420, 594-630)."""
+        if not shapes.images:
+            return []
+        size = shapes.entry.extra["pipeline_init"]["feature_extractor"]["config"]["size"]
+
+        def pixels(device):
+            return {"pixel_values": torch.zeros(1, 3, size["height"], size["width"], device=device)}
+
+        seen = Call(
+            "image_encoder",
+            IMAGE_ENCODER,
+            1,
+            1,
+            pixels,
+            note=f"the image at {size['width']}x{size['height']}, once per call",
+            keeps_input=False,
+            kept=lambda output: output.last_hidden_state,
+        )
+        encoded = [
+            replace(call, keeps_input=False) for call in vae_encode_calls(self, shapes, per_output=False, video=True)
+        ]
+        return [seen, *encoded]
+
+    def image_tokens(self, shapes: Shapes) -> int:
+        """The image tokens in every transformer call: t2v's 729 zeros (``vision_num_semantic_tokens``), or the SigLIP
+        encoder's patches of the image (27 x 27 = 729 for so400m at 384 px)."""
+        if not shapes.images:
+            return IMAGE_TOKENS
+        config = shapes.config("image_encoder")
+        return (config["image_size"] // config["patch_size"]) ** 2
+
+    def image_arguments(self, entry, images: list[list]) -> dict:
+        """One image for the whole call: the pipeline encodes it once and repeats it to the batch."""
+        return {"image": images[0][0]}
+
     # ---- prompts -------------------------------------------------------------------------
     def prompt_settings(self, pipe, prompts: list[str]) -> dict:
         """ByT5 runs only on prompts holding quoted text; Qwen is always padded to 1108 tokens."""
@@ -134,7 +232,8 @@ class HunyuanVideo15(Family):
         steps, batch = shapes.spec.steps, shapes.spec.batch_size
         uncond = self.cfg_steps(shapes)
         byt5, qwen = shapes.text_tokens["text_encoder_2"], shapes.text_tokens["text_encoder"] - CROP_START
-        note = f"{IMAGE_TOKENS + byt5 + qwen} text tokens ({IMAGE_TOKENS} image + {byt5} ByT5 + {qwen} Qwen)"
+        image = self.image_tokens(shapes)
+        note = f"{image + byt5 + qwen} text tokens ({image} image + {byt5} ByT5 + {qwen} Qwen)"
         shapes.note(
             "the transformer runs dense full attention over video and text tokens, as diffusers does "
             "(no sparse or sliding-tile attention)"
@@ -159,7 +258,7 @@ class HunyuanVideo15(Family):
         frames, height, width = shapes.latent_frames, shapes.latent_height, shapes.latent_width
         return {
             "hidden_states": torch.zeros(batch, config["in_channels"], frames, height, width),
-            "image_embeds": torch.zeros(batch, IMAGE_TOKENS, config["image_embed_dim"]),
+            "image_embeds": torch.zeros(batch, self.image_tokens(shapes), config["image_embed_dim"]),
             "timestep": timesteps(batch, device),
             "encoder_hidden_states": torch.zeros(batch, qwen, config["text_embed_dim"]),
             "encoder_attention_mask": torch.ones(batch, qwen),

@@ -1,0 +1,60 @@
+"""HunyuanVideo 1.5 image-to-video (HunyuanVideo15ImageToVideoPipeline): the tiny pipeline run for real under the
+counter equals the offline profile per component, the image's bucket sets the video's size, the transformer costs
+what text-to-video's does; refusals."""
+
+import pytest
+import torch
+from tiny_runs import TINY, macs_by_name, tiny_call, token_settings
+
+from diffmeter import profile
+from diffmeter.errors import DiffmeterError
+from diffmeter.flops.counter import count_flops
+from diffmeter.tiny import tiny_pipeline
+
+NAME = "tiny-hunyuanvideo15-i2v"
+
+
+@pytest.mark.parametrize(("batch", "guidance", "image"), [(1, None, (48, 64)), (2, 1.0, (70, 40))])
+def test_image_to_video_is_counted_exactly(batch, guidance, image):
+    entry = next(e for e in TINY if e.name == NAME)
+    pipe, call, settings = tiny_call(entry, batch_size=batch, guidance_scale=guidance, image_sizes=(image,))
+    encode, encoded = pipe.vae.encode, []
+
+    def spy(x, *args, **kwargs):
+        encoded.append(tuple(x.shape))
+        return encode(x, *args, **kwargs)
+
+    pipe.vae.encode = spy
+    components = {name: getattr(pipe, name) for name in entry.components}
+    with torch.no_grad(), count_flops(components) as counts:
+        video = call()
+    real = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in entry.components}
+    offline = profile(NAME, **{**settings, **token_settings(entry, pipe)})
+    assert macs_by_name(offline) == real
+    assert real["image_encoder"] > 0
+    height, width = pipe.video_processor.calculate_default_height_width(*image, 64)
+    assert (offline.height, offline.width) == (height, width)
+    assert encoded == [(1, 3, 1, height, width)]  # once per call, at the video's size
+    assert video.frames.shape[2:4] == (height, width)
+
+
+def test_the_transformer_costs_what_text_to_video_costs():
+    edit = profile("hunyuanvideo15-480p-i2v", image_sizes=["848x480"], steps=1)
+    plain = profile("hunyuanvideo15-480p-t2v", steps=1)
+    assert edit.denoiser_macs_per_step == plain.denoiser_macs_per_step
+    assert (edit.height, edit.width) == (480, 848)
+    square = profile("hunyuanvideo15-480p-i2v", image_sizes=["1024x1024"], steps=1)
+    assert (square.height, square.width) == (640, 640)  # the square bucket of target size 640
+
+
+def test_refusals(tmp_path, cli, capsys):
+    """A local folder has no catalog image, and the image sets the video's size: without one, one line, exit 2."""
+    tiny_pipeline(next(e for e in TINY if e.name == NAME)).save_pretrained(tmp_path / "i2v")
+    capsys.readouterr()  # save_pretrained's own progress
+    code, _, err = cli("profile", str(tmp_path / "i2v"))
+    assert code == 2 and "animates an image, whose aspect ratio sets the video's size" in err
+    assert len(err.strip().splitlines()) == 1
+    with pytest.raises(DiffmeterError, match="animates one image"):
+        profile(NAME, image_sizes=[(48, 64), (48, 64)])
+    with pytest.raises(DiffmeterError, match="takes no input image"):
+        profile("tiny-hunyuanvideo15", image_sizes=[(48, 64)])
