@@ -150,11 +150,12 @@ def main() -> int:
                 ),
                 "Counted exactly like the tiny pipeline of its layout: `tests/test_family_wan21_i2v.py`.",
             ]
-        elif entry.family == "ltx":
+        elif entry.family in ("ltx", "ltx2"):
             how = (
                 "LTXConditionPipeline takes the image as a condition at frame 0: VAE-encoded once per call"
                 if entry.pipeline_class == "LTXConditionPipeline"
-                else "LTXImageToVideoPipeline runs this checkpoint on an image: VAE-encoded once per output"
+                else f"{entry.pipeline_class.replace('Pipeline', 'ImageToVideoPipeline')} runs this checkpoint on an "
+                "image: VAE-encoded once per output"
             )
             lines += [
                 "",

@@ -68,3 +68,15 @@ def test_per_token_timestep_is_the_time_embedding_per_token():
 def test_ltx_refuses_two_images():
     with pytest.raises(DiffmeterError, match="animates one image"):
         profile("tiny-ltx", image_sizes=[(64, 64), (64, 64)])
+
+
+@pytest.mark.parametrize(("batch", "guidance"), [(1, None), (2, 1.0)])
+def test_ltx2_image_to_video_is_counted_exactly(batch, guidance):
+    """LTX2ImageToVideoPipeline on tiny LTX-2 (from_pipe): with guidance its CFG, STG and modality calls all take the
+    per-token timestep; the image is encoded once per output."""
+    entry, pipe, real, offline, text_only, encoded = counted("tiny-ltx2", batch, guidance)
+    assert type(pipe).__name__ == "LTX2ImageToVideoPipeline"
+    assert macs_by_name(offline) == real
+    assert encoded == [(1, 3, 1, entry.defaults.height, entry.defaults.width)] * batch
+    plain = {c.name: c.macs for c in text_only.components}
+    assert macs_by_name(offline)["transformer"] > plain["transformer"]

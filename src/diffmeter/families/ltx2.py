@@ -1,7 +1,9 @@
 """LTX-2 (LTX2Pipeline): a joint audio-video DiT. A Gemma 3 encoder runs over ``max_sequence_length``
 left-padded tokens and all its hidden states go through the text connectors (once, on the
 [negative, positive] batch); each step makes a batched CFG call, a spatio-temporal-guidance (STG) call
-and a modality-isolation call; the video VAE, the audio VAE and the vocoder decode."""
+and a modality-isolation call; the video VAE, the audio VAE and the vocoder decode. With ``--image-size`` the same
+checkpoint animates an image through LTX2ImageToVideoPipeline: the image's latent as the first frame, a timestep per
+video token."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import torch
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, Family, Shapes, register, timesteps
+from diffmeter.families.images import ImageConditioned, vae_encode_calls
 from diffmeter.families.ltx import spatial_compression, temporal_compression, video_decoder_inputs
+from diffmeter.spec import size_text
 
 #: LTX2Pipeline.__call__ defaults (diffusers 0.42.1); none of them is a shape but the frame rate (audio length)
 FRAME_RATE = 24.0
@@ -37,8 +41,10 @@ def audio_frames(entry, num_frames: int, frame_rate: float = FRAME_RATE) -> int:
 
 
 @register
-class LTX2(Family):
+class LTX2(ImageConditioned, Family):
     name = "ltx2"
+    #: the first frame (LTX2ImageToVideoPipeline)
+    max_images = 1
     #: Gemma, then the connectors over its hidden states (so stage timing counts both as text encoding)
     text_encoders = ("text_encoder", "connectors")
     sequence_encoder = "text_encoder"
@@ -107,6 +113,46 @@ class LTX2(Family):
         else:
             shapes.note("guidance scale <= 1 counted with every guided pass off (CFG, audio CFG, STG, modality)")
         return shapes
+
+    # ---- image-to-video ------------------------------------------------------------------
+    def input_images(self, entry, spec, notes) -> list[tuple[int, int]]:
+        """LTX2ImageToVideoPipeline (diffusers 0.42.1) resizes the image to the video's size
+        (pipeline_ltx2_image2video.py 1364), VAE-encodes it once per generator as a one-frame video (prepare_latents,
+        836-843) and gives every video token its own timestep, the image's 0 (1487): the transformer's time embedding
+        runs per token."""
+        if not spec.image_sizes:
+            return []
+        if len(spec.image_sizes) > 1:
+            raise DiffmeterError(
+                f"{entry.name} animates one image (the first frame) in diffmeter: pass one --image-size"
+            )
+        notes.append(
+            f"image-to-video: LTX2ImageToVideoPipeline runs {entry.name} on the {size_text(spec.image_sizes[0])} image "
+            f"resized to the video's {spec.width}x{spec.height}, VAE-encoded once per output as the first latent "
+            "frame; "
+            "the transformer embeds a timestep per video token (the image's at 0). bench passes image_crf=0: the "
+            "pipeline's H.264 re-compression of the image (PyAV, CPU preprocessing, no model compute) takes one PIL "
+            "image, not one per output"
+        )
+        return [(spec.height, spec.width)]
+
+    def image_calls(self, shapes: Shapes) -> list[Call]:
+        return vae_encode_calls(self, shapes, per_output=True, video=True)
+
+    def image_arguments(self, entry, images: list[list]) -> dict:
+        """One image per output (the pipeline encodes ``image[i]`` per generator), without the re-compression, which
+        reads a single PIL image alone."""
+        return {"image": [own[0] for own in images], "image_crf": 0}
+
+    def conditioned_pipeline(self, pipe):
+        """The loaded LTX2Pipeline as LTX2ImageToVideoPipeline, sharing its components."""
+        from diffusers import LTX2ImageToVideoPipeline
+
+        if isinstance(pipe, LTX2ImageToVideoPipeline):
+            return pipe
+        made = LTX2ImageToVideoPipeline.from_pipe(pipe)
+        made.set_progress_bar_config(**getattr(pipe, "_progress_bar_config", {}))  # from_pipe starts a fresh one
+        return made
 
     # ---- the call plan ----------------------------------------------------------------------
     def text_calls(self, shapes: Shapes) -> list[Call]:
@@ -208,7 +254,9 @@ class LTX2(Family):
             "audio_hidden_states": torch.zeros(batch, audio, config["audio_in_channels"], device=device),
             "encoder_hidden_states": torch.zeros(batch, text, caption, device=device),
             "audio_encoder_hidden_states": torch.zeros(batch, text, caption, device=device),
-            "timestep": t,
+            # with an image, a timestep per video token; audio and sigma keep the step's (image2video.py 1487-1497)
+            "timestep": t.unsqueeze(-1).expand(batch, frames * height * width) if shapes.images else t,
+            "audio_timestep": t,
             "sigma": t,
             "encoder_attention_mask": torch.ones(batch, text, dtype=torch.long, device=device),
             "audio_encoder_attention_mask": torch.ones(batch, text, dtype=torch.long, device=device),
