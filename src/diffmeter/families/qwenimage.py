@@ -94,6 +94,10 @@ class QwenImage(Family):
                 return limit
         return min(self._template(shapes) + own, limit)
 
+    def negative_prompt_tokens(self, shapes: Shapes) -> int:
+        """The negative prompt's own tokens, the template's left out."""
+        return self.encoder_tokens(shapes, True) - self._template(shapes)
+
     def transformer_tokens(self, shapes: Shapes, negative: bool = False) -> int:
         """Text tokens the transformer gets: the encoded ones minus the 34 dropped, capped at
         max_sequence_length."""
@@ -101,7 +105,7 @@ class QwenImage(Family):
 
     def _negative_note(self, shapes: Shapes) -> None:
         negative = shapes.entry.extra["negative_prompt"]["value"]
-        tokens = self.encoder_tokens(shapes, True) - self._template(shapes)
+        tokens = self.negative_prompt_tokens(shapes)
         shapes.note(
             f"CFG runs as true_cfg_scale {shapes.spec.guidance_scale:g} with the model card's negative prompt "
             f"{negative!r} ({tokens} token{'' if tokens == 1 else 's'}), encoded once "

@@ -49,7 +49,10 @@ SPECIAL = [
 ]
 
 
+@tokenizer("qwenvl")
 def qwen3vl_tokenizer() -> transformers.PreTrainedTokenizerBase:
+    """Qwen's vision-language special tokens and chat format on the tiny vocabulary (QwenImageEditPipeline's
+    ``tokenizer``; the processors' tokenizer)."""
     words = [*WORDS, *TEMPLATE_WORDS, *QWENIMAGE21_WORDS]
     vocab, merges = byte_level_bpe([*words, *(" " + word for word in words), "\n\n"])
     built = transformers.Qwen2Tokenizer(vocab=vocab, merges=merges)
@@ -79,4 +82,26 @@ def qwen3vl_processor() -> transformers.ProcessorMixin:
         tokenizer=qwen3vl_tokenizer(),
         video_processor=None,
         chat_template=QWEN3VL_CHAT_TEMPLATE,
+    )
+
+
+@tokenizer("qwen2vl")
+def qwen2vl_processor() -> transformers.ProcessorMixin:
+    """A Qwen2VLProcessor (QwenImageEditPipeline's ``processor`` slot): the same tokenizer, and Qwen2.5-VL's image
+    processor settings (patch 14, merge 2, 3,136 to 12,845,056 pixels: Qwen2.5-VL's preprocessor_config.json)."""
+    from transformers import Qwen2VLImageProcessorPil, Qwen2VLProcessor
+
+    class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
+        """Qwen2VLProcessor without a video processor (its default needs torchvision); every method is its own."""
+
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=14, merge_size=2, temporal_patch_size=2, min_pixels=3136, max_pixels=12845056
+    )
+    return ImageOnlyQwen2VLProcessor(
+        image_processor=image_processor, tokenizer=qwen3vl_tokenizer(), video_processor=None
     )

@@ -1,0 +1,69 @@
+"""Qwen-Image-Edit (QwenImageEditPipeline): the tiny pipeline, vision tower included, run for real under the counter
+equals the offline profile per component, with and without true CFG; the image's tokens in the prompt and beside
+the latents; refusals."""
+
+import pytest
+import torch
+from tiny_runs import TINY, macs_by_name, tiny_call, token_settings
+
+from diffmeter import profile
+from diffmeter.errors import DiffmeterError
+from diffmeter.flops.counter import count_flops
+
+NAME = "tiny-qwenimage-edit"
+
+
+@pytest.mark.parametrize(("guidance", "image"), [(1.0, (64, 64)), (4.0, (48, 80))])
+def test_an_edit_is_counted_exactly(guidance, image):
+    entry = next(e for e in TINY if e.name == NAME)
+    pipe, call, settings = tiny_call(entry, guidance_scale=guidance, image_sizes=(image,))
+    encode, encoded = pipe.vae.encode, []
+
+    def spy(x, *args, **kwargs):
+        encoded.append(tuple(x.shape))
+        return encode(x, *args, **kwargs)
+
+    pipe.vae.encode = spy
+    components = {name: getattr(pipe, name) for name in entry.components}
+    with torch.no_grad(), count_flops(components) as counts:
+        call()
+    real = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in entry.components}
+    offline = profile(NAME, **{**settings, **token_settings(entry, pipe)})
+    assert macs_by_name(offline) == real
+    assert counts.by_module["text_encoder.model.visual"]  # the vision tower ran, and is counted
+    assert len(encoded) == 1 and encoded[0][:3] == (1, 3, 1)
+    assert offline.input_images == [encoded[0][3:]]  # the 1024x1024-area size of the image's aspect ratio
+
+
+def test_qwen_image_edit_at_its_defaults():
+    """A 1024x1024 edit: the vision tower reads 1036x1036 (74x74 patches, 1,369 tokens in the prompt), the transformer
+    sees 4,096 noisy and 4,096 image tokens and 7 + 1,369 + the prompt's text tokens."""
+    edit = profile("qwen-image-edit", prompt_tokens=20, guidance_scale=1.0, steps=1)
+    assert edit.input_images == [(1024, 1024)]
+    assert any("1369 image tokens" in note for note in edit.notes)
+    assert any("4096 tokens beside the 4096 noisy-latent tokens" in note for note in edit.notes)
+    text = {i.note: i for c in edit.components if c.name == "text_encoder" for i in c.invocations}
+    assert any("vision tower over the 1036x1036 image" in note for note in text)
+    plain = profile("qwen-image", prompt_tokens=20, guidance_scale=1.0, steps=1, height=1024, width=1024)
+    assert edit.denoiser_macs_per_step > 2 * plain.denoiser_macs_per_step  # twice the image tokens, 1,376 more text
+
+
+def test_refusals(cli):
+    with pytest.raises(DiffmeterError, match="use --batch-size 1"):
+        profile(NAME, batch_size=2)
+    with pytest.raises(DiffmeterError, match="edits one input image"):
+        profile(NAME, image_sizes=[(64, 64), (64, 64)])
+    code, _, err = cli("profile", "qwen-image-edit", "--batch-size", "2")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+
+
+def test_bench_times_the_edit(tmp_path):
+    """bench of the tiny edit: one output, the image encoding its own stage, the prompt encoding counting the vision
+    tower."""
+    from diffmeter.runs.lifecycle import bench
+    from diffmeter.runs.spec import BenchSpec
+
+    result, _ = bench(BenchSpec(model=NAME, image_sizes=["80x48"], iterations=1), out=tmp_path)
+    assert result.status == "complete", result.error
+    assert all(iteration.stages.image_encoding_s > 0 for iteration in result.iterations)
+    assert result.profile.input_images[0][0] * result.profile.input_images[0][1] > 900_000  # the 1024x1024 area
