@@ -3,12 +3,10 @@ counter equals the offline profile per component, the image's bucket sets the vi
 what text-to-video's does; refusals."""
 
 import pytest
-import torch
-from tiny_runs import TINY, macs_by_name, tiny_call, token_settings
+from tiny_runs import TINY, counted_run, macs_by_name
 
 from diffmeter import profile
 from diffmeter.errors import DiffmeterError
-from diffmeter.flops.counter import count_flops
 from diffmeter.tiny import tiny_pipeline
 
 NAME = "tiny-hunyuanvideo15-i2v"
@@ -17,19 +15,10 @@ NAME = "tiny-hunyuanvideo15-i2v"
 @pytest.mark.parametrize(("batch", "guidance", "image"), [(1, None, (48, 64)), (2, 1.0, (70, 40))])
 def test_image_to_video_is_counted_exactly(batch, guidance, image):
     entry = next(e for e in TINY if e.name == NAME)
-    pipe, call, settings = tiny_call(entry, batch_size=batch, guidance_scale=guidance, image_sizes=(image,))
-    encode, encoded = pipe.vae.encode, []
-
-    def spy(x, *args, **kwargs):
-        encoded.append(tuple(x.shape))
-        return encode(x, *args, **kwargs)
-
-    pipe.vae.encode = spy
-    components = {name: getattr(pipe, name) for name in entry.components}
-    with torch.no_grad(), count_flops(components) as counts:
-        video = call()
-    real = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in entry.components}
-    offline = profile(NAME, **{**settings, **token_settings(entry, pipe)})
+    pipe, real, settings, encoded, video = counted_run(
+        entry, batch_size=batch, guidance_scale=guidance, image_sizes=(image,)
+    )
+    offline = profile(NAME, **settings)
     assert macs_by_name(offline) == real
     assert real["image_encoder"] > 0
     height, width = pipe.video_processor.calculate_default_height_width(*image, 64)

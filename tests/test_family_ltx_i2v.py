@@ -3,30 +3,19 @@ LTXConditionPipeline's image at frame 0, run for real on the tiny pipelines unde
 profile per component; the per-token timestep counted; refusals."""
 
 import pytest
-import torch
-from tiny_runs import TINY, macs_by_name, tiny_call, token_settings
+from tiny_runs import TINY, counted_run, macs_by_name
 
 from diffmeter import profile
 from diffmeter.errors import DiffmeterError
-from diffmeter.flops.counter import count_flops
 
 
 def counted(name, batch, guidance):
     """The real run's MACs per component, the offline profile's, the shapes the VAE encoded and the pipeline."""
     entry = next(e for e in TINY if e.name == name)
-    pipe, call, settings = tiny_call(entry, batch_size=batch, guidance_scale=guidance, image_sizes=((40, 72),))
-    encode, encoded = pipe.vae.encode, []
-
-    def spy(x, *args, **kwargs):
-        encoded.append(tuple(x.shape))
-        return encode(x, *args, **kwargs)
-
-    pipe.vae.encode = spy
-    components = {component: getattr(pipe, component) for component in entry.components}
-    with torch.no_grad(), count_flops(components) as counts:
-        call()
-    real = {component: sum(counts.by_module.get(component, {}).values()) // 2 for component in entry.components}
-    offline = profile(name, **{**settings, **token_settings(entry, pipe)})
+    pipe, real, settings, encoded, _ = counted_run(
+        entry, batch_size=batch, guidance_scale=guidance, image_sizes=((40, 72),)
+    )
+    offline = profile(name, **settings)
     text_only = profile(name, **{k: v for k, v in settings.items() if k != "image_sizes"})
     return entry, pipe, real, offline, text_only, encoded
 

@@ -3,12 +3,10 @@ equals the offline profile per component, with and without true CFG; the image's
 the latents; refusals."""
 
 import pytest
-import torch
-from tiny_runs import TINY, macs_by_name, tiny_call, token_settings
+from tiny_runs import TINY, counted_run, macs_by_name
 
 from diffmeter import profile
 from diffmeter.errors import DiffmeterError
-from diffmeter.flops.counter import count_flops
 
 NAME = "tiny-qwenimage-edit"
 
@@ -16,21 +14,11 @@ NAME = "tiny-qwenimage-edit"
 @pytest.mark.parametrize(("guidance", "image"), [(1.0, (64, 64)), (4.0, (48, 80))])
 def test_an_edit_is_counted_exactly(guidance, image):
     entry = next(e for e in TINY if e.name == NAME)
-    pipe, call, settings = tiny_call(entry, guidance_scale=guidance, image_sizes=(image,))
-    encode, encoded = pipe.vae.encode, []
-
-    def spy(x, *args, **kwargs):
-        encoded.append(tuple(x.shape))
-        return encode(x, *args, **kwargs)
-
-    pipe.vae.encode = spy
-    components = {name: getattr(pipe, name) for name in entry.components}
-    with torch.no_grad(), count_flops(components) as counts:
-        call()
-    real = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in entry.components}
-    offline = profile(NAME, **{**settings, **token_settings(entry, pipe)})
+    pipe, real, settings, encoded, _ = counted_run(entry, guidance_scale=guidance, image_sizes=(image,))
+    offline = profile(NAME, **settings)
     assert macs_by_name(offline) == real
-    assert counts.by_module["text_encoder.model.visual"]  # the vision tower ran, and is counted
+    vision = [i for c in offline.components if c.name == "text_encoder" for i in c.invocations if "vision" in i.note]
+    assert len(vision) == (2 if guidance > 1 else 1) and all(i.macs_per_call > 0 for i in vision)
     assert len(encoded) == 1 and encoded[0][:3] == (1, 3, 1)
     assert offline.input_images == [encoded[0][3:]]  # the 1024x1024-area size of the image's aspect ratio
 

@@ -4,7 +4,7 @@ the offline profile per component; the real entries' sizes; a folder of such a p
 
 import pytest
 import torch
-from tiny_runs import TINY, macs_by_name, tiny_call, token_settings
+from tiny_runs import TINY, counted_run, macs_by_name, tiny_call, token_settings
 
 from diffmeter import profile
 from diffmeter.catalog import resolve
@@ -19,18 +19,10 @@ ENTRY = next(e for e in TINY if e.name == "tiny-wan-i2v")
 
 @pytest.mark.parametrize(("batch", "guidance"), [(1, None), (2, 1.0)])
 def test_image_to_video_is_counted_exactly(batch, guidance):
-    pipe, call, settings = tiny_call(ENTRY, batch_size=batch, guidance_scale=guidance, image_sizes=((24, 40),))
-    encode, encoded = pipe.vae.encode, []
-
-    def spy(x, *args, **kwargs):
-        encoded.append(tuple(x.shape))
-        return encode(x, *args, **kwargs)
-
-    pipe.vae.encode = spy
-    with torch.no_grad(), count_flops({name: getattr(pipe, name) for name in ENTRY.components}) as counts:
-        call()
-    real = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in ENTRY.components}
-    offline = profile("tiny-wan-i2v", **{**settings, **token_settings(ENTRY, pipe)})
+    _, real, settings, encoded, _ = counted_run(
+        ENTRY, batch_size=batch, guidance_scale=guidance, image_sizes=((24, 40),)
+    )
+    offline = profile("tiny-wan-i2v", **settings)
     assert macs_by_name(offline) == real
     frames, height, width = ENTRY.defaults.num_frames, ENTRY.defaults.height, ENTRY.defaults.width
     assert encoded == [(1, 3, frames, height, width)] * batch  # the whole video, once per generator

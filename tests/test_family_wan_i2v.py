@@ -2,31 +2,20 @@
 on the tiny pipeline under the counter, equal to the offline profile per component; refusals."""
 
 import pytest
-import torch
-from tiny_runs import TINY, macs_by_name, tiny_call, token_settings
+from tiny_runs import TINY, counted_run, macs_by_name
 
 from diffmeter import profile
 from diffmeter.errors import DiffmeterError
-from diffmeter.flops.counter import count_flops
 
 
 @pytest.mark.parametrize(("batch", "guidance"), [(1, None), (2, 1.0)])
 def test_image_to_video_is_counted_exactly(batch, guidance):
     entry = next(e for e in TINY if e.name == "tiny-wan22-5b")
-    pipe, call, settings = tiny_call(entry, batch_size=batch, guidance_scale=guidance, image_sizes=((40, 72),))
+    pipe, real, settings, encoded, _ = counted_run(
+        entry, batch_size=batch, guidance_scale=guidance, image_sizes=((40, 72),)
+    )
     assert type(pipe).__name__ == "WanImageToVideoPipeline"
-    encode, encoded = pipe.vae.encode, []
-
-    def spy(x, *args, **kwargs):
-        encoded.append(tuple(x.shape))
-        return encode(x, *args, **kwargs)
-
-    pipe.vae.encode = spy
-    components = {name: getattr(pipe, name) for name in entry.components}
-    with torch.no_grad(), count_flops(components) as counts:
-        call()
-    real = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in entry.components}
-    offline = profile("tiny-wan22-5b", **{**settings, **token_settings(entry, pipe)})
+    offline = profile("tiny-wan22-5b", **settings)
     assert macs_by_name(offline) == real
     height, width = entry.defaults.height, entry.defaults.width
     assert encoded == [(1, 3, 1, height, width)] * batch  # resized to the video, once per generator

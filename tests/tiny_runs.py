@@ -89,6 +89,23 @@ def run_tiny(
     return pipe, macs, {**settings, **token_settings(entry, pipe)}
 
 
+def counted_run(entry: PipelineEntry, **options):
+    """``tiny_call(entry, **options)`` run for real under the counter, each VAE encode's input shape recorded: the
+    pipeline, its MACs per component, the profile settings of the run, the encoded shapes and the output."""
+    pipe, call, settings = tiny_call(entry, **options)
+    encode, encoded = pipe.vae.encode, []
+
+    def spy(x, *args, **kwargs):
+        encoded.append(tuple(x.shape))
+        return encode(x, *args, **kwargs)
+
+    pipe.vae.encode = spy
+    with torch.no_grad(), count_flops({name: getattr(pipe, name) for name in entry.components}) as counts:
+        output = call()
+    macs = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in entry.components}
+    return pipe, macs, {**settings, **token_settings(entry, pipe)}, encoded, output
+
+
 def macs_by_name(result) -> dict[str, int]:
     """A profile's MACs per component name, over its roles (a VAE that encodes an input image and decodes the
     output is two rows of one component), as the counter attributes a real run's."""

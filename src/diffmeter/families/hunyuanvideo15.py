@@ -25,7 +25,7 @@ from diffmeter.families.base import (
     timesteps,
 )
 from diffmeter.families.host_masks import is_placeholder
-from diffmeter.families.images import ImageConditioned, vae_encode_calls
+from diffmeter.families.images import ImageConditioned, single_image, vae_encode_calls
 from diffmeter.spec import size_text
 
 #: HunyuanVideo15Pipeline.__init__ constants: the chat template's first 108 tokens are cropped off
@@ -126,9 +126,7 @@ class HunyuanVideo15(ImageConditioned, Family):
                 f"{entry.name} ({entry.pipeline_class}) animates an image, whose aspect ratio sets the video's size: "
                 "add --image-size WxH"
             )
-        if len(spec.image_sizes) > 1:
-            raise DiffmeterError(f"{entry.name} animates one image (the first frame): pass one --image-size")
-        given = spec.image_sizes[0]
+        given = single_image(entry, spec)
         height, width = self.bucket(entry, *given)
         shapes = super().shapes(entry, replace(spec, height=height, width=width))
         shapes.note(

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import IMAGE_ENCODER, Call, Family, Shapes
+
+#: what a pipeline that takes a single image does with it, for the refusal of more
+FIRST_FRAME = "animates one image (the first frame)"
 
 
 def vae_encode_calls(
@@ -35,6 +39,13 @@ def vae_encode_calls(
             )
         )
     return calls
+
+
+def single_image(entry, spec, does: str = FIRST_FRAME) -> tuple[int, int]:
+    """The one input image (height, width) a pipeline takes; more are refused in one line naming what it ``does``."""
+    if len(spec.image_sizes) > 1:
+        raise DiffmeterError(f"{entry.name} {does}: pass one --image-size")
+    return spec.image_sizes[0]
 
 
 def packed_tokens(family: Family, shapes: Shapes) -> int:

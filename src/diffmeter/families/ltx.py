@@ -7,9 +7,8 @@ import math
 
 import torch
 
-from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import Call, Family, Shapes, register, timesteps
-from diffmeter.families.images import ImageConditioned, vae_encode_calls
+from diffmeter.families.images import ImageConditioned, single_image, vae_encode_calls
 from diffmeter.spec import size_text
 
 #: ``frame_rate`` default of both pipelines' ``__call__``; it scales RoPE coordinates, never a shape
@@ -86,11 +85,7 @@ class LTXVideo(ImageConditioned, Family):
         the image's), so the transformer embeds one timestep per token instead of one per video."""
         if not spec.image_sizes:
             return []
-        if len(spec.image_sizes) > 1:
-            raise DiffmeterError(
-                f"{entry.name} animates one image (the first frame) in diffmeter: pass one --image-size"
-            )
-        given = spec.image_sizes[0]
+        given = single_image(entry, spec)
         if entry.pipeline_class == "LTXConditionPipeline":
             how = "LTXConditionPipeline's image condition at frame 0 (strength 1), VAE-encoded once per call"
         else:

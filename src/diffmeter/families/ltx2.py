@@ -13,7 +13,7 @@ import torch
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, Family, Shapes, register, timesteps
-from diffmeter.families.images import ImageConditioned, vae_encode_calls
+from diffmeter.families.images import ImageConditioned, single_image, vae_encode_calls
 from diffmeter.families.ltx import spatial_compression, temporal_compression, video_decoder_inputs
 from diffmeter.spec import size_text
 
@@ -122,12 +122,9 @@ class LTX2(ImageConditioned, Family):
         runs per token."""
         if not spec.image_sizes:
             return []
-        if len(spec.image_sizes) > 1:
-            raise DiffmeterError(
-                f"{entry.name} animates one image (the first frame) in diffmeter: pass one --image-size"
-            )
+        given = single_image(entry, spec)
         notes.append(
-            f"image-to-video: LTX2ImageToVideoPipeline runs {entry.name} on the {size_text(spec.image_sizes[0])} image "
+            f"image-to-video: LTX2ImageToVideoPipeline runs {entry.name} on the {size_text(given)} image "
             f"resized to the video's {spec.width}x{spec.height}, VAE-encoded once per output as the first latent "
             "frame; "
             "the transformer embeds a timestep per video token (the image's at 0). bench passes image_crf=0: the "

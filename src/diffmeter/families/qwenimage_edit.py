@@ -22,7 +22,7 @@ import torch
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import TEXT_ENCODER, Call, Shapes, register, timesteps
 from diffmeter.families.host_masks import host_values
-from diffmeter.families.images import ImageConditioned, note_tokens, vae_encode_calls
+from diffmeter.families.images import ImageConditioned, note_tokens, single_image, vae_encode_calls
 from diffmeter.families.qwenimage import QwenImage
 from diffmeter.spec import size_text
 
@@ -48,14 +48,12 @@ class QwenImageEdit(ImageConditioned, QwenImage):
 
         if not spec.image_sizes:
             raise DiffmeterError(f"{entry.name} ({entry.pipeline_class}) edits an image: add --image-size WxH")
-        if len(spec.image_sizes) > 1:
-            raise DiffmeterError(f"{entry.name} edits one input image: pass one --image-size")
         if spec.batch_size > 1:
             raise DiffmeterError(
                 f"{entry.pipeline_class} (diffusers 0.42.1) edits one image per call (it resizes a single image and "
                 "pairs one with each prompt): use --batch-size 1"
             )
-        height, width = spec.image_sizes[0]
+        height, width = single_image(entry, spec, "edits one input image")
         made_width, made_height, _ = calculate_dimensions(CONDITION_AREA, width / height)
         notes.append(
             f"input image {size_text((height, width))} resized to {made_width}x{made_height} (the 1024x1024-area size "

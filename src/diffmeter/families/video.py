@@ -9,7 +9,7 @@ import torch
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import DENOISER, IMAGE_ENCODER, Call, Family, Shapes, register, timesteps
-from diffmeter.families.images import ImageConditioned, vae_encode_calls
+from diffmeter.families.images import ImageConditioned, single_image, vae_encode_calls
 from diffmeter.spec import size_text
 
 
@@ -104,9 +104,7 @@ class Wan(ImageConditioned, Family):
                 f"{entry.name} generates from text alone (Wan's image-to-video models are checkpoints of their own, "
                 "with an image encoder or extra input channels): drop --image-size"
             )
-        if len(spec.image_sizes) > 1:
-            raise DiffmeterError(f"{entry.name} animates one image (the first frame): pass one --image-size")
-        given = spec.image_sizes[0]
+        given = single_image(entry, spec)
         if image_to_video(entry):
             clip = (
                 ", and read by the CLIP vision encoder once per call; its tokens join the text's in every transformer "
