@@ -97,7 +97,7 @@ def main() -> int:
         family = get_family(entry.family)
         needs_image = bool(entry.defaults.image_sizes)  # an image-to-video checkpoint: no text-only run of its own
         if needs_image and not family.is_video:  # an editing checkpoint: every size, no text-only run
-            settings = [images for images in IMAGES if images]
+            settings = [images for images in IMAGES + SEVERAL if images and len(images) <= family.max_images]
         elif needs_image:
             settings = [()]  # its catalog image, at the video's size (any image is resized to it)
         elif family.is_video:  # the image is resized to the video's size: one size tells all
@@ -137,7 +137,7 @@ def main() -> int:
             )
         if entry.family == "flux_kontext":
             lines += exactness(entry, rows)
-        elif entry.family == "qwenimage_edit":
+        elif entry.family in ("qwenimage_edit", "qwenimage_edit_plus"):
             lines += [
                 "",
                 f"{entry.pipeline_class} resizes the image to the 1024x1024-area size of its aspect ratio for both",
@@ -145,7 +145,9 @@ def main() -> int:
                 "Qwen2.5-VL's vision tower reads it with every prompt encoding (the negative prompt's too), its merged",
                 "patches (1,369 at 1024x1024) standing in the prompt, so the transformer's text is 1,376 tokens longer",
                 "than the prompt's own. Every image size costs about the same: the pipeline resizes them all to one",
-                "area. One output per call. Counted exactly, vision tower included:",
+                "area. One output per call. Qwen-Image-Edit-2509 (QwenImageEditPlusPipeline) takes several images,",
+                "each read by the vision tower at its 384x384-area size (about 196 tokens) and VAE-encoded at its",
+                "1024x1024-area size. Counted exactly, vision tower included:",
                 "`tests/test_family_qwenimage_edit.py`.",
             ]
         elif needs_image:

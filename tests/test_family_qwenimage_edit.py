@@ -55,3 +55,17 @@ def test_bench_times_the_edit(tmp_path):
     assert result.status == "complete", result.error
     assert all(iteration.stages.image_encoding_s > 0 for iteration in result.iterations)
     assert result.profile.input_images[0][0] * result.profile.input_images[0][1] > 900_000  # the 1024x1024 area
+
+
+@pytest.mark.parametrize(("guidance", "images"), [(1.0, ((64, 64),)), (4.0, ((48, 80), (80, 48)))])
+def test_an_edit_of_several_images_is_counted_exactly(guidance, images):
+    """QwenImageEditPlusPipeline (Qwen-Image-Edit-2509): each image read by the vision tower at its 384x384-area size
+    and VAE-encoded at its 1024x1024-area size, in order."""
+    entry = next(e for e in TINY if e.name == "tiny-qwenimage-edit-plus")
+    pipe, real, settings, encoded, _ = counted_run(entry, guidance_scale=guidance, image_sizes=images)
+    offline = profile(entry.name, **settings)
+    assert type(pipe).__name__ == "QwenImageEditPlusPipeline"
+    assert macs_by_name(offline) == real
+    assert [shape[3:] for shape in encoded] == offline.input_images  # one encode per image, at the VAE's size
+    vision = [i for c in offline.components if c.name == "text_encoder" for i in c.invocations if "vision" in i.note]
+    assert len(vision) == (2 if guidance > 1 else 1)

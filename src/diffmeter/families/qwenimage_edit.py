@@ -48,12 +48,8 @@ class QwenImageEdit(ImageConditioned, QwenImage):
 
         if not spec.image_sizes:
             raise DiffmeterError(f"{entry.name} ({entry.pipeline_class}) edits an image: add --image-size WxH")
-        if spec.batch_size > 1:
-            raise DiffmeterError(
-                f"{entry.pipeline_class} (diffusers 0.42.1) edits one image per call (it resizes a single image and "
-                "pairs one with each prompt): use --batch-size 1"
-            )
         height, width = single_image(entry, spec, "edits one input image")
+        self.refuse_batches(entry, spec)
         made_width, made_height, _ = calculate_dimensions(CONDITION_AREA, width / height)
         notes.append(
             f"input image {size_text((height, width))} resized to {made_width}x{made_height} (the 1024x1024-area size "
@@ -62,25 +58,42 @@ class QwenImageEdit(ImageConditioned, QwenImage):
         )
         return [(made_height, made_width)]
 
-    def vision_grid(self, shapes: Shapes) -> tuple[int, int, int]:
-        """The vision tower's (t, h, w) patch grid of the image: Qwen2VLImageProcessor.smart_resize to multiples of
+    def refuse_batches(self, entry, spec) -> None:
+        if spec.batch_size > 1:
+            raise DiffmeterError(
+                f"{entry.pipeline_class} (diffusers 0.42.1) edits one output per call (it resizes one call's images "
+                "and its processor pairs them with a single prompt): use --batch-size 1"
+            )
+
+    def condition_sizes(self, shapes: Shapes) -> list[tuple[int, int]]:
+        """The sizes the vision tower's processor is given: the VAE's here."""
+        return list(shapes.images)
+
+    def vision_grids(self, shapes: Shapes) -> list[tuple[int, int, int]]:
+        """The vision tower's (t, h, w) patch grid of each image: Qwen2VLImageProcessor.smart_resize to multiples of
         patch x merge pixels within the processor's pixel bounds."""
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize  # no torchvision
 
         vision = shapes.config("text_encoder")["vision_config"]
         processor = shapes.entry.extra["processor"]["value"]
         patch, merge = vision["patch_size"], vision["spatial_merge_size"]
-        height, width = shapes.images[0]
-        height, width = smart_resize(
-            height, width, factor=patch * merge, min_pixels=processor["min_pixels"], max_pixels=processor["max_pixels"]
-        )
-        return 1, height // patch, width // patch
+        grids = []
+        for height, width in self.condition_sizes(shapes):
+            height, width = smart_resize(
+                height, width, patch * merge, min_pixels=processor["min_pixels"], max_pixels=processor["max_pixels"]
+            )
+            grids.append((1, height // patch, width // patch))
+        return grids
 
     def image_tokens_in_text(self, shapes: Shapes) -> int:
-        """The merged patches that replace ``<|image_pad|>`` in the prompt's tokens."""
-        _, height, width = self.vision_grid(shapes)
+        """The merged patches that replace the ``<|image_pad|>`` tokens in the prompt's tokens."""
         merge = shapes.config("text_encoder")["vision_config"]["spatial_merge_size"]
-        return height * width // merge**2
+        return sum(height * width // merge**2 for _, height, width in self.vision_grids(shapes))
+
+    def picture_tokens(self, shapes: Shapes) -> int:
+        """Tokens the images' placeholders add to the template beyond their patches: minus the template's own
+        ``<|image_pad|>``, which the patches replace."""
+        return -1
 
     def image_calls(self, shapes: Shapes) -> list[Call]:
         """_encode_vae_image: one encode per generator (bench gives one per output), a one-frame video."""
@@ -99,10 +112,11 @@ class QwenImageEdit(ImageConditioned, QwenImage):
         if own is None:
             own = PROMPT_UPPER_BOUND
             shapes.note_prompt_upper_bound(f"the processor never truncates a prompt; assumed {own} tokens")
-        return self._template(shapes) - 1 + self.image_tokens_in_text(shapes) + own
+        return self._template(shapes) + self.picture_tokens(shapes) + self.image_tokens_in_text(shapes) + own
 
     def negative_prompt_tokens(self, shapes: Shapes) -> int:
-        return self.encoder_tokens(shapes, True) - self._template(shapes) + 1 - self.image_tokens_in_text(shapes)
+        images = self.picture_tokens(shapes) + self.image_tokens_in_text(shapes)
+        return self.encoder_tokens(shapes, True) - self._template(shapes) - images
 
     def transformer_tokens(self, shapes: Shapes, negative: bool = False) -> int:
         return self.encoder_tokens(shapes, negative) - EDIT_DROPPED_TOKENS
@@ -128,28 +142,24 @@ class QwenImageEdit(ImageConditioned, QwenImage):
         from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
 
         vision = shapes.config("text_encoder")["vision_config"]
-        grid = self.vision_grid(shapes)
+        grids = self.vision_grids(shapes)
         merge, side = vision["spatial_merge_size"], vision["patch_size"]
-        width = (
-            vision.get("in_channels", 3) * vision["temporal_patch_size"] * vision["patch_size"] ** 2
-        )  # config defaults: 3
+        width = vision.get("in_channels", 3) * vision["temporal_patch_size"] * side**2  # the config's default: 3
 
         def build(device):
-            thw = host_values(lambda: torch.tensor([grid]))
             window, windows = host_values(
-                lambda: get_vision_window_index(
-                    torch.tensor([grid]), merge, vision["window_size"], vision["patch_size"]
-                )
+                lambda: get_vision_window_index(torch.tensor(grids), merge, vision["window_size"], side)
             )
             return {
-                "pixel_values": torch.zeros(grid[0] * grid[1] * grid[2], width, device=device),
-                "image_grid_thw": thw,
-                "position_ids": host_values(lambda: get_vision_position_ids(torch.tensor([grid]), merge)).to(device),
-                "cu_seqlens": host_values(lambda: get_vision_cu_seqlens(torch.tensor([grid]))),
+                "pixel_values": torch.zeros(sum(t * h * w for t, h, w in grids), width, device=device),
+                "image_grid_thw": host_values(lambda: torch.tensor(grids)),
+                "position_ids": host_values(lambda: get_vision_position_ids(torch.tensor(grids), merge)).to(device),
+                "cu_seqlens": host_values(lambda: get_vision_cu_seqlens(torch.tensor(grids))),
                 "window_index": window.to(device),
                 "cu_window_seqlens": windows,
             }
 
+        seen = " and ".join(f"{w * side}x{h * side}" for _, h, w in grids)
         return Call(
             "text_encoder",
             TEXT_ENCODER,
@@ -157,7 +167,7 @@ class QwenImageEdit(ImageConditioned, QwenImage):
             1,
             build,
             method="get_image_features",
-            note=f"{label}: the vision tower over the {grid[2] * side}x{grid[1] * side} image",
+            note=f"{label}: the vision tower over the {seen} image{'s' if len(grids) > 1 else ''}",
             reads_values=True,
             kept=lambda output: (),  # merged into the prompt's embeddings, not kept
         )
