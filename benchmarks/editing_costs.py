@@ -145,9 +145,10 @@ def main() -> int:
                 "Qwen2.5-VL's vision tower reads it with every prompt encoding (the negative prompt's too), its merged",
                 "patches (1,369 at 1024x1024) standing in the prompt, so the transformer's text is 1,376 tokens longer",
                 "than the prompt's own. Every image size costs about the same: the pipeline resizes them all to one",
-                "area. One output per call. Qwen-Image-Edit-2509 (QwenImageEditPlusPipeline) takes several images,",
-                "each read by the vision tower at its 384x384-area size (about 196 tokens) and VAE-encoded at its",
-                "1024x1024-area size. Counted exactly, vision tower included:",
+                "area. One output per call. Qwen-Image-Edit-2509 and -2511 (QwenImageEditPlusPipeline) take several",
+                "images, each read by the vision tower at its 384x384-area size (about 196 tokens) and VAE-encoded at",
+                "its 1024x1024-area size; 2511's transformer also modulates the images' tokens at timestep 0. Counted",
+                "exactly, vision tower included:",
                 "`tests/test_family_qwenimage_edit.py`.",
             ]
         elif needs_image:

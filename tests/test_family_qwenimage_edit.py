@@ -57,11 +57,13 @@ def test_bench_times_the_edit(tmp_path):
     assert result.profile.input_images[0][0] * result.profile.input_images[0][1] > 900_000  # the 1024x1024 area
 
 
+@pytest.mark.parametrize("name", ["tiny-qwenimage-edit-plus", "tiny-qwenimage-edit-2511"])
 @pytest.mark.parametrize(("guidance", "images"), [(1.0, ((64, 64),)), (4.0, ((48, 80), (80, 48)))])
-def test_an_edit_of_several_images_is_counted_exactly(guidance, images):
-    """QwenImageEditPlusPipeline (Qwen-Image-Edit-2509): each image read by the vision tower at its 384x384-area size
-    and VAE-encoded at its 1024x1024-area size, in order."""
-    entry = next(e for e in TINY if e.name == "tiny-qwenimage-edit-plus")
+def test_an_edit_of_several_images_is_counted_exactly(name, guidance, images):
+    """QwenImageEditPlusPipeline (Qwen-Image-Edit-2509, and 2511 whose transformer modulates the images' tokens at
+    timestep 0): each image read by the vision tower at its 384x384-area size and VAE-encoded at its 1024x1024-area
+    size, in order."""
+    entry = next(e for e in TINY if e.name == name)
     pipe, real, settings, encoded, _ = counted_run(entry, guidance_scale=guidance, image_sizes=images)
     offline = profile(entry.name, **settings)
     assert type(pipe).__name__ == "QwenImageEditPlusPipeline"
@@ -69,3 +71,13 @@ def test_an_edit_of_several_images_is_counted_exactly(guidance, images):
     assert [shape[3:] for shape in encoded] == offline.input_images  # one encode per image, at the VAE's size
     vision = [i for c in offline.components if c.name == "text_encoder" for i in c.invocations if "vision" in i.note]
     assert len(vision) == (2 if guidance > 1 else 1)
+
+
+def test_2511_modulates_the_input_images_apart():
+    """zero_cond_t: the time embedding and every block's image modulation run on [t, 0], so 2511's step costs more
+    than 2509's at the same sizes, by exactly those layers."""
+    settings = {"image_sizes": ["1024x1024"], "prompt_tokens": 20, "guidance_scale": 1.0, "steps": 1}
+    plus, zero = profile("qwen-image-edit-2509", **settings), profile("qwen-image-edit-2511", **settings)
+    dim = 24 * 128
+    extra = 256 * dim + dim * dim + 60 * dim * 6 * dim  # timestep MLP, then each block's img_mod, on one more row
+    assert zero.denoiser_macs_per_step - plus.denoiser_macs_per_step == extra

@@ -174,6 +174,20 @@ def count_call(module: torch.nn.Module, name: str, call: Call, inputs: dict, sub
     return counts
 
 
+#: config keys that record where and how a checkpoint was saved, never how it runs
+CONFIG_METADATA = frozenset(
+    (
+        "_name_or_path",
+        "_diffusers_version",
+        "_class_name",
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+        "_commit_hash",
+    )
+)
+
+
 class MetaComponent:
     """A component built on meta at most once per process, with its counts memoized:
     catalog pipelines share encoders and VAEs, and sweeps repeat shapes."""
@@ -204,11 +218,14 @@ class MetaComponent:
 
     def count(self, name: str, call: Call, submodules: bool) -> FlopCounts:
         inputs = meta_inputs(call)
-        # keyed by structure, not config: configs differing only in scaling factors or
-        # metadata build identical modules
+        # keyed by structure and by the config's settings, not its metadata: a flag that changes the forward and no
+        # module (Qwen-Image-Edit-2511's zero_cond_t) must not share 2509's counts
         prepared = getattr(call.prepare, "key", call.prepare is None)  # a LoRA's hooks: its targets
         signature = (call.method, call_signature(inputs), prepared, call.note, call.replayed)
-        key = (type(self.module).__name__, repr(self.module), name, signature, submodules)
+        settings = json.dumps(
+            {k: v for k, v in self.component.config.items() if k not in CONFIG_METADATA}, sort_keys=True, default=str
+        )
+        key = (type(self.module).__name__, repr(self.module), settings, name, signature, submodules)
         if key not in self._counts:
             self._counts[key] = count_call(self.module, name, call, inputs, submodules)
         return self._counts[key]
