@@ -9,6 +9,7 @@ import pytest
 from tiny_runs import TINY, macs_by_name, run_tiny
 
 from diffmeter import profile
+from diffmeter.errors import DiffmeterError
 
 
 @pytest.mark.parametrize("entry", TINY, ids=lambda e: e.name)
@@ -19,14 +20,27 @@ def test_offline_profile_equals_real_pipeline(entry):
     assert offline.total_macs == sum(real.values())
 
 
+#: pipelines that make one output per call (QwenImageEditPipeline and its Plus resize a single call's images)
+ONE_OUTPUT = {"qwenimage_edit", "qwenimage_edit_plus"}
+
+
 @pytest.mark.parametrize("guidance_scale", [None, 1.0], ids=["default-guidance", "no-guidance"])
-@pytest.mark.parametrize("entry", TINY, ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", [e for e in TINY if e.family not in ONE_OUTPUT], ids=lambda e: e.name)
 def test_exact_at_batch_two_with_and_without_guidance(entry, guidance_scale):
     _, real, settings = run_tiny(entry, batch_size=2, guidance_scale=guidance_scale)
     offline = profile(entry.name, **settings)
     assert macs_by_name(offline) == real
     if guidance_scale == 1.0:
         assert not offline.cfg
+
+
+@pytest.mark.parametrize("entry", [e for e in TINY if e.family in ONE_OUTPUT], ids=lambda e: e.name)
+def test_one_output_pipelines_refuse_a_batch_as_diffusers_fails_one(entry):
+    """diffmeter refuses batch 2 for them in one line, and the real pipeline indeed cannot run it."""
+    with pytest.raises(DiffmeterError, match="use --batch-size 1"):
+        profile(entry.name, batch_size=2)
+    with pytest.raises((ValueError, IndexError, TypeError, AttributeError)):
+        run_tiny(entry, batch_size=2)
 
 
 @pytest.mark.parametrize(
