@@ -41,6 +41,8 @@ class QwenImageEdit(ImageConditioned, QwenImage):
     #: the processor pads to the longest prompt and never truncates; max_sequence_length is not read
     sequence_encoder = None
     max_sequence_limit = None
+    #: one prompt per call (batch 1): its text mask is all ones, which encode_prompt drops
+    masks_attention = False
 
     # ---- the input image -----------------------------------------------------------------
     def input_images(self, entry, spec, notes) -> list[tuple[int, int]]:
