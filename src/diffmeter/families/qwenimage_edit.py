@@ -38,9 +38,6 @@ PROMPT_UPPER_BOUND = 1024
 class QwenImageEdit(ImageConditioned, QwenImage):
     name = "qwenimage_edit"
     max_images = 1
-    #: the processor pads to the longest prompt and never truncates; max_sequence_length is not read
-    sequence_encoder = None
-    max_sequence_limit = None
     #: one prompt per call (batch 1): its text mask is all ones, which encode_prompt drops
     masks_attention = False
 
