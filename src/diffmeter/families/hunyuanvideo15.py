@@ -97,11 +97,7 @@ class HunyuanVideo15(ImageConditioned, Family):
 
     def default_size(self, entry) -> tuple[int, int]:
         """__call__ without a size: the 16:9 bucket of the transformer's ``target_size``."""
-        from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
-
-        processor = HunyuanVideo15ImageProcessor(vae_scale_factor=self.vae_scale(entry))
-        target = entry.components[self.denoiser].config.get("target_size", 640)
-        return processor.calculate_default_height_width(9, 16, target)
+        return self.bucket(entry, 9, 16)
 
     def bucket(self, entry, height: int, width: int) -> tuple[int, int]:
         """The transformer's ``target_size`` bucket nearest an image's aspect ratio, with diffusers' own code."""
