@@ -159,9 +159,7 @@ class HunyuanVideo15(ImageConditioned, Family):
             keeps_input=False,
             kept=lambda output: output.last_hidden_state,
         )
-        encoded = [
-            replace(call, keeps_input=False) for call in vae_encode_calls(self, shapes, per_output=False, video=True)
-        ]
+        encoded = vae_encode_calls(self, shapes, per_output=False, video=True, keeps_input=False)
         return [seen, *encoded]
 
     def image_tokens(self, shapes: Shapes) -> int:

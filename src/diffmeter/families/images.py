@@ -12,14 +12,19 @@ FIRST_FRAME = "animates one image (the first frame)"
 
 
 def vae_encode_calls(
-    family: Family, shapes: Shapes, per_output: bool = True, video: bool = False, frames: int = 1
+    family: Family,
+    shapes: Shapes,
+    per_output: bool = True,
+    video: bool = False,
+    frames: int = 1,
+    keeps_input: bool = True,
 ) -> list[Call]:
     """The VAE encoding each input image at batch 1: once per output where each prompt has its own image, and
     bench calls with one generator per output (FluxKontextPipeline._encode_vae_image, diffusers 0.42.1, encodes
     ``image[i : i + 1]`` per image then); once per call where the images are references shared by the batch
     (``per_output=False``: Flux2Pipeline.prepare_image_latents encodes each reference once). An RGB image, as the
     pipelines preprocess it; ``video``: as a video of ``frames`` frames, the image first (the others zeros: Wan 2.1
-    I2V encodes the whole video)."""
+    I2V encodes the whole video). ``keeps_input``: whether the pipeline keeps the preprocessed image to the end."""
     calls = []
     for index, (height, width) in enumerate(shapes.images):
 
@@ -36,6 +41,7 @@ def vae_encode_calls(
                 build,
                 method="encode",
                 note=f"{label}{width}x{height} (WxH), " + ("one per output" if per_output else "shared by the batch"),
+                keeps_input=keeps_input,
             )
         )
     return calls

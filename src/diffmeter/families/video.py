@@ -135,10 +135,9 @@ class Wan(ImageConditioned, Family):
         ``num_frames`` video, the image then zeros, once per output (bench gives one generator per output)."""
         if not shapes.images or _init(shapes.entry, "expand_timesteps"):
             return vae_encode_calls(self, shapes, per_output=True, video=True)
-        encoded = [  # prepare_latents keeps the latents, not the video it encodes
-            dataclasses.replace(call, keeps_input=False)
-            for call in vae_encode_calls(self, shapes, per_output=True, video=True, frames=shapes.spec.num_frames)
-        ]
+        # prepare_latents keeps the latents, not the video it encodes
+        frames = shapes.spec.num_frames
+        encoded = vae_encode_calls(self, shapes, per_output=True, video=True, frames=frames, keeps_input=False)
         if not reads_image(shapes.entry):  # Wan 2.2 I2V A14B: the image's latents alone
             return encoded
         side = shapes.config("image_encoder")["image_size"]  # its processor crops to it (preprocessor_config.json)
