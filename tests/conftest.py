@@ -10,6 +10,16 @@ import pytest
 os.environ["DIFFMETER_CACHE_DIR"] = "off"
 
 
+def pytest_configure(config):
+    """Under pytest-xdist each worker gets one torch thread (the workers share the cores), and no $COLUMNS: xdist
+    hands its workers the controller's width, and the CLI's tables are checked as written to a file."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+        os.environ.pop("COLUMNS", None)
+
+
 @pytest.fixture(autouse=True)
 def _quiet_libraries():
     import diffusers
@@ -54,11 +64,29 @@ def _isolated_compiler_state():
         sys.modules["torch._dynamo"].reset()
 
 
+#: the fake CUDA ledgers pytest-xdist's workers sent back, gathered on the controller
+WORKER_LEDGERS: list[tuple[str, str]] = []
+
+
+def pytest_sessionfinish(session):
+    """A worker hands its fake CUDA ledger to the controller (pytest-xdist's workeroutput)."""
+    fake_cuda = sys.modules.get("fake_cuda")
+    if hasattr(session.config, "workeroutput") and fake_cuda is not None:
+        session.config.workeroutput["fake_cuda_ledger"] = [list(line) for line in fake_cuda.LEDGER]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller gathers each worker's fake CUDA ledger."""
+    WORKER_LEDGERS.extend(map(tuple, getattr(node, "workeroutput", {}).get("fake_cuda_ledger", [])))
+
+
 def pytest_terminal_summary(terminalreporter):
     """What ran on the fake CUDA device and what could not, with the reasons (docs/fake-cuda.md)."""
     fake_cuda = sys.modules.get("fake_cuda")
-    if fake_cuda is None or not fake_cuda.LEDGER:
+    ledger = sorted(WORKER_LEDGERS) + (fake_cuda.LEDGER if fake_cuda is not None else [])
+    if not ledger:
         return
     terminalreporter.write_sep("-", "fake CUDA device: what ran on cuda:1, and what could not")
-    for subject, outcome in fake_cuda.LEDGER:
+    for subject, outcome in ledger:
         terminalreporter.write_line(f"{subject}: {outcome}")

@@ -85,10 +85,16 @@ def qwen3vl_processor() -> transformers.ProcessorMixin:
     )
 
 
+#: the tiny processor's pixel bound (the tiny catalog entries' "processor" values say the same)
+TINY_MAX_PIXELS = 112 * 112
+
+
 @tokenizer("qwen2vl")
 def qwen2vl_processor() -> transformers.ProcessorMixin:
     """A Qwen2VLProcessor (QwenImageEditPipeline's ``processor`` slot): the same tokenizer, and Qwen2.5-VL's image
-    processor settings (patch 14, merge 2, 3,136 to 12,845,056 pixels: Qwen2.5-VL's preprocessor_config.json)."""
+    processor settings (patch 14, merge 2, from 3,136 pixels: Qwen2.5-VL's preprocessor_config.json) but at most
+    112 x 112 pixels (Qwen2.5-VL's: 12,845,056), so the tiny vision tower reads 64 patches, not the 5,476 of the
+    1024 x 1024 image the pipeline hands it, and the tests exercise the processor's downscaling."""
     from transformers import Qwen2VLImageProcessorPil, Qwen2VLProcessor
 
     class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
@@ -100,7 +106,7 @@ def qwen2vl_processor() -> transformers.ProcessorMixin:
             return super().check_argument_for_proper_class(argument_name, argument)
 
     image_processor = Qwen2VLImageProcessorPil(
-        patch_size=14, merge_size=2, temporal_patch_size=2, min_pixels=3136, max_pixels=12845056
+        patch_size=14, merge_size=2, temporal_patch_size=2, min_pixels=3136, max_pixels=TINY_MAX_PIXELS
     )
     return ImageOnlyQwen2VLProcessor(
         image_processor=image_processor, tokenizer=qwen3vl_tokenizer(), video_processor=None
