@@ -64,6 +64,16 @@ def _isolated_compiler_state():
         sys.modules["torch._dynamo"].reset()
 
 
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (--dist loadgroup) a module's tests that share a module-scoped fixture run on one worker,
+    so the fixture (a whole benchmark, a study) is built once; every other test goes wherever a worker is free."""
+    for item in items:
+        fixtures = getattr(item, "_fixtureinfo", None)
+        definitions = fixtures.name2fixturedefs.values() if fixtures else ()
+        if any(definition[-1].scope == "module" for definition in definitions):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
 #: the fake CUDA ledgers pytest-xdist's workers sent back, gathered on the controller
 WORKER_LEDGERS: list[tuple[str, str]] = []
 
