@@ -208,14 +208,16 @@ def test_the_parameters_that_ran_are_recorded_defaults_included(cli, tmp_path):
 
 @pytest.mark.slow
 def test_running_out_of_cpu_memory_is_a_stored_failed_result(tmp_path):
-    """A real allocator failure: the address space is capped below what the batch needs."""
+    """A real allocator failure: the address space is capped below what the batch needs (a batch of 16 at
+    4096x4096 fails within seconds; a batch of tiny images fails only after minutes of text encoding)."""
     import resource
     import subprocess
 
     def cap_memory():
         resource.setrlimit(resource.RLIMIT_AS, (9 * 2**30, 9 * 2**30))
 
-    command = ["diffmeter", "bench", "tiny-sd", "--batch-size", "100000", "--steps", "1", "--iterations", "1"]
+    command = ["diffmeter", "bench", "tiny-sd", "--batch-size", "16", "--height", "4096", "--width", "4096"]
+    command += ["--steps", "1", "--iterations", "1"]
     done = subprocess.run(
         [*command, "--no-memory-check", "--out", str(tmp_path)], capture_output=True, text=True, preexec_fn=cap_memory
     )

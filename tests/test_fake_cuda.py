@@ -69,12 +69,7 @@ def assert_ran_on_its_own_gpu(result: BenchResult, folder: Path, cuda: FakeCuda)
     assert result.images and all((folder / image.path).exists() for image in result.images)
 
 
-#: tiny entries run at bfloat16 alone: Qwen-Image-Edit's pipelines encode a 1024x1024 image whatever the size, which
-#: takes minutes in CPU half precision; their float16 path is tiny-qwenimage's (the same transformer, VAE and encoder)
-BFLOAT16_ONLY = ("tiny-qwenimage-edit", "tiny-qwenimage-edit-plus", "tiny-qwenimage-edit-2511")
-DTYPE_RUNS = [
-    (e, dtype) for e in TINY for dtype in ("float16", "bfloat16") if e.name not in BFLOAT16_ONLY or dtype == "bfloat16"
-]
+DTYPE_RUNS = [(entry, dtype) for entry in TINY for dtype in ("float16", "bfloat16")]
 
 
 @pytest.mark.parametrize(("entry", "dtype"), DTYPE_RUNS, ids=[f"{entry.id}-{dtype}" for entry, dtype in DTYPE_RUNS])
@@ -133,8 +128,6 @@ def test_every_technique_runs_on_its_own_gpu(tmp_path, model, technique):
 def test_techniques_not_run_under_the_fake_are_listed_with_their_reason():
     for name, reason in NOT_RUN.items():
         LEDGER.append((name, f"not run under the fake: {reason}"))
-    for name in BFLOAT16_ONLY:
-        LEDGER.append((f"{name} at float16", "not run: its 1024x1024 VAE encode takes minutes in CPU half precision"))
     documented = (Path(__file__).parents[1] / "docs" / "fake-cuda.md").read_text()
     for name in [*NOT_RUN, *NOT_RUNNABLE]:
         assert f"`{name}`" in documented, f"docs/fake-cuda.md does not list {name}"

@@ -196,6 +196,11 @@ def test_a_cell_killed_by_a_signal_is_stored_failed_and_the_sweep_goes_on(tmp_pa
     assert sorted(run["status"] for run in stored(out).values()) == ["complete", "failed"]
 
 
+def is_cell_of(cmdline: list[str], out: Path) -> bool:
+    """Whether a process is a cell of the sweep writing to ``out`` (other tests' sweeps may run beside this one)."""
+    return "diffmeter.sweep.cell" in cmdline and str(out) in cmdline
+
+
 @pytest.mark.slow
 def test_killing_the_sweep_at_a_random_moment_loses_and_duplicates_nothing(tmp_path):
     out = tmp_path / "out"
@@ -209,7 +214,7 @@ def test_killing_the_sweep_at_a_random_moment_loses_and_duplicates_nothing(tmp_p
     sweep.kill()
     sweep.wait()
     time.sleep(1.0)
-    cells = [p for p in psutil.process_iter(["cmdline"]) if "diffmeter.sweep.cell" in " ".join(p.info["cmdline"] or [])]
+    cells = [p for p in psutil.process_iter(["cmdline"]) if is_cell_of(p.info["cmdline"] or [], out)]
     assert not cells, "a cell outlived the sweep that started it"
     survivors = {name: (out / name / RESULTS).read_bytes() for name in stored(out)}
     assert 1 <= len(survivors) <= 3

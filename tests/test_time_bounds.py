@@ -3,6 +3,8 @@ ideal bound, and no eager run's under the eager-operator bound; each bound's rul
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -43,17 +45,42 @@ def spec_of(figure: dict) -> ProfileSpec:
     return ProfileSpec(model=figure["model"], **{k: v for k, v in chosen.items() if v is not None})
 
 
+def decode_modes(figure: dict) -> tuple[str, ...]:
+    return tuple(t for t in figure["techniques"] if t in VAE_MODES)
+
+
+def run_of(figure: dict) -> tuple[ProfileSpec, tuple[str, ...]]:
+    """What a figure's count depends on: its run and decode, not its GPU (many rows share one run)."""
+    return spec_of(figure), decode_modes(figure)
+
+
+@functools.cache
+def counted(spec: ProfileSpec, modes: tuple[str, ...]) -> tuple[OperatorWork, dict]:
+    """The run's operators and weight reads, counted once per run in a process."""
+    if modes:  # the decode as the tiled or sliced decode runs it (the plain one may not run at that batch)
+        return operator_work(spec, modes), weight_reads(spec)
+    memory, work = predict_memory_and_work(spec, vae_modes=())
+    return work, memory.weight_read_bytes
+
+
+def group_of(figure: dict) -> str:
+    return "time-bounds-" + hashlib.sha256(repr(run_of(figure)).encode()).hexdigest()[:12]
+
+
+def figure_params() -> list:
+    """One parameter per figure; the figures of one run go to one xdist worker, which counts that run once."""
+    return [
+        pytest.param(figure, id=figure["id"], marks=pytest.mark.xdist_group(group_of(figure)))
+        for figure in latency_figures()
+    ]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("figure", latency_figures(), ids=lambda figure: figure["id"])
+@pytest.mark.parametrize("figure", figure_params())
 def test_no_published_time_is_under_its_bounds(figure):
     spec = figure.get("gpu_spec")  # the datasheet figures of the card's exact variant, where the row covers several
     device = chosen_gpu(None if spec else figure["gpu"], spec)
-    modes = tuple(t for t in figure["techniques"] if t in VAE_MODES)
-    if modes:  # the decode as the tiled or sliced decode runs it (the plain one may not run at that batch)
-        work, weights = operator_work(spec_of(figure), modes), weight_reads(spec_of(figure))
-    else:
-        memory, work = predict_memory_and_work(spec_of(figure), vae_modes=())
-        weights = memory.weight_read_bytes
+    work, weights = counted(*run_of(figure))
     if missing_figures(device, work.dtype):
         pytest.skip(missing_figures(device, work.dtype))
     time = predict_time(work, device, weights=weights)
