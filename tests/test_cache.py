@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,20 @@ def test_a_profile_is_remembered_and_a_changed_question_is_a_miss(tmp_path, monk
     assert cached_params(component) is not None
     changed = component.model_copy(update={"config": {**component.config, "layers_per_block": 3}})
     assert cached_params(changed) is None  # another config
+
+
+def test_the_fingerprint_covers_the_data_answers_read_not_only_the_code(tmp_path):
+    """A recalibration (a JSON under predict/data) or a catalog edit changes every key: never a stale answer."""
+    from diffmeter import cache
+
+    files = cache.package_files(Path(cache.__file__).parent)
+    assert "predict/data/efficiency.json" in files and "predict/data/memory_checks.json" in files
+    assert "catalog/data/flux-dev.json" in files and "cache.py" in files
+    assert not [name for name in files if "__pycache__" in name]
+    (tmp_path / "a.py").write_text("x = 1")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "fit.json").write_text("{}")
+    assert cache.package_files(tmp_path) == ["a.py", "data/fit.json"]
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 repeated command answers without loading torch or diffusers.
 
 An entry is keyed by everything the answer depends on: the configs and settings asked about,
-the installed torch, diffusers and transformers versions, and a hash of diffmeter's own source.
+the installed torch, diffusers and transformers versions, and a hash of diffmeter's own files (code and data).
 Any change to any of them is a miss, never a stale answer. The cache lives in
 ``$DIFFMETER_CACHE_DIR`` (``off`` disables it), else ``$XDG_CACHE_HOME/diffmeter`` or
 ``~/.cache/diffmeter``; it is best-effort: a cache that cannot be read or written is skipped.
@@ -33,18 +33,24 @@ def directory() -> Path | None:
 
 @cache
 def fingerprint() -> str:
-    """The library versions and a hash of every source file of diffmeter itself."""
+    """The library versions and a hash of every file of diffmeter itself: its code and the data its answers read
+    (the catalog, the GPU figures, the calibrations and memory checks), so a recalibration is a miss too."""
     digest = hashlib.sha256()
     for library in LIBRARIES:
         try:
             digest.update(f"{library}={metadata.version(library)};".encode())
         except metadata.PackageNotFoundError:
             digest.update(f"{library}=none;".encode())
-    package = Path(__file__).parent
-    for source in sorted(package.rglob("*.py")):
-        digest.update(str(source.relative_to(package)).encode())
-        digest.update(source.read_bytes())
+    for source in package_files(Path(__file__).parent):
+        digest.update(source.encode())
+        digest.update((Path(__file__).parent / source).read_bytes())
     return digest.hexdigest()
+
+
+def package_files(package: Path) -> list[str]:
+    """Every file of the package by its relative path, sorted; compiled bytecode aside."""
+    found = (path for path in package.rglob("*") if path.is_file() and "__pycache__" not in path.parts)
+    return sorted(str(path.relative_to(package)) for path in found)
 
 
 def _path(kind: str, payload) -> Path | None:
