@@ -64,6 +64,7 @@ def _isolated_compiler_state():
         sys.modules["torch._dynamo"].reset()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups (xdist/remote.py, 236-254)
 def pytest_collection_modifyitems(items):
     """Under pytest-xdist (--dist loadgroup) a module's tests that share a module-scoped fixture run on one worker,
     so the fixture (a whole benchmark, a study) is built once; every other test goes wherever a worker is free."""
