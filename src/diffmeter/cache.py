@@ -41,9 +41,10 @@ def fingerprint() -> str:
             digest.update(f"{library}={metadata.version(library)};".encode())
         except metadata.PackageNotFoundError:
             digest.update(f"{library}=none;".encode())
-    for source in package_files(Path(__file__).parent):
+    package = Path(__file__).parent
+    for source in package_files(package):
         digest.update(source.encode())
-        digest.update((Path(__file__).parent / source).read_bytes())
+        digest.update((package / source).read_bytes())
     return digest.hexdigest()
 
 
