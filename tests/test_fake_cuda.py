@@ -15,8 +15,6 @@ import torch
 from fake_cuda import LEDGER, FakeCuda, FakeCudaViolation, unavailable_reason
 from tiny_runs import TINY
 
-from diffmeter.distributed.group import RankFailed
-from diffmeter.errors import DiffmeterError
 from diffmeter.predict.schema import DENOISING_STEP, VAE_DECODE
 from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.results import BenchResult
@@ -133,128 +131,6 @@ def test_techniques_not_run_under_the_fake_are_listed_with_their_reason():
         assert f"`{name}`" in documented, f"docs/fake-cuda.md does not list {name}"
 
 
-@contextlib.contextmanager
-def rank_environment(rank: int, world: int, monkeypatch, staging: Path, reached=None):
-    """This process as rank ``rank`` of ``world`` under torchrun, with the collectives faked: the group is
-    joined (or ``reached`` raised there), rank 0's staging folder broadcast, results gathered into a list."""
-    import torch.distributed as dist
-
-    for name, value in {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": world}.items():
-        monkeypatch.setenv(name, str(value))
-    gathered = []
-
-    def join(*args, **kwargs):
-        if reached is not None:
-            raise reached
-
-    def broadcast(objects, src=0):
-        if objects[0] is None:  # rank 0 sends its staging folder; the others receive it
-            objects[0] = str(staging)
-
-    def gather(obj, object_gather_list=None, dst=0, **kwargs):
-        gathered.append(obj)
-        if object_gather_list is not None:  # rank 0: every other rank measured what it measured
-            object_gather_list[:] = [obj] * len(object_gather_list)
-
-    with contextlib.ExitStack() as stack:
-        for name, fake in {
-            "init_process_group": join,
-            "destroy_process_group": lambda: None,
-            "broadcast_object_list": broadcast,
-            "gather_object": gather,
-            "barrier": lambda *args, **kwargs: None,
-        }.items():
-            stack.enter_context(mock.patch.object(dist, name, fake))
-        stack.enter_context(mock.patch.object(dist.device_mesh, "init_device_mesh"))
-        yield gathered
-
-
-class ReachedTheGroup(Exception):
-    """Raised where a rank joins its process group: everything before it ran on the fake."""
-
-
-@pytest.mark.parametrize("device", [None, "cuda"])
-def test_a_data_parallel_rank_runs_whole_on_its_own_gpu(tmp_path, monkeypatch, device):
-    """Rank 1 of a 2-way data-parallel run, the spec naming no device or index-less "cuda" (docs/multigpu.md's
-    first command): placed on cuda:1 before any CUDA call (its memory check reads GPU 1), measured there."""
-    from diffmeter.distributed import rank_run
-
-    staging = tmp_path / "staging"
-    spec = BenchSpec(model="tiny-flux", device=device, data_parallel=2, steps=2, iterations=1, predict=False)
-    with rank_environment(1, 2, monkeypatch, staging) as gathered, FakeCuda(own="cuda:1") as cuda:
-        assert rank_run.run(spec, tmp_path, False, "torchrun") is None
-    assert not cuda.violations
-    assert cuda.calls[0].name == "set_device" and cuda.calls[0].device == 1
-    assert ("mem_get_info", 1) in {(call.name, call.device) for call in cuda.calls}
-    result = BenchResult.model_validate_json(gathered[0][0])
-    assert result.status == "complete" and result.spec.device == "cuda:1"
-    assert result.summary.energy.gpu_indices == [1]
-    assert [path.name for path in (staging / "images").iterdir()]  # data-parallel index 1 leads its group
-    LEDGER.append(("rank 1 of data parallel 2", "covered (collectives faked)"))
-
-
-def test_rank_0_of_a_data_parallel_run_measures_on_gpu_0_and_stores_the_group_result(tmp_path, monkeypatch):
-    """Rank 0 on cuda:0, the other rank's result faked as a copy of its own: it places itself first, measures,
-    merges and commits the run folder, whose result names the group."""
-    from diffmeter.distributed import rank_run
-    from diffmeter.runs.storage import read_result
-
-    spec = BenchSpec(model="tiny-flux", data_parallel=2, steps=2, iterations=1, predict=False)
-    with rank_environment(0, 2, monkeypatch, tmp_path / "unused") as gathered, FakeCuda(own="cuda:0") as cuda:
-        folder = rank_run.run(spec, tmp_path, False, "torchrun")
-    assert not cuda.violations and cuda.calls[0] == type(cuda.calls[0])("set_device", 0, True)
-    assert {call.device for call in cuda.calls if call.name == "Event.record"} == {0}
-    stored = read_result(folder)
-    assert stored.status == "complete" and stored.parallel.world_size == 2 and stored.parallel.data_parallel == 2
-    assert [rank.device for rank in stored.parallel.ranks] == ["cuda:0", "cuda:0"]  # rank 1 is rank 0's copy here
-    assert len(gathered) == 1 and not (tmp_path / "unused").exists()
-    LEDGER.append(("rank 0 of data parallel 2", "covered (collectives faked): measured, merged and stored"))
-
-
-def test_a_context_parallel_rank_places_itself_before_any_cuda_call(tmp_path, monkeypatch):
-    """Rank 1 of Ulysses 2 up to its first collective: set_device(1) is its first CUDA call, and nothing
-    before the group is joined touches another GPU (every rank once checked GPU 0's memory)."""
-    from diffmeter.distributed import rank_run
-
-    spec = BenchSpec(model="tiny-flux", ulysses_degree=2, steps=2, iterations=1, predict=False)
-    with rank_environment(1, 2, monkeypatch, tmp_path, reached=ReachedTheGroup()), FakeCuda(own="cuda:1") as cuda:
-        with pytest.raises(RankFailed, match="rank 1: ReachedTheGroup"):  # under torchrun: the rank ends, says why
-            rank_run.run(spec, tmp_path, False, "torchrun")
-    assert not cuda.violations
-    assert cuda.calls[0] == type(cuda.calls[0])("set_device", 1, True)
-    assert ("mem_get_info", 1) in {(call.name, call.device) for call in cuda.calls}
-    LEDGER.append(("rank 1 of Ulysses 2", "covered up to its first collective"))
-
-
-def test_a_tensor_parallel_rank_never_holds_its_whole_denoiser_on_its_gpu(tmp_path, monkeypatch):
-    """Rank 1 of tensor parallel 2 (collectives faked): its denoiser loads on the CPU and is still wholly there when
-    the shard is taken (``distribute_tensor`` then moves one parameter at a time and keeps the rank's slice), while
-    the other components are on its GPU; the sharding itself needs real collectives (tests/test_multigpu.py)."""
-    from diffmeter.distributed import context_parallel, rank_run
-
-    seen = {}
-
-    def shard(model, mesh, device):
-        seen["denoiser on"] = {str(parameter.device) for parameter in model.parameters()}
-        seen["device"] = device
-
-    spec = BenchSpec(model="tiny-flux", tp_degree=2, steps=2, iterations=1, predict=False)
-    with (
-        rank_environment(1, 2, monkeypatch, tmp_path / "staging") as gathered,
-        FakeCuda(own="cuda:1") as cuda,
-        mock.patch.object(context_parallel, "enable_tensor_parallel", shard),
-    ):
-        assert rank_run.run(spec, tmp_path, False, "torchrun") is None
-    assert not cuda.violations and cuda.calls[0] == type(cuda.calls[0])("set_device", 1, True)
-    assert seen == {"denoiser on": {"cpu"}, "device": torch.device("cuda:1")}
-    result = BenchResult.model_validate_json(gathered[0][0])
-    assert result.status == "complete" and result.spec.device == "cuda:1"
-    assert gathered[0][1]["parameter_bytes"] > 0  # what it holds, handed to rank 0 for the group's record
-    LEDGER.append(
-        ("rank 1 of tensor parallel 2", "covered (collectives faked): denoiser loaded on the CPU, sharded from there")
-    )
-
-
 def test_a_quantized_denoiser_is_never_whole_and_unquantized_on_the_gpu(tmp_path):
     """quantize loads the denoiser on the CPU and hands torchao each linear layer on cuda:1 to quantize there
     (``quantize_(device=...)``), so the unquantized weights are never all on the GPU; the other components load
@@ -290,21 +166,6 @@ def test_a_quantized_denoiser_is_never_whole_and_unquantized_on_the_gpu(tmp_path
             "covered with torchao's quantize_ recorded: loaded on the CPU, each layer quantized on cuda:1",
         )
     )
-
-
-def test_the_launcher_asks_no_gpu_about_memory(tmp_path, monkeypatch):
-    """The process starting the ranks checks everything it can, but not memory: that would open a context on
-    GPU 0 for the whole run; each rank checks its own GPU."""
-    from diffmeter.distributed import launch
-
-    monkeypatch.delenv("RANK", raising=False)
-    spec = BenchSpec(model="tiny-flux", ulysses_degree=2, steps=2, iterations=1)
-    with FakeCuda(own="cuda:1") as cuda, mock.patch.object(launch, "_launch", side_effect=ReachedTheGroup()):
-        with pytest.raises(DiffmeterError, match="the parallel launch failed"):  # stored as a failed result
-            launch.bench_parallel(spec, tmp_path)
-    assert not cuda.violations
-    assert {call.name for call in cuda.calls} <= {"get_device_name", "get_device_properties"}
-    LEDGER.append(("the parallel launcher", "covered"))
 
 
 def test_what_fit_lists_bench_runs_on_a_card_that_small(tmp_path):
