@@ -8,16 +8,19 @@ assumed). Memory: the whole generation's peak, or the parameters resident after 
 figure's memory techniques (``predict.techniques``). Latency: the profile's ``time`` key (its ideal bound, its eager
 lower bound and expected range per generation) when ``profile --gpu`` reports it; "not yet predicted" until then.
 
-Memory predictions run every component on fake tensors: seconds to a few minutes each, one at a time,
-cached on disk (``DIFFMETER_CACHE_DIR``). Run from the repo root:
+Memory predictions run every component on fake tensors: seconds to a few minutes each, one process per core
+(``--jobs N`` to change it), cached on disk (``DIFFMETER_CACHE_DIR``). Run from the repo root:
     python benchmarks/published_comparison.py
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -243,8 +246,16 @@ def sources(figures: list[dict]) -> list[str]:
     ]
 
 
-def generated(figures: list[dict]) -> str:
+def commands(figures: list[dict]) -> list[list[str]]:
+    """The distinct ``profile`` commands of the usable figures."""
+    found = {tuple(profile_command(f, settings(f)[0])): None for f in figures if f["usable"]}
+    return [list(command) for command in found]
+
+
+def generated(figures: list[dict], jobs: int = 1) -> str:
     cache: dict = {}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:  # each a process of its own; the table is built in order below
+        list(pool.map(lambda command: run_profile(command, cache), commands(figures)))
     memory, latency = [], []
     for figure in figures:
         if not figure["usable"]:
@@ -294,5 +305,7 @@ def write(doc: Path, block: str) -> None:
 
 
 if __name__ == "__main__":
-    write(DOC, generated(load_figures()))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="profiles run at once (default: cores)")
+    write(DOC, generated(load_figures(), parser.parse_args().jobs))
     print(f"wrote {DOC.relative_to(ROOT)}")

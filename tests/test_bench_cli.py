@@ -8,6 +8,7 @@ import torch
 from diffmeter.runs.storage import RESULTS
 
 
+@pytest.mark.slow
 def test_bench_prints_the_stage_table_and_show_reprints_it(cli, tmp_path):
     code, out, err = cli("bench", "tiny-sd", "--steps", "2", "--iterations", "2", "--out", tmp_path)
     assert code == 0, err

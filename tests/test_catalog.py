@@ -51,6 +51,7 @@ def test_names_are_unique():
     assert len(names) == len(set(names))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry,name", PUBLISHED, ids=lambda v: v if isinstance(v, str) else v.name)
 def test_parameter_count_matches_published_figure(entry, name):
     """Published figures are checkpoint sizes or papers' counts: compare what a checkpoint stores."""
@@ -168,6 +169,7 @@ def test_flow_matching_families_are_the_ones_shipped_with_flow_matching_schedule
 PUBLISHED_COMPUTE = [(e, f) for e in all_entries() for f in e.extra.get("published_compute", [])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("entry", "figure"), PUBLISHED_COMPUTE, ids=[e.name for e, _ in PUBLISHED_COMPUTE])
 def test_published_compute_figures_agree_with_the_count(entry, figure):
     """A compute figure an entry cites (docs/catalog-compute.md shows them) is what diffmeter counts for

@@ -30,6 +30,7 @@ def test_profile_table_names_units(cli):
     assert code == 0 and "MACs" in out and "FLOPs" in out and "  .transformer_blocks" in out
 
 
+@pytest.mark.slow
 def test_models_lists_the_catalog(cli):
     code, out, _ = cli("models", "--json")
     rows = {row["name"]: row for row in json.loads(out)}

@@ -66,6 +66,7 @@ def real_macs(model: str, batch_size: int, guidance_scale: float, controlnet: st
     return macs, family.prompt_settings(pipe, [PROMPT])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, controlnet", KINDS)
 @pytest.mark.parametrize("batch_size, guided", [(1, True), (2, False)])
 def test_each_controlnet_kind_is_counted_exactly(model, controlnet, batch_size, guided):
@@ -115,6 +116,7 @@ def test_catalog_controlnets_count_their_published_architecture():
     assert any("control_guidance_start/end change no compute" in note for note in sdxl.notes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "model, controlnet", [("tiny-sdxl", "tiny-controlnet-sdxl"), ("tiny-z-image", "tiny-controlnet-z-image")]
 )
@@ -143,6 +145,7 @@ def steered(tmp_path_factory):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny-sdxl", "tiny-flux"])
 def test_bench_runs_and_times_the_controlnet(steered, model):
     result, folder = steered[model]

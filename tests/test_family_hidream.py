@@ -66,6 +66,7 @@ def offline(**settings):
     return {c.name: c.macs for c in profile("tiny-hidream", **settings).components}
 
 
+@pytest.mark.slow
 def test_clip_takes_at_most_218_tokens_and_the_negative_prompt_runs_at_batch_one():
     """max_sequence_length 240: the CLIPs get min(240, 218), T5 and Llama 240; with CFG at batch 2 each
     encoder runs the prompts at batch 2 and the default negative prompt '' at batch 1."""
@@ -87,6 +88,7 @@ def test_every_token_runs_two_routed_experts_whatever_the_routing():
     assert offline(guidance_scale=1.0) == real
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("height,width", [(100, 400), (200, 180)], ids=["4-to-1", "near-square"])
 def test_a_request_is_rescaled_to_the_pixel_budget_and_a_non_square_latent_is_padded(height, width):
     _, real, seen = run(height=height, width=width, guidance_scale=1.0)
@@ -103,6 +105,7 @@ def test_a_request_is_rescaled_to_the_pixel_budget_and_a_non_square_latent_is_pa
     assert {c.name: c.macs for c in result.components} == real
 
 
+@pytest.mark.slow
 def test_the_full_models_unipc_flow_scheduler_runs_one_call_per_step():
     """HiDream-I1-Full samples with UniPC over flow sigmas (the pipeline's UniPCMultistepScheduler branch),
     Dev and Fast with flow-matching Euler: either way one transformer call per step."""

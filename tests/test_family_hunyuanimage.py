@@ -146,6 +146,7 @@ def test_a_local_folder_is_counted_as_its_pipeline_runs_it_with_just_a_prompt(en
     assert macs(counted) == real
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scale", [1.0, 4.0])
 def test_bench_sets_the_guiders_scale_so_it_runs_what_it_counts(tmp_path, scale):
     """The guidance scale lives in the pipeline's guider, not in __call__: bench sets it there."""

@@ -103,6 +103,7 @@ def test_guidance_one_alone_still_runs_audio_cfg_so_the_family_switches_every_gu
     assert not profile("tiny-ltx2", guidance_scale=1.0).cfg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(512, 768, 121), (704, 1216, 161)])
 def test_closed_form_matches_the_ltx2_transformer(size):
     height, width, frames = size
@@ -121,6 +122,7 @@ def test_closed_form_matches_the_ltx2_transformer(size):
     assert abs(closed - isolated.macs_per_call) / isolated.macs_per_call < 0.01
 
 
+@pytest.mark.slow
 def test_bench_times_one_step_per_video_scheduler_step_though_the_pipeline_copies_its_scheduler(tmp_path):
     """LTX2Pipeline deep-copies its scheduler for the audio latents: the stage timer's wrapper must not go with
     the copy (the audio steps would step the video scheduler twice and run off its sigmas)."""

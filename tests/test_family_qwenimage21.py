@@ -157,6 +157,7 @@ def _local_folder(pipe, folder, sample_sigmas=None):
     return str(folder)
 
 
+@pytest.mark.slow
 def test_a_local_folder_counts_a_bare_call_and_its_sample_sigmas(pipe, tmp_path):
     """A folder is counted as a bare call runs it (1024x1024, no guidance); a folder configured with
     sample_sigmas runs one step per sigma whatever num_inference_steps says."""

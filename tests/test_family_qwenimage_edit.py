@@ -57,6 +57,7 @@ def test_bench_times_the_edit(tmp_path):
     assert result.profile.input_images[0][0] * result.profile.input_images[0][1] > 900_000  # the 1024x1024 area
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny-qwenimage-edit-plus", "tiny-qwenimage-edit-2511"])
 @pytest.mark.parametrize(("guidance", "images"), [(1.0, ((64, 64),)), (4.0, ((48, 80), (80, 48)))])
 def test_an_edit_of_several_images_is_counted_exactly(name, guidance, images):

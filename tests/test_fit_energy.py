@@ -68,6 +68,7 @@ def test_the_shipped_hopper_and_blackwell_calibrations_predict_energy():
         assert "board power" in calibration.energy_source
 
 
+@pytest.mark.slow
 def test_a_launch_bound_runs_energy_says_it_is_likely_high():
     """SD 1.5 at 512 px, 8 steps, on an H200 drew 217-313 W (Zeus), not the fit's 98% of 700 W."""
     from diffmeter.predict.operators import operator_work

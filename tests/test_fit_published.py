@@ -97,6 +97,7 @@ def test_a_card_takes_its_architectures_calibration_or_a_neighbours_and_says_so(
     assert ada.fractions == hopper.fractions and "borrowed for ada (RTX 4090) from hopper" in ada.source
 
 
+@pytest.mark.slow
 def test_a_run_with_smaller_operators_than_any_fitted_run_says_its_range_may_not_hold():
     """SD 1.5 at 512 px, 8 steps, on an H200: 4.1 us of eager bound per operator, under every published Hopper run
     (14 us and up), and its measured time was twice the range's midpoint. Larger runs carry no such note."""

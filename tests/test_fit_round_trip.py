@@ -28,6 +28,7 @@ def cpu_settings(model: str) -> list[tuple[str, ...]]:
     return [chosen for chosen in settings(prediction) if set(chosen) <= ON_CPU]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "setting"), [(m, s) for m in ("tiny-flux", "tiny-sd") for s in cpu_settings(m)])
 def test_every_setting_a_cpu_runs_peaks_where_fit_predicts(model, setting):
     round_trip(model, setting)

@@ -47,6 +47,7 @@ def test_the_same_checks_pass_on_right_inputs():
     assert gpu_checks.fractions({"matmul": (0.57, 0.95), "attention": (0.38, 0.64)})[0] == "PASS"
 
 
+@pytest.mark.slow
 def test_help_names_every_chunk():
     done = _script("--help")
     chunks = _script("--list").stdout.split()

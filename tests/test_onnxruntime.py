@@ -23,6 +23,7 @@ def _exports(cache: Path) -> dict[Path, float]:
     return {path: path.stat().st_mtime_ns for path in (cache / "onnx").glob("*/model.onnx")}
 
 
+@pytest.mark.slow
 def test_a_dit_and_its_decoder_match_pytorch_and_their_exports_are_reused(tmp_path, monkeypatch):
     monkeypatch.setenv("DIFFMETER_CACHE_DIR", str(tmp_path))
     first = one("onnxruntime", target("tiny-flux"), decoder=True)
@@ -48,6 +49,7 @@ def test_a_dit_and_its_decoder_match_pytorch_and_their_exports_are_reused(tmp_pa
         denoiser.forward(hidden_states=torch.zeros(1, 3, 4))
 
 
+@pytest.mark.slow
 def test_a_unet_run_compares_one_to_one_with_pytorch_and_reuses_its_export(tmp_path, monkeypatch):
     monkeypatch.setenv("DIFFMETER_CACHE_DIR", str(tmp_path / "cache"))
     spec = BenchSpec(

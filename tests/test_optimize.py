@@ -6,6 +6,7 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
+from tiny_runs import quick_first
 
 from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
@@ -69,7 +70,7 @@ def generate(model: str, optimizations=(), steps: int = 3, batch: int = 2, count
     return output.frames if defaults.num_frames else output.images
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", quick_first(MODELS))
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_every_technique_applies_or_says_why_not(model, name):
     t = target(model)
@@ -114,6 +115,7 @@ CACHES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "name", "params"), CACHES)
 def test_caches_skip_denoiser_work_the_counter_can_see(model, name, params):
     optimization = one(name, target(model, 8), **params)

@@ -121,6 +121,7 @@ def test_the_matrix_is_computed_from_the_registry(cli):
         del REGISTRY["test-everywhere"]
 
 
+@pytest.mark.slow
 def test_ladder_adds_one_technique_per_rung_and_resumes(cli, tmp_path):
     args = (
         "ladder",
@@ -191,6 +192,7 @@ def _tiny_clip(folder):
     processor.save_pretrained(folder)
 
 
+@pytest.mark.slow
 def test_clip_score_when_a_local_checkpoint_exists_and_why_not_otherwise(cli, tmp_path, monkeypatch):
     import huggingface_hub.constants as constants
 
@@ -210,6 +212,7 @@ def test_clip_score_when_a_local_checkpoint_exists_and_why_not_otherwise(cli, tm
     assert quality["images"][0]["clip_score"] is not None
 
 
+@pytest.mark.slow
 def test_a_stored_baseline_with_other_prompts_is_not_reused(cli, tmp_path):
     assert cli("bench", "tiny-sd", *QUICK, "--prompt", "a red cat", "--out", tmp_path)[0] == 0
     (red,) = tmp_path.iterdir()
@@ -265,6 +268,7 @@ def test_a_rung_that_would_apply_if_installed_says_so_before_what_does_not_apply
     assert first.startswith("deep-cache would apply to tiny-sd, but") and "pip install 'diffmeter[deepcache]'" in first
 
 
+@pytest.mark.slow
 def test_the_ladder_measures_its_baseline_again_at_the_end(cli, tmp_path):
     code, out, err = cli(
         "ladder",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_runs import TINY, tiny_call, token_settings
+from tiny_runs import TINY, quick_first, tiny_call, token_settings
 
 from diffmeter.catalog import resolve
 from diffmeter.families import Call
@@ -55,7 +55,7 @@ def test_the_checked_families_cover_the_architectures():
     assert len(CHECKED) >= 10 and {"sd", "sdxl", "flux", "sd3", "pixart", "wan", "cogvideox", "dit"} <= families
 
 
-@pytest.mark.parametrize("name", CHECKED)
+@pytest.mark.parametrize("name", quick_first(CHECKED))
 def test_predicted_peaks_equal_the_profiler_timeline_within_2_percent(name):
     spec, real = measured(name)
     predicted = predict_memory(spec, on_cuda=False)  # the CPU's timeline: no cuDNN copies
@@ -66,7 +66,7 @@ def test_predicted_peaks_equal_the_profiler_timeline_within_2_percent(name):
     assert predicted.peak_bytes == pytest.approx(real.peak_bytes, rel=0.02)
 
 
-@pytest.mark.parametrize("name", HOST_MASKS)
+@pytest.mark.parametrize("name", quick_first(HOST_MASKS))
 def test_models_that_read_their_masks_are_predicted_and_flagged_until_checked(name):
     """On fake tensors their masks keep their values (they were refused before); their parameters are exact, and
     the prediction says plainly that the family is not yet within 2% of its real run."""
@@ -81,6 +81,7 @@ def test_models_that_read_their_masks_are_predicted_and_flagged_until_checked(na
     assert predicted.checked in fit_table(name, predicted, gpu, [], CUDA_HOLDBACK_BYTES, []).caption
 
 
+@pytest.mark.slow
 def test_a_float32_vae_under_a_bfloat16_pipeline_is_predicted_per_stage_within_2_percent(tmp_path):
     """Wan's model cards load the VAE in float32 beside a bfloat16 transformer; the real CPU run, loaded by
     bench's own loader, against the prediction of the same component dtypes; bench records them as loaded."""
@@ -209,6 +210,7 @@ def test_sd15s_vae_decode_on_cuda_holds_its_largest_convolutions_copies():
     assert extra[TEXT_ENCODING] == 0 and cuda.peak_stage == VAE_DECODE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny-flux", "tiny-wan"])
 def test_one_fake_run_for_memory_and_operators_equals_the_two_passes(monkeypatch, tmp_path, name):
     """profile --gpu, fit and bench run the memory tracker and the operator tally in one fake run of the plan;

@@ -73,6 +73,7 @@ def test_offloading_keeps_less_resident_and_fit_lists_the_cheapest_settings_firs
     assert not any("quantize-fp8" in chosen for chosen in settings(prediction, fp8=False))
 
 
+@pytest.mark.slow
 def test_vae_tiling_lowers_the_decode_activations_at_a_large_size():
     # SD 1.5's VAE tiles above 512 px (its tile_sample_min_size)
     prediction = predict_memory(ProfileSpec(model="sd15", height=576, width=576, steps=1))

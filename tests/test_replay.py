@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from tiny_runs import quick_first
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from diffmeter.families import DENOISER, Call
@@ -29,7 +30,8 @@ def both_ways(make: Callable[[], torch.nn.Module], call: Call, dtype: torch.dtyp
 
 
 @pytest.mark.parametrize(
-    "name", ["tiny-sd", "tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-ltx2", "tiny-hidream", "tiny-qwenimage"]
+    "name",
+    quick_first(["tiny-sd", "tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-ltx2", "tiny-hidream", "tiny-qwenimage"]),
 )
 def test_every_call_of_a_tiny_pipeline_gives_the_full_runs_figures(name):
     entry, spec, plan = settled_plan(ProfileSpec(model=name, steps=1))

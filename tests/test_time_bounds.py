@@ -46,7 +46,11 @@ def spec_of(figure: dict) -> ProfileSpec:
 
 
 def decode_modes(figure: dict) -> tuple[str, ...]:
-    return tuple(t for t in figure["techniques"] if t in VAE_MODES)
+    """The figure's tiled or sliced decode; slicing left out at batch 1, where it decodes as the plain VAE does
+    (diffusers 0.42.1 slices only a batch over one: autoencoder_kl.py:231, autoencoder_kl_hunyuan_video.py:840),
+    so the runs of one setting with and without it are counted once."""
+    modes = tuple(t for t in figure["techniques"] if t in VAE_MODES)
+    return tuple(m for m in modes if m != "vae-slicing") if spec_of(figure).batch_size == 1 else modes
 
 
 def run_of(figure: dict) -> tuple[ProfileSpec, tuple[str, ...]]:

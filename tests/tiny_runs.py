@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
 import torch
 from PIL import Image
 
@@ -14,6 +15,21 @@ from diffmeter.tiny import tiny_pipeline
 
 PROMPT = "a photo of a cat riding a horse"
 TINY = [entry for entry in all_entries() if entry.is_tiny]
+#: the tiny pipelines plain ``pytest`` checks every per-pipeline rule on (a UNet and an MMDiT); the others' checks run
+#: with the slow part, which CI runs too
+QUICK = ("tiny-sd", "tiny-flux")
+
+
+def quick_first(values: list) -> list:
+    """One pytest parameter per value (a catalog entry or a name), each id its name, those not in ``QUICK`` marked
+    slow."""
+    params = []
+    for value in values:
+        name = value if isinstance(value, str) else value.name
+        params.append(pytest.param(value, id=name, marks=() if name in QUICK else pytest.mark.slow))
+    return params
+
+
 REAL = [entry for entry in all_entries() if entry.origin == "catalog"]
 
 
