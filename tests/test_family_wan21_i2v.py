@@ -30,6 +30,7 @@ def test_image_to_video_is_counted_exactly(batch, guidance):
     assert rows[("image_encoder", "image_encoder")].calls == 1  # the CLIP vision encoder, once per call
 
 
+@pytest.mark.slow
 def test_real_entries_hold_the_published_architecture():
     """Wan 2.1 I2V 14B: the T2V-14B transformer plus its image cross-attention (16.39B), CLIP ViT-H/14 (632M)."""
     low, high = profile("wan21-i2v-14b-480p"), profile("wan21-i2v-14b-720p")

@@ -71,7 +71,9 @@ def generate(model: str, optimizations=(), steps: int = 3, batch: int = 2, count
 
 
 @pytest.mark.parametrize("model", quick_first(MODELS))
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize(  # ONNX exports take tens of seconds: with the slow part
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "onnxruntime" else n for n in sorted(REGISTRY)]
+)
 def test_every_technique_applies_or_says_why_not(model, name):
     t = target(model)
     optimization = one(name, t)
