@@ -6,13 +6,13 @@ the same config at the same size, steps, batch and guidance.
 """
 
 import pytest
-from tiny_runs import TINY, macs_by_name, quick_first, run_tiny
+from tiny_runs import TINY, macs_by_name, quick_or_slow, run_tiny
 
 from diffmeter import profile
 from diffmeter.errors import DiffmeterError
 
 
-@pytest.mark.parametrize("entry", quick_first(TINY))
+@pytest.mark.parametrize("entry", quick_or_slow(TINY))
 def test_offline_profile_equals_real_pipeline(entry):
     _, real, settings = run_tiny(entry)
     offline = profile(entry.name, **settings)
@@ -25,7 +25,7 @@ ONE_OUTPUT = {"qwenimage_edit", "qwenimage_edit_plus"}
 
 
 @pytest.mark.parametrize("guidance_scale", [None, 1.0], ids=["default-guidance", "no-guidance"])
-@pytest.mark.parametrize("entry", quick_first([e for e in TINY if e.family not in ONE_OUTPUT]))
+@pytest.mark.parametrize("entry", quick_or_slow([e for e in TINY if e.family not in ONE_OUTPUT]))
 def test_exact_at_batch_two_with_and_without_guidance(entry, guidance_scale):
     _, real, settings = run_tiny(entry, batch_size=2, guidance_scale=guidance_scale)
     offline = profile(entry.name, **settings)

@@ -9,7 +9,7 @@ import inspect
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_runs import default_images, quick_first
+from tiny_runs import default_images, quick_or_slow
 from torch._dynamo import register_backend
 from torch.overrides import TorchFunctionMode
 
@@ -79,7 +79,7 @@ def takes_batches(entry) -> bool:
     return True
 
 
-@pytest.mark.parametrize("entry", quick_first([e for e in all_entries() if e.is_tiny]))
+@pytest.mark.parametrize("entry", quick_or_slow([e for e in all_entries() if e.is_tiny]))
 def test_masks_attention_says_what_each_denoiser_passes_to_sdpa(entry):
     """The family attribute the kernel refusals rest on, held to the real pipeline's behaviour."""
     family = get_family(entry.family)

@@ -4,7 +4,7 @@ prompt: its __call__ defaults (steps aside), its sequence lengths, its default s
 import diffusers
 import pytest
 import torch
-from tiny_runs import quick_first
+from tiny_runs import quick_or_slow
 
 from diffmeter import profile
 from diffmeter.catalog import resolve
@@ -29,7 +29,7 @@ FOLDERS = [
 ]
 
 
-@pytest.mark.parametrize("name", quick_first(FOLDERS))
+@pytest.mark.parametrize("name", quick_or_slow(FOLDERS))
 def test_a_local_folder_is_counted_as_its_own_pipeline_runs_it(name, tmp_path):
     folder = tmp_path / name
     tiny_pipeline(resolve(name)).save_pretrained(folder)

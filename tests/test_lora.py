@@ -5,7 +5,7 @@ import pytest
 import torch
 from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict
-from tiny_runs import TINY, quick_first, tiny_call, token_settings
+from tiny_runs import TINY, quick_or_slow, tiny_call, token_settings
 
 from diffmeter import profile
 from diffmeter.errors import DiffmeterError
@@ -40,7 +40,7 @@ def adapted(name: str, rank: int, targets=None):
     return entry, pipe, call, {**settings, **token_settings(entry, pipe)}
 
 
-@pytest.mark.parametrize("name", quick_first(MODELS))
+@pytest.mark.parametrize("name", quick_or_slow(MODELS))
 def test_an_unfused_lora_counts_what_peft_runs_and_a_fused_one_the_base(name):
     entry, pipe, call, settings = adapted(name, 16)
     assert counted(entry, pipe, call) == {c.name: c.macs for c in profile(name, lora_rank=16, **settings).components}

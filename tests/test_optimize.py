@@ -6,7 +6,7 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
-from tiny_runs import quick_first
+from tiny_runs import quick_or_slow
 
 from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
@@ -70,10 +70,9 @@ def generate(model: str, optimizations=(), steps: int = 3, batch: int = 2, count
     return output.frames if defaults.num_frames else output.images
 
 
-@pytest.mark.parametrize("model", quick_first(MODELS))
-@pytest.mark.parametrize(  # ONNX exports take tens of seconds: with the slow part
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "onnxruntime" else n for n in sorted(REGISTRY)]
-)
+@pytest.mark.parametrize("model", quick_or_slow(MODELS))
+# ONNX exports take tens of seconds: with the slow part
+@pytest.mark.parametrize("name", quick_or_slow(sorted(REGISTRY), quick=set(REGISTRY) - {"onnxruntime"}))
 def test_every_technique_applies_or_says_why_not(model, name):
     t = target(model)
     optimization = one(name, t)

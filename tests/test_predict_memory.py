@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_runs import TINY, quick_first, tiny_call, token_settings
+from tiny_runs import TINY, quick_or_slow, tiny_call, token_settings
 
 from diffmeter.catalog import resolve
 from diffmeter.families import Call
@@ -55,7 +55,7 @@ def test_the_checked_families_cover_the_architectures():
     assert len(CHECKED) >= 10 and {"sd", "sdxl", "flux", "sd3", "pixart", "wan", "cogvideox", "dit"} <= families
 
 
-@pytest.mark.parametrize("name", quick_first(CHECKED))
+@pytest.mark.parametrize("name", quick_or_slow(CHECKED))
 def test_predicted_peaks_equal_the_profiler_timeline_within_2_percent(name):
     spec, real = measured(name)
     predicted = predict_memory(spec, on_cuda=False)  # the CPU's timeline: no cuDNN copies
@@ -66,7 +66,7 @@ def test_predicted_peaks_equal_the_profiler_timeline_within_2_percent(name):
     assert predicted.peak_bytes == pytest.approx(real.peak_bytes, rel=0.02)
 
 
-@pytest.mark.parametrize("name", quick_first(HOST_MASKS))
+@pytest.mark.parametrize("name", quick_or_slow(HOST_MASKS))
 def test_models_that_read_their_masks_are_predicted_and_flagged_until_checked(name):
     """On fake tensors their masks keep their values (they were refused before); their parameters are exact, and
     the prediction says plainly that the family is not yet within 2% of its real run."""

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from tiny_runs import quick_first
+from tiny_runs import quick_or_slow
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from diffmeter.families import DENOISER, Call
@@ -31,7 +31,7 @@ def both_ways(make: Callable[[], torch.nn.Module], call: Call, dtype: torch.dtyp
 
 @pytest.mark.parametrize(
     "name",
-    quick_first(["tiny-sd", "tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-ltx2", "tiny-hidream", "tiny-qwenimage"]),
+    quick_or_slow(["tiny-sd", "tiny-flux", "tiny-sd3", "tiny-pixart", "tiny-ltx2", "tiny-hidream", "tiny-qwenimage"]),
 )
 def test_every_call_of_a_tiny_pipeline_gives_the_full_runs_figures(name):
     entry, spec, plan = settled_plan(ProfileSpec(model=name, steps=1))

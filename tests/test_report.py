@@ -16,7 +16,7 @@ from diffmeter.runs.ladder import climb, plan
 from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
 
-#: a study of real tiny runs behind every test here (a minute and a half on 2 cores): with the slow part
+#: a study of real tiny runs behind most tests here (a minute and a half on 2 cores): the module with the slow part
 pytestmark = pytest.mark.slow
 FAST = {"model": "tiny-sd", "steps": 10, "iterations": 5, "device": "cpu"}
 WEIGHTS_TAG = "tiny random-weight test pipeline"

@@ -8,7 +8,7 @@ import re
 import diffusers
 import pytest
 import torch
-from tiny_runs import default_images, quick_first
+from tiny_runs import default_images, quick_or_slow
 
 from diffmeter.catalog import all_entries
 from diffmeter.errors import DiffmeterError
@@ -60,7 +60,7 @@ def takes_a_size(entry) -> bool:
     return "height" in inspect.signature(getattr(diffusers, entry.pipeline_class).__call__).parameters
 
 
-@pytest.mark.parametrize("entry", quick_first([e for e in TINY if takes_a_size(e)]))
+@pytest.mark.parametrize("entry", quick_or_slow([e for e in TINY if takes_a_size(e)]))
 def test_each_family_applies_its_pipelines_own_size_rule(entry):
     """For sizes on, between and off the family's multiple: diffmeter refuses exactly what the
     real pipeline refuses, and counts the size the real pipeline generates at."""

@@ -15,22 +15,21 @@ from diffmeter.tiny import tiny_pipeline
 
 PROMPT = "a photo of a cat riding a horse"
 TINY = [entry for entry in all_entries() if entry.is_tiny]
+REAL = [entry for entry in all_entries() if entry.origin == "catalog"]
+
 #: the tiny pipelines plain ``pytest`` checks every per-pipeline rule on (a UNet and an MMDiT); the others' checks run
 #: with the slow part, which CI runs too
 QUICK = ("tiny-sd", "tiny-flux")
 
 
-def quick_first(values: list) -> list:
-    """One pytest parameter per value (a catalog entry or a name), each id its name, those not in ``QUICK`` marked
+def quick_or_slow(values: list, quick=QUICK) -> list:
+    """One pytest parameter per value (a catalog entry or a name), each id its name; those not in ``quick`` marked
     slow."""
     params = []
     for value in values:
         name = value if isinstance(value, str) else value.name
-        params.append(pytest.param(value, id=name, marks=() if name in QUICK else pytest.mark.slow))
+        params.append(pytest.param(value, id=name, marks=() if name in quick else pytest.mark.slow))
     return params
-
-
-REAL = [entry for entry in all_entries() if entry.origin == "catalog"]
 
 
 def token_settings(entry: PipelineEntry, pipe, prompt: str = PROMPT) -> dict[str, int]:
