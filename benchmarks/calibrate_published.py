@@ -37,7 +37,7 @@ from diffmeter.predict.fit_published import (
     summary,
 )
 from diffmeter.predict.memory import VAE_MODES
-from diffmeter.predict.operators import operator_work, predict_memory_and_work
+from diffmeter.predict.operators import operator_work
 from diffmeter.predict.roofline import NEIGHBOURS, lower_bounds, missing_figures, peak_of
 from diffmeter.spec import ProfileSpec
 
@@ -107,8 +107,7 @@ def published_run(figure: dict) -> tuple[PublishedRun | None, str]:
     table = chosen_gpu(figure["gpu"], None)  # the architecture of the row the figures are of
     spec = ProfileSpec(model=figure["model"], **{k: v for k, v in chosen.items() if v is not None})
     modes = tuple(t for t in figure["techniques"] if t in VAE_MODES)
-    # a tiled or sliced decode: its own operators (without the plain decode, which may not run at that batch)
-    work = operator_work(spec, modes) if modes else predict_memory_and_work(spec, vae_modes=())[1]
+    work = operator_work(spec, modes)  # a tiled or sliced decode: its own operators, the rest the plain run's
     if missing_figures(device, work.dtype):
         return None, "the GPU's figures lack the dtype's peak or the bandwidth"
     bounds = lower_bounds(work, peak_of(device, work.dtype) * 1e12, device.bandwidth_bytes_per_s, device.l2_bytes)

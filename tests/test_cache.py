@@ -32,7 +32,8 @@ def test_a_profile_is_remembered_and_a_changed_question_is_a_miss(tmp_path, monk
 
 
 def test_the_fingerprint_covers_the_data_answers_read_not_only_the_code(tmp_path):
-    """A recalibration (a JSON under predict/data) or a catalog edit changes every key: never a stale answer."""
+    """A catalog edit or new memory checks change every key: never a stale answer. The time calibration does not:
+    no cached answer reads it (times are computed from the cached operators on every call), so a refit keeps them."""
     from diffmeter import cache
 
     files = cache.package_files(Path(cache.__file__).parent)
@@ -40,9 +41,19 @@ def test_the_fingerprint_covers_the_data_answers_read_not_only_the_code(tmp_path
     assert "catalog/data/flux-dev.json" in files and "cache.py" in files
     assert not [name for name in files if "__pycache__" in name]
     (tmp_path / "a.py").write_text("x = 1")
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "fit.json").write_text("{}")
-    assert cache.package_files(tmp_path) == ["a.py", "data/fit.json"]
+    data = tmp_path / "predict" / "data"
+    data.mkdir(parents=True)
+    (data / "efficiency.json").write_text("{}")
+    (data / "memory_checks.json").write_text("{}")
+    assert cache.package_files(tmp_path) == ["a.py", "predict/data/efficiency.json", "predict/data/memory_checks.json"]
+    digests = [cache.package_digest(tmp_path)]
+    (data / "efficiency.json").write_text('{"hopper": 0.5}')
+    digests.append(cache.package_digest(tmp_path))
+    (data / "memory_checks.json").write_text('{"tiny-sd": 1}')
+    digests.append(cache.package_digest(tmp_path))
+    (tmp_path / "a.py").write_text("x = 2")
+    digests.append(cache.package_digest(tmp_path))
+    assert digests[0] == digests[1] != digests[2] != digests[3] != digests[0]
 
 
 @pytest.mark.parametrize(

@@ -206,10 +206,13 @@ def test_killing_the_sweep_at_a_random_moment_loses_and_duplicates_nothing(tmp_p
     out = tmp_path / "out"
     command = [sys.executable, "-c", "from diffmeter.cli import main; main()", "sweep", "--model", "tiny-sd"]
     command += ["--steps", "1,2,3", "--iterations", "1", "--device", "cpu", "--out", str(out)]
-    sweep = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while not stored(out) and time.monotonic() < deadline:
+    log = tmp_path / "sweep.log"
+    with log.open("wb") as output:
+        sweep = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 900  # a loaded 2-core CI machine runs the other tests' processes beside it
+    while not stored(out) and sweep.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert stored(out), f"no cell stored a result (sweep exit code {sweep.poll()}):\n{log.read_text()[-2000:]}"
     time.sleep(random.uniform(0.0, 3.0))  # somewhere in the second cell (or the third)
     sweep.kill()
     sweep.wait()

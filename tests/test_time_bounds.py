@@ -12,7 +12,7 @@ import yaml
 
 from diffmeter.predict.devices import Device, chosen_gpu, named_gpu
 from diffmeter.predict.memory import VAE_MODES, weight_reads
-from diffmeter.predict.operators import operator_work, predict_memory_and_work
+from diffmeter.predict.operators import modes_that_change_the_decode, operator_work, predict_memory_and_work
 from diffmeter.predict.roofline import lower_bounds, missing_figures, predict_time, stage_bounds
 from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork
 from diffmeter.spec import ProfileSpec
@@ -46,11 +46,9 @@ def spec_of(figure: dict) -> ProfileSpec:
 
 
 def decode_modes(figure: dict) -> tuple[str, ...]:
-    """The figure's tiled or sliced decode; slicing left out at batch 1, where it decodes as the plain VAE does
-    (diffusers 0.42.1 slices only a batch over one: autoencoder_kl.py:231, autoencoder_kl_hunyuan_video.py:840),
-    so the runs of one setting with and without it are counted once."""
-    modes = tuple(t for t in figure["techniques"] if t in VAE_MODES)
-    return tuple(m for m in modes if m != "vae-slicing") if spec_of(figure).batch_size == 1 else modes
+    """The figure's tiled or sliced decode, as counted (slicing at batch 1 is the plain decode), so the runs of one
+    setting with and without it are counted once."""
+    return modes_that_change_the_decode(spec_of(figure), tuple(t for t in figure["techniques"] if t in VAE_MODES))
 
 
 def run_of(figure: dict) -> tuple[ProfileSpec, tuple[str, ...]]:

@@ -3,7 +3,8 @@ repeated command answers without loading torch or diffusers.
 
 An entry is keyed by everything the answer depends on: the configs and settings asked about,
 the installed torch, diffusers and transformers versions, and a hash of diffmeter's own files (code and data).
-Any change to any of them is a miss, never a stale answer. The cache lives in
+Any change to any of them is a miss, never a stale answer
+(the time calibration aside: no cached answer reads it). The cache lives in
 ``$DIFFMETER_CACHE_DIR`` (``off`` disables it), else ``$XDG_CACHE_HOME/diffmeter`` or
 ``~/.cache/diffmeter``; it is best-effort: a cache that cannot be read or written is skipped.
 """
@@ -20,6 +21,9 @@ from pathlib import Path
 
 #: the libraries whose code decides what a count comes to
 LIBRARIES = ("torch", "diffusers", "transformers")
+#: package data no cached answer reads: the time calibration (times are computed from the cached operator work
+#: on every call, ``predict/roofline.py``), so a recalibration keeps every fake-tensor count
+UNCACHED_DATA = ("predict/data/efficiency.json",)
 
 
 def directory() -> Path | None:
@@ -34,17 +38,24 @@ def directory() -> Path | None:
 @cache
 def fingerprint() -> str:
     """The library versions and a hash of every file of diffmeter itself: its code and the data its answers read
-    (the catalog, the GPU figures, the calibrations and memory checks), so a recalibration is a miss too."""
+    (the catalog, the GPU figures, the memory checks; not ``UNCACHED_DATA``)."""
     digest = hashlib.sha256()
     for library in LIBRARIES:
         try:
             digest.update(f"{library}={metadata.version(library)};".encode())
         except metadata.PackageNotFoundError:
             digest.update(f"{library}=none;".encode())
-    package = Path(__file__).parent
+    digest.update(package_digest(Path(__file__).parent).encode())
+    return digest.hexdigest()
+
+
+def package_digest(package: Path) -> str:
+    """A hash of the package's files, names and contents, ``UNCACHED_DATA`` left out."""
+    digest = hashlib.sha256()
     for source in package_files(package):
-        digest.update(source.encode())
-        digest.update((package / source).read_bytes())
+        if source not in UNCACHED_DATA:
+            digest.update(source.encode())
+            digest.update((package / source).read_bytes())
     return digest.hexdigest()
 
 

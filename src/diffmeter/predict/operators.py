@@ -129,6 +129,7 @@ def operator_work(spec: ProfileSpec, decode_modes: tuple[str, ...] = ()) -> Oper
     libraries and diffmeter source) or counted on fake tensors and remembered. ``decode_modes``: the VAE
     decodes as ``vae.enable_tiling()`` / ``enable_slicing()`` make it (overlapping tiles, an image at a
     time), its operators counted as diffusers runs them; the other calls are the plain run's."""
+    decode_modes = modes_that_change_the_decode(spec, decode_modes)
     key = {**cache_key(spec), "decode_modes": sorted(decode_modes)} if decode_modes else cache_key(spec)
     stored = cache.load("operators", key)
     if stored is not None:
@@ -140,6 +141,19 @@ def operator_work(spec: ProfileSpec, decode_modes: tuple[str, ...] = ()) -> Oper
         found = _count(spec, decode_modes)
     cache.store("operators", key, found.model_dump(mode="json"))
     return found
+
+
+def modes_that_change_the_decode(spec: ProfileSpec, decode_modes: tuple[str, ...]) -> tuple[str, ...]:
+    """``decode_modes`` less slicing where every decode is of one latent: diffusers slices only a batch over one
+    (diffusers 0.42.1 autoencoder_kl.py:231, autoencoder_kl_hunyuan_video.py:840), so such a run is counted (and
+    cached) once, as the plain decode."""
+    if "vae-slicing" not in decode_modes:
+        return decode_modes
+    entry, _, plan = settled_plan(spec)
+    decoder = get_family(entry.family).decoder
+    if any(call.role == VAE_DECODER and call.component == decoder and call.batch > 1 for call in plan):
+        return decode_modes
+    return tuple(mode for mode in decode_modes if mode != "vae-slicing")
 
 
 def _with_decode(plain: OperatorWork, decoded: OperatorWork) -> OperatorWork:
