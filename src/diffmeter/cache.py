@@ -4,7 +4,7 @@ repeated command answers without loading torch or diffusers.
 An entry is keyed by everything the answer depends on: the configs and settings asked about,
 the installed torch, diffusers and transformers versions, and a hash of diffmeter's own files (code and data).
 Any change to any of them is a miss, never a stale answer
-(the time calibration aside: no cached answer reads it). The cache lives in
+(the time calibration and its fits aside: no cached answer reads them). The cache lives in
 ``$DIFFMETER_CACHE_DIR`` (``off`` disables it), else ``$XDG_CACHE_HOME/diffmeter`` or
 ``~/.cache/diffmeter``; it is best-effort: a cache that cannot be read or written is skipped.
 """
@@ -21,9 +21,10 @@ from pathlib import Path
 
 #: the libraries whose code decides what a count comes to
 LIBRARIES = ("torch", "diffusers", "transformers")
-#: package data no cached answer reads: the time calibration (times are computed from the cached operator work
-#: on every call, ``predict/roofline.py``), so a recalibration keeps every fake-tensor count
-UNCACHED_DATA = ("predict/data/efficiency.json",)
+#: package files no cached answer reads: the time calibration and the code that fits it (times are computed from
+#: the cached operator work on every call, ``predict/roofline.py``; no other module imports the fits: a test holds
+#: it), so a refit keeps every fake-tensor count
+UNCACHED = ("predict/data/efficiency.json", "predict/fit_published.py", "predict/fit_energy.py")
 
 
 def directory() -> Path | None:
@@ -38,7 +39,7 @@ def directory() -> Path | None:
 @cache
 def fingerprint() -> str:
     """The library versions and a hash of every file of diffmeter itself: its code and the data its answers read
-    (the catalog, the GPU figures, the memory checks; not ``UNCACHED_DATA``)."""
+    (the catalog, the GPU figures, the memory checks; not ``UNCACHED``)."""
     digest = hashlib.sha256()
     for library in LIBRARIES:
         try:
@@ -50,10 +51,10 @@ def fingerprint() -> str:
 
 
 def package_digest(package: Path) -> str:
-    """A hash of the package's files, names and contents, ``UNCACHED_DATA`` left out."""
+    """A hash of the package's files, names and contents, ``UNCACHED`` left out."""
     digest = hashlib.sha256()
     for source in package_files(package):
-        if source not in UNCACHED_DATA:
+        if source not in UNCACHED:
             digest.update(source.encode())
             digest.update((package / source).read_bytes())
     return digest.hexdigest()
