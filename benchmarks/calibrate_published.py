@@ -27,8 +27,9 @@ from published_comparison import load_figures, settings
 from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.fit_energy import EnergyRun, fit_power, leave_one_model_out
 from diffmeter.predict.fit_published import (
-    COMPUTE_KINDS,
     FULL_MODEL_ROWS,
+    GROUP_OF_KIND,
+    GROUPS,
     HeldOut,
     PublishedRun,
     as_calibration,
@@ -112,23 +113,19 @@ def published_run(figure: dict) -> tuple[PublishedRun | None, str]:
         return None, "the GPU's figures lack the dtype's peak or the bandwidth"
     bounds = lower_bounds(work, peak_of(device, work.dtype) * 1e12, device.bandwidth_bytes_per_s, device.l2_bytes)
 
-    def seconds_of(chosen: tuple[str, ...]) -> float:
-        return sum(seconds for kinds in bounds.values() for kind, (seconds, _) in kinds.items() if kind in chosen)
-
-    compute, attention = seconds_of(COMPUTE_KINDS), seconds_of(("attention",))
-    total = sum(seconds for kinds in bounds.values() for seconds, _ in kinds.values())
-    operators = int(sum(count for kinds in bounds.values() for _, count in kinds.values()))
+    groups = dict.fromkeys(GROUPS, 0.0)
+    for kinds in bounds.values():
+        for kind, (seconds, _) in kinds.items():
+            groups[GROUP_OF_KIND[kind]] += seconds
     run = PublishedRun(
         id=figure["id"],
         source=source_of(figure),
         architecture=table.architecture,
         model=figure["model"],
         published_s=figure["published"]["value"],
-        compute_s=compute,
-        attention_s=attention,
-        memory_s=total - compute - attention,
+        bounds=groups,
         scores=sum(group.scores * group.calls * call.count for call in work.calls for group in call.operators),
-        operators=operators,
+        operators=int(sum(count for kinds in bounds.values() for _, count in kinds.values())),
     )
     return run, ""
 
@@ -216,11 +213,10 @@ def main() -> int:
         lines += [
             f"## {architecture}: {len(mine)} runs, {len(sources)} sources",
             "",
-            f"Fit on all: a_compute {found.a_compute:.3f}, a_attention {found.a_attention:.3f}, a_memory "
-            f"{found.a_memory:.3f} (achieved fractions of the roofline {1 / found.a_compute:.3f}, "
-            f"{1 / found.a_attention:.3f} and {1 / found.a_memory:.3f}), {found.score_s * 1e12:.3f} ps per attention "
-            f"score, {found.overhead_s * 1e6:.2f} us per operator; range factor w {found.width:.3f} (hi/lo "
-            f"{found.width**2:.2f}). "
+            "Fit on all: "
+            + ", ".join(f"a_{group} {a:.3f} ({1 / a:.3f} of its roofline)" for group, a in found.multipliers.items())
+            + f", {found.score_s * 1e12:.3f} ps per attention score, {found.overhead_s * 1e6:.2f} us per operator; "
+            f"range factor w {found.width:.3f} (hi/lo {found.width**2:.2f}). "
             + (
                 f"Shipped as `cuda:{architecture}`."
                 if shipped_here

@@ -3,7 +3,7 @@ sizes, and every catalog ControlNet on its base model, against their own text-to
 profile's exact MACs, the predicted peak memory and time on an H100), and the exactness argument for the
 transformer.
 
-Run from the repo root:  python benchmarks/editing_costs.py   (a few minutes on 2 cores, cold)
+Run from the repo root:  python benchmarks/editing_costs.py   (about an hour on one core cold; minutes once cached)
 Writes docs/what-editing-costs.md.
 """
 

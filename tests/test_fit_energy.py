@@ -17,9 +17,8 @@ def made(index: int, fraction: float, tdp_w: float = 700.0, outputs: int = 2, sl
     (``slow``: how much longer than that it really took); 3 models: the time fit is one multiplier."""
     compute, memory, operators = 1.0 + index, 0.2 + 0.1 * index, 1000
     seconds = 2.0 * (compute + memory) * slow
-    run = PublishedRun(
-        f"r{index}", f"s{index % 3}", "hopper", f"m{index % 3}", seconds, compute, 0.0, memory, 0, operators
-    )
+    bounds = {"compute": compute, "elementwise": memory}
+    run = PublishedRun(f"r{index}", f"s{index % 3}", "hopper", f"m{index % 3}", seconds, bounds, 0, operators)
     return EnergyRun(run, fraction * tdp_w * seconds / outputs, outputs, tdp_w)
 
 

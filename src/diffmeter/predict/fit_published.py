@@ -2,13 +2,12 @@
 (``benchmarks/calibrate_published.py`` reads benchmarks/published_figures.yaml and writes the fit into
 ``data/efficiency.json``, one calibration per GPU architecture).
 
-Model, per architecture: a run's time = a_compute x (the eager bound of its matmul and convolution operators)
-+ a_attention x (its attention operators') + score_s x (its attention scores: the softmax exponentials, on the
-special-function units, which make attention with a 64-wide head slower per FLOP than with a 128-wide one)
-+ a_memory x (the eager bound of the others) + overhead x (its operators). a = 1 / the fraction of the roofline a
-kind achieves, so a >= 1 (no eager operator beats its bound), score_s and the overhead >= 0; fitted by least
-squares on relative errors (each run counts alike, whatever its length). With fewer than ``FULL_MODEL_ROWS`` runs
-or ``FULL_MODEL_MODELS`` models, one multiplier on the whole eager bound instead.
+Model, per architecture: a run's time = the sum over kind groups (``GROUPS``) of a_group x the eager bound of the
+group's operators + score_s x its attention scores (the softmax exponentials, on the special-function units, which
+make attention with a 64-wide head slower per FLOP than with a 128-wide one) + overhead x its operators. a = 1 / the
+fraction of the roofline a group achieves, so a >= 1 (no eager operator beats its bound), score_s and the overhead
+>= 0; fitted by least squares on relative errors (each run counts alike, whatever its length). With fewer than
+``FULL_MODEL_ROWS`` runs or ``FULL_MODEL_MODELS`` models, one multiplier on the whole eager bound instead.
 
 The range: the midpoint times [1 / w, w], w the smallest factor that holds ``COVERAGE`` of the fitted runs (95%:
 a fit is closer to the runs it has seen than to a held-out source's, which the validation below measures).
@@ -22,14 +21,23 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from diffmeter.predict.roofline import Calibration
 
-COMPUTE_KINDS = ("matmul", "convolution")
-MEMORY_KINDS = ("normalization", "elementwise", "other")
+#: the operator kinds fitted together, each group with its own multiplier: the dense compute at the dtype's peak;
+#: attention; normalization (layer, group and RMS norms: eager kernels far under their bandwidth bound on every
+#: fitted card); elementwise; the rest (copies, reductions, indexing)
+GROUPS = {
+    "compute": ("matmul", "convolution"),
+    "attention": ("attention",),
+    "normalization": ("normalization",),
+    "elementwise": ("elementwise",),
+    "other": ("other",),
+}
+GROUP_OF_KIND = {kind: group for group, kinds in GROUPS.items() for kind in kinds}
 COVERAGE = 0.95
 FULL_MODEL_ROWS, FULL_MODEL_MODELS = 8, 4
 #: the scores column's unit in the least squares (seconds per 10^12 scores), so its columns are alike in size
@@ -38,44 +46,39 @@ SCORE_UNIT = 1e-12
 
 @dataclass(frozen=True)
 class PublishedRun:
-    """One published eager run with its predicted work: the eager bound per kind group (seconds), its attention
-    scores and operators."""
+    """One published eager run with its predicted work: the eager bound per kind group (seconds, ``GROUPS``), its
+    attention scores and operators."""
 
     id: str
     source: str
     architecture: str
     model: str
     published_s: float
-    compute_s: float
-    attention_s: float
-    memory_s: float
+    bounds: dict[str, float] = field(hash=False)
     scores: int
     operators: int
 
+    @property
+    def eager_s(self) -> float:
+        """The whole eager bound (seconds)."""
+        return sum(self.bounds.values())
+
     def features(self) -> list[float]:
-        return [self.compute_s, self.attention_s, self.scores * SCORE_UNIT, self.memory_s, self.operators]
+        return [self.bounds.get(group, 0.0) for group in GROUPS] + [self.scores * SCORE_UNIT, self.operators]
 
 
 @dataclass(frozen=True)
 class Fit:
-    """a_compute, a_attention, a_memory (>= 1), seconds per attention score and per operator (>= 0), and the
-    range's factor w."""
+    """a per kind group (>= 1), seconds per attention score and per operator (>= 0), and the range's factor w."""
 
-    a_compute: float
-    a_attention: float
+    multipliers: dict[str, float] = field(hash=False)
     score_s: float
-    a_memory: float
     overhead_s: float
     width: float
 
     def midpoint(self, run: PublishedRun) -> float:
-        return (
-            self.a_compute * run.compute_s
-            + self.a_attention * run.attention_s
-            + self.score_s * run.scores
-            + self.a_memory * run.memory_s
-            + self.overhead_s * run.operators
-        )
+        eager = sum(self.multipliers[group] * seconds for group, seconds in run.bounds.items())
+        return eager + self.score_s * run.scores + self.overhead_s * run.operators
 
     def range(self, run: PublishedRun) -> tuple[float, float]:
         middle = self.midpoint(run)
@@ -103,20 +106,15 @@ def _bounded_least_squares(matrix: np.ndarray, lower: np.ndarray) -> np.ndarray:
 def fit(runs: list[PublishedRun]) -> Fit:
     """The model fitted on ``runs`` (one architecture), with its range's factor."""
     full = len(runs) >= FULL_MODEL_ROWS and len({run.model for run in runs}) >= FULL_MODEL_MODELS
+    published = np.array([[run.published_s] for run in runs])
     if full:
-        rows = [run.features() for run in runs]
-        lower = np.array([1.0, 1.0, 0.0, 1.0, 0.0])
+        x = _bounded_least_squares(np.array([run.features() for run in runs]) / published, np.array([1.0] * 5 + [0, 0]))
+        point = Fit(dict(zip(GROUPS, x[:5], strict=True)), x[5] * SCORE_UNIT, x[6], 1.0)
     else:
-        rows = [[r.compute_s + r.attention_s + r.memory_s] for r in runs]
-        lower = np.array([1.0])
-    matrix = np.array(rows) / np.array([[run.published_s] for run in runs])
-    x = _bounded_least_squares(matrix, lower)
-    if full:
-        point = Fit(x[0], x[1], x[2] * SCORE_UNIT, x[3], x[4], 1.0)
-    else:
-        point = Fit(x[0], x[0], 0.0, x[0], 0.0, 1.0)
-    ratios = [point.midpoint(run) / run.published_s for run in runs]
-    return Fit(point.a_compute, point.a_attention, point.score_s, point.a_memory, point.overhead_s, covering(ratios))
+        (a,) = _bounded_least_squares(np.array([[run.eager_s] for run in runs]) / published, np.array([1.0]))
+        point = Fit(dict.fromkeys(GROUPS, a), 0.0, 0.0, 1.0)
+    width = covering([point.midpoint(run) / run.published_s for run in runs])
+    return Fit(point.multipliers, point.score_s, point.overhead_s, width)
 
 
 def covering(ratios: list[float]) -> float:
@@ -172,17 +170,13 @@ def as_calibration(found: Fit, source: str, runs: list[PublishedRun]) -> Calibra
     bound per operator among the runs (under it, a prediction says it is outside the fit): the expected range
     ``roofline.expected_s`` computes from them is the midpoint times [1 / w, w]. A highest fraction may pass 1 (a
     kind fitted at its bound); ``roofline.predict_time`` keeps a range from going under the eager bound."""
-    fractions = {}
-    for kinds, a in (
-        (COMPUTE_KINDS, found.a_compute),
-        (("attention",), found.a_attention),
-        (MEMORY_KINDS, found.a_memory),
-    ):
-        for kind in kinds:
-            fractions[kind] = (1 / (a * found.width), found.width / a)
+    fractions = {
+        kind: (1 / (found.multipliers[group] * found.width), found.width / found.multipliers[group])
+        for kind, group in GROUP_OF_KIND.items()
+    }
     overhead = (found.overhead_s / found.width, found.overhead_s * found.width)
     score = (found.score_s / found.width, found.score_s * found.width)
-    least = min((run.compute_s + run.attention_s + run.memory_s) / run.operators for run in runs)
+    least = min(run.eager_s / run.operators for run in runs)
     return Calibration(
         source=source, fractions=fractions, overhead_s=overhead, score_s=score, least_bound_per_operator_s=least
     )
