@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -86,7 +86,7 @@ class Fit:
 
 
 def _bounded_least_squares(matrix: np.ndarray, lower: np.ndarray) -> np.ndarray:
-    """min |matrix x - 1| with x >= lower: every set of variables held at their bound tried (5 variables)."""
+    """min |matrix x - 1| with x >= lower: every set of variables held at their bound tried (7 variables: 128 sets)."""
     best, best_residual = None, math.inf
     count = matrix.shape[1]
     for held in itertools.chain.from_iterable(itertools.combinations(range(count), k) for k in range(count + 1)):
@@ -108,13 +108,14 @@ def fit(runs: list[PublishedRun]) -> Fit:
     full = len(runs) >= FULL_MODEL_ROWS and len({run.model for run in runs}) >= FULL_MODEL_MODELS
     published = np.array([[run.published_s] for run in runs])
     if full:
-        x = _bounded_least_squares(np.array([run.features() for run in runs]) / published, np.array([1.0] * 5 + [0, 0]))
-        point = Fit(dict(zip(GROUPS, x[:5], strict=True)), x[5] * SCORE_UNIT, x[6], 1.0)
+        lower = np.array([1.0] * len(GROUPS) + [0.0, 0.0])  # each a >= 1; the score and operator costs >= 0
+        *a, score, overhead = _bounded_least_squares(np.array([run.features() for run in runs]) / published, lower)
+        point = Fit(dict(zip(GROUPS, a, strict=True)), score * SCORE_UNIT, overhead, 1.0)
     else:
         (a,) = _bounded_least_squares(np.array([[run.eager_s] for run in runs]) / published, np.array([1.0]))
         point = Fit(dict.fromkeys(GROUPS, a), 0.0, 0.0, 1.0)
     width = covering([point.midpoint(run) / run.published_s for run in runs])
-    return Fit(point.multipliers, point.score_s, point.overhead_s, width)
+    return replace(point, width=width)
 
 
 def covering(ratios: list[float]) -> float:
