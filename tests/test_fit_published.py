@@ -3,10 +3,13 @@ parameters, and the range it ships as a calibration."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from diffmeter.predict.devices import named_gpu
 from diffmeter.predict.fit_published import (
+    BARE_MATMUL_FRACTION,
     PublishedRun,
     as_calibration,
     fit,
@@ -52,6 +55,18 @@ def test_no_kind_is_fitted_faster_than_its_roofline():
     runs = [made({"compute": 0.5}, 0.0, f"s{i % 3}", i, score_s=0) for i in range(10)]
     found = fit(runs)
     assert min(found.multipliers.values()) >= 1 and found.overhead_s >= 0 and found.score_s >= 0
+
+
+def test_compute_is_never_fitted_faster_than_a_bare_matmul_measured_on_its_architecture():
+    """Runs made with the compute at 95% of its roofline: on Hopper, where a bare matmul reached 81% (measured), the
+    compute's multiplier stops at 1 / 0.81; on an architecture without such a measurement it is fitted as made."""
+    made_with = {**MADE, "compute": 1 / 0.95}
+    hopper = [made(made_with, 1e-5, f"s{i % 3}", i) for i in range(12)]
+    assert fit(hopper).multipliers["compute"] == pytest.approx(1 / BARE_MATMUL_FRACTION["hopper"])
+    assert 0.75 < BARE_MATMUL_FRACTION["hopper"] < 0.85
+    blackwell = [dataclasses.replace(run, architecture="blackwell") for run in hopper]
+    assert "blackwell" not in BARE_MATMUL_FRACTION
+    assert fit(blackwell).multipliers["compute"] == pytest.approx(1 / 0.95, rel=1e-6)
 
 
 def test_few_runs_fit_one_multiplier_and_the_range_holds_the_stated_share():

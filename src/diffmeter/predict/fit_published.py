@@ -5,8 +5,9 @@
 Model, per architecture: a run's time = the sum over kind groups (``GROUPS``) of a_group x the eager bound of the
 group's operators + score_s x its attention scores (the softmax exponentials, on the special-function units, which
 make attention with a 64-wide head slower per FLOP than with a 128-wide one) + overhead x its operators. a = 1 / the
-fraction of the roofline a group achieves, so a >= 1 (no eager operator beats its bound), score_s and the overhead
->= 0; fitted by least squares on relative errors (each run counts alike, whatever its length). With fewer than
+fraction of the roofline a group achieves, so a >= 1 (no eager operator beats its bound; the compute group's a at
+least the inverse of a bare matmul's measured fraction, ``BARE_MATMUL_FRACTION``), score_s and the overhead >= 0;
+fitted by least squares on relative errors (each run counts alike, whatever its length). With fewer than
 ``FULL_MODEL_ROWS`` runs or ``FULL_MODEL_MODELS`` models, one multiplier on the whole eager bound instead.
 
 The range: the midpoint times [1 / w, w], w the smallest factor that holds ``COVERAGE`` of the fitted runs (95%:
@@ -42,6 +43,11 @@ COVERAGE = 0.95
 FULL_MODEL_ROWS, FULL_MODEL_MODELS = 8, 4
 #: the scores column's unit in the least squares (seconds per 10^12 scores), so its columns are alike in size
 SCORE_UNIT = 1e-12
+#: per architecture, the highest fraction of the table's dense bf16 peak a bare 8192^3 bf16 matmul reached,
+#: measured: no eager matmul or convolution beats it, so the compute group's a is at least its inverse (an
+#: architecture not measured keeps a >= 1). Hopper: 782-802 TFLOP/s of the H200's 989.5 in five runs
+#: (benchmarks/results/gpu_validation_nvidia-h200.md, the peak chunk, CUDA events)
+BARE_MATMUL_FRACTION = {"hopper": 802 / 989.5}
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,9 @@ def fit(runs: list[PublishedRun]) -> Fit:
     full = len(runs) >= FULL_MODEL_ROWS and len({run.model for run in runs}) >= FULL_MODEL_MODELS
     published = np.array([[run.published_s] for run in runs])
     if full:
-        lower = np.array([1.0] * len(GROUPS) + [0.0, 0.0])  # each a >= 1; the score and operator costs >= 0
+        floor = {group: 1.0 for group in GROUPS}  # each a >= 1, compute's >= 1 / the bare matmul's fraction
+        floor["compute"] = 1 / min(BARE_MATMUL_FRACTION.get(run.architecture, 1.0) for run in runs)
+        lower = np.array([*floor.values(), 0.0, 0.0])  # the score and operator costs >= 0
         *a, score, overhead = _bounded_least_squares(np.array([run.features() for run in runs]) / published, lower)
         point = Fit(dict(zip(GROUPS, a, strict=True)), score * SCORE_UNIT, overhead, 1.0)
     else:
