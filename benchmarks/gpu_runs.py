@@ -37,6 +37,8 @@ class Report:
         self.rows: list[tuple[str, str, str, str]] = []
         #: chunk -> seconds it took (each must stay under 10 minutes on one H100)
         self.seconds: dict[str, float] = {}
+        #: what the running chunk is doing (a technique's label): named in the report when a time limit stops it
+        self.doing = ""
 
     def add(self, chunk: str, check: str, outcome: str, detail: str) -> None:
         self.rows.append((chunk, check, outcome, detail))

@@ -14,6 +14,8 @@ from diffmeter.families import get_family
 from diffmeter.optimize import REGISTRY, OptimizationSpec, Target, build
 from diffmeter.tiny import tiny_pipeline
 
+#: the technique chunks of each model: the techniques but two, offload's variants, compile's
+PARTS = ("techniques", "offloading", "compiling")
 #: extra parameter sets worth running beyond each technique's variants
 EXTRA = {
     "compile": [
@@ -23,7 +25,7 @@ EXTRA = {
         {"mode": "default", "components": None},  # None: the denoiser and the VAE (filled in below)
     ],
 }
-#: technique combinations that exercise rules between techniques (the last one is refused)
+#: compile with offloading, run by the offloading chunks: rules between techniques (the last one is refused)
 COMBOS = [
     [("compile", {}), ("offload", {"mode": "model"})],
     [("compile", {"fullgraph": True}), ("offload", {"mode": "model"})],
@@ -68,13 +70,15 @@ def chunk_graph_runs(report: Report) -> None:
         torch._dynamo.reset()
 
 
-def technique_specs(kind: str, compiling: bool) -> list[tuple[str, list[OptimizationSpec]]]:
-    """Every variant of every registered technique but compile, or compile's variants, extra
-    parameter sets and combinations with offloading."""
+def technique_specs(kind: str, part: str) -> list[tuple[str, list[OptimizationSpec]]]:
+    """``part``: "techniques", every variant of every registered technique but compile and offload;
+    "offloading", offload's variants and compile with offloading (minutes each on a real-size model: every call
+    moves its weights over the host link); "compiling", compile's variants and extra parameter sets."""
     family = get_family(resolve(MODELS[kind][0]).family)
+    part_of = {"compile": "compiling", "offload": "offloading"}
     specs = []
     for name, cls in sorted(REGISTRY.items()):
-        if name == "tf32" or (name == "compile") != compiling:
+        if name == "tf32" or part_of.get(name, "techniques") != part:
             continue  # tf32 is on for every CUDA run already
         for variant in cls.variants():
             specs.append((variant.label(), [variant.spec()]))
@@ -82,7 +86,7 @@ def technique_specs(kind: str, compiling: bool) -> list[tuple[str, list[Optimiza
             if extra.get("components", "") is None:
                 extra = {**extra, "components": [family.denoiser, family.decoder]}
             specs.append((_label(name, extra), [OptimizationSpec(name=name, params=extra)]))
-    for combo in COMBOS if compiling else []:
+    for combo in COMBOS if part == "offloading" else []:
         label = " + ".join(_label(name, params) for name, params in combo)
         specs.append((label, [OptimizationSpec(name=name, params=params) for name, params in combo]))
     return specs
@@ -92,11 +96,12 @@ def _label(name: str, params: dict) -> str:
     return name + ("(" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "")
 
 
-def chunk_techniques(kind: str, compiling: bool):
+def chunk_techniques(kind: str, part: str):
     def chunk(report: Report) -> None:
-        name = f"{'compiling' if compiling else 'techniques'}-{kind}"
-        for label, optimizations in technique_specs(kind, compiling):
+        name = f"{part}-{kind}"
+        for label, optimizations in technique_specs(kind, part):
             started = time.perf_counter()
+            report.doing = label
             try:
                 result, refusal = run(model_spec(kind, optimizations=optimizations))
             except Exception as error:  # a crash is the finding: record it and go on

@@ -24,10 +24,12 @@ Chunks:
   onnxruntime    ONNX Runtime's CUDA and TensorRT providers at float16 and float32: images against PyTorch's
   graph-runs     graph runs per pipeline call under torch.compile (a counting backend), alone and with model
                  offload: every measured call runs the compiled graphs
-  techniques-*   every registered technique but compile (and each variant) on the three models: it runs
+  techniques-*   every registered technique but compile and offload (and each variant) on the three models: it runs
                  (device total against the wall clock, no compilation inside measured calls) or is refused with
                  its reason before anything loads
-  compiling-*    the same for torch.compile's modes and options, and compile with offloading
+  offloading-*   the same for offload's variants (model, sequential, group) and compile with offloading: every
+                 call moves weights over the host link, minutes on a real-size model
+  compiling-*    the same for torch.compile's modes and options
 
 Without CUDA it runs what a CPU can show, on tiny pipelines, and marks the rest SKIP (CI runs it so). The
 report goes to benchmarks/results/gpu_validation_<device>.md (one file per device name) and is printed;
@@ -50,7 +52,7 @@ import gpu_chunks as chunks
 import torch
 import transformers
 from gpu_runs import CUDA, MODELS, RESULTS, Report, device_slug
-from gpu_technique_chunks import chunk_graph_runs, chunk_techniques
+from gpu_technique_chunks import PARTS, chunk_graph_runs, chunk_techniques
 
 CHUNKS = {
     "peak": chunks.chunk_peak,
@@ -61,8 +63,7 @@ CHUNKS = {
     "cuda1": chunks.chunk_cuda1,
     "onnxruntime": chunks.chunk_onnxruntime,
     "graph-runs": chunk_graph_runs,
-    **{f"techniques-{kind}": chunk_techniques(kind, compiling=False) for kind in MODELS},
-    **{f"compiling-{kind}": chunk_techniques(kind, compiling=True) for kind in MODELS},
+    **{f"{part}-{kind}": chunk_techniques(kind, part) for part in PARTS for kind in MODELS},
 }
 
 
@@ -115,12 +116,18 @@ def main() -> int:
             begun = time.perf_counter()
             try:
                 CHUNKS[name](report)
+            except KeyboardInterrupt as stop:  # a time limit: say where it stopped, then stop
+                where = f" inside {report.doing}" if report.doing else ""
+                seconds = time.perf_counter() - begun
+                report.add(name, "chunk stopped", "FAIL", f"{stop} after {seconds:.0f} s{where}: not finished")
+                raise
             except Exception as error:  # a crash is the finding: record it with its place, run the next chunk
                 frame = traceback.extract_tb(error.__traceback__)[-1]
                 where = f"{Path(frame.filename).name}:{frame.lineno}"
                 report.add(name, "chunk crashed", "FAIL", f"{type(error).__name__}: {error} ({where})"[:400])
             finally:
                 report.seconds[name] = time.perf_counter() - begun
+                report.doing = ""
                 path.write_text(report.markdown(device_name, time.perf_counter() - started, arguments.chunk or []))
     finally:  # written after every chunk and at the end: what was found survives a stop inside a chunk
         path.write_text(report.markdown(device_name, time.perf_counter() - started, arguments.chunk or []))

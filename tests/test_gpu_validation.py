@@ -1,6 +1,7 @@
 """benchmarks/gpu_validation.py, the one command for a lent GPU, kept from rotting: every check fails on a
 wrong input (the self-test), passes on a right one, and the chunks a CPU can run pass here."""
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,24 @@ def test_what_a_cpu_can_run_of_it_passes(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:]
     text = report.read_text()
     assert "| FAIL |" not in text and text.count("| PASS |") >= 6 and "| SKIP |" in text
+
+
+@pytest.mark.slow
+def test_a_chunk_stopped_by_a_time_limit_is_a_failure_that_says_where(tmp_path):
+    """``timeout`` sends SIGTERM: the report is still written, and the stopped chunk is a FAIL naming the technique
+    it was inside (a lent GPU's run once reported a chunk stopped inside offload-model as 0 FAIL)."""
+    report = tmp_path / "report.md"
+    script = str(BENCHMARKS / "gpu_validation.py")
+    command = [sys.executable, script, "--chunk=techniques-unet", "--report", str(report)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
+        for line in process.stdout:  # the first technique's row: the chunk is under way
+            if "techniques-unet" in line:
+                break
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=300)
+    assert process.returncode != 0
+    rows = [row for row in report.read_text().splitlines() if "| chunk stopped | FAIL |" in row]
+    assert len(rows) == 1 and "signal 15 after" in rows[0] and " inside " in rows[0], report.read_text()[-2000:]
 
 
 def test_the_stage_peaks_replayed_from_the_allocators_trace_follow_each_allocations_stack():
