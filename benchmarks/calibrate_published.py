@@ -216,7 +216,9 @@ def main() -> int:
             "Fit on all: "
             + ", ".join(f"a_{group} {a:.3f} ({1 / a:.3f} of its roofline)" for group, a in found.multipliers.items())
             + f", {found.score_s * 1e12:.3f} ps per attention score, {found.overhead_s * 1e6:.2f} us per operator; "
-            f"range factor w {found.width:.3f} (hi/lo {found.width**2:.2f}). "
+            f"range factor w {found.width:.3f} (hi/lo {found.width**2:.2f}; in sample "
+            f"{sum(found.range(run)[0] <= run.published_s <= found.range(run)[1] for run in mine)} of {len(mine)} "
+            "runs inside). "
             + (
                 f"Shipped as `cuda:{architecture}`."
                 if shipped_here
