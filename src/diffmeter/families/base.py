@@ -47,6 +47,8 @@ class Call:
     keeps_input: bool = True
     #: what of the call's output the pipeline keeps (the CLIP hidden state Wan I2V reads), else all of it
     kept: Callable[[Any], Any] | None = None
+    #: the dtype the pipeline casts the component to for this call (SDXL's float32 decode), else the component's
+    dtype: str | None = None
 
 
 @dataclass

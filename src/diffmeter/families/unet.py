@@ -1,8 +1,13 @@
 """UNet2DConditionModel pipelines: Stable Diffusion 1.x/2.x and SDXL."""
 
+import inspect
+from dataclasses import replace
+
+import diffusers
 import torch
 
 from diffmeter.catalog.controlnets import CONTROLNET
+from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.families import controlnet, lora
 from diffmeter.families.base import Call, Family, Shapes, latents, register
 
@@ -62,3 +67,21 @@ class StableDiffusionXL(StableDiffusion):
         pooled = shapes.config("text_encoder_2")["projection_dim"]
         inputs["added_cond_kwargs"] = {"text_embeds": torch.zeros(batch, pooled), "time_ids": torch.zeros(batch, 6)}
         return inputs
+
+    def decoder_calls(self, shapes: Shapes) -> list[Call]:
+        """SDXL's pipelines decode in float32 when the VAE is float16 and its config sets ``force_upcast``:
+        ``upcast_vae`` casts the VAE and the latents to float32 for the decode, and the VAE back after it
+        (diffusers 0.42.1 pipeline_stable_diffusion_xl.py:1264-1267 and 1293-1294; pipeline_controlnet_sd_xl.py:
+        1565-1568 and 1589-1590)."""
+        calls = super().decoder_calls(shapes)
+        if shapes.spec.dtype_of(self.decoder) == "float16" and force_upcast(shapes.entry, self.decoder):
+            return [replace(call, dtype="float32") for call in calls]
+        return calls
+
+
+def force_upcast(entry: PipelineEntry, component: str) -> bool:
+    """The VAE config's ``force_upcast``, or its class's default where the config leaves it out (AutoencoderKL's:
+    True)."""
+    found = entry.components[component]
+    default = inspect.signature(getattr(diffusers, found.class_name).__init__).parameters["force_upcast"].default
+    return bool(found.config.get("force_upcast", default))

@@ -290,7 +290,12 @@ def predict_tracked(
         if not call.count:
             continue
         also = watch(call) if watch else None
-        memory = _tracked(entry, modules[call.component], call, dtype_of[call.component], on_cuda, also)
+        module, dtype, own = modules[call.component], dtype_of[call.component], params[call.component]
+        if call.dtype and DTYPES[call.dtype] != dtype:  # cast for this call alone (SDXL's float32 decode)
+            dtype = DTYPES[call.dtype]
+            module = fake_copy(meta_module(entry.components[call.component], dtype))
+            own = param_bytes(module)
+        memory = _tracked(entry, module, call, dtype, on_cuda, also)
         # the text embeddings stay live to the end of the call (the prompt's while the negative prompt is
         # encoded, both through denoising and decoding), beside the copies a call's inputs make of them
         # (a denoiser called at the prompt batch gets the prompt's embeddings themselves, not a copy); so do
@@ -314,15 +319,15 @@ def predict_tracked(
                 component=call.component,
                 batch=call.batch,
                 count=call.count,
-                resident_param_bytes=resident,
-                component_param_bytes=params[call.component],
+                resident_param_bytes=resident - params[call.component] + own,
+                component_param_bytes=own,
                 carried_bytes=carried,
                 activation_bytes=memory.activation_bytes,
-                peak_bytes=resident + carried + memory.activation_bytes,
+                peak_bytes=resident - params[call.component] + own + carried + memory.activation_bytes,
             )
         )
         if call.role == VAE_DECODER and call.component == family.decoder:  # not LTX-2's audio decoder
-            decoded = _vae_modes(entry, modules[call.component], call, dtype_of[call.component], on_cuda, vae_modes)
+            decoded = _vae_modes(entry, module, call, dtype, on_cuda, vae_modes)
     stages = {}
     for found in calls:
         if found.stage not in stages or found.peak_bytes > stages[found.stage].peak_bytes:

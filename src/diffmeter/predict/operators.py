@@ -204,21 +204,21 @@ def predict_memory_and_work(
 def _count(spec: ProfileSpec, decode_modes: tuple[str, ...] = (), decode_only: bool = False) -> OperatorWork:
     entry, spec, plan = settled_plan(spec)
     decoder = get_family(entry.family).decoder
-    modules: dict[str, torch.nn.Module] = {}
+    modules: dict[tuple[str, torch.dtype], torch.nn.Module] = {}
     calls = []
     for call in plan:
         decodes = call.role == VAE_DECODER and call.component == decoder  # not LTX-2's audio decoder
         if not call.count or (decode_only and not decodes):
             continue
-        dtype = DTYPES[spec.dtype_of(call.component)]
-        if call.component not in modules:
-            modules[call.component] = fake_module(entry.components[call.component], dtype)
+        dtype = DTYPES[call.dtype or spec.dtype_of(call.component)]  # as the pipeline casts it for the call
+        if (call.component, dtype) not in modules:
+            modules[call.component, dtype] = fake_module(entry.components[call.component], dtype)
             if decodes:
-                _switch(entry, modules[call.component], decode_modes)
+                _switch(entry, modules[call.component, dtype], decode_modes)
         if decodes and "vae-slicing" in decode_modes and call.batch > 1:
             call = _one_at_a_time(call)
         try:
-            operators = tally_call(modules[call.component], call, dtype)
+            operators = tally_call(modules[call.component, dtype], call, dtype)
         except (RuntimeError, NotImplementedError, TypeError) as error:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise DiffmeterError(
