@@ -11,7 +11,7 @@ from diffmeter.catalog import resolve
 from diffmeter.measure.clock import HostClock
 from diffmeter.measure.energy import Energy, EnergyMeter
 from diffmeter.measure.environment import collect
-from diffmeter.measure.peaks import PEAKS, device_peak
+from diffmeter.measure.peaks import PEAKS, device_peak, find_device
 from diffmeter.measure.stages import StageTimer
 from diffmeter.measure.stats import Stats
 from diffmeter.tiny import tiny_pipeline
@@ -106,6 +106,21 @@ def test_peaks_are_dense_and_follow_the_precision_that_ran():
     for peak in PEAKS:
         half = peak.tflops.get("bf16", peak.tflops["fp16"])
         assert peak.tflops.get("fp8", 2 * half) <= 2.03 * half and peak.tflops.get("tf32", half / 2) <= 0.51 * half
+
+
+def test_the_current_cards_are_matched_by_their_driver_names_and_borrow_their_generations_fit():
+    """RTX 5090 and 5080 (Blackwell), RTX 4080 and L20 (Ada); a 4080 SUPER or an L2 is another card."""
+    from diffmeter.predict.devices import named_gpu
+    from diffmeter.predict.roofline import calibration_for
+
+    assert device_peak("NVIDIA GeForce RTX 5090", "bfloat16").tflops == 209.5
+    assert device_peak("NVIDIA L20", "float16").tflops == 119.5
+    assert find_device("NVIDIA GeForce RTX 4080 SUPER") is None and find_device("NVIDIA L2") is None
+    assert device_peak("NVIDIA GeForce RTX 5080", "float32", tf32=True) is None  # no TF32 figure found stated
+    assert named_gpu("rtx 5090").architecture == "blackwell" and named_gpu("l20").architecture == "ada"
+    assert named_gpu("rtx 5090").memory_bytes == 32_607 * 2**20 and named_gpu("l20").tdp_w is None
+    assert calibration_for(named_gpu("rtx 5080")).source == calibration_for(named_gpu("b200")).source
+    assert "borrowed for ada (RTX 4080) from hopper" in calibration_for(named_gpu("rtx 4080")).source
 
 
 class _FakeZeus:

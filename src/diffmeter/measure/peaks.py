@@ -205,6 +205,15 @@ PEAKS = (
         bandwidth_gb_s=864,
     ),
     DevicePeak(
+        "L20",
+        ("l20",),
+        {"fp32": 59.8, "tf32": 59.8, "bf16": 119.5, "fp16": 119.5, "fp8": 239.0},
+        "NVIDIA's H20 / L20 / L2 table as Tom's Hardware reproduces it (dense: its 'total processing power' 1,912 is "
+        "119.5 x 16, the export-control rating's dense rate; NVIDIA's own L20 page was not found)",
+        memory_gb=48,
+        bandwidth_gb_s=864,
+    ),
+    DevicePeak(
         "T4",
         ("t4",),
         {"fp32": 8.1, "fp16": 65.0},
@@ -241,6 +250,33 @@ PEAKS = (
         "NVIDIA Ada GPU architecture whitepaper, GeForce RTX 4090 (FP32 accumulate)",
         memory_gb=24,
         bandwidth_gb_s=1008,
+    ),
+    DevicePeak(
+        "RTX 5090",
+        ("rtx", "5090"),
+        {"fp32": 104.8, "tf32": 104.8, "bf16": 209.5, "fp16": 209.5, "fp8": 419.0},
+        "NVIDIA RTX Blackwell GPU architecture whitepaper, GeForce RTX 5090 (FP32 accumulate, dense), as third parties "
+        "transcribe its tables (the PDF was not readable here); 1,792 GB/s: Tom's Hardware's RTX 5090 vs 4090 table",
+        memory_gb=32,
+        bandwidth_gb_s=1792,
+    ),
+    DevicePeak(
+        "RTX 5080",
+        ("rtx", "5080"),
+        {"bf16": 112.6, "fp16": 112.6, "fp8": 225.1},
+        "NVIDIA RTX Blackwell GPU architecture whitepaper, GeForce RTX 5080 (FP32 accumulate, dense), as third parties "
+        "transcribe its Table 4; no TF32 or FP32 figure found stated; 960 GB/s: notebookcheck's spec page",
+        memory_gb=16,
+        bandwidth_gb_s=960,
+    ),
+    DevicePeak(
+        "RTX 4080",
+        ("rtx", "4080"),
+        {"fp32": 48.7, "bf16": 97.5, "fp16": 97.5, "fp8": 194.9},
+        "NVIDIA Ada GPU architecture whitepaper, GeForce RTX 4080 (FP32 accumulate, dense), as third parties "
+        "transcribe it (its own 4080 column was not readable here; no TF32 figure found stated); 716.8 GB/s",
+        memory_gb=16,
+        bandwidth_gb_s=716.8,
     ),
     DevicePeak(
         "RTX 3090",
