@@ -109,7 +109,8 @@ def test_peaks_are_dense_and_follow_the_precision_that_ran():
 
 
 def test_the_current_cards_are_matched_by_their_driver_names_and_borrow_their_generations_fit():
-    """RTX 5090 and 5080 (Blackwell), RTX 4080 and L20 (Ada); a 4080 SUPER or an L2 is another card."""
+    """RTX 5090 and 5080 (GeForce Blackwell: the B200's fit, borrowed and said so), RTX 4080 and L20 (Ada); a 4080 SUPER
+    or an L2 is another card."""
     from diffmeter.predict.devices import named_gpu
     from diffmeter.predict.roofline import calibration_for
 
@@ -117,9 +118,9 @@ def test_the_current_cards_are_matched_by_their_driver_names_and_borrow_their_ge
     assert device_peak("NVIDIA L20", "float16").tflops == 119.5
     assert find_device("NVIDIA GeForce RTX 4080 SUPER") is None and find_device("NVIDIA L2") is None
     assert device_peak("NVIDIA GeForce RTX 5080", "float32", tf32=True) is None  # no TF32 figure found stated
-    assert named_gpu("rtx 5090").architecture == "blackwell" and named_gpu("l20").architecture == "ada"
+    assert named_gpu("rtx 5090").architecture == "rtx-blackwell" and named_gpu("l20").architecture == "ada"
     assert named_gpu("rtx 5090").memory_bytes == 32_607 * 2**20 and named_gpu("l20").tdp_w is None
-    assert calibration_for(named_gpu("rtx 5080")).source == calibration_for(named_gpu("b200")).source
+    assert "borrowed for rtx-blackwell (RTX 5080) from blackwell" in calibration_for(named_gpu("rtx 5080")).source
     assert "borrowed for ada (RTX 4080) from hopper" in calibration_for(named_gpu("rtx 4080")).source
 
 

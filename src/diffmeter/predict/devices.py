@@ -105,7 +105,8 @@ def of_row(row) -> Device:
 #: the models of the table's GPUs (a row's name, or its first words) by architecture
 ARCHITECTURES = {
     "hopper": ("H100", "H200", "H800", "H20", "GH200"),
-    "blackwell": ("B200", "GB200", "B300", "RTX 5090", "RTX 5080"),
+    "blackwell": ("B200", "GB200", "B300"),
+    "rtx-blackwell": ("RTX 5090", "RTX 5080"),  # GB202 / GB203 (sm_120): not the B200's GB100 (sm_100)
     "ada": ("L4", "L40", "L40S", "L20", "RTX 4090", "RTX 4080", "RTX 6000 Ada"),
     "ampere": ("A100", "A800", "A10G", "A10", "A40", "A30", "RTX 3090", "RTX A6000"),
     "turing": ("T4",),

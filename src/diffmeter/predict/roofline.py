@@ -59,7 +59,14 @@ def calibrations() -> dict[str, Calibration]:
 
 #: where an architecture without a fit of its own borrows one: the fractions are of each card's own peak and
 #: bandwidth, so a neighbour's apply scaled by the card's datasheet figures
-NEIGHBOURS = {"blackwell": "hopper", "ada": "ampere", "turing": "ampere", "volta": "ampere", "ampere": "hopper"}
+NEIGHBOURS = {
+    "blackwell": "hopper",
+    "rtx-blackwell": "blackwell",
+    "ada": "ampere",
+    "turing": "ampere",
+    "volta": "ampere",
+    "ampere": "hopper",
+}
 
 
 def calibration_for(device: Device) -> Calibration | None:
