@@ -59,6 +59,7 @@ def test_the_config_can_turn_the_upcast_off(monkeypatch):
     assert decode_dtype(ProfileSpec(model="tiny-sdxl", dtype="float16")) is None
 
 
+@pytest.mark.slow
 def test_the_float16_decode_is_predicted_and_counted_as_the_float32_one():
     """Memory: during the decode the VAE's weights are float32 (the other components' stay float16) and its
     activations are the float32 pipeline's; operators: the same bytes as the float32 decode."""
