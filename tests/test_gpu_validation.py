@@ -106,3 +106,19 @@ def test_the_stage_peaks_replayed_from_the_allocators_trace_follow_each_allocati
     ]  # fmt: skip
     peaks = gpu_chunks.replayed_stage_peaks({"device_traces": [trace]}, 0, 1000)
     assert peaks == {"text encoding": 1800, "denoising step": 1600, "VAE decode": 2000}
+
+
+def test_the_calibration_runs_name_catalog_models_and_refuse_without_cuda(monkeypatch, capsys):
+    """benchmarks/gpu_calibration_runs.py kept from rotting: each run is a valid bench spec of a catalog model, and
+    without CUDA the script says so in one line and exits 2 (it runs on a lent GPU)."""
+    import gpu_calibration_runs
+
+    from diffmeter.catalog import resolve
+
+    for model, settings in gpu_calibration_runs.RUNS:
+        spec = gpu_calibration_runs.spec_of(model, settings)
+        assert resolve(spec.model).name == model and spec.random_weights and not spec.predict
+    monkeypatch.setattr(sys, "argv", ["gpu_calibration_runs.py"])
+    monkeypatch.setattr(gpu_calibration_runs.torch.cuda, "is_available", lambda: False)
+    assert gpu_calibration_runs.main() == 2
+    assert capsys.readouterr().err.strip().startswith("needs CUDA")
