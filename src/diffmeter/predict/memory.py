@@ -293,8 +293,9 @@ def predict_tracked(
         module, dtype, own = modules[call.component], dtype_of[call.component], params[call.component]
         if call.dtype and DTYPES[call.dtype] != dtype:  # cast for this call alone (SDXL's float32 decode)
             dtype = DTYPES[call.dtype]
-            module = fake_copy(meta_module(entry.components[call.component], dtype))
+            module = fake_module(entry.components[call.component], dtype)
             own = param_bytes(module)
+        held = resident - params[call.component] + own  # the other components' parameters, and this one's as cast
         memory = _tracked(entry, module, call, dtype, on_cuda, also)
         # the text embeddings stay live to the end of the call (the prompt's while the negative prompt is
         # encoded, both through denoising and decoding), beside the copies a call's inputs make of them
@@ -319,11 +320,11 @@ def predict_tracked(
                 component=call.component,
                 batch=call.batch,
                 count=call.count,
-                resident_param_bytes=resident - params[call.component] + own,
+                resident_param_bytes=held,
                 component_param_bytes=own,
                 carried_bytes=carried,
                 activation_bytes=memory.activation_bytes,
-                peak_bytes=resident - params[call.component] + own + carried + memory.activation_bytes,
+                peak_bytes=held + carried + memory.activation_bytes,
             )
         )
         if call.role == VAE_DECODER and call.component == family.decoder:  # not LTX-2's audio decoder
