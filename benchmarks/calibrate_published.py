@@ -39,7 +39,7 @@ from diffmeter.predict.fit_published import (
 )
 from diffmeter.predict.memory import VAE_MODES
 from diffmeter.predict.operators import operator_work
-from diffmeter.predict.roofline import NEIGHBOURS, lower_bounds, missing_figures, peak_of
+from diffmeter.predict.roofline import NEIGHBOURS, TORCH_FP32, flop_rates, lower_bounds, missing_figures
 from diffmeter.spec import ProfileSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,9 +109,11 @@ def published_run(figure: dict) -> tuple[PublishedRun | None, str]:
     spec = ProfileSpec(model=figure["model"], **{k: v for k, v in chosen.items() if v is not None})
     modes = tuple(t for t in figure["techniques"] if t in VAE_MODES)
     work = operator_work(spec, modes)  # a tiled or sliced decode: its own operators, the rest the plain run's
-    if missing_figures(device, work.dtype):
-        return None, "the GPU's figures lack the dtype's peak or the bandwidth"
-    bounds = lower_bounds(work, peak_of(device, work.dtype) * 1e12, device.bandwidth_bytes_per_s, device.l2_bytes)
+    fp32 = figure["source"].get("fp32", TORCH_FP32)  # how the run did float32 work: PyTorch's defaults unless said
+    if missing_figures(device, work, fp32):
+        return None, "the GPU's figures lack a peak of a dtype the run uses, or the bandwidth"
+    rates = flop_rates(device, work, fp32)
+    bounds = lower_bounds(work, rates, device.bandwidth_bytes_per_s, device.l2_bytes)
 
     groups = dict.fromkeys(GROUPS, 0.0)
     for kinds in bounds.values():

@@ -159,9 +159,10 @@ def chunk_trace(report: Report) -> None:
     """A --trace run of each model: stage lengths and the operators table against the stage timer; the stored
     prediction against the run (peak memory, roofline bound); this GPU's achieved fractions per operator kind."""
     from diffmeter.measure.ops import OpsTable
+    from diffmeter.predict.bench_prediction import run_device
     from diffmeter.predict.calibrate import calibrate, stage_measurements
     from diffmeter.predict.operators import operator_work
-    from diffmeter.predict.roofline import lower_bounds
+    from diffmeter.predict.roofline import BENCH_FP32, flop_rates, lower_bounds
 
     measured = []
     for kind in MODELS:
@@ -211,8 +212,10 @@ def chunk_trace(report: Report) -> None:
             f"lower bound {time.lower_s:.3f} s vs fastest call {result.summary.latency_s.min:.3f} s"
             + (f"; above the measured time in {', '.join(above)}" if above else ""),
         )
-        work = operator_work(result.spec.profile_spec())
-        measured.append((stages, lower_bounds(work, time.peak_tflops * 1e12, time.bandwidth_bytes_per_s)))
+        if CUDA:  # the calibration below is of CUDA runs
+            work = operator_work(result.spec.profile_spec())
+            rates = flop_rates(run_device(torch.device("cuda"), work.dtype), work, result.fp32_precision or BENCH_FP32)
+            measured.append((stages, lower_bounds(work, rates, time.bandwidth_bytes_per_s)))
     if not CUDA or not measured:
         report.add("trace", "CUDA calibration", "SKIP", "needs CUDA runs")
         return

@@ -93,9 +93,9 @@ def main() -> None:
     peak_flops = max(before.tflops["fp32"], after.tflops["fp32"]) * 1e12
     bandwidth = max(before.bandwidth_bytes_per_s, after.bandwidth_bytes_per_s)
     from diffmeter.predict.calibrate import MIN_SHARE, calibrate
-    from diffmeter.predict.roofline import expected_s, lower_bounds
+    from diffmeter.predict.roofline import FlopRates, expected_s, lower_bounds
 
-    lowers = [lower_bounds(case["work"], peak_flops, bandwidth) for case in cases]
+    lowers = [lower_bounds(case["work"], FlopRates(peak_flops), bandwidth) for case in cases]  # all float32
     source = (
         f"benchmarks/roofline_cpu.py on {cpu_name()} (2 threads, float32): {len(cases)} real-size random-weight "
         f"runs ({', '.join(f'{c[0]} {c[1]}px' for c in CASES)}), {time.strftime('%Y-%m-%d')}"

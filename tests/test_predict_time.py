@@ -11,7 +11,7 @@ import torch
 from diffmeter.flops.profile import profile_spec
 from diffmeter.predict.devices import Device, named_gpu, spec_gpu
 from diffmeter.predict.operators import OperatorTally, operator_work
-from diffmeter.predict.roofline import Calibration, calibrations, predict_time
+from diffmeter.predict.roofline import TORCH_FP32, Calibration, calibrations, predict_time
 from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork
 from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
@@ -112,13 +112,48 @@ def test_attention_scores_are_counted_per_kernel_and_priced_by_the_calibration()
     assert predict_time(work, device, calibration=unpriced).expected_s == pytest.approx((6, 6))
 
 
-def test_tf32_uses_its_own_peak_and_missing_figures_are_named():
-    work = work_of(("matmul", 10**12, 1, 1))
+def test_float32_work_takes_tf32s_peak_where_it_runs_on_tf32_and_missing_figures_are_named():
+    matmul, convolution = work_of(("matmul", 10**12, 1, 1)), work_of(("convolution", 10**12, 1, 1))
     h100 = named_gpu("h100")
-    assert predict_time(work, h100, "tf32").lower_s == pytest.approx(1 / h100.tflops["tf32"])
-    assert predict_time(work, h100).lower_s == pytest.approx(1 / h100.tflops["fp32"])
+    assert predict_time(matmul, h100).lower_s == pytest.approx(1 / h100.tflops["tf32"])  # a bench's default
+    assert predict_time(matmul, h100).peak_tflops == h100.tflops["tf32"]
+    # PyTorch's own defaults: matmuls in IEEE float32, cuDNN convolutions in TF32
+    assert predict_time(matmul, h100, fp32_math=TORCH_FP32).lower_s == pytest.approx(1 / h100.tflops["fp32"])
+    assert predict_time(convolution, h100, fp32_math=TORCH_FP32).lower_s == pytest.approx(1 / h100.tflops["tf32"])
+    strict = {"matmul": "ieee", "convolution": "ieee"}  # bench --no-tf32
+    assert predict_time(convolution, h100, fp32_math=strict).lower_s == pytest.approx(1 / h100.tflops["fp32"])
+    assert predict_time(matmul, named_gpu("v100")).lower_s == pytest.approx(1 / named_gpu("v100").tflops["fp32"])
     with pytest.raises(Exception, match="no float32 peak or no memory bandwidth"):
-        predict_time(work, spec_gpu("24GB"))
+        predict_time(matmul, spec_gpu("24GB"))
+
+
+def test_a_call_at_another_dtype_is_charged_that_dtypes_peak_and_named_where_the_card_lacks_it():
+    """A bfloat16 run whose VAE runs in float32 (Wan's model cards, SDXL's float16 decode): the VAE's convolutions
+    at TF32, its attention at float32, the denoiser at bfloat16; a card without a float32 peak names the VAE."""
+    group = [OperatorGroup(kind=kind, flops=10**12, bytes=1, calls=1) for kind in ("convolution", "attention")]
+    work = OperatorWork(
+        dtype="bfloat16",
+        calls=[
+            CallWork(stage="denoising", component="transformer", count=2, operators=group[:1], dtype="bfloat16"),
+            CallWork(stage="vae_decode", component="vae", count=1, operators=group, dtype="float32"),
+        ],
+    )
+    card = Device(
+        name="card",
+        memory_bytes=None,
+        bandwidth_bytes_per_s=1e30,
+        tflops={"bf16": 100, "tf32": 10, "fp32": 1},
+        source="",
+    )
+    time = predict_time(work, card)
+    lower = {stage.stage: stage.lower_s for stage in time.stages}
+    assert lower == pytest.approx({"denoising": 2 / 100, "vae_decode": 1 / 10 + 1 / 1})
+    assert time.peak_tflops == 100
+    assert time.other_peaks == ["vae in float32: attention at 1 TFLOP/s, convolution at 10 TFLOP/s (TF32)"]
+    without = card.model_copy(update={"tflops": {"bf16": 100}})
+    with pytest.raises(Exception, match=r"no float32 peak \(its vae runs in float32\)"):
+        predict_time(work, without)
+    assert predict_time(work.model_copy(update={"calls": work.calls[:1]}), without).lower_s == pytest.approx(0.02)
 
 
 def test_the_shipped_cpu_calibration_names_its_source():
@@ -182,7 +217,7 @@ def test_no_predict_leaves_it_out(tmp_path, cli):
 
 def test_a_traced_run_calibrates_fractions_below_one(tmp_path):
     from diffmeter.predict.calibrate import calibrate, stage_measurements
-    from diffmeter.predict.roofline import lower_bounds
+    from diffmeter.predict.roofline import FlopRates, lower_bounds
 
     spec = BenchSpec(model="tiny-sd", iterations=2, save_images=False, trace=True)
     result, _ = bench(spec, out=tmp_path)
@@ -191,7 +226,9 @@ def test_a_traced_run_calibrates_fractions_below_one(tmp_path):
     for stage, found in measured.items():  # the traced call's operators and the rest, scaled to the median
         assert sum(found.kinds_s.values()) + found.outside_s == pytest.approx(found.median_s, rel=0.02), stage
     time = result.prediction.time
-    lower = lower_bounds(operator_work(result.spec.profile_spec()), time.peak_tflops * 1e12, time.bandwidth_bytes_per_s)
+    lower = lower_bounds(
+        operator_work(result.spec.profile_spec()), FlopRates(time.peak_tflops * 1e12), time.bandwidth_bytes_per_s
+    )
     calibration = calibrate([(measured, lower)], "test")
     # a lower bound is never beaten: no kind reaches more than its whole roofline
     assert all(0 < low <= high <= 1 for low, high in calibration.fractions.values()), calibration.fractions

@@ -11,8 +11,10 @@ from tiny_runs import tiny_call
 from diffmeter.catalog import resolve
 from diffmeter.families import VAE_DECODER
 from diffmeter.loading import load_pipeline, locate_weights
+from diffmeter.predict.devices import Device
 from diffmeter.predict.memory import predict_memory, settled_plan
 from diffmeter.predict.operators import operator_work
+from diffmeter.predict.roofline import predict_time
 from diffmeter.predict.schema import VAE_DECODE
 from diffmeter.spec import ProfileSpec
 
@@ -77,3 +79,35 @@ def test_the_float16_decode_is_predicted_and_counted_as_the_float32_one():
         return sum(g.bytes * g.calls * c.count for c in work.calls if c.stage == VAE_DECODE for g in c.operators)
 
     assert decode_bytes("float16") == decode_bytes("float32")
+
+
+def test_the_float16_decode_is_timed_at_float32s_peaks():
+    """The time model charges each call at the dtype it runs at: the float16 run's decode at TF32 for its
+    convolutions and matmuls (a bench's TF32 default), float32 for the rest, the UNet at float16. On the H200 the
+    decode took 0.116 s against 0.041-0.061 s expected at the float16 peak (gpu_calibration_nvidia-h200.jsonl)."""
+    work = operator_work(ProfileSpec(model="tiny-sdxl", dtype="float16"))
+    assert {call.dtype for call in work.calls if call.stage == "vae_decode"} == {"float32"}
+    assert {call.dtype for call in work.calls if call.stage != "vae_decode"} == {"float16"}
+    # a card whose memory is so fast that every operator is bound by its FLOPs
+    card = Device(
+        name="card",
+        memory_bytes=None,
+        bandwidth_bytes_per_s=1e30,
+        tflops={"fp16": 100, "tf32": 10, "fp32": 1},
+        source="",
+    )
+
+    def seconds(stage: str, tflops_of_kind) -> float:
+        operators = [(g, c.count) for c in work.calls if c.stage == stage for g in c.operators]
+        return sum(g.flops * g.calls * count / (tflops_of_kind(g.kind) * 1e12) for g, count in operators)
+
+    lower = {stage.stage: stage.lower_s for stage in predict_time(work, card).stages}
+    tf32 = seconds("vae_decode", lambda kind: 10 if kind in ("matmul", "convolution") else 1)
+    assert lower["vae_decode"] == pytest.approx(tf32) and lower["denoising"] == pytest.approx(
+        seconds("denoising", lambda _: 100)
+    )
+    strict = predict_time(work, card, fp32_math={"matmul": "ieee", "convolution": "ieee"})  # bench --no-tf32
+    assert {s.stage: s.lower_s for s in strict.stages}["vae_decode"] == pytest.approx(
+        seconds("vae_decode", lambda _: 1)
+    )
+    assert tf32 < seconds("vae_decode", lambda _: 1)

@@ -13,7 +13,7 @@ import yaml
 from diffmeter.predict.devices import Device, chosen_gpu, named_gpu
 from diffmeter.predict.memory import VAE_MODES, weight_reads
 from diffmeter.predict.operators import modes_that_change_the_decode, operator_work, predict_memory_and_work
-from diffmeter.predict.roofline import lower_bounds, missing_figures, predict_time, stage_bounds
+from diffmeter.predict.roofline import TORCH_FP32, FlopRates, lower_bounds, missing_figures, predict_time, stage_bounds
 from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork
 from diffmeter.spec import ProfileSpec
 
@@ -83,9 +83,10 @@ def test_no_published_time_is_under_its_bounds(figure):
     spec = figure.get("gpu_spec")  # the datasheet figures of the card's exact variant, where the row covers several
     device = chosen_gpu(None if spec else figure["gpu"], spec)
     work, weights = counted(*run_of(figure))
-    if missing_figures(device, work.dtype):
-        pytest.skip(missing_figures(device, work.dtype))
-    time = predict_time(work, device, weights=weights)
+    fp32 = figure["source"].get("fp32", TORCH_FP32)  # PyTorch's float32 defaults, unless the source says
+    if missing_figures(device, work, fp32):
+        pytest.skip(missing_figures(device, work, fp32))
+    time = predict_time(work, device, weights=weights, fp32_math=fp32)
     published = figure["published"]["value"]
     assert time.ideal_s <= time.lower_s
     assert published >= time.ideal_s, f"{published} s published, ideal bound {time.ideal_s:.3f} s"
@@ -103,21 +104,23 @@ def one_call(flops: int, moved: int, component: str = "transformer") -> Operator
 def test_bytes_that_fit_in_l2_cost_no_memory_time():
     small, large = one_call(flops=10**6, moved=2**20), one_call(flops=10**6, moved=2**30)
     bandwidth, peak, l2 = 1e12, 1e15, 50 * 2**20
-    assert lower_bounds(small, peak, bandwidth, l2)["denoising"]["matmul"][0] == pytest.approx(40 * 10**6 / peak)
-    assert lower_bounds(small, peak, bandwidth)["denoising"]["matmul"][0] == pytest.approx(40 * 2**20 / bandwidth)
-    assert lower_bounds(large, peak, bandwidth, l2)["denoising"]["matmul"][0] == pytest.approx(40 * 2**30 / bandwidth)
+    rates = FlopRates(peak)
+    assert lower_bounds(small, rates, bandwidth, l2)["denoising"]["matmul"][0] == pytest.approx(40 * 10**6 / peak)
+    assert lower_bounds(small, rates, bandwidth)["denoising"]["matmul"][0] == pytest.approx(40 * 2**20 / bandwidth)
+    assert lower_bounds(large, rates, bandwidth, l2)["denoising"]["matmul"][0] == pytest.approx(40 * 2**30 / bandwidth)
 
 
 def test_the_ideal_bound_reads_each_calls_weights_once_and_runs_its_flops_at_the_peak():
     work = one_call(flops=10**12, moved=2**20)
     peak, bandwidth, l2 = 1e15, 1e12, 50 * 2**20
+    rates = FlopRates(peak)
     # compute-bound: 4 calls x 10 operators x 10^12 FLOPs at 10^15 FLOP/s
-    assert stage_bounds(work, {"transformer": 10**9}, peak, bandwidth)["denoising"][1] == pytest.approx(0.04)
+    assert stage_bounds(work, {"transformer": 10**9}, rates, bandwidth)["denoising"][1] == pytest.approx(0.04)
     # weight-bound: 4 calls x 10^11 bytes at 10^12 B/s; weights within L2 cost nothing
-    assert stage_bounds(work, {"transformer": 10**11}, peak, bandwidth)["denoising"][1] == pytest.approx(0.4)
-    assert stage_bounds(work, {"transformer": 10**7}, peak, bandwidth, l2)["denoising"][1] == pytest.approx(0.04)
+    assert stage_bounds(work, {"transformer": 10**11}, rates, bandwidth)["denoising"][1] == pytest.approx(0.4)
+    assert stage_bounds(work, {"transformer": 10**7}, rates, bandwidth, l2)["denoising"][1] == pytest.approx(0.04)
     # every operator's bytes fit in L2 but the call's weights do not: the eager bound is never under the ideal
-    assert stage_bounds(work, {"transformer": 10**11}, peak, bandwidth, l2)["denoising"] == pytest.approx((0.4, 0.4))
+    assert stage_bounds(work, {"transformer": 10**11}, rates, bandwidth, l2)["denoising"] == pytest.approx((0.4, 0.4))
 
 
 def test_a_cards_l2_comes_from_its_whitepaper_and_an_unstated_one_is_left_out():

@@ -17,7 +17,7 @@ from diffmeter.measure.peaks import find_device
 from diffmeter.predict.devices import Device, of_row, this_cpu
 from diffmeter.predict.memory import VAE_MODES
 from diffmeter.predict.operators import operator_work, predict_memory_and_work
-from diffmeter.predict.roofline import missing_figures, predict_time
+from diffmeter.predict.roofline import BENCH_FP32, missing_figures, predict_time
 from diffmeter.predict.schema import RunPrediction
 from diffmeter.predict.techniques import stage_peaks_under
 
@@ -61,15 +61,15 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
     if memory.checked and not memory.checked.startswith("checked"):
         notes.append(f"memory: {memory.checked}")
     time, untimed = None, []
-    precision = (
-        "tf32" if fp32_precision and fp32_precision.get("matmul") == "tf32" and spec.dtype == "float32" else None
-    )
+    fp32_math = fp32_precision or BENCH_FP32  # as the run had float32 matmuls and convolutions (CUDA only)
     if figures is None:
         notes.append(f"no time: {name} is not in the table of peaks (measure/peaks.py)")
-    elif lacking := missing_figures(figures, memory.dtype, precision):
+    elif lacking := missing_figures(figures, work, fp32_math):
         notes.append(f"no time: {lacking}")
     else:
-        time = predict_time(work, figures, precision, weights=memory.weight_read_bytes, outputs=spec.batch_size)
+        time = predict_time(
+            work, figures, weights=memory.weight_read_bytes, outputs=spec.batch_size, fp32_math=fp32_math
+        )
         untimed = [o.label for o in optimizations if o.name not in TIME_MODELLED]
     stages = stage_peaks_under(memory, tuple(techniques))  # the whole peak is the largest stage's (peak_under)
     return RunPrediction(

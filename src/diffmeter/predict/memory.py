@@ -290,9 +290,8 @@ def predict_tracked(
         if not call.count:
             continue
         also = watch(call) if watch else None
-        module, dtype, own = modules[call.component], dtype_of[call.component], params[call.component]
-        if call.dtype and DTYPES[call.dtype] != dtype:  # cast for this call alone (SDXL's float32 decode)
-            dtype = DTYPES[call.dtype]
+        module, dtype, own = modules[call.component], DTYPES[call.dtype_in(spec)], params[call.component]
+        if dtype != dtype_of[call.component]:  # cast for this call alone (SDXL's float32 decode)
             module = fake_module(entry.components[call.component], dtype)
             own = param_bytes(module)
         held = resident - params[call.component] + own  # the other components' parameters, and this one's as cast

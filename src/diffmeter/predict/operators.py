@@ -191,7 +191,11 @@ def predict_memory_and_work(
     memory = predict_tracked(spec, on_cuda, vae_modes, watch)
     calls = [
         CallWork(
-            stage=STAGE_OF_ROLE[call.role], component=call.component, count=call.count, operators=tally.operators()
+            stage=STAGE_OF_ROLE[call.role],
+            component=call.component,
+            count=call.count,
+            operators=tally.operators(),
+            dtype=call.dtype_in(settled),
         )
         for call, tally in tallies
     ]
@@ -210,7 +214,7 @@ def _count(spec: ProfileSpec, decode_modes: tuple[str, ...] = (), decode_only: b
         decodes = call.role == VAE_DECODER and call.component == decoder  # not LTX-2's audio decoder
         if not call.count or (decode_only and not decodes):
             continue
-        dtype = DTYPES[call.dtype or spec.dtype_of(call.component)]  # as the pipeline casts it for the call
+        dtype = DTYPES[call.dtype_in(spec)]  # as the pipeline casts it for the call
         if (call.component, dtype) not in modules:
             modules[call.component, dtype] = fake_module(entry.components[call.component], dtype)
             if decodes:
@@ -225,7 +229,13 @@ def _count(spec: ProfileSpec, decode_modes: tuple[str, ...] = (), decode_only: b
                 f"{entry.name}: the operators of its {call.component} cannot be counted on fake tensors: {first}"
             ) from None
         calls.append(
-            CallWork(stage=STAGE_OF_ROLE[call.role], component=call.component, count=call.count, operators=operators)
+            CallWork(
+                stage=STAGE_OF_ROLE[call.role],
+                component=call.component,
+                count=call.count,
+                operators=operators,
+                dtype=call.dtype_in(spec),
+            )
         )
     return OperatorWork(dtype=spec.dtype, calls=calls)
 

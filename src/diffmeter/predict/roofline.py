@@ -2,12 +2,14 @@
 
 Two bounds, each saying what it bounds:
 - lower bound, of the eager operators as dispatched: each operator takes at least max(FLOPs / peak, bytes moved /
-  bandwidth), summed over every operator of every call; an operator whose bytes fit in the card's L2 cache is
+  bandwidth), summed over every operator of every call, the peak being the dense peak of the dtype its call runs
+  at (a float32 VAE in a bfloat16 run, SDXL's float32 decode: float32's, or TF32's for the matmuls and convolutions
+  that run on TF32 tensor cores, ``BENCH_FP32``); an operator whose bytes fit in the card's L2 cache is
   charged no memory time (its inputs may still be there; no L2 bandwidth is assumed), so a small image on a card
   with a large L2 is not bounded by DRAM it may never touch; a call is never under its ideal bound.
-- ideal bound, of any implementation at the run's dtype (compiled, fused): per call, max(its FLOPs / the dense
-  peak, its weights read once / bandwidth), weights no larger than L2 not charged (an fp8 run is bounded at the
-  fp8 peak, not by this).
+- ideal bound, of any implementation at the dtypes the calls run at (compiled, fused): per call, max(its FLOPs / the
+  dense peaks, its weights read once / bandwidth), weights no larger than L2 not charged (an fp8 run is bounded at
+  the fp8 peak, not by this).
 Expected: each operator kind's lower bound divided by the fraction of
 it that kind achieves, plus a cost per attention score (its softmax exponential runs on the special-function units,
 a few TFLOP/s on an H100 against the tensor cores' hundreds: attention with a small head dimension is slower per
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from importlib import resources
 
 from pydantic import BaseModel
@@ -89,88 +93,155 @@ def calibration_for(device: Device) -> Calibration | None:
     return None
 
 
+#: the operator kinds float32 work may run on TF32 tensor cores: cuBLAS matmuls and cuDNN convolutions
+TF32_KINDS = ("matmul", "convolution")
+#: how a diffmeter bench on CUDA runs float32 matmuls and convolutions: TF32 unless --no-tf32 (optimize/tf32.py)
+BENCH_FP32 = {"matmul": "tf32", "convolution": "tf32"}
+#: PyTorch's own defaults, what a published diffusers run had unless it says otherwise: float32 matmuls in IEEE
+#: float32 (torch/backends/cuda/__init__.py: ``allow_tf32`` starts False), cuDNN convolutions in TF32
+#: (torch/backends/cudnn/__init__.py: ``allow_tf32`` starts True; torch 2.13 reads "tf32" for cudnn.conv)
+TORCH_FP32 = {"matmul": "ieee", "convolution": "tf32"}
+
+
+@dataclass(frozen=True)
+class FlopRates:
+    """The FLOP/s bounding each operator: ``default``, or ``by_call[(dtype, kind)]`` for an operator of ``kind`` in
+    a call at ``dtype`` (None: the run's, ``dtype``) where that differs: a float32 VAE in a bfloat16 run, SDXL's
+    float32 decode, float32 matmuls on TF32 tensor cores."""
+
+    default: float
+    dtype: str | None = None
+    by_call: Mapping[tuple[str, str], float] = field(default_factory=dict)
+
+    def of(self, dtype: str | None, kind: str) -> float:
+        return self.by_call.get((dtype or self.dtype, kind), self.default)
+
+
+def kind_peak(device: Device, dtype: str, kind: str, fp32_math: Mapping[str, str] = BENCH_FP32) -> float | None:
+    """The dense peak (TFLOP/s) of an operator of ``kind`` at ``dtype``: float32 matmuls and convolutions at the
+    TF32 peak where ``fp32_math`` runs them so ("tf32") and the card has one, else the dtype's."""
+    if dtype == "float32" and kind in TF32_KINDS and fp32_math.get(kind) == "tf32" and "tf32" in device.tflops:
+        return device.tflops["tf32"]
+    return device.peak_tflops(dtype)
+
+
+def kinds_of(work: OperatorWork) -> set[tuple[str, str, str]]:
+    """(component, dtype, kind) of every operator that does FLOPs, at the dtype its call runs at."""
+    return {
+        (call.component, call.dtype or work.dtype, group.kind)
+        for call in work.calls
+        for group in call.operators
+        if group.flops
+    }
+
+
+def flop_rates(device: Device, work: OperatorWork, fp32_math: Mapping[str, str] = BENCH_FP32) -> FlopRates:
+    """The FLOP/s bounding each of ``work``'s operators on ``device`` (every peak present: ``missing_figures``);
+    the default is the peak of the run's matmuls."""
+    default = kind_peak(device, work.dtype, "matmul", fp32_math)
+    by_call = {
+        (dtype, kind): peak * 1e12
+        for _, dtype, kind in kinds_of(work)
+        if (peak := kind_peak(device, dtype, kind, fp32_math)) != default
+    }
+    return FlopRates(default * 1e12, work.dtype, by_call)
+
+
+def other_peaks(device: Device, work: OperatorWork, fp32_math: Mapping[str, str] = BENCH_FP32) -> list[str]:
+    """What the calls at another dtype than the run's are charged: "vae in float32: convolution at 494.7 TFLOP/s
+    (TF32), attention at 66.9 TFLOP/s"."""
+    found: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for component, dtype, kind in sorted(kinds_of(work)):
+        if dtype != work.dtype:
+            mode = " (TF32)" if kind_peak(device, dtype, kind, fp32_math) != device.peak_tflops(dtype) else ""
+            found[component, dtype].append(f"{kind} at {kind_peak(device, dtype, kind, fp32_math):,.4g} TFLOP/s{mode}")
+    return [f"{component} in {dtype}: {', '.join(kinds)}" for (component, dtype), kinds in found.items()]
+
+
 def operator_lower_s(flops: int, moved: int, peak_flops: float, bandwidth: float, l2_bytes: int | None = None) -> float:
     """One operator's least time; bytes that fit in ``l2_bytes`` cost none."""
     return max(flops / peak_flops, 0.0 if l2_bytes and moved <= l2_bytes else moved / bandwidth)
 
 
 def lower_bounds(
-    work: OperatorWork, peak_flops: float, bandwidth: float, l2_bytes: int | None = None
+    work: OperatorWork, rates: FlopRates, bandwidth: float, l2_bytes: int | None = None
 ) -> dict[str, dict[str, list[float]]]:
     """Per stage, per operator kind: [lower-bound seconds, operators] over one generation."""
     found: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
     for call in work.calls:
         for group in call.operators:
             total = found[call.stage][group.kind]
-            seconds = operator_lower_s(group.flops, group.bytes, peak_flops, bandwidth, l2_bytes)
+            peak = rates.of(call.dtype, group.kind)
+            seconds = operator_lower_s(group.flops, group.bytes, peak, bandwidth, l2_bytes)
             total[0] += seconds * group.calls * call.count
             total[1] += group.calls * call.count
     return found
 
 
 def call_bounds(
-    call: CallWork, read: int, peak_flops: float, bandwidth: float, l2_bytes: int | None = None
+    call: CallWork, read: int, rates: FlopRates, bandwidth: float, l2_bytes: int | None = None
 ) -> tuple[float, float]:
-    """One call's (eager, ideal) seconds, times its count. Ideal: its FLOPs at ``peak_flops`` or its weights
+    """One call's (eager, ideal) seconds, times its count. Ideal: its FLOPs at the dense peaks or its weights
     (``read`` bytes) once, whichever takes longer. Eager: its operators' bounds summed, and never under the ideal
     (an operator's bytes may each fit in L2 while the call's weights do not)."""
-    flops = sum(group.flops * group.calls for group in call.operators)
-    ideal = max(flops / peak_flops, 0.0 if l2_bytes and read <= l2_bytes else read / bandwidth)
+    compute = sum(group.flops * group.calls / rates.of(call.dtype, group.kind) for group in call.operators)
+    ideal = max(compute, 0.0 if l2_bytes and read <= l2_bytes else read / bandwidth)
     eager = sum(
-        operator_lower_s(group.flops, group.bytes, peak_flops, bandwidth, l2_bytes) * group.calls
+        operator_lower_s(group.flops, group.bytes, rates.of(call.dtype, group.kind), bandwidth, l2_bytes) * group.calls
         for group in call.operators
     )
     return max(eager, ideal) * call.count, ideal * call.count
 
 
 def stage_bounds(
-    work: OperatorWork, weights: dict[str, int], peak_flops: float, bandwidth: float, l2_bytes: int | None = None
+    work: OperatorWork, weights: dict[str, int], rates: FlopRates, bandwidth: float, l2_bytes: int | None = None
 ) -> dict[str, tuple[float, float]]:
     """Per stage, (eager, ideal) seconds over one generation; ``weights``: the bytes each component's call reads
     of its weights at least."""
     found: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for call in work.calls:
-        eager, ideal = call_bounds(call, weights.get(call.component, 0), peak_flops, bandwidth, l2_bytes)
+        eager, ideal = call_bounds(call, weights.get(call.component, 0), rates, bandwidth, l2_bytes)
         found[call.stage][0] += eager
         found[call.stage][1] += ideal
     return {stage: (eager, ideal) for stage, (eager, ideal) in found.items()}
 
 
-def peak_of(device: Device, dtype: str, precision: str | None = None) -> float | None:
-    """The device's dense peak (TFLOP/s) for ``dtype``, or for ``precision`` ("tf32") when given."""
-    return device.tflops.get(precision) if precision else device.peak_tflops(dtype)
-
-
-def missing_figures(device: Device, dtype: str, precision: str | None = None) -> str | None:
-    """Why ``device``'s figures cannot give a time (no peak for the dtype, no bandwidth), or None."""
-    if peak_of(device, dtype, precision) and device.bandwidth_bytes_per_s:
+def missing_figures(device: Device, work: OperatorWork, fp32_math: Mapping[str, str] = BENCH_FP32) -> str | None:
+    """Why ``device``'s figures cannot give ``work`` a time (no peak for a dtype it runs at, no bandwidth), or
+    None."""
+    dtypes = {dtype for _, dtype, kind in kinds_of(work) if kind_peak(device, dtype, kind, fp32_math) is None}
+    if kind_peak(device, work.dtype, "matmul", fp32_math) is None:
+        dtypes.add(work.dtype)
+    if not dtypes and device.bandwidth_bytes_per_s:
         return None
+    cast = sorted({f"its {c} runs in {d}" for c, d, _ in kinds_of(work) if d in dtypes and d != work.dtype})
+    because = f" ({'; '.join(cast)})" if cast else ""
     return (
-        f"{device.name} has no {precision or dtype} peak or no memory bandwidth; give both with --gpu-spec "
-        '(e.g. "24GB,165TFLOPS,1TB/s")'
+        f"{device.name} has no {' or '.join(sorted(dtypes)) or work.dtype} peak{because} or no memory bandwidth; "
+        'give both with --gpu-spec (e.g. "24GB,165TFLOPS,1TB/s")'
     )
 
 
 def predict_time(
     work: OperatorWork,
     device: Device,
-    precision: str | None = None,
     calibration: Calibration | None = None,
     weights: dict[str, int] | None = None,
     outputs: int = 1,
+    fp32_math: Mapping[str, str] = BENCH_FP32,
 ) -> TimePrediction:
-    """The time of the generation ``work`` describes on ``device``; ``precision`` overrides the peak's
-    key ("tf32" for float32 matmuls on TF32 tensor cores, "fp8"); ``calibration`` the shipped one for the
-    device's kind; ``weights``: the bytes each component's call reads of its weights at least
-    (``MemoryPrediction.weight_read_bytes``), for the ideal bound; ``outputs``: the images (or videos) one
-    generation makes, for the energy per output."""
-    lacking = missing_figures(device, work.dtype, precision)
+    """The time of the generation ``work`` describes on ``device``, each call at the peak of the dtype it runs at;
+    ``calibration`` the shipped one for the device's kind; ``weights``: the bytes each component's call reads of
+    its weights at least (``MemoryPrediction.weight_read_bytes``), for the ideal bound; ``outputs``: the images (or
+    videos) one generation makes, for the energy per output; ``fp32_math``: how float32 matmuls and convolutions
+    run ("tf32" or "ieee" each; a bench's own default)."""
+    lacking = missing_figures(device, work, fp32_math)
     if lacking:
         raise DiffmeterError(lacking)
-    peak_tflops = peak_of(device, work.dtype, precision)
+    rates = flop_rates(device, work, fp32_math)
     calibration = calibration or calibration_for(device)
-    bounds = lower_bounds(work, peak_tflops * 1e12, device.bandwidth_bytes_per_s, device.l2_bytes)
-    both = stage_bounds(work, weights or {}, peak_tflops * 1e12, device.bandwidth_bytes_per_s, device.l2_bytes)
+    bounds = lower_bounds(work, rates, device.bandwidth_bytes_per_s, device.l2_bytes)
+    both = stage_bounds(work, weights or {}, rates, device.bandwidth_bytes_per_s, device.l2_bytes)
     stages = []
     for stage in STAGES:
         if stage not in bounds:
@@ -200,7 +271,8 @@ def predict_time(
     return TimePrediction(
         device=device.name,
         dtype=work.dtype,
-        peak_tflops=peak_tflops,
+        peak_tflops=rates.default / 1e12,
+        other_peaks=other_peaks(device, work, fp32_math),
         bandwidth_bytes_per_s=device.bandwidth_bytes_per_s,
         stages=stages,
         lower_s=lower,

@@ -86,6 +86,8 @@ class CallWork(BaseModel):
     component: str
     count: int
     operators: list[OperatorGroup]
+    #: the dtype the call runs at (a float32 VAE, SDXL's float32 decode in a float16 run); None: the run's
+    dtype: str | None = None
 
 
 class OperatorWork(BaseModel):
@@ -142,6 +144,8 @@ class TimePrediction(BaseModel):
     outside_calibration: str | None = None
     #: the energy per output the expected time implies at the calibrated board power (None: no TDP or no fit)
     energy: EnergyPrediction | None = None
+    #: the peaks of calls at another dtype than the run's, as "component dtype: TFLOP/s per operator kind"
+    other_peaks: list[str] = []
     method: str = (
         "lower bound (of the eager operators as dispatched): per operator max(FLOPs / peak, bytes moved / "
         "bandwidth), bytes that fit in L2 not charged, summed; ideal bound (of any implementation at the dtype, "

@@ -80,5 +80,10 @@ def time_table(prediction: TimePrediction) -> FittedTable:
         f"peak, bytes / bandwidth){l2}, a call never under its ideal. Expected: {prediction.calibration} "
         "(docs/memory-prediction.md)."
         + (f" The expected range is {prediction.outside_calibration}." if prediction.outside_calibration else "")
+        + (
+            f" Calls at another dtype, at its peaks: {'; '.join(prediction.other_peaks)}."
+            if prediction.other_peaks
+            else ""
+        )
     )
     return table

@@ -54,7 +54,7 @@ def plain_time(work, prediction, gpu, outputs: int = 1):
     figures for the dtype."""
     from diffmeter.predict.roofline import missing_figures, predict_time
 
-    if missing_figures(gpu, prediction.dtype):
+    if missing_figures(gpu, work):
         return None
     return predict_time(work, gpu, weights=prediction.weight_read_bytes, outputs=outputs)
 

@@ -69,7 +69,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
             chosen, peak = rows[0]
             cell.setting, cell.peak_bytes, cell.lower_s = list(chosen), peak, times.get(chosen)
             if time is None:
-                cell.notes.append(f"no time: {missing_figures(gpu, prediction.dtype)}")
+                cell.notes.append(f"no time: {missing_figures(gpu, work)}")
             elif set(chosen) <= set(VAE_MODES):
                 if chosen:  # the decode's operators as the tiled or sliced decode runs them
                     decoded[chosen] = decoded.get(chosen) or operator_work(spec, chosen)
