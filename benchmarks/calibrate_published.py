@@ -99,6 +99,8 @@ def published_run(figure: dict) -> tuple[PublishedRun | None, str]:
     """The run, or None and why it is left out."""
     if not figure.get("usable", True):
         return None, "not usable"
+    if figure.get("left_out_of_fit"):
+        return None, figure["left_out_of_fit"]
     for technique in figure["techniques"]:
         if technique in LEFT_OUT:
             return None, LEFT_OUT[technique]

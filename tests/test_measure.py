@@ -218,3 +218,22 @@ def test_conditions_name_other_processes_busy_during_the_measured_calls():
     assert conditions.other_processes_cores.mean > 0.5  # the busy process held about one core
     assert conditions.other_processes_cores.mean >= used - 0.25  # its own counters: it was counted
     assert "other processes used" in conditions.disturbed()
+
+
+def test_each_a100_is_its_own_row_with_its_bandwidth_power_and_memory():
+    """The driver names of the four A100s pick their rows (bandwidth and TDP differ by memory and form), so a run on
+    any of them gets a time and an energy; ``--gpu a100`` is the 80GB SXM, as ``h100`` is the SXM."""
+    from diffmeter.predict.devices import named_gpu
+
+    rows = {  # name: row, GB/s, W, MiB as nvidia-smi reports it
+        "NVIDIA A100-SXM4-80GB": ("A100 80GB SXM", 2039, 400, 81920),
+        "NVIDIA A100 80GB PCIe": ("A100 80GB PCIe", 1935, 300, 81920),
+        "NVIDIA A100-SXM4-40GB": ("A100 40GB SXM", 1555, 400, 40960),
+        "NVIDIA A100-PCIE-40GB": ("A100 40GB PCIe", 1555, 250, 40536),
+    }
+    for driver_name, (row, bandwidth, tdp, mib) in rows.items():
+        device = named_gpu(find_device(driver_name).name)
+        assert (device.name, device.bandwidth_bytes_per_s, device.tdp_w) == (row, bandwidth * 1e9, tdp)
+        assert device.l2_bytes == 40 * 2**20 and device.architecture == "ampere" and device.memory_bytes == mib * 2**20
+    assert named_gpu("a100").name == "A100 80GB SXM" and named_gpu("a100 40gb").name == "A100 40GB SXM"
+    assert find_device("NVIDIA A100-SXM4-80GB MIG 1g.10gb") is None

@@ -4,6 +4,8 @@ before this rule (benchmarks/results/gpu_validation_nvidia-h200.md, fourth sessi
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from tiny_runs import tiny_call
@@ -111,3 +113,12 @@ def test_the_float16_decode_is_timed_at_float32s_peaks():
         seconds("vae_decode", lambda _: 1)
     )
     assert tf32 < seconds("vae_decode", lambda _: 1)
+
+
+def test_a_cpu_prediction_measures_the_peak_of_every_dtype_a_call_runs_at(cli):
+    """``--gpu cpu`` measures this CPU's matmul rate at float16 and at float32, for the float32 decode."""
+    code, out, err = cli("profile", "tiny-sdxl", "--dtype", "float16", "--gpu", "cpu", "--json")
+    assert code == 0, err
+    time = json.loads(out)["time"]
+    assert time is not None and [s["stage"] for s in time["stages"]] == ["text_encoding", "denoising", "vae_decode"]
+    assert len(time["other_peaks"]) == 1 and time["other_peaks"][0].startswith("vae in float32: ")

@@ -7,6 +7,7 @@ import contextlib
 import copy
 import functools
 import importlib
+import inspect
 import pkgutil
 
 import diffusers
@@ -32,6 +33,14 @@ def component_class(class_name: str) -> type:
         f"component class '{class_name}' is in neither diffusers {diffusers.__version__} nor "
         f"transformers {transformers.__version__}; upgrade them (pip install -U diffusers transformers)"
     )
+
+
+def config_value(component: ComponentEntry, key: str):
+    """A config setting as the loaded model holds it: the file's value (a null stays null, as diffusers passes it
+    to ``__init__``), else the class's ``__init__`` default where the file leaves the key out."""
+    if key in component.config:
+        return component.config[key]
+    return inspect.signature(component_class(component.class_name).__init__).parameters[key].default
 
 
 @functools.cache

@@ -139,9 +139,10 @@ class ProfileSpec:
                 f"--component-dtype: {model} has no component {', '.join(unknown)} (it has {', '.join(components)})"
             )
 
-    def dtype_of(self, component: str) -> str:
-        """The dtype ``component`` runs at: its own where one is given, else the pipeline's."""
-        return dict(self.component_dtypes).get(component, self.dtype)
+    def dtype_of(self, component: str, cast: str | None = None) -> str:
+        """The dtype ``component`` runs at: ``cast`` where a call casts it (SDXL's float32 decode), else its own
+        where one is given, else the pipeline's."""
+        return cast or dict(self.component_dtypes).get(component, self.dtype)
 
     def check(self) -> None:
         for _, dtype in self.component_dtypes:

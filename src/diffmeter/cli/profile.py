@@ -326,7 +326,7 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
     if modes:  # the decode's operators as the tiled or sliced decode runs them
         predicted = [(memory, operator_work(spec, modes)) for (memory, _), spec in zip(predicted, specs, strict=True)]
     memories = [memory for memory, _ in predicted]
-    chosen = chosen or chosen_gpu(gpu, gpu_spec, tuple({memory.dtype for memory in memories}))
+    chosen = chosen or chosen_gpu(gpu, gpu_spec, tuple({dtype for _, work in predicted for dtype in work.dtypes()}))
     missing = [missing_figures(chosen, work) for _, work in predicted]
     times = [
         None if lacking else predict_time(work, chosen, weights=memory.weight_read_bytes, outputs=spec.batch_size)

@@ -50,10 +50,6 @@ class Call:
     #: the dtype the pipeline casts the component to for this call (SDXL's float32 decode), else the component's
     dtype: str | None = None
 
-    def dtype_in(self, spec: ProfileSpec) -> str:
-        """The dtype this call runs at in ``spec``'s run: its own cast, else its component's."""
-        return self.dtype or spec.dtype_of(self.component)
-
 
 @dataclass
 class Shapes:

@@ -1,15 +1,14 @@
 """UNet2DConditionModel pipelines: Stable Diffusion 1.x/2.x and SDXL."""
 
-import inspect
 from dataclasses import replace
 
-import diffusers
 import torch
 
 from diffmeter.catalog.controlnets import CONTROLNET
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.families import controlnet, lora
 from diffmeter.families.base import Call, Family, Shapes, latents, register
+from diffmeter.pipelines import config_value
 
 
 @register
@@ -82,6 +81,4 @@ class StableDiffusionXL(StableDiffusion):
 def force_upcast(entry: PipelineEntry, component: str) -> bool:
     """The VAE config's ``force_upcast``, or its class's default where the config leaves it out (AutoencoderKL's:
     True)."""
-    found = entry.components[component]
-    default = inspect.signature(getattr(diffusers, found.class_name).__init__).parameters["force_upcast"].default
-    return bool(found.config.get("force_upcast", default))
+    return bool(config_value(entry.components[component], "force_upcast"))

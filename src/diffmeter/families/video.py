@@ -1,7 +1,6 @@
 """Text-to-video families: Wan 2.1 and 2.2, and CogVideoX."""
 
 import dataclasses
-import inspect
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,6 +9,7 @@ import torch
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import DENOISER, IMAGE_ENCODER, Call, Family, Shapes, register, timesteps
 from diffmeter.families.images import ImageConditioned, single_image, vae_encode_calls
+from diffmeter.pipelines import config_value
 from diffmeter.spec import size_text
 
 
@@ -260,14 +260,9 @@ class Wan(ImageConditioned, Family):
 
 
 def _vae_setting(entry, decoder: str, key: str) -> int:
-    """A Wan VAE setting as the loaded model's config holds it: the file's value, else the
-    AutoencoderKLWan default (8x spatial, 4x temporal for the Wan 2.1 VAE)."""
-    config = entry.components[decoder].config
-    if config.get(key) is not None:
-        return config[key]
-    from diffusers import AutoencoderKLWan
-
-    return inspect.signature(AutoencoderKLWan.__init__).parameters[key].default
+    """A Wan VAE setting as the loaded model's config holds it: the file's value, else the AutoencoderKLWan default
+    (8x spatial, 4x temporal: the Wan 2.1 VAE's files leave both out)."""
+    return config_value(entry.components[decoder], key)
 
 
 def image_to_video(entry) -> bool:

@@ -35,10 +35,10 @@ def memory_technique(name: str, params: dict) -> str | None:
     return name if name in ("vae-tiling", "vae-slicing", "fp8-text-encoder") else None
 
 
-def run_device(device: torch.device, dtype: str) -> Device | None:
-    """The device's figures: this CPU measured (at ``dtype``), or the CUDA GPU's row of the datasheet table."""
+def run_device(device: torch.device, *dtypes: str) -> Device | None:
+    """The device's figures: this CPU measured (at ``dtypes``), or the CUDA GPU's row of the datasheet table."""
     if device.type == "cpu":
-        return this_cpu(dtype)
+        return this_cpu(*dtypes)
     row = find_device(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     return of_row(row) if row is not None else None
 
@@ -46,8 +46,6 @@ def run_device(device: torch.device, dtype: str) -> Device | None:
 def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPrediction:
     """``spec``: the settled BenchSpec; ``optimizations``: the applied ones (``AppliedOptimization``)."""
     device = torch.device(spec.device)
-    figures = run_device(device, spec.dtype)
-    name = figures.name if figures else (torch.cuda.get_device_name(device) if device.type == "cuda" else spec.device)
     notes = []
     profile_spec = spec.profile_spec()
     techniques = [t for o in optimizations if (t := memory_technique(o.name, o.params))]
@@ -55,6 +53,8 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
     memory, work = predict_memory_and_work(profile_spec, on_cuda=device.type == "cuda", vae_modes=modes)
     if modes:
         work = operator_work(profile_spec, modes)
+    figures = run_device(device, *work.dtypes())  # a CPU's peaks measured at every dtype a call runs at
+    name = figures.name if figures else (torch.cuda.get_device_name(device) if device.type == "cuda" else spec.device)
     unmodelled = [o.label for o in optimizations if memory_technique(o.name, o.params) is None]
     if unmodelled:
         notes.append(f"memory is predicted without {', '.join(unmodelled)}")

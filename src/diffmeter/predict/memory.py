@@ -290,7 +290,8 @@ def predict_tracked(
         if not call.count:
             continue
         also = watch(call) if watch else None
-        module, dtype, own = modules[call.component], DTYPES[call.dtype_in(spec)], params[call.component]
+        module, own = modules[call.component], params[call.component]
+        dtype = DTYPES[spec.dtype_of(call.component, call.dtype)]  # as the pipeline casts it for the call
         if dtype != dtype_of[call.component]:  # cast for this call alone (SDXL's float32 decode)
             module = fake_module(entry.components[call.component], dtype)
             own = param_bytes(module)

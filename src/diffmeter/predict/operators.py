@@ -195,7 +195,7 @@ def predict_memory_and_work(
             component=call.component,
             count=call.count,
             operators=tally.operators(),
-            dtype=call.dtype_in(settled),
+            dtype=settled.dtype_of(call.component, call.dtype),
         )
         for call, tally in tallies
     ]
@@ -214,7 +214,7 @@ def _count(spec: ProfileSpec, decode_modes: tuple[str, ...] = (), decode_only: b
         decodes = call.role == VAE_DECODER and call.component == decoder  # not LTX-2's audio decoder
         if not call.count or (decode_only and not decodes):
             continue
-        dtype = DTYPES[call.dtype_in(spec)]  # as the pipeline casts it for the call
+        dtype = DTYPES[spec.dtype_of(call.component, call.dtype)]  # as the pipeline casts it for the call
         if (call.component, dtype) not in modules:
             modules[call.component, dtype] = fake_module(entry.components[call.component], dtype)
             if decodes:
@@ -234,7 +234,7 @@ def _count(spec: ProfileSpec, decode_modes: tuple[str, ...] = (), decode_only: b
                 component=call.component,
                 count=call.count,
                 operators=operators,
-                dtype=call.dtype_in(spec),
+                dtype=spec.dtype_of(call.component, call.dtype),
             )
         )
     return OperatorWork(dtype=spec.dtype, calls=calls)

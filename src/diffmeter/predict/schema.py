@@ -96,6 +96,10 @@ class OperatorWork(BaseModel):
     dtype: str
     calls: list[CallWork]
 
+    def dtypes(self) -> tuple[str, ...]:
+        """The run's dtype and every other one a call runs at, sorted."""
+        return tuple(sorted({self.dtype} | {call.dtype for call in self.calls if call.dtype}))
+
 
 class StageTime(BaseModel):
     """A stage's predicted time (seconds): the roofline lower bound, and the range calibrated
