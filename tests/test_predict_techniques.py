@@ -159,7 +159,7 @@ def test_torchao_weights_survive_accelerates_per_layer_offload_so_fit_offers_the
     [
         ([], "give the memory to fit in"),
         (["--memory", "24GB", "--gpu", "h100"], "not both"),
-        (["--gpu", "a100"], "pass --memory"),
+        (["--gpu", "a800"], "pass --memory"),
     ],
 )
 def test_fit_bad_input_is_one_line(cli, args, message):
