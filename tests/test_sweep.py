@@ -201,6 +201,16 @@ def is_cell_of(cmdline: list[str], out: Path) -> bool:
     return "diffmeter.sweep.cell" in cmdline and str(out) in cmdline
 
 
+def is_ray_cell(cmdline: list[str]) -> bool:
+    """Whether a process is a cell a Ray worker started: its out is the worker's scratch folder
+    (``ray_executor.run_on_node``); a local sweep's cell of another test beside this one has its parent in the
+    xdist worker, which must not be killed."""
+    if "diffmeter.sweep.cell" not in cmdline:
+        return False
+    _, out, _ = cmdline[cmdline.index("diffmeter.sweep.cell") + 1 :]  # NAME OUT PARENT_PID (sweep/cell.py)
+    return Path(out).name.startswith("diffmeter-cell-")
+
+
 @pytest.mark.slow
 def test_killing_the_sweep_at_a_random_moment_loses_and_duplicates_nothing(tmp_path):
     out = tmp_path / "out"
@@ -314,7 +324,7 @@ def test_the_ray_executor_runs_cells_as_tasks_and_ships_results_back(tmp_path):
             deadline = time.monotonic() + 300
             while not killed and time.monotonic() < deadline:
                 for process in psutil.process_iter(["cmdline"]):
-                    if "diffmeter.sweep.cell" in " ".join(process.info["cmdline"] or []):
+                    if is_ray_cell(process.info["cmdline"] or []):
                         worker = process.parent()
                         worker.kill()
                         killed.append(worker.pid)
