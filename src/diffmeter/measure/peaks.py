@@ -37,6 +37,7 @@ class DevicePeak:
 
 HOPPER = "NVIDIA H100/H200 Tensor Core GPU datasheets (dense = half the sparse figure)"
 AMPERE = "NVIDIA A100/A800 Tensor Core GPU datasheet (SXM and PCIe share the peaks; dense = half the sparse figure)"
+GA100 = {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}  # every A100 and A800 card, dense TFLOP/s
 PEAKS = (
     DevicePeak(
         "H100 SXM",
@@ -137,7 +138,7 @@ PEAKS = (
     DevicePeak(
         "A100 80GB SXM",
         ("a100", "80gb"),
-        {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+        GA100,
         AMPERE + ", A100 80GB SXM column: 'GPU Memory Bandwidth | 2,039GB/s'",
         allows=("sxm4", "sxm"),
         memory_gb=80,
@@ -146,7 +147,7 @@ PEAKS = (
     DevicePeak(
         "A100 80GB PCIe",
         ("a100", "80gb", "pcie"),
-        {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+        GA100,
         AMPERE + ", A100 80GB PCIe column: 'GPU Memory Bandwidth | 1,935GB/s'",
         memory_gb=80,
         bandwidth_gb_s=1935,
@@ -154,7 +155,7 @@ PEAKS = (
     DevicePeak(
         "A100 40GB SXM",
         ("a100", "40gb"),
-        {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+        GA100,
         AMPERE + ", the 40GB sheet's SXM column: 'GPU Memory Bandwidth | 1,555 GB/s'",
         allows=("sxm4", "sxm"),
         memory_gb=40,
@@ -163,7 +164,7 @@ PEAKS = (
     DevicePeak(
         "A100 40GB PCIe",
         ("a100", "40gb", "pcie"),
-        {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+        GA100,
         AMPERE + ", the 40GB sheet's PCIe column: 'GPU Memory Bandwidth | 1,555 GB/s'",
         memory_gb=40,
         bandwidth_gb_s=1555,
@@ -171,7 +172,7 @@ PEAKS = (
     DevicePeak(
         "A800",
         ("a800",),
-        {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+        GA100,
         AMPERE,
         allows=("sxm4", "pcie", "lc", "active"),
     ),

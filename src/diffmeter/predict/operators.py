@@ -214,7 +214,8 @@ def _count(spec: ProfileSpec, decode_modes: tuple[str, ...] = (), decode_only: b
         decodes = call.role == VAE_DECODER and call.component == decoder  # not LTX-2's audio decoder
         if not call.count or (decode_only and not decodes):
             continue
-        dtype = DTYPES[spec.dtype_of(call.component, call.dtype)]  # as the pipeline casts it for the call
+        dtype_name = spec.dtype_of(call.component, call.dtype)  # as the pipeline casts it for the call
+        dtype = DTYPES[dtype_name]
         if (call.component, dtype) not in modules:
             modules[call.component, dtype] = fake_module(entry.components[call.component], dtype)
             if decodes:
@@ -234,7 +235,7 @@ def _count(spec: ProfileSpec, decode_modes: tuple[str, ...] = (), decode_only: b
                 component=call.component,
                 count=call.count,
                 operators=operators,
-                dtype=spec.dtype_of(call.component, call.dtype),
+                dtype=dtype_name,
             )
         )
     return OperatorWork(dtype=spec.dtype, calls=calls)
