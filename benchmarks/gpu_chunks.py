@@ -20,7 +20,7 @@ SKIP_CUDA = "needs CUDA"
 
 
 def chunk_peak(report: Report) -> None:
-    from diffmeter.measure.peaks import device_peak
+    from diffmeter.predict.peaks import device_peak
 
     if not CUDA:
         report.add("peak", "datasheet peak against a bare matmul", "SKIP", SKIP_CUDA)
@@ -158,9 +158,9 @@ def _energy_window() -> tuple[str, str]:
 def chunk_trace(report: Report) -> None:
     """A --trace run of each model: stage lengths and the operators table against the stage timer; the stored
     prediction against the run (peak memory, roofline bound); this GPU's achieved fractions per operator kind."""
+    from diffmeter.measure.calibrate import calibrate, stage_measurements
     from diffmeter.measure.ops import OpsTable
     from diffmeter.predict.bench_prediction import run_device
-    from diffmeter.predict.calibrate import calibrate, stage_measurements
     from diffmeter.predict.operators import operator_work
     from diffmeter.predict.roofline import BENCH_FP32, flop_rates, lower_bounds
 

@@ -185,8 +185,8 @@ def agreement(output: torch.Tensor, reference: torch.Tensor) -> str:
 
 def report(runs: list[dict], config: dict, wall_s: float, load: tuple) -> str:
     from diffmeter import units
-    from diffmeter.measure.environment import cpu_name
     from diffmeter.measure.stats import Stats
+    from diffmeter.predict.cpu_peaks import cpu_name
 
     one_thread = next(r for r in runs if r["mode"] == "single" and r["threads"] == 1)
     two_threads = next(r for r in runs if r["mode"] == "single" and r["threads"] == 2)

@@ -1,7 +1,7 @@
 """The roofline time prediction against real CPU runs, at real size with random weights; and the
 calibration of the expected range for CPUs (``src/diffmeter/predict/data/efficiency.json``).
 
-1. This CPU's peaks: the best float32 matmul rate and the best copy rate (``measure.cpu_peaks``),
+1. This CPU's peaks: the best float32 matmul rate and the best copy rate (``predict.cpu_peaks``),
    measured before and after the runs; the higher of each is the roofline's (a bound must use the
    most the machine can do).
 2. Each case: ``diffmeter bench`` (random weights, float32, 2 threads, one warm-up, 3 measured calls,
@@ -10,7 +10,7 @@ calibration of the expected range for CPUs (``src/diffmeter/predict/data/efficie
 3. Calibration, per operator kind: achieved fraction = the kind's roofline lower bound / its measured
    time (the traced call's self time of that kind, scaled to the stage's measured median), summed over
    the run's stages; and the time outside operators per predicted operator. The shipped calibration is
-   the lowest and highest of each over the runs (``predict/calibrate.py``).
+   the lowest and highest of each over the runs (``measure/calibrate.py``).
 4. Checks: the lower bound is at most the fastest measured call of each stage; the expected range,
    calibrated on the OTHER cases only (leave one case out), holds the measured median.
 
@@ -37,13 +37,13 @@ STAGES = ("text_encoding", "denoising", "vae_decode")
 
 
 def peaks():
-    from diffmeter.measure.cpu_peaks import measure_cpu_peaks
+    from diffmeter.predict.cpu_peaks import measure_cpu_peaks
 
     return measure_cpu_peaks(("fp32",), budget_s=1.0)
 
 
 def run_case(model: str, size: int, steps: int) -> dict:
-    from diffmeter.predict.calibrate import stage_measurements
+    from diffmeter.measure.calibrate import stage_measurements
     from diffmeter.predict.operators import operator_work
     from diffmeter.runs.lifecycle import bench
     from diffmeter.runs.spec import BenchSpec
@@ -80,7 +80,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(2)
-    from diffmeter.measure.environment import cpu_name
+    from diffmeter.predict.cpu_peaks import cpu_name
 
     started = time.time()
     before = peaks()
@@ -92,7 +92,7 @@ def main() -> None:
     after = peaks()
     peak_flops = max(before.tflops["fp32"], after.tflops["fp32"]) * 1e12
     bandwidth = max(before.bandwidth_bytes_per_s, after.bandwidth_bytes_per_s)
-    from diffmeter.predict.calibrate import MIN_SHARE, calibrate
+    from diffmeter.measure.calibrate import MIN_SHARE, calibrate
     from diffmeter.predict.roofline import FlopRates, expected_s, lower_bounds
 
     lowers = [lower_bounds(case["work"], FlopRates(peak_flops), bandwidth) for case in cases]  # all float32

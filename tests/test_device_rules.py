@@ -65,7 +65,7 @@ def test_strict_fp32_sets_convolutions_too_and_survives_the_new_precision_api():
 
 
 def test_the_mfu_peak_follows_the_runs_tf32_setting_not_global_state():
-    from diffmeter.measure.peaks import device_peak
+    from diffmeter.predict.peaks import device_peak
 
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True

@@ -11,9 +11,9 @@ from diffmeter.catalog import resolve
 from diffmeter.measure.clock import HostClock
 from diffmeter.measure.energy import Energy, EnergyMeter
 from diffmeter.measure.environment import collect
-from diffmeter.measure.peaks import PEAKS, device_peak, find_device
 from diffmeter.measure.stages import StageTimer
 from diffmeter.measure.stats import Stats
+from diffmeter.predict.peaks import PEAKS, device_peak, find_device
 from diffmeter.tiny import tiny_pipeline
 
 

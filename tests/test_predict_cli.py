@@ -7,8 +7,8 @@ import json
 import pytest
 
 from diffmeter.errors import DiffmeterError
-from diffmeter.measure.peaks import PEAKS
 from diffmeter.predict.devices import named_gpu, spec_gpu
+from diffmeter.predict.peaks import PEAKS
 
 
 def test_profile_with_gpu_prints_stage_peaks_and_the_fit(cli):

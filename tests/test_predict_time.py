@@ -216,7 +216,7 @@ def test_no_predict_leaves_it_out(tmp_path, cli):
 
 
 def test_a_traced_run_calibrates_fractions_below_one(tmp_path):
-    from diffmeter.predict.calibrate import calibrate, stage_measurements
+    from diffmeter.measure.calibrate import calibrate, stage_measurements
     from diffmeter.predict.roofline import FlopRates, lower_bounds
 
     spec = BenchSpec(model="tiny-sd", iterations=2, save_images=False, trace=True)

@@ -6,7 +6,8 @@ from collections import defaultdict
 
 import pytest
 
-from diffmeter.measure.ops import OUTSIDE, PREFIX, OpsTable, kind_of
+from diffmeter.flops.kinds import kind_of
+from diffmeter.measure.ops import OUTSIDE, PREFIX, OpsTable
 from diffmeter.measure.trace import OPS_FILE, TRACE_FILE
 from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec

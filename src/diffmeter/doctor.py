@@ -99,7 +99,8 @@ class Doctor(BaseModel):
 def examine() -> Doctor:
     """Probe this machine; never raises for something the machine lacks."""
     from diffmeter import __version__
-    from diffmeter.measure.environment import cpu_name, driver_version
+    from diffmeter.measure.environment import driver_version
+    from diffmeter.predict.cpu_peaks import cpu_name
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -145,7 +146,7 @@ def _nccl() -> str | None:
 
 
 def _gpu(index: int) -> GPU:
-    from diffmeter.measure.peaks import find_device
+    from diffmeter.predict.peaks import find_device
 
     properties = torch.cuda.get_device_properties(index)
     peak = find_device(properties.name)

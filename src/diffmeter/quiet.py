@@ -76,3 +76,14 @@ def quiet_libraries():
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
+
+
+def load_libraries() -> None:
+    """Import torch, diffusers and transformers once, keeping what they print at import (optional
+    kernel probes, deprecation notices) off the user's terminal; commands call it first."""
+    with quiet_import():
+        import diffusers
+        import torch  # noqa: F401
+        import transformers
+    diffusers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.set_verbosity_error()

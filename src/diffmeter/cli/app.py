@@ -110,19 +110,6 @@ def _aborts() -> tuple[type[BaseException], ...]:
     return tuple(aborts)
 
 
-def load_libraries() -> None:
-    """Import torch, diffusers and transformers once, keeping what they print at import (optional
-    kernel probes, deprecation notices) off the user's terminal; commands call it first."""
-    from diffmeter.quiet import quiet_import
-
-    with quiet_import():
-        import diffusers
-        import torch  # noqa: F401
-        import transformers
-    diffusers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.set_verbosity_error()
-
-
 def fail(message: str, code: int = 2) -> None:
     """Print ``message`` as one line on stderr (brackets shown as written) and exit with ``code``."""
     line = " ".join(str(message).split())

@@ -8,9 +8,10 @@ from typing import Annotated
 import typer
 
 from diffmeter.cli import options as o
-from diffmeter.cli.app import command, console, load_libraries
+from diffmeter.cli.app import command, console
 from diffmeter.cli.progress import progress_bar
 from diffmeter.errors import DiffmeterError
+from diffmeter.quiet import load_libraries
 from diffmeter.spec import image_sizes_of, parse_component_dtypes
 
 #: the bench parameters that are optimization shorthands (see optimize/options.py)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from diffmeter.cli.app import command, console, load_libraries
+from diffmeter.cli.app import command, console
 from diffmeter.cli.options import AsJson
+from diffmeter.quiet import load_libraries
 
 
 @command()

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from diffmeter.cli.app import command, console, load_libraries
+from diffmeter.cli.app import command, console
 from diffmeter.cli.options import (
     GENERATION,
     AsJson,
@@ -30,6 +30,7 @@ from diffmeter.cli.options import (
     Width,
 )
 from diffmeter.errors import DiffmeterError
+from diffmeter.quiet import load_libraries
 
 
 @command()

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from diffmeter.cli.app import console, load_libraries
+from diffmeter.cli.app import console
 from diffmeter.cli.progress import progress_bar
 from diffmeter.errors import DiffmeterError
+from diffmeter.quiet import load_libraries
 
 
 def leaderboard(gpu: str | None, html_path: Path | None, csv_path: Path | None, as_json: bool) -> None:
@@ -48,6 +49,6 @@ def leaderboard(gpu: str | None, html_path: Path | None, csv_path: Path | None, 
 
 def _left_out(included: set[str]) -> list[str]:
     """The table's GPUs not on the leaderboard, and why."""
-    from diffmeter.measure.peaks import PEAKS
+    from diffmeter.predict.peaks import PEAKS
 
     return [f"{row.name} (its row covers several memory sizes)" for row in PEAKS if row.name not in included]

@@ -17,9 +17,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from diffmeter import units
-from diffmeter.cli.app import command, console, load_libraries
+from diffmeter.cli.app import command, console
 from diffmeter.cli.options import AsJson
 from diffmeter.cli.progress import progress_bar
+from diffmeter.quiet import load_libraries
 
 #: header, justification; the first six always show, the rest in this order while they fit
 COLUMNS = [

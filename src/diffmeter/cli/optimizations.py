@@ -11,8 +11,9 @@ from rich.console import Console
 
 from diffmeter import units
 from diffmeter.cli import options as o
-from diffmeter.cli.app import command, console, load_libraries
+from diffmeter.cli.app import command, console
 from diffmeter.cli.progress import progress_bar
+from diffmeter.quiet import load_libraries
 
 
 @command()

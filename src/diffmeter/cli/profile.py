@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from diffmeter.cli.app import command, console, load_libraries
+from diffmeter.cli.app import command, console
 from diffmeter.cli.options import (
     GENERATION,
     AsJson,
@@ -40,6 +40,7 @@ from diffmeter.cli.options import (
 )
 from diffmeter.cli.progress import progress_bar
 from diffmeter.errors import DiffmeterError
+from diffmeter.quiet import load_libraries
 
 
 def numbers(text: str | None, option: str, kind=int) -> list:

@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from diffmeter.cli.app import command, console, load_libraries
+from diffmeter.cli.app import command, console
 from diffmeter.cli.options import AsJson
+from diffmeter.quiet import load_libraries
 
 
 @command()

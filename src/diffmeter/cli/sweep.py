@@ -10,8 +10,9 @@ from typing import Annotated
 import typer
 
 from diffmeter.cli import options as o
-from diffmeter.cli.app import command, console, load_libraries
+from diffmeter.cli.app import command, console
 from diffmeter.errors import DiffmeterError
+from diffmeter.quiet import load_libraries
 
 AXES = "Axes (comma-separated values; each combination is a cell)"
 FIXED = "Fixed (the same in every cell)"

@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel
 
+from diffmeter.predict.cpu_peaks import cpu_name
+
 #: variables that change what a run measures
 RELEVANT_VARIABLES = (
     "CUDA_VISIBLE_DEVICES",
@@ -73,16 +75,6 @@ def _version(distribution: str) -> str | None:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def driver_version() -> str | None:

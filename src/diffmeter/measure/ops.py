@@ -13,13 +13,13 @@ host runs ahead of the GPU, so its ranges are not the stages' lengths.
 from __future__ import annotations
 
 import inspect
-import re
 from collections import defaultdict
 
 import torch
 from pydantic import BaseModel
 from torch.autograd import DeviceType
 
+from diffmeter.flops.kinds import KINDS, kind_of
 from diffmeter.stages import STAGE_NAMES
 from diffmeter.stages import STAGES as PIPELINE_STAGES
 
@@ -32,17 +32,6 @@ STAGE_OF_RANGE = {name: stage for stage, name in STAGE_NAMES.items()}
 OUTSIDE = "(outside operators: Python, framework)"
 #: operators per stage kept in results.json (ops.json holds them all)
 TOP = 5
-KINDS = ("attention", "matmul", "convolution", "normalization", "elementwise", "other")
-_KIND_WORDS = {
-    "attention": ("attention", "attn", "flash"),
-    "matmul": ("mm", "matmul", "linear", "addmm", "bmm", "baddbmm", "gemm"),
-    "convolution": ("conv", "convolution"),  # and any word starting with conv: conv2d, conv_transpose2d
-    "normalization": ("norm",),
-    "elementwise": (
-        "add", "sub", "mul", "div", "silu", "gelu", "sigmoid", "tanh", "exp", "pow", "neg", "rsqrt", "sqrt",
-        "clamp", "where", "relu", "sin", "cos", "erf", "softmax", "fill", "lerp", "abs", "reciprocal",
-    ),
-}  # fmt: skip
 
 
 class OpRow(BaseModel):
@@ -246,16 +235,6 @@ def _conv_output(args: list) -> list[int]:
         for size, kernel, step, pad, dil in zip(x[2:], w[2:], stride, padding, dilation, strict=True)
     ]
     return [x[0], w[0], *spatial]
-
-
-def kind_of(name: str) -> str:
-    """attention, matmul, convolution, normalization, elementwise or other, from the words of the operator's
-    name (``aten::native_layer_norm``: norm; ``aten::normal_``, the initial noise, is none of them)."""
-    words = set(re.split(r"[^a-z0-9]+", name.removeprefix("aten::").lower())) - {""}
-    kinds = [kind for kind, known in _KIND_WORDS.items() if words & set(known)]
-    if not kinds and any(word.startswith("conv") for word in words):  # conv_transpose2d, _slow_conv2d_forward
-        return "convolution"
-    return kinds[0] if kinds else "other"
 
 
 def _row(name: str, self_s: float, calls: int, flops: int | None, stage_s: float, kind: str | None = None) -> OpRow:

@@ -11,11 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from diffmeter.optimize.base import Optimization, Target
 from diffmeter.optimize.registry import register
-
-#: layers kept in the compute dtype: T5's feed-forward casts its input to wo's weight dtype, so wo stays
-SKIP_MODULES_PATTERN = ("embed", "norm", "shared", r"\.wo$")
-#: text encoders big enough for fp8 storage to matter (T5-XXL, UMT5, Gemma, ...)
-LARGE_ENCODERS = ("T5EncoderModel", "UMT5EncoderModel", "Gemma2Model", "Gemma2ForCausalLM", "Qwen2_5_VLModel")
+from diffmeter.pipelines import FP8_SKIP_MODULES_PATTERN, LARGE_TEXT_ENCODERS
 
 
 class Config(BaseModel):
@@ -35,7 +31,7 @@ class FP8TextEncoder(Optimization):
         return [
             name
             for name in target.family.text_encoders
-            if name in target.entry.components and target.entry.components[name].class_name in LARGE_ENCODERS
+            if name in target.entry.components and target.entry.components[name].class_name in LARGE_TEXT_ENCODERS
         ]
 
     def one_byte_components(self, target: Target) -> tuple[str, ...]:
@@ -57,5 +53,5 @@ class FP8TextEncoder(Optimization):
                 encoder,
                 storage_dtype=getattr(torch, self.config.storage),
                 compute_dtype=getattr(torch, target.dtype),
-                skip_modules_pattern=SKIP_MODULES_PATTERN,
+                skip_modules_pattern=FP8_SKIP_MODULES_PATTERN,
             )

@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 
 from diffmeter.errors import DiffmeterError
-from diffmeter.measure.peaks import find_device
 from diffmeter.predict.devices import Device, of_row, this_cpu
 from diffmeter.predict.memory import VAE_MODES
 from diffmeter.predict.operators import operator_work, predict_memory_and_work
+from diffmeter.predict.peaks import find_device
 from diffmeter.predict.roofline import BENCH_FP32, missing_figures, predict_time
 from diffmeter.predict.schema import RunPrediction
 from diffmeter.predict.techniques import stage_peaks_under
@@ -63,7 +63,7 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
     time, untimed = None, []
     fp32_math = fp32_precision or BENCH_FP32  # as the run had float32 matmuls and convolutions (CUDA only)
     if figures is None:
-        notes.append(f"no time: {name} is not in the table of peaks (measure/peaks.py)")
+        notes.append(f"no time: {name} is not in the table of peaks (predict/peaks.py)")
     elif lacking := missing_figures(figures, work, fp32_math):
         notes.append(f"no time: {lacking}")
     else:

@@ -1,6 +1,6 @@
-"""The device a prediction is for: a GPU row of ``measure.peaks`` (datasheet memory, bandwidth and dense
+"""The device a prediction is for: a GPU row of ``predict.peaks`` (datasheet memory, bandwidth and dense
 peaks) named by the user, figures given with ``--gpu-spec``, or ``cpu``: this machine's CPU, its peaks
-measured (``measure.cpu_peaks``)."""
+measured (``predict.cpu_peaks``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from importlib import resources
 from pydantic import BaseModel
 
 from diffmeter.errors import DiffmeterError
-from diffmeter.measure.peaks import PEAKS, PRECISION
+from diffmeter.predict.peaks import PEAKS, PRECISION
 
 #: what a CUDA process cannot give its tensors, held back before "fits": on an H200 (driver 580, torch
 #: 2.11+cu130) the driver kept 615 MiB of nvidia-smi's total from ``cudaMemGetInfo``, and the CUDA context
@@ -79,7 +79,7 @@ def named_gpu(name: str, dtypes: tuple[str, ...] = ()) -> Device:
 
 
 def of_row(row) -> Device:
-    """A ``measure.peaks`` row as a device, its memory as its driver reports it."""
+    """A ``predict.peaks`` row as a device, its memory as its driver reports it."""
     reported = driver_memory().get(row.name)
     if reported:
         memory, said = reported["mib"] * 2**20, f"memory {reported['mib']:,} MiB as nvidia-smi reports it"
@@ -153,7 +153,7 @@ def this_cpu(*dtypes: str) -> Device:
     copy rate measured, memory the system's."""
     import psutil
 
-    from diffmeter.measure.cpu_peaks import cpu_peaks
+    from diffmeter.predict.cpu_peaks import cpu_peaks
 
     peaks = cpu_peaks(tuple({PRECISION[dtype] for dtype in dtypes}) or ("fp32", "bf16", "fp16"))
     return Device(
@@ -162,7 +162,7 @@ def this_cpu(*dtypes: str) -> Device:
         memory_bytes=psutil.virtual_memory().total,
         bandwidth_bytes_per_s=peaks.bandwidth_bytes_per_s,
         tflops=peaks.tflops,
-        source="measured here: best matmul per dtype, best copy rate from 1 MiB to 256 MiB (measure.cpu_peaks)",
+        source="measured here: best matmul per dtype, best copy rate from 1 MiB to 256 MiB (predict.cpu_peaks)",
     )
 
 

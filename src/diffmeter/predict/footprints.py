@@ -6,7 +6,7 @@ import torch
 
 from diffmeter.catalog import ComponentEntry
 from diffmeter.loading import cast_as_loaded, default_dtype
-from diffmeter.pipelines import build_component
+from diffmeter.pipelines import FP8_SKIP_MODULES_PATTERN, build_component
 from diffmeter.quiet import quiet_libraries
 
 #: torchao weight-only layouts per nn.Linear (Int8Tensor: int8 data, float32 scale and int8 zero point per
@@ -61,10 +61,8 @@ def fp8_storage_bytes(component: ComponentEntry, dtype: torch.dtype) -> int:
     patterns, applied to the component on meta."""
     from diffusers.hooks import apply_layerwise_casting
 
-    from diffmeter.optimize.fp8_text_encoder import SKIP_MODULES_PATTERN
-
     module = meta_module(component, dtype)
     apply_layerwise_casting(
-        module, storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype, skip_modules_pattern=SKIP_MODULES_PATTERN
+        module, storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype, skip_modules_pattern=FP8_SKIP_MODULES_PATTERN
     )
     return stored_bytes(module)

@@ -30,7 +30,7 @@ from diffmeter import cache
 from diffmeter.catalog import ComponentEntry, entry_of
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, IMAGE_ENCODER, TEXT_ENCODER, VAE_DECODER, Call, get_family, lora
-from diffmeter.optimize.fp8_text_encoder import LARGE_ENCODERS
+from diffmeter.pipelines import LARGE_TEXT_ENCODERS
 from diffmeter.predict.convolution_copies import CPU, TOTAL, ConvolutionCopies
 from diffmeter.predict.fake_run import fake_run
 from diffmeter.predict.footprints import (
@@ -338,7 +338,7 @@ def predict_tracked(
     encoders = [
         name
         for name in family.text_encoders
-        if name in entry.components and entry.components[name].class_name in LARGE_ENCODERS
+        if name in entry.components and entry.components[name].class_name in LARGE_TEXT_ENCODERS
     ]
     return MemoryPrediction(
         dtype=spec.dtype,

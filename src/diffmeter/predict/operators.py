@@ -19,7 +19,7 @@ from diffmeter import cache
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import VAE_DECODER, Call, get_family
 from diffmeter.flops.counter import FORMULAS
-from diffmeter.measure.ops import kind_of
+from diffmeter.flops.kinds import kind_of
 from diffmeter.predict.fake_run import fake_run
 from diffmeter.predict.memory import (
     DECODE_SWITCHES,

@@ -90,7 +90,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
 
 def table_gpus() -> list[Device]:
     """Every GPU of the table with a single memory size (a row covering several sizes cannot say what fits)."""
-    from diffmeter.measure.peaks import PEAKS
     from diffmeter.predict.devices import of_row
+    from diffmeter.predict.peaks import PEAKS
 
     return [device for device in (of_row(row) for row in PEAKS) if device.memory_bytes]

@@ -20,10 +20,10 @@ from diffmeter.measure.conditions import Conditions
 from diffmeter.measure.energy import Energy
 from diffmeter.measure.environment import Environment
 from diffmeter.measure.memory import PeakMemory
-from diffmeter.measure.peaks import Peak
 from diffmeter.measure.quality import Quality
 from diffmeter.measure.stats import Stats
 from diffmeter.measure.trace import TraceSummary
+from diffmeter.predict.peaks import Peak
 from diffmeter.predict.schema import RunPrediction
 from diffmeter.runs.iteration import Iteration
 from diffmeter.runs.parallel_records import Parallel

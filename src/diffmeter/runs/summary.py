@@ -10,8 +10,8 @@ import torch
 from diffmeter import units
 from diffmeter.flops.profile import Profile
 from diffmeter.measure.energy import Energy
-from diffmeter.measure.peaks import device_peak
 from diffmeter.measure.stats import CONFIDENCE, Stats
+from diffmeter.predict.peaks import device_peak
 from diffmeter.runs.results import Iteration, Summary
 from diffmeter.stages import STAGE_OF_ROLE, STAGES
 

@@ -28,7 +28,7 @@ def _die_with_parent(parent: int) -> None:
 def main(argv: list[str]) -> int:
     spec_file, out, parent = argv
     _die_with_parent(int(parent))
-    from diffmeter.cli.app import load_libraries
+    from diffmeter.quiet import load_libraries
 
     load_libraries()
     from diffmeter.errors import DiffmeterError

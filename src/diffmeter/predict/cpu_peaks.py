@@ -9,13 +9,14 @@ must stay a lower bound for it.
 from __future__ import annotations
 
 import functools
+import platform
 import time
+from pathlib import Path
 
 import torch
 from pydantic import BaseModel
 
 from diffmeter import cache
-from diffmeter.measure.environment import cpu_name
 
 MATMUL_SIZES = (512, 1024, 2048)
 COPY_MIB = (1, 8, 64, 256)
@@ -78,3 +79,13 @@ def _remembered(cpu: str, threads: int, precisions: tuple[str, ...]) -> CpuPeaks
     found = measure_cpu_peaks(precisions)
     cache.store("cpu-peaks", key, found.model_dump())
     return found
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
