@@ -103,6 +103,32 @@ def test_profile_gpu_with_benchs_technique_flags_predicts_what_bench_stores(cli,
     assert code == 2 and "compile: the memory prediction models offload" in err
 
 
+def test_a_float32_run_is_timed_as_bench_runs_it_on_tf32_or_strictly_with_no_tf32(cli):
+    """bench on CUDA runs float32 matmuls and convolutions on TF32 unless --no-tf32: profile and fit time them the
+    same way, and say so (the title's peak is TF32's; attention, at float32's peak, is named apart)."""
+    h100 = named_gpu("h100")
+    found = {}
+    for flag in ("--tf32", "--no-tf32"):
+        code, out, _ = cli("profile", "tiny-sd", "--gpu", "h100", "--dtype", "float32", "--json", flag)
+        assert code == 0
+        found[flag] = json.loads(out)["time"]
+    on, off = found["--tf32"], found["--no-tf32"]
+    assert (on["peak_tflops"], on["peak_precision"]) == (h100.tflops["tf32"], "tf32")
+    assert (off["peak_tflops"], off["peak_precision"]) == (h100.tflops["fp32"], None)
+    assert any("attention at 67 TFLOP/s" in line and "matmul" not in line for line in on["other_peaks"])
+    assert off["other_peaks"] == [] and off["lower_s"] > on["lower_s"]
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "h100", "--dtype", "float32")
+    assert code == 0 and "float32, matmuls on TF32" in " ".join(out.split())
+    fits = {}
+    for flag in ("--tf32", "--no-tf32"):
+        code, out, _ = cli("fit", "tiny-sd", "--gpu", "h100", "--dtype", "float32", "--json", flag)
+        assert code == 0
+        fits[flag] = {tuple(row["techniques"]): row["lower_s"] for row in json.loads(out)["fits"]}
+    assert fits["--no-tf32"][()] > fits["--tf32"][()]
+    code, _, err = cli("fit", "--all", "--no-tf32")
+    assert code == 2 and "drop --no-tf32" in err
+
+
 @pytest.mark.parametrize("command", [["profile"], ["profile", "--gpu", "h100"], ["fit", "--memory", "24GB"]])
 def test_a_component_dtype_for_a_component_the_model_lacks_is_refused(cli, command):
     """fit accepted --component-dtype vea=float32 and predicted as if it had not been given."""

@@ -26,6 +26,7 @@ from diffmeter.cli.options import (
     LoraTargets,
     NumFrames,
     Steps,
+    Tf32,
     TrueCfgScale,
     Width,
 )
@@ -58,6 +59,7 @@ def fit(
         ),
     ] = None,
     gpu: GpuName = None,
+    tf32: Tf32 = True,
     height: Height = None,
     width: Width = None,
     steps: Steps = None,
@@ -99,6 +101,7 @@ def fit(
             "--lora-rank": lora_rank, "--lora": lora, "--fuse-lora": fuse_lora,
             "--dtype": dtype, "--component-dtype": component_dtype,
             "--batch-size": None if batch_size == 1 else batch_size,
+            "--no-tf32": not tf32,
         }  # fmt: skip
         if named := [flag for flag, value in given.items() if value]:
             raise DiffmeterError(f"--all predicts each model at its catalog defaults: drop {', '.join(named)}")
@@ -138,7 +141,8 @@ def fit(
     # fp8 weights need FP8 tensor cores: a table GPU says whether it has them; a bare --memory is not refused
     found = fitting(prediction, usable, fp8=gpu is None or "fp8" in target.tflops)
     fits, refused = runnable(found, entry, spec.with_defaults(entry.defaults))
-    times = lower_times(plain_time(work, prediction, target), prediction, target, [chosen for chosen, _ in fits])
+    plain = plain_time(work, prediction, target, tf32=tf32)
+    times = lower_times(plain, prediction, target, [chosen for chosen, _ in fits])
     rows = [(chosen, peak, times.get(chosen)) for chosen, peak in fits]
     if all(time is not None for _, _, time in rows):  # the mechanism's order stays among equal times
         rows.sort(key=lambda row: row[2])

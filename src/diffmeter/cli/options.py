@@ -231,6 +231,14 @@ GpuName = Annotated[
         help="predict peak memory per stage for this GPU: h100, h200, l4, rtx 4090... (a wrong name lists them)",
     ),
 ]
+Tf32 = Annotated[
+    bool,
+    typer.Option(
+        "--tf32/--no-tf32",
+        help="with --gpu: float32 matmuls and convolutions timed on TF32, as bench runs them on CUDA (--no-tf32: "
+        "in strict float32, as bench --no-tf32 runs them)",
+    ),
+]
 GpuSpec = Annotated[
     str | None,
     typer.Option(

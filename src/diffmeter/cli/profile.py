@@ -33,6 +33,7 @@ from diffmeter.cli.options import (
     Quantize,
     ResolutionBinning,
     RingDegree,
+    Tf32,
     TrueCfgScale,
     UlyssesDegree,
     VaeSlicing,
@@ -144,6 +145,7 @@ def profile(
     cfg_degree: CfgDegree = 1,
     gpu: GpuName = None,
     gpu_spec: GpuSpec = None,
+    tf32: Tf32 = True,
     offload: Offload = None,
     vae_tiling: VaeTiling = False,
     vae_slicing: VaeSlicing = False,
@@ -241,7 +243,7 @@ def profile(
     if any(flags.values()) and not (gpu or gpu_spec):
         raise DiffmeterError("techniques change the predicted memory, not the count: add --gpu NAME (or --gpu-spec)")
     if gpu or gpu_spec:
-        _predicted(specs, results, gpu, gpu_spec, as_json, as_csv, flags)
+        _predicted(specs, results, gpu, gpu_spec, as_json, as_csv, flags, tf32)
     elif as_json:
         payload = results[0].to_json_dict() if len(results) == 1 else {"profiles": [p.to_json_dict() for p in results]}
         if split is not None:
@@ -295,9 +297,12 @@ def _split_line(split: dict) -> str:
     )
 
 
-def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: bool, as_csv: bool, flags) -> None:
+def _predicted(
+    specs, results, gpu: str | None, gpu_spec: str | None, as_json: bool, as_csv: bool, flags, tf32: bool
+) -> None:
     """Each profile with its predicted peak memory and time on the chosen device (``predict/``); ``flags``:
-    bench's technique options, parsed by bench's own parser and named as bench's stored prediction names them."""
+    bench's technique options, parsed by bench's own parser and named as bench's stored prediction names them;
+    ``tf32``: float32 matmuls and convolutions timed on TF32, as bench's ``--tf32``."""
     from diffmeter.predict.devices import chosen_gpu, is_this_cpu
     from diffmeter.report.memory_table import memory_table
     from diffmeter.report.time_table import energy_line, time_table
@@ -310,7 +315,7 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
     from diffmeter.predict.bench_prediction import memory_technique
     from diffmeter.predict.memory import VAE_MODES
     from diffmeter.predict.operators import operator_work, predict_memory_and_work
-    from diffmeter.predict.roofline import missing_figures, predict_time
+    from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
     from diffmeter.predict.techniques import peak_under
 
     asked = from_flags(**flags)
@@ -328,9 +333,12 @@ def _predicted(specs, results, gpu: str | None, gpu_spec: str | None, as_json: b
         predicted = [(memory, operator_work(spec, modes)) for (memory, _), spec in zip(predicted, specs, strict=True)]
     memories = [memory for memory, _ in predicted]
     chosen = chosen or chosen_gpu(gpu, gpu_spec, tuple({dtype for _, work in predicted for dtype in work.dtypes()}))
-    missing = [missing_figures(chosen, work) for _, work in predicted]
+    fp32_math = bench_fp32_math(tf32)
+    missing = [missing_figures(chosen, work, fp32_math) for _, work in predicted]
     times = [
-        None if lacking else predict_time(work, chosen, weights=memory.weight_read_bytes, outputs=spec.batch_size)
+        None
+        if lacking
+        else predict_time(work, chosen, weights=memory.weight_read_bytes, outputs=spec.batch_size, fp32_math=fp32_math)
         for (memory, work), lacking, spec in zip(predicted, missing, specs, strict=True)
     ]
     if as_json:

@@ -101,6 +101,13 @@ BENCH_FP32 = {"matmul": "tf32", "convolution": "tf32"}
 #: float32 (torch/backends/cuda/__init__.py: ``allow_tf32`` starts False), cuDNN convolutions in TF32
 #: (torch/backends/cudnn/__init__.py: ``allow_tf32`` starts True; torch 2.13 reads "tf32" for cudnn.conv)
 TORCH_FP32 = {"matmul": "ieee", "convolution": "tf32"}
+#: a bench with --no-tf32: both in strict IEEE float32 (runs/lifecycle.py, optimize/tf32.py ``fp32_math(False)``)
+STRICT_FP32 = {"matmul": "ieee", "convolution": "ieee"}
+
+
+def bench_fp32_math(tf32: bool) -> Mapping[str, str]:
+    """How a bench on CUDA runs float32 matmuls and convolutions, with TF32 (its default) or without."""
+    return BENCH_FP32 if tf32 else STRICT_FP32
 
 
 @dataclass(frozen=True)
@@ -148,13 +155,17 @@ def flop_rates(device: Device, work: OperatorWork, fp32_math: Mapping[str, str] 
 
 
 def other_peaks(device: Device, work: OperatorWork, fp32_math: Mapping[str, str] = BENCH_FP32) -> list[str]:
-    """What the calls at another dtype than the run's are charged: "vae in float32: convolution at 494.7 TFLOP/s
-    (TF32), attention at 66.9 TFLOP/s"."""
+    """What the operators not charged the run's own peak (its matmuls', ``TimePrediction.peak_tflops``) are charged,
+    per component and dtype: every kind of the calls at another dtype than the run's ("vae in float32: convolution
+    at 494.7 TFLOP/s (TF32), attention at 66.9 TFLOP/s"), and the run's kinds at another peak (a float32 run's
+    attention beside its matmuls on TF32)."""
+    title = kind_peak(device, work.dtype, "matmul", fp32_math)
     found: dict[tuple[str, str], list[str]] = defaultdict(list)
     for component, dtype, kind in sorted(kinds_of(work)):
-        if dtype != work.dtype:
-            mode = " (TF32)" if kind_peak(device, dtype, kind, fp32_math) != device.peak_tflops(dtype) else ""
-            found[component, dtype].append(f"{kind} at {kind_peak(device, dtype, kind, fp32_math):,.4g} TFLOP/s{mode}")
+        peak = kind_peak(device, dtype, kind, fp32_math)
+        if dtype != work.dtype or peak != title:
+            mode = " (TF32)" if peak != device.peak_tflops(dtype) else ""
+            found[component, dtype].append(f"{kind} at {peak:,.4g} TFLOP/s{mode}")
     return [f"{component} in {dtype}: {', '.join(kinds)}" for (component, dtype), kinds in found.items()]
 
 
@@ -272,6 +283,7 @@ def predict_time(
         device=device.name,
         dtype=work.dtype,
         peak_tflops=rates.default / 1e12,
+        peak_precision="tf32" if rates.default / 1e12 != device.peak_tflops(work.dtype) else None,
         other_peaks=other_peaks(device, work, fp32_math),
         bandwidth_bytes_per_s=device.bandwidth_bytes_per_s,
         stages=stages,

@@ -135,6 +135,8 @@ class TimePrediction(BaseModel):
     device: str
     dtype: str
     peak_tflops: float
+    #: "tf32" when ``peak_tflops`` is not the dtype's own: a float32 run's matmuls on TF32 tensor cores
+    peak_precision: str | None = None
     bandwidth_bytes_per_s: float
     stages: list[StageTime]
     lower_s: float
@@ -148,7 +150,7 @@ class TimePrediction(BaseModel):
     outside_calibration: str | None = None
     #: the energy per output the expected time implies at the calibrated board power (None: no TDP or no fit)
     energy: EnergyPrediction | None = None
-    #: the peaks of calls at another dtype than the run's, as "component dtype: TFLOP/s per operator kind"
+    #: the peaks of operators charged another than ``peak_tflops``, as "component in dtype: TFLOP/s per kind"
     other_peaks: list[str] = []
     method: str = (
         "lower bound (of the eager operators as dispatched): per operator max(FLOPs / peak, bytes moved / "

@@ -38,7 +38,9 @@ def energy_line(prediction: TimePrediction, output: str = "image") -> str:
 
 def time_table(prediction: TimePrediction) -> FittedTable:
     title = (
-        f"predicted time on {prediction.device} ({prediction.dtype}: {prediction.peak_tflops:,.3g} TFLOP/s peak, "
+        f"predicted time on {prediction.device} ({prediction.dtype}"
+        f"{', matmuls on TF32' if prediction.peak_precision == 'tf32' else ''}: {prediction.peak_tflops:,.3g} "
+        "TFLOP/s peak, "
         f"{prediction.bandwidth_bytes_per_s / 1e9:,.4g} GB/s)"
     )
     table = FittedTable(
@@ -81,7 +83,7 @@ def time_table(prediction: TimePrediction) -> FittedTable:
         "(docs/memory-prediction.md)."
         + (f" The expected range is {prediction.outside_calibration}." if prediction.outside_calibration else "")
         + (
-            f" Calls at another dtype, at its peaks: {'; '.join(prediction.other_peaks)}."
+            f" Charged other peaks than the title's: {'; '.join(prediction.other_peaks)}."
             if prediction.other_peaks
             else ""
         )

@@ -49,14 +49,15 @@ def refusals(settings, entry, spec) -> list[tuple[tuple[str, ...], str]]:
     return refused
 
 
-def plain_time(work, prediction, gpu, outputs: int = 1):
-    """The plain pipeline's predicted time on ``gpu`` (``roofline.TimePrediction``), None without the GPU's
-    figures for the dtype."""
-    from diffmeter.predict.roofline import missing_figures, predict_time
+def plain_time(work, prediction, gpu, outputs: int = 1, tf32: bool = True):
+    """The plain pipeline's predicted time on ``gpu`` (``roofline.TimePrediction``), float32 matmuls and convolutions
+    on TF32 or not as bench's ``--tf32``; None without the GPU's figures for the dtype."""
+    from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
 
-    if missing_figures(gpu, work):
+    fp32_math = bench_fp32_math(tf32)
+    if missing_figures(gpu, work, fp32_math):
         return None
-    return predict_time(work, gpu, weights=prediction.weight_read_bytes, outputs=outputs)
+    return predict_time(work, gpu, weights=prediction.weight_read_bytes, outputs=outputs, fp32_math=fp32_math)
 
 
 def lower_times(time, prediction, gpu, settings) -> dict[tuple[str, ...], float]:
