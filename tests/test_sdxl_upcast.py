@@ -18,6 +18,7 @@ from diffmeter.predict.memory import predict_memory, settled_plan
 from diffmeter.predict.operators import operator_work
 from diffmeter.predict.roofline import predict_time
 from diffmeter.predict.schema import VAE_DECODE
+from diffmeter.predict.techniques import peak_under, stage_peaks_under
 from diffmeter.spec import ProfileSpec
 
 
@@ -75,6 +76,10 @@ def test_the_float16_decode_is_predicted_and_counted_as_the_float32_one():
     assert vae32 == 2 * vae16 and decode.component_param_bytes == vae32
     assert decode.resident_param_bytes == sum(half.component_param_bytes.values()) - vae16 + vae32
     assert decode.activation_bytes == pytest.approx(decode32.activation_bytes, rel=1e-9)
+    # what fit, "left" and bench's stored prediction read: the same peak, the upcast VAE counted as the stages count it
+    assert peak_under(half, ()) == half.peak_bytes
+    with_offload = stage_peaks_under(half, ("offload-model",))[VAE_DECODE]
+    assert with_offload == vae32 + decode.carried_bytes + decode.activation_bytes
 
     def decode_bytes(dtype: str) -> int:
         work = operator_work(ProfileSpec(model="tiny-sdxl", dtype=dtype))

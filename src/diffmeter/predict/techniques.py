@@ -50,16 +50,20 @@ def peak_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> int
 
 def stage_peaks_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> dict[str, int]:
     """Each stage's peak bytes with ``techniques`` applied: its heaviest call's resident weights, carried
-    tensors and activations."""
+    tensors and activations. A component its pipeline casts for a call (SDXL's float16 VAE upcast to float32 for
+    the decode, ``Call.dtype``) weighs what it does cast, as the plain prediction's stages count it."""
     params = stored_params(prediction, techniques)
     peaks: dict[str, int] = {}
     for call in prediction.calls:
+        loaded = prediction.component_param_bytes[call.component]
+        cast = call.component_param_bytes - loaded  # 0 unless the call casts its component
         if "offload-model" in techniques:
-            resident = params[call.component]
+            resident = params[call.component] + cast
         elif "offload-sequential" in techniques or "offload-group" in techniques:
-            resident = prediction.largest_layer_bytes[call.component]
+            largest = prediction.largest_layer_bytes[call.component]
+            resident = largest * call.component_param_bytes // loaded if loaded else largest
         else:
-            resident = sum(params.values())
+            resident = sum(params.values()) + cast
         activations = call.activation_bytes
         if call.stage == VAE_DECODE and call.component == prediction.decoder:
             for mode in ("vae-tiling", "vae-slicing"):
