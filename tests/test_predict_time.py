@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from diffmeter.flops.profile import profile_spec
+from diffmeter.predict.cpu_peaks import BUSY_CORES
 from diffmeter.predict.devices import Device, named_gpu, spec_gpu
 from diffmeter.predict.operators import OperatorTally, operator_work
 from diffmeter.predict.roofline import TORCH_FP32, Calibration, calibrations, predict_time
@@ -253,6 +254,30 @@ def test_profile_on_this_cpu_predicts_the_dtype_bench_runs_there(cli):
     assert code == 0 and json.loads(out)["memory"]["dtype"] == "float32"
     code, out, _ = cli("profile", "sd15", *settings, "--dtype", "float16")
     assert code == 0 and json.loads(out)["memory"]["dtype"] == "float16"
+
+
+def test_cpu_peaks_measured_on_a_busy_machine_say_so_and_are_not_remembered(tmp_path):
+    """Two busy-looping processes beside the measurement (real ones): its peaks are flagged in the device's name and
+    not stored on disk, so the next process measures again."""
+    import os
+    import subprocess
+    import sys
+
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        code = (
+            "from diffmeter.predict.devices import this_cpu; from diffmeter.predict.cpu_peaks import cpu_peaks; "
+            "print(cpu_peaks(('fp32',)).others_cores); print(this_cpu('float32').name)"
+        )
+        env = {**os.environ, "DIFFMETER_CACHE_DIR": str(tmp_path)}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+    others, name = done.stdout.strip().splitlines()[-2:]
+    assert float(others) > BUSY_CORES, done.stderr[-2000:]  # the two spinners got their share of the cores
+    assert "peaks measured while other processes used" in name and "may be low" in name
+    assert not (tmp_path / "cpu-peaks").exists() or not any((tmp_path / "cpu-peaks").iterdir())
 
 
 def test_long_times_read_in_minutes_and_hours():

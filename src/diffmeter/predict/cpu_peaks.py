@@ -3,7 +3,8 @@
 A CPU has no datasheet row the way a GPU has, so a roofline for CPU runs needs its figures measured
 on the spot, at the thread count torch runs with. The copy rate is the best at any size from 1 MiB
 (in cache) to 256 MiB (memory): a tensor that fits in cache moves at cache speed, and the roofline
-must stay a lower bound for it.
+must stay a lower bound for it. A peak measured while other processes used the CPU is low (every bound from it
+too slow): it says so in the device's name and is not remembered on disk, so the next process measures again.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from diffmeter import cache
 MATMUL_SIZES = (512, 1024, 2048)
 COPY_MIB = (1, 8, 64, 256)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: other processes' use of the CPU (cores, averaged over the measurement) above which the peaks are flagged as low
+BUSY_CORES = 0.5
 
 
 class CpuPeaks(BaseModel):
@@ -30,6 +33,12 @@ class CpuPeaks(BaseModel):
     threads: int
     tflops: dict[str, float]
     bandwidth_bytes_per_s: float
+    #: cores other processes used, on average, while the peaks were measured
+    others_cores: float = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self.others_cores > BUSY_CORES
 
 
 def _best_rate(work: float, run, budget_s: float) -> float:
@@ -46,7 +55,11 @@ def _best_rate(work: float, run, budget_s: float) -> float:
 
 def measure_cpu_peaks(precisions: tuple[str, ...] = tuple(DTYPES), budget_s: float = 0.3) -> CpuPeaks:
     """Measure now: square matmuls of each dtype, growing while one takes less than ``budget_s`` (a CPU
-    without bfloat16 units runs them a hundred times slower), and copies of each size."""
+    without bfloat16 units runs them a hundred times slower), and copies of each size; with the cores other
+    processes used meanwhile (the machine's busy time less this process's CPU time, over the wall time)."""
+    import psutil
+
+    machine, own, start = _busy_s(psutil.cpu_times()), time.process_time(), time.perf_counter()
     tflops = {}
     for key in precisions:
         dtype, rates = DTYPES[key], []
@@ -61,7 +74,19 @@ def measure_cpu_peaks(precisions: tuple[str, ...] = tuple(DTYPES), budget_s: flo
         source = torch.ones(mib * 2**20 // 4)
         target = torch.empty_like(source)
         bandwidth = max(bandwidth, _best_rate(2 * source.nbytes, lambda s=source, t=target: t.copy_(s), budget_s))
-    return CpuPeaks(cpu=cpu_name(), threads=torch.get_num_threads(), tflops=tflops, bandwidth_bytes_per_s=bandwidth)
+    others = _busy_s(psutil.cpu_times()) - machine - (time.process_time() - own)
+    return CpuPeaks(
+        cpu=cpu_name(),
+        threads=torch.get_num_threads(),
+        tflops=tflops,
+        bandwidth_bytes_per_s=bandwidth,
+        others_cores=max(0.0, others / (time.perf_counter() - start)),
+    )
+
+
+def _busy_s(times) -> float:
+    """Seconds the whole machine's cores spent on any process (``psutil.cpu_times()``: all but idle and I/O wait)."""
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
 def cpu_peaks(precisions: tuple[str, ...] = tuple(DTYPES)) -> CpuPeaks:
@@ -77,11 +102,13 @@ def _remembered(cpu: str, threads: int, precisions: tuple[str, ...]) -> CpuPeaks
     if stored is not None:
         return CpuPeaks.model_validate(stored)
     found = measure_cpu_peaks(precisions)
-    cache.store("cpu-peaks", key, found.model_dump())
+    if not found.busy:
+        cache.store("cpu-peaks", key, found.model_dump())
     return found
 
 
 def cpu_name() -> str:
+    """This CPU's model name, as /proc/cpuinfo gives it (the key of its remembered peaks)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -156,8 +156,13 @@ def this_cpu(*dtypes: str) -> Device:
     from diffmeter.predict.cpu_peaks import cpu_peaks
 
     peaks = cpu_peaks(tuple({PRECISION[dtype] for dtype in dtypes}) or ("fp32", "bf16", "fp16"))
+    busy = (
+        f"; peaks measured while other processes used {peaks.others_cores:.1f} cores: may be low, every bound high"
+        if peaks.busy
+        else ""
+    )
     return Device(
-        name=f"CPU {peaks.cpu} ({peaks.threads} threads)",
+        name=f"CPU {peaks.cpu} ({peaks.threads} threads{busy})",
         kind="cpu",
         memory_bytes=psutil.virtual_memory().total,
         bandwidth_bytes_per_s=peaks.bandwidth_bytes_per_s,
