@@ -129,6 +129,19 @@ def test_a_float32_run_is_timed_as_bench_runs_it_on_tf32_or_strictly_with_no_tf3
     assert code == 2 and "drop --no-tf32" in err
 
 
+def test_the_energy_line_says_how_its_range_is_made(cli):
+    """The energy range is the expected time's geometric midpoint at the fitted power, widened by the energy fit's
+    own spread (not the time range at that power): the line says both, and the figures agree with it."""
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "h100", "--json")
+    time = json.loads(out)["time"]
+    (low, high), power = time["energy"]["per_output_j"], time["energy"]["power_w"]
+    fast, slow = time["expected_s"]
+    assert (low * high) ** 0.5 == pytest.approx(power * (fast * slow) ** 0.5, rel=1e-9)
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "h100")
+    said = " ".join(out.split())
+    assert code == 0 and "geometric midpoint at" in said and f"divided by {(high / low) ** 0.5:.3g}, the spread" in said
+
+
 @pytest.mark.parametrize("command", [["profile"], ["profile", "--gpu", "h100"], ["fit", "--memory", "24GB"]])
 def test_a_component_dtype_for_a_component_the_model_lacks_is_refused(cli, command):
     """fit accepted --component-dtype vea=float32 and predicted as if it had not been given."""

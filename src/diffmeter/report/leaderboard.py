@@ -107,8 +107,9 @@ def leaderboard_html(cells: list[Cell], left_out: list[str]) -> str:
         "family checked against a real tiny run or marked not checked; the fitting setting is the fastest that "
         "bench can run whose peak fits what is left after the CUDA context and libraries. Time: the roofline lower "
         "bound, and for the plain pipeline the expected range fitted on published eager runs per GPU architecture "
-        "(coverage and error in the notes). Energy: that expected time at the average board power fitted on "
-        "published runs' energy, as a share of the card's TDP.</p>"
+        "(coverage and error in the notes). Energy: that expected time's geometric midpoint at the average board "
+        "power fitted on published runs' energy, as a share of the card's TDP, widened by the spread that fit "
+        "left.</p>"
         f'<table class="summary"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
         '<p class="caption">Click a header to sort; hover a row for how it was predicted. Times are seconds per '
         "generation (one pipeline call at the model's defaults); energy is joules per image (per video for a "

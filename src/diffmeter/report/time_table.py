@@ -31,8 +31,10 @@ def energy_line(prediction: TimePrediction, output: str = "image") -> str:
     each = output if energy.outputs == 1 else f"{output} ({energy.outputs} per generation)"
     return (
         f"predicted energy per {each} on {prediction.device}: {units.joules(low)} to {units.joules(high)} "
-        f"({low / 3600:.3g} to {high / 3600:.3g} Wh): the expected time at {energy.power_w:.0f} W, the share of "
-        f"its {energy.tdp_w:.0f} W TDP that turned predicted times into published energy; {energy.calibration}"
+        f"({low / 3600:.3g} to {high / 3600:.3g} Wh): the expected time's geometric midpoint at "
+        f"{energy.power_w:.0f} W, the share of its {energy.tdp_w:.0f} W TDP that turned predicted times into "
+        f"published energy, times or divided by {(high / low) ** 0.5:.3g}, the spread the fit left; "
+        f"{energy.calibration}"
     )
 
 
