@@ -247,6 +247,25 @@ def test_a_prediction_that_cannot_be_made_is_a_note_and_the_run_is_kept(tmp_path
     assert json.loads((folder / "results.json").read_text())["summary"]["iterations"] == 1
 
 
+def test_show_says_where_the_measured_median_lies_against_the_expected_range(predicted_run):
+    """Inside when the median's interval overlaps the range; above or below, by how much, when it lies wholly
+    outside it: held against ranges placed around this run's own measured interval."""
+    from diffmeter.report.prediction_lines import against_expected, prediction_lines
+
+    result, _ = predicted_run
+    latency = result.summary.latency_s
+    assert against_expected(result, (latency.ci_low / 2, latency.ci_high * 2)).startswith(", inside the expected range")
+    above = against_expected(result, (latency.ci_low / 8, latency.ci_low / 4))
+    assert (
+        above.startswith(", above the expected range")
+        and f"{latency.median / (latency.ci_low / 4):.3g}x its top" in above
+    )
+    assert against_expected(result, (latency.ci_high * 2, latency.ci_high * 3)).startswith(", below the expected range")
+    assert against_expected(result, None) == ""
+    verdict = against_expected(result, result.prediction.time.expected_s)
+    assert any(verdict in line for line in prediction_lines(result))
+
+
 def test_profile_on_this_cpu_predicts_the_dtype_bench_runs_there(cli):
     """SD 1.5's card says float16, but bench on a CPU runs float32: --gpu cpu predicts that run, unless told."""
     settings = ("--gpu", "cpu", "--height", "64", "--width", "64", "--steps", "1", "--json")

@@ -62,7 +62,8 @@ def prediction_lines(result: BenchResult) -> list[str]:
                     f"{stage.stage.replace('_', ' ')} {units.seconds(stage.lower_s)} / "
                     f"{expected_range(stage.expected_s)} / {units.seconds(stats.median)}"
                 )
-        lines.append(parts[0] + " (per stage, bound / expected / measured: " + "; ".join(parts[1:]) + ")")
+        verdict = "" if prediction.time_left_out else against_expected(result, time.expected_s)
+        lines.append(parts[0] + verdict + " (per stage, bound / expected / measured: " + "; ".join(parts[1:]) + ")")
         if time.outside_calibration:
             lines.append(f"prediction: the expected range is {time.outside_calibration}")
         if time.energy is not None:
@@ -75,3 +76,19 @@ def prediction_lines(result: BenchResult) -> list[str]:
             )
     lines += [f"prediction: {note}" for note in prediction.notes]
     return lines
+
+
+def against_expected(result: BenchResult, expected_s: tuple[float, float] | None) -> str:
+    """Where the measured median's interval lies against the expected range: inside it (they overlap), or wholly
+    above or below it, by how much; nothing without a range."""
+    if expected_s is None:
+        return ""
+    latency = result.summary.latency_s
+    low, high = expected_s
+    bounds = f"{units.seconds(latency.ci_low)} to {units.seconds(latency.ci_high)}"
+    interval = f"its {100 * latency.ci_level:.0f}% interval {bounds}"
+    if latency.ci_low > high:
+        return f", above the expected range ({interval}; {latency.median / high:.3g}x its top)"
+    if latency.ci_high < low:
+        return f", below the expected range ({interval}; {low / latency.median:.3g}x under its bottom)"
+    return f", inside the expected range ({interval} overlaps it)"
