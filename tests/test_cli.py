@@ -56,6 +56,7 @@ def test_models_lists_the_catalog(cli):
         (["profile", "flux-dev", "--steps", "0"], "--steps must be a positive integer"),
         (["profile", "flux-dev", "--batch-size", "-2"], "--batch-size must be a positive integer"),
         (["profile", "flux-dev", "--height", "512,abc"], "--height takes numbers"),
+        (["profile", "flux-dev", "--steps", "20,,30"], "--steps takes numbers separated by commas, got '20,,30'"),
         (["profile", "flux-dev", "--height", "512,768", "--width", "512"], "same length"),
         (["profile"], "name a MODEL"),
         (["profile", "sd15", "--max-sequence-length", "128"], "takes no max_sequence_length"),

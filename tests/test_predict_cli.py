@@ -127,6 +127,8 @@ def test_a_float32_run_is_timed_as_bench_runs_it_on_tf32_or_strictly_with_no_tf3
     assert fits["--no-tf32"][()] > fits["--tf32"][()]
     code, _, err = cli("fit", "--all", "--no-tf32")
     assert code == 2 and "drop --no-tf32" in err
+    code, _, err = cli("profile", "tiny-sd", "--no-tf32")
+    assert code == 2 and "--no-tf32 changes the predicted time, not the count: add --gpu" in err
 
 
 def test_the_energy_line_says_how_its_range_is_made(cli):

@@ -49,7 +49,7 @@ def numbers(text: str | None, option: str, kind=int) -> list:
     if text is None:
         return [None]
     try:
-        return [kind(part) for part in text.split(",") if part.strip()]
+        return [kind(part) for part in text.split(",")]
     except ValueError:
         raise DiffmeterError(f"{option} takes numbers separated by commas, got '{text}'") from None
 
@@ -108,7 +108,9 @@ def profile(
     dtype: Annotated[
         str | None,
         typer.Option(
-            metavar="DTYPE", help="float16 | bfloat16 | float32 (parameter memory)", rich_help_panel=GENERATION
+            metavar="DTYPE",
+            help="float16 | bfloat16 | float32 (parameter memory; with --gpu, the predicted memory and time too)",
+            rich_help_panel=GENERATION,
         ),
     ] = None,
     component_dtype: ComponentDtype = None,
@@ -240,6 +242,8 @@ def profile(
         fp8_text_encoder=fp8_text_encoder,
         opt=opt,
     )
+    if not tf32 and not (gpu or gpu_spec):
+        raise DiffmeterError("--no-tf32 changes the predicted time, not the count: add --gpu NAME (or --gpu-spec)")
     if any(flags.values()) and not (gpu or gpu_spec):
         raise DiffmeterError("techniques change the predicted memory, not the count: add --gpu NAME (or --gpu-spec)")
     if gpu or gpu_spec:
