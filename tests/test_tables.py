@@ -6,7 +6,7 @@ import pytest
 from rich.console import Console
 from rich.text import Text
 
-from diffmeter import profile
+from diffmeter import profile, units
 from diffmeter.catalog import all_entries
 from diffmeter.report.layout import FittedTable
 from diffmeter.report.tables import profile_table, summary_table
@@ -52,6 +52,17 @@ def test_profile_tables_fit(width):
     text = check(summary_table(profiles), width, MODELS)
     if width == 80:
         assert "not shown at this width:" in text  # columns give way, and the caption says which
+
+
+def test_the_total_row_splits_the_whole_generation_by_kind():
+    """The total row's kind column holds the whole generation's matmul / convolution / attention shares (the
+    components' MACs of each kind summed), its FLOPs beside its MACs."""
+    found = profile("sd15", steps=1)
+    row = next(row for row in profile_table(found).rows if row.cells[0] == "total")
+    kinds = {kind: sum(c.macs_by_kind.get(kind, 0) for c in found.components) for kind in ("matmul", "convolution")}
+    shares = row.cells[7].split(" / ")
+    assert shares[:2] == [f"{100 * kinds[kind] / found.total_macs:.0f}%" for kind in ("matmul", "convolution")]
+    assert row.cells[6] == f"{units.macs(found.total_macs)} ({units.flops(found.total_flops)})"
 
 
 @pytest.mark.parametrize("width", WIDTHS)

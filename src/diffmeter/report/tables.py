@@ -59,11 +59,7 @@ def profile_table(profile: Profile) -> FittedTable:
     for component in profile.components:
         shared = component.name in shown  # the VAE's second role: its weights are on its first row
         shown.add(component.name)
-        kinds = component.macs_by_kind
-        split = " / ".join(
-            f"{100 * kinds[k] / component.macs:.0f}%" if component.macs else "-"
-            for k in ("matmul", "convolution", "attention")
-        )
+        split = _kind_split(component.macs_by_kind, component.macs)
         table.add_row(
             escape(component.name),
             component.role,
@@ -92,8 +88,8 @@ def profile_table(profile: Profile) -> FittedTable:
         units.params(profile.params),
         "",
         "",
-        units.macs(profile.total_macs),
-        units.flops(profile.total_flops),
+        f"{units.macs(profile.total_macs)} ({units.flops(profile.total_flops)})",
+        _kind_split(_summed_kinds(profile.components), profile.total_macs),
         "100%",
         style="bold",
     )
@@ -105,6 +101,21 @@ def profile_table(profile: Profile) -> FittedTable:
         ]
     )
     return table
+
+
+def _kind_split(kinds: dict[str, int], macs: int) -> str:
+    """The shares of matmul, convolution and attention MACs: "93% / 0% / 7%"."""
+    return " / ".join(
+        f"{100 * kinds.get(kind, 0) / macs:.0f}%" if macs else "-" for kind in ("matmul", "convolution", "attention")
+    )
+
+
+def _summed_kinds(components) -> dict[str, int]:
+    summed: dict[str, int] = {}
+    for component in components:
+        for kind, macs in component.macs_by_kind.items():
+            summed[kind] = summed.get(kind, 0) + macs
+    return summed
 
 
 def summary_table(profiles: list[Profile]) -> FittedTable:
