@@ -85,8 +85,10 @@ def measure_cpu_peaks(precisions: tuple[str, ...] = tuple(DTYPES), budget_s: flo
 
 
 def _busy_s(times) -> float:
-    """Seconds the whole machine's cores spent on any process (``psutil.cpu_times()``: all but idle and I/O wait)."""
-    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+    """Seconds the whole machine's cores spent on any process (``psutil.cpu_times()``: all but idle and I/O wait;
+    Linux counts guest time inside user and nice time already, so it is taken out of the sum)."""
+    left_out = ("idle", "iowait", "guest", "guest_nice")
+    return sum(times) - sum(getattr(times, field, 0.0) for field in left_out)
 
 
 def cpu_peaks(precisions: tuple[str, ...] = tuple(DTYPES)) -> CpuPeaks:
