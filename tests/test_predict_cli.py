@@ -144,6 +144,19 @@ def test_the_energy_line_says_how_its_range_is_made(cli):
     assert code == 0 and "geometric midpoint at" in said and f"divided by {(high / low) ** 0.5:.3g}, the spread" in said
 
 
+def test_a_short_gpu_name_says_which_card_it_took_and_which_it_left(cli):
+    from diffmeter.predict.devices import other_cards
+
+    a100s = [row.name for row in PEAKS if row.name.startswith("A100")]
+    assert len(a100s) == 4 and other_cards("a100").startswith(f"--gpu a100 is the {a100s[0]};")
+    assert all(name in other_cards("a100") for name in a100s[1:])
+    assert other_cards("A100 40GB PCIe") is None and other_cards("l4") is None and other_cards("cpu") is None
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "a100")
+    assert code == 0 and "note: --gpu a100 is the A100 80GB SXM; the table also has" in " ".join(out.split())
+    code, out, _ = cli("fit", "tiny-sd", "--gpu", "a100 40gb sxm")
+    assert code == 0 and "note: --gpu" not in out
+
+
 @pytest.mark.parametrize("command", [["profile"], ["profile", "--gpu", "h100"], ["fit", "--memory", "24GB"]])
 def test_a_component_dtype_for_a_component_the_model_lacks_is_refused(cli, command):
     """fit accepted --component-dtype vea=float32 and predicted as if it had not been given."""

@@ -85,7 +85,7 @@ def fit(
     predicted leaderboard, every catalog model on every GPU (or --gpu's), as a sortable page and CSV."""
     from diffmeter.catalog import entry_of
     from diffmeter.lora_file import lora_fields
-    from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, chosen_gpu, spec_gpu
+    from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, chosen_gpu, other_cards, spec_gpu
     from diffmeter.report.memory_table import fit_table
     from diffmeter.spec import ProfileSpec, image_sizes_of, parse_component_dtypes
 
@@ -113,6 +113,8 @@ def fit(
     if (memory is None) == (gpu is None):
         raise DiffmeterError("give the memory to fit in: --memory 24GB, or --gpu NAME (not both)")
     target = chosen_gpu(gpu, None) if gpu else spec_gpu(_memory(memory)).model_copy(update={"name": memory})
+    if (others := other_cards(gpu)) and not as_json:
+        console.print(f"note: {others}", highlight=False, markup=False)
     if not target.memory_bytes:
         raise DiffmeterError(f"{target.name} has no single memory size in the table; pass --memory")
     spec = ProfileSpec(

@@ -307,13 +307,15 @@ def _predicted(
     """Each profile with its predicted peak memory and time on the chosen device (``predict/``); ``flags``:
     bench's technique options, parsed by bench's own parser and named as bench's stored prediction names them;
     ``tf32``: float32 matmuls and convolutions timed on TF32, as bench's ``--tf32``."""
-    from diffmeter.predict.devices import chosen_gpu, is_this_cpu
+    from diffmeter.predict.devices import chosen_gpu, is_this_cpu, other_cards
     from diffmeter.report.memory_table import memory_table
     from diffmeter.report.time_table import energy_line, time_table
 
     if as_csv:
         raise DiffmeterError("--csv has no place for predictions: use --json with --gpu/--gpu-spec")
     chosen = None if is_this_cpu(gpu) else chosen_gpu(gpu, gpu_spec)  # a wrong name fails before any work
+    if (others := other_cards(gpu)) and not as_json:
+        console.print(f"note: {others}", highlight=False, markup=False)
     load_libraries()
     from diffmeter.optimize.options import from_flags
     from diffmeter.predict.bench_prediction import memory_technique

@@ -207,6 +207,17 @@ def spec_gpu(text: str) -> Device:
     )
 
 
+def other_cards(name: str | None) -> str | None:
+    """What a short ``--gpu`` name left out: "a100" is the A100 80GB SXM, and the table has three more A100s; the
+    line that says so, or None where the name is exact or matched one row."""
+    if not name or is_this_cpu(name) or any(_plain(row.name) == _plain(name) for row in PEAKS):
+        return None
+    rows = [row.name for row in PEAKS if _plain(row.name).startswith(_plain(name))]
+    if len(rows) < 2:
+        return None
+    return f"--gpu {name} is the {rows[0]}; the table also has the {', '.join(rows[1:])}: name one for another card"
+
+
 def chosen_gpu(gpu: str | None, gpu_spec: str | None, dtypes: tuple[str, ...] = ()) -> Device | None:
     """The device of ``--gpu`` or ``--gpu-spec``; ``dtypes``: the ones whose peaks a CPU must measure."""
     if gpu and gpu_spec:
