@@ -66,16 +66,23 @@ def named_gpu(name: str, dtypes: tuple[str, ...] = ()) -> Device:
     whose name starts with it (the table lists the SXM form first)."""
     if is_this_cpu(name):
         return this_cpu(*dtypes)
-    wanted = _plain(name)
-    rows = [row for row in PEAKS if _plain(row.name) == wanted] or [
-        row for row in PEAKS if _plain(row.name).startswith(wanted)
-    ]
-    if not wanted or not rows:
+    rows = _matching(name)
+    if not rows:
         known = ", ".join(row.name for row in PEAKS)
         raise DiffmeterError(
             f"unknown GPU '{name}'; known: {known}, cpu (this machine's, measured); or give its figures with --gpu-spec"
         )
     return of_row(rows[0])
+
+
+def _matching(name: str) -> list:
+    """The rows a ``--gpu`` name matches: the one of that exact name, else every row whose name starts with it."""
+    wanted = _plain(name)
+    if not wanted:
+        return []
+    return [row for row in PEAKS if _plain(row.name) == wanted] or [
+        row for row in PEAKS if _plain(row.name).startswith(wanted)
+    ]
 
 
 def of_row(row) -> Device:
@@ -210,9 +217,7 @@ def spec_gpu(text: str) -> Device:
 def other_cards(name: str | None) -> str | None:
     """What a short ``--gpu`` name left out: "a100" is the A100 80GB SXM, and the table has three more A100s; the
     line that says so, or None where the name is exact or matched one row."""
-    if not name or is_this_cpu(name) or any(_plain(row.name) == _plain(name) for row in PEAKS):
-        return None
-    rows = [row.name for row in PEAKS if _plain(row.name).startswith(_plain(name))]
+    rows = [] if not name or is_this_cpu(name) else [row.name for row in _matching(name)]
     if len(rows) < 2:
         return None
     return f"--gpu {name} is the {rows[0]}; the table also has the {', '.join(rows[1:])}: name one for another card"

@@ -283,7 +283,9 @@ def predict_time(
         device=device.name,
         dtype=work.dtype,
         peak_tflops=rates.default / 1e12,
-        peak_precision="tf32" if rates.default / 1e12 != device.peak_tflops(work.dtype) else None,
+        peak_precision="tf32"
+        if kind_peak(device, work.dtype, "matmul", fp32_math) != device.peak_tflops(work.dtype)
+        else None,
         other_peaks=other_peaks(device, work, fp32_math),
         bandwidth_bytes_per_s=device.bandwidth_bytes_per_s,
         stages=stages,
