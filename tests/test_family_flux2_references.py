@@ -58,10 +58,11 @@ def referenced_run(entry, images, batch=1, guidance_scale=None):
         ("tiny-flux2-klein-base", [(64, 64)], 1, 4.0),
         ("tiny-flux2-klein-base", [(66, 80), (64, 64)], 1, 1.0),
         ("tiny-flux2-klein", [(64, 64), (64, 64)], 2, None),
+        ("tiny-flux2-klein", [(64, 64)] * 65, 1, None),  # the pipeline sets no limit; diffmeter once refused > 64
     ],
 )
 def test_references_are_counted_exactly(name, images, batch, guidance):
-    """One and two references, off the multiple of 4, at batch 2 (shared references), with and without CFG."""
+    """One, two and 65 references, off the multiple of 4, at batch 2 (shared references), with and without CFG."""
     entry = _tiny(name)
     real, encoded = referenced_run(entry, images, batch, guidance)
     settings = {} if guidance is None else {"guidance_scale": guidance}

@@ -96,8 +96,8 @@ class Family:
     #: the pipeline takes ``true_cfg_scale`` beside an embedded guidance (FLUX.1)
     true_cfg: ClassVar[bool] = False
     is_video: ClassVar[bool] = False
-    #: input images the pipeline takes (``--image-size``): 0 for text-to-image
-    max_images: ClassVar[int] = 0
+    #: input images the pipeline takes (``--image-size``): 0 for text-to-image, None where it sets no limit
+    max_images: ClassVar[int | None] = 0
     #: the denoiser predicts a flow velocity (flow-matching samplers only), not noise
     flow_matching: ClassVar[bool] = False
     #: the denoiser passes an attention mask to scaled-dot-product attention (text padding

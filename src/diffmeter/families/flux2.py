@@ -27,9 +27,9 @@ MIN_SIDE, MAX_ASPECT, MAX_AREA = 64, 8, 1024 * 1024
 
 class _Flux2Base(ImageConditioned, Family):
     flow_matching = True
-    #: reference images (``image``, a list shared by every prompt of the call): the pipeline sets no limit; more
-    #: than this is refused as a likely mistake
-    max_images = 64
+    #: reference images (``image``, a list shared by every prompt of the call): Flux2Pipeline and
+    #: Flux2KleinPipeline.__call__ set no limit (diffusers 0.42.1), so neither does diffmeter
+    max_images = None
     #: Flux2Pipeline / Flux2KleinPipeline warn and floor sides to multiples of vae_scale_factor * 2
     size_rounding = "down"
     text_encoders = ("text_encoder",)
@@ -53,10 +53,6 @@ class _Flux2Base(ImageConditioned, Family):
         checked (Flux2ImageProcessor.check_image_input: sides of at least 64 px, aspect ratio at most 8), shrunk to
         1024 * 1024 pixels when larger (``_resize_to_target_area``: int() of each side times the square root of the
         area ratio), its sides floored to multiples of vae_scale_factor * 2, and centre-cropped there."""
-        if len(spec.image_sizes) > self.max_images:
-            raise DiffmeterError(
-                f"{len(spec.image_sizes)} reference images: diffmeter counts at most {self.max_images}; pass fewer"
-            )
         step, made = self.size_multiple(entry), []
         for height, width in spec.image_sizes:
             if min(height, width) < MIN_SIDE or max(width / height, height / width) > MAX_ASPECT:

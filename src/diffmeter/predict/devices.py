@@ -130,29 +130,46 @@ def architecture_of(name: str) -> str | None:
     return None
 
 
+def gpu_table(file: str) -> dict[str, dict]:
+    """The rows of a ``data/`` file keyed by GPU row name, each alias resolved (``resolve_same_as``)."""
+    rows = json.loads(resources.files("diffmeter.predict").joinpath("data", file).read_text())["gpus"]
+    return resolve_same_as(rows, f"data/{file}")
+
+
+def resolve_same_as(rows: dict[str, dict], where: str) -> dict[str, dict]:
+    """``rows`` with each ``{"same_as": "other row"}`` (cards of one die sharing the figure, stated once) read as
+    that row's entry; an alias of a missing row or of another alias is an error in the data file ``where``."""
+    found = {}
+    for name, entry in rows.items():
+        target = entry.get("same_as")
+        if target is not None and (target not in rows or "same_as" in rows[target]):
+            raise ValueError(f"{where}: {name} is the same as {target!r}, which is not a stated row")
+        found[name] = rows[target] if target is not None else entry
+    return found
+
+
 @functools.cache
 def driver_memory() -> dict[str, dict]:
     """Each table GPU's memory as its driver reports it, with the nvidia-smi output it was read from."""
-    return json.loads(resources.files("diffmeter.predict").joinpath("data/gpu_memory.json").read_text())["gpus"]
+    return gpu_table("gpu_memory.json")
 
 
 @functools.cache
 def host_links() -> dict[str, dict]:
     """Each table GPU's host link and its rate per direction, with the datasheet line it was read from."""
-    return json.loads(resources.files("diffmeter.predict").joinpath("data/host_links.json").read_text())["gpus"]
+    return gpu_table("host_links.json")
 
 
 @functools.cache
 def l2_caches() -> dict[str, dict]:
     """Each table GPU's L2 cache (MB) with the whitepaper line it was read from; absent where none states it."""
-    return json.loads(resources.files("diffmeter.predict").joinpath("data/gpu_cache.json").read_text())["gpus"]
+    return gpu_table("gpu_cache.json")
 
 
 @functools.cache
 def board_power() -> dict[str, dict]:
     """Each table GPU's TDP (watts) with the datasheet line it was read from; absent where none was found."""
-    found = json.loads(resources.files("diffmeter.predict").joinpath("data/gpu_power.json").read_text())["gpus"]
-    return {name: figures for name, figures in found.items() if figures.get("tdp_w")}
+    return {name: figures for name, figures in gpu_table("gpu_power.json").items() if figures.get("tdp_w")}
 
 
 def this_cpu(*dtypes: str) -> Device:
