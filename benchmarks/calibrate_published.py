@@ -37,9 +37,9 @@ from diffmeter.predict.fit_published import (
     leave_one_out,
     summary,
 )
-from diffmeter.predict.memory import VAE_MODES
 from diffmeter.predict.operators import operator_work
 from diffmeter.predict.roofline import NEIGHBOURS, TORCH_FP32, flop_rates, lower_bounds, missing_figures
+from diffmeter.predict.vae_decode import VAE_MODES
 from diffmeter.spec import ProfileSpec
 
 ROOT = Path(__file__).resolve().parent.parent

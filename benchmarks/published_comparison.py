@@ -25,9 +25,9 @@ from pathlib import Path
 
 import yaml
 
-from diffmeter.predict.memory import VAE_MODES
 from diffmeter.predict.schema import MemoryPrediction
 from diffmeter.predict.techniques import peak_under
+from diffmeter.predict.vae_decode import VAE_MODES
 
 ROOT = Path(__file__).parents[1]
 FIGURES = ROOT / "benchmarks" / "published_figures.yaml"

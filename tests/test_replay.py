@@ -130,6 +130,33 @@ def test_replays_are_counted_and_a_block_that_changes_its_arguments_always_runs(
     assert counted == {"recorded": 1, RUN_ALWAYS: 2}
 
 
+class ViewOfTile(torch.nn.Module):
+    def forward(self, tile: torch.Tensor) -> torch.Tensor:
+        return tile[:, 1:]  # a view of the tile it is handed
+
+
+class Tiles(torch.nn.Module):
+    """Hands one block three tiles of a larger tensor, views at three offsets, as a tiled VAE decode does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([ViewOfTile()])
+
+    def forward(self, z: torch.Tensor) -> list[torch.Tensor]:
+        return [self.blocks[0](z[:, k : k + 4]) for k in range(0, 12, 4)]
+
+
+def test_tiles_at_other_offsets_are_replayed_and_their_views_rebuilt_at_their_own_offsets():
+    module = Tiles()
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+        tracker, z = PeakTracker(), torch.empty(2, 12, 3)
+        with tracker, replayed_blocks(module, [tracker], tracker.current_total) as counted:
+            views = module(z)
+        assert counted == {"recorded": 1, "replayed": 2}
+        assert [v.storage_offset() for v in views] == [z[:, k : k + 4][:, 1:].storage_offset() for k in (0, 4, 8)]
+        assert all(v.untyped_storage()._cdata == z.untyped_storage()._cdata for v in views)
+
+
 @pytest.mark.parametrize("name", ["tiny-ltx2", "tiny-pixart", "tiny-sd"])
 def test_a_tiny_denoisers_repeated_blocks_are_replayed_not_run(name):
     """The speed this buys: a stack of blocks runs as one block per input signature (LTX-2: 48 per call)."""

@@ -11,10 +11,11 @@ import pytest
 import yaml
 
 from diffmeter.predict.devices import Device, chosen_gpu, named_gpu
-from diffmeter.predict.memory import VAE_MODES, weight_reads
+from diffmeter.predict.memory import weight_reads
 from diffmeter.predict.operators import modes_that_change_the_decode, operator_work, predict_memory_and_work
 from diffmeter.predict.roofline import TORCH_FP32, FlopRates, lower_bounds, missing_figures, predict_time, stage_bounds
 from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork
+from diffmeter.predict.vae_decode import VAE_MODES
 from diffmeter.spec import ProfileSpec
 
 FIGURES = Path(__file__).parents[1] / "benchmarks" / "published_figures.yaml"

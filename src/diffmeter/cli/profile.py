@@ -319,10 +319,10 @@ def _predicted(
     load_libraries()
     from diffmeter.optimize.options import from_flags
     from diffmeter.predict.bench_prediction import memory_technique
-    from diffmeter.predict.memory import VAE_MODES
     from diffmeter.predict.operators import operator_work, predict_memory_and_work
     from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
     from diffmeter.predict.techniques import peak_under
+    from diffmeter.predict.vae_decode import VAE_MODES
 
     asked = from_flags(**flags)
     unmodelled = [o.name for o in asked if memory_technique(o.name, o.params) is None]

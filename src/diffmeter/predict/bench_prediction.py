@@ -14,12 +14,12 @@ import torch
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.predict.devices import Device, of_row, this_cpu
-from diffmeter.predict.memory import VAE_MODES
 from diffmeter.predict.operators import operator_work, predict_memory_and_work
 from diffmeter.predict.peaks import find_device
 from diffmeter.predict.roofline import BENCH_FP32, missing_figures, predict_time
 from diffmeter.predict.schema import RunPrediction
 from diffmeter.predict.techniques import stage_peaks_under
+from diffmeter.predict.vae_decode import VAE_MODES
 
 #: optimizations whose time is predicted: through the peak the roofline uses (TF32), or the decode's operators
 #: as the tiled or sliced decode runs them

@@ -41,7 +41,7 @@ from diffmeter.predict.footprints import (
     weight_read_bytes,
 )
 from diffmeter.predict.memory_checks import memory_check
-from diffmeter.predict.replay import replayed_blocks
+from diffmeter.predict.replay import module_list_blocks, replayed_calls
 from diffmeter.predict.schema import (
     DENOISING_STEP,
     IMAGE_ENCODING,
@@ -50,6 +50,7 @@ from diffmeter.predict.schema import (
     MemoryPrediction,
     StageMemory,
 )
+from diffmeter.predict.vae_decode import DECODE_SWITCHES, VAE_MODES, decode_units
 from diffmeter.spec import ProfileSpec
 from diffmeter.stages import VAE_ROLES
 
@@ -168,8 +169,9 @@ def track_call(
     """Run ``call`` once on fake tensors under MemTracker; its peak split into parameters, inputs and
     activations (the tracker's categories at the peak; ``on_cuda``: with cuDNN's convolution copies). ``also``:
     another mode, and replay recorder, that sees the same run's operators (``operators.OperatorTally``: one run
-    for both passes). ``replay``: repeated blocks run once (``replay.replayed_blocks``), except in VAE
-    decoders and encoders, whose blocks may carry state between calls (as the FLOPs counter does)."""
+    for both passes). ``replay``: repeated blocks run once (``replay.replayed_calls``), except in VAE
+    decoders and encoders, whose blocks may carry state between calls (as the FLOPs counter does); a decoder's
+    units are its decode of one slice and its run on one tile (``decode_units``)."""
     handle = call.prepare(module) if call.prepare else None
     try:
         with fake_run(call.reads_values):
@@ -180,8 +182,10 @@ def track_call(
             convolutions = ConvolutionCopies(tracker) if on_cuda else contextlib.nullcontext()
             recorders = [tracker, *([convolutions] if on_cuda else []), *([also] if also else [])]
             live = tracker.current_total
-            replayed = replayed_blocks(module, recorders, live) if replay and call.role not in VAE_ROLES else None
-            with tracker, convolutions, also or contextlib.nullcontext(), replayed or contextlib.nullcontext():
+            units = module_list_blocks(module) if call.role not in VAE_ROLES else []
+            units = decode_units(module) if call.role == VAE_DECODER else units
+            replayed = replayed_calls(units, recorders, live) if replay else contextlib.nullcontext()
+            with tracker, convolutions, also or contextlib.nullcontext(), replayed:
                 output = getattr(module, call.method)(**inputs)
             peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
     finally:
@@ -201,12 +205,6 @@ def _tensors_of(leaves) -> list:
     """The tensors among an output's leaves, and those a VAE's ``latent_dist`` (DiagonalGaussianDistribution, not a
     pytree node) holds: its ``parameters``, whose storage its ``mode()`` latents keep alive."""
     return [leaf.parameters if hasattr(leaf, "parameters") and hasattr(leaf, "mode") else leaf for leaf in leaves]
-
-
-#: diffusers' decode modes whose activations a prediction can hold (``MemoryPrediction.vae_activation_bytes``)
-VAE_MODES = ("vae-tiling", "vae-slicing")
-#: how diffusers switches a VAE to each mode (AutoencoderMixin): the ``enable_*`` method, and the flag it sets
-DECODE_SWITCHES = {"vae-tiling": ("enable_tiling", "use_tiling"), "vae-slicing": ("enable_slicing", "use_slicing")}
 
 
 def cache_key(spec: ProfileSpec, on_cuda: bool = True, vae_modes: tuple[str, ...] = VAE_MODES) -> dict:

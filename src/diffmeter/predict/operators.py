@@ -20,20 +20,18 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.families import VAE_DECODER, Call, get_family
 from diffmeter.flops.counter import FORMULAS
 from diffmeter.flops.kinds import kind_of
-from diffmeter.predict.fake_run import fake_run
 from diffmeter.predict.memory import (
-    DECODE_SWITCHES,
     DTYPES,
-    VAE_MODES,
     cache_key,
     cached_memory,
-    cast_floating,
     fake_module,
     predict_memory,
     predict_tracked,
     settled_plan,
+    track_call,
 )
 from diffmeter.predict.schema import CallWork, MemoryPrediction, OperatorGroup, OperatorWork
+from diffmeter.predict.vae_decode import VAE_MODES, switch_on
 from diffmeter.spec import ProfileSpec
 from diffmeter.stages import STAGE_OF_ROLE
 
@@ -110,17 +108,10 @@ class OperatorTally(TorchDispatchMode):
 
 
 def tally_call(module: torch.nn.Module, call: Call, dtype: torch.dtype) -> list[OperatorGroup]:
-    """Run ``call`` once on fake tensors and count its operators."""
-    handle = call.prepare(module) if call.prepare else None
-    try:
-        with fake_run(call.reads_values):
-            with torch.device("cpu"):
-                inputs = cast_floating(call.build(torch.device("cpu")), dtype)
-            with OperatorTally() as tally:
-                getattr(module, call.method)(**inputs)
-    finally:
-        if handle is not None:
-            handle.remove()
+    """Run ``call`` once on fake tensors and count its operators: repeated blocks, slices and tiles recorded once
+    and replayed, as the memory pass runs them (``memory.track_call``; its figures are not needed here)."""
+    tally = OperatorTally()
+    track_call(module, call, dtype, on_cuda=False, also=tally)
     return tally.operators()
 
 
@@ -219,7 +210,7 @@ def _count(spec: ProfileSpec, decode_modes: tuple[str, ...] = (), decode_only: b
         if (call.component, dtype) not in modules:
             modules[call.component, dtype] = fake_module(entry.components[call.component], dtype)
             if decodes:
-                _switch(entry, modules[call.component, dtype], decode_modes)
+                switch_on(entry, modules[call.component, dtype], decode_modes)
         if decodes and "vae-slicing" in decode_modes and call.batch > 1:
             call = _one_at_a_time(call)
         try:
@@ -239,15 +230,6 @@ def _count(spec: ProfileSpec, decode_modes: tuple[str, ...] = (), decode_only: b
             )
         )
     return OperatorWork(dtype=spec.dtype, calls=calls)
-
-
-def _switch(entry, vae: torch.nn.Module, modes: tuple[str, ...]) -> None:
-    """Turn ``modes`` on in ``vae`` as the pipeline's user would, or say plainly that it has no such mode."""
-    for mode in modes:
-        try:
-            getattr(vae, DECODE_SWITCHES[mode][0])()
-        except (AttributeError, NotImplementedError):  # ModelMixin's own enable_tiling raises for VAEs without it
-            raise DiffmeterError(f"{entry.name}: its VAE ({type(vae).__name__}) has no {mode}: drop --{mode}") from None
 
 
 def _one_at_a_time(call: Call) -> Call:

@@ -1,5 +1,6 @@
-"""Repeated blocks tracked once: a block of a ``ModuleList`` called with inputs like those of an identical
-block already run on fake tensors is not run again. What the first run did to each recorder (the memory
+"""Repeated blocks tracked once: a block of a ``ModuleList`` (or another unit of work: a VAE's decode of one
+slice, its decoder on one tile) called with inputs like those of an identical block already run on fake tensors
+is not run again. What the first run did to each recorder (the memory
 tracker's peak above its level at the block's entry, cuDNN's convolution copies, the operators counted) is
 applied again at the current level, and the block's outputs are allocated afresh with the same shapes,
 strides and dtypes (or are the same input objects, where the block returned an input). A transformer's
@@ -14,6 +15,7 @@ tensor, a number, a string or None.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -43,17 +45,18 @@ class Recorder(Protocol):
 
 
 def input_signature(args: tuple, kwargs: dict) -> tuple:
-    """The flattened inputs' structure; per tensor its shape, strides, offset, dtype, device and which earlier
-    input shares its storage; other values as they are (by identity where they are not plain)."""
+    """The flattened inputs' structure; per tensor its shape, strides, dtype, device, which earlier input shares
+    its storage and its offset from that input's (a tile or a slice of a larger tensor runs as the whole tensor
+    would: where its view starts changes no operator); other values as they are (by identity where they are not
+    plain)."""
     leaves, structure = tree_flatten((args, kwargs))
     first_with_storage: dict[int, int] = {}
     described = []
     for index, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor):
             storage = first_with_storage.setdefault(leaf.untyped_storage()._cdata, index)
-            described.append(
-                (tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype, leaf.device.type, storage)
-            )
+            offset = leaf.storage_offset() - leaves[storage].storage_offset()
+            described.append((tuple(leaf.shape), leaf.stride(), offset, leaf.dtype, leaf.device.type, storage))
         else:
             described.append(leaf if isinstance(leaf, PLAIN) else ("object", type(leaf).__qualname__, id(leaf)))
     return str(structure), tuple(described)
@@ -61,8 +64,8 @@ def input_signature(args: tuple, kwargs: dict) -> tuple:
 
 def output_layout(output, args: tuple, kwargs: dict):
     """How to make ``output`` again from a later call's inputs, or None where that could differ: the storages
-    the block allocated (elements, dtype, device), and per leaf the input it is, its view of an input or of an
-    allocated storage (shape, strides, offset), or a plain value."""
+    the block allocated (elements, dtype, device), and per leaf the input it is, its view of an input (shape,
+    strides, offset from the input's) or of an allocated storage (shape, strides, offset), or a plain value."""
     inputs = tree_flatten((args, kwargs))[0]
     position = {id(leaf): index for index, leaf in enumerate(inputs) if isinstance(leaf, torch.Tensor)}
     input_storage = {
@@ -80,7 +83,10 @@ def output_layout(output, args: tuple, kwargs: dict):
             if storage._cdata in input_storage:
                 if inputs[input_storage[storage._cdata]].dtype != leaf.dtype:
                     return None
-                made.append(("view of input", input_storage[storage._cdata], *view))
+                relative = leaf.storage_offset() - inputs[input_storage[storage._cdata]].storage_offset()
+                if relative < 0:  # a view reaching before its input's start: another call's storage may not have it
+                    return None
+                made.append(("view of input", input_storage[storage._cdata], *view[:2], relative))
                 continue
             if storage.nbytes() % leaf.element_size():
                 return None
@@ -116,20 +122,31 @@ def rebuild(layout, args: tuple, kwargs: dict):
             leaves.append(what[0])
         else:
             base = inputs[what[0]] if how == "view of input" else allocated[what[0]]
-            leaves.append(base.as_strided(*what[1:]))
+            shape, strides, offset = what[1:]
+            offset += base.storage_offset() if how == "view of input" else 0
+            leaves.append(base.as_strided(shape, strides, offset))
     return tree_unflatten(leaves, structure)
 
 
-class _ReplayedForward:
-    """Wraps one block's ``forward``: runs it while recording, or replays an identical earlier run."""
+class _ReplayedCall:
+    """Wraps one unit's method (a block's ``forward``): runs it while recording, or replays an identical earlier
+    run."""
 
     def __init__(
-        self, block: torch.nn.Module, recorders: Sequence[Recorder], live: Callable[[], int], memo: dict, tally: Counter
+        self,
+        block: torch.nn.Module,
+        method: str,
+        recorders: Sequence[Recorder],
+        live: Callable[[], int],
+        memo: dict,
+        tally: Counter,
     ) -> None:
-        self.block, self.recorders, self.live, self.memo, self.tally = block, recorders, live, memo, tally
-        self.structure = block_structure(block)
-        self.original = block.forward
-        block.forward = self
+        self.block, self.method = block, method
+        self.recorders, self.live, self.memo, self.tally = recorders, live, memo, tally
+        self.structure = (block_structure(block), method)
+        self.own = block.__dict__.get(method)  # an instance attribute already there (a hook's forward) is kept
+        self.original = getattr(block, method)
+        setattr(block, method, self)
 
     def __call__(self, *args, **kwargs):
         signature = input_signature(args, kwargs)
@@ -156,26 +173,41 @@ class _ReplayedForward:
         return output
 
     def remove(self) -> None:
-        del self.block.forward
+        if self.own is not None:
+            setattr(self.block, self.method, self.own)
+        else:
+            delattr(self.block, self.method)
 
 
-@contextmanager
-def replayed_blocks(
-    module: torch.nn.Module, recorders: Sequence[Recorder], live: Callable[[], int]
-) -> Iterator[Counter]:
-    """Inside the block, every ``ModuleList`` block of ``module`` is run once per input signature and replayed
-    after that (see the module docstring); ``live()``: the bytes live now. The memo lives as long as the block.
-    Yields the count of block calls "recorded", "replayed" and "run always"."""
-    memo: dict = {}
-    tally: Counter = Counter()
-    wrapped = [
-        _ReplayedForward(block, recorders, live, memo, tally)
+def module_list_blocks(module: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
+    """Every ``ModuleList`` block of ``module``, as a unit to replay (its ``forward``)."""
+    return [
+        (block, "forward")
         for _, modules in module.named_modules()
         if isinstance(modules, torch.nn.ModuleList)
         for block in modules
     ]
+
+
+@contextmanager
+def replayed_calls(
+    units: Sequence[tuple[torch.nn.Module, str]], recorders: Sequence[Recorder], live: Callable[[], int]
+) -> Iterator[Counter]:
+    """Inside the block, each unit (a module and the name of its method) is run once per input signature and
+    replayed after that (see the module docstring); ``live()``: the bytes live now. The memo lives as long as the
+    block. Yields the count of unit calls "recorded", "replayed" and "run always"."""
+    memo: dict = {}
+    tally: Counter = Counter()
+    wrapped = [_ReplayedCall(block, method, recorders, live, memo, tally) for block, method in units]
     try:
         yield tally
     finally:
-        for forward in wrapped:
-            forward.remove()
+        for call in reversed(wrapped):
+            call.remove()
+
+
+def replayed_blocks(
+    module: torch.nn.Module, recorders: Sequence[Recorder], live: Callable[[], int]
+) -> contextlib.AbstractContextManager[Counter]:
+    """``replayed_calls`` of every ``ModuleList`` block of ``module``."""
+    return replayed_calls(module_list_blocks(module), recorders, live)

@@ -35,10 +35,10 @@ class Cell(BaseModel):
 def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
     """One model's cells on ``gpus``: one fake run of its generation at the catalog defaults, then per GPU."""
     from diffmeter.catalog import resolve
-    from diffmeter.predict.memory import VAE_MODES
     from diffmeter.predict.operators import operator_work, predict_memory_and_work
     from diffmeter.predict.roofline import missing_figures
     from diffmeter.predict.techniques import fitting, peak_under
+    from diffmeter.predict.vae_decode import VAE_MODES
     from diffmeter.runs.fitting import lower_times, plain_time, runnable
     from diffmeter.spec import ProfileSpec
 
