@@ -144,6 +144,17 @@ def test_the_energy_line_says_how_its_range_is_made(cli):
     assert code == 0 and "geometric midpoint at" in said and f"divided by {(high / low) ** 0.5:.3g}, the spread" in said
 
 
+def test_no_energy_prediction_names_what_is_missing(cli):
+    """An RTX 4090 has no cited TDP: the line says so; a --gpu-spec card has no expected time to turn into energy."""
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "rtx 4090")
+    said = " ".join(out.split())
+    assert code == 0 and "no energy prediction on RTX 4090: the table has no cited TDP for the RTX 4090" in said
+    code, out, _ = cli("profile", "tiny-sd", "--gpu-spec", "24GB,165TFLOPS,1TB/s", "--json")
+    assert json.loads(out)["time"]["energy_left_out"].startswith("no expected time to turn into energy")
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "h100", "--json")
+    assert json.loads(out)["time"]["energy_left_out"] is None
+
+
 def test_a_short_gpu_name_says_which_card_it_took_and_which_it_left(cli):
     from diffmeter.predict.devices import other_cards
 

@@ -13,6 +13,20 @@ LAUNCH_BOUND_POWER = (
 )
 
 
+def why_no_energy(device: Device, calibration) -> str | None:
+    """Why ``predict_energy`` gives nothing on ``device`` with ``calibration`` (a ``roofline.Calibration`` or None),
+    naming what is missing; None where it gives a range."""
+    if device.kind == "cpu":
+        return "diffmeter has no energy model for CPUs"
+    if calibration is None:
+        return "no expected time to turn into energy (no time calibration for this device: name it with --gpu)"
+    if device.tdp_w is None:
+        return f"the table has no cited TDP for the {device.name} (data/gpu_power.json)"
+    if calibration.power_fraction is None or calibration.energy_width is None:
+        return f"no board power fitted for {device.architecture or 'this'} GPUs"
+    return None
+
+
 def predict_energy(
     expected_s: tuple[float, float], device: Device, outputs: int, calibration, launch_bound: str | None = None
 ) -> EnergyPrediction | None:

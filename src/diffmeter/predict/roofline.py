@@ -31,7 +31,7 @@ from pydantic import BaseModel
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.predict.devices import Device
-from diffmeter.predict.energy import predict_energy
+from diffmeter.predict.energy import predict_energy, why_no_energy
 from diffmeter.predict.schema import CallWork, OperatorWork, StageTime, TimePrediction
 from diffmeter.stages import STAGES
 
@@ -293,6 +293,7 @@ def predict_time(
         expected_s=whole,
         outside_calibration=launch_bound,
         energy=predict_energy(whole, device, outputs, calibration, launch_bound) if calibration else None,
+        energy_left_out=why_no_energy(device, calibration),
         ideal_s=sum(both[stage.stage][1] for stage in stages) if weights is not None else None,
         l2_bytes=device.l2_bytes,
         calibration=calibration.source if calibration else f"no calibration for {device.kind} devices yet",

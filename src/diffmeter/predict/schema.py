@@ -150,6 +150,8 @@ class TimePrediction(BaseModel):
     outside_calibration: str | None = None
     #: the energy per output the expected time implies at the calibrated board power (None: no TDP or no fit)
     energy: EnergyPrediction | None = None
+    #: why ``energy`` is None: what is missing (the card's TDP, a fitted board power, an expected time)
+    energy_left_out: str | None = None
     #: the peaks of operators charged another than ``peak_tflops``, as "component in dtype: TFLOP/s per kind"
     other_peaks: list[str] = []
     method: str = (

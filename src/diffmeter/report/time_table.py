@@ -26,7 +26,7 @@ def energy_line(prediction: TimePrediction, output: str = "image") -> str:
     where that comes from."""
     energy = prediction.energy
     if energy is None:
-        return f"no energy prediction on {prediction.device}: no TDP in the table or no fitted board power"
+        return f"no energy prediction on {prediction.device}: {prediction.energy_left_out or 'not calibrated'}"
     low, high = energy.per_output_j
     each = output if energy.outputs == 1 else f"{output} ({energy.outputs} per generation)"
     return (

@@ -81,7 +81,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
                 cell.notes.append(f"time: {time.calibration}")
                 if time.outside_calibration:
                     cell.notes.append(f"time: the expected range is {time.outside_calibration}")
-                cell.notes.append(f"energy: {time.energy.calibration}" if time.energy else "energy: no TDP or fit")
+                cell.notes.append(f"energy: {time.energy.calibration if time.energy else time.energy_left_out}")
             else:
                 cell.notes.append(f"time: lower bound only; no expected range for {', '.join(chosen)}")
         cells.append(cell)
