@@ -35,6 +35,11 @@ IMAGES = [(), ((512, 512),), ((1024, 1024),), ((768, 1360),), ((2048, 2048),)]
 SEVERAL = [((1024, 1024),) * 2, ((1024, 1024),) * 4]
 
 
+def takes(family, images: tuple) -> bool:
+    """Whether the family's pipeline takes this many input images (``max_images`` None: any number)."""
+    return family.max_images is None or len(images) <= family.max_images
+
+
 def row(spec: ProfileSpec, gpu) -> dict:
     found = profile_spec(spec)
     memory, work = predict_memory_and_work(spec)
@@ -97,13 +102,13 @@ def main() -> int:
         family = get_family(entry.family)
         needs_image = bool(entry.defaults.image_sizes)  # an image-to-video checkpoint: no text-only run of its own
         if needs_image and not family.is_video:  # an editing checkpoint: every size, no text-only run
-            settings = [images for images in IMAGES + SEVERAL if images and len(images) <= family.max_images]
+            settings = [images for images in IMAGES + SEVERAL if images and takes(family, images)]
         elif needs_image:
             settings = [()]  # its catalog image, at the video's size (any image is resized to it)
         elif family.is_video:  # the image is resized to the video's size: one size tells all
             settings = [(), ((entry.defaults.height, entry.defaults.width),)]
         else:
-            settings = IMAGES + [images for images in SEVERAL if len(images) <= family.max_images]
+            settings = IMAGES + [images for images in SEVERAL if takes(family, images)]
         rows = [row(ProfileSpec(model=entry.name, image_sizes=images), gpu) for images in settings]
         base = rows[0]
         plain = base["profile"]
