@@ -44,6 +44,18 @@ def test_every_call_of_a_tiny_pipeline_gives_the_full_runs_figures(name):
         assert replayed == full, (name, call.component)
 
 
+class Appending(torch.nn.Module):
+    """A block that adds to the list it is given: its arguments change shape, so it runs every time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor, kept: list) -> torch.Tensor:
+        kept.append(self.linear(x))
+        return x + kept[-1]
+
+
 class Growing(torch.nn.Module):
     """Identical blocks whose outputs are all kept: each block starts with more memory live than the one before,
     so the peak is in the last block, above the first's by what was kept."""
@@ -74,8 +86,8 @@ class Wide(torch.nn.Module):
 
 
 class Caching(torch.nn.Module):
-    """A block that replaces the cache it is given (as Wan's causal convolutions do): a replay would leave it
-    stale."""
+    """A block that replaces the cache it is given (as Wan's causal convolutions do): a replay writes the new item
+    into the list, and the one it replaces is freed."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -122,12 +134,44 @@ def test_replays_are_counted_and_a_block_that_changes_its_arguments_always_runs(
     with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
         tracker, x = PeakTracker(), torch.empty(1, 8, 64)
         cache = [torch.empty(1, 8, 64)]
+        tracker.track_external(caching, x, *cache)  # as track_call does with a call's inputs
         with tracker, replayed_blocks(caching, [tracker], tracker.current_total) as counted:
             for block in caching:
                 before = cache[0]
                 x = block(x, cache)
-                assert cache[0] is not before  # every block ran and replaced it
-    assert counted == {"recorded": 1, RUN_ALWAYS: 2}
+                assert cache[0] is not before and cache[0].shape == before.shape  # replaced, replayed or not
+    assert counted == {"recorded": 1, "replayed": 2}
+
+    appending = fake_module_of(torch.nn.ModuleList(Appending() for _ in range(3)))
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+        tracker, x, lists = PeakTracker(), torch.empty(1, 8, 64), [[], [], []]
+        tracker.track_external(appending, x)
+        with tracker, replayed_blocks(appending, [tracker], tracker.current_total) as counted:
+            for block, kept in zip(appending, lists, strict=True):
+                x = block(x, kept)  # each handed an empty list: one signature
+    assert counted == {"recorded": 1, RUN_ALWAYS: 2} and all(len(kept) == 1 for kept in lists)
+
+
+class CachedStack(torch.nn.Module):
+    """Blocks that replace the one cache they share, over several frames (Wan's decoder and its frame cache); the
+    last cache is kept in the result."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Caching() for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cache = [torch.empty_like(x)]
+        for _ in range(3):
+            for block in self.blocks:
+                x = block(x, cache)
+        return x + cache[0]
+
+
+def test_blocks_that_replace_list_items_replayed_give_the_full_runs_figures():
+    call = Call("blocks", DENOISER, 1, 1, lambda device: {"x": torch.empty(1, 8, 64, device=device)})
+    full, replayed = both_ways(lambda: fake_module_of(CachedStack()), call)
+    assert replayed == full
 
 
 class ViewOfTile(torch.nn.Module):

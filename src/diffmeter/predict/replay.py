@@ -7,22 +7,26 @@ strides and dtypes (or are the same input objects, where the block returned an i
 stack then costs one block per distinct input signature, and every figure is the one a full run gives
 (``tests/test_replay.py`` compares both on real diffusers blocks).
 
-A block is run every time, never replayed, where replaying could differ: it changed its arguments
-(a list of caches), left more or less memory live than its new outputs hold (a hook that keeps its
-attention weights), returned views of one storage at two dtypes, or returned an object that is not a
-tensor, a number, a string or None.
+A block that replaces items of a list or dict it is handed (Wan's decoder fills the frame cache it is given) is
+replayed too: the new items are recorded as its outputs are, and written into the same places on replay.
+
+A block is run every time, never replayed, where replaying could differ: it changed its arguments otherwise
+(added items, reshaped a tensor in place), left more or less memory live than its new outputs and items hold
+less what it freed (a hook that keeps its attention weights), returned views of one storage at two dtypes,
+or returned an object that is not a tensor, a number, a string or None.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Protocol
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import MappingKey, SequenceKey, tree_flatten, tree_flatten_with_path, tree_unflatten
 
 from diffmeter.flops.counter import block_structure
 
@@ -62,11 +66,11 @@ def input_signature(args: tuple, kwargs: dict) -> tuple:
     return str(structure), tuple(described)
 
 
-def output_layout(output, args: tuple, kwargs: dict):
-    """How to make ``output`` again from a later call's inputs, or None where that could differ: the storages
-    the block allocated (elements, dtype, device), and per leaf the input it is, its view of an input (shape,
-    strides, offset from the input's) or of an allocated storage (shape, strides, offset), or a plain value."""
-    inputs = tree_flatten((args, kwargs))[0]
+def output_layout(output, inputs: list):
+    """How to make ``output`` again from a later call's inputs (``inputs``: the call's flattened inputs, None
+    where an input is not to be used), or None where that could differ: the storages the block allocated
+    (elements, dtype, device), and per leaf the input it is, its view of an input (shape, strides, offset from
+    the input's) or of an allocated storage (shape, strides, offset), or a plain value."""
     position = {id(leaf): index for index, leaf in enumerate(inputs) if isinstance(leaf, torch.Tensor)}
     input_storage = {
         leaf.untyped_storage()._cdata: index for index, leaf in enumerate(inputs) if isinstance(leaf, torch.Tensor)
@@ -108,11 +112,10 @@ def new_bytes(layout) -> int:
     return sum(elements * dtype.itemsize for elements, dtype, _ in layout[1])
 
 
-def rebuild(layout, args: tuple, kwargs: dict):
-    """The outputs described by ``layout`` for a call with these inputs (storages are allocated through the
-    active modes, so the tracker sees them)."""
+def rebuild(layout, inputs: list):
+    """The outputs described by ``layout`` for a call with these flattened inputs (storages are allocated through
+    the active modes, so the tracker sees them)."""
     structure, storages, made = layout
-    inputs = tree_flatten((args, kwargs))[0]
     allocated = [torch.empty(elements, dtype=dtype, device=device) for elements, dtype, device in storages]
     leaves = []
     for how, *what in made:
@@ -126,6 +129,66 @@ def rebuild(layout, args: tuple, kwargs: dict):
             offset += base.storage_offset() if how == "view of input" else 0
             leaves.append(base.as_strided(shape, strides, offset))
     return tree_unflatten(leaves, structure)
+
+
+class Watched:
+    """A call's inputs as it starts, held weakly (holding them would keep alive what the call frees): which items
+    of its lists and dicts it replaced, and the bytes of the input storages it freed."""
+
+    def __init__(self, args: tuple, kwargs: dict) -> None:
+        leaves, self.structure = tree_flatten_with_path((args, kwargs))
+        self.leaves = [
+            (path, weakref.ref(leaf) if isinstance(leaf, torch.Tensor) else leaf, metadata(leaf))
+            for path, leaf in leaves
+        ]
+        self.storages = {
+            leaf.untyped_storage()._cdata: (weakref.ref(leaf.untyped_storage()), leaf.untyped_storage().nbytes())
+            for _, leaf in leaves
+            if isinstance(leaf, torch.Tensor)
+        }
+
+    def replaced(self, args: tuple, kwargs: dict) -> list | None:
+        """The paths of the items the call replaced in lists and dicts; None where it changed its inputs in another
+        way (added or removed items, a tensor reshaped in place, an item of a tuple or an object)."""
+        leaves, structure = tree_flatten_with_path((args, kwargs))
+        if structure != self.structure:
+            return None
+        replaced = []
+        for (path, leaf), (_, held, described) in zip(leaves, self.leaves, strict=True):
+            same = held() is leaf if isinstance(held, weakref.ref) else held is leaf
+            if same and metadata(leaf) == described:
+                continue
+            if same or not isinstance(path[-1], (SequenceKey, MappingKey)) or len(path) < 3:
+                return None  # a tensor changed in place, or a place the caller cannot see changed
+            replaced.append(path)
+        return replaced
+
+    def freed(self) -> int:
+        """Bytes of the input storages no longer alive."""
+        return sum(size for held, size in self.storages.values() if held() is None)
+
+
+def metadata(leaf) -> tuple | None:
+    return (
+        (tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype)
+        if isinstance(leaf, torch.Tensor)
+        else None
+    )
+
+
+def inputs_less(args: tuple, kwargs: dict, replaced: list) -> list:
+    """The call's flattened inputs, None at the paths in ``replaced`` (items the call replaces are not inputs of
+    what it makes)."""
+    return [None if path in replaced else leaf for path, leaf in tree_flatten_with_path((args, kwargs))[0]]
+
+
+def place(args: tuple, kwargs: dict, path: tuple, item) -> None:
+    """Puts ``item`` at ``path`` (pytree key entries from ``(args, kwargs)``) in its list or dict."""
+    container = (args, kwargs)
+    for key in path[:-1]:
+        container = container[key.idx if isinstance(key, SequenceKey) else key.key]
+    last = path[-1]
+    container[last.idx if isinstance(last, SequenceKey) else last.key] = item
 
 
 class _ReplayedCall:
@@ -156,20 +219,28 @@ class _ReplayedCall:
         if found == RUN_ALWAYS:
             return self.original(*args, **kwargs)
         if found is not None:
-            effects, layout = found
+            effects, layout, replaced, kept = found
+            start = self.live()
             for recorder, effect in zip(self.recorders, effects, strict=True):
                 recorder.apply(effect)
-            return rebuild(layout, args, kwargs)
-        identities = [id(leaf) for leaf in tree_flatten((args, kwargs))[0]]
+            output, items = rebuild(layout, inputs_less(args, kwargs, replaced))
+            for path, item in zip(replaced, items, strict=True):
+                place(args, kwargs, path, item)  # the item it replaces is freed, as in the recorded run
+            if self.live() - start != kept:  # an item held elsewhere too was not freed: run such calls from now on
+                self.memo[key] = RUN_ALWAYS
+            return output
+        watched = Watched(args, kwargs)
         before, begun = self.live(), [recorder.begin() for recorder in self.recorders]
         output = self.original(*args, **kwargs)
         effects = [recorder.end(started) for recorder, started in zip(self.recorders, begun, strict=True)]
-        layout = output_layout(output, args, kwargs)
-        unchanged = input_signature(args, kwargs) == signature and identities == [
-            id(leaf) for leaf in tree_flatten((args, kwargs))[0]
-        ]
-        kept_only_outputs = layout is not None and self.live() - before == new_bytes(layout)
-        self.memo[key] = (effects, layout) if unchanged and kept_only_outputs else RUN_ALWAYS
+        replaced = watched.replaced(args, kwargs)
+        layout = None
+        if replaced is not None:
+            items = [leaf for path, leaf in tree_flatten_with_path((args, kwargs))[0] if path in replaced]
+            layout = output_layout((output, items), inputs_less(args, kwargs, replaced))
+        kept = self.live() - before
+        kept_only_outputs = layout is not None and kept == new_bytes(layout) - watched.freed()
+        self.memo[key] = (effects, layout, replaced, kept) if kept_only_outputs else RUN_ALWAYS
         return output
 
     def remove(self) -> None:

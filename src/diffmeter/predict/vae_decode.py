@@ -27,8 +27,9 @@ def decode_units(vae: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
     (diffusers 0.42.1 autoencoder_kl.py:232, autoencoder_kl_wan.py:1238, autoencoder_kl_cogvideox.py:1223,
     autoencoder_kl_hunyuan_video.py:841, autoencoder_kl_ltx.py:1304), ``post_quant_conv`` and ``decoder`` once per
     tile of a tiled one (autoencoder_kl.py:390-391, autoencoder_kl_hunyuan_video.py:959-960,
-    autoencoder_kl_cogvideox.py:1378-1379, autoencoder_kl_ltx.py:1424). A decoder that changes its arguments
-    (Wan's and Qwen-Image's, which fill the frame cache they are handed) is run every time (``replay``)."""
+    autoencoder_kl_cogvideox.py:1378-1379, autoencoder_kl_ltx.py:1424; per frame of a tile in Wan's and
+    Qwen-Image's, autoencoder_kl_wan.py:1382, whose decoder fills the frame cache it is handed: ``replay`` writes
+    the recorded items back)."""
     units = [(vae, "_decode")] if callable(getattr(vae, "_decode", None)) else []
     return units + [
         (part, "forward")
