@@ -98,6 +98,15 @@ class Caching(torch.nn.Module):
         return x + cache[0]
 
 
+class PairCaching(Caching):
+    """A block that replaces a pair in the list it is given: the pair's items cannot be written back one by one
+    (a tuple), so it runs every time."""
+
+    def forward(self, x: torch.Tensor, cache: list) -> torch.Tensor:
+        cache[0] = (self.linear(x), cache[0][1])
+        return x + cache[0][0]
+
+
 def growing_call(blocks: int) -> tuple[Callable[[], torch.nn.Module], Call]:
     def make() -> torch.nn.Module:
         return fake_module_of(Growing(torch.nn.ModuleList(Wide() for _ in range(blocks))))
@@ -150,6 +159,16 @@ def test_replays_are_counted_and_a_block_that_changes_its_arguments_always_runs(
             for block, kept in zip(appending, lists, strict=True):
                 x = block(x, kept)  # each handed an empty list: one signature
     assert counted == {"recorded": 1, RUN_ALWAYS: 2} and all(len(kept) == 1 for kept in lists)
+
+    pairs = fake_module_of(torch.nn.ModuleList(PairCaching() for _ in range(3)))
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+        tracker, x = PeakTracker(), torch.empty(1, 8, 64)
+        cache = [(torch.empty(1, 8, 64), torch.empty(1, 8, 64))]
+        tracker.track_external(pairs, x, *cache[0])
+        with tracker, replayed_blocks(pairs, [tracker], tracker.current_total) as counted:
+            for block in pairs:
+                x = block(x, cache)
+    assert counted == {"recorded": 1, RUN_ALWAYS: 2}
 
 
 class CachedStack(torch.nn.Module):

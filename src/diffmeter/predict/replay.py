@@ -158,8 +158,8 @@ class Watched:
             same = held() is leaf if isinstance(held, weakref.ref) else held is leaf
             if same and metadata(leaf) == described:
                 continue
-            if same or not isinstance(path[-1], (SequenceKey, MappingKey)) or len(path) < 3:
-                return None  # a tensor changed in place, or a place the caller cannot see changed
+            if same or len(path) < 3 or not isinstance(parent(args, kwargs, path), (list, dict)):
+                return None  # a tensor changed in place, or an item of a tuple or an object
             replaced.append(path)
         return replaced
 
@@ -169,6 +169,7 @@ class Watched:
 
 
 def metadata(leaf) -> tuple | None:
+    """What an in-place change to a tensor could alter: its shape, strides, offset and dtype."""
     return (
         (tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype)
         if isinstance(leaf, torch.Tensor)
@@ -182,13 +183,23 @@ def inputs_less(args: tuple, kwargs: dict, replaced: list) -> list:
     return [None if path in replaced else leaf for path, leaf in tree_flatten_with_path((args, kwargs))[0]]
 
 
-def place(args: tuple, kwargs: dict, path: tuple, item) -> None:
-    """Puts ``item`` at ``path`` (pytree key entries from ``(args, kwargs)``) in its list or dict."""
+def parent(args: tuple, kwargs: dict, path: tuple):
+    """The container holding the leaf at ``path`` (pytree key entries from ``(args, kwargs)``)."""
     container = (args, kwargs)
     for key in path[:-1]:
-        container = container[key.idx if isinstance(key, SequenceKey) else key.key]
+        if isinstance(key, SequenceKey):
+            container = container[key.idx]
+        elif isinstance(key, MappingKey):
+            container = container[key.key]
+        else:  # GetAttrKey: a field of a dataclass or named tuple
+            container = getattr(container, key.name)
+    return container
+
+
+def place(args: tuple, kwargs: dict, path: tuple, item) -> None:
+    """Puts ``item`` at ``path`` in its list or dict."""
     last = path[-1]
-    container[last.idx if isinstance(last, SequenceKey) else last.key] = item
+    parent(args, kwargs, path)[last.idx if isinstance(last, SequenceKey) else last.key] = item
 
 
 class _ReplayedCall:
