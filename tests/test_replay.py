@@ -187,10 +187,58 @@ class CachedStack(torch.nn.Module):
         return x + cache[0]
 
 
+class Doubler(torch.nn.Module):
+    """Replaces each item of the cache it is handed by a new one: a real run frees each old item as it makes its
+    successor, so the old items and the new never all coexist, and a replay must not make them coexist."""
+
+    def forward(self, x: torch.Tensor, cache: list) -> torch.Tensor:
+        for index in range(len(cache)):
+            cache[index] = cache[index] * 2
+        return x + 1
+
+
+class Doubling(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Doubler() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cache = [torch.empty(64, 64) for _ in range(4)]
+        for block in self.blocks:
+            x = block(x, cache)
+        return x
+
+
 def test_blocks_that_replace_list_items_replayed_give_the_full_runs_figures():
     call = Call("blocks", DENOISER, 1, 1, lambda device: {"x": torch.empty(1, 8, 64, device=device)})
     full, replayed = both_ways(lambda: fake_module_of(CachedStack()), call)
     assert replayed == full
+    # the new items outweigh what the call's peak rose by: rebuilt beside the old ones, the replay peaked higher
+    full, replayed = both_ways(lambda: fake_module_of(Doubling()), call)
+    assert replayed == full
+
+
+class NewPair(Caching):
+    """Puts a new inner list where the cache held one: the old list may be held elsewhere, so its items cannot be
+    written back into it; it runs every time."""
+
+    def forward(self, x: torch.Tensor, cache: list) -> torch.Tensor:
+        cache[0] = [self.linear(x), self.linear(x)]
+        return x + 1
+
+
+def test_a_block_that_replaces_a_nested_container_runs_every_time():
+    blocks = fake_module_of(torch.nn.ModuleList(NewPair() for _ in range(3)))
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+        tracker, x = PeakTracker(), torch.empty(1, 8, 64)
+        cache = [[torch.empty(1, 8, 64), torch.empty(1, 8, 64)]]
+        tracker.track_external(blocks, x, *cache[0])
+        with tracker, replayed_blocks(blocks, [tracker], tracker.current_total) as counted:
+            for block in blocks:
+                old = cache[0]
+                x = block(x, cache)
+                assert cache[0] is not old and old[0] is not cache[0][0]  # a new list; the old one left as it was
+    assert counted == {"recorded": 1, RUN_ALWAYS: 2}
 
 
 class ViewOfTile(torch.nn.Module):

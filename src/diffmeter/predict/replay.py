@@ -148,8 +148,9 @@ class Watched:
         }
 
     def replaced(self, args: tuple, kwargs: dict) -> list | None:
-        """The paths of the items the call replaced in lists and dicts; None where it changed its inputs in another
-        way (added or removed items, a tensor reshaped in place, an item of a tuple or an object)."""
+        """The paths of the items the call replaced in the lists and dicts it was handed; None where it changed its
+        inputs in another way (added or removed items, a tensor reshaped in place, an item of a tuple, of an object,
+        or of a container inside one: the callee may have replaced the container itself)."""
         leaves, structure = tree_flatten_with_path((args, kwargs))
         if structure != self.structure:
             return None
@@ -158,8 +159,8 @@ class Watched:
             same = held() is leaf if isinstance(held, weakref.ref) else held is leaf
             if same and metadata(leaf) == described:
                 continue
-            if same or len(path) < 3 or not isinstance(parent(args, kwargs, path), (list, dict)):
-                return None  # a tensor changed in place, or an item of a tuple or an object
+            if same or len(path) != 3 or not isinstance(parent(args, kwargs, path), (list, dict)):
+                return None  # a tensor changed in place; an item of a tuple, of an object or of a nested container
             replaced.append(path)
         return replaced
 
@@ -234,13 +235,20 @@ class _ReplayedCall:
             start = self.live()
             for recorder, effect in zip(self.recorders, effects, strict=True):
                 recorder.apply(effect)
-            output, items = rebuild(layout, inputs_less(args, kwargs, replaced))
+            inputs = inputs_less(args, kwargs, replaced)
+            for path in replaced:  # what the call frees goes before what it makes, as a real run's never coexist
+                place(args, kwargs, path, None)
+            output, items = rebuild(layout, inputs)
             for path, item in zip(replaced, items, strict=True):
-                place(args, kwargs, path, item)  # the item it replaces is freed, as in the recorded run
+                place(args, kwargs, path, item)
             if self.live() - start != kept:  # an item held elsewhere too was not freed: run such calls from now on
                 self.memo[key] = RUN_ALWAYS
             return output
-        watched = Watched(args, kwargs)
+        try:
+            watched = Watched(args, kwargs)
+        except ValueError:  # a pytree node without keys (diffusers' BaseOutput): its items cannot be placed
+            self.memo[key] = RUN_ALWAYS
+            return self.original(*args, **kwargs)
         before, begun = self.live(), [recorder.begin() for recorder in self.recorders]
         output = self.original(*args, **kwargs)
         effects = [recorder.end(started) for recorder, started in zip(self.recorders, begun, strict=True)]
