@@ -15,6 +15,9 @@ from diffmeter.runs.storage import REQUESTS, read_result
 
 MODELS = ["tiny-sd", "tiny-flux"]
 STEPS = 3
+#: the profiler's range of a stage and the stage timer's reading of it, in the same call, differ by where each
+#: marks its boundaries: on a loaded machine a few milliseconds, a large share of a tiny pipeline's short stage
+SAME_CALL = {"rel": 0.1, "abs": 0.01}
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +54,11 @@ def test_the_trace_is_a_chrome_trace_whose_stage_ranges_are_the_stage_times(trac
     assert set(ranges) >= {"pipeline call", "text encoding", "VAE decode", *(f"step {i}" for i in range(STEPS))}
     assert f"step {STEPS}" not in ranges  # the tail after the last step is named as part of "other"
     assert "after the last step (other)" in ranges
-    assert ranges["pipeline call"] == pytest.approx(result.trace.total_s, rel=0.1)
-    assert ranges["text encoding"] == pytest.approx(stages.text_encoding_s, rel=0.1)
-    assert ranges["VAE decode"] == pytest.approx(stages.vae_decode_s, rel=0.1)
+    assert ranges["pipeline call"] == pytest.approx(result.trace.total_s, **SAME_CALL)
+    assert ranges["text encoding"] == pytest.approx(stages.text_encoding_s, **SAME_CALL)
+    assert ranges["VAE decode"] == pytest.approx(stages.vae_decode_s, **SAME_CALL)
     for step in range(STEPS):
-        assert ranges[f"step {step}"] == pytest.approx(stages.steps_s[step], rel=0.1)
+        assert ranges[f"step {step}"] == pytest.approx(stages.steps_s[step], **SAME_CALL)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -71,7 +74,10 @@ def test_each_stage_table_adds_up_to_the_stage_time(traced, name):
     }
     assert [stage.stage for stage in table.stages] == list(expected)
     for stage in table.stages:
-        assert sum(row.self_s for row in stage.rows) == pytest.approx(expected[stage.stage], rel=0.1)
+        operators = sum(row.self_s for row in stage.rows if row.name != OUTSIDE)
+        # the outside row holds the rest of the profiler's range of the stage, which is the stage timer's
+        assert sum(row.self_s for row in stage.rows) == pytest.approx(max(stage.range_s, operators), rel=1e-9)
+        assert stage.range_s == pytest.approx(expected[stage.stage], **SAME_CALL)
         assert sum(row.share for row in stage.rows) == pytest.approx(1.0, rel=1e-6)
         assert [row.name for row in stage.rows].count(OUTSIDE) == 1
     stored = {stage.stage: stage for stage in result.trace.top_ops}
