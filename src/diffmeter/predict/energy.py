@@ -31,9 +31,10 @@ def predict_energy(
     expected_s: tuple[float, float], device: Device, outputs: int, calibration, launch_bound: str | None = None
 ) -> EnergyPrediction | None:
     """The range for a generation whose expected time is ``expected_s`` (seconds), or None where the card has no
-    TDP or the calibration no fitted power. ``calibration``: a ``roofline.Calibration``; ``launch_bound``: why the
-    time range may not hold (its operators smaller than any fitted run's), said in the energy's calibration too."""
-    if device.tdp_w is None or calibration.power_fraction is None or calibration.energy_width is None:
+    TDP or the calibration no fitted power (``why_no_energy`` says which). ``calibration``: a
+    ``roofline.Calibration``; ``launch_bound``: why the time range may not hold (its operators smaller than any
+    fitted run's), said in the energy's calibration too."""
+    if why_no_energy(device, calibration) is not None:
         return None
     power = calibration.power_fraction * device.tdp_w
     middle = power * (expected_s[0] * expected_s[1]) ** 0.5 / outputs  # the time range's geometric midpoint

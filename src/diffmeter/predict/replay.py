@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Protocol
 
 import torch
-from torch.utils._pytree import MappingKey, SequenceKey, tree_flatten, tree_flatten_with_path, tree_unflatten
+from torch.utils._pytree import SequenceKey, tree_flatten, tree_flatten_with_path, tree_unflatten
 
 from diffmeter.flops.counter import block_structure
 
@@ -181,20 +181,16 @@ def metadata(leaf) -> tuple | None:
 def inputs_less(args: tuple, kwargs: dict, replaced: list) -> list:
     """The call's flattened inputs, None at the paths in ``replaced`` (items the call replaces are not inputs of
     what it makes)."""
+    if not replaced:  # most calls (every transformer block): the plain flattening, without building key paths
+        return tree_flatten((args, kwargs))[0]
     return [None if path in replaced else leaf for path, leaf in tree_flatten_with_path((args, kwargs))[0]]
 
 
 def parent(args: tuple, kwargs: dict, path: tuple):
-    """The container holding the leaf at ``path`` (pytree key entries from ``(args, kwargs)``)."""
-    container = (args, kwargs)
-    for key in path[:-1]:
-        if isinstance(key, SequenceKey):
-            container = container[key.idx]
-        elif isinstance(key, MappingKey):
-            container = container[key.key]
-        else:  # GetAttrKey: a field of a dataclass or named tuple
-            container = getattr(container, key.name)
-    return container
+    """The argument holding the leaf at ``path`` (pytree key entries from ``(args, kwargs)``, three of them: which
+    of the two, which argument, which item)."""
+    which, argument = path[:2]
+    return args[argument.idx] if which.idx == 0 else kwargs[argument.key]
 
 
 def place(args: tuple, kwargs: dict, path: tuple, item) -> None:
