@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from diffmeter.catalog import resolve
 from diffmeter.flops.profile import profile_spec
 from diffmeter.predict.cpu_peaks import BUSY_CORES
 from diffmeter.predict.devices import Device, named_gpu, spec_gpu
@@ -25,7 +26,7 @@ def tally(module, *inputs) -> dict[str, list[tuple[int, int, int]]]:
     with torch.no_grad(), OperatorTally() as counted:
         module(*inputs)
     found: dict[str, list[tuple[int, int, int]]] = {}
-    for (kind, flops, moved, _), calls in counted.groups.items():
+    for (kind, flops, moved, _, _), calls in counted.groups.items():
         found.setdefault(kind, []).append((flops, moved, calls))
     return found
 
@@ -155,6 +156,29 @@ def test_a_call_at_another_dtype_is_charged_that_dtypes_peak_and_named_where_the
     with pytest.raises(Exception, match=r"no float32 peak \(its vae runs in float32\)"):
         predict_time(work, without)
     assert predict_time(work.model_copy(update={"calls": work.calls[:1]}), without).lower_s == pytest.approx(0.02)
+
+
+def test_an_operator_kept_in_float32_in_a_float16_run_is_charged_float32s_peak():
+    """T5 keeps its feed-forward output ``wo`` in float32 when loaded in float16 (transformers'
+    ``_keep_in_fp32_modules``, not in bfloat16): those matmuls are named float32 and charged its peak, the rest of the
+    encoder float16's; a bfloat16 run has none."""
+    work = operator_work(ProfileSpec(model="tiny-pixart", dtype="float16"))
+    kept = [(c.component, g.kind, g.flops * g.calls) for c in work.calls for g in c.operators if g.dtype]
+    t5 = resolve("tiny-pixart").components["text_encoder"].config
+    tokens = 120  # PixArt-alpha's max_sequence_length, one prompt per call
+    assert kept == [("text_encoder", "matmul", 2 * tokens * t5["d_ff"] * t5["d_model"] * t5["num_layers"])]
+    assert work.dtypes() == ("float16", "float32")
+    bf16 = operator_work(ProfileSpec(model="tiny-pixart", dtype="bfloat16"))
+    assert not any(g.dtype for c in bf16.calls for g in c.operators) and bf16.dtypes() == ("bfloat16",)
+    card = Device(
+        name="card", memory_bytes=None, bandwidth_bytes_per_s=1e30, tflops={"fp16": 1e-3, "fp32": 1e-6}, source=""
+    )
+    peak = {"float16": 1e9, "float32": 1e6}  # FLOP/s
+    encoder = [c for c in work.calls if c.component == "text_encoder"]
+    charged = sum(c.count * g.flops * g.calls / peak[g.dtype or c.dtype] for c in encoder for g in c.operators)
+    text = {s.stage: s.lower_s for s in predict_time(work, card).stages}["text_encoding"]
+    assert text == pytest.approx(charged)
+    assert any(line.startswith("text_encoder in float32: matmul at") for line in predict_time(work, card).other_peaks)
 
 
 def test_the_shipped_cpu_calibration_names_its_source():

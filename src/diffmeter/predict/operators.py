@@ -65,12 +65,24 @@ def attention_scores(func, args) -> int:
     return math.prod(query.shape[:-1]) * key.shape[-2]
 
 
-class OperatorTally(TorchDispatchMode):
-    """Counts every operator run inside it: (kind, FLOPs, bytes, attention scores) -> calls."""
+def operand_dtype(args, call_dtype: torch.dtype | None) -> str | None:
+    """The dtype an operator's math runs at, named where it differs from its call's: its first floating input
+    (matmuls, convolutions and attention take operands of one dtype), e.g. T5's ``wo`` kept in float32 in a float16
+    run (``loading.fp32_module_names``); None at the call's dtype, or at a dtype no peak is stated for."""
+    first = next((t for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+    if first is None or first.dtype == call_dtype:
+        return None
+    return next((name for name, dtype in DTYPES.items() if dtype == first.dtype), None)
 
-    def __init__(self) -> None:
+
+class OperatorTally(TorchDispatchMode):
+    """Counts every operator run inside it: (kind, FLOPs, bytes, attention scores, operand dtype) -> calls.
+    ``dtype``: the call's, against which an operator's own dtype is named (``operand_dtype``)."""
+
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.groups: Counter[tuple[str, int, int, int]] = Counter()
+        self.dtype = dtype
+        self.groups: Counter[tuple[str, int, int, int, str | None]] = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -87,7 +99,8 @@ class OperatorTally(TorchDispatchMode):
         total = sum(moved.values())
         if packet is torch.ops.aten.embedding:  # reads the rows it returns, not the whole table
             total += tensor_bytes(out)
-        self.groups[(kind_of(func._schema.name), flops, total, attention_scores(func, args))] += 1
+        dtype = operand_dtype(args, self.dtype) if flops else None
+        self.groups[(kind_of(func._schema.name), flops, total, attention_scores(func, args), dtype)] += 1
         return out
 
     # a replay recorder (``replay.Recorder``): the operators a block ran
@@ -101,16 +114,17 @@ class OperatorTally(TorchDispatchMode):
         self.groups.update(effect)
 
     def operators(self) -> list[OperatorGroup]:
+        in_order = sorted(self.groups.items(), key=lambda item: (*item[0][:4], item[0][4] or ""))
         return [
-            OperatorGroup(kind=kind, flops=flops, bytes=moved, calls=calls, scores=scores)
-            for (kind, flops, moved, scores), calls in sorted(self.groups.items())
+            OperatorGroup(kind=kind, flops=flops, bytes=moved, calls=calls, scores=scores, dtype=dtype)
+            for (kind, flops, moved, scores, dtype), calls in in_order
         ]
 
 
 def tally_call(module: torch.nn.Module, call: Call, dtype: torch.dtype) -> list[OperatorGroup]:
     """Run ``call`` once on fake tensors and count its operators: repeated blocks, slices and tiles recorded once
     and replayed, as the memory pass runs them (``memory.track_call``; its figures are not needed here)."""
-    tally = OperatorTally()
+    tally = OperatorTally(dtype)
     track_call(module, call, dtype, on_cuda=False, also=tally)
     return tally.operators()
 
@@ -176,7 +190,7 @@ def predict_memory_and_work(
     tallies: list[tuple[Call, OperatorTally]] = []
 
     def watch(call: Call) -> OperatorTally:
-        tallies.append((call, OperatorTally()))
+        tallies.append((call, OperatorTally(DTYPES[settled.dtype_of(call.component, call.dtype)])))
         return tallies[-1][1]
 
     memory = predict_tracked(spec, on_cuda, vae_modes, watch)

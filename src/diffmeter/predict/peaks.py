@@ -291,9 +291,10 @@ PEAKS = (
     DevicePeak(
         "RTX 5080",
         ("rtx", "5080"),
-        {"bf16": 112.6, "fp16": 112.6, "fp8": 225.1},
+        {"fp32": 56.28, "bf16": 112.6, "fp16": 112.6, "fp8": 225.1},
         "NVIDIA RTX Blackwell GPU architecture whitepaper, GeForce RTX 5080 (FP32 accumulate, dense), as third parties "
-        "transcribe its Table 4; no TF32 or FP32 figure found stated; 960 GB/s: notebookcheck's spec page",
+        "transcribe its Table 4; no TF32 figure found stated; FP32 (non-tensor) 56.28 TFLOPS: fpsbench.com's spec "
+        "table (10,752 CUDA cores x 2 x 2,617 MHz boost); 960 GB/s: notebookcheck's spec page",
         memory_gb=16,
         bandwidth_gb_s=960,
     ),

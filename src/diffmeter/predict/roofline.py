@@ -2,8 +2,8 @@
 
 Two bounds, each saying what it bounds:
 - lower bound, of the eager operators as dispatched: each operator takes at least max(FLOPs / peak, bytes moved /
-  bandwidth), summed over every operator of every call, the peak being the dense peak of the dtype its call runs
-  at (a float32 VAE in a bfloat16 run, SDXL's float32 decode: float32's, or TF32's for the matmuls and convolutions
+  bandwidth), summed over every operator of every call, the peak being the dense peak of the dtype it runs at, its
+  call's or its own (a float32 VAE in a bfloat16 run, SDXL's float32 decode, T5's ``wo`` kept in float32: float32's, or TF32's for the matmuls and convolutions
   that run on TF32 tensor cores, ``BENCH_FP32``); an operator whose bytes fit in the card's L2 cache is
   charged no memory time (its inputs may still be there; no L2 bandwidth is assumed), so a small image on a card
   with a large L2 is not bounded by DRAM it may never touch; a call is never under its ideal bound.
@@ -133,9 +133,10 @@ def kind_peak(device: Device, dtype: str, kind: str, fp32_math: Mapping[str, str
 
 
 def kinds_of(work: OperatorWork) -> set[tuple[str, str, str]]:
-    """(component, dtype, kind) of every operator that does FLOPs, at the dtype its call runs at."""
+    """(component, dtype, kind) of every operator that does FLOPs, at the dtype it runs at (its call's, or its own
+    where that differs: ``OperatorGroup.dtype``)."""
     return {
-        (call.component, call.dtype or work.dtype, group.kind)
+        (call.component, group.dtype or call.dtype or work.dtype, group.kind)
         for call in work.calls
         for group in call.operators
         if group.flops
@@ -182,7 +183,7 @@ def lower_bounds(
     for call in work.calls:
         for group in call.operators:
             total = found[call.stage][group.kind]
-            peak = rates.of(call.dtype, group.kind)
+            peak = rates.of(group.dtype or call.dtype, group.kind)
             seconds = operator_lower_s(group.flops, group.bytes, peak, bandwidth, l2_bytes)
             total[0] += seconds * group.calls * call.count
             total[1] += group.calls * call.count
@@ -195,10 +196,13 @@ def call_bounds(
     """One call's (eager, ideal) seconds, times its count. Ideal: its FLOPs at the dense peaks or its weights
     (``read`` bytes) once, whichever takes longer. Eager: its operators' bounds summed, and never under the ideal
     (an operator's bytes may each fit in L2 while the call's weights do not)."""
-    compute = sum(group.flops * group.calls / rates.of(call.dtype, group.kind) for group in call.operators)
+    compute = sum(
+        group.flops * group.calls / rates.of(group.dtype or call.dtype, group.kind) for group in call.operators
+    )
     ideal = max(compute, 0.0 if l2_bytes and read <= l2_bytes else read / bandwidth)
     eager = sum(
-        operator_lower_s(group.flops, group.bytes, rates.of(call.dtype, group.kind), bandwidth, l2_bytes) * group.calls
+        operator_lower_s(group.flops, group.bytes, rates.of(group.dtype or call.dtype, group.kind), bandwidth, l2_bytes)
+        * group.calls
         for group in call.operators
     )
     return max(eager, ideal) * call.count, ideal * call.count

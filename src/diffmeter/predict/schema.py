@@ -77,6 +77,9 @@ class OperatorGroup(BaseModel):
     #: attention scores per call (batch x heads x queries x keys) of a scaled-dot-product attention: each is a
     #: softmax exponential, which runs on the special-function units, not the tensor cores the FLOPs use
     scores: int = 0
+    #: the dtype its operands are in where it differs from its call's (T5's ``wo`` kept in float32 in a float16
+    #: run, charged float32's peak); None: the call's
+    dtype: str | None = None
 
 
 class CallWork(BaseModel):
@@ -97,8 +100,10 @@ class OperatorWork(BaseModel):
     calls: list[CallWork]
 
     def dtypes(self) -> tuple[str, ...]:
-        """The run's dtype and every other one a call runs at, sorted."""
-        return tuple(sorted({self.dtype} | {call.dtype for call in self.calls if call.dtype}))
+        """The run's dtype and every other one a call or an operator runs at, sorted."""
+        calls = {call.dtype for call in self.calls if call.dtype}
+        operators = {group.dtype for call in self.calls for group in call.operators if group.dtype}
+        return tuple(sorted({self.dtype} | calls | operators))
 
 
 class StageTime(BaseModel):
