@@ -3,10 +3,11 @@
 Two bounds, each saying what it bounds:
 - lower bound, of the eager operators as dispatched: each operator takes at least max(FLOPs / peak, bytes moved /
   bandwidth), summed over every operator of every call, the peak being the dense peak of the dtype it runs at, its
-  call's or its own (a float32 VAE in a bfloat16 run, SDXL's float32 decode, T5's ``wo`` kept in float32: float32's, or TF32's for the matmuls and convolutions
-  that run on TF32 tensor cores, ``BENCH_FP32``); an operator whose bytes fit in the card's L2 cache is
-  charged no memory time (its inputs may still be there; no L2 bandwidth is assumed), so a small image on a card
-  with a large L2 is not bounded by DRAM it may never touch; a call is never under its ideal bound.
+  call's or its own (a float32 VAE in a bfloat16 run, SDXL's float32 decode, T5's ``wo`` kept in float32:
+  float32's, or TF32's for the matmuls and convolutions that run on TF32 tensor cores, ``BENCH_FP32``); an
+  operator whose bytes fit in the card's L2 cache is charged no memory time (its inputs may still be there; no L2
+  bandwidth is assumed), so a small image on a card with a large L2 is not bounded by DRAM it may never touch; a
+  call is never under its ideal bound.
 - ideal bound, of any implementation at the dtypes the calls run at (compiled, fused): per call, max(its FLOPs / the
   dense peaks, its weights read once / bandwidth), weights no larger than L2 not charged (an fp8 run is bounded at
   the fp8 peak, not by this).
