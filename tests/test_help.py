@@ -59,6 +59,13 @@ def test_every_variable_an_option_reads_is_named(cli, monkeypatch):
         ):
             assert param.opts[-1] in environment, param.opts
     assert "the optimizations (not --opt, --compare-baseline)" in environment
+    assert environment.endswith("a flag wins over it, and it over --config.")
+
+
+def test_a_command_without_config_does_not_name_it(cli, monkeypatch):
+    for command in ("profile", "sweep"):
+        out = " ".join(help_at(cli, monkeypatch, command).split())
+        assert "a flag wins over it." in out and "--config" not in out
 
 
 def test_a_wide_terminal_gets_one_line_per_short_option(cli, monkeypatch):

@@ -263,11 +263,11 @@ def test_compare_refuses_what_cannot_be_compared(cli, study, tmp_path):
 def test_speedup_interval_is_exact_and_distribution_free():
     from scipy.stats import mannwhitneyu
 
-    from diffmeter.measure.stats import _mann_whitney_cdf, speedup_interval
+    from diffmeter.measure.stats import mann_whitney_cdf, speedup_interval
 
     x, y = [1.0, 2.0, 3.5, 4.1, 6.0], [1.5, 2.5, 5.0, 7.0]
     u = sum(a > b for a in x for b in y)
-    assert _mann_whitney_cdf(5, 4)[u] == pytest.approx(mannwhitneyu(x, y, method="exact", alternative="less").pvalue)
+    assert mann_whitney_cdf(5, 4)[u] == pytest.approx(mannwhitneyu(x, y, method="exact", alternative="less").pvalue)
     a = [1.00, 1.02, 0.99, 1.05, 1.01, 1.03, 0.98]
     estimate, low, high, level = speedup_interval(a, [t / 2 for t in a])
     assert estimate == pytest.approx(2.0) and low <= 2.0 <= high and level >= 0.95

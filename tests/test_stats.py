@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from diffmeter.measure.stats import Stats, median_interval, ratio_interval
+from diffmeter.measure.stats import Stats, median_interval
 
 
 @pytest.mark.parametrize(
@@ -34,9 +34,7 @@ def test_the_interval_covers_the_true_median_as_often_as_it_says():
         assert abs(hits / trials - level) < 0.02
 
 
-def test_relative_precision_and_the_ratio_interval():
-    fast, slow = Stats.of([1.0, 1.01, 0.99, 1.0, 1.02, 0.98]), Stats.of([2.0, 2.02, 1.98, 2.0, 2.04, 1.96])
+def test_relative_precision():
+    fast = Stats.of([1.0, 1.01, 0.99, 1.0, 1.02, 0.98])
     assert fast.relative_ci == pytest.approx(0.02)
-    low, high, level = ratio_interval(slow, fast)
-    assert low <= slow.median / fast.median <= high and low > 1.8 and high < 2.2 and level >= 0.9
     assert math.isclose(Stats.of([5.0]).ci_low, 5.0) and Stats.of([5.0]).ci_level == 0.0

@@ -37,6 +37,14 @@ app = typer.Typer(
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
 
 
+def note(text: str, machine_readable: bool = False) -> None:
+    """A "note:" line: on standard output beside tables, on standard error beside --json or --csv (which stay
+    parseable)."""
+    (Console(stderr=True, soft_wrap=True) if machine_readable else console).print(
+        f"note: {text}", highlight=False, markup=False
+    )
+
+
 class Command(typer.core.TyperCommand):
     """A command whose usage line names arguments plainly (``MODEL``, not typer's ``{MODEL}``),
     that refuses an option given twice instead of silently keeping the last one, and whose help

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from diffmeter.cli.app import command, console
+from diffmeter.cli.app import command, console, note
 from diffmeter.cli.options import (
     GENERATION,
     AsJson,
@@ -113,8 +113,8 @@ def fit(
     if (memory is None) == (gpu is None):
         raise DiffmeterError("give the memory to fit in: --memory 24GB, or --gpu NAME (not both)")
     target = chosen_gpu(gpu, None) if gpu else spec_gpu(_memory(memory)).model_copy(update={"name": memory})
-    if (others := other_cards(gpu)) and not as_json:
-        console.print(f"note: {others}", highlight=False, markup=False)
+    if others := other_cards(gpu):
+        note(others, as_json)
     if not target.memory_bytes:
         raise DiffmeterError(f"{target.name} has no single memory size in the table; pass --memory")
     spec = ProfileSpec(

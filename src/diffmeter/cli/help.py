@@ -112,10 +112,8 @@ def environment_line(params: list, panel_of: dict) -> str | None:
             said += [p.opts[-1] for p in readers]
     said += whole
     listed = ", ".join(said[:-1]) + " and " + said[-1] if len(said) > 1 else said[0]
-    return (
-        f"Environment: DIFFMETER_<OPTION> (e.g. {reading[0].envvar}) sets {listed}; "
-        "a flag wins over it, and it over --config."
-    )
+    config = ", and it over --config" if any("--config" in p.opts for p in params) else ""
+    return f"Environment: DIFFMETER_<OPTION> (e.g. {reading[0].envvar}) sets {listed}; a flag wins over it{config}."
 
 
 class Lines:

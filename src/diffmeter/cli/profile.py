@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from diffmeter.cli.app import command, console
+from diffmeter.cli.app import command, console, note
 from diffmeter.cli.options import (
     GENERATION,
     AsJson,
@@ -117,7 +117,8 @@ def profile(
     prompt_tokens: Annotated[
         int | None,
         typer.Option(
-            help="real prompt tokens, where compute depends on it (Kandinsky 3, Lumina)", rich_help_panel=GENERATION
+            help="real prompt tokens, where compute depends on it (Qwen-Image, Z-Image, CogView4, Lumina, Kandinsky 3)",
+            rich_help_panel=GENERATION,
         ),
     ] = None,
     negative_prompt_tokens: Annotated[
@@ -184,8 +185,8 @@ def profile(
     adapters = {}
     for name in names:
         adapters[name], lora_notes = lora_fields(name, lora_rank, lora_targets, lora, fuse_lora)
-        for note in lora_notes:
-            console.print(f"note: {note}", highlight=False, markup=False)
+        for text in lora_notes:
+            note(text, as_json or as_csv)
     specs = [
         ProfileSpec(
             model=name,
@@ -210,6 +211,8 @@ def profile(
         )
         for name, (h, w), n in itertools.product(names, sizes(height, width), numbers(steps, "--steps"))
     ]
+    if all_models:
+        specs = runnable(specs, as_json or as_csv)
     results = [cached_profile(spec, depth) for spec in specs]  # answered before: no library to load
     missing = [spec for spec, found in zip(specs, results, strict=True) if found is None]
     if missing:
@@ -263,6 +266,24 @@ def profile(
         console.print(summary_table(results))
 
 
+def runnable(specs: list, machine_readable: bool) -> list:
+    """``--all``'s specs less those whose pipeline refuses the settings (DiT at another size), each left out with
+    a note naming why; an error when every one is refused."""
+    load_libraries()
+    from diffmeter.flops.profile import refusal
+
+    kept = []
+    for spec in specs:
+        why = refusal(spec)
+        if why is None:
+            kept.append(spec)
+        else:
+            note(f"left out {spec.model}: {why}", machine_readable)
+    if not kept:
+        raise DiffmeterError("--all: every catalog model refuses these settings (notes above); change them")
+    return kept
+
+
 def _print_profile(found, spec) -> None:
     """One generation's table; with input images, what they add against the same generation from text alone."""
     from dataclasses import replace
@@ -314,8 +335,8 @@ def _predicted(
     if as_csv:
         raise DiffmeterError("--csv has no place for predictions: use --json with --gpu/--gpu-spec")
     chosen = None if is_this_cpu(gpu) else chosen_gpu(gpu, gpu_spec)  # a wrong name fails before any work
-    if (others := other_cards(gpu)) and not as_json:
-        console.print(f"note: {others}", highlight=False, markup=False)
+    if others := other_cards(gpu):
+        note(others, as_json)
     load_libraries()
     from diffmeter.optimize.options import from_flags
     from diffmeter.predict.bench_prediction import memory_technique

@@ -221,7 +221,7 @@ class Family:
             )
         if not self.is_video and spec.num_frames is not None:
             raise DiffmeterError(
-                f"{entry.name} generates images; --num-frames is for video models (Wan, CogVideoX): drop it"
+                f"{entry.name} makes images; --num-frames is for video models (Wan, HunyuanVideo, LTX...): drop it"
             )
         binned = self.binned_size(entry, spec.height, spec.width) if spec.resolution_binning else None
         if binned and binned != (spec.height, spec.width):

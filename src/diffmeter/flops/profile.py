@@ -76,12 +76,28 @@ def profile_spec(spec: ProfileSpec, depth: int = 0) -> Profile:
     return found
 
 
-def _count(spec: ProfileSpec, depth: int) -> Profile:
+def refusal(spec: ProfileSpec) -> str | None:
+    """Why ``spec``'s pipeline refuses its settings (DiT at another size than its own, frames for an image
+    model), or None; nothing is built or counted."""
+    entry, family, spec = _with_defaults(spec)
+    try:
+        family.shapes(entry, spec)
+    except DiffmeterError as error:
+        return str(error)
+    return None
+
+
+def _with_defaults(spec: ProfileSpec):
     entry = entry_of(spec)
     family = get_family(entry.family)
     spec = spec.with_defaults(entry.defaults)
     if family.is_video and spec.num_frames is None:
         spec = replace(spec, num_frames=1)
+    return entry, family, spec
+
+
+def _count(spec: ProfileSpec, depth: int) -> Profile:
+    entry, family, spec = _with_defaults(spec)
     requested = (spec.height, spec.width)
     shapes = family.shapes(entry, spec)
     plan = family.plan(shapes)

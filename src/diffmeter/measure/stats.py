@@ -84,16 +84,6 @@ def _coverage(n: int, k: int) -> float:
     return 1 - 2 * tail
 
 
-def ratio_interval(numerator: Stats, denominator: Stats) -> tuple[float, float, float]:
-    """A conservative interval for median(numerator) / median(denominator) from the two medians'
-    intervals (their worst-case combination), and its least coverage (Bonferroni)."""
-    return (
-        numerator.ci_low / denominator.ci_high,
-        numerator.ci_high / denominator.ci_low,
-        max(0.0, numerator.ci_level + denominator.ci_level - 1),
-    )
-
-
 def speedup_interval(
     baseline: list[float], candidate: list[float], confidence: float = CONFIDENCE
 ) -> tuple[float, float, float, float]:
@@ -106,7 +96,7 @@ def speedup_interval(
         raise ValueError("positive timings needed on both sides")
     m, n = len(baseline), len(candidate)
     differences = sorted(math.log(a) - math.log(b) for a in baseline for b in candidate)
-    tail = _mann_whitney_cdf(m, n)  # tail[u] = P(U <= u) with no difference
+    tail = mann_whitney_cdf(m, n)  # tail[u] = P(U <= u) with no difference
     k = 0  # 0-based: the interval is [differences[k], differences[m*n - 1 - k]]
     while k + 1 < m * n - 1 - (k + 1) and 1 - 2 * tail[k + 1] >= confidence:
         k += 1
@@ -119,7 +109,7 @@ def speedup_interval(
 EXACT_PAIRS = 10_000
 
 
-def _mann_whitney_cdf(m: int, n: int) -> list[float]:
+def mann_whitney_cdf(m: int, n: int) -> list[float]:
     """P(U <= u) for u = 0..m*n under the null: the generating function of U is the Gaussian
     binomial coefficient prod_{i=1..m} (1 - q^(n+i)) / (1 - q^i), expanded term by term. The
     division accumulates rounding, so above ``EXACT_PAIRS`` pairs U's normal approximation

@@ -32,7 +32,7 @@ COLUMNS: dict[str, str] = {
     "optimizations": "techniques applied, joined by + (empty: none)",
     "status": "complete | failed",
     "error": "why a failed run failed",
-    "processes": "processes (GPUs) the run used: ulysses x ring x tp x data-parallel degrees",
+    "processes": "processes (GPUs) the run used: ulysses x ring x tp x cfg x data-parallel degrees",
     "parallel": "the parallel degrees above 1, as the run folder names them (ulysses-2+data-parallel-2; empty: none)",
     "s_per_image": "seconds per image: median call latency / images per call (batch x data-parallel degree)",
     "s_per_image_p90": "seconds per image: 90th-percentile call latency / images per call",

@@ -306,7 +306,8 @@ class MeasuredRun:
         if len(result.iterations) > self.run_.spec.iterations:  # --min-duration or --target-precision: more calls
             storage.write_json(self.staging / storage.REQUESTS, self.requests(len(result.iterations)))
         self.log.info("done: %s", result.status)
-        result._folder = folder = self.directory.commit(result)
+        folder = self.directory.commit(result)
+        result.stored_in(folder)
         if result.status == "failed":
             raise DiffmeterError(f"{result.error} (recorded as a failed result in {folder})")
         return result, folder

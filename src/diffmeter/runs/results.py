@@ -153,6 +153,11 @@ class BenchResult(BaseModel):
     def folder(self) -> Path | None:
         return self._folder
 
+    def stored_in(self, folder: Path) -> BenchResult:
+        """This result, marked as stored in (or read from) the run folder ``folder``."""
+        self._folder = folder
+        return self
+
     def to_json_dict(self) -> dict:
         return self.model_dump(mode="json", by_alias=True)
 

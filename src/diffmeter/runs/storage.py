@@ -221,9 +221,7 @@ def read_result(path: str | Path) -> BenchResult:
     if not file.is_file():
         hint = " (an interrupted run leaves none)" if path.is_dir() else ""
         raise DiffmeterError(f"no {RESULTS} at {file}{hint}; point at a run folder written by `diffmeter bench`")
-    result = read_model(file, BenchResult, "result", "re-run the benchmark")
-    result._folder = file.parent
-    return result
+    return read_model(file, BenchResult, "result", "re-run the benchmark").stored_in(file.parent)
 
 
 def read_model(file: Path, model, what: str, fix: str):

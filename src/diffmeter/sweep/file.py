@@ -6,7 +6,7 @@ axes:                           # every combination of these values is a cell
   model: [sd15, sdxl]
   batch_size: [1, 2, 4]         # or "auto": double until out of memory
   size: [512, 1024]             # or "768x512" (width x height); also height / width alone
-  optimizations: ["", compile, "compile+first-block-cache:threshold=0.1"]
+  optimizations: ["", compile, "compile+deep-cache:cache_interval=3"]
 fixed:                          # the same for every cell: any other bench option
   iterations: 5
   compare_baseline: true
@@ -192,7 +192,7 @@ def _size(value: Any) -> dict[str, int]:
 
 
 def parse_optimizations(value: Any) -> list[OptimizationSpec]:
-    """``""`` (none), ``"compile+first-block-cache:threshold=0.1"``, or a list of such names."""
+    """``""`` (none), ``"compile+deep-cache:cache_interval=3"``, or a list of such names."""
     if value is None:
         return []
     if isinstance(value, list):
