@@ -166,6 +166,11 @@ def test_a_short_gpu_name_says_which_card_it_took_and_which_it_left(cli):
     assert code == 0 and "note: --gpu a100 is the A100 80GB SXM; the table also has" in " ".join(out.split())
     code, out, _ = cli("fit", "tiny-sd", "--gpu", "a100 40gb sxm")
     assert code == 0 and "note: --gpu" not in out
+    # the SXM form, wherever the table lists it (the H200 NVL comes first there, for driver names)
+    assert named_gpu("h200").name == "H200 SXM" and other_cards("h200").endswith(
+        "also has the H200 NVL: name one for another card"
+    )
+    assert named_gpu("h200 nvl").name == "H200 NVL"
 
 
 @pytest.mark.parametrize("command", [["profile"], ["profile", "--gpu", "h100"], ["fit", "--memory", "24GB"]])

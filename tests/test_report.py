@@ -260,6 +260,20 @@ def test_compare_refuses_what_cannot_be_compared(cli, study, tmp_path):
     assert code == 2 and "compare runs of one model" in err
 
 
+def test_compare_with_an_image_missing_or_unreadable_says_so_and_compares_the_times(cli, study, tmp_path):
+    baseline, cached = _baseline_and_cached(study)
+    copy = tmp_path / cached.name
+    shutil.copytree(cached, copy)
+    first = sorted((copy / "images").iterdir())[0]
+    first.unlink()
+    code, out, err = cli("compare", baseline, copy)
+    text = " ".join(out.split())
+    assert code == 0 and "images not compared:" in text and "is missing" in text and "faster" in text, text
+    first.write_bytes(b"not a png")
+    code, out, err = cli("compare", baseline, copy)
+    assert code == 0 and "images not compared: an image could not be read" in " ".join(out.split()), err
+
+
 def test_speedup_interval_is_exact_and_distribution_free():
     from scipy.stats import mannwhitneyu
 

@@ -9,7 +9,7 @@ import pytest
 from diffmeter.measure.conditions import Conditions, Range
 from diffmeter.measure.speedup import Speedup, estimate, verdict
 from diffmeter.optimize.options import parse_opt
-from diffmeter.runs import speedups, storage
+from diffmeter.runs import collect, speedups, storage
 from diffmeter.runs.iteration import Iteration
 from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
@@ -132,6 +132,12 @@ def test_a_ladder_rung_in_another_dtype_has_the_ladders_speedup_in_the_report(tm
     study = read_study(tmp_path)
     (run,) = [run for run in study.runs if run.row["dtype"] == "bfloat16"]
     assert run.row["speedup"] == expected.estimate and run.row["speedup_verdict"] == expected.verdict
+    table = {row["dtype"]: row for row in collect.rows(tmp_path)}  # `diffmeter table` reads the ladder too
+    assert table["bfloat16"]["speedup"] == expected.estimate and table["float32"]["speedup_verdict"] == "baseline"
+    from diffmeter.report.html.ladder_plots import ladders
+
+    (figure,) = ladders(study)
+    assert f"Measured on {ladder.device};" in figure.caption and "{" not in figure.caption
 
 
 @pytest.mark.parametrize(

@@ -57,8 +57,9 @@ def test_one_row_per_run_at_any_depth_with_units_and_speedups(runs):
     assert compared.speedup == expected.estimate and compared.speedup_verdict == expected.verdict
     assert (compared.speedup_ci_low, compared.speedup_ci_high) == (expected.low, expected.high)
     assert compared.speedup_ci_low <= compared.speedup <= compared.speedup_ci_high
-    # matched in the table: the unoptimized run of the same settings, by the same rule
+    # matched in the table: the only unoptimized run of the same settings, by the same rule, said to be apart
     assert elsewhere.speedup == speedups.between(named, read_result(runs / elsewhere.folder)).estimate
+    assert elsewhere.speedup_noise.endswith(f"baseline: stored apart, in {named.folder}")
     assert compared.identical_images == 2 or compared.psnr_db > 30  # fuse-qkv is lossless up to rounding
     batch2 = complete[complete.batch == 2].iloc[0]
     assert batch2.speedup == 1.0 and batch2.speedup_verdict == "baseline"  # an unoptimized run is its own baseline
@@ -66,6 +67,28 @@ def test_one_row_per_run_at_any_depth_with_units_and_speedups(runs):
     assert "out of memory" in failed.error and math.isnan(failed.s_per_image) and failed.batch == 4
     assert math.isnan(failed.speedup)
     assert batch2.tflops_per_image == pytest.approx(baseline.tflops_per_image)
+
+
+def test_a_baseline_is_never_compared_and_never_chosen_among_several_apart(runs, tmp_path):
+    """A second unoptimized run of the same settings in another folder (another session) is its own baseline,
+    not "faster" than the first; with two candidates apart, a run stored in a third folder gets no speed-up
+    rather than an arbitrary one; a run beside one of them is compared with that one."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(runs, copy)
+    bench(BenchSpec(**FAST), out=copy / "other")
+    frame = diffmeter.load_results(copy)
+    unoptimized = frame[(frame.optimizations == "") & (frame.batch == 1)]
+    assert len(unoptimized) == 2 and (unoptimized.speedup_verdict == "baseline").all()
+    (elsewhere,) = frame[frame.folder.str.startswith("elsewhere")].itertuples()
+    assert math.isnan(elsewhere.speedup)
+    bench(BenchSpec(**FAST, optimizations=[parse_opt("fuse-qkv")]), out=copy / "other")
+    frame = diffmeter.load_results(copy)
+    (beside,) = frame[frame.folder.str.startswith("other") & (frame.optimizations == "fuse-qkv")].itertuples()
+    other = read_result(copy / frame[frame.folder.str.startswith("other") & (frame.optimizations == "")].folder.iloc[0])
+    assert beside.speedup == speedups.between(other, read_result(copy / beside.folder)).estimate
+    assert "stored apart" not in (beside.speedup_noise or "")
 
 
 def test_csv_and_parquet_round_trip(runs, cli, tmp_path):

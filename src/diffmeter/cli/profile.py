@@ -40,30 +40,9 @@ from diffmeter.cli.options import (
     VaeTiling,
 )
 from diffmeter.cli.progress import progress_bar
+from diffmeter.cli.value_lists import numbers, sizes
 from diffmeter.errors import DiffmeterError
 from diffmeter.quiet import load_libraries
-
-
-def numbers(text: str | None, option: str, kind=int) -> list:
-    """Parse '512,768,1024' into numbers, or fail with one clear line."""
-    if text is None:
-        return [None]
-    try:
-        return [kind(part) for part in text.split(",")]
-    except ValueError:
-        raise DiffmeterError(f"{option} takes numbers separated by commas, got '{text}'") from None
-
-
-def sizes(height: str | None, width: str | None) -> list[tuple[int | None, int | None]]:
-    """Paired --height/--width lists; a list given alone sets both sides."""
-    heights, widths = numbers(height, "--height"), numbers(width, "--width")
-    if width is None:
-        return [(h, h) for h in heights]
-    if height is None:
-        return [(w, w) for w in widths]
-    if len(heights) != len(widths):
-        raise DiffmeterError("--height and --width lists must have the same length (they are paired)")
-    return list(zip(heights, widths, strict=True))
 
 
 @command()
@@ -338,6 +317,7 @@ def _predicted(
     if others := other_cards(gpu):
         note(others, as_json)
     load_libraries()
+    from diffmeter.optimize import build
     from diffmeter.optimize.options import from_flags
     from diffmeter.predict.bench_prediction import memory_technique
     from diffmeter.predict.operators import operator_work, predict_memory_and_work
@@ -346,6 +326,7 @@ def _predicted(
     from diffmeter.predict.vae_decode import VAE_MODES
 
     asked = from_flags(**flags)
+    build(asked)  # each technique's parameters checked as bench checks them: an unknown offload mode is refused
     unmodelled = [o.name for o in asked if memory_technique(o.name, o.params) is None]
     if unmodelled:
         raise DiffmeterError(
@@ -353,6 +334,11 @@ def _predicted(
             "the fp8 text encoder; drop the others here"
         )
     techniques = tuple(memory_technique(o.name, o.params) for o in asked)
+    if "quantize-fp8" in techniques and chosen and chosen.tflops and "fp8" not in chosen.tflops:  # as `fit` does
+        raise DiffmeterError(
+            f"--quantize fp8 needs FP8 tensor cores, which the {chosen.name} lacks (no fp8 peak in the table): "
+            "use --quantize int8"
+        )
 
     modes = tuple(t for t in techniques if t in VAE_MODES)  # a video's tiled decode is slow to track: only if asked
     predicted = [predict_memory_and_work(spec, vae_modes=modes) for spec in specs]  # one fake run for both

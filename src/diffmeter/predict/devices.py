@@ -76,13 +76,14 @@ def named_gpu(name: str, dtypes: tuple[str, ...] = ()) -> Device:
 
 
 def _matching(name: str) -> list:
-    """The rows a ``--gpu`` name matches: the one of that exact name, else every row whose name starts with it."""
+    """The rows a ``--gpu`` name matches: the one of that exact name, else every row whose name starts with it,
+    the SXM form first ("h200" is the H200 SXM: the table lists the NVL first, for driver names)."""
     wanted = _plain(name)
     if not wanted:
         return []
-    return [row for row in PEAKS if _plain(row.name) == wanted] or [
-        row for row in PEAKS if _plain(row.name).startswith(wanted)
-    ]
+    exact = [row for row in PEAKS if _plain(row.name) == wanted]
+    starting = [row for row in PEAKS if _plain(row.name).startswith(wanted)]
+    return exact or sorted(starting, key=lambda row: "SXM" not in row.name.split())
 
 
 def of_row(row) -> Device:

@@ -44,9 +44,9 @@ def results_table(frame, title: str) -> FittedTable:
             Column("dtype", justify="left", drop=2),
             Column("optimizations", justify="left", drop=7),
             Column("status", justify="left"),
-            Column("s / image"),
+            Column("s / image (median)"),
             Column("p90", drop=1),
-            Column("images / s", drop=4),
+            Column("images / s (mean)", drop=4),
             Column("denoise share", drop=1),
             Column("peak memory", drop=4),
             Column("J / image", drop=2),
@@ -125,7 +125,7 @@ def sweep_plan_table(planned, out) -> FittedTable:
         )
     table.caption = (
         "compute / call: the offline profile of one pipeline call (the whole batch), in FLOPs; done: a complete "
-        "result is stored (skipped); failed: a failed one is (rerun with --retry-failed)"
+        "result is stored (skipped); failed: a failed result is stored (rerun it with --retry-failed)"
     )
     return table
 

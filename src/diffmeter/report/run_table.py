@@ -93,8 +93,9 @@ def _facts(result: BenchResult) -> Text:
     summary = result.summary
     memory, energy = summary.peak_memory, summary.energy
     output = "video" if result.spec.num_frames else "image"
-    throughput = (
-        f"throughput: {summary.images_per_s:,.3f} {output}s/s, {units.seconds(summary.s_per_image)} per {output}"
+    throughput = (  # over every measured call's time: a mean, beside the table's medians
+        f"throughput: {summary.images_per_s:,.3f} {output}s/s, {units.seconds(summary.s_per_image)} per {output} "
+        "over the measured calls' total time (a mean; the table's times are medians)"
     )
     if result.spec.num_frames:
         throughput += (

@@ -36,7 +36,7 @@ COLUMNS: dict[str, str] = {
     "parallel": "the parallel degrees above 1, as the run folder names them (ulysses-2+data-parallel-2; empty: none)",
     "s_per_image": "seconds per image: median call latency / images per call (batch x data-parallel degree)",
     "s_per_image_p90": "seconds per image: 90th-percentile call latency / images per call",
-    "images_per_s": "images per second over the measured calls",
+    "images_per_s": "images per second over the measured calls' total time (a mean: not 1 / s_per_image, a median)",
     "text_share": "fraction of the median call spent encoding text",
     "image_share": "fraction spent encoding input images (VAE encode; editing, image-to-video)",
     "denoise_share": "fraction spent in the denoising loop",
@@ -125,7 +125,7 @@ def rows(directory: str | Path, skipped: list[str] | None = None) -> list[dict[s
     root = Path(directory).expanduser()
     readable = readable_results(find_results(root), skipped)
     table = [row(result, str(folder.relative_to(root))) for folder, result in readable]
-    add_speedups(table, [result for _, result in readable])
+    add_speedups(table, [result for _, result in readable], ladder_baselines(root))
     return table
 
 
@@ -205,27 +205,59 @@ def hardware(result: BenchResult) -> str:
     return result.environment.cpu
 
 
-def add_speedups(table: list[dict[str, Any]], results: list[BenchResult]) -> None:
-    """Each complete run's speed-up (``runs.speedups.between``) against its unoptimized baseline: the run its
-    --compare-baseline named when the table (or its folder) holds it, else the table's unoptimized run of the
-    same generation. ``results`` are the table's rows' results, in order."""
+def add_speedups(
+    table: list[dict[str, Any]], results: list[BenchResult], ladders: dict[Path, Path] | None = None
+) -> None:
+    """Each complete run's speed-up (``runs.speedups.between``) against its baseline: a ladder rung's, its
+    ladder's baseline (``ladder_baselines``: a rung may change the dtype or the steps); else the run its
+    --compare-baseline named, from the table or its folder on disk; an unoptimized run is a baseline itself;
+    else the unoptimized run of the same generation beside it (the same --out folder), else the table's only
+    such run, stored apart (said in its noise notes; never one of several, chosen arbitrarily). ``results`` are
+    the table's rows' results, in order."""
     by_folder = {_resolved(result.folder): result for result in results if result.folder is not None}
-    baselines = {
-        _generation(row): result
-        for row, result in zip(table, results, strict=True)
-        if row["status"] == "complete" and not row["optimizations"]
-    }
+    unoptimized: dict[tuple, list[BenchResult]] = {}
+    for row, result in zip(table, results, strict=True):
+        if row["status"] == "complete" and not row["optimizations"] and result.folder is not None:
+            unoptimized.setdefault(_generation(row), []).append(result)
     for row, result in zip(table, results, strict=True):
         if row["status"] != "complete":
             continue
-        if not row["optimizations"] and baselines.get(_generation(row)) is result:
+        folder = _resolved(result.folder) if result.folder is not None else None
+        baseline = by_folder.get((ladders or {}).get(folder)) or _named_baseline(result, by_folder)
+        if baseline is None and not row["optimizations"]:
             row.update(speedup=1.0, speedup_ci_low=1.0, speedup_ci_high=1.0, speedup_coverage=1.0)
             row["speedup_verdict"] = "baseline"
             continue
-        baseline = _named_baseline(result, by_folder) or baselines.get(_generation(row))
+        apart = None
+        if baseline is None and folder is not None:
+            candidates = unoptimized.get(_generation(row), [])
+            near = [c for c in candidates if _resolved(c.folder).parent == folder.parent]
+            baseline = (near or (candidates if len(candidates) == 1 else [None]))[0]
+            apart = None if near or baseline is None else f"baseline: stored apart, in {baseline.folder}"
         found = speedups.between(baseline, result) if baseline is not None else None
         if found is not None:
             row.update(speedup_columns(found))
+            if apart:
+                row["speedup_noise"] = NOTES_JOINER.join(filter(None, (row["speedup_noise"], apart)))
+
+
+def ladder_baselines(root: Path) -> dict[Path, Path]:
+    """Each ladder rung's run folder -> its ladder's baseline run folder, from the ``ladder-*.json`` files under
+    ``root`` (``runs.ladder.Ladder``, read as plain JSON so a table needs no torch: ``rows`` in order, the
+    baseline first, each with its run ``folder``); a rung is looked for beside its ladder file, by its folder's
+    name (the recorded path is relative to where the ladder ran, and the study may have moved)."""
+    found: dict[Path, Path] = {}
+    for path in sorted(root.rglob("ladder-*.json")):
+        if any(part.startswith(".") for part in path.relative_to(root).parts):
+            continue
+        try:
+            folders = [row.get("folder") for row in json.loads(path.read_text())["rows"]]
+        except (ValueError, OSError, KeyError, TypeError, AttributeError):
+            continue
+        if folders and folders[0]:
+            base = _resolved(path.parent / Path(folders[0]).name)
+            found.update({_resolved(path.parent / Path(f).name): base for f in folders[1:] if f})
+    return found
 
 
 def speedup_columns(found: speedups.Speedup) -> dict[str, Any]:

@@ -218,6 +218,12 @@ def _quality(a: BenchResult, b: BenchResult) -> tuple[Quality | None, str | None
         return None, "no seed in common"
     if any((i.prompt, i.class_label) != (reference[i.seed].prompt, reference[i.seed].class_label) for i in pairs):
         return None, "the same seeds were given different prompts"
+    for folder, image in [(b.folder, i) for i in pairs] + [(a.folder, reference[i.seed]) for i in pairs]:
+        if not (folder / image.path).is_file():
+            return None, f"{folder / image.path} is missing"
     from diffmeter.runs.baseline import compare_with_baseline
 
-    return compare_with_baseline(b, b.folder, a, a.folder), None
+    try:
+        return compare_with_baseline(b, b.folder, a, a.folder), None
+    except (OSError, ValueError) as error:  # an image file that cannot be read (truncated, not an image)
+        return None, f"an image could not be read ({error})"

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from diffmeter.errors import DiffmeterError
+from diffmeter.optimize import build
 from diffmeter.optimize.base import OptimizationSpec
 from diffmeter.optimize.options import parse_opt, read_yaml_or_json
 from diffmeter.runs.spec import BenchSpec
@@ -53,8 +54,8 @@ class SweepFile(BaseModel):
     fixed: dict[str, Any] = Field(default={}, description="bench options shared by every cell")
     include: list[dict[str, Any]] = Field(default=[], description="cells to extend or add, as option -> value")
     exclude: list[dict[str, Any]] = Field(default=[], description="cells to drop: those matching every key given")
-    timeout_s: float | None = Field(default=None, description="seconds a cell may run before it is stopped")
-    batch_limit: int = Field(default=256, description="batch_size auto: the largest batch tried")
+    timeout_s: float | None = Field(default=None, gt=0, description="seconds a cell may run before it is stopped")
+    batch_limit: int = Field(default=256, ge=1, description="batch_size auto: the largest batch tried")
 
     @field_validator("axes")
     @classmethod
@@ -101,6 +102,15 @@ def check_options(sweep: SweepFile, where: str) -> None:
         raise DiffmeterError(f"{where}: '{key}' is both an axis and fixed; keep it in one place")
     if "model" not in sweep.axes and "model" not in sweep.fixed:
         raise DiffmeterError(f"{where}: no model; add an axis 'model: [...]' or 'fixed: {{model: ...}}'")
+    for place, options in places:  # a misspelt technique or parameter is the file's error, not a refused cell
+        if "optimizations" not in options:
+            continue
+        values = options["optimizations"]
+        for value in values if place == "axes" else [values]:
+            try:
+                build(parse_optimizations(value))
+            except DiffmeterError as error:
+                raise DiffmeterError(f"{where}: optimizations {_show(value)} in {place}: {error}") from None
 
 
 class Cell(BaseModel):

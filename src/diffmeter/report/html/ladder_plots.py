@@ -46,7 +46,7 @@ def ladders(study: Study) -> list[Figure]:
         caption = (
             f"From {path.relative_to(study.root)}: each bar is what one rung adds to the speed-up of the rung "
             "before (Hodges-Lehmann estimate over every pair of calls); the label is the speed-up so far, with its "
-            "interval and verdict. Measured on {ladder.device}; weights: "
+            f"interval and verdict. Measured on {ladder.device}; weights: "
             f"{', '.join(weights)}."
         )
         if skipped:

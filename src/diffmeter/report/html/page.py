@@ -24,8 +24,8 @@ SUMMARY = (
     ("hardware", "hardware", str),
     ("optimizations", "optimizations", lambda v: v or "none"),
     ("status", "status", str),
-    ("s_per_image", "time / image", units.seconds),
-    ("images_per_s", "images / s", lambda v: f"{v:.3g}"),
+    ("s_per_image", "time / image (median)", units.seconds),
+    ("images_per_s", "images / s (mean)", lambda v: f"{v:.3g}"),
     ("speedup", "speed-up", str),  # speedup_cell: its interval and verdict, never a bare factor
     ("psnr_db", "PSNR", lambda v: f"{v:.2f} dB"),  # "identical" where every image is
     ("ssim", "SSIM", lambda v: f"{v:.4f}"),

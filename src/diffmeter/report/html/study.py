@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.flops.schema import Profile
-from diffmeter.runs import collect, speedups
+from diffmeter.runs import collect
 from diffmeter.runs.ladder import Ladder
 from diffmeter.runs.results import BenchResult
 
@@ -75,7 +75,9 @@ def read_study(directory: str | Path) -> Study:
     results = collect.find_results(root)
     for folder, result in collect.readable_results(results, study.skipped):
         study.runs.append(Run(result, folder, collect.row(result, str(folder.relative_to(root)))))
-    collect.add_speedups([run.row for run in study.runs], [run.result for run in study.runs])
+    collect.add_speedups(
+        [run.row for run in study.runs], [run.result for run in study.runs], collect.ladder_baselines(root)
+    )
     seen = set()
     run_folders = {path.parent for path in results}
     for path in sorted(root.rglob("*.json")):
@@ -90,8 +92,6 @@ def read_study(directory: str | Path) -> Study:
         for profile in _profiles(path):
             seen.add(_profile_key(profile))
             study.profiles.append(profile)
-    for path, ladder in study.ladders:
-        _ladder_speedups(study, path, ladder)
     for run in study.runs:  # every run carries its offline profile
         profile = run.result.profile
         if profile is not None and _profile_key(profile) not in seen:
@@ -103,23 +103,6 @@ def read_study(directory: str | Path) -> Study:
             "point at the --out folder of bench, ladder or sweep"
         )
     return study
-
-
-def _ladder_speedups(study: Study, path: Path, ladder: Ladder) -> None:
-    """A ladder's rungs change the dtype or the steps, so no unoptimized run of the same settings exists (a
-    bfloat16 rung with no technique is its own generation's baseline): their speed-up is against the
-    ladder's baseline, by the same rule as every other speed-up."""
-    folders = [row.folder for row in ladder.rows if row.folder]
-    runs = [study.run_at(folder, near=path.parent) for folder in folders]
-    if not runs or runs[0] is None:
-        return
-    baseline = runs[0]
-    for run in runs[1:]:
-        if run is None or run is baseline:
-            continue
-        found = speedups.between(baseline.result, run.result)
-        if found is not None:
-            run.row.update(collect.speedup_columns(found))
 
 
 def _read(path: Path, model):
