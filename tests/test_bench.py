@@ -365,6 +365,19 @@ def test_compare_baseline_reports_the_speed_up_with_its_interval(tmp_path):
     assert (speedup.factor, speedup.ci_low, speedup.ci_high) == (rule.estimate, rule.low, rule.high)
     assert speedup.ci_low <= speedup.factor <= speedup.ci_high and speedup.ci_level >= 0.9
     assert speedup.within_noise == (speedup.ci_low <= 1 <= speedup.ci_high)
+    assert not any("reused" in note for note in result.notes)  # measured just now, beside it
+    again, _ = bench(
+        BenchSpec(
+            model="tiny-sd",
+            steps=4,
+            iterations=6,
+            optimizations=[OptimizationSpec(name="fuse-qkv")],
+            compare_baseline=True,
+        ),
+        out=tmp_path,
+    )
+    (note,) = [note for note in again.notes if "reused" in note]
+    assert note.startswith(f"the baseline was reused from {speedup.baseline}, measured {baseline.created_utc}, ")
 
 
 def test_the_python_api_runs_and_returns_the_stored_result(tmp_path):

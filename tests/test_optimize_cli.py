@@ -151,6 +151,7 @@ def test_ladder_adds_one_technique_per_rung_and_resumes(cli, tmp_path):
     (stored_ladder,) = tmp_path.glob("ladder-*.json")
     code, shown, _ = cli("show", stored_ladder)
     assert code == 0 and "optimization ladder" in shown and "first-block-cache" in shown
+    assert "weights: tiny random weights (a test pipeline" in " ".join(shown.split())
     mtimes = {p: (p / RESULTS).stat().st_mtime_ns for p in tmp_path.iterdir() if p.is_dir()}
     assert cli(*args)[0] == 0
     assert {p: (p / RESULTS).stat().st_mtime_ns for p in mtimes} == mtimes  # every rung reused

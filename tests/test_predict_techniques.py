@@ -158,13 +158,23 @@ def test_torchao_weights_survive_accelerates_per_layer_offload_so_fit_offers_the
     ("args", "message"),
     [
         ([], "give the memory to fit in"),
-        (["--memory", "24GB", "--gpu", "h100"], "not both"),
-        (["--gpu", "a800"], "pass --memory"),
+        (["--memory", "24GB", "--gpu", "h100"], "H100 SXM has one memory size in the table: drop --memory"),
+        (["--gpu", "a800"], "A800 comes in several memory sizes: add --memory"),
     ],
 )
 def test_fit_bad_input_is_one_line(cli, args, message):
     code, _, err = cli("fit", "tiny-flux", *args)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_card_sold_in_several_memory_sizes_takes_its_size_from_memory(cli):
+    """The V100 came with 16 or 32 GB: --gpu v100 names its peaks and host link, --memory its size (it could
+    be neither before: one was refused for lacking a size, both for being given together)."""
+    code, out, err = cli("fit", "tiny-flux", "--gpu", "v100 sxm2", "--memory", "16GB", "--json")
+    assert code == 0, err
+    found = json.loads(out)
+    assert found["memory_bytes"] == 16 * 2**30 and found["device"] == "V100 SXM2"
+    assert found["settings"]["model"] == "tiny-flux" and found["settings"]["steps"] is None  # the model's default
 
 
 def test_a_vae_without_tiling_is_offered_none():

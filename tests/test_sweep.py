@@ -17,9 +17,10 @@ import pytest
 
 from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
+from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.storage import RESULTS, read_result
 from diffmeter.sweep.file import SweepFile, expand, read_sweep_file
-from diffmeter.sweep.local import LocalExecutor
+from diffmeter.sweep.local import Job, LocalExecutor, Outcome
 from diffmeter.sweep.run import run_sweep
 from diffmeter.tiny import tiny_pipeline
 
@@ -174,6 +175,29 @@ def test_a_cell_past_its_timeout_is_stopped_and_stored_failed(tmp_path):
     assert cell.status == "failed" and "timeout" in cell.reason
     (run,) = stored(out).values()
     assert run["status"] == "failed" and "stopped at the sweep's per-cell timeout" in run["error"]
+
+
+def test_no_cell_starts_after_an_interrupt(tmp_path):
+    """A Ctrl-C while a cell runs (here: raised by ``finished``, as the sweep's main thread gets it) stops the
+    sweep: the worker that freed up started the next cell at once, which then ran to the end beside an
+    "interrupted" message (a new user's trial with `timeout -s INT`). Cells run as recorded calls here: whether a
+    next one starts is the executor's decision alone."""
+    ran = []
+
+    class Recorded(LocalExecutor):
+        def run_cell(self, job, slot):
+            ran.append(job.name)
+            time.sleep(0.2)
+            return Outcome(0, "", 0.2)
+
+    def interrupt(job, outcome):
+        raise KeyboardInterrupt
+
+    jobs = [Job(spec=BenchSpec(model="tiny-sd"), name=f"cell-{index}") for index in range(3)]
+    with pytest.raises(KeyboardInterrupt):
+        Recorded(tmp_path, slots=[None]).map(jobs, lambda job: None, interrupt)
+    time.sleep(0.5)  # a cell started by a worker would be recorded by now
+    assert ran == ["cell-0"]
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -110,13 +111,18 @@ def fit(
         raise DiffmeterError("--html and --csv write the leaderboard: add --all")
     if model is None:
         raise DiffmeterError("name a MODEL (see `diffmeter models`), or pass --all for every catalog model")
-    if (memory is None) == (gpu is None):
-        raise DiffmeterError("give the memory to fit in: --memory 24GB, or --gpu NAME (not both)")
-    target = chosen_gpu(gpu, None) if gpu else spec_gpu(_memory(memory)).model_copy(update={"name": memory})
+    if memory is None and gpu is None:
+        raise DiffmeterError("give the memory to fit in: --memory 24GB, or --gpu NAME")
+    given = spec_gpu(_memory(memory)).model_copy(update={"name": memory}) if memory else None
+    target = chosen_gpu(gpu, None) if gpu else given
     if others := other_cards(gpu):
         note(others, as_json)
+    if gpu and given:  # a card sold in several memory sizes (the V100's 16 and 32 GB) takes its size from --memory
+        if target.memory_bytes:
+            raise DiffmeterError(f"{target.name} has one memory size in the table: drop --memory, or --gpu for another")
+        target = target.model_copy(update={"memory_bytes": given.memory_bytes})
     if not target.memory_bytes:
-        raise DiffmeterError(f"{target.name} has no single memory size in the table; pass --memory")
+        raise DiffmeterError(f"{target.name} comes in several memory sizes: add --memory (e.g. --memory 32GB)")
     spec = ProfileSpec(
         model=model,
         height=height,
@@ -151,6 +157,8 @@ def fit(
     if as_json:
         payload = {
             "model": model,
+            "device": target.name,  # the table's GPU, or the --memory given
+            "settings": dataclasses.asdict(spec),  # the generation fitted; None: the model's default
             "memory_bytes": target.memory_bytes,
             "held_back_bytes": CUDA_HOLDBACK_BYTES,
             "host_link": target.host_link,

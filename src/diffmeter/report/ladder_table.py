@@ -72,6 +72,8 @@ def ladder_table(ladder: Ladder) -> FittedTable:
         "first call minus median (compilation); peak memory = CUDA max allocated, else process peak RSS; "
         "quality = images against the baseline's at the same seeds"
     ]
+    if ladder.weights:
+        captions.append(f"weights: {escape(ladder.weights)}")
     if ladder.baseline_recheck_s is not None:
         captions.append(f"baseline measured again at the end: {units.seconds(ladder.baseline_recheck_s)}")
     captions += [f"note: {escape(note)}" for note in [*ladder.notes, *noisy]]

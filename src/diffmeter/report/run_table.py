@@ -93,16 +93,16 @@ def _facts(result: BenchResult) -> Text:
     summary = result.summary
     memory, energy = summary.peak_memory, summary.energy
     output = "video" if result.spec.num_frames else "image"
-    throughput = (  # over every measured call's time: a mean, beside the table's medians
-        f"throughput: {summary.images_per_s:,.3f} {output}s/s, {units.seconds(summary.s_per_image)} per {output} "
-        "over the measured calls' total time (a mean; the table's times are medians)"
-    )
+    rate = f"{summary.images_per_s:,.3f} {output}s/s"
     if result.spec.num_frames:
-        throughput += (
-            f" ({result.spec.num_frames} frames each: {summary.images_per_s * result.spec.num_frames:,.2f} frames/s)"
-        )
+        frames = result.spec.num_frames
+        rate += f" ({frames} frames each: {summary.images_per_s * frames:,.2f} frames/s)"
+    throughput = (  # over every measured call's time: a mean, beside the table's medians
+        f"throughput: {rate}, {units.seconds(summary.s_per_image)} per {output}: the mean over the "
+        f"{summary.iterations} measured calls ({summary.images} {output}s); the table's times are medians"
+    )
     lines = [
-        f"{throughput} ({summary.iterations} calls, {summary.images} {output}s)",
+        throughput,
         f"load: {units.seconds(result.load_s)}; first call (cold): {units.seconds(result.first_call_s)} "
         f"vs median {units.seconds(summary.latency_s.median)} ({_cold_start(summary.cold_start_overhead_s)})",
     ]

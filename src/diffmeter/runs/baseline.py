@@ -23,12 +23,17 @@ def compare_with_baseline(result: BenchResult, folder: Path, baseline: BenchResu
     return summarize(str(baseline_folder), compared, clip.name if clip else None, reasons)
 
 
-def notes(result: BenchResult, baseline: BenchResult) -> list[str]:
-    """A baseline reused from another session was measured under conditions that may differ."""
-    apart = abs(datetime.fromisoformat(result.created_utc) - datetime.fromisoformat(baseline.created_utc))
-    if apart.total_seconds() <= 3600:
+def notes(baseline: BenchResult, folder: Path, began: datetime) -> list[str]:
+    """A baseline stored before this run ``began`` (UTC, whole seconds) was reused, not measured beside it: say
+    from where and when (conditions may have changed since; over an hour apart, it is another session)."""
+    apart = began - datetime.fromisoformat(baseline.created_utc)
+    if apart.total_seconds() <= 0:
         return []
+    minutes = apart.total_seconds() / 60
+    since = "under a minute" if minutes < 1 else f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
+    session = " (another session)" if minutes > 60 else ""
     return [
-        f"the baseline was measured {baseline.created_utc} and this run {result.created_utc}: the speed-up compares "
-        "two sessions; --force on the baseline's folder, or a fresh --out, measures both now"
+        f"the baseline was reused from {folder}, measured {baseline.created_utc}, {since} before this run{session}: "
+        "the speed-up compares runs measured apart; --force on the baseline's folder, or a fresh --out, measures both "
+        "now"
     ]

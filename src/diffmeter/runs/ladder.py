@@ -81,6 +81,8 @@ class Ladder(BaseModel):
     baseline_recheck_interval_s: tuple[float, float] | None = None
     #: what a reader must know to trust the speed-ups (drift, rungs reused from other sessions, load)
     notes: list[str] = []
+    #: the weights the rungs ran (``BenchResult.weights``: tiny random, random at real size, or pretrained)
+    weights: str | None = None
 
 
 def plan(spec: BenchSpec, rungs: tuple[str, ...], fast_steps: int | None, compile_mode: str) -> list[Rung]:
@@ -229,7 +231,7 @@ def climb(
                 quality=quality,
             )
         )
-    ladder = Ladder(model=baseline.model.id, device=baseline.spec.device, rows=rows)
+    ladder = Ladder(model=baseline.model.id, device=baseline.spec.device, rows=rows, weights=baseline.weights)
     if recheck and len([row for row in rows if row.folder]) > 1:
         _recheck_baseline(ladder, rungs[0].spec, base, out, progress)
     ladder.notes += _trust_notes(rows)

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import time
 import warnings
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -100,6 +101,7 @@ class MeasuredRun:
     def baseline(self):
         """``--compare-baseline``: the unoptimized run of the same spec, stored or measured first."""
         spec = self.run_.spec
+        self.began = datetime.now(timezone.utc).replace(microsecond=0)  # a baseline stored before it was reused
         if not (spec.compare_baseline and self.run_.optimizations):
             return None
         return stored_or_run(spec.baseline(), self.out, self.progress)
@@ -284,7 +286,7 @@ class MeasuredRun:
         result.speedup = Speedup(
             baseline=str(folder), factor=rule.estimate, ci_low=rule.low, ci_high=rule.high, ci_level=rule.coverage
         )
-        result.notes += baseline.notes(result, stored)
+        result.notes += baseline.notes(stored, folder, self.began)
 
     def predict(self, result: BenchResult) -> None:
         """The offline prediction beside the measurements; one that cannot be made is a note."""

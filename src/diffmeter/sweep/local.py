@@ -5,7 +5,6 @@ ends as an outcome with its output's last lines; the sweep goes on."""
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,30 +73,32 @@ class LocalExecutor:
     def map(
         self, jobs: Iterable[Job], started: Callable[[Job], None], finished: Callable[[Job, Outcome], None]
     ) -> None:
-        """Run every job; ``started`` and ``finished`` are called in this thread."""
-        free: queue.Queue = queue.Queue()
-        for slot in self.slots:
-            free.put(slot)
+        """Run every job; ``started`` and ``finished`` are called in this thread. A job is started here, when a
+        slot is free, never by a worker: after an interrupt (Ctrl-C, whatever ``finished`` raises) no further
+        cell starts, and the running ones are stopped."""
+        pending = iter(jobs)
+        free = list(self.slots)
+        running: dict[Future, tuple[Job, str | None]] = {}
         with ThreadPoolExecutor(max_workers=len(self.slots)) as pool:
+
+            def start_while_free() -> None:
+                while free and (job := next(pending, None)) is not None:
+                    slot = free.pop(0)
+                    started(job)
+                    running[pool.submit(self.run_cell, job, slot)] = (job, slot)
+
             try:
-                futures = {}
-                for job in jobs:
-                    futures[pool.submit(self._run, job, free, started)] = job
-                for future in as_completed(futures):
-                    finished(futures[future], future.result())
+                start_while_free()
+                while running:
+                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        job, slot = running.pop(future)
+                        free.append(slot)
+                        finished(job, future.result())
+                    start_while_free()
             except BaseException:
                 self.stop()
-                for future in futures:
-                    future.cancel()
                 raise
-
-    def _run(self, job: Job, free: queue.Queue, started) -> Outcome:
-        slot = free.get()
-        try:
-            started(job)
-            return self.run_cell(job, slot)
-        finally:
-            free.put(slot)
 
     def run_cell(self, job: Job, slot: str | None) -> Outcome:
         """The cell's process, pinned to ``slot``'s GPU; its output goes to a log beside the results."""
