@@ -53,8 +53,10 @@ COLUMNS: dict[str, str] = {
     "identical_images": "images bit-identical to the unoptimized run's at the same seed",
     "ssim": "mean SSIM against the unoptimized images",
     "lpips": "mean LPIPS against the unoptimized images (lower is closer)",
-    "speedup": "times faster than the unoptimized run of the same settings (its --compare-baseline run, else the "
-    "one in the table): Hodges-Lehmann estimate over every pair of measured calls, per image (1 for that run itself)",
+    "speedup": "times faster than its baseline (a ladder rung's ladder baseline; else its --compare-baseline run; else "
+    "the unoptimized run of the same settings in its own --out folder, or the table's only one, stored apart, said in "
+    "speedup_noise): Hodges-Lehmann estimate over every pair of measured calls, per image (1 for an unoptimized run, "
+    "its own baseline)",
     "speedup_ci_low": "lower end of the speed-up's exact Mann-Whitney interval",
     "speedup_ci_high": "upper end of that interval",
     "speedup_coverage": "the probability that interval covers the true speed-up (below 95% with few calls)",
