@@ -227,7 +227,10 @@ def profile(
     if not tf32 and not (gpu or gpu_spec):
         raise DiffmeterError("--no-tf32 changes the predicted time, not the count: add --gpu NAME (or --gpu-spec)")
     if any(flags.values()) and not (gpu or gpu_spec):
-        raise DiffmeterError("techniques change the predicted memory, not the count: add --gpu NAME (or --gpu-spec)")
+        raise DiffmeterError(
+            "techniques are predicted with --gpu NAME (or --gpu-spec): their memory, and a tiled decode's operators "
+            "in the time; the MACs table counts the plain run"
+        )
     if gpu or gpu_spec:
         _predicted(specs, results, gpu, gpu_spec, as_json, as_csv, flags, tf32)
     elif as_json:

@@ -57,11 +57,13 @@ def memory_table(prediction: MemoryPrediction, gpu: Device | None, techniques: t
             "",
             "",
             "",
-            gib(gpu.memory_bytes - held - peak) + " left" if fits else "",
+            gib(gpu.memory_bytes - held - peak) + " left" if fits else gib(peak + held - gpu.memory_bytes) + " short",
             style=None if fits else "red",
         )
+        if not fits:  # what would: offloading, quantization, VAE modes, each predicted
+            table.caption = "does not fit: `diffmeter fit MODEL --gpu NAME` lists the memory settings that do"
     if prediction.checked:
-        table.caption = escape(prediction.checked)
+        table.caption = "\n".join(filter(None, (escape(prediction.checked), table.caption)))
     return table
 
 
