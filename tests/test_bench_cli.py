@@ -131,6 +131,19 @@ def test_show_refuses_what_is_not_a_result(cli, tmp_path):
     (tmp_path / RESULTS).write_text('{"status": "compl')
     code, _, err = cli("show", tmp_path)
     assert code == 2 and "is not a readable diffmeter result" in err and len(err.strip().splitlines()) == 1
+    assert "(Invalid JSON: " in err  # what is wrong, not "1 validation error for BenchResult"
+
+
+def test_a_result_from_a_newer_diffmeter_is_refused_naming_both_schemas(cli, tmp_path):
+    from diffmeter.runs.results import SCHEMA_VERSION
+
+    args = ("bench", "tiny-sd", "--steps", "1", "--iterations", "1", "--out", tmp_path, "-q")
+    assert cli(*args)[0] == 0
+    (folder,) = [path for path in tmp_path.iterdir() if path.is_dir()]
+    stored = json.loads((folder / RESULTS).read_text())
+    (folder / RESULTS).write_text(json.dumps({**stored, "schema_version": SCHEMA_VERSION + 1}))
+    code, _, err = cli("show", folder)
+    assert code == 2 and f"written by a newer diffmeter: schema {SCHEMA_VERSION + 1}, this one reads" in err
 
 
 def test_measurement_options_reach_the_result(cli, tmp_path):

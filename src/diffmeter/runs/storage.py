@@ -227,10 +227,34 @@ def read_result(path: str | Path) -> BenchResult:
 def read_model(file: Path, model, what: str, fix: str):
     """``file`` validated as the pydantic ``model``; one clear line naming ``what`` and the ``fix`` if not."""
     try:
-        return model.model_validate_json(file.read_text(encoding="utf-8"))
-    except (ValidationError, ValueError, OSError) as error:
+        text = file.read_text(encoding="utf-8")
+        found = model.model_validate_json(text)
+        if newer := _newer_schema(text, model):  # its fields may mean something this version does not know
+            raise DiffmeterError(f"{file} is not a readable diffmeter {what} ({newer}); upgrade diffmeter to read it")
+        return found
+    except ValidationError as error:
+        problem = error.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"])
+        reason = problem["msg"] if problem["type"] == "json_invalid" else f"{where}: {problem['msg']}"
+        newer = _newer_schema(text, model)
+        if newer:
+            reason, fix = newer, "upgrade diffmeter to read it"
+        raise DiffmeterError(f"{file} is not a readable diffmeter {what} ({reason}); {fix}") from None
+    except (ValueError, OSError) as error:
         reason = str(error).splitlines()[0]
         raise DiffmeterError(f"{file} is not a readable diffmeter {what} ({reason}); {fix}") from None
+
+
+def _newer_schema(text: str, model) -> str | None:
+    """"written by a newer diffmeter (schema N, this one reads M)" where the file says so, else None."""
+    current = getattr(model.model_fields.get("schema_version"), "default", None)
+    try:
+        found = json.loads(text).get("schema_version")
+    except (ValueError, AttributeError):
+        return None
+    if isinstance(found, int) and isinstance(current, int) and found > current:
+        return f"written by a newer diffmeter: schema {found}, this one reads {current}"
+    return None
 
 
 def file_logger(folder: Path) -> logging.Logger:
