@@ -246,7 +246,7 @@ def read_model(file: Path, model, what: str, fix: str):
 
 
 def _newer_schema(text: str, model) -> str | None:
-    """"written by a newer diffmeter (schema N, this one reads M)" where the file says so, else None."""
+    """ "written by a newer diffmeter (schema N, this one reads M)" where the file says so, else None."""
     current = getattr(model.model_fields.get("schema_version"), "default", None)
     try:
         found = json.loads(text).get("schema_version")
