@@ -70,6 +70,7 @@ def test_profile_all_leaves_out_the_models_that_refuse_the_settings(cli, monkeyp
         (["profile", "sd15", "--json", "--csv"], "pick one"),
         (["profile", "sd15", "--all"], "--all profiles every catalog model: drop sd15"),
         (["profile", "sd15", "--num-frames", "9"], "--num-frames is for video models"),
+        (["profile", "flux-dev", "--prompt-tokens", "20"], "flux-dev pads every prompt to one length"),
         (["profile", "my[red]model"], "unknown model 'my[red]model'"),
         (["ladder", "tiny-sd", "--fast-steps", "50", "--steps", "2"], "--fast-steps 50 must be between 1 and"),
         (["ladder", "tiny-sd", "--compile-mode", "fastest"], "compile: bad parameter mode"),

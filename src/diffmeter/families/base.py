@@ -100,9 +100,9 @@ class Family:
     max_images: ClassVar[int | None] = 0
     #: the denoiser predicts a flow velocity (flow-matching samplers only), not noise
     flow_matching: ClassVar[bool] = False
-    #: the denoiser passes an attention mask to scaled-dot-product attention (text padding
-    #: masks in PixArt, SANA, Kandinsky 3, Lumina): kernels that refuse masks cannot run it
+    #: the denoiser passes a text padding mask to SDPA (PixArt, SANA, Kandinsky 3, Lumina): mask-less kernels cannot
     masks_attention: ClassVar[bool] = False
+    reads_prompt_tokens: ClassVar[bool] = False  #: its text length follows the prompt's (``--prompt-tokens``)
     #: the text encoder whose padded length the pipeline's ``max_sequence_length`` sets
     sequence_encoder: ClassVar[str | None] = None
     #: the largest ``max_sequence_length`` the pipeline's check_inputs accepts (None: no limit)
@@ -220,9 +220,9 @@ class Family:
                 "--guidance-scale alone: drop --true-cfg-scale"
             )
         if not self.is_video and spec.num_frames is not None:
-            raise DiffmeterError(
-                f"{entry.name} makes images; --num-frames is for video models (Wan, HunyuanVideo, LTX...): drop it"
-            )
+            raise DiffmeterError(f"{entry.name} makes images; --num-frames is for video models (Wan, LTX...): drop it")
+        if spec.prompt_tokens is not None and not self.reads_prompt_tokens:
+            raise DiffmeterError(f"{entry.name} pads every prompt to one length: --prompt-tokens does nothing; drop it")
         binned = self.binned_size(entry, spec.height, spec.width) if spec.resolution_binning else None
         if binned and binned != (spec.height, spec.width):
             notes.append(

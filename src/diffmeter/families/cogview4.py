@@ -25,6 +25,7 @@ def padded(tokens: int, limit: int) -> int:
 @register
 class CogView4(Family):
     name = "cogview4"
+    reads_prompt_tokens = True
     flow_matching = True
     text_encoders = ("text_encoder",)
     sequence_encoder = "text_encoder"

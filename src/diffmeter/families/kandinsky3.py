@@ -8,6 +8,7 @@ from diffmeter.families.base import Family, Shapes, latents, register
 @register
 class Kandinsky3(Family):
     name = "kandinsky3"
+    reads_prompt_tokens = True
     masks_attention = True
     denoiser = "unet"
     decoder = "movq"

@@ -10,6 +10,7 @@ from diffmeter.families.base import DENOISER, Call, Family, Shapes, latents, reg
 @register
 class LuminaNext(Family):
     name = "lumina_next"
+    reads_prompt_tokens = True
     flow_matching = True
     masks_attention = True
     text_encoders = ("text_encoder",)
@@ -58,6 +59,7 @@ class LuminaNext(Family):
 @register
 class Lumina2(Family):
     name = "lumina2"
+    reads_prompt_tokens = True
     max_sequence_limit = 512  # the pipeline's check_inputs refuses longer prompts
     flow_matching = True
     masks_attention = True

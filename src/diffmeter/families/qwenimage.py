@@ -23,6 +23,7 @@ TOKENIZER_MAX_LENGTH = 1024
 @register
 class QwenImage(Family):
     name = "qwenimage"
+    reads_prompt_tokens = True
     flow_matching = True
     text_encoders = ("text_encoder",)
     #: max_sequence_length caps the text tokens the transformer gets (encode_prompt slices the embeddings)

@@ -38,6 +38,7 @@ def chat_prompt(tokenizer, prompt: str) -> str:
 @register
 class ZImage(Family):
     name = "z_image"
+    reads_prompt_tokens = True
     flow_matching = True
     text_encoders = ("text_encoder",)
     sequence_encoder = "text_encoder"
