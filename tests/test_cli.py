@@ -37,6 +37,11 @@ def test_models_lists_the_catalog(cli):
     assert code == 0 and rows["flux-dev"]["params"] > 16e9 and rows["tiny-sd"]["origin"] == "tiny"
 
 
+def test_one_step_is_singular(cli):
+    code, out, _ = cli("profile", "tiny-sd", "--steps", "1")
+    assert code == 0 and ", 1 step, batch 1" in out and "1 steps" not in out
+
+
 def test_profile_all_leaves_out_the_models_that_refuse_the_settings(cli, monkeypatch):
     """DiT generates its own size only: ``--all --height 512`` profiles the others and says why DiT is not there;
     settings every model refuses are one error."""

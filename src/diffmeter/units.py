@@ -55,3 +55,8 @@ def seconds(value: float) -> str:
 
 def joules(value: float) -> str:
     return _scaled(value, "J")
+
+
+def steps(count: int) -> str:
+    """ "1 step", "50 steps"."""
+    return f"{count} step" if count == 1 else f"{count} steps"

@@ -27,7 +27,7 @@ def run_table(result: BenchResult) -> Group:
     title = (
         f"{result.model.name} ({result.model.id}) on {device}: {spec.width}x{spec.height}{frames} px (WxH), "
         + "".join(f"input image {width}x{height}, " for height, width in spec.image_sizes)
-        + f"{spec.steps} steps, batch {spec.batch_size}, guidance {spec.guidance_scale:g}, "
+        + f"{units.steps(spec.steps)}, batch {spec.batch_size}, guidance {spec.guidance_scale:g}, "
         + (f"true CFG {spec.true_cfg_scale:g}, " if spec.true_cfg_scale is not None else "")
         + (f"LoRA {spec.lora_text}, " if spec.lora_text else "")
         + spec.dtype
@@ -53,7 +53,7 @@ def run_table(result: BenchResult) -> Group:
     for name, stats in summary.stages_s.items():
         if stats.max == 0 and not summary.flops.get(name):
             continue  # a stage this pipeline does not have (DiT encodes no text)
-        label = STAGE_LABELS[name] + (f" ({spec.steps} steps)" if name == "denoising" else "")
+        label = STAGE_LABELS[name] + (f" ({units.steps(spec.steps)})" if name == "denoising" else "")
         share = f"{100 * stats.mean / total_mean:.1f}%"  # means add up, as the stages of every call do
         table.add_row(label, *_stats_cells(stats), share, *_compute(summary, name))
         if name == "denoising":

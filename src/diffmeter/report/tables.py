@@ -36,7 +36,8 @@ def _setting(profile: Profile) -> str:
         )
     if profile.controlnet:
         images += f", ControlNet {profile.controlnet}"
-    return f"{size(profile)} px (WxH){images}, {profile.steps} steps, batch {profile.batch_size}, {guidance}, {dtype}"
+    steps = units.steps(profile.steps)
+    return f"{size(profile)} px (WxH){images}, {steps}, batch {profile.batch_size}, {guidance}, {dtype}"
 
 
 def profile_table(profile: Profile) -> FittedTable:
