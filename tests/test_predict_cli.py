@@ -171,6 +171,13 @@ def test_a_short_gpu_name_says_which_card_it_took_and_which_it_left(cli):
         "also has the H200 NVL: name one for another card"
     )
     assert named_gpu("h200 nvl").name == "H200 NVL"
+    # as nvidia-smi and torch.cuda.get_device_name() name them; a near miss suggested
+    assert (
+        named_gpu("NVIDIA GeForce RTX 4090").name == "RTX 4090"
+        and named_gpu("NVIDIA H100 80GB HBM3").name == "H100 SXM"
+    )
+    with pytest.raises(DiffmeterError, match="unknown GPU '4090'; did you mean RTX 4090"):
+        named_gpu("4090")
 
 
 @pytest.mark.parametrize("command", [["profile"], ["profile", "--gpu", "h100"], ["fit", "--memory", "24GB"]])

@@ -4,6 +4,7 @@ measured (``predict.cpu_peaks``)."""
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import re
@@ -12,7 +13,7 @@ from importlib import resources
 from pydantic import BaseModel
 
 from diffmeter.errors import DiffmeterError
-from diffmeter.predict.peaks import PEAKS, PRECISION
+from diffmeter.predict.peaks import PEAKS, PRECISION, find_device
 
 #: what a CUDA process cannot give its tensors, held back before "fits": on an H200 (driver 580, torch
 #: 2.11+cu130) the driver kept 615 MiB of nvidia-smi's total from ``cudaMemGetInfo``, and the CUDA context
@@ -66,11 +67,17 @@ def named_gpu(name: str, dtypes: tuple[str, ...] = ()) -> Device:
     whose name starts with it (the table lists the SXM form first)."""
     if is_this_cpu(name):
         return this_cpu(*dtypes)
-    rows = _matching(name)
+    rows = _matching(name) or [row for row in [find_device(name)] if row is not None]  # as nvidia-smi names it
     if not rows:
         known = ", ".join(row.name for row in PEAKS)
+        close = difflib.get_close_matches(_plain(name), [_plain(row.name) for row in PEAKS], n=1, cutoff=0.5)
+        near = [row.name for row in PEAKS if _plain(row.name) in close] or [
+            row.name for row in PEAKS if _plain(name) and _plain(name) in _plain(row.name)
+        ]
+        hint = f"did you mean {near[0]}? " if near else ""
         raise DiffmeterError(
-            f"unknown GPU '{name}'; known: {known}, cpu (this machine's, measured); or give its figures with --gpu-spec"
+            f"unknown GPU '{name}'; {hint}known: {known}, cpu (this machine's, measured); or give its figures with "
+            "--gpu-spec"
         )
     return of_row(rows[0])
 
