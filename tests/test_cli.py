@@ -37,6 +37,17 @@ def test_models_lists_the_catalog(cli):
     assert code == 0 and rows["flux-dev"]["params"] > 16e9 and rows["tiny-sd"]["origin"] == "tiny"
 
 
+def test_calls_of_different_work_show_their_range_not_their_mean(cli):
+    """Qwen-Image encodes the prompt and a shorter negative prompt: "MACs / call" was their mean, no call's."""
+    from diffmeter import profile
+    from diffmeter.units import macs
+
+    (encoder,) = [c for c in profile("tiny-qwenimage").components if c.name == "text_encoder"]
+    least, most = sorted(call.macs_per_call for call in encoder.invocations)
+    code, out, _ = cli("profile", "tiny-qwenimage")
+    assert code == 0 and least < most and f"{macs(least)} to {macs(most)}" in out
+
+
 def test_one_step_is_singular(cli):
     code, out, _ = cli("profile", "tiny-sd", "--steps", "1")
     assert code == 0 and ", 1 step, batch 1" in out and "1 steps" not in out

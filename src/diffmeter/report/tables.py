@@ -67,7 +67,7 @@ def profile_table(profile: Profile) -> FittedTable:
             component.class_name,
             "(above)" if shared else units.params(component.params),
             f"{component.calls} x {component.batch_per_call}",
-            units.macs(component.macs_per_call),
+            _per_call(component),
             units.macs(component.macs),
             split,
             f"{100 * component.share:.1f}%",
@@ -179,3 +179,12 @@ def conditioning_line(edit: Profile, plain: Profile) -> str:
         f"{encoded}{units.macs(denoising - plain_denoising)} of denoising ({denoising / plain_denoising:.2f}x its "
         f"MACs{controlnet})"
     )
+
+
+def _per_call(component) -> str:
+    """MACs of one call, or the least and most where its calls differ (a prompt and a shorter negative prompt):
+    their mean would be no call's figure."""
+    distinct = sorted({call.macs_per_call for call in component.invocations})
+    if len(distinct) > 1:
+        return f"{units.macs(distinct[0])} to {units.macs(distinct[-1])}"
+    return units.macs(component.macs_per_call)
