@@ -83,11 +83,12 @@ def run_profile(command: list[str], cache: dict) -> dict:
             check=False,
         )
         said = done.stderr.strip()
-        refused = said.startswith(REFUSAL) and "\n" not in said  # cli.app's one line; anything else is a crash
+        *notes, last = said.splitlines() or [""]  # beside --json, notes go to stderr before the refusal
+        refused = last.startswith(REFUSAL) and all(line.startswith("note: ") for line in notes)  # else a crash
         if done.returncode != 0 and not refused:
             raise SystemExit(f"diffmeter {' '.join(command)} failed:\n{said}")
         if done.returncode != 0:  # its one-line refusal, shown in the row (a memory row cannot do without it)
-            cache[key] = {"error": said.removeprefix(REFUSAL)}
+            cache[key] = {"error": last.removeprefix(REFUSAL)}
         else:
             cache[key] = json.loads(done.stdout)
     return cache[key]
