@@ -225,36 +225,38 @@ def read_result(path: str | Path) -> BenchResult:
 
 
 def read_model(file: Path, model, what: str, fix: str):
-    """``file`` validated as the pydantic ``model``; one clear line naming ``what`` and the ``fix`` if not."""
+    """``file`` validated as the pydantic ``model``; one clear line naming ``what`` and the ``fix`` if not, and
+    a refusal of a file a newer diffmeter wrote (its fields may mean what this version does not know)."""
     try:
         text = file.read_text(encoding="utf-8")
         found = model.model_validate_json(text)
-        if newer := _newer_schema(text, model):  # its fields may mean something this version does not know
-            raise DiffmeterError(f"{file} is not a readable diffmeter {what} ({newer}); upgrade diffmeter to read it")
-        return found
+        version = getattr(found, "schema_version", None)
     except ValidationError as error:
         problem = error.errors()[0]
         where = ".".join(str(part) for part in problem["loc"])
         reason = problem["msg"] if problem["type"] == "json_invalid" else f"{where}: {problem['msg']}"
-        newer = _newer_schema(text, model)
-        if newer:
-            reason, fix = newer, "upgrade diffmeter to read it"
-        raise DiffmeterError(f"{file} is not a readable diffmeter {what} ({reason}); {fix}") from None
+        found, version = None, _schema_in(text)  # a newer file may fail on fields this version does not know
     except (ValueError, OSError) as error:
         reason = str(error).splitlines()[0]
         raise DiffmeterError(f"{file} is not a readable diffmeter {what} ({reason}); {fix}") from None
-
-
-def _newer_schema(text: str, model) -> str | None:
-    """ "written by a newer diffmeter (schema N, this one reads M)" where the file says so, else None."""
     current = getattr(model.model_fields.get("schema_version"), "default", None)
+    if isinstance(version, int) and isinstance(current, int) and version > current:
+        raise DiffmeterError(
+            f"{file} is not a readable diffmeter {what} (written by a newer diffmeter: schema {version}, this one "
+            f"reads {current}); upgrade diffmeter to read it"
+        )
+    if found is None:
+        raise DiffmeterError(f"{file} is not a readable diffmeter {what} ({reason}); {fix}")
+    return found
+
+
+def _schema_in(text: str) -> int | None:
+    """The ``schema_version`` a JSON text states, read without validating the rest; None if none."""
     try:
         found = json.loads(text).get("schema_version")
     except (ValueError, AttributeError):
         return None
-    if isinstance(found, int) and isinstance(current, int) and found > current:
-        return f"written by a newer diffmeter: schema {found}, this one reads {current}"
-    return None
+    return found if isinstance(found, int) else None
 
 
 def file_logger(folder: Path) -> logging.Logger:
