@@ -33,7 +33,7 @@ from pydantic import BaseModel
 from diffmeter.errors import DiffmeterError
 from diffmeter.predict.devices import Device
 from diffmeter.predict.energy import predict_energy, why_no_energy
-from diffmeter.predict.schema import CallWork, OperatorWork, StageTime, TimePrediction
+from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork, StageTime, TimePrediction
 from diffmeter.stages import STAGES
 
 
@@ -124,6 +124,10 @@ class FlopRates:
     def of(self, dtype: str | None, kind: str) -> float:
         return self.by_call.get((dtype or self.dtype, kind), self.default)
 
+    def of_group(self, call: CallWork, group: OperatorGroup) -> float:
+        """The FLOP/s bounding ``group``'s operators: at their own dtype where it differs from ``call``'s."""
+        return self.of(group.dtype or call.dtype, group.kind)
+
 
 def kind_peak(device: Device, dtype: str, kind: str, fp32_math: Mapping[str, str] = BENCH_FP32) -> float | None:
     """The dense peak (TFLOP/s) of an operator of ``kind`` at ``dtype``: float32 matmuls and convolutions at the
@@ -184,7 +188,7 @@ def lower_bounds(
     for call in work.calls:
         for group in call.operators:
             total = found[call.stage][group.kind]
-            peak = rates.of(group.dtype or call.dtype, group.kind)
+            peak = rates.of_group(call, group)
             seconds = operator_lower_s(group.flops, group.bytes, peak, bandwidth, l2_bytes)
             total[0] += seconds * group.calls * call.count
             total[1] += group.calls * call.count
@@ -197,13 +201,10 @@ def call_bounds(
     """One call's (eager, ideal) seconds, times its count. Ideal: its FLOPs at the dense peaks or its weights
     (``read`` bytes) once, whichever takes longer. Eager: its operators' bounds summed, and never under the ideal
     (an operator's bytes may each fit in L2 while the call's weights do not)."""
-    compute = sum(
-        group.flops * group.calls / rates.of(group.dtype or call.dtype, group.kind) for group in call.operators
-    )
+    compute = sum(group.flops * group.calls / rates.of_group(call, group) for group in call.operators)
     ideal = max(compute, 0.0 if l2_bytes and read <= l2_bytes else read / bandwidth)
     eager = sum(
-        operator_lower_s(group.flops, group.bytes, rates.of(group.dtype or call.dtype, group.kind), bandwidth, l2_bytes)
-        * group.calls
+        operator_lower_s(group.flops, group.bytes, rates.of_group(call, group), bandwidth, l2_bytes) * group.calls
         for group in call.operators
     )
     return max(eager, ideal) * call.count, ideal * call.count

@@ -213,9 +213,10 @@ def add_speedups(
     """Each complete run's speed-up (``runs.speedups.between``) against its baseline: a ladder rung's, its
     ladder's baseline (``ladder_baselines``: a rung may change the dtype or the steps); else the run its
     --compare-baseline named, from the table or its folder on disk; an unoptimized run is a baseline itself;
-    else the unoptimized run of the same generation beside it (the same --out folder), else the table's only
-    such run, stored apart (said in its noise notes; never one of several, chosen arbitrarily). ``results`` are
-    the table's rows' results, in order."""
+    else the unoptimized run of the same generation beside it (the same --out folder; the first found where
+    several are, differing in what the generation key leaves out, such as the seed), else the table's only such
+    run, stored apart (said in its noise notes; never one of several stored apart). ``results`` are the table's
+    rows' results, in order."""
     by_folder = {_resolved(result.folder): result for result in results if result.folder is not None}
     unoptimized: dict[tuple, list[BenchResult]] = {}
     for row, result in zip(table, results, strict=True):
