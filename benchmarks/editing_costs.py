@@ -61,8 +61,8 @@ def token_count(found) -> int:
 
 def peaks(found: dict) -> str:
     stages = found["stage_peaks"]
-    encoding = units.nbytes(stages["image encoding"]) if "image encoding" in stages else "-"
-    return f"{encoding} / {units.nbytes(stages['denoising step'])} / {units.nbytes(found['peak'])}"
+    encoding = units.gib(stages["image encoding"]) if "image encoding" in stages else "-"
+    return f"{encoding} / {units.gib(stages['denoising step'])} / {units.gib(found['peak'])}"
 
 
 def size_cell(found) -> str:
@@ -133,7 +133,7 @@ def main() -> int:
             expected = f"{time.expected_s[0]:.1f} to {time.expected_s[1]:.1f} s" if time.expected_s else "-"
             usable = gpu.memory_bytes - CUDA_HOLDBACK_BYTES
             if found["peak"] > usable:  # the time of a run that cannot start as it is would mislead
-                expected = f"does not fit ({units.nbytes(usable)} usable): `diffmeter fit` names the settings that do"
+                expected = f"does not fit ({units.gib(usable)} usable): `diffmeter fit` names the settings that do"
             ratio = "- (no text-only run)" if needs_image else f"{p.total_macs / plain.total_macs:.2f}x"
             lines.append(
                 f"| {size_cell(p)} | {tokens} | {units.macs(p.denoiser_macs_per_step)} | "
@@ -237,8 +237,8 @@ def controlnet_section(gpu) -> list[str]:
             f"| {steering.base} + {steering.name} | {units.params(own.params)} | "
             f"{units.macs(own.macs // p.steps)} | {units.macs(p.denoiser_macs_per_step)} | "
             f"{units.macs(found['encode']) if found['encode'] else '-'} | {units.macs(p.total_macs)} | "
-            f"{p.total_macs / plain['profile'].total_macs:.2f}x | {units.nbytes(stages['denoising step'])} / "
-            f"{units.nbytes(found['peak'])} (text-to-image {units.nbytes(plain['peak'])}) | {expected}{was} |"
+            f"{p.total_macs / plain['profile'].total_macs:.2f}x | {units.gib(stages['denoising step'])} / "
+            f"{units.gib(found['peak'])} (text-to-image {units.gib(plain['peak'])}) | {expected}{was} |"
         )
     return lines
 

@@ -223,7 +223,7 @@ def report(runs: list[dict], config: dict, wall_s: float, load: tuple) -> str:
         speedup = per_sample[one_thread["label"]] / per_sample[r["label"]]
         against_two = per_sample[two_threads["label"]] / per_sample[r["label"]]
         efficiency = f"{speedup / r['processes']:.0%}" if r["mode"] != "single" else "-"
-        rss = ", ".join(units.nbytes(b) for b in r["peak_rss_bytes"])
+        rss = ", ".join(units.gib(b) for b in r["peak_rss_bytes"])
         lines.append(
             f"| {r['label']} | {units.seconds(stats.median)} ({interval}{level}) | "
             f"{units.seconds(stats.min)}-{units.seconds(stats.max)} | {units.seconds(per_sample[r['label']])} | "
@@ -240,7 +240,7 @@ def report(runs: list[dict], config: dict, wall_s: float, load: tuple) -> str:
     for r in runs:
         if r["ranks_identical"] is not None:
             counted = "; ".join(
-                f"rank {rank}: {units.nbytes(m['bytes'])} in "
+                f"rank {rank}: {units.gib(m['bytes'])} in "
                 + ", ".join(f"{calls} {name}" for name, calls in sorted(m["calls"].items()))
                 for rank, m in enumerate(r["moved"])
             )

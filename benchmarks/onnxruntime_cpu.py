@@ -72,7 +72,7 @@ def _row(name: str, result) -> str:
         f"| {units.seconds(summary.step_s.median)} | {units.seconds(stages['text_encoding'].median)} "
         f"| {units.seconds(stages['vae_decode'].median)} | {units.seconds(result.first_call_s)} "
         f"| {units.seconds(summary.cold_start_overhead_s)} "
-        f"| {units.nbytes(summary.peak_memory.process_peak_rss_bytes)} ({summary.peak_memory.process_peak_rss_scope}) |"
+        f"| {units.gib(summary.peak_memory.process_peak_rss_bytes)} ({summary.peak_memory.process_peak_rss_scope}) |"
     )
 
 
@@ -105,8 +105,8 @@ def _report(baseline, ort, exported: int, peak_rss: int, elapsed: float) -> str:
             f"x{speedup.ci_high:.2f}, {100 * speedup.ci_level:.0f}% at least)",
             f"- images at the same seeds: {psnr}, mean SSIM {quality.mean_ssim:.4f}",
             f"- the ONNX run's cold start includes exporting the UNet with torch.onnx (dynamo) and building the "
-            f"session; exported files: {units.nbytes(exported)}",
-            f"- peak RSS of the whole script (both runs, export included): {units.nbytes(peak_rss)}",
+            f"session; exported files: {units.gib(exported)}",
+            f"- peak RSS of the whole script (both runs, export included): {units.gib(peak_rss)}",
             "- only the UNet runs in ONNX Runtime; text encoder, scheduler and VAE decode are PyTorch in both runs, "
             "so their columns should agree",
             "",

@@ -1,11 +1,11 @@
 """How fast is diffmeter, and how do its SD 1.5 UNet counts compare with thop and fvcore?
 
 1. ``diffmeter profile --all --json`` 3 times as a cold subprocess (the real CLI, one worker per CPU) and
-   once with ``--jobs 1``: wall and CPU time (s), peak RSS of the process tree (MB, sampled every 50 ms),
-   against targets of 30 s and 2 GB.
+   once with ``--jobs 1``: wall and CPU time (s), peak RSS of the process tree (MiB, sampled every 50 ms),
+   against targets of 30 s and 2 GiB.
 2. One SD 1.5 UNet call at 512x512 with CFG (batch 2; 4x64x64 latents; 77 tokens of width 768) counted by
    diffmeter (``profile("sd15", steps=1)``, meta device), thop and fvcore (the UNet on CPU, random fp32
-   weights), each timed with its peak-RSS increase (MB); all report MACs, the differences broken down.
+   weights), each timed with its peak-RSS increase (MiB); all report MACs, the differences broken down.
 
 Run from the repo root:  python benchmarks/profile_speed.py   (5 to 10 minutes on 2 cores; thop and fvcore
 come with the `compare` extra: pip install -e '.[compare]'). Writes benchmarks/results/profile_speed.md.
@@ -38,13 +38,13 @@ EXTRA_HINT = "pip install -e '.[compare]'"
 
 
 def rss_mb() -> tuple[float, float]:
-    """Current and peak resident set size of this process, in MB."""
+    """Current and peak resident set size of this process, in MiB (the kernel's kB are KiB)."""
     status = Path("/proc/self/status").read_text()
     return tuple(int(re.search(rf"{key}:\s+(\d+)", status).group(1)) / 1024 for key in ("VmRSS", "VmHWM"))
 
 
 def measure(fn, *args):
-    """Run ``fn``; return its result, wall seconds and the peak-RSS increase in MB."""
+    """Run ``fn``; return its result, wall seconds and the peak-RSS increase in MiB."""
     Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current RSS
     before = rss_mb()[0]
     start = time.perf_counter()
@@ -54,7 +54,7 @@ def measure(fn, *args):
 
 
 def tree_rss_mb(pid: int) -> float:
-    """Resident memory of a process and all its descendants (the CLI forks workers), in MB."""
+    """Resident memory of a process and all its descendants (the CLI forks workers), in MiB."""
     total, pending = 0, [pid]
     while pending:
         current = pending.pop()
@@ -69,7 +69,7 @@ def tree_rss_mb(pid: int) -> float:
 
 def run_cli(args: list[str]) -> dict:
     """One cold CLI process, its disk cache of profiles off (every model counted): wall and CPU
-    seconds, peak RSS of the whole process tree (MB, sampled every 50 ms), profiles printed, and
+    seconds, peak RSS of the whole process tree (MiB, sampled every 50 ms), profiles printed, and
     the 1-minute load average when it started (other work on the machine inflates wall time)."""
     exe = Path(sys.executable).with_name("diffmeter")
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -216,7 +216,7 @@ def cli_section(runs: list[dict], serial: dict) -> list[str]:
         f"{runs[0]['models']} catalog models per run, each counted (the disk cache of profiles is off: "
         "`DIFFMETER_CACHE_DIR=off`; with it on, a repeated question is answered from disk).",
         "",
-        "| run | wall time (s) | CPU time, user+sys (s) | peak RSS, all processes (MB) | load avg at start (1 min) |",
+        "| run | wall time (s) | CPU time, user+sys (s) | peak RSS, all processes (MiB) | load avg at start (1 min) |",
         "|---|---|---|---|---|",
     ]
     lines += [
@@ -231,7 +231,7 @@ def cli_section(runs: list[dict], serial: dict) -> list[str]:
         "",
         f"- median wall time: {median:.2f} s (target < {TARGET_S:.0f} s): "
         f"**{'PASS' if median < TARGET_S else 'FAIL'}**",
-        f"- peak RSS: {peak:.0f} MB (target < {TARGET_MB} MB): **{'PASS' if peak < TARGET_MB else 'FAIL'}**",
+        f"- peak RSS: {peak:.0f} MiB (target < {TARGET_MB} MiB): **{'PASS' if peak < TARGET_MB else 'FAIL'}**",
         f"- median CPU time: {statistics.median(run['cpu_s'] for run in runs):.2f} s; CPU time / wall time "
         f"{min(r['cpu_s'] / r['wall_s'] for r in runs):.0%} to {max(r['cpu_s'] / r['wall_s'] for r in runs):.0%} "
         "(the default forks one worker per CPU, so up to 200 % on 2 cores; lower means waiting for a CPU)",
@@ -249,7 +249,7 @@ def unet_section(dm: dict, build: dict | None, thop_r: dict | None, fv: dict | N
         "MAC = one multiply-accumulate. thop and fvcore run under torch.no_grad() on CPU with random "
         "real-size weights; diffmeter counts on the meta device (no weights, no arithmetic).",
         "",
-        "| tool | MACs | difference vs diffmeter | time (s) | peak RSS increase (MB) |",
+        "| tool | MACs | difference vs diffmeter | time (s) | peak RSS increase (MiB) |",
         "|---|---|---|---|---|",
         f"| diffmeter (meta) | {g(ref)} ({ref:,}) | reference | {dm['seconds']:.2f} | {dm['mb']:.0f} |",
     ]

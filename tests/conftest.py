@@ -2,12 +2,17 @@
 
 import os
 import sys
+import tempfile
 import warnings
 
 import pytest
 
 # the tests check counting itself; tests of the cache point DIFFMETER_CACHE_DIR at a folder of their own
 os.environ["DIFFMETER_CACHE_DIR"] = "off"
+# this CPU's peaks are measured once per session into a folder of its own (xdist's workers inherit it), never the
+# user's stored ones read
+if not os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["DIFFMETER_CPU_PEAKS_DIR"] = tempfile.mkdtemp(prefix="diffmeter-cpu-peaks-")
 
 
 def pytest_configure(config):

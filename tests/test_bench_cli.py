@@ -132,6 +132,9 @@ def test_show_refuses_what_is_not_a_result(cli, tmp_path):
     code, _, err = cli("show", tmp_path)
     assert code == 2 and "is not a readable diffmeter result" in err and len(err.strip().splitlines()) == 1
     assert "(Invalid JSON: " in err  # what is wrong, not "1 validation error for BenchResult"
+    (tmp_path / RESULTS).write_text("[]")  # valid JSON, the wrong shape: pydantic's location is empty
+    code, _, err = cli("show", tmp_path)
+    assert code == 2 and "(the file as a whole: Input should be an object)" in err and "(: " not in err
 
 
 def test_a_result_from_a_newer_diffmeter_is_refused_naming_both_schemas(cli, tmp_path):

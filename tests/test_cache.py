@@ -92,6 +92,7 @@ def test_no_module_a_cached_answer_may_run_imports_what_the_fingerprint_leaves_o
         ("profile", "tiny-qwenimage", "--json"),
         ("profile", "tiny-hidream", "--json"),  # a Llama text encoder
         ("models", "--json"),
+        ("profile", "--all", "--json"),  # which pipelines refuse the settings: remembered too
     ],
 )
 @pytest.mark.slow

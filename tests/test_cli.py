@@ -223,3 +223,12 @@ def test_library_warnings_stay_off_the_terminal(tmp_path):
     ]
     for output in outputs:
         assert not [marker for marker in markers if marker in output], output[:2000]
+
+
+def test_a_command_line_sweep_is_named_so_and_its_title_counts_cells(tmp_path, cli):
+    """A title "sweep cli: 4 done" read "cli" as a word of the sentence: it names the sweep and its cells."""
+    options = ["--model", "tiny-sd", "--opt", "offload", "--opt", "sdpa-kernel:kernel=cudnn", "--steps", "1"]
+    code, out, err = cli("sweep", *options, "--device", "cpu", "--out", tmp_path)
+    assert code == 2 and "all 2 cells of sweep 'command-line' were refused" in err
+    assert "sweep 'command-line', 2 cells: 2 refused" in out
+    assert (tmp_path / "sweep-command-line.json").exists()

@@ -16,7 +16,6 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 from diffmeter.flops.counter import count_flops
 from diffmeter.flops.profile import MetaComponent
-from diffmeter.loading import locate_weights
 from diffmeter.measure.ops import OpsTable
 from diffmeter.measure.trace import OPS_FILE
 from diffmeter.predict.memory import predict_memory
@@ -25,6 +24,7 @@ from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.spec import ProfileSpec
 from diffmeter.tiny import tiny_pipeline
+from diffmeter.weights import locate_weights
 
 PAIRS = {"tiny-sd": "tiny-controlnet-sd", "tiny-sdxl": "tiny-controlnet-sdxl", "tiny-flux": "tiny-controlnet-flux"}
 #: each kind of ControlNet with its tiny base: SD3's with text (InstantX's) and without (SD3.5's own)

@@ -69,12 +69,18 @@ def test_weight_reads_from_configs_equal_the_memory_predictions():
     assert weight_reads(SPEC) == predict_memory(SPEC).weight_read_bytes
 
 
-def test_slicing_one_latent_is_the_plain_decode_counted_and_cached_once(tmp_path, monkeypatch):
-    """diffusers slices only a batch over one: at batch 1 the sliced run is the plain run, one cache entry."""
+def test_slicing_one_latent_is_the_plain_decode_counted_once(tmp_path, monkeypatch):
+    """diffusers slices only a batch over one: at batch 1 the sliced run is the plain run, counted once and stored
+    under the modes asked too, so a later `fit --all` reads it back without torch (predict.cached)."""
+    from diffmeter.predict.cached import cached_work
+
     monkeypatch.setenv("DIFFMETER_CACHE_DIR", str(tmp_path))
     one = replace(SPEC, batch_size=1)
     plain = operator_work(one)
-    assert operator_work(one, ("vae-slicing",)) == plain
     assert len(list((tmp_path / "operators").iterdir())) == 1
-    operator_work(SPEC, ("vae-slicing",))  # batch 2: sliced, its own entry
+    assert operator_work(one, ("vae-slicing",)) == plain
+    assert cached_work(one, ("vae-slicing",)) == plain  # the same count, under the modes asked
     assert len(list((tmp_path / "operators").iterdir())) == 2
+    sliced = operator_work(SPEC, ("vae-slicing",))  # batch 2: sliced, its own count
+    assert cached_work(SPEC, ("vae-slicing",)) == sliced
+    assert len(list((tmp_path / "operators").iterdir())) == 3

@@ -27,7 +27,7 @@ def test_the_image_encoding_is_a_stage_of_its_own(edit):
         parts = [stages.text_encoding_s, stages.image_encoding_s, stages.denoising_s, stages.vae_decode_s]
         assert sum(parts) + stages.other_s == pytest.approx(iteration.total_s, rel=1e-9)
     encode = [c for c in result.profile.components if c.role == "image_encoder"]
-    assert [(c.name, c.calls, c.batch_per_call) for c in encode] == [("vae", 2, 1)]  # one per output
+    assert [(c.name, c.calls, c.batch_per_call) for c in encode] == [("vae", 1, 1)]  # one image, for both outputs
     assert result.summary.flops["image_encoding"] == encode[0].flops
     assert result.profile.input_images == [(24, 40)]
     assert "image-40x24" in folder.name
@@ -38,7 +38,8 @@ def test_the_image_encoding_is_a_stage_of_its_own(edit):
     assert "image encoding" in prediction.stage_peak_memory_bytes
 
 
-def test_each_output_edits_its_own_seeded_image(edit):
+def test_each_call_edits_a_seeded_image(edit):
+    """The image of a call is its first output's seed's (Kontext edits one image for the batch)."""
     result, _ = edit
     workload = Workload(result.spec, resolve("tiny-flux-kontext"))
     first, second = workload.input_images(0), workload.input_images(1)
@@ -65,14 +66,14 @@ def test_sizes_are_typed_as_on_the_command_line():
 
 def test_wan_animates_an_image_with_its_image_to_video_pipeline(tmp_path):
     """tiny-wan22-5b with --image-size: WanImageToVideoPipeline on the same components, the image encoding timed
-    and counted once per output (one generator each)."""
+    and counted once per call (bench's generator per output handed over as their noise: ``Wan.seeded_call``)."""
     result, folder = bench(
         BenchSpec(model="tiny-wan22-5b", image_sizes=["96x64"], batch_size=2, iterations=1), out=tmp_path
     )
     assert result.status == "complete", result.error
     assert all(iteration.stages.image_encoding_s > 0 for iteration in result.iterations)
     encode = next(c for c in result.profile.components if c.role == "image_encoder")
-    assert (encode.calls, encode.batch_per_call) == (2, 1)
+    assert (encode.calls, encode.batch_per_call) == (1, 1)
     assert result.profile.input_images == [(64, 64)]  # resized to the video's size
 
 
@@ -104,7 +105,7 @@ def test_fit_takes_images_and_a_lora(cli):
     """`fit` counts an edit with a LoRA like `profile` does; `fit --all` (catalog defaults) refuses both."""
     code, out, err = cli("fit", "tiny-flux-kontext", "--image-size", "40x24", "--lora-rank", "4", "--memory", "8GB")
     assert code == 0, err
-    assert "tiny-flux-kontext on 8GB" in out and "predicted peak" in out
+    assert "tiny-flux-kontext on --memory 8GB, read as GiB (8.00 GiB" in out and "predicted peak" in out
     code, _, err = cli("fit", "--all", "--image-size", "40x24", "--lora-rank", "4")
     assert code == 2 and "--image-size, --lora-rank" in err and len(err.strip().splitlines()) == 1
 

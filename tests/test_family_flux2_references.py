@@ -8,6 +8,7 @@ from PIL import Image
 from tiny_runs import PROMPT, TINY, encoded_size, macs_by_name
 
 from diffmeter import profile
+from diffmeter.catalog import resolve as resolve_entry
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 from diffmeter.flops.counter import count_flops
@@ -19,9 +20,9 @@ def _tiny(name):
     return next(entry for entry in TINY if entry.name == name)
 
 
-def referenced_run(entry, images, batch=1, guidance_scale=None):
-    """The real pipeline with ``images`` ((height, width) each) as references shared by ``batch`` prompts: MACs per
-    component name and the input shapes its VAE encoded."""
+def referenced_run(entry, images, batch=1, guidance_scale=None, size=None):
+    """The real pipeline with ``images`` ((height, width) each) as references shared by ``batch`` prompts, at ``size``
+    ((height, width); None: called without one): MACs per component name and the input shapes its VAE encoded."""
     pipe = tiny_pipeline(entry)
     encode, encoded = pipe.vae.encode, []
 
@@ -34,13 +35,13 @@ def referenced_run(entry, images, batch=1, guidance_scale=None):
     arguments = dict(entry.extra["runtime"].get("call", {}))
     if guidance_scale is not None:
         arguments["guidance_scale"] = guidance_scale
+    if size is not None:
+        arguments.update(height=size[0], width=size[1])
     components = {name: getattr(pipe, name) for name in entry.components}
     with torch.no_grad(), count_flops(components) as counts:
         pipe(
             prompt=[PROMPT] * batch,
             image=references,
-            height=entry.defaults.height,
-            width=entry.defaults.width,
             num_inference_steps=2,
             output_type="np",
             generator=[torch.Generator().manual_seed(k) for k in range(batch)],
@@ -51,21 +52,26 @@ def referenced_run(entry, images, batch=1, guidance_scale=None):
 
 
 @pytest.mark.parametrize(
-    ("name", "images", "batch", "guidance"),
+    ("name", "images", "batch", "guidance", "size"),
     [
-        ("tiny-flux2", [(64, 64)], 1, None),
-        ("tiny-flux2", [(64, 64), (72, 96)], 2, None),
-        ("tiny-flux2-klein-base", [(64, 64)], 1, 4.0),
-        ("tiny-flux2-klein-base", [(66, 80), (64, 64)], 1, 1.0),
-        ("tiny-flux2-klein", [(64, 64), (64, 64)], 2, None),
-        ("tiny-flux2-klein", [(64, 64)] * 65, 1, None),  # the pipeline sets no limit; diffmeter once refused > 64
+        ("tiny-flux2", [(64, 64)], 1, None, (32, 32)),
+        ("tiny-flux2", [(72, 96), (64, 64)], 2, None, None),
+        ("tiny-flux2", [(64, 64), (72, 96)], 2, None, (32, 48)),
+        ("tiny-flux2-klein-base", [(64, 64)], 1, 4.0, (32, 32)),
+        ("tiny-flux2-klein-base", [(66, 80), (64, 64)], 1, 1.0, None),
+        ("tiny-flux2-klein-base", [(66, 80)], 2, 4.0, None),
+        ("tiny-flux2-klein", [(64, 64), (64, 64)], 2, None, None),
+        ("tiny-flux2-klein", [(64, 64)] * 65, 1, None, (32, 32)),  # no limit in the pipeline; diffmeter once had 64
     ],
 )
-def test_references_are_counted_exactly(name, images, batch, guidance):
-    """One, two and 65 references, off the multiple of 4, at batch 2 (shared references), with and without CFG."""
+def test_references_are_counted_exactly(name, images, batch, guidance, size):
+    """One, two and 65 references, off the multiple of 4, at batch 2 (shared references), with and without CFG, at
+    a size asked and without one (then the first reference's, as the pipeline resized it)."""
     entry = _tiny(name)
-    real, encoded = referenced_run(entry, images, batch, guidance)
+    real, encoded = referenced_run(entry, images, batch, guidance, size)
     settings = {} if guidance is None else {"guidance_scale": guidance}
+    if size is not None:
+        settings.update(height=size[0], width=size[1])
     offline = profile(name, steps=2, batch_size=batch, image_sizes=images, **settings)
     assert macs_by_name(offline) == real
     made = [(h // 4 * 4, w // 4 * 4) for h, w in images]  # tiny: vae_scale_factor 2, times 2
@@ -73,6 +79,7 @@ def test_references_are_counted_exactly(name, images, batch, guidance):
     assert offline.input_images == made
     encode = next(c for c in offline.components if c.role == "image_encoder")
     assert encode.calls == len(images) and encode.batch_per_call == 1
+    assert (offline.height, offline.width) == (size or made[0])
 
 
 @pytest.mark.parametrize("size", [(1024, 1536), (2000, 900), (1100, 1000)])
@@ -103,9 +110,17 @@ def test_a_real_flux2_reference_adds_its_tokens():
     assert any("4096 tokens beside the 4096 noisy-latent tokens" in note for note in edit.notes)
 
 
-def test_the_note_names_the_reference_that_sets_the_size():
+def test_the_first_reference_sets_the_size_when_none_is_asked(cli):
     """Called without a size, Flux2Pipeline takes the first reference's (``height = height or image_height`` keeps
-    the first): the note says so, and diffmeter keeps the size asked."""
+    the first): counted there, and `profile` says so; a size asked is kept, and bench generates at the same."""
+    from diffmeter.runs.spec import BenchSpec
+
     found = profile("tiny-flux2", image_sizes=[(64, 80), (96, 64)], steps=1)
-    assert (found.height, found.width) == (32, 32)
-    assert any("first reference image's 80x64" in note for note in found.notes)
+    assert (found.height, found.width) == (64, 80) and found.requested_height is None
+    code, out, err = cli("profile", "tiny-flux2", "--image-size", "80x64", "--image-size", "64x96")
+    assert code == 0, err
+    assert "output 80x64 (WxH): called without a size, Flux2Pipeline generates at its first reference" in out
+    asked = profile("tiny-flux2", image_sizes=[(64, 80)], height=32, width=48, steps=1)
+    assert (asked.height, asked.width) == (32, 48)
+    settled = BenchSpec(model="tiny-flux2", image_sizes=["80x64"]).settle(resolve_entry("tiny-flux2"))
+    assert (settled.height, settled.width) == (64, 80)

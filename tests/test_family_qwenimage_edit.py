@@ -3,10 +3,14 @@ equals the offline profile per component, with and without true CFG; the image's
 the latents; refusals."""
 
 import pytest
-from tiny_runs import TINY, counted_run, macs_by_name
+import torch
+from PIL import Image
+from tiny_runs import PROMPT, TINY, counted_run, macs_by_name, tiny_call, token_settings
 
 from diffmeter import profile
 from diffmeter.errors import DiffmeterError
+from diffmeter.families import get_family
+from diffmeter.flops.counter import count_flops
 
 NAME = "tiny-qwenimage-edit"
 
@@ -21,6 +25,37 @@ def test_an_edit_is_counted_exactly(guidance, image):
     assert len(vision) == (2 if guidance > 1 else 1) and all(i.macs_per_call > 0 for i in vision)
     assert len(encoded) == 1 and encoded[0][:3] == (1, 3, 1)
     assert offline.input_images == [encoded[0][3:]]  # the 1024x1024-area size of the image's aspect ratio
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "images"),
+    [("tiny-qwenimage-edit", ((48, 80),)), ("tiny-qwenimage-edit-plus", ((64, 64), (80, 40)))],
+)
+def test_the_output_follows_the_input_image_when_no_size_is_asked(name, images):
+    """Called without a size, QwenImageEditPipeline generates at the 1024x1024-area size of its image's aspect ratio
+    (pipeline_qwenimage_edit.py:623-630), -Plus of its last image's (pipeline_qwenimage_edit_plus.py:645-652): the
+    real call's decode and MACs equal `profile` without a size, which says why."""
+    entry = next(e for e in TINY if e.name == name)
+    pipe, _, settings = tiny_call(entry, guidance_scale=1.0, image_sizes=images)
+    decode, decoded = pipe.vae.decode, []
+    pipe.vae.decode = lambda z, *a, **k: decoded.append(tuple(z.shape[-2:])) or decode(z, *a, **k)
+    pictures = [Image.new("RGB", (w, h), (90, 40, 160)) for h, w in images]
+    call = dict(prompt=PROMPT, image=pictures if len(images) > 1 else pictures[0], num_inference_steps=1)
+    with torch.no_grad(), count_flops({c: getattr(pipe, c) for c in entry.components}) as counts:
+        pipe(**call, **entry.extra["runtime"].get("call", {}), output_type="np")
+    real = {c: sum(counts.by_module.get(c, {}).values()) // 2 for c in entry.components}
+    prompt = token_settings(entry, pipe)
+    offline = profile(name, steps=1, guidance_scale=1.0, image_sizes=images, **prompt)
+    assert macs_by_name(offline) == real
+    scale = get_family(entry.family).vae_scale(entry)
+    assert (offline.height, offline.width) == (decoded[0][0] * scale, decoded[0][1] * scale)
+    assert any(
+        note.startswith(f"output {offline.width}x{offline.height} (WxH): called without a size")
+        for note in offline.notes
+    )
+    asked = profile(name, steps=1, guidance_scale=1.0, image_sizes=images, height=64, width=64, **prompt)
+    assert (asked.height, asked.width) == (64, 64)
 
 
 def test_qwen_image_edit_at_its_defaults():

@@ -2,13 +2,17 @@
 36-channel transformer with image cross-attention, run for real on the tiny pipeline under the counter and equal to
 the offline profile per component; the real entries' sizes; a folder of such a pipeline without an image refused."""
 
+import numpy as np
 import pytest
 import torch
-from tiny_runs import TINY, counted_run, macs_by_name, tiny_call, token_settings
+from diffusers import WanImageToVideoPipeline
+from PIL import Image
+from tiny_runs import PROMPT, TINY, counted_run, macs_by_name, tiny_call, token_settings
 
 from diffmeter import profile
 from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
+from diffmeter.families import get_family
 from diffmeter.flops.counter import count_flops
 from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
@@ -25,7 +29,7 @@ def test_image_to_video_is_counted_exactly(batch, guidance):
     offline = profile("tiny-wan-i2v", **settings)
     assert macs_by_name(offline) == real
     frames, height, width = ENTRY.defaults.num_frames, ENTRY.defaults.height, ENTRY.defaults.width
-    assert encoded == [(1, 3, frames, height, width)] * batch  # the whole video, once per generator
+    assert encoded == [(1, 3, frames, height, width)]  # the whole video, once per call: its latents repeated
     rows = {(c.name, c.role): c for c in offline.components}
     assert rows[("image_encoder", "image_encoder")].calls == 1  # the CLIP vision encoder, once per call
 
@@ -66,6 +70,41 @@ def test_bench_times_the_image_encoding(tmp_path):
     assert resolve("tiny-wan-i2v").pipeline_class == result.model.pipeline_class
 
 
+@pytest.mark.parametrize("name", ["tiny-wan-i2v", "tiny-wan22-i2v"])
+def test_one_image_for_two_videos_is_encoded_once(name):
+    """Two prompts and one image, called as a user does (one generator): WanImageToVideoPipeline encodes the image
+    once and repeats its latents (pipeline_wan_i2v.py:457-459); the profile counts that, and bench's call (a
+    generator per output, its noise handed over as ``latents`` by ``seeded_call``) runs the same and makes the same
+    videos as the generator list would."""
+    entry = next(e for e in TINY if e.name == name)
+    pipe, call, settings = tiny_call(entry, batch_size=2, guidance_scale=1.0, image_sizes=((24, 40),))
+    encode, encoded = pipe.vae.encode, []
+    pipe.vae.encode = lambda x, *a, **k: encoded.append(tuple(x.shape)) or encode(x, *a, **k)
+    image = Image.new("RGB", (40, 24), (90, 40, 160))
+    user = dict(prompt=[PROMPT] * 2, image=image, height=settings["height"], width=settings["width"])
+    user.update(num_frames=settings["num_frames"], num_inference_steps=settings["steps"], guidance_scale=1.0)
+    components = {component: getattr(pipe, component) for component in entry.components}
+    with torch.no_grad(), count_flops(components) as counts:
+        pipe(**user, generator=torch.Generator().manual_seed(0), output_type="np")
+    real = {component: sum(counts.by_module.get(component, {}).values()) // 2 for component in entry.components}
+    offline = profile(name, **{**settings, **token_settings(entry, pipe)})
+    assert macs_by_name(offline) == real
+    assert len(encoded) == 1
+    encode_row = next(c for c in offline.components if c.role == "image_encoder" and c.name == "vae")
+    assert (encode_row.calls, encode_row.batch_per_call) == (1, 1)
+
+    def generators():
+        return [torch.Generator().manual_seed(k) for k in range(2)]
+
+    with torch.no_grad():
+        listed = pipe(**user, generator=generators(), output_type="np").frames
+    encoded.clear()
+    seeded = get_family(entry.family).seeded_call(pipe, {**user, "generator": generators(), "output_type": "np"})
+    with torch.no_grad():
+        assert len(encoded) == 0 and np.array_equal(pipe(**seeded).frames, listed)
+    assert len(encoded) == 1  # bench's call: once, where the generator list alone encodes it twice
+
+
 def test_wan22_experts_animate_without_an_image_encoder():
     """Wan 2.2 I2V A14B: two 36-channel experts, the image through its VAE latents alone (no CLIP)."""
     entry = next(e for e in TINY if e.name == "tiny-wan22-i2v")
@@ -79,3 +118,46 @@ def test_wan22_experts_animate_without_an_image_encoder():
     real_entry = profile("wan22-i2v-a14b")
     params = {c.name: c.params for c in real_entry.components}
     assert params["transformer"] == params["transformer_2"] == 14_288_901_184
+
+
+@pytest.mark.parametrize(("batch", "guidance"), [(1, 5.0), (2, 1.0)])
+def test_first_and_last_frame_to_video_is_counted_exactly(batch, guidance, tmp_path, cli, capsys):
+    """An FLF2V checkpoint (a transformer whose image embedder joins two images' CLIP tokens, ``pos_embed_seq_len``),
+    saved to a folder and called with ``image`` and ``last_image``: CLIP reads both at once (pipeline_wan_i2v.py:703),
+    the VAE encodes one video with both frames (431-440), counted exactly; one image is one line."""
+    from diffmeter.families.wan_images import image_tokens
+
+    transformer = ENTRY.components["transformer"]
+    joined = transformer.model_copy(
+        update={"config": {**transformer.config, "pos_embed_seq_len": 2 * image_tokens(ENTRY)}}
+    )
+    flf2v = ENTRY.model_copy(update={"components": {**ENTRY.components, "transformer": joined}})
+    tiny_pipeline(flf2v).save_pretrained(tmp_path / "flf2v")
+    pipe = WanImageToVideoPipeline.from_pretrained(tmp_path / "flf2v")
+    pipe.set_progress_bar_config(disable=True)
+    encode, encoded = pipe.vae.encode, []
+    pipe.vae.encode = lambda x, *a, **k: encoded.append(tuple(x.shape)) or encode(x, *a, **k)
+    first, last = Image.new("RGB", (40, 24), (90, 40, 160)), Image.new("RGB", (32, 48), (10, 140, 60))
+    size = {"height": ENTRY.defaults.height, "width": ENTRY.defaults.width, "num_frames": ENTRY.defaults.num_frames}
+    components = {name: getattr(pipe, name) for name in ENTRY.components}
+    with torch.no_grad(), count_flops(components) as counts:
+        pipe(
+            prompt=[PROMPT] * batch,
+            image=first,
+            last_image=last,
+            num_inference_steps=2,
+            guidance_scale=guidance,
+            output_type="np",
+            generator=torch.Generator().manual_seed(0),
+            **size,
+        )
+    real = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in ENTRY.components}
+    settings = {**size, "steps": 2, "batch_size": batch, "guidance_scale": guidance, **token_settings(ENTRY, pipe)}
+    offline = profile(str(tmp_path / "flf2v"), image_sizes=["40x24", "32x48"], **settings)
+    assert macs_by_name(offline) == real
+    assert encoded == [(1, 3, size["num_frames"], size["height"], size["width"])]
+    clip = next(c for c in offline.components if c.name == "image_encoder")
+    assert (clip.calls, clip.batch_per_call) == (1, 2)
+    capsys.readouterr()  # the loading's own progress
+    code, _, err = cli("profile", str(tmp_path / "flf2v"), "--image-size", "40x24")
+    assert code == 2 and "pass --image-size twice" in err and len(err.strip().splitlines()) == 1, err

@@ -18,7 +18,7 @@ def test_image_to_video_is_counted_exactly(batch, guidance):
     offline = profile("tiny-wan22-5b", **settings)
     assert macs_by_name(offline) == real
     height, width = entry.defaults.height, entry.defaults.width
-    assert encoded == [(1, 3, 1, height, width)] * batch  # resized to the video, once per generator
+    assert encoded == [(1, 3, 1, height, width)]  # resized to the video, once per call: its latents repeated
     text_only = profile("tiny-wan22-5b", **{k: v for k, v in settings.items() if k != "image_sizes"})
     plain = {c.name: c.macs for c in text_only.components}
     assert macs_by_name(offline)["transformer"] == plain["transformer"]  # the transformer's calls are text-to-video's

@@ -60,6 +60,20 @@ def test_a_prediction_carries_energy_per_output_at_the_calibrated_share_of_the_c
     assert predict_energy((4.0, 9.0), h100, 2, calibration.model_copy(update={"power_fraction": None})) is None
 
 
+def test_the_rtx_4090_and_other_common_cards_get_energy_from_their_vendors_tdp():
+    """They had no TDP, so no energy prediction ("no cited TDP"); each figure now cites the page it was read on."""
+    from diffmeter.predict.devices import board_power
+
+    watts = {"RTX 4090": 450, "RTX 3090": 350, "L4": 72, "A40": 300}
+    for name, tdp in watts.items():
+        row = board_power()[name]
+        assert named_gpu(name).tdp_w == tdp and row["url"].startswith("http") and f"{tdp}" in row["source"]
+    rtx = named_gpu("RTX 4090")
+    calibration = calibration_for(rtx)
+    energy = predict_energy((4.0, 9.0), rtx, 1, calibration)
+    assert energy is not None and energy.power_w == pytest.approx(calibration.power_fraction * 450)
+
+
 def test_the_shipped_hopper_and_blackwell_calibrations_predict_energy():
     for card in ("H100 SXM", "B200"):
         calibration = calibration_for(named_gpu(card))

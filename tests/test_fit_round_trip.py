@@ -11,7 +11,7 @@ from tiny_runs import tiny_call, token_settings
 
 from diffmeter.catalog import resolve
 from diffmeter.families import get_family
-from diffmeter.loading import load_pipeline, locate_weights
+from diffmeter.loading import load_pipeline
 from diffmeter.measure.memory_timeline import measure_stage_peaks
 from diffmeter.optimize import registry
 from diffmeter.optimize.base import Target
@@ -19,6 +19,7 @@ from diffmeter.optimize.options import memory_setting_specs
 from diffmeter.predict.memory import STAGE_OF_ROLE, predict_memory, settled_plan
 from diffmeter.predict.techniques import peak_under, settings
 from diffmeter.spec import ProfileSpec
+from diffmeter.weights import locate_weights
 
 ON_CPU = {"vae-tiling", "vae-slicing", "quantize-int8", "fp8-text-encoder"}
 

@@ -33,6 +33,7 @@ def test_help_fits_80_columns_with_every_option_name_whole(cli, monkeypatch, com
     assert max(len(line) for line in lines) <= 80, max(lines, key=len)
     assert len(lines) < 120 and "…" not in out
     assert not re.search(r"<(bool|int|float|str|list|path)", out, re.IGNORECASE)  # no type tags
+    assert "[[" not in out  # an optional argument's metavar bracketed once (typer adds the brackets)
     params = (GROUP.commands[command] if command else GROUP).params
     options = [p for p in params if p.param_type_name == "option" and not p.hidden]
     assert options
@@ -44,7 +45,7 @@ def test_help_fits_80_columns_with_every_option_name_whole(cli, monkeypatch, com
 def test_switches_say_their_default_once_and_values_their_kind(cli, monkeypatch):
     out = " ".join(help_at(cli, monkeypatch, "bench").split())
     assert "--[no-]save-images write the images to the run folder's images/ (default: on)" in out
-    assert "--batch-size N images (prompts) per pipeline call (default: 1)" in out
+    assert "--batch-size N images per pipeline call (default: 1)" in out
     assert "--out DIR folder for the run folders (default: results)" in out
     assert "[default:" not in out and "no-save-images]" not in out
 

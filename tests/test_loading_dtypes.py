@@ -8,9 +8,10 @@ from __future__ import annotations
 import torch
 
 from diffmeter.catalog import resolve
-from diffmeter.loading import WeightsSource, load_pipeline
+from diffmeter.loading import load_pipeline
 from diffmeter.predict.footprints import meta_module
 from diffmeter.tiny import tiny_pipeline
+from diffmeter.weights import WeightsSource
 
 
 def dtypes(module: torch.nn.Module) -> dict[str, torch.dtype]:

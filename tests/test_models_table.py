@@ -26,12 +26,12 @@ def test_models_at_80_columns_is_a_line_per_entry(cli, monkeypatch, cache):
     lines = models_at(cli, monkeypatch, cache, 80)
     entries = all_entries()
     assert max(len(line) for line in lines) <= 80 and "…" not in "".join(lines)
-    assert len(lines) <= len(entries) + 5  # title, header, rule, a two-line caption
+    assert len(lines) <= len(entries) + 6  # title, header, rule, a three-line caption
     for entry in entries:
         (row,) = [line for line in lines if line.split()[:1] == [entry.name]]
         d = entry.defaults
         assert f"{d.width}x{d.height}" in row and f" {d.steps} " in row
-    caption = " ".join(" ".join(lines[-2:]).split())
+    caption = " ".join(" ".join(lines[-3:]).split())
     assert "Not shown at this width: hub id, family, components" in caption and "--json" in caption
 
 
@@ -49,3 +49,15 @@ def test_the_json_keeps_what_the_table_leaves_out(cli, monkeypatch, cache):
     code, out, _ = cli("models", "--json")
     flux = next(row for row in json.loads(out) if row["name"] == "flux-dev")
     assert code == 0 and flux["family"] == "flux" and flux["components"]["transformer"] == "FluxTransformer2DModel"
+
+
+def test_cfg_is_a_scale_only_where_the_model_runs_cfg(cli, monkeypatch, cache):
+    """FLUX.1 [dev] embeds its 3.5 (one denoiser pass, no CFG), [schnell] ignores guidance, SD 1.5 runs CFG: a
+    bare scale beside all three read as if each ran CFG."""
+    lines = models_at(cli, monkeypatch, cache, 80)
+    cfg = {line.split()[0]: line.split()[4] for line in lines[3:] if len(line.split()) == 6}
+    assert cfg["flux-dev"] == cfg["flux2-dev"] == cfg["flux-schnell"] == cfg["sd35-large-turbo"] == "-"
+    assert cfg["sd15"] == "7.5" and cfg["qwen-image"] == "4"
+    code, out, _ = cli("models", "--json")
+    modes = {row["name"]: row["guidance"] for row in json.loads(out)}
+    assert (modes["flux-dev"], modes["flux-schnell"], modes["sd15"]) == ("embedded", "none", "cfg")

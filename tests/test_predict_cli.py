@@ -40,7 +40,7 @@ def test_named_gpus_come_from_the_datasheet_table():
     assert h100.peak_tflops("bfloat16") == row.tflops["bf16"]
 
 
-def test_table_memory_is_the_drivers_and_the_fallback_is_below_every_driver_figure():
+def test_table_memory_is_the_drivers_within_the_datasheets_gb_read_as_10_9_and_as_gib():
     """An L40S sold as 48 GB reports 46,068 MiB (ECC on); reading its "48 GB" as GiB overstated it by 3 GiB."""
     from diffmeter.predict.devices import driver_memory, of_row
 
@@ -50,8 +50,8 @@ def test_table_memory_is_the_drivers_and_the_fallback_is_below_every_driver_figu
         row = rows[name]  # every figure belongs to a row of the table
         assert reported["source"] and reported["quote"]
         assert int(row.memory_gb * 1e9) < reported["mib"] * 2**20 <= row.memory_gb * 2**30
-    a40 = rows["A40"]
-    assert "A40" not in driver_memory() and of_row(a40).memory_bytes == int(a40.memory_gb * 1e9)
+    # a card with none: its GB read as GiB less the measured cards' reserve (tests/test_memory_unit.py)
+    assert "A40" not in driver_memory() and of_row(rows["A40"]).memory_bytes == 46_068 * 2**20
 
 
 def test_gpu_spec_reads_text_and_json():
@@ -145,10 +145,11 @@ def test_the_energy_line_says_how_its_range_is_made(cli):
 
 
 def test_no_energy_prediction_names_what_is_missing(cli):
-    """An RTX 4090 has no cited TDP: the line says so; a --gpu-spec card has no expected time to turn into energy."""
-    code, out, _ = cli("profile", "tiny-sd", "--gpu", "rtx 4090")
+    """An A10G (AWS's part) has no cited TDP: the line says so; a --gpu-spec card has no expected time to turn into
+    energy."""
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "a10g")
     said = " ".join(out.split())
-    assert code == 0 and "no energy prediction on RTX 4090: the table has no cited TDP for the RTX 4090" in said
+    assert code == 0 and "no energy prediction on A10G: the table has no cited TDP for the A10G" in said
     code, out, _ = cli("profile", "tiny-sd", "--gpu-spec", "24GB,165TFLOPS,1TB/s", "--json")
     assert json.loads(out)["time"]["energy_left_out"].startswith("no expected time to turn into energy")
     code, out, _ = cli("profile", "tiny-sd", "--gpu", "h100", "--json")
@@ -176,8 +177,19 @@ def test_a_short_gpu_name_says_which_card_it_took_and_which_it_left(cli):
         named_gpu("NVIDIA GeForce RTX 4090").name == "RTX 4090"
         and named_gpu("NVIDIA H100 80GB HBM3").name == "H100 SXM"
     )
-    with pytest.raises(DiffmeterError, match="unknown GPU '4090'; did you mean RTX 4090"):
-        named_gpu("4090")
+    with pytest.raises(DiffmeterError, match="unknown GPU 'rtx 4900'; did you mean RTX 4090"):
+        named_gpu("rtx 4900")
+
+
+def test_a_word_of_one_cards_name_is_that_card():
+    """`--gpu 4090` was refused though one card holds the word, and `v100s` was the V100 SXM2 (whose name, spaces
+    removed, starts with "v100s"): a name's words are matched whole before its letters as a prefix."""
+    from diffmeter.predict.devices import other_cards
+
+    assert named_gpu("4090").name == "RTX 4090" and other_cards("4090") is None
+    assert named_gpu("v100s").name == "V100S PCIe" and other_cards("v100s") is None
+    assert named_gpu("a6000").name == "RTX A6000" and named_gpu("6000").name == "RTX 6000 Ada"
+    assert named_gpu("l40").name == "L40" and named_gpu("h10").name == "H100 SXM"  # a prefix still serves
 
 
 @pytest.mark.parametrize("command", [["profile"], ["profile", "--gpu", "h100"], ["fit", "--memory", "24GB"]])

@@ -8,7 +8,7 @@ from tiny_runs import TINY, quick_or_slow, tiny_call, token_settings
 
 from diffmeter.catalog import resolve
 from diffmeter.families import Call
-from diffmeter.loading import load_pipeline, locate_weights
+from diffmeter.loading import load_pipeline
 from diffmeter.measure.memory_timeline import measure_stage_peaks
 from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, named_gpu
 from diffmeter.predict.memory import (
@@ -25,6 +25,7 @@ from diffmeter.predict.operators import operator_work, predict_memory_and_work
 from diffmeter.predict.schema import DENOISING_STEP, TEXT_ENCODING, VAE_DECODE
 from diffmeter.report.memory_table import fit_table, memory_table
 from diffmeter.spec import ProfileSpec
+from diffmeter.weights import locate_weights
 
 #: one tiny pipeline of every family predict/data/memory_checks.json calls checked: the claim shown beside their
 #: predictions is held here (a UNet, MMDiTs, DiTs with cross-attention, video DiTs with causal video VAEs, ...)

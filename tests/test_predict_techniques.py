@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from diffmeter.catalog import resolve
 from diffmeter.families import get_family
-from diffmeter.loading import load_pipeline, locate_weights
+from diffmeter.loading import load_pipeline
 from diffmeter.optimize.base import Target
 from diffmeter.optimize.fp8_text_encoder import FP8TextEncoder
 from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES
@@ -18,6 +18,7 @@ from diffmeter.predict.memory import predict_memory
 from diffmeter.predict.offload_time import lower_s, moved_bytes
 from diffmeter.predict.techniques import fitting, peak_under, settings
 from diffmeter.spec import ProfileSpec
+from diffmeter.weights import locate_weights
 
 
 def _stored(tensors) -> int:

@@ -3,12 +3,12 @@
 
 import contextlib
 import json
-import os
 import re
 import shutil
 import sys
 
 import pytest
+from browser import browser_tools
 
 from diffmeter.flops.profile import profile
 from diffmeter.optimize.options import parse_opt
@@ -69,19 +69,10 @@ def test_the_report_is_one_file_with_everything_embedded(report_file, study):
     assert page.count(WEIGHTS_TAG) >= 8  # in every plot title that shows tiny runs, the gallery and the banner
 
 
-def _chromium() -> str | None:
-    return os.environ.get("DIFFMETER_CHROMIUM") or next(
-        (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None
-    )
-
-
 @contextlib.contextmanager
 def _report_page(report_file, listen=None):
     """The report open in headless Chromium, its plots drawn; ``listen(page)`` runs before it loads."""
-    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
-    executable = _chromium()
-    if executable is None:
-        pytest.skip("no Chromium here: apt-get install chromium (.ci/run does), or set DIFFMETER_CHROMIUM")
+    playwright, executable = browser_tools()
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
         try:

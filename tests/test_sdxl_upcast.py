@@ -12,7 +12,7 @@ from tiny_runs import tiny_call
 
 from diffmeter.catalog import resolve
 from diffmeter.families import VAE_DECODER
-from diffmeter.loading import load_pipeline, locate_weights
+from diffmeter.loading import load_pipeline
 from diffmeter.predict.devices import Device
 from diffmeter.predict.memory import predict_memory, settled_plan
 from diffmeter.predict.operators import operator_work
@@ -20,6 +20,7 @@ from diffmeter.predict.roofline import predict_time
 from diffmeter.predict.schema import VAE_DECODE
 from diffmeter.predict.techniques import peak_under, stage_peaks_under
 from diffmeter.spec import ProfileSpec
+from diffmeter.weights import locate_weights
 
 
 def decode_dtype(spec: ProfileSpec) -> str | None:

@@ -129,7 +129,7 @@ def test_binned_sizes_are_marked_in_the_summary_table(cli):
     assert (pixart["width"], pixart["height"]) != (512, 768)
     code, out, _ = cli("profile", "pixart-sigma-1024", "sd15", "--height", "768", "--width", "512")
     binned = f"{pixart['width']}x{pixart['height']}"
-    assert code == 0 and f"{binned} (asked 512x768)" in out and "size (WxH)" in out
+    assert code == 0 and f"{binned} (asked 512x768)" in out and "size (WxH px)" in out and "px (WxH)" not in out
 
 
 def _pipeline_refuses_sequences_longer_than(pipeline_class: str) -> int | None:

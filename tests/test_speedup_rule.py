@@ -5,6 +5,7 @@ import json
 import re
 
 import pytest
+from speedup_key import hodges_lehmann, per_image_times, rank_symmetric
 
 from diffmeter.measure.conditions import Conditions, Range
 from diffmeter.measure.speedup import Speedup, estimate, verdict
@@ -80,8 +81,13 @@ def test_every_command_gives_one_speedup_and_carries_the_noise_note(noisy_pair, 
     expected = speedups.between(storage.read_result(baseline), storage.read_result(candidate))
     baseline_notes = speedups.noise_notes(storage.read_result(baseline))  # this shared machine is often busy
     assert expected.notes == [f"baseline: {note}" for note in baseline_notes] + [f"this run: {n}" for n in notes]
+    # the answer key: the stored calls' per-image times, baseline over candidate, worked out apart from diffmeter
+    times = per_image_times(baseline), per_image_times(candidate)
+    assert expected.estimate == pytest.approx(hodges_lehmann(*times), rel=1e-9)
+    assert rank_symmetric(expected.low, expected.high, *times)
     shown = expected.text()
-    assert "(noisy)" in shown and f"({expected.low:.2f}-{expected.high:.2f}x)" in shown
+    ends = (1 / expected.high, 1 / expected.low) if expected.verdict == "slower" else (expected.low, expected.high)
+    assert "(noisy)" in shown and f"({ends[0]:.2f}-{ends[1]:.2f}x)" in shown
 
     code, text, err = cli("table", out, "--json")
     assert code == 0, err
@@ -129,6 +135,9 @@ def test_a_ladder_rung_in_another_dtype_has_the_ladders_speedup_in_the_report(tm
     assert half.dtype == "bfloat16" and half.speedup_detail is not None
     expected = speedups.between(storage.read_result(base.folder), storage.read_result(half.folder))
     assert half.speedup_detail == expected and half.speedup == expected.estimate
+    times = per_image_times(base.folder), per_image_times(half.folder)  # the key, apart from diffmeter's code
+    assert expected.estimate == pytest.approx(hodges_lehmann(*times), rel=1e-9)
+    assert rank_symmetric(expected.low, expected.high, *times)
     study = read_study(tmp_path)
     (run,) = [run for run in study.runs if run.row["dtype"] == "bfloat16"]
     assert run.row["speedup"] == expected.estimate and run.row["speedup_verdict"] == expected.verdict
@@ -138,6 +147,74 @@ def test_a_ladder_rung_in_another_dtype_has_the_ladders_speedup_in_the_report(tm
 
     (figure,) = ladders(study)
     assert f"Measured on {ladder.device};" in figure.caption and "{" not in figure.caption
+
+
+def test_a_candidate_eleven_times_slower_reads_so_everywhere(noisy_pair, cli, tmp_path):
+    """Hand-worked: every call of the candidate takes 11 times its baseline counterpart's time, so the estimate is
+    1/11 exactly (the pairs' ratios are 1/11 times a set symmetric about 1) and every command says "11.0x slower",
+    its interval inverted too (it said "0.09x slower (0.01-0.51x)")."""
+    import shutil
+
+    out, baseline, candidate, _ = noisy_pair
+    study = tmp_path / "study"
+    shutil.copytree(out, study)
+    slowed = study / candidate.name
+    result = storage.read_result(slowed)
+    result.iterations = [_slowed(it, 11.0) for it in storage.read_result(baseline).iterations]
+    summary = result.summary
+    result.summary = summarize_run(
+        result.spec,
+        result.iterations,
+        summary.peak_memory,
+        summary.energy,
+        result.profile,
+        result.first_call_s,
+        summary.compilation,
+        None,
+    )
+    storage.write_json(slowed / storage.RESULTS, result.to_json_dict())
+    key = per_image_times(baseline), per_image_times(slowed)
+    assert [b / a for a, b in zip(*key, strict=True)] == pytest.approx([11.0] * len(key[0]), rel=1e-9)
+
+    code, text, err = cli("compare", baseline, slowed, "--json")
+    assert code == 0, err
+    (call,) = [stage for stage in json.loads(text)["pairs"][0]["stages"] if stage["stage"] == "call"]
+    assert call["speedup"] == pytest.approx(1 / 11, rel=1e-9) and call["verdict"] == "slower"
+    assert rank_symmetric(call["ci_low"], call["ci_high"], *key) and call["ci_high"] < 1
+    figure = f"11.0x slower ({_factor(1 / call['ci_high'])}-{_factor(1 / call['ci_low'])}x)"
+    assert 1 / call["ci_high"] <= 11 <= 1 / call["ci_low"]
+    code, text, _ = cli("compare", baseline, slowed)
+    assert code == 0 and figure in _plain(text) and "0.09x" not in text
+
+    code, text, err = cli("table", study, "--json")
+    assert code == 0, err
+    (row,) = [row for row in json.loads(text) if row["optimizations"] == "fuse-qkv"]
+    assert row["speedup"] == pytest.approx(1 / 11, rel=1e-9) and row["speedup_verdict"] == "slower"
+    code, text, _ = cli("table", study)
+    assert code == 0 and figure in _plain(text)
+    code, text, _ = cli("show", slowed)
+    assert code == 0 and f"speed vs unoptimized (same seeds, per image): {figure}" in _plain(text)
+    report = tmp_path / "report.html"
+    code, _, err = cli("report", study, "--out", report)
+    assert code == 0, err
+    assert figure in report.read_text() and "0.09x" not in report.read_text()
+
+
+def _factor(value: float) -> str:
+    """As a person reads a factor: two decimals below 10, one below 100, none above."""
+    return f"{value:.2f}" if value < 9.995 else f"{value:.1f}" if value < 99.95 else f"{value:.0f}"
+
+
+def test_a_slower_factor_and_its_interval_read_as_times_slower():
+    """The issue's figures: 0.09x (0.01-0.51x) is 11.1 times slower, between 1.96 and 100 times."""
+    found = Speedup(estimate=0.09, low=0.01, high=0.51, coverage=0.95, verdict="slower")
+    assert found.text() == "11.1x slower (1.96-100x)"
+    assert (
+        Speedup(estimate=0.5, low=0.4, high=0.8, coverage=0.95, verdict="slower").text() == "2.00x slower (1.25-2.50x)"
+    )
+    assert (
+        Speedup(estimate=2.1, low=1.8, high=2.4, coverage=0.95, verdict="faster").text() == "2.10x faster (1.80-2.40x)"
+    )
 
 
 @pytest.mark.parametrize(

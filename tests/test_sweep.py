@@ -133,6 +133,21 @@ def test_the_dry_run_shows_each_cell_done_refused_or_to_run_with_its_compute(tmp
     assert len(stored(out)) == 1  # nothing ran
 
 
+def test_the_dry_run_shows_the_compute_of_a_cell_refused_for_missing_weights(tmp_path, cli, monkeypatch):
+    """The compute needs no weights: a cell refused for them still shows its offline profile's FLOPs."""
+    from huggingface_hub import constants
+
+    from diffmeter.flops.profile import profile
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "no-hub"))  # sd15's weights are not here
+    study = tmp_path / "study.yaml"
+    study.write_text("axes: {model: [sd15]}\nfixed: {steps: 2, height: 256}\n")
+    code, text, _ = cli("sweep", study, "--out", tmp_path / "out", "--dry-run", "--json")
+    (cell,) = json.loads(text)
+    assert code == 0 and cell["status"] == "refused" and "hf download" in cell["reason"]
+    assert cell["tflops_per_call"] == profile("sd15", steps=2, height=256).total_flops / 1e12
+
+
 @pytest.mark.slow
 def test_cells_run_in_their_own_processes_and_a_failing_cell_is_stored_failed(tmp_path, cli):
     """One cell loads a corrupt checkpoint and raises; the other completes; a rerun skips both
@@ -266,7 +281,7 @@ def test_killing_the_sweep_at_a_random_moment_loses_and_duplicates_nothing(tmp_p
     assert sorted(run["spec"]["steps"] for run in runs.values()) == [1, 2, 3]  # each cell once
     assert {name: (out / name / RESULTS).read_bytes() for name in survivors} == survivors  # kept, not rerun
     assert not [path for path in out.iterdir() if ".partial-" in path.name]
-    record = json.loads((out / "sweep-cli.json").read_text())
+    record = json.loads((out / "sweep-command-line.json").read_text())
     assert sorted(cell["status"] for cell in record["cells"]) == sorted(
         ["skipped"] * len(survivors) + ["done"] * (3 - len(survivors))
     )

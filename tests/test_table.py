@@ -7,6 +7,7 @@ import math
 import pandas
 import pytest
 import torch
+from speedup_key import hodges_lehmann, per_image_times, rank_symmetric
 
 import diffmeter
 from diffmeter.errors import DiffmeterError
@@ -53,12 +54,15 @@ def test_one_row_per_run_at_any_depth_with_units_and_speedups(runs):
     stored = read_result(runs / compared.folder)
     named = read_result(stored.speedup.baseline)  # the run's own --compare-baseline run
     assert named.folder == (runs / baseline.folder).resolve()
-    expected = speedups.between(named, stored)
-    assert compared.speedup == expected.estimate and compared.speedup_verdict == expected.verdict
-    assert (compared.speedup_ci_low, compared.speedup_ci_high) == (expected.low, expected.high)
+    # the answer key: the stored calls' per-image times, baseline over candidate, worked out apart from diffmeter
+    base, fused = per_image_times(named.folder), per_image_times(runs / compared.folder)
+    assert compared.speedup == pytest.approx(hodges_lehmann(base, fused), rel=1e-9)
+    assert rank_symmetric(compared.speedup_ci_low, compared.speedup_ci_high, base, fused)
     assert compared.speedup_ci_low <= compared.speedup <= compared.speedup_ci_high
+    assert compared.speedup_verdict == speedups.between(named, stored).verdict
     # matched in the table: the only unoptimized run of the same settings, by the same rule, said to be apart
-    assert elsewhere.speedup == speedups.between(named, read_result(runs / elsewhere.folder)).estimate
+    apart = per_image_times(runs / elsewhere.folder)
+    assert elsewhere.speedup == pytest.approx(hodges_lehmann(base, apart), rel=1e-9)
     assert elsewhere.speedup_noise.endswith(f"baseline: stored apart, in {named.folder}")
     assert compared.identical_images == 2 or compared.psnr_db > 30  # fuse-qkv is lossless up to rounding
     batch2 = complete[complete.batch == 2].iloc[0]
@@ -67,6 +71,16 @@ def test_one_row_per_run_at_any_depth_with_units_and_speedups(runs):
     assert "out of memory" in failed.error and math.isnan(failed.s_per_image) and failed.batch == 4
     assert math.isnan(failed.speedup)
     assert batch2.tflops_per_image == pytest.approx(baseline.tflops_per_image)
+
+
+def test_a_160_column_table_keeps_the_quality_of_an_optimization_and_drops_empty_columns_first(runs):
+    """PSNR/SSIM gave way before p90 and an all-dash energy column on a 160-column terminal."""
+    from diffmeter.report.results_table import results_table
+
+    frame = diffmeter.load_results(runs / "study")
+    shown = [column.header for column in results_table(frame, "study").fitted(160).columns]
+    assert "PSNR" in shown and "speed-up" in shown
+    assert "J / image" not in shown and "MFU" not in shown  # a CPU study: no energy, no peak for MFU
 
 
 def test_a_baseline_is_never_compared_and_never_chosen_among_several_apart(runs, tmp_path):
@@ -86,8 +100,9 @@ def test_a_baseline_is_never_compared_and_never_chosen_among_several_apart(runs,
     bench(BenchSpec(**FAST, optimizations=[parse_opt("fuse-qkv")]), out=copy / "other")
     frame = diffmeter.load_results(copy)
     (beside,) = frame[frame.folder.str.startswith("other") & (frame.optimizations == "fuse-qkv")].itertuples()
-    other = read_result(copy / frame[frame.folder.str.startswith("other") & (frame.optimizations == "")].folder.iloc[0])
-    assert beside.speedup == speedups.between(other, read_result(copy / beside.folder)).estimate
+    other = copy / frame[frame.folder.str.startswith("other") & (frame.optimizations == "")].folder.iloc[0]
+    key = hodges_lehmann(per_image_times(other), per_image_times(copy / beside.folder))
+    assert beside.speedup == pytest.approx(key, rel=1e-9)
     assert "stored apart" not in (beside.speedup_noise or "")
 
 
@@ -166,3 +181,35 @@ def test_an_unreadable_result_is_skipped_and_named_and_files_are_ordinary(runs, 
     with pytest.raises(DiffmeterError, match="broken/results.json is not a readable"):
         diffmeter.load_results(study)  # the Python API still refuses unless asked to skip
     assert len(diffmeter.load_results(study, skipped=[])) == 4
+
+
+def test_a_table_of_images_and_videos_shows_whole_frames_and_names_what_each_rate_counts(cli, tmp_path):
+    """pandas turns a whole-number column with gaps into floats (a video's 9 frames read "9.0" beside an image
+    run's none), and a video is not an image: a mixed table and report count outputs, each rate naming its kind."""
+    from rich.console import Console
+
+    from diffmeter.report.html.page import render
+    from diffmeter.report.html.study import read_study
+    from diffmeter.report.results_table import results_table
+
+    bench(BenchSpec(**FAST), out=tmp_path)
+    bench(BenchSpec(**{**FAST, "model": "tiny-cogvideox"}), out=tmp_path)
+    frame = diffmeter.load_results(tmp_path)
+    video = frame[frame.model == "tiny-cogvideox"].iloc[0]
+    assert video.frames == 9 and frame.frames.isna().sum() == 1  # the image run has none
+    code, out, _ = cli("table", tmp_path, "--json")
+    assert code == 0 and sorted(row["frames"] for row in json.loads(out) if row["frames"]) == [9]
+    assert '"frames": 9,' in out  # not 9.0
+    console = Console(width=260, record=True)
+    console.print(results_table(frame, "mixed"))
+    text = console.export_text()
+    assert "32x32x9f" in text and "9.0f" not in text
+    assert "outputs / s (mean)" in text and "images / s" not in text and "s / output (median)" in text
+    rates = {model: f"{rate:,.3g}" for model, rate in zip(frame.model, frame.images_per_s, strict=True)}
+    assert f"{rates['tiny-cogvideox']} videos" in text and f"{rates['tiny-sd']} images" in text
+    console = Console(width=260, record=True)
+    console.print(results_table(frame[frame.model == "tiny-sd"], "images only"))
+    assert "images / s (mean)" in console.export_text() and "outputs" not in console.export_text()
+    page = render(read_study(tmp_path), "mixed")
+    assert "<th>outputs / s (mean)</th>" in page and "images / s" not in page
+    assert f">{rates['tiny-cogvideox']} videos</td>" in page and f">{rates['tiny-sd']} images</td>" in page

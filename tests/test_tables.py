@@ -8,7 +8,7 @@ from rich.text import Text
 
 from diffmeter import profile, units
 from diffmeter.catalog import all_entries
-from diffmeter.report.layout import FittedTable
+from diffmeter.report.layout import Column, FittedTable
 from diffmeter.report.tables import profile_table, summary_table
 
 WIDTHS = [80, 120]
@@ -54,6 +54,13 @@ def test_profile_tables_fit(width):
         assert "not shown at this width:" in text  # columns give way, and the caption says which
 
 
+def test_a_videos_frames_are_said_beside_its_pixel_size_not_inside_it():
+    found = profile("wan21-t2v-14b", steps=1)
+    title = profile_table(found).title
+    assert f"{found.width}x{found.height} px (WxH), {found.num_frames} frames, 1 step" in title, title
+    assert "f px" not in title
+
+
 def test_the_total_row_splits_the_whole_generation_by_kind():
     """The total row's kind column holds the whole generation's matmul / convolution / attention shares (the
     components' MACs of each kind summed), its FLOPs beside its MACs."""
@@ -81,3 +88,16 @@ def test_run_and_optimization_tables_fit(width, tmp_path):
     assert "diffmeter/tiny-flux" in " ".join(text.split())
     rows = compatibility(all_entries()[0], torch.device("cpu"))
     check(model_table("optimizations for flux-dev on cpu", rows), width, ["first-block-cache", "fp8-text-encoder"])
+
+
+def test_a_column_with_nothing_in_it_gives_way_before_any_other():
+    """Dropping by importance alone kept an all-dash column (energy on a CPU) and hid one with figures."""
+    table = FittedTable(
+        "t", [Column("name", justify="left"), Column("quality", drop=1), Column("energy / image", drop=9)]
+    )
+    table.add_row("tiny-sd", "31.20 dB", "-")
+    table.add_row("tiny-flux", "identical", "-")
+    width = sum(table.narrowest(index) for index in range(3)) + 3 * 3  # one short of the three columns
+    assert [column.header for column in table.fitted(width).columns] == ["name", "quality"]
+    table.add_row("tiny-dit", "-", "12.5 J")
+    assert [column.header for column in table.fitted(width).columns] == ["name", "energy / image"]

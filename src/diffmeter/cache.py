@@ -33,6 +33,11 @@ def directory() -> Path | None:
         return None
     if setting:
         return Path(setting).expanduser()
+    return home()
+
+
+def home() -> Path:
+    """diffmeter's folder under the user's cache home (``$XDG_CACHE_HOME`` or ``~/.cache``)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "diffmeter"
 
 

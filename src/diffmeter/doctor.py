@@ -16,6 +16,7 @@ import torch
 from pydantic import BaseModel
 
 from diffmeter.errors import DiffmeterError
+from diffmeter.predict.cpu_peaks import CpuPeaks
 
 DTYPES = ("bfloat16", "float16", "float32")
 #: diffusers attention backends always listed (others only when their requirements are met)
@@ -94,13 +95,15 @@ class Doctor(BaseModel):
     hf_cache: str
     cached_models: list[str]
     catalog_models: int
+    #: this CPU's stored peaks (None: not measured yet); doctor reads them, measuring only with --remeasure-cpu
+    cpu_peaks: CpuPeaks | None = None
 
 
 def examine() -> Doctor:
     """Probe this machine; never raises for something the machine lacks."""
     from diffmeter import __version__
     from diffmeter.measure.environment import driver_version
-    from diffmeter.predict.cpu_peaks import cpu_name
+    from diffmeter.predict.cpu_peaks import cpu_name, stored
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -119,14 +122,57 @@ def examine() -> Doctor:
         driver=driver_version() if cuda else None,
         device=str(device),
         gpus=[_gpu(index) for index in range(torch.cuda.device_count())] if cuda else [],
-        energy=_energy(cuda),
-        sdpa_kernels=_sdpa_kernels(device),
-        attention_backends=_attention_backends(device),
+        **_probed(device, cuda),
         packages=[_package(*package) for package in PACKAGES],
         hf_cache=str(HF_HUB_CACHE),
         cached_models=cached,
         catalog_models=total,
+        cpu_peaks=stored(),
     )
+
+
+def _probed(device: torch.device, cuda: bool) -> dict:
+    """The energy counters and the attention probes (seconds: diffusers, Zeus and a compiled flex attention): from
+    the disk cache when this machine was probed before as it is now (its GPUs, driver, CPU, readable RAPL counters,
+    the optional packages' versions; the cache's key adds torch, diffusers, transformers and diffmeter), else
+    probed and stored."""
+    import glob
+    import os
+
+    from diffmeter import cache
+    from diffmeter.measure.environment import driver_version
+    from diffmeter.predict.cpu_peaks import cpu_name
+
+    key = {
+        "device": str(device),
+        "gpus": [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())] if cuda else [],
+        "driver": driver_version() if cuda else None,
+        "cpu": cpu_name(),
+        "rapl": sorted(path for path in glob.glob("/sys/class/powercap/*/energy_uj") if os.access(path, os.R_OK)),
+        "packages": {name: _version(name) for name in ["zeus", *(package[0] for package in PACKAGES)]},
+    }
+    stored = cache.load("doctor", key)
+    if stored is not None:
+        return {
+            "energy": EnergyCounters.model_validate(stored["energy"]),
+            "sdpa_kernels": [Kernel.model_validate(kernel) for kernel in stored["sdpa_kernels"]],
+            "attention_backends": [Kernel.model_validate(kernel) for kernel in stored["attention_backends"]],
+        }
+    from diffmeter.quiet import load_libraries, quiet_libraries
+
+    load_libraries()
+    with quiet_libraries():
+        found = {
+            "energy": _energy(cuda),
+            "sdpa_kernels": _sdpa_kernels(device),
+            "attention_backends": _attention_backends(device),
+        }
+    kernels = {
+        name: [kernel.model_dump(mode="json") for kernel in found[name]]
+        for name in ("sdpa_kernels", "attention_backends")
+    }
+    cache.store("doctor", key, {"energy": found["energy"].model_dump(mode="json"), **kernels})
+    return found
 
 
 def _build() -> str:
@@ -280,7 +326,7 @@ def _version(distribution: str) -> str | None:
 def _cached_models() -> tuple[list[str], int]:
     """Catalog models whose weights (every component) are in the local Hugging Face cache."""
     from diffmeter.catalog import all_entries
-    from diffmeter.loading import locate_weights
+    from diffmeter.weights import locate_weights
 
     real = [entry for entry in all_entries() if entry.origin == "catalog"]
     cached = []

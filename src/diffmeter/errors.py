@@ -11,3 +11,10 @@ class MissingPackage(DiffmeterError):
 
 class DoesNotFit(DiffmeterError):
     """A run refused up front because its lower-bound memory exceeds what the device has."""
+
+
+def validation_problem(error, whole: str) -> str:
+    """A pydantic ``ValidationError``'s first problem as "where: what"; ``whole`` names the place where the problem
+    is the input itself (an empty location, as a list given for an object)."""
+    problem = error.errors()[0]
+    return f"{'.'.join(str(part) for part in problem['loc']) or whole}: {problem['msg']}"

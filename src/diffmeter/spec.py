@@ -109,6 +109,14 @@ class ProfileSpec:
     fuse_lora: bool = False
     #: a ControlNet steering the denoiser (``catalog.controlnets``), by catalog name or hub id; None: none
     controlnet: str | None = None
+    #: the ControlNet call's own options (``control_guidance_start``/``_end``, ``controlnet_conditioning_scale``);
+    #: None: the pipeline's defaults. They change no MACs where the pipeline runs the ControlNet every step
+    control_guidance_start: float | None = None
+    control_guidance_end: float | None = None
+    controlnet_conditioning_scale: float | None = None
+    #: no size was asked: ``with_defaults`` filled it from the model's defaults, and a pipeline that sizes its output
+    #: by its input images (FLUX.2, Qwen-Image-Edit) does so (``ImageConditioned.size_from_images``)
+    size_from_defaults: bool = False
 
     def with_defaults(self, defaults) -> ProfileSpec:
         """Fill unset fields from a catalog ``Defaults`` and check every value."""
@@ -127,6 +135,7 @@ class ProfileSpec:
             if self.resolution_binning is None
             else self.resolution_binning,
             image_sizes=self.image_sizes or tuple(tuple(size) for size in defaults.image_sizes),
+            size_from_defaults=self.size_from_defaults or height is None,
         )
         spec.check()
         return spec
@@ -180,4 +189,16 @@ class ProfileSpec:
             raise DiffmeterError(
                 f"--instruction-tokens must be 0 (no instruction) or more, got {self.instruction_tokens}"
             )
+        self.check_control()
         normalize_dtype(self.dtype)
+
+    def check_control(self) -> None:
+        """A step range the ControlNet pipelines take (check_inputs, pipeline_controlnet_sd_xl.py:792-800, diffusers
+        0.42.1: 0 <= start < end <= 1); ``catalog.entry_of`` refuses them for a pipeline without a ControlNet."""
+        start = 0.0 if self.control_guidance_start is None else self.control_guidance_start
+        end = 1.0 if self.control_guidance_end is None else self.control_guidance_end
+        if not 0.0 <= start < end <= 1.0:
+            raise DiffmeterError(
+                f"--control-guidance-start {start:g} and --control-guidance-end {end:g}: the ControlNet pipelines "
+                "take 0 <= start < end <= 1 (fractions of the steps)"
+            )

@@ -1,4 +1,6 @@
-"""Human-readable numbers that always carry their unit (decimal prefixes: G = 1e9)."""
+"""Human-readable numbers that always carry their unit (decimal prefixes: G = 1e9; bytes in binary GiB)."""
+
+import math
 
 _PREFIXES = ((1e24, "Y"), (1e21, "Z"), (1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
@@ -30,8 +32,14 @@ def flop_rate(value: float) -> str:
     return _scaled(value, "FLOP/s")
 
 
-def nbytes(value: float) -> str:
-    return _scaled(value, "B")
+def gib(value: float) -> str:
+    """Bytes as GiB (2**30 bytes, as nvidia-smi's MiB and torch count): 2 decimals from 1 GiB, 3 significant digits
+    below, so a small figure never reads 0.00 GiB ("0.0123 GiB")."""
+    amount = value / 2**30
+    rounded = float(f"{amount:.3g}")  # 0.9996 rounds to 1.00, 0.09996 to 0.100
+    if rounded == 0 or abs(rounded) >= 1:
+        return f"{amount:,.2f} GiB"
+    return f"{amount:.{2 - math.floor(math.log10(abs(rounded)))}f} GiB"
 
 
 def params(value: float) -> str:

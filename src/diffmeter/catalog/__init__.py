@@ -12,7 +12,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from diffmeter.catalog.controlnets import with_controlnet
+from diffmeter.catalog.controlnets import CONTROLNET, with_controlnet
 from diffmeter.catalog.entry import ComponentEntry, Defaults, PipelineEntry
 from diffmeter.catalog.local import entry_from_directory, hf_cache_directory
 from diffmeter.errors import DiffmeterError
@@ -66,5 +66,14 @@ def resolve(model: str) -> PipelineEntry:
 
 
 def entry_of(spec) -> PipelineEntry:
-    """The entry a ``ProfileSpec`` (or ``BenchSpec``) runs: its model's, with its ControlNet if it names one."""
-    return with_controlnet(resolve(spec.model), spec.controlnet)
+    """The entry a ``ProfileSpec`` (or ``BenchSpec``) runs: its model's, with its ControlNet if it names one; the
+    ControlNet call options refused in one line where it runs none."""
+    entry = with_controlnet(resolve(spec.model), spec.controlnet)
+    names = ("control_guidance_start", "control_guidance_end", "controlnet_conditioning_scale")
+    given = [f"--{name.replace('_', '-')}" for name in names if getattr(spec, name, None) is not None]
+    if given and CONTROLNET not in entry.components:
+        raise DiffmeterError(
+            f"{', '.join(given)} set a ControlNet's call and {entry.name} runs none: add --controlnet NAME, or "
+            "drop them"
+        )
+    return entry

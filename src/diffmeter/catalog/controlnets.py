@@ -10,6 +10,7 @@ import difflib
 import json
 from functools import cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -70,7 +71,9 @@ def all_controlnets() -> tuple[ControlNetEntry, ...]:
 
 
 def find_controlnet(name: str) -> ControlNetEntry:
-    """A ControlNet by alias or hub id, or one line with the closest names."""
+    """A ControlNet by alias or hub id, a folder diffusers saved one in, or one line with the closest names."""
+    if Path(name).expanduser().is_dir():
+        return local_controlnet(Path(name).expanduser())
     names = {known.lower(): entry for entry in all_controlnets() for known in (entry.id, *entry.aliases)}
     if name.lower() in names:
         return names[name.lower()]
@@ -78,6 +81,35 @@ def find_controlnet(name: str) -> ControlNetEntry:
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     raise DiffmeterError(
         f"unknown ControlNet '{name}'.{hint} Run `diffmeter models --controlnets` for the ControlNets diffmeter knows"
+    )
+
+
+def local_controlnet(root: Path) -> ControlNetEntry:
+    """A ControlNet saved by diffusers (``save_pretrained``: its config.json), run in the pipelines the catalog's
+    ControlNets of its class run in, held to the same widths of the denoiser (``matches``)."""
+    try:
+        raw = json.loads((root / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        raise DiffmeterError(
+            f"'{root}' holds no readable config.json: point --controlnet at the folder a ControlNet was saved in "
+            "(save_pretrained), or name one `diffmeter models --controlnets` lists"
+        ) from None
+    class_name = raw.get("_class_name", "")
+    same = [known for known in all_controlnets() if known.class_name == class_name]
+    if not same:
+        classes = ", ".join(sorted({known.class_name for known in all_controlnets()}))
+        raise DiffmeterError(
+            f"{root} holds a {class_name or 'model without _class_name'}: diffmeter runs ControlNets of the classes "
+            f"{classes}; pick one of those"
+        )
+    return ControlNetEntry(
+        id=str(root),
+        class_name=class_name,
+        base="",
+        config={key: value for key, value in raw.items() if not key.startswith("_")},
+        pipelines={base: run for known in same for base, run in known.pipelines.items()},
+        matches=sorted({key for known in same for key in known.matches}),
+        origin="local",
     )
 
 
@@ -94,7 +126,7 @@ def with_controlnet(entry: PipelineEntry, name: str | None) -> PipelineEntry:
             f"ControlNet {found.name} steers {bases}; {entry.name} is a {entry.pipeline_class}: pick a ControlNet "
             f"for {entry.name} (`diffmeter models --controlnets`) or a model its base runs"
         )
-    if found.is_tiny != entry.is_tiny:
+    if found.origin != "local" and found.is_tiny != entry.is_tiny:
         kinds = ("a tiny random", "a real") if found.is_tiny else ("a real", "a tiny random")
         raise DiffmeterError(
             f"ControlNet {found.name} is {kinds[0]} one and {entry.name} {kinds[1]} pipeline: pair tiny with tiny"

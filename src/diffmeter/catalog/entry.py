@@ -22,8 +22,8 @@ class Defaults(BaseModel):
     resolution_binning: bool = True
     #: components the model card loads at another dtype than ``dtype`` (Wan's float32 VAE)
     component_dtypes: dict[str, DType] = {}
-    #: the input image an image-to-video checkpoint is run on without ``--image-size`` ((height, width): its model
-    #: card's; the pipeline resizes any image to the video's size); empty: text alone, or the image is optional
+    #: the input image an image-to-video or editing checkpoint is run on without ``--image-size`` ((height, width):
+    #: its model card's, or one its pipeline resizes any image to); empty: text alone
     image_sizes: list[tuple[int, int]] = []
 
 

@@ -11,13 +11,17 @@ import json
 from pathlib import Path
 
 from diffmeter.catalog import pipeline_defaults
+from diffmeter.catalog.controlnets import CONTROLNET, DENOISERS, all_controlnets, as_run
 from diffmeter.catalog.entry import ComponentEntry, Defaults, PipelineEntry
 from diffmeter.errors import DiffmeterError
 
-#: pipeline classes that run like a catalog family but name no catalog entry (older aliases)
+#: pipeline classes that run like a catalog family but name no catalog entry (older aliases; the image-to-video
+#: pipelines a family runs a text-to-video checkpoint through, ``Family.conditioned_pipeline``)
 PIPELINE_ALIASES = {
     "Lumina2Text2ImgPipeline": "lumina2",
     "LuminaText2ImgPipeline": "lumina_next",
+    "LTXImageToVideoPipeline": "ltx",
+    "LTX2ImageToVideoPipeline": "ltx2",
 }
 
 _RUNTIME_ONLY = {
@@ -82,6 +86,9 @@ def entry_from_directory(root: Path, known: tuple[PipelineEntry, ...], repo_id: 
     template, same_model = _same_family(known, family, repo_id or index.get("_name_or_path"))
     extra = {**(template.extra if template else {}), "pipeline_init": init}
     extra.pop("scheduler", None)  # the folder's own scheduler, never the template's
+    if CONTROLNET in components:  # a saved ControlNet pipeline: its ControlNet is the folder's own
+        components[CONTROLNET] = _controlnet_as_run(components)
+        extra[CONTROLNET] = {"id": str(root / CONTROLNET), "name": f"{root.name}/{CONTROLNET}", "call": {}}
     scheduler_path = root / "scheduler" / "scheduler_config.json"
     if scheduler_path.is_file():  # Wan 2.2 switches experts where its timesteps cross a boundary
         scheduler = _read_json(scheduler_path)
@@ -106,8 +113,18 @@ def entry_from_directory(root: Path, known: tuple[PipelineEntry, ...], repo_id: 
 
 
 def family_of_pipeline(known: tuple[PipelineEntry, ...]) -> dict[str, str]:
-    """Pipeline class -> family, from the catalog's own entries (and older class aliases)."""
-    return {**PIPELINE_ALIASES, **{entry.pipeline_class: entry.family for entry in known}}
+    """Pipeline class -> family, from the catalog's own entries (and older class aliases), and the ControlNet
+    pipeline classes the catalog's ControlNets run their bases in (``StableDiffusionXLControlNetPipeline``)."""
+    families = {**PIPELINE_ALIASES, **{entry.pipeline_class: entry.family for entry in known}}
+    steered = {run: families.get(base) for found in all_controlnets() for base, run in found.pipelines.items()}
+    return {**{run: family for run, family in steered.items() if family}, **families}
+
+
+def _controlnet_as_run(components: dict[str, ComponentEntry]) -> ComponentEntry:
+    """A saved pipeline's ControlNet as its pipeline leaves it (``controlnets.as_run``: SD3.5's position embedding)."""
+    found = components[CONTROLNET]
+    denoiser = next((components[name].config for name in DENOISERS if name in components), {})
+    return found.model_copy(update={"config": as_run(found.class_name, found.config, denoiser)})
 
 
 def unknown_pipeline_message(pipeline_class: str, index: dict, known: tuple[PipelineEntry, ...], path: Path) -> str:

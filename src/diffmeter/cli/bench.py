@@ -45,13 +45,11 @@ def bench(
     prompt: Annotated[str | None, typer.Option(help="one prompt for every image", rich_help_panel=o.GENERATION)] = None,
     prompts: Annotated[
         str | None,
-        typer.Option(
-            metavar="FILE", help="prompts file: .txt (a line each), .jsonl or .csv", rich_help_panel=o.GENERATION
-        ),
+        typer.Option(metavar="FILE", help="prompts file: .txt, .jsonl or .csv", rich_help_panel=o.GENERATION),
     ] = None,
     num_prompts: Annotated[
         int | None,
-        typer.Option(help="prompts to sample (default: batch size x iterations)", rich_help_panel=o.GENERATION),
+        typer.Option(help="prompts to sample (default: batch x calls)", rich_help_panel=o.GENERATION),
     ] = None,
     batch_size: o.BatchSize = 1,
     height: o.Height = None,
@@ -70,6 +68,9 @@ def bench(
         ),
     ] = None,
     controlnet: o.ControlNet = None,
+    control_guidance_start: o.ControlGuidanceStart = None,
+    control_guidance_end: o.ControlGuidanceEnd = None,
+    controlnet_conditioning_scale: o.ControlnetConditioningScale = None,
     lora_rank: o.LoraRank = None,
     lora_targets: o.LoraTargets = None,
     lora: o.LoraFile = None,
@@ -248,6 +249,9 @@ def _bench_spec(values: dict):
         image_sizes=list(image_sizes_of(values["image_size"])),
         images=list(values["image"] or []),
         controlnet=values["controlnet"],
+        control_guidance_start=values["control_guidance_start"],
+        control_guidance_end=values["control_guidance_end"],
+        controlnet_conditioning_scale=values["controlnet_conditioning_scale"],
         lora_rank=values["lora_rank"],
         lora_targets=[name.strip() for name in (values["lora_targets"] or "").split(",") if name.strip()],
         lora=values["lora"],
@@ -297,7 +301,6 @@ def show(
     ] = False,
 ) -> None:
     """Print a stored measured run (or ladder) as a table."""
-    load_libraries()
     from pathlib import Path
 
     from diffmeter.report.run_table import run_table
@@ -305,7 +308,7 @@ def show(
 
     if Path(folder).name.startswith("ladder-") and Path(folder).is_file():
         from diffmeter.report.ladder_table import ladder_table
-        from diffmeter.runs.ladder import read_ladder
+        from diffmeter.runs.ladder_record import read_ladder
 
         ladder = read_ladder(folder)
         if as_json:

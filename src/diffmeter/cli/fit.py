@@ -19,6 +19,7 @@ from diffmeter.cli.options import (
     ControlNet,
     FuseLora,
     GpuName,
+    GpuSpec,
     GuidanceScale,
     Height,
     ImageSize,
@@ -60,6 +61,7 @@ def fit(
         ),
     ] = None,
     gpu: GpuName = None,
+    gpu_spec: GpuSpec = None,
     tf32: Tf32 = True,
     height: Height = None,
     width: Width = None,
@@ -106,23 +108,31 @@ def fit(
         }  # fmt: skip
         if named := [flag for flag, value in given.items() if value]:
             raise DiffmeterError(f"--all predicts each model at its catalog defaults: drop {', '.join(named)}")
-        return leaderboard(gpu, html, csv, as_json)
+        return leaderboard(gpu, html, csv, as_json, gpu_spec)
     if html or csv:
         raise DiffmeterError("--html and --csv write the leaderboard: add --all")
     if model is None:
         raise DiffmeterError("name a MODEL (see `diffmeter models`), or pass --all for every catalog model")
-    if memory is None and gpu is None:
-        raise DiffmeterError("give the memory to fit in: --memory 24GB, or --gpu NAME")
-    given = spec_gpu(_memory(memory)).model_copy(update={"name": memory}) if memory else None
-    target = chosen_gpu(gpu, None) if gpu else given
+    if memory is None and gpu is None and gpu_spec is None:
+        raise DiffmeterError("give the memory to fit in: --memory 24GB, --gpu NAME, or --gpu-spec FIGURES")
+    given = spec_gpu(_memory(memory)).model_copy(update={"name": _memory_name(memory)}) if memory else None
+    target = chosen_gpu(gpu, gpu_spec) if gpu or gpu_spec else given
     if others := other_cards(gpu):
         note(others, as_json)
-    if gpu and given:  # a card sold in several memory sizes (the V100's 16 and 32 GB) takes its size from --memory
-        if target.memory_bytes:
-            raise DiffmeterError(f"{target.name} has one memory size in the table: drop --memory, or --gpu for another")
+    if target is not given and given:  # a card sold in several memory sizes (the V100's 16 and 32 GB), or --gpu-spec
+        if target.memory_bytes:  # without its memory, takes its size from --memory
+            raise DiffmeterError(
+                "--gpu-spec gives the memory already: drop --memory"
+                if gpu_spec
+                else f"{target.name} has one memory size in the table: drop --memory, or --gpu for another"
+            )
         target = target.model_copy(update={"memory_bytes": given.memory_bytes})
     if not target.memory_bytes:
-        raise DiffmeterError(f"{target.name} comes in several memory sizes: add --memory (e.g. --memory 32GB)")
+        raise DiffmeterError(
+            "--gpu-spec gives no memory: add it (e.g. 80GB) or --memory"
+            if gpu_spec
+            else f"{target.name} comes in several memory sizes: add --memory (e.g. --memory 32GB)"
+        )
     spec = ProfileSpec(
         model=model,
         height=height,
@@ -139,36 +149,50 @@ def fit(
         component_dtypes=parse_component_dtypes(component_dtype),
     )
     entry = entry_of(spec)
-    load_libraries()
-    from diffmeter.predict.operators import predict_memory_and_work
+    from diffmeter.predict.cached import cached_memory_and_work
     from diffmeter.predict.techniques import fitting
-    from diffmeter.runs.fitting import lower_times, plain_time, runnable
+    from diffmeter.runs.fitting import lower_times, next_step, plain_time, runnable, why_untimed
+    from diffmeter.runs.leaderboard import table_gpus
 
-    prediction, work = predict_memory_and_work(spec)  # one fake run for the memory and the time
-    usable = target.memory_bytes - CUDA_HOLDBACK_BYTES
+    found = cached_memory_and_work(spec)  # asked before: no library to load
+    if found is None:
+        load_libraries()
+        from diffmeter.predict.operators import predict_memory_and_work
+
+        found = predict_memory_and_work(spec)  # one fake run for the memory and the time
+    prediction, work = found
+    held = CUDA_HOLDBACK_BYTES if target.kind == "cuda" else 0  # the CPU's memory keeps no CUDA context
+    usable = target.memory_bytes - held
     # fp8 weights need FP8 tensor cores: a table GPU says whether it has them; a bare --memory is not refused
-    found = fitting(prediction, usable, fp8=gpu is None or "fp8" in target.tflops)
-    fits, refused = runnable(found, entry, spec.with_defaults(entry.defaults))
+    fp8 = gpu is None or "fp8" in target.tflops
+    settled = spec.with_defaults(entry.defaults)
+    fits, refused = runnable(fitting(prediction, usable, fp8=fp8), entry, settled)
     plain = plain_time(work, prediction, target, tf32=tf32)
     times = lower_times(plain, prediction, target, [chosen for chosen, _ in fits])
     rows = [(chosen, peak, times.get(chosen)) for chosen, peak in fits]
     if all(time is not None for _, _, time in rows):  # the mechanism's order stays among equal times
         rows.sort(key=lambda row: row[2])
+    untimed = (
+        why_untimed(plain, target, work, tf32, bool(gpu or gpu_spec)) if any(t is None for *_, t in rows) else None
+    )
+    nothing = None if rows else next_step(prediction, entry, settled, fp8, table_gpus())
     if as_json:
         payload = {
             "model": model,
             "device": target.name,  # the table's GPU, or the --memory given
             "settings": dataclasses.asdict(spec),  # the generation fitted; None: the model's default
             "memory_bytes": target.memory_bytes,
-            "held_back_bytes": CUDA_HOLDBACK_BYTES,
+            "held_back_bytes": held,
             "host_link": target.host_link,
             "fits": [{"techniques": list(chosen), "peak_bytes": peak, "lower_s": time} for chosen, peak, time in rows],
             "refused_by_bench": [{"techniques": list(chosen), "reason": reason} for chosen, reason in refused],
             "memory_checked": prediction.checked,
+            "time_left_out": untimed,  # why a setting has no lower_s
+            "next_step": nothing,  # what to do when nothing fits
         }
         print(json.dumps(payload, indent=2))
         return
-    console.print(fit_table(model, prediction, target, rows, CUDA_HOLDBACK_BYTES, refused))
+    console.print(fit_table(model, prediction, target, rows, held, refused, untimed, nothing))
 
 
 def _memory(text: str) -> str:
@@ -177,3 +201,8 @@ def _memory(text: str) -> str:
     if match is None or float(match.group(1)) <= 0:
         raise DiffmeterError(f"--memory takes a positive size such as 24GB (read as GiB); got '{text}'")
     return f"{match.group(1)}GB"
+
+
+def _memory_name(text: str) -> str:
+    """How ``--memory`` is named where a GPU's name goes: the figure as given, and how a GB figure was read."""
+    return f"--memory {text.strip()}" + ("" if text.strip().lower().endswith("gib") else ", read as GiB")

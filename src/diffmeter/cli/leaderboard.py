@@ -3,36 +3,56 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
-from diffmeter.cli.app import console
+from diffmeter import units
+from diffmeter.cli.app import console, note
 from diffmeter.cli.progress import progress_bar
 from diffmeter.errors import DiffmeterError
 from diffmeter.quiet import load_libraries
 
 
-def leaderboard(gpu: str | None, html_path: Path | None, csv_path: Path | None, as_json: bool) -> None:
-    """Predict every pair, write the page (and the CSV), print a summary (or every cell as JSON)."""
+def leaderboard(
+    gpu: str | None, html_path: Path | None, csv_path: Path | None, as_json: bool, gpu_spec: str | None
+) -> None:
+    """Predict every pair, write the page (and the CSV), print a summary (or every cell as JSON); ``gpu`` or
+    ``gpu_spec``: one GPU instead of the table's."""
     from diffmeter.catalog import all_entries
     from diffmeter.predict.devices import chosen_gpu
     from diffmeter.report.leaderboard import leaderboard_csv, leaderboard_html
-    from diffmeter.runs.leaderboard import model_cells, table_gpus
+    from diffmeter.runs import prediction_times
+    from diffmeter.runs.leaderboard import model_cells, table_gpus, uncached
 
-    gpus = [chosen_gpu(gpu, None)] if gpu else table_gpus()
+    gpus = [chosen_gpu(gpu, gpu_spec)] if gpu or gpu_spec else table_gpus()
     if not gpus[0].memory_bytes:
-        raise DiffmeterError(f"{gpus[0].name} has no single memory size in the table: nothing can be said to fit it")
+        raise DiffmeterError(
+            "--gpu-spec gives no memory: add it (e.g. 80GB)"
+            if gpu_spec
+            else f"{gpus[0].name} has no single memory size in the table: nothing can be said to fit it"
+        )
     for path in (html_path, csv_path):
         if path is not None and not path.parent.is_dir():
             raise DiffmeterError(f"cannot write {path}: no folder {path.parent}")
-    left_out = [] if gpu else _left_out({device.name for device in gpus})
+    left_out = [] if gpu or gpu_spec else _left_out({device.name for device in gpus})
     names = [entry.name for entry in all_entries() if not entry.is_tiny]
-    load_libraries()
-    cells = []
+    missing = uncached(names)
+    known = prediction_times.load()
+    if missing:
+        note(wait_note(len(missing), len(names), prediction_times.estimate_s(missing, known)), as_json)
+        load_libraries()
+    cells, timed = [], set()
     with progress_bar(as_json) as update:
         for done, name in enumerate(names):
             if update:
-                update(f"predicting {name}", done, len(names))
+                left = prediction_times.estimate_s([n for n in missing if n not in timed], known)
+                update(f"predicting {name}" + (f", about {units.seconds(left)} left" if left else ""), done, len(names))
+            start = time.perf_counter()
             cells += model_cells(name, gpus)
+            if name in missing:
+                known[name] = time.perf_counter() - start
+                timed.add(name)
+                prediction_times.remember(name, known[name])
     html_path = html_path or Path("leaderboard.html")
     html_path.write_text(leaderboard_html(cells, left_out))
     if csv_path is not None:
@@ -45,6 +65,14 @@ def leaderboard(gpu: str | None, html_path: Path | None, csv_path: Path | None, 
     console.print(summary_table(cells))
     written = f"{html_path}" + (f" and {csv_path}" if csv_path else "")
     console.print(f"{len(cells)} predictions ({len(names)} models x {len(gpus)} GPUs) written to {written}")
+
+
+def wait_note(missing: int, total: int, estimate_s: float | None) -> str:
+    """What a cold leaderboard says before it starts: how many models need a fake-tensor run, and how long."""
+    said = f"{missing} of {total} models are not in the cache: each is predicted on fake tensors first"
+    if estimate_s is None:
+        return said + " (no earlier prediction timed on this machine to estimate from); later runs answer in seconds"
+    return said + f", about {units.seconds(estimate_s)} from their last times here; later runs answer in seconds"
 
 
 def _left_out(included: set[str]) -> list[str]:

@@ -52,6 +52,7 @@ def models(
         return _controlnets(as_json)
     entries = list(all_entries())
     params = parameter_counts(entries)
+    modes = guidance_modes(entries)
     if as_json:
         rows = [
             {
@@ -63,13 +64,14 @@ def models(
                 "components": {n: c.class_name for n, c in e.components.items()},
                 "params": params[e.id],
                 "defaults": e.defaults.model_dump(),
+                "guidance": modes[e.id],
                 "text_max_length": e.text_max_length,
             }
             for e in entries
         ]
         print(json.dumps(rows, indent=2))
     else:
-        console.print(catalog_table(entries, params, console.width))
+        console.print(catalog_table(entries, params, modes, console.width))
 
 
 def _controlnets(as_json: bool) -> None:
@@ -123,21 +125,39 @@ def parameter_counts(entries) -> dict[str, int]:
     return dict(zip((e.id for e in entries), counts, strict=True))
 
 
+def guidance_modes(entries) -> dict[str, str]:
+    """How each entry's default guidance scale acts (``families.guidance``): from the cache, or decided by its
+    family and cached."""
+    from diffmeter.flops.cached import cached_guidance, remember_guidance
+
+    modes = {entry.id: cached_guidance(entry) for entry in entries}
+    if None in modes.values():
+        load_libraries()
+        from diffmeter.families.guidance import guidance_mode
+
+        for entry in entries:
+            if modes[entry.id] is None:
+                modes[entry.id] = guidance_mode(entry)
+                remember_guidance(entry, modes[entry.id])
+    return modes
+
+
 def entry_params(entry) -> int:
     from diffmeter.flops.profile import MetaComponent
 
     return sum(MetaComponent(component).params for component in entry.components.values())
 
 
-def cells(entry, params: int) -> list[str]:
+def cells(entry, params: int, mode: str) -> list[str]:
     d = entry.defaults
     frames = f"x{d.num_frames}f" if d.num_frames else ""
+    guidance = f"{d.guidance_scale:g}" if mode == "cfg" else "-"  # an embedded scale is no CFG
     return [
         entry.name,
         units.params(params).removesuffix(" params"),
         f"{d.width}x{d.height}{frames}",
         str(d.steps),
-        f"{d.guidance_scale:g}",
+        guidance,
         SHORT_DTYPES.get(d.dtype, d.dtype),
         entry.id,
         entry.family,
@@ -163,15 +183,18 @@ def build(rows: list[list[str]], shown: int, caption: str | None = None) -> Tabl
     return table
 
 
-def catalog_table(entries, params: dict[str, int], width: int) -> Table:
+def catalog_table(entries, params: dict[str, int], modes: dict[str, str], width: int) -> Table:
     """The catalog in ``width`` columns: a line per entry, as many columns as fit whole."""
-    rows = [cells(entry, params[entry.id]) for entry in entries]
+    rows = [cells(entry, params[entry.id], modes[entry.id]) for entry in entries]
     measure = Console(width=10_000)
     shown = ALWAYS
     while shown < len(COLUMNS) and measure.measure(build(rows, shown + 1)).maximum <= width:
         shown += 1
     hidden = [header for header, _ in COLUMNS[shown:]]
-    caption = "size: default width x height (x frames); cfg: guidance scale."
+    caption = (
+        "size: default width x height (x frames); cfg: guidance scale, - where the model runs no CFG (an embedded "
+        "scale: --json)."
+    )
     if hidden:
         caption += f" Not shown at this width: {', '.join(hidden)} (widen the terminal, or use --json)."
     return build(rows, shown, caption)

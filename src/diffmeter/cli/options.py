@@ -24,18 +24,14 @@ ModelArgument = Annotated[
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
 Height = Annotated[
     int | None,
-    typer.Option(
-        help="image height in pixels; alone, the width follows (default: the model's)", rich_help_panel=GENERATION
-    ),
+    typer.Option(help="height in px; alone, the width follows", rich_help_panel=GENERATION),
 ]
 Width = Annotated[
     int | None,
-    typer.Option(
-        help="image width in pixels; alone, the height follows (default: the model's)", rich_help_panel=GENERATION
-    ),
+    typer.Option(help="width in px; alone, the height follows", rich_help_panel=GENERATION),
 ]
 Steps = Annotated[int | None, typer.Option(help="denoising steps (default: the model's)", rich_help_panel=GENERATION)]
-BatchSize = Annotated[int, typer.Option(help="images (prompts) per pipeline call", rich_help_panel=GENERATION)]
+BatchSize = Annotated[int, typer.Option(help="images per pipeline call", rich_help_panel=GENERATION)]
 GuidanceScale = Annotated[
     float | None,
     typer.Option(metavar="X", help="classifier-free guidance scale; <= 1 disables CFG", rich_help_panel=GENERATION),
@@ -53,7 +49,7 @@ TrueCfgScale = Annotated[
     float | None,
     typer.Option(
         metavar="X",
-        help="FLUX.1's true CFG (true_cfg_scale, empty negative prompt): above 1, a second transformer call per step",
+        help="FLUX.1's true_cfg_scale: above 1, two calls a step",
         rich_help_panel=GENERATION,
     ),
 ]
@@ -76,11 +72,23 @@ ControlNet = Annotated[
         rich_help_panel=GENERATION,
     ),
 ]
+ControlGuidanceStart = Annotated[
+    float | None,
+    typer.Option(metavar="F", help="ControlNet steers from this step fraction", rich_help_panel=GENERATION),
+]
+ControlGuidanceEnd = Annotated[
+    float | None,
+    typer.Option(metavar="F", help="ControlNet steers until this step fraction", rich_help_panel=GENERATION),
+]
+ControlnetConditioningScale = Annotated[
+    float | None,
+    typer.Option(metavar="S", help="its residuals' scale", rich_help_panel=GENERATION),
+]
 LoraRank = Annotated[
     int | None,
     typer.Option(
         metavar="R",
-        help="a LoRA of rank R on the denoiser (diffusers' trainer targets)",
+        help="a LoRA of rank R on the denoiser",
         rich_help_panel=GENERATION,
     ),
 ]
@@ -88,7 +96,7 @@ LoraTargets = Annotated[
     str | None,
     typer.Option(
         metavar="A,B",
-        help="the layers --lora-rank adapts (peft's target_modules)",
+        help="layers --lora-rank adapts (target_modules)",
         rich_help_panel=GENERATION,
     ),
 ]
@@ -97,7 +105,7 @@ LoraFile = Annotated[
     typer.Option(
         "--lora",
         metavar="PATH",
-        help="a LoRA in diffusers' format: its file or folder",
+        help="a diffusers LoRA: its file or folder",
         rich_help_panel=GENERATION,
     ),
 ]
@@ -242,6 +250,8 @@ Tf32 = Annotated[
 GpuSpec = Annotated[
     str | None,
     typer.Option(
-        metavar="SPEC", help='a GPU not in the table: "80GB,989TFLOPS,3.35TB/s" or JSON {"memory_gb": 80, ...}'
+        metavar="SPEC",
+        help='a GPU not in the table: "80GB,989TFLOPS,3.35TB/s,arch=hopper" (GB read as GiB) or JSON '
+        '{"memory_gib": 80, ...}',
     ),
 ]

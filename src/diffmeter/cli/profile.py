@@ -16,7 +16,10 @@ from diffmeter.cli.options import (
     BatchSize,
     CfgDegree,
     ComponentDtype,
+    ControlGuidanceEnd,
+    ControlGuidanceStart,
     ControlNet,
+    ControlnetConditioningScale,
     Fp8TextEncoder,
     FuseLora,
     GpuName,
@@ -39,6 +42,7 @@ from diffmeter.cli.options import (
     VaeSlicing,
     VaeTiling,
 )
+from diffmeter.cli.profile_output import print_predicted, print_profile, split_line
 from diffmeter.cli.progress import progress_bar
 from diffmeter.cli.value_lists import numbers, sizes
 from diffmeter.errors import DiffmeterError
@@ -79,6 +83,9 @@ def profile(
     true_cfg_scale: TrueCfgScale = None,
     image_size: ImageSize = None,
     controlnet: ControlNet = None,
+    control_guidance_start: ControlGuidanceStart = None,
+    control_guidance_end: ControlGuidanceEnd = None,
+    controlnet_conditioning_scale: ControlnetConditioningScale = None,
     lora_rank: LoraRank = None,
     lora_targets: LoraTargets = None,
     lora: LoraFile = None,
@@ -177,6 +184,9 @@ def profile(
             true_cfg_scale=true_cfg_scale,
             image_sizes=image_sizes_of(image_size),
             controlnet=controlnet,
+            control_guidance_start=control_guidance_start,
+            control_guidance_end=control_guidance_end,
+            controlnet_conditioning_scale=controlnet_conditioning_scale,
             **adapters[name],
             num_frames=num_frames,
             dtype=dtype,
@@ -232,7 +242,7 @@ def profile(
             "in the time; the MACs table counts the plain run"
         )
     if gpu or gpu_spec:
-        _predicted(specs, results, gpu, gpu_spec, as_json, as_csv, flags, tf32)
+        print_predicted(specs, results, gpu, gpu_spec, as_json, as_csv, flags, tf32)
     elif as_json:
         payload = results[0].to_json_dict() if len(results) == 1 else {"profiles": [p.to_json_dict() for p in results]}
         if split is not None:
@@ -241,22 +251,27 @@ def profile(
     elif as_csv:
         sys.stdout.write(profiles_csv(results))
     elif len(results) == 1:
-        _print_profile(results[0], specs[0])
+        print_profile(results[0], specs[0])
         if split is not None:
-            console.print(_split_line(split), highlight=False, markup=False)
+            console.print(split_line(split), highlight=False, markup=False)
     else:
         console.print(summary_table(results))
 
 
 def runnable(specs: list, machine_readable: bool) -> list:
     """``--all``'s specs less those whose pipeline refuses the settings (DiT at another size), each left out with
-    a note naming why; an error when every one is refused."""
-    load_libraries()
-    from diffmeter.flops.profile import refusal
+    a note naming why; an error when every one is refused. Answered before: from the disk cache, no library loaded."""
+    from diffmeter.flops.cached import cached_refusal, remember_refusal
 
     kept = []
     for spec in specs:
-        why = refusal(spec)
+        known, why = cached_refusal(spec)
+        if not known:
+            load_libraries()
+            from diffmeter.flops.profile import refusal
+
+            why = refusal(spec)
+            remember_refusal(spec, why)
         if why is None:
             kept.append(spec)
         else:
@@ -264,125 +279,3 @@ def runnable(specs: list, machine_readable: bool) -> list:
     if not kept:
         raise DiffmeterError("--all: every catalog model refuses these settings (notes above); change them")
     return kept
-
-
-def _print_profile(found, spec) -> None:
-    """One generation's table; with input images, what they add against the same generation from text alone."""
-    from dataclasses import replace
-
-    from diffmeter.flops.cached import cached_profile
-    from diffmeter.report.tables import conditioning_line, profile_table
-
-    console.print(profile_table(found))
-    if not found.input_images and not found.controlnet:
-        return
-    plain = replace(spec, image_sizes=(), controlnet=None)
-    baseline = cached_profile(plain)
-    if baseline is None:
-        load_libraries()
-        from diffmeter.flops.profile import profile_spec
-
-        baseline = profile_spec(plain)
-    if baseline.input_images:  # an image-to-video checkpoint: no generation from text alone to compare with
-        return
-    console.print(conditioning_line(found, baseline), highlight=False, markup=False)
-
-
-def _split_line(split: dict) -> str:
-    from diffmeter import units
-
-    calls = ", ".join(f"{count} {name}" for name, count in split["collectives_per_denoiser_call"].items())
-    what = [f"{calls} per denoiser call"] if calls else []
-    if split["cfg_degree"] > 1:
-        what.append(f"the other half's prediction, {units.nbytes(split['cfg_bytes_per_step'])} per step")
-    received = units.nbytes(split["bytes_received_per_step_per_gpu"])
-    return (
-        f"ulysses {split['ulysses_degree']} x ring {split['ring_degree']} x CFG {split['cfg_degree']}, per GPU per "
-        f"denoising step: compute {units.flops(split['flops_per_step_per_gpu'])} (of "
-        f"{units.flops(split['flops_per_step'])}), communication {received} received ({'; '.join(what)}; offline: "
-        "the denoiser on the meta device)"
-    )
-
-
-def _predicted(
-    specs, results, gpu: str | None, gpu_spec: str | None, as_json: bool, as_csv: bool, flags, tf32: bool
-) -> None:
-    """Each profile with its predicted peak memory and time on the chosen device (``predict/``); ``flags``:
-    bench's technique options, parsed by bench's own parser and named as bench's stored prediction names them;
-    ``tf32``: float32 matmuls and convolutions timed on TF32, as bench's ``--tf32``."""
-    from diffmeter.predict.devices import chosen_gpu, is_this_cpu, other_cards
-    from diffmeter.report.memory_table import memory_table
-    from diffmeter.report.time_table import energy_line, time_table
-
-    if as_csv:
-        raise DiffmeterError("--csv has no place for predictions: use --json with --gpu/--gpu-spec")
-    chosen = None if is_this_cpu(gpu) else chosen_gpu(gpu, gpu_spec)  # a wrong name fails before any work
-    if others := other_cards(gpu):
-        note(others, as_json)
-    load_libraries()
-    from diffmeter.optimize import build
-    from diffmeter.optimize.options import from_flags
-    from diffmeter.predict.bench_prediction import memory_technique
-    from diffmeter.predict.operators import operator_work, predict_memory_and_work
-    from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
-    from diffmeter.predict.techniques import peak_under
-    from diffmeter.predict.vae_decode import VAE_MODES
-
-    asked = from_flags(**flags)
-    build(asked)  # each technique's parameters checked as bench checks them: an unknown offload mode is refused
-    unmodelled = [o.name for o in asked if memory_technique(o.name, o.params) is None]
-    if unmodelled:
-        raise DiffmeterError(
-            f"{', '.join(unmodelled)}: the memory prediction models offload, VAE tiling and slicing, quantize and "
-            "the fp8 text encoder; drop the others here"
-        )
-    techniques = tuple(memory_technique(o.name, o.params) for o in asked)
-    if "quantize-fp8" in techniques and chosen and chosen.tflops and "fp8" not in chosen.tflops:  # as `fit` does
-        raise DiffmeterError(
-            f"--quantize fp8 needs FP8 tensor cores, which the {chosen.name} lacks (no fp8 peak in the table): "
-            "use --quantize int8"
-        )
-
-    modes = tuple(t for t in techniques if t in VAE_MODES)  # a video's tiled decode is slow to track: only if asked
-    predicted = [predict_memory_and_work(spec, vae_modes=modes) for spec in specs]  # one fake run for both
-    if modes:  # the decode's operators as the tiled or sliced decode runs them
-        predicted = [(memory, operator_work(spec, modes)) for (memory, _), spec in zip(predicted, specs, strict=True)]
-    memories = [memory for memory, _ in predicted]
-    chosen = chosen or chosen_gpu(gpu, gpu_spec, tuple({dtype for _, work in predicted for dtype in work.dtypes()}))
-    fp32_math = bench_fp32_math(tf32)
-    missing = [missing_figures(chosen, work, fp32_math) for _, work in predicted]
-    times = [
-        None
-        if lacking
-        else predict_time(work, chosen, weights=memory.weight_read_bytes, outputs=spec.batch_size, fp32_math=fp32_math)
-        for (memory, work), lacking, spec in zip(predicted, missing, specs, strict=True)
-    ]
-    if as_json:
-        payloads = [
-            {
-                **found.to_json_dict(),
-                "gpu": chosen.model_dump(),
-                "memory": memory.model_dump(mode="json"),
-                "memory_techniques": list(techniques),
-                "peak_memory_bytes": peak_under(memory, techniques),
-                "time": time.model_dump(mode="json") if time else None,
-            }
-            for found, memory, time in zip(results, memories, times, strict=True)
-        ]
-        print(json.dumps(payloads[0] if len(payloads) == 1 else {"profiles": payloads}, indent=2))
-        return
-    for found, spec, memory, time, lacking in zip(results, specs, memories, times, missing, strict=True):
-        _print_profile(found, spec)
-        console.print(memory_table(memory, chosen, techniques))
-        console.print(time_table(time) if time else f"no time prediction: {lacking}", markup=False)
-        if time and time.expected_s:
-            console.print(energy_line(time, "video" if found.num_frames else "image"), markup=False)
-        if time and modes:
-            console.print(
-                f"VAE decode timed as {' and '.join(modes)} runs it (its FLOPs above: the count table's are the "
-                "plain decode's)",
-                markup=False,
-            )
-        untimed = [t for t in techniques if t not in VAE_MODES]
-        if time and untimed:
-            console.print(f"time predicted without {', '.join(untimed)} (not modelled in time yet)", markup=False)

@@ -9,7 +9,6 @@ import typer
 
 from diffmeter.cli.app import command, console
 from diffmeter.cli.options import AsJson
-from diffmeter.quiet import load_libraries
 
 
 @command()
@@ -26,7 +25,6 @@ def report(
     force: Annotated[bool, typer.Option(help="replace the HTML file if it exists")] = False,
 ) -> None:
     """Every run, ladder and profile under DIR as one HTML page that opens offline: summary, plots, images."""
-    load_libraries()
     from diffmeter.report.html import write_report
 
     skipped: list[str] = []
@@ -49,7 +47,6 @@ def compare(
     as_json: AsJson = False,
 ) -> None:
     """B against A: speed-up per stage with an exact interval, within noise or not; memory, energy, images."""
-    load_libraries()
     from diffmeter.report.compare_table import comparison_tables
     from diffmeter.runs.compare import Criteria, compare_paths
 

@@ -27,7 +27,7 @@ def sweep(
     file: Annotated[
         str | None,
         typer.Argument(
-            metavar="[SWEEP.yaml]", help="sweep file (see docs/sweep.md); or the axes below", show_default=False
+            metavar="SWEEP.yaml", help="sweep file (see docs/sweep.md); or the axes below", show_default=False
         ),
     ] = None,
     model: Annotated[str | None, typer.Option(metavar="A,B,...", help="models", rich_help_panel=AXES)] = None,
@@ -120,7 +120,7 @@ def sweep(
     else:
         if "model" not in axes:
             raise DiffmeterError("no sweep file and no --model: pass SWEEP.yaml, or --model A,B with other axes")
-        definition = SweepFile(name="cli", axes=axes, fixed=fixed)
+        definition = SweepFile(name="command-line", axes=axes, fixed=fixed)
         check_options(definition, "the command line")
     if timeout is not None:
         definition = definition.model_copy(update={"timeout_s": timeout})

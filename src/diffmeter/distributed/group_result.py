@@ -58,6 +58,7 @@ def group_result(
         first_call.total_s,
         first.summary.compilation,
         first.summary.conditions,
+        first.summary.first_call_compilation,
     )
     summary = _per_gpu(summary, context)
     own = measurement_notes(first.summary, 0)  # rank 0's noise and load notes give way to the group's

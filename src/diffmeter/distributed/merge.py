@@ -123,13 +123,13 @@ def parallel_lines(parallel: Parallel) -> list[str]:
     moved = parallel.communication
     if moved is not None:
         measured = {r.measured_bytes_per_denoiser_call for r in parallel.ranks} - {None}
-        check = ", ".join(units.nbytes(value) for value in sorted(measured))
+        check = ", ".join(units.gib(value) for value in sorted(measured))
         parts = []
         if moved.ulysses_degree * moved.ring_degree > 1:
-            parts.append(f"context parallel {units.nbytes(moved.bytes_per_denoiser_call)} per denoiser call")
+            parts.append(f"context parallel {units.gib(moved.bytes_per_denoiser_call)} per denoiser call")
         if moved.cfg_degree > 1:
-            parts.append(f"CFG {units.nbytes(moved.cfg_bytes_per_step)} per step (the other half's prediction)")
-        received = units.nbytes(moved.bytes_per_step)
+            parts.append(f"CFG {units.gib(moved.cfg_bytes_per_step)} per step (the other half's prediction)")
+        received = units.gib(moved.bytes_per_step)
         lines.append(
             f"communication per {unit(parallel)}: {received} received per denoising step (offline: "
             f"{'; '.join(parts)})" + (f"; the first call moved {check} (counted at the collectives)" if check else "")

@@ -13,6 +13,7 @@ from dataclasses import replace
 import torch
 
 from diffmeter.catalog.controlnets import CONTROLNET, controlnet_of
+from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import DENOISER, IMAGE_ENCODER, Call, Shapes
 
 #: what every ControlNet note says about the active step range
@@ -105,3 +106,30 @@ def unet_residuals(config: dict, batch: int, height: int, width: int) -> dict:
 def note(shapes: Shapes, detail: str, step_range: str = STEP_RANGE) -> None:
     found = controlnet_of(shapes.entry)
     shapes.note(f"ControlNet {found['name']} ({found['id']}): {detail}; {step_range}")
+    options = call_options(shapes)
+    if options:
+        said = ", ".join(f"{name} {value:g}" for name, value in options.items())
+        shapes.note(
+            f"{said}: no MACs change; {shapes.entry.pipeline_class} still calls its ControlNet at every step and only "
+            "scales its residuals by them (cond_scale = controlnet_cond_scale * controlnet_keep[i]: "
+            "pipeline_controlnet_sd_xl.py 1486-1492, diffusers 0.42.1)"
+        )
+
+
+def call_options(shapes: Shapes) -> dict[str, float]:
+    """The ControlNet call options the spec gives, as ``__call__`` names them; one line where the pipeline takes none
+    (ZImageControlNetPipeline has no step range)."""
+    import inspect
+
+    import diffusers
+
+    spec, names = shapes.spec, ("control_guidance_start", "control_guidance_end", "controlnet_conditioning_scale")
+    given = {name: getattr(spec, name) for name in names if getattr(spec, name) is not None}
+    accepted = inspect.signature(getattr(diffusers, shapes.entry.pipeline_class).__call__).parameters
+    refused = [name for name in given if name not in accepted]
+    if refused:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in refused)
+        raise DiffmeterError(
+            f"{shapes.entry.pipeline_class} (diffusers 0.42.1) takes no {', '.join(refused)}: drop {flags}"
+        )
+    return given

@@ -2,8 +2,9 @@
 
 FLUX.1 Kontext (``FluxKontextPipeline``) runs the same transformer. It first re-fits the requested
 size to ``max_area`` pixels at the requested aspect ratio (floored to multiples of 16); an input image
-is resized to a preferred Kontext resolution, VAE-encoded, and its packed tokens ride along with the
-noisy latents in every transformer call (then dropped from its output)."""
+is resized to a preferred Kontext resolution, VAE-encoded once per call (its latents repeated for the
+outputs), and its packed tokens ride along with the noisy latents in every transformer call (then dropped
+from its output)."""
 
 import torch
 
@@ -147,7 +148,7 @@ class FluxKontext(ImageConditioned, Flux):
         if not spec.image_sizes:
             notes.append(
                 f"{entry.pipeline_class} counted as text-to-image (no input image); --image-size WxH counts an edit: "
-                "the image VAE-encoded once per output, its packed tokens added to every transformer call"
+                "the image VAE-encoded once per call, its packed tokens added to every transformer call"
             )
             return []
         step = self.size_multiple(entry)
@@ -173,7 +174,14 @@ class FluxKontext(ImageConditioned, Flux):
         return [made]
 
     def image_calls(self, shapes: Shapes) -> list[Call]:
-        return vae_encode_calls(self, shapes)
+        """One encode per call of the one image (diffusers 0.42.1, pipeline_flux_kontext.py:599-607: ``vae.encode``
+        once per image given, ``image[i : i + 1]`` for each generator of a list); 644-647 repeat its latents for
+        every output of the batch."""
+        return vae_encode_calls(self, shapes, per_output=False)
+
+    def image_arguments(self, entry, images: list[list]) -> dict:
+        """One image for the whole call, as a user edits one image with several prompts or outputs."""
+        return {"image": images[0][0]}
 
     def shapes(self, entry, spec) -> Shapes:
         shapes = super().shapes(entry, spec)

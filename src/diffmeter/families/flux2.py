@@ -71,13 +71,18 @@ class _Flux2Base(ImageConditioned, Family):
                 f"(WxH) to {sizes_text(made)}: at most {MAX_AREA} pixels, sides floored to a multiple "
                 f"of {step}"
             )
-        if made and made[0] != (spec.height, spec.width):
-            notes.append(
-                f"called without a size, {entry.pipeline_class} generates at its first reference image's "
-                f"{size_text(made[0])}; diffmeter counts (and bench generates at) {spec.width}x{spec.height}, "
-                "the size asked or the model's default: --height/--width set it"
-            )
         return made
+
+    def size_from_images(self, entry, spec) -> tuple[int, int, str]:
+        """pipeline_flux2.py:904-905 and pipeline_flux2_klein.py:783-784 (diffusers 0.42.1): called without a size,
+        the output takes the first reference's size as resized above (``height or image_height``)."""
+        height, width = self.input_images(entry, spec, [])[0]
+        return (
+            height,
+            width,
+            f"output {width}x{height} (WxH): called without a size, {entry.pipeline_class} generates at its first "
+            "reference image's size as it resizes it (--height/--width set another)",
+        )
 
     def image_calls(self, shapes: Shapes) -> list[Call]:
         return vae_encode_calls(self, shapes, per_output=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from diffmeter.errors import DiffmeterError
@@ -19,12 +21,12 @@ def vae_encode_calls(
     frames: int = 1,
     keeps_input: bool = True,
 ) -> list[Call]:
-    """The VAE encoding each input image at batch 1: once per output where each prompt has its own image, and
-    bench calls with one generator per output (FluxKontextPipeline._encode_vae_image, diffusers 0.42.1, encodes
-    ``image[i : i + 1]`` per image then); once per call where the images are references shared by the batch
-    (``per_output=False``: Flux2Pipeline.prepare_image_latents encodes each reference once). An RGB image, as the
-    pipelines preprocess it; ``video``: as a video of ``frames`` frames, the image first (the others zeros: Wan 2.1
-    I2V encodes the whole video). ``keeps_input``: whether the pipeline keeps the preprocessed image to the end."""
+    """The VAE encoding each input image at batch 1: once per output where the pipeline encodes it per output
+    (``per_output``: LTXImageToVideoPipeline.prepare_latents encodes ``image[i]`` for each), once per call where it
+    encodes it once and repeats its latents for the outputs (``per_output=False``: FluxKontextPipeline, Flux2Pipeline,
+    WanImageToVideoPipeline; diffusers 0.42.1). An RGB image, as the pipelines preprocess it; ``video``: as a video of
+    ``frames`` frames, the image first (the others zeros: Wan 2.1 I2V encodes the whole video). ``keeps_input``:
+    whether the pipeline keeps the preprocessed image to the end."""
     calls = []
     for index, (height, width) in enumerate(shapes.images):
 
@@ -72,7 +74,22 @@ def note_tokens(family: Family, shapes: Shapes, what: str, detail: str) -> None:
 
 
 class ImageConditioned:
-    """A family whose pipeline takes input images (mixed in before ``Family``): how bench hands them over."""
+    """A family whose pipeline takes input images (mixed in before ``Family``): how bench hands them over, and the
+    output size they set when no size is asked."""
+
+    def size_from_images(self, entry, spec) -> tuple[int, int, str] | None:
+        """(height, width, why) the pipeline generates at when called with ``spec.image_sizes`` and no size; None:
+        its default size, as without images."""
+        return None
+
+    def shapes(self, entry, spec) -> Shapes:
+        """The family's shapes, at the size the input images set where no size was asked (``size_from_defaults``)."""
+        made = image_sized(self, entry, spec)
+        if made is None:
+            return super().shapes(entry, spec)
+        shapes = super().shapes(entry, replace(spec, height=made[0], width=made[1]))
+        shapes.notes.insert(0, made[2])
+        return shapes
 
     def image_arguments(self, entry, images: list[list]) -> dict:
         """The ``__call__`` arguments for each output's input images (a list per output, in the pipeline's order):
@@ -83,7 +100,19 @@ class ImageConditioned:
         """Whether this checkpoint takes input images at all (TI2V-5B does, Wan's text-to-video ones do not)."""
         return True
 
+    def seeded_call(self, pipe, arguments: dict) -> dict:
+        """The call's ``arguments`` (one CPU generator per output, as bench passes them), rewritten where the
+        pipeline would otherwise encode the one input image once per generator: none here."""
+        return arguments
+
     def conditioned_pipeline(self, pipe):
         """The pipeline that takes the images, from the loaded one: itself, unless the checkpoint's own pipeline
         is text-only and another class runs it on images (Wan 2.2 TI2V-5B)."""
         return pipe
+
+
+def image_sized(family: Family, entry, spec) -> tuple[int, int, str] | None:
+    """(height, width, why) where ``spec`` asks no size and its input images set the output's; else None."""
+    if not (isinstance(family, ImageConditioned) and spec.size_from_defaults and spec.image_sizes):
+        return None
+    return family.size_from_images(entry, spec)

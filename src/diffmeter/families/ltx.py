@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import Call, Family, Shapes, register, timesteps
 from diffmeter.families.images import ImageConditioned, single_image, vae_encode_calls
 from diffmeter.spec import size_text
@@ -84,6 +85,11 @@ class LTXVideo(ImageConditioned, Family):
         one-frame video and put its latent in the first latent frame; every token's timestep is then its own (0 for
         the image's), so the transformer embeds one timestep per token instead of one per video."""
         if not spec.image_sizes:
+            if entry.pipeline_class == "LTXImageToVideoPipeline":  # a saved folder of it: its __call__ needs the image
+                raise DiffmeterError(
+                    f"{entry.name} ({entry.pipeline_class}) animates an image: add --image-size WxH (any size: the "
+                    f"pipeline resizes it to the video's {spec.width}x{spec.height})"
+                )
             return []
         given = single_image(entry, spec)
         if entry.pipeline_class == "LTXConditionPipeline":

@@ -121,6 +121,11 @@ class LTX2(ImageConditioned, Family):
         836-843) and gives every video token its own timestep, the image's 0 (1487): the transformer's time embedding
         runs per token."""
         if not spec.image_sizes:
+            if entry.pipeline_class == "LTX2ImageToVideoPipeline":  # a saved folder of it: its __call__ needs the image
+                raise DiffmeterError(
+                    f"{entry.name} ({entry.pipeline_class}) animates an image: add --image-size WxH (any size: the "
+                    f"pipeline resizes it to the video's {spec.width}x{spec.height})"
+                )
             return []
         given = single_image(entry, spec)
         notes.append(

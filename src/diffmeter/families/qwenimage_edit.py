@@ -57,6 +57,27 @@ class QwenImageEdit(ImageConditioned, QwenImage):
         )
         return [(made_height, made_width)]
 
+    def size_from_images(self, entry, spec) -> tuple[int, int, str]:
+        """pipeline_qwenimage_edit.py:623-630 (diffusers 0.42.1): called without a size, the output is the
+        1024x1024-area size of the first image's aspect ratio (``calculate_dimensions``), floored to multiples of
+        vae_scale_factor * 2."""
+        return self.area_size(entry, spec.image_sizes[0], "its input image's")
+
+    def area_size(self, entry, image: tuple[int, int], whose: str) -> tuple[int, int, str]:
+        """(height, width, why) of the output at ``image``'s aspect ratio and CONDITION_AREA pixels."""
+        from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
+
+        width, height = calculate_dimensions(CONDITION_AREA, image[1] / image[0])[:2]
+        step = self.size_multiple(entry)
+        height, width = height // step * step, width // step * step
+        return (
+            height,
+            width,
+            f"output {width}x{height} (WxH): called without a size, {entry.pipeline_class} generates at {whose} "
+            f"aspect ratio ({size_text(image)}) over about {CONDITION_AREA} pixels, sides multiples of {step} "
+            "(--height/--width set another)",
+        )
+
     def refuse_batches(self, entry, spec) -> None:
         if spec.batch_size > 1:
             raise DiffmeterError(

@@ -49,6 +49,11 @@ class QwenImageEditPlus(QwenImageEdit):
         )
         return made
 
+    def size_from_images(self, entry, spec) -> tuple[int, int, str]:
+        """pipeline_qwenimage_edit_plus.py:645-652 (diffusers 0.42.1): the last image's aspect ratio sets the output
+        when no size is given (the same ``calculate_dimensions`` as -Edit's)."""
+        return self.area_size(entry, spec.image_sizes[-1], "its last input image's")
+
     def condition_sizes(self, shapes: Shapes) -> list[tuple[int, int]]:
         from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import calculate_dimensions
 

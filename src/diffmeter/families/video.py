@@ -9,6 +9,7 @@ import torch
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import DENOISER, IMAGE_ENCODER, Call, Family, Shapes, register, timesteps
 from diffmeter.families.images import ImageConditioned, single_image, vae_encode_calls
+from diffmeter.families.wan_images import first_last, image_to_video, image_tokens, reads_image
 from diffmeter.pipelines import config_value
 from diffmeter.spec import size_text
 
@@ -104,7 +105,7 @@ class Wan(ImageConditioned, Family):
                 f"{entry.name} generates from text alone (Wan's image-to-video models are checkpoints of their own, "
                 "with an image encoder or extra input channels): drop --image-size"
             )
-        given = single_image(entry, spec)
+        given = first_last(entry, spec) or single_image(entry, spec)
         if image_to_video(entry):
             clip = (
                 ", and read by the CLIP vision encoder once per call; its tokens join the text's in every transformer "
@@ -114,16 +115,17 @@ class Wan(ImageConditioned, Family):
             )
             notes.append(
                 f"image-to-video: the {size_text(given)} image resized to the video's {spec.width}x{spec.height}, "
-                f"VAE-encoded as a video of {spec.num_frames} frames (the image, then zeros) once per output{clip}; "
+                f"VAE-encoded as a video of {spec.num_frames} frames (the image, then zeros; FLF2V: the last frame "
+                f"last) once per call{clip}; "
                 "the transformer takes the image's latents and mask as extra channels"
             )
         else:
             notes.append(
                 f"image-to-video: WanImageToVideoPipeline runs {entry.name} on the {size_text(given)} image resized to "
-                f"the video's {spec.width}x{spec.height}, VAE-encoded once per output (bench gives one generator per "
-                "output) as the first latent frame; the transformer's calls are those of text-to-video"
+                f"the video's {spec.width}x{spec.height}, VAE-encoded once per call as the first latent frame; the "
+                "transformer's calls are those of text-to-video"
             )
-        return [(spec.height, spec.width)]
+        return [(spec.height, spec.width)] * len(spec.image_sizes)
 
     def takes_images(self, entry) -> bool:
         return image_to_video(entry) or bool(_init(entry, "expand_timesteps"))
@@ -132,34 +134,60 @@ class Wan(ImageConditioned, Family):
         """TI2V-5B: the image as a one-frame video. Wan 2.1 I2V (WanImageToVideoPipeline.encode_image and
         prepare_latents, diffusers 0.42.1): the CLIP vision encoder reads it once per call at its own image size
         (all its layers run; the pipeline keeps the penultimate's 257 tokens), and the VAE encodes a whole
-        ``num_frames`` video, the image then zeros, once per output (bench gives one generator per output)."""
+        ``num_frames`` video, the image then zeros, once per call: pipeline_wan_i2v.py:457-459 (diffusers 0.42.1)
+        encodes it once and repeats its latents for the batch (bench's generators per output: ``seeded_call``)."""
         if not shapes.images or _init(shapes.entry, "expand_timesteps"):
-            return vae_encode_calls(self, shapes, per_output=True, video=True)
-        # prepare_latents keeps the latents, not the video it encodes
-        frames = shapes.spec.num_frames
-        encoded = vae_encode_calls(self, shapes, per_output=True, video=True, frames=frames, keeps_input=False)
+            return vae_encode_calls(self, shapes, per_output=False, video=True)
+        # prepare_latents keeps the latents, not the video it encodes: one video, a last frame its own last (FLF2V)
+        frames, first = shapes.spec.num_frames, dataclasses.replace(shapes, images=shapes.images[:1])
+        encoded = vae_encode_calls(self, first, per_output=False, video=True, frames=frames, keeps_input=False)
         if not reads_image(shapes.entry):  # Wan 2.2 I2V A14B: the image's latents alone
             return encoded
         side = shapes.config("image_encoder")["image_size"]  # its processor crops to it (preprocessor_config.json)
 
-        def pixels(device):
-            return {"pixel_values": torch.zeros(1, 3, side, side, device=device), "output_hidden_states": True}
+        def pixels(device):  # FLF2V: encode_image([image, last_image]) at batch 2 (pipeline_wan_i2v.py:703)
+            images = torch.zeros(len(shapes.images), 3, side, side, device=device)
+            return {"pixel_values": images, "output_hidden_states": True}
 
         seen = Call(
             "image_encoder",
             IMAGE_ENCODER,
-            1,
+            len(shapes.images),
             1,
             pixels,
-            note=f"the image at {side}x{side}, once per call",
+            note=f"the image{'s' if len(shapes.images) > 1 else ''} at {side}x{side}, once per call",
             keeps_input=False,
             kept=lambda output: output.hidden_states[-2],  # encode_image returns the penultimate layer alone
         )
         return [seen, *encoded]
 
     def image_arguments(self, entry, images: list[list]) -> dict:
-        """One image for the whole call (the pipeline encodes it once per generator)."""
-        return {"image": images[0][0]}
+        """One image for the whole call (FLF2V: and its last frame)."""
+        return {"image": images[0][0], **({"last_image": images[0][1]} if len(images[0]) > 1 else {})}
+
+    def seeded_call(self, pipe, arguments: dict) -> dict:
+        """A list of generators makes WanImageToVideoPipeline encode the image once per generator
+        (pipeline_wan_i2v.py:452-456, diffusers 0.42.1), which a user's call with one does not: the noise is drawn
+        from bench's generators as prepare_latents would (its ``randn_tensor``, 414-422, float32 at 712-728) and
+        handed over as ``latents``, so the image is encoded once and every output keeps its own seed's noise."""
+        generators = arguments.get("generator")
+        if "image" not in arguments or not isinstance(generators, list) or arguments.get("latents") is not None:
+            return arguments
+        from diffusers.utils.torch_utils import randn_tensor
+
+        temporal, spatial = pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial
+        # __call__'s own rounding first (636-658): frames to temporal k + 1, sides floored to spatial x patch
+        frames = max(arguments["num_frames"] // temporal * temporal + 1, 1)
+        patch = (pipe.transformer or pipe.transformer_2).config.patch_size
+        shape = (
+            len(generators),
+            pipe.vae.config.z_dim,
+            (frames - 1) // temporal + 1,
+            arguments["height"] // (spatial * patch[1]) * patch[1],
+            arguments["width"] // (spatial * patch[2]) * patch[2],
+        )
+        noise = randn_tensor(shape, generator=generators, device=pipe._execution_device, dtype=torch.float32)
+        return {**arguments, "latents": noise, "generator": None}
 
     def conditioned_pipeline(self, pipe):
         """The loaded WanPipeline as WanImageToVideoPipeline, sharing its components and ``expand_timesteps`` (an
@@ -242,8 +270,10 @@ class Wan(ImageConditioned, Family):
             "encoder_hidden_states": torch.zeros(batch, shapes.text_tokens["text_encoder"], config["text_dim"]),
             "return_dict": False,
         }
-        if config.get("image_dim") is not None:  # Wan 2.1 I2V: the CLIP image tokens, beside the text's
-            inputs["encoder_hidden_states_image"] = torch.zeros(batch, image_tokens(shapes.entry), config["image_dim"])
+        if config.get("image_dim") is not None:  # Wan 2.1 I2V: the CLIP image tokens, beside the text's; FLF2V's
+            # two images' per output, joined by the transformer's image embedder (transformer_wan.py:296-300)
+            images = batch * len(shapes.images)
+            inputs["encoder_hidden_states_image"] = torch.zeros(images, image_tokens(shapes.entry), config["image_dim"])
         return inputs
 
     def decoder_calls(self, shapes: Shapes) -> list[Call]:
@@ -263,23 +293,6 @@ def _vae_setting(entry, decoder: str, key: str) -> int:
     """A Wan VAE setting as the loaded model's config holds it: the file's value, else the AutoencoderKLWan default
     (8x spatial, 4x temporal: the Wan 2.1 VAE's files leave both out)."""
     return config_value(entry.components[decoder], key)
-
-
-def image_to_video(entry) -> bool:
-    """A Wan 2.1 I2V checkpoint: its own pipeline is WanImageToVideoPipeline, which needs an image."""
-    return entry.pipeline_class == "WanImageToVideoPipeline"
-
-
-def reads_image(entry) -> bool:
-    """Whether WanImageToVideoPipeline runs its CLIP image encoder: only for a transformer with an ``image_dim``
-    (pipeline_wan_i2v.py 697-705, diffusers 0.42.1: Wan 2.1 I2V, not Wan 2.2 I2V A14B)."""
-    return entry.components["transformer"].config.get("image_dim") is not None
-
-
-def image_tokens(entry) -> int:
-    """The CLIP vision encoder's tokens: one per patch of the crop, and the class token."""
-    vision = entry.components["image_encoder"].config
-    return (vision["image_size"] // vision["patch_size"]) ** 2 + 1
 
 
 def _init(entry, name: str):

@@ -16,6 +16,7 @@ from diffmeter.catalog import ComponentEntry, entry_of
 from diffmeter.catalog.controlnets import controlnet_of
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, Call, get_family
+from diffmeter.families.images import image_sized
 from diffmeter.flops.cached import cached_params, cached_profile, remember_params, remember_profile
 from diffmeter.flops.counter import KINDS, FlopCounts, call_signature, count_flops
 from diffmeter.flops.schema import BYTES_PER_PARAM, CallProfile, ComponentProfile, Profile, weights_of
@@ -98,7 +99,8 @@ def _with_defaults(spec: ProfileSpec):
 
 def _count(spec: ProfileSpec, depth: int) -> Profile:
     entry, family, spec = _with_defaults(spec)
-    requested = (spec.height, spec.width)
+    sized = image_sized(family, entry, spec)  # no size asked: the input images set it, as the pipeline does
+    requested = sized[:2] if sized else (spec.height, spec.width)
     shapes = family.shapes(entry, spec)
     plan = family.plan(shapes)
     spec = shapes.spec  # binning or the pipeline's rounding may have changed the size

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 
 class Compilation(BaseModel):
-    """Counts over one window (the measured calls)."""
+    """Counts over one window (the measured calls, or the first call)."""
 
     #: graphs torch.compile (dynamo) compiled: each is a recompilation of an already-warm model
     graphs_compiled: int = 0
@@ -21,6 +21,9 @@ class Compilation(BaseModel):
     @property
     def clean(self) -> bool:
         return not (self.graphs_compiled or self.cuda_graphs_recorded)
+
+    def text(self) -> str:
+        return f"{self.graphs_compiled} graphs compiled, {self.cuda_graphs_recorded} CUDA graphs recorded"
 
 
 @contextmanager

@@ -15,9 +15,12 @@ import contextlib
 import io
 import itertools
 import logging
+from typing import TYPE_CHECKING
 
-import torch
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    import torch
 
 #: the counters this module reads, as fields of EnergyReading
 COUNTERS = ("gpu_j", "cpu_j", "dram_j")

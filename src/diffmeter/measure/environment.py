@@ -8,10 +8,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-import torch
 from pydantic import BaseModel
-
-from diffmeter.predict.cpu_peaks import cpu_name
 
 #: variables that change what a run measures
 RELEVANT_VARIABLES = (
@@ -47,6 +44,10 @@ class Environment(BaseModel):
 
 
 def collect() -> Environment:
+    import torch
+
+    from diffmeter.predict.cpu_peaks import cpu_name
+
     cuda = torch.cuda.is_available()
     devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
     memory = [torch.cuda.get_device_properties(i).total_memory for i in range(len(devices))]

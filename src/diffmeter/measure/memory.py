@@ -12,11 +12,14 @@ import re
 import resource
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from pydantic import BaseModel
 
-from diffmeter.measure.stage_memory import StagePeaks
+if TYPE_CHECKING:
+    import torch
+
+    from diffmeter.measure.stage_memory import StagePeaks
 
 
 class PeakMemory(BaseModel):
@@ -35,12 +38,16 @@ class PeakMemory(BaseModel):
 
 
 def loaded_bytes(device: torch.device) -> int | None:
+    import torch
+
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else None
 
 
 def release(device: torch.device) -> None:
     """Free what a finished run left: diffusers' hooks tie a pipeline's modules into reference cycles, which
     only the cyclic collector frees; until it runs, the next run in the process finds them on the device."""
+    import torch
+
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -48,6 +55,8 @@ def release(device: torch.device) -> None:
 
 def reset_peaks(device: torch.device) -> bool:
     """Reset the high-water marks; True when the RSS one could be reset too (Linux)."""
+    import torch
+
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:
@@ -76,6 +85,8 @@ def read_peaks(
 ) -> PeakMemory:
     """The peaks since ``reset_peaks``; on CUDA, ``stage_peaks`` (which resets CUDA's marks at every stage)
     holds the whole peaks and each stage's."""
+    import torch
+
     hwm = _vm_hwm_bytes() if rss_was_reset else None
     rss = {
         "process_peak_rss_bytes": hwm if hwm is not None else peak_rss_bytes(),
@@ -98,6 +109,8 @@ def read_peaks(
 
 def out_of_memory(error: BaseException) -> bool:
     """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
+    import torch
+
     if isinstance(error, torch.cuda.OutOfMemoryError | MemoryError):
         return True
     return "can't allocate memory" in str(error) or "not enough memory" in str(error).lower()

@@ -15,9 +15,7 @@ from __future__ import annotations
 import inspect
 from collections import defaultdict
 
-import torch
 from pydantic import BaseModel
-from torch.autograd import DeviceType
 
 from diffmeter.flops.kinds import KINDS, kind_of
 from diffmeter.stages import STAGE_NAMES
@@ -83,6 +81,8 @@ def top_rows(rows: list[OpRow]) -> list[OpRow]:
 
 def ops_table(events, steps: int, time_base: str) -> tuple[OpsTable, dict]:
     """Operators by stage from the profiler's events; also each stage range's length (seconds)."""
+    from torch.autograd import DeviceType
+
     ranges = [event for event in events if event.name.startswith(PREFIX)]
     host = [event for event in ranges if event.device_type == DeviceType.CPU]
     stage_of = {event.id: _stage(event.name[len(PREFIX) :], steps) for event in host}  # who launched what
@@ -193,6 +193,7 @@ def _counted_above(event) -> bool:
 
 def operator_flops(event) -> int | None:
     """FLOPs of one operator call from torch.utils.flop_counter's formulas and its recorded shapes."""
+    import torch
     from torch.utils import flop_counter
 
     name = event.name.removeprefix("aten::")

@@ -8,51 +8,16 @@ finite PSNR; they are counted as ``identical`` and left out of the PSNR mean.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image, ImageSequence
-from pydantic import BaseModel
+
+from diffmeter.measure.quality_schema import ImageQuality
 
 #: CLIP checkpoints looked for in the local HF cache, best first (DIFFMETER_CLIP_MODEL overrides)
 CLIP_MODELS = ("openai/clip-vit-large-patch14", "openai/clip-vit-base-patch16", "openai/clip-vit-base-patch32")
-
-
-class ImageQuality(BaseModel):
-    """One optimized image against its baseline (same prompt, same seed)."""
-
-    path: str
-    baseline_path: str
-    seed: int
-    identical: bool
-    #: decibels; None when identical (infinite)
-    psnr_db: float | None
-    ssim: float
-    #: perceptual distance to the baseline image (0 = same; AlexNet LPIPS)
-    lpips: float | None = None
-    #: 100 x cosine(image, prompt) in CLIP space, floored at 0, for the image and its baseline
-    clip_score: float | None = None
-    baseline_clip_score: float | None = None
-
-
-class Quality(BaseModel):
-    """Images against the unoptimized run: PSNR in dB (higher is closer), SSIM in [-1, 1]."""
-
-    baseline: str
-    images: list[ImageQuality]
-    identical: int
-    mean_psnr_db: float | None
-    min_psnr_db: float | None
-    mean_ssim: float
-    min_ssim: float
-    mean_lpips: float | None = None
-    clip_model: str | None = None
-    mean_clip_score: float | None = None
-    mean_baseline_clip_score: float | None = None
-    #: metrics that could not be computed here, and why
-    not_computed: dict[str, str] = {}
 
 
 def load_frames(path: Path) -> torch.Tensor:
@@ -167,27 +132,4 @@ def compare(
         lpips=lpips(image, reference) if lpips is not None else None,
         clip_score=clip(path, prompt) if scored else None,
         baseline_clip_score=clip(baseline_path, prompt) if scored else None,
-    )
-
-
-def summarize(
-    baseline: str, images: list[ImageQuality], clip_model: str | None, not_computed: dict[str, str]
-) -> Quality:
-    psnrs = [image.psnr_db for image in images if image.psnr_db is not None and math.isfinite(image.psnr_db)]
-    ssims = [image.ssim for image in images]
-    clips = [(image.clip_score, image.baseline_clip_score) for image in images if image.clip_score is not None]
-    lpips = [image.lpips for image in images if image.lpips is not None]
-    return Quality(
-        baseline=baseline,
-        images=images,
-        identical=sum(image.identical for image in images),
-        mean_psnr_db=sum(psnrs) / len(psnrs) if psnrs else None,
-        min_psnr_db=min(psnrs) if psnrs else None,
-        mean_ssim=sum(ssims) / len(ssims),
-        min_ssim=min(ssims),
-        mean_lpips=sum(lpips) / len(lpips) if lpips else None,
-        clip_model=clip_model if clips else None,
-        mean_clip_score=sum(c for c, _ in clips) / len(clips) if clips else None,
-        mean_baseline_clip_score=sum(b for _, b in clips) / len(clips) if clips else None,
-        not_computed=not_computed,
     )

@@ -54,14 +54,20 @@ class Speedup(BaseModel):
         return bool(self.notes)
 
     def interval_text(self) -> str:
-        return f"{self.low:.2f}-{self.high:.2f}x"
+        """The interval as times faster ("0.90-1.20x"), or as times slower for a slower verdict ("1.96-100x"):
+        the inverse of each end, low and high swapped, so a factor never reads as a fraction."""
+        if self.verdict == "slower":
+            return f"{factor_text(1 / self.high)}-{factor_text(1 / self.low)}x"
+        return f"{factor_text(self.low)}-{factor_text(self.high)}x"
 
     def text(self) -> str:
-        """The figure as every table shows it: a factor only where its interval supports one."""
+        """The figure as every table shows it: a factor only where its interval supports one, and a slower
+        candidate's as how many times slower ("11.1x slower (1.96-100x)"), never a fraction."""
         mark = " (noisy)" if self.noisy else ""
         if self.verdict == "within noise":
             return f"within noise ({self.interval_text()}){mark}"
-        return f"{self.estimate:.2f}x {self.verdict} ({self.interval_text()}){mark}"
+        factor = 1 / self.estimate if self.verdict == "slower" else self.estimate
+        return f"{factor_text(factor)}x {self.verdict} ({self.interval_text()}){mark}"
 
     def sentence(self) -> str:
         """The figure with how it was found and its noise notes, for a line of its own."""
@@ -70,6 +76,15 @@ class Speedup(BaseModel):
             f"{self.text()}: Hodges-Lehmann estimate over every pair of calls, interval at {self.coverage:.0%} "
             f"coverage{notes}"
         )
+
+
+def factor_text(factor: float) -> str:
+    """A factor as a person reads it: two decimals below 10 ("2.10"), one below 100 ("11.1"), none above ("100")."""
+    if factor >= 99.95:
+        return f"{factor:.0f}"
+    if factor >= 9.995:
+        return f"{factor:.1f}"
+    return f"{factor:.2f}"
 
 
 def estimate(

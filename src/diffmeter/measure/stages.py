@@ -14,11 +14,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from diffmeter.measure.clock import CudaEventClock, HostClock
-from diffmeter.measure.stage_memory import StagePeaks
+if TYPE_CHECKING:  # annotations only: a stored run's stages are read without torch
+    from diffmeter.measure.clock import CudaEventClock, HostClock
+    from diffmeter.measure.stage_memory import StagePeaks
 
 _NOTHING = object()
 

@@ -11,14 +11,17 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from pydantic import BaseModel
 
 from diffmeter.measure.ops import PREFIX, OpsTable, StageOps, ops_table, top_rows
 from diffmeter.measure.stages import Stages, StageTimer
 from diffmeter.quiet import native_stderr_to
 from diffmeter.stages import STAGE_NAMES
+
+if TYPE_CHECKING:
+    import torch
 
 TRACE_FILE = "trace.json.gz"
 OPS_FILE = "ops.json"
@@ -77,6 +80,8 @@ class StageRanges:
             self._close(stage)
 
     def _open(self, key: str, name: str) -> None:
+        import torch
+
         self.open[key] = torch.autograd.profiler.record_function(PREFIX + name)
         self.open[key].__enter__()
 

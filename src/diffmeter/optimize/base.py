@@ -16,23 +16,15 @@ import importlib.util
 import inspect
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict
 
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.families.base import Family
+from diffmeter.optimization_spec import OptimizationSpec
 from diffmeter.pipelines import component_class
-
-
-class OptimizationSpec(BaseModel):
-    """A technique asked for by name, with its parameters (as stored in results)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    params: dict[str, Any] = {}
 
 
 class NoParams(BaseModel):

@@ -3,8 +3,10 @@
 A CPU has no datasheet row the way a GPU has, so a roofline for CPU runs needs its figures measured
 on the spot, at the thread count torch runs with. The copy rate is the best at any size from 1 MiB
 (in cache) to 256 MiB (memory): a tensor that fits in cache moves at cache speed, and the roofline
-must stay a lower bound for it. A peak measured while other processes used the CPU is low (every bound from it
-too slow): it says so in the device's name and is not remembered on disk, so the next process measures again.
+must stay a lower bound for it. The peaks are measured once per machine (CPU name, threads) at every dtype and
+stored with the time they were measured (``predict.cpu_peaks_store``): every later prediction uses the same
+figures until ``diffmeter doctor --remeasure-cpu`` measures again. A peak measured while other processes used the
+CPU is low (every bound from it too slow): it is stored all the same, and said wherever the figures are named.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from __future__ import annotations
 import functools
 import platform
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 from pydantic import BaseModel
 
-from diffmeter import cache
+from diffmeter.predict import cpu_peaks_store
 
 MATMUL_SIZES = (512, 1024, 2048)
 COPY_MIB = (1, 8, 64, 256)
@@ -35,10 +38,18 @@ class CpuPeaks(BaseModel):
     bandwidth_bytes_per_s: float
     #: cores other processes used, on average, while the peaks were measured
     others_cores: float = 0.0
+    #: when they were measured (UTC)
+    measured_at: datetime
+    #: the torch version that measured them
+    torch: str = ""
 
     @property
     def busy(self) -> bool:
         return self.others_cores > BUSY_CORES
+
+    @property
+    def measured_on(self) -> str:
+        return f"{self.measured_at:%Y-%m-%d}"
 
 
 def _best_rate(work: float, run, budget_s: float) -> float:
@@ -81,6 +92,8 @@ def measure_cpu_peaks(precisions: tuple[str, ...] = tuple(DTYPES), budget_s: flo
         tflops=tflops,
         bandwidth_bytes_per_s=bandwidth,
         others_cores=max(0.0, others / (time.perf_counter() - start)),
+        measured_at=datetime.now(timezone.utc),
+        torch=torch.__version__,
     )
 
 
@@ -92,20 +105,42 @@ def _busy_s(times) -> float:
 
 
 def cpu_peaks(precisions: tuple[str, ...] = tuple(DTYPES)) -> CpuPeaks:
-    """This CPU's peaks at the current thread count for ``precisions`` ("fp32", "bf16", "fp16"): from
-    this process's memory or the disk cache, or measured and remembered."""
-    return _remembered(cpu_name(), torch.get_num_threads(), tuple(sorted(precisions)))
+    """This CPU's peaks at the current thread count for ``precisions`` ("fp32", "bf16", "fp16"): those stored for
+    this machine, or measured now (at every dtype) and stored for every later prediction."""
+    found = stored_or_measured(cpu_name(), torch.get_num_threads())
+    return found.model_copy(update={"tflops": {key: found.tflops[key] for key in precisions}})
 
 
 @functools.cache
-def _remembered(cpu: str, threads: int, precisions: tuple[str, ...]) -> CpuPeaks:
-    key = {"cpu": cpu, "threads": threads, "torch": torch.__version__, "precisions": precisions}
-    stored = cache.load("cpu-peaks", key)
-    if stored is not None:
-        return CpuPeaks.model_validate(stored)
-    found = measure_cpu_peaks(precisions)
-    if not found.busy:
-        cache.store("cpu-peaks", key, found.model_dump())
+def stored_or_measured(cpu: str, threads: int) -> CpuPeaks:
+    """The peaks stored for ``cpu`` at ``threads`` threads, else measured and stored (once per process)."""
+    return _read(cpu, threads) or _measure_and_store()
+
+
+def remeasure() -> CpuPeaks:
+    """Measure this CPU's peaks now and replace the stored ones (``diffmeter doctor --remeasure-cpu``)."""
+    found = _measure_and_store()
+    stored_or_measured.cache_clear()
+    return found
+
+
+def stored() -> CpuPeaks | None:
+    """The peaks stored for this machine at the current thread count, or None; never measures."""
+    return _read(cpu_name(), torch.get_num_threads())
+
+
+def _read(cpu: str, threads: int) -> CpuPeaks | None:
+    record = cpu_peaks_store.load(cpu, threads)
+    try:
+        found = CpuPeaks.model_validate(record) if record is not None else None
+    except ValueError:  # a file of an older layout: measured again, and replaced
+        return None
+    return found if found is not None and set(DTYPES) <= set(found.tflops) else None
+
+
+def _measure_and_store() -> CpuPeaks:
+    found = measure_cpu_peaks()
+    cpu_peaks_store.save(found.model_dump(mode="json"))
     return found
 
 

@@ -8,12 +8,13 @@ import difflib
 import functools
 import json
 import re
+import statistics
 from importlib import resources
 
 from pydantic import BaseModel
 
 from diffmeter.errors import DiffmeterError
-from diffmeter.predict.peaks import PEAKS, PRECISION, find_device
+from diffmeter.predict.peaks import PEAKS, PRECISION, find_device, tokens
 
 #: what a CUDA process cannot give its tensors, held back before "fits": on an H200 (driver 580, torch
 #: 2.11+cu130) the driver kept 615 MiB of nvidia-smi's total from ``cudaMemGetInfo``, and the CUDA context
@@ -21,14 +22,14 @@ from diffmeter.predict.peaks import PEAKS, PRECISION, find_device
 #: PyTorch's allocator (benchmarks/cuda_overhead.py, results/cuda_overhead_nvidia-h200.json)
 CUDA_HOLDBACK_BYTES = (615 + 695) * 2**20
 
-_SPEC_PART = re.compile(r"^\s*([\d.]+)\s*(gb|gib|tflops|tb/s|gb/s)\s*$", re.IGNORECASE)
+_SPEC_PART = re.compile(r"^\s*([\d.]+)\s*(gb|gib|tflops|tb/s|gb/s|w)\s*$", re.IGNORECASE)
 
 
 class Device(BaseModel):
     """Memory in bytes, bandwidth in bytes/s, peaks in TFLOP/s. A table GPU's memory is what its driver
     reports (nvidia-smi's MiB, ``data/gpu_memory.json``, each figure cited): an "80GB" H100 81,559 MiB, a
-    "48GB" L40S 46,068 MiB with ECC on; where no driver figure was found, the datasheet's GB as 10^9 bytes,
-    which is below every driver figure seen."""
+    "48GB" L40S 46,068 MiB with ECC on; where no driver figure was found, the datasheet's GB read as GiB less
+    the reserve the measured cards of its memory kind show (``datasheet_memory``)."""
 
     name: str
     #: "cuda" or "cpu": which calibration of achieved fractions applies (``roofline``)
@@ -48,6 +49,11 @@ class Device(BaseModel):
     #: the card's TDP (maximum board power), watts (``data/gpu_power.json``, each cited): what the energy
     #: prediction's calibrated share of it applies to
     tdp_w: float | None = None
+
+    @property
+    def given(self) -> bool:
+        """Figures given with --gpu-spec (or only ``fit``'s --memory), not a row of the table or this CPU."""
+        return self.source.startswith("--gpu-spec")
 
     def peak_tflops(self, dtype: str) -> float | None:
         return self.tflops.get(PRECISION[dtype], self.tflops.get("any"))
@@ -83,14 +89,16 @@ def named_gpu(name: str, dtypes: tuple[str, ...] = ()) -> Device:
 
 
 def _matching(name: str) -> list:
-    """The rows a ``--gpu`` name matches: the one of that exact name, else every row whose name starts with it,
-    the SXM form first ("h200" is the H200 SXM: the table lists the NVL first, for driver names)."""
+    """The rows a ``--gpu`` name matches: the one of that exact name; else every row holding each of its words
+    ("4090" is the RTX 4090, "v100s" the V100S PCIe); else every row whose name starts with it; the SXM form
+    first ("h200" is the H200 SXM: the table lists the NVL first, for driver names)."""
     wanted = _plain(name)
     if not wanted:
         return []
     exact = [row for row in PEAKS if _plain(row.name) == wanted]
+    holding = [row for row in PEAKS if set(tokens(name)) <= set(tokens(row.name))]
     starting = [row for row in PEAKS if _plain(row.name).startswith(wanted)]
-    return exact or sorted(starting, key=lambda row: "SXM" not in row.name.split())
+    return exact or sorted(holding or starting, key=lambda row: "SXM" not in row.name.split())
 
 
 def of_row(row) -> Device:
@@ -99,7 +107,7 @@ def of_row(row) -> Device:
     if reported:
         memory, said = reported["mib"] * 2**20, f"memory {reported['mib']:,} MiB as nvidia-smi reports it"
     elif row.memory_gb:
-        memory, said = int(row.memory_gb * 1e9), f"memory the datasheet's {row.memory_gb:g} GB as 10^9 bytes"
+        memory, said = datasheet_memory(row)
     else:
         memory, said = None, "no single memory size"
     link = host_links().get(row.name, {})
@@ -130,10 +138,69 @@ ARCHITECTURES = {
 }
 
 
+#: the table's GPUs with stacked memory (HBM); the others have GDDR
+HBM_MODELS = (
+    "H100", "H200", "H800", "H20", "GH200", "B200", "GB200", "B300", "A100", "A800", "A30", "V100", "V100S", "MI300X",
+)  # fmt: skip
+#: data-center GDDR cards, shipped with ECC on: the driver gives 1/16 of the memory to it
+ECC_ON_MODELS = ("A10G", "A10", "A40", "L4", "L40", "L40S", "L20", "T4")
+
+
+def _is(name: str, models: tuple[str, ...]) -> bool:
+    return any(name == model or name.startswith(model + " ") for model in models)
+
+
+def _memory_kind(name: str, ecc_on: bool) -> str:
+    return "HBM" if _is(name, HBM_MODELS) else "ECC-on GDDR" if ecc_on else "GDDR"
+
+
+@functools.cache
+def memory_reserves() -> dict[str, tuple[float, int]]:
+    """Per memory kind, (MiB, cards): the median of (datasheet GB read as GiB, less ECC's 1/16 where on) minus
+    nvidia-smi's total over the table's cards with a driver figure (``data/gpu_memory.json``). A GDDR card whose
+    figure is at most 15/16 of its size was read with ECC on."""
+    gaps: dict[str, list[float]] = {}
+    for row in PEAKS:
+        reported = driver_memory().get(row.name)
+        if reported and row.memory_gb:
+            size = row.memory_gb * 1024
+            ecc_on = not _is(row.name, HBM_MODELS) and reported["mib"] <= size * 15 / 16
+            gaps.setdefault(_memory_kind(row.name, ecc_on), []).append(
+                size * (15 / 16 if ecc_on else 1) - reported["mib"]
+            )
+    return {kind: (statistics.median(found), len(found)) for kind, found in gaps.items()}
+
+
+def datasheet_memory(row) -> tuple[int, str]:
+    """A card with no driver figure: its datasheet GB read as GiB (GDDR "GB" are GiB), less 1/16 on a data-center
+    GDDR card (ECC on by default), less the median reserve of the measured cards of its memory kind; bytes and the
+    rule as its source says it."""
+    ecc_on = _is(row.name, ECC_ON_MODELS)
+    kind = _memory_kind(row.name, ecc_on)
+    reserve, cards = memory_reserves()[kind]
+    memory = int(row.memory_gb * 2**30 * (15 / 16 if ecc_on else 1) - reserve * 2**20)
+    ecc = ", 1/16 off for ECC (on by default on data-center GDDR cards)," if ecc_on else ""
+    said = (
+        f"memory the datasheet's {row.memory_gb:g} GB read as GiB{ecc} less {reserve:g} MiB: no driver figure found, "
+        f"so the median gap between that and nvidia-smi's total over the {cards} {kind} cards that have one "
+        f"(data/gpu_memory.json)"
+    )
+    return memory, said
+
+
+def uncalibrated(device: Device) -> str:
+    """Why ``device`` has no calibration (``roofline.calibration_for`` gives None), naming what would give it one."""
+    if device.kind != "cuda":
+        return f"no calibration for {device.kind} devices yet"
+    if device.architecture is None:
+        return f'{device.name} names no architecture; add arch={"|".join(ARCHITECTURES)} (JSON: "architecture")'
+    return f"no published run on a {device.architecture} GPU, or on a neighbouring architecture, is fitted yet"
+
+
 def architecture_of(name: str) -> str | None:
     """A table GPU's architecture, by its name's model ("H100 SXM" -> hopper); None for another name."""
     for architecture, models in ARCHITECTURES.items():
-        if any(name == model or name.startswith(model + " ") for model in models):
+        if _is(name, models):
             return architecture
     return None
 
@@ -189,53 +256,74 @@ def this_cpu(*dtypes: str) -> Device:
 
     peaks = cpu_peaks(tuple({PRECISION[dtype] for dtype in dtypes}) or ("fp32", "bf16", "fp16"))
     busy = (
-        f"; peaks measured while other processes used {peaks.others_cores:.1f} cores: may be low, every bound high"
+        f" while other processes used {peaks.others_cores:.1f} cores: may be low, every bound high"
         if peaks.busy
         else ""
     )
     return Device(
-        name=f"CPU {peaks.cpu} ({peaks.threads} threads{busy})",
+        name=f"CPU {peaks.cpu} ({peaks.threads} threads; peaks measured {peaks.measured_on}{busy})",
         kind="cpu",
         memory_bytes=psutil.virtual_memory().total,
         bandwidth_bytes_per_s=peaks.bandwidth_bytes_per_s,
         tflops=peaks.tflops,
-        source="measured here: best matmul per dtype, best copy rate from 1 MiB to 256 MiB (predict.cpu_peaks)",
+        source=f"measured here on {peaks.measured_on}: best matmul per dtype, best copy rate from 1 MiB to 256 MiB "
+        "(predict.cpu_peaks), stored for every later prediction; `diffmeter doctor --remeasure-cpu` measures again",
     )
 
 
 def spec_gpu(text: str) -> Device:
-    """A GPU from "80GB,989TFLOPS,3.35TB/s" (any order, any subset; GB read as GiB, as on datasheets)
-    or a JSON object with ``memory_gb``, ``tflops`` and ``bandwidth_gb_s``."""
+    """A GPU from "80GB,989TFLOPS,3.35TB/s,700W,arch=hopper,link=64GB/s" (any order, any subset; GB read as GiB,
+    as on datasheets; the architecture picks the expected range's calibration, the TDP the energy's, the host link's
+    rate per direction times offloading) or a JSON object with ``memory_gib`` (or ``memory_gb``, read as GiB),
+    ``tflops``, ``bandwidth_gb_s``, ``tdp_w``, ``architecture`` and ``host_link_gb_s``."""
     usage = (
-        '--gpu-spec takes "80GB,989TFLOPS,3.35TB/s" or JSON {"memory_gb": 80, "tflops": 989, "bandwidth_gb_s": 3350}'
+        '--gpu-spec takes "80GB,989TFLOPS,3.35TB/s,700W,arch=hopper,link=64GB/s" (GB read as GiB) or JSON '
+        '{"memory_gib": 80, "tflops": 989, "bandwidth_gb_s": 3350, "tdp_w": 700, "architecture": "hopper", '
+        '"host_link_gb_s": 64}'
     )
     if text.strip().startswith("{"):
         try:
             data = json.loads(text)
-            memory, tflops, bandwidth = data.get("memory_gb"), data.get("tflops"), data.get("bandwidth_gb_s")
+            memory = data.get("memory_gib", data.get("memory_gb"))
+            tflops, bandwidth = data.get("tflops"), data.get("bandwidth_gb_s")
+            tdp, architecture, link = data.get("tdp_w"), data.get("architecture"), data.get("host_link_gb_s")
         except (ValueError, AttributeError):
             raise DiffmeterError(f"{usage}; got '{text}'") from None
     else:
-        memory = tflops = bandwidth = None
+        memory = tflops = bandwidth = tdp = architecture = link = None
         for part in text.split(","):
-            match = _SPEC_PART.match(part)
-            if match is None:
+            key, _, value = part.strip().lower().rpartition("=")  # "arch=hopper", "link=64GB/s", or a bare figure
+            match = _SPEC_PART.match(value)
+            unit = match.group(2).lower() if match else None
+            rate = float(match.group(1)) * (1000 if unit == "tb/s" else 1) if match else None  # GB/s
+            if key == "arch":
+                architecture = value.strip()
+            elif match is None or key not in ("", "link") or (key == "link" and unit not in ("gb/s", "tb/s")):
                 raise DiffmeterError(f"{usage}; '{part.strip()}' is none of these")
-            value, unit = float(match.group(1)), match.group(2).lower()
-            if unit in ("gb", "gib"):
-                memory = value
+            elif key == "link":
+                link = rate
+            elif unit in ("gb", "gib"):
+                memory = float(match.group(1))
             elif unit == "tflops":
-                tflops = value
+                tflops = float(match.group(1))
+            elif unit == "w":
+                tdp = float(match.group(1))
             else:
-                bandwidth = value * (1000 if unit == "tb/s" else 1)
+                bandwidth = rate
     if memory is None and tflops is None and bandwidth is None:
         raise DiffmeterError(f"{usage}; got '{text}'")
+    if architecture is not None and architecture not in ARCHITECTURES:
+        raise DiffmeterError(f"--gpu-spec's arch= takes {'|'.join(ARCHITECTURES)}; got '{architecture}'")
     return Device(
         name="--gpu-spec",
         memory_bytes=int(float(memory) * 2**30) if memory else None,
         bandwidth_bytes_per_s=float(bandwidth) * 1e9 if bandwidth else None,
         tflops={"any": float(tflops)} if tflops else {},
-        source=f"--gpu-spec {text}",
+        source=f"--gpu-spec {text}" + ("; memory read as GiB" if memory else ""),
+        architecture=architecture,
+        tdp_w=float(tdp) if tdp else None,
+        host_link=f"{link:g} GB/s host link" if link else None,
+        host_link_bytes_per_s=float(link) * 1e9 if link else None,
     )
 
 

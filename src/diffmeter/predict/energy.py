@@ -3,7 +3,7 @@ card's TDP fitted per architecture on published runs' energy (``fit_energy``), t
 
 from __future__ import annotations
 
-from diffmeter.predict.devices import Device
+from diffmeter.predict.devices import Device, uncalibrated
 from diffmeter.predict.schema import EnergyPrediction
 
 #: what a launch-bound run draws, measured (benchmarks/results/gpu_runs_nvidia-h200.jsonl, Zeus)
@@ -19,7 +19,9 @@ def why_no_energy(device: Device, calibration) -> str | None:
     if device.kind == "cpu":
         return "diffmeter has no energy model for CPUs"
     if calibration is None:
-        return "no expected time to turn into energy (no time calibration for this device: name it with --gpu)"
+        return f"no expected time to turn into energy: {uncalibrated(device)}"
+    if device.tdp_w is None and device.given:
+        return "--gpu-spec gives no TDP: add the card's board power, e.g. 700W"
     if device.tdp_w is None:
         return f"the table has no cited TDP for the {device.name} (data/gpu_power.json)"
     if calibration.power_fraction is None or calibration.energy_width is None:

@@ -31,6 +31,7 @@ from diffmeter.catalog import ComponentEntry, entry_of
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, IMAGE_ENCODER, TEXT_ENCODER, VAE_DECODER, Call, get_family, lora
 from diffmeter.pipelines import LARGE_TEXT_ENCODERS
+from diffmeter.predict.cached import cache_key, cached_memory
 from diffmeter.predict.convolution_copies import CPU, TOTAL, ConvolutionCopies
 from diffmeter.predict.fake_run import fake_run
 from diffmeter.predict.footprints import (
@@ -207,15 +208,6 @@ def _tensors_of(leaves) -> list:
     return [leaf.parameters if hasattr(leaf, "parameters") and hasattr(leaf, "mode") else leaf for leaf in leaves]
 
 
-def cache_key(spec: ProfileSpec, on_cuda: bool = True, vae_modes: tuple[str, ...] = VAE_MODES) -> dict:
-    """What a prediction for ``spec`` depends on: the entry's configs, the settings, the device kind and the
-    decode modes asked for."""
-    from dataclasses import asdict
-
-    entry = entry_of(spec).model_dump(mode="json")
-    return {"entry": entry, "spec": asdict(spec), "on_cuda": on_cuda, "vae_modes": sorted(vae_modes)}
-
-
 def predict_memory(spec: ProfileSpec, on_cuda: bool = True, vae_modes: tuple[str, ...] = VAE_MODES) -> MemoryPrediction:
     """The peak memory of one generation at ``spec`` on a CUDA device (``on_cuda=False``: on the CPU, without
     cuDNN's convolution copies), with the decode's activations under each of ``vae_modes`` (a tiled decode of a
@@ -227,14 +219,6 @@ def predict_memory(spec: ProfileSpec, on_cuda: bool = True, vae_modes: tuple[str
     found = predict_tracked(spec, on_cuda, vae_modes)
     cache.store("memory", cache_key(spec, on_cuda, vae_modes), found.model_dump(mode="json"))
     return found
-
-
-def cached_memory(
-    spec: ProfileSpec, on_cuda: bool = True, vae_modes: tuple[str, ...] = VAE_MODES
-) -> MemoryPrediction | None:
-    """The prediction for this exact question from the disk cache, or None."""
-    stored = cache.load("memory", cache_key(spec, on_cuda, vae_modes))
-    return MemoryPrediction.model_validate(stored) if stored is not None else None
 
 
 def settled_plan(spec: ProfileSpec):

@@ -20,10 +20,9 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.families import VAE_DECODER, Call, get_family
 from diffmeter.flops.counter import FORMULAS
 from diffmeter.flops.kinds import kind_of
+from diffmeter.predict.cached import cache_key, cached_memory, cached_work, work_key
 from diffmeter.predict.memory import (
     DTYPES,
-    cache_key,
-    cached_memory,
     fake_module,
     predict_memory,
     predict_tracked,
@@ -134,17 +133,21 @@ def operator_work(spec: ProfileSpec, decode_modes: tuple[str, ...] = ()) -> Oper
     libraries and diffmeter source) or counted on fake tensors and remembered. ``decode_modes``: the VAE
     decodes as ``vae.enable_tiling()`` / ``enable_slicing()`` make it (overlapping tiles, an image at a
     time), its operators counted as diffusers runs them; the other calls are the plain run's."""
-    decode_modes = modes_that_change_the_decode(spec, decode_modes)
-    key = {**cache_key(spec), "decode_modes": sorted(decode_modes)} if decode_modes else cache_key(spec)
-    stored = cache.load("operators", key)
-    if stored is not None:
-        return OperatorWork.model_validate(stored)
-    plain = cache.load("operators", cache_key(spec)) if decode_modes else None
-    if plain is not None:  # only the decode to count again
-        found = _with_decode(OperatorWork.model_validate(plain), _count(spec, decode_modes, decode_only=True))
-    else:
-        found = _count(spec, decode_modes)
-    cache.store("operators", key, found.model_dump(mode="json"))
+    asked = decode_modes
+    found = cached_work(spec, asked)  # stored under the modes asked too: a later lookup needs no torch
+    if found is not None:
+        return found
+    decode_modes = modes_that_change_the_decode(spec, asked)
+    found = cached_work(spec, decode_modes)
+    if found is None:
+        plain = cached_work(spec) if decode_modes else None
+        if plain is not None:  # only the decode to count again
+            found = _with_decode(plain, _count(spec, decode_modes, decode_only=True))
+        else:
+            found = _count(spec, decode_modes)
+        cache.store("operators", work_key(spec, decode_modes), found.model_dump(mode="json"))
+    if asked != decode_modes:
+        cache.store("operators", work_key(spec, asked), found.model_dump(mode="json"))
     return found
 
 

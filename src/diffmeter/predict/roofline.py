@@ -31,7 +31,7 @@ from importlib import resources
 from pydantic import BaseModel
 
 from diffmeter.errors import DiffmeterError
-from diffmeter.predict.devices import Device
+from diffmeter.predict.devices import Device, uncalibrated
 from diffmeter.predict.energy import predict_energy, why_no_energy
 from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork, StageTime, TimePrediction
 from diffmeter.stages import STAGES
@@ -224,19 +224,30 @@ def stage_bounds(
 
 
 def missing_figures(device: Device, work: OperatorWork, fp32_math: Mapping[str, str] = BENCH_FP32) -> str | None:
-    """Why ``device``'s figures cannot give ``work`` a time (no peak for a dtype it runs at, no bandwidth), or
-    None."""
+    """Why ``device``'s figures cannot give ``work`` a time, naming each missing figure (a peak of a dtype it runs
+    at, the memory bandwidth) and the option that gives a time; None where nothing is missing."""
     dtypes = {dtype for _, dtype, kind in kinds_of(work) if kind_peak(device, dtype, kind, fp32_math) is None}
     if kind_peak(device, work.dtype, "matmul", fp32_math) is None:
         dtypes.add(work.dtype)
     if not dtypes and device.bandwidth_bytes_per_s:
         return None
-    cast = sorted({f"its {c} runs in {d}" for c, d, _ in kinds_of(work) if d in dtypes and d != work.dtype})
-    because = f" ({'; '.join(cast)})" if cast else ""
-    return (
-        f"{device.name} has no {' or '.join(sorted(dtypes)) or work.dtype} peak{because} or no memory bandwidth; "
-        'give both with --gpu-spec (e.g. "24GB,165TFLOPS,1TB/s")'
+    cast = sorted({(c, d) for c, d, _ in kinds_of(work) if d in dtypes and d != work.dtype})
+    because = f" ({'; '.join(f'its {c} runs in {d}' for c, d in cast)})" if cast else ""
+    if device.given:  # one peak for every dtype, or none
+        given = ["no TFLOPS"] * bool(dtypes) + ["no bandwidth"] * (not device.bandwidth_bytes_per_s)
+        return f'--gpu-spec gives {" and ".join(given)}: add them, e.g. "80GB,989TFLOPS,3.35TB/s"'
+    lacking = ([f"no {' or '.join(sorted(dtypes))} peak{because}"] if dtypes else []) + (
+        [] if device.bandwidth_bytes_per_s else ["no memory bandwidth"]
     )
+    has = [dtype for dtype in ("float16", "bfloat16", "float32") if kind_peak(device, dtype, "matmul") is not None]
+    figures = 'give its figures with --gpu-spec (e.g. "80GB,989TFLOPS,3.35TB/s")'
+    fixes = [] if device.bandwidth_bytes_per_s and has else [figures]
+    if dtypes and has:
+        flags = ([f"--dtype {has[0]}"] if work.dtype in dtypes else []) + [
+            f"--component-dtype {c}={has[0]}" for c, _ in cast
+        ]
+        fixes.insert(0, f"to time it in {has[0]}, which it has: {' '.join(flags)}")
+    return f"the table gives the {device.name} {' and '.join(lacking)}; {', or '.join(fixes)}"
 
 
 def predict_time(
@@ -302,7 +313,9 @@ def predict_time(
         energy_left_out=why_no_energy(device, calibration),
         ideal_s=sum(both[stage.stage][1] for stage in stages) if weights is not None else None,
         l2_bytes=device.l2_bytes,
-        calibration=calibration.source if calibration else f"no calibration for {device.kind} devices yet",
+        calibration=calibration.source
+        if calibration
+        else f"no expected range: {uncalibrated(device)}; the lower bound is shown",
     )
 
 

@@ -3,9 +3,12 @@ run again alike (what the fake-tensor runs record once and replay)."""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from diffmeter.errors import DiffmeterError
+
+if TYPE_CHECKING:
+    import torch
 
 #: diffusers' decode modes whose activations a prediction can hold (``MemoryPrediction.vae_activation_bytes``)
 VAE_MODES = ("vae-tiling", "vae-slicing")
@@ -30,6 +33,8 @@ def decode_units(vae: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
     autoencoder_kl_cogvideox.py:1378-1379, autoencoder_kl_ltx.py:1424; per frame of a tile in Wan's and
     Qwen-Image's, autoencoder_kl_wan.py:1382, whose decoder fills the frame cache it is handed: ``replay`` writes
     the recorded items back)."""
+    import torch
+
     units = [(vae, "_decode")] if callable(getattr(vae, "_decode", None)) else []
     return units + [
         (part, "forward")

@@ -77,8 +77,8 @@ def _facts(pair: RunComparison) -> list[str]:
         change = pair.b_peak_memory_bytes - pair.a_peak_memory_bytes
         sign = "+" if change >= 0 else "-"
         lines.append(
-            f"peak memory ({memory}): A {units.nbytes(pair.a_peak_memory_bytes)}, "
-            f"B {units.nbytes(pair.b_peak_memory_bytes)} ({sign}{units.nbytes(abs(change))})"
+            f"peak memory ({memory}): A {units.gib(pair.a_peak_memory_bytes)}, "
+            f"B {units.gib(pair.b_peak_memory_bytes)} ({sign}{units.gib(abs(change))})"
         )
     if pair.energy_kind:
         lines.append(

@@ -30,11 +30,25 @@ def _facts(doctor: Doctor) -> Text:
         + (f", NCCL {doctor.nccl}" if doctor.nccl else "")
         + (f", driver {doctor.driver}" if doctor.driver else ""),
         f"CPU: {doctor.cpu}",
+        cpu_peaks_line(doctor.cpu_peaks),
         "timing: CUDA events per stage" if doctor.gpus else "timing: host clock (no CUDA GPU: CPU runs only)",
         "energy, GPU: " + ("measurable (Zeus, NVML counters)" if energy.gpu is None else f"not measured: {energy.gpu}"),
         "energy, CPU: " + ("measurable (Zeus, RAPL counters)" if energy.cpu is None else f"not measured: {energy.cpu}"),
     ]
     return Text("\n".join(lines))
+
+
+def cpu_peaks_line(peaks) -> str:
+    """This CPU's stored peaks, with when they were measured and whether the machine was busy then."""
+    again = "doctor --remeasure-cpu measures again"
+    if peaks is None:
+        return f"CPU peaks: not measured yet (the first CPU prediction measures and stores them; {again})"
+    busy = f" while other processes used {peaks.others_cores:.1f} cores: may be low" if peaks.busy else ""
+    rates = ", ".join(f"{key} {units.flop_rate(value * 1e12)}" for key, value in peaks.tflops.items())
+    return (
+        f"CPU peaks ({peaks.threads} threads), measured {peaks.measured_at:%Y-%m-%d %H:%M} UTC{busy}: {rates}, "
+        f"copy {peaks.bandwidth_bytes_per_s / 1e9:.1f} GB/s; every CPU prediction uses them ({again})"
+    )
 
 
 def _gpus(doctor: Doctor) -> FittedTable | Text:
@@ -56,7 +70,7 @@ def _gpus(doctor: Doctor) -> FittedTable | Text:
         table.add_row(
             str(gpu.index),
             escape(gpu.name),
-            units.nbytes(gpu.memory_bytes),
+            units.gib(gpu.memory_bytes),
             gpu.compute_capability,
             gpu.peak_row or "[yellow]unknown: pass --peak-tflops for MFU[/]",
             *(f"{gpu.peak_tflops[key]:g}" if key in gpu.peak_tflops else "-" for key in precisions),

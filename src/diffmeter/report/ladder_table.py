@@ -7,7 +7,7 @@ from rich.markup import escape
 from diffmeter import units
 from diffmeter.measure.speedup import MIN_EFFECT
 from diffmeter.report.layout import Column, FittedTable
-from diffmeter.runs.ladder import Ladder
+from diffmeter.runs.ladder_record import Ladder
 
 
 def ladder_table(ladder: Ladder) -> FittedTable:
@@ -59,7 +59,7 @@ def ladder_table(ladder: Ladder) -> FittedTable:
             speedup,
             coverage,
             units.seconds(row.cold_start_overhead_s) if row.cold_start_overhead_s else "none",
-            units.nbytes(row.peak_memory_bytes),
+            units.gib(row.peak_memory_bytes),
             units.joules(row.energy_j_per_image) if row.energy_j_per_image is not None else "-",
             psnr,
             ssim,

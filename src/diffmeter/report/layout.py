@@ -1,10 +1,11 @@
 """Tables that fit the terminal without breaking a word or truncating a value.
 
 A ``FittedTable`` is laid out when it is printed: if the narrowest layout (each column as wide
-as its longest word) is still wider than the terminal, the least important column is dropped,
-and so on, and the caption says which columns were left out. The remaining width goes to the
-columns whose text would otherwise wrap. Cells wrap only between words, so hub ids, paths and
-numbers always print whole and can be copied.
+as its longest word) is still wider than the terminal, a column with nothing in it (every cell
+"-" or blank) is dropped first, then the least important one, and so on, and the caption says
+which columns were left out. The remaining width goes to the columns whose text would
+otherwise wrap. Cells wrap only between words, so hub ids, paths and numbers always print whole
+and can be copied.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from rich.text import Text
 class Column:
     header: str
     justify: str = "right"
-    #: columns with the lowest value are dropped first when the terminal is narrow; None: always shown
+    #: columns with the lowest value are dropped first (after any empty one) when the terminal is narrow; None:
+    #: always shown
     drop: int | None = None
     style: str | None = None
     #: cells may wrap between words; numbers with their unit ("37.19 TMACs") never do
@@ -62,6 +64,10 @@ class FittedTable:
             return max([header, *(len(word) for cell in cells for word in cell.split())])
         return max([header, *(len(line) for cell in cells for line in cell.splitlines() or [""])])
 
+    def empty(self, index: int) -> bool:
+        """Every cell of the column is "-" or blank: dropping it hides nothing."""
+        return all(_plain(row.cells[index]).strip() in ("", "-") for row in self.rows)
+
     def widest(self, index: int) -> int:
         """The longest line in the column: wider is wasted."""
         return max((len(line) for text in self._texts(index) for line in _plain(text).splitlines() or [""]), default=1)
@@ -73,7 +79,7 @@ class FittedTable:
             droppable = [index for index in shown if self.columns[index].drop is not None]
             if sum(self.narrowest(index) for index in shown) + _borders(len(shown)) <= width or not droppable:
                 break
-            shown.remove(min(droppable, key=lambda index: (self.columns[index].drop, -index)))
+            shown.remove(min(droppable, key=lambda index: (not self.empty(index), self.columns[index].drop, -index)))
         return self.build(shown, self._widths(shown, width))
 
     def _widths(self, shown: list[int], width: int) -> list[int]:

@@ -18,7 +18,7 @@ COLUMNS = (
     ("model", lambda c: c.model, lambda c: c.model),
     ("GPU", lambda c: c.gpu, lambda c: c.gpu),
     ("architecture", lambda c: c.architecture or "", lambda c: c.architecture or "-"),
-    ("GPU memory", lambda c: c.memory_bytes, lambda c: units.nbytes(c.memory_bytes)),
+    ("GPU memory", lambda c: c.memory_bytes, lambda c: units.gib(c.memory_bytes)),
     ("fits", lambda c: int(c.fits), lambda c: "yes" if c.fits else "no"),
     ("setting", lambda c: _setting(c), lambda c: _setting(c)),
     ("peak memory", lambda c: c.peak_bytes or c.plain_peak_bytes, lambda c: _peak(c)),
@@ -40,8 +40,8 @@ def _setting(cell: Cell) -> str:
 
 def _peak(cell: Cell) -> str:
     if cell.peak_bytes is not None:
-        return units.nbytes(cell.peak_bytes)
-    return f"{units.nbytes(cell.plain_peak_bytes)} plain (nothing fits)"
+        return units.gib(cell.peak_bytes)
+    return f"{units.gib(cell.plain_peak_bytes)} plain (nothing fits)"
 
 
 def _seconds(value: float | None) -> str:
@@ -144,7 +144,7 @@ def summary_table(cells: list[Cell]) -> Table:
         plain = sum(cell.setting == [] for cell in mine)
         table.add_row(
             gpu,
-            units.nbytes(mine[0].memory_bytes),
+            units.gib(mine[0].memory_bytes),
             str(plain),
             str(sum(cell.fits for cell in mine) - plain),
             str(sum(not cell.fits for cell in mine)),

@@ -8,10 +8,7 @@ from rich.markup import escape
 from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, Device
 from diffmeter.predict.schema import MemoryPrediction
 from diffmeter.report.layout import Column, FittedTable
-
-
-def gib(value: float) -> str:
-    return f"{value / 2**30:,.2f} GiB"
+from diffmeter.units import gib
 
 
 def memory_table(prediction: MemoryPrediction, gpu: Device | None, techniques: tuple[str, ...] = ()) -> FittedTable:
@@ -74,14 +71,18 @@ def fit_table(
     rows: list[tuple[tuple[str, ...], int, float | None]],
     held_back: int,
     refused: list[tuple[tuple[str, ...], str]],
+    untimed: str | None = None,
+    next_step: str | None = None,
 ) -> FittedTable:
     """The settings that fit once ``held_back`` bytes are kept for CUDA, with their lower bounds of time, fastest
-    first where every time is known; a line if none does."""
+    first where every time is known, and ``untimed``: why a setting has none; a line if none fits, and
+    ``next_step``: what to do then."""
     timed = all(time is not None for _, _, time in rows) and bool(rows)
     order = "fastest first" if timed else "likely fastest first"
+    held = f", {gib(held_back)} held back for CUDA" if held_back else ""
     table = FittedTable(
         escape(
-            f"{model} on {gpu.name} ({gib(gpu.memory_bytes)}, {gib(held_back)} held back for CUDA): "
+            f"{model} on {gpu.name} ({gib(gpu.memory_bytes)}{held}): "
             f"predicted peak without techniques {gib(prediction.peak_bytes)}"
         ),
         [
@@ -98,14 +99,19 @@ def fit_table(
     if not rows:
         table.add_row("nothing fits, even with sequential offload", "", "", "", style="red")
     link = f" over its {gpu.host_link}" if gpu.host_link else ""
-    notes = [
-        f"Held back: {gib(held_back)} for the CUDA context and libraries (measured on an H200, "
-        "docs/memory-prediction.md).",
-        f"Time: a lower bound, the roofline plus offloading's weight transfers{link} at its standard rate; "
-        "quantized weights are timed as unquantized."
-        if timed
-        else "Time: no figures for this GPU (name one with --gpu, or give --gpu-spec to profile).",
-    ]
+    notes = [escape(next_step)] if next_step else []
+    if held_back:
+        notes.append(
+            f"Held back: {gib(held_back)} for the CUDA context and libraries (measured on an H200, "
+            "docs/memory-prediction.md)."
+        )
+    if any(time is not None for _, _, time in rows):
+        notes.append(
+            f"Time: a lower bound, the roofline plus offloading's weight transfers{link} at its standard rate; "
+            "quantized weights are timed as unquantized."
+        )
+    if untimed:
+        notes.append(f"No time: {escape(untimed)}.")
     if refused:
         notes.append(f"Left out, bench refuses them: {'; '.join(escape(' + '.join(c)) + ': ' + r for c, r in refused)}")
     if prediction.checked and not prediction.checked.startswith("checked"):

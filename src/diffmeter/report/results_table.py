@@ -7,6 +7,7 @@ import math
 from rich.markup import escape
 
 from diffmeter import units
+from diffmeter.report import outputs
 from diffmeter.report.layout import Column, FittedTable
 from diffmeter.report.speedup_text import noise_lines, speedup_cell
 
@@ -33,7 +34,9 @@ def _scaling(row) -> str:
 
 
 def results_table(frame, title: str) -> FittedTable:
-    """The key columns of a ``load_results`` frame."""
+    """The key columns of a ``load_results`` frame; per image, per video, or per output where it has both."""
+    records = frame.to_dict(orient="records")
+    word = outputs.noun(records)
     table = FittedTable(
         escape(title),
         [
@@ -44,27 +47,28 @@ def results_table(frame, title: str) -> FittedTable:
             Column("dtype", justify="left", drop=2),
             Column("optimizations", justify="left", drop=7),
             Column("status", justify="left"),
-            Column("s / image (median)"),
+            Column(f"s / {word} (median)"),
             Column("p90", drop=1),
-            Column("images / s (mean)", drop=4),
+            Column(f"{word}s / s (mean)", drop=4),
             Column("denoise share", drop=1),
             Column("peak memory", drop=4),
-            Column("J / image", drop=2),
+            Column(f"J / {word}", drop=2),
             Column("MFU", drop=2),
-            Column("PSNR", drop=3),
-            Column("SSIM", drop=1),
+            Column("PSNR", drop=5),  # quality before p90, shares, energy and MFU
+            Column("SSIM", drop=4),
             Column("speed-up", drop=6),
             Column("scaling", drop=5),
         ],
     )
     marked = False
-    records = frame.to_dict(orient="records")
     for row in records:
         weights = {"tiny-random": " (tiny)", "random": " (random weights)"}.get(row["weights"], "")
         marked |= bool(weights)
         size = f"{row['width']}x{row['height']}" + (f"x{row['frames']}f" if _present(row["frames"]) else "")
         memory = row["peak_cuda_bytes"] if _present(row["peak_cuda_bytes"]) else row["peak_rss_bytes"]
         status = row["status"] if row["status"] == "complete" else f"[red]{row['status']}[/]"
+        rate = row["images_per_s"]
+        rate = outputs.rate(rate, outputs.is_video(row), word == "output") if _present(rate) else "-"
         table.add_row(
             escape(f"{row['model']}{weights}"),
             size,
@@ -75,9 +79,9 @@ def results_table(frame, title: str) -> FittedTable:
             status,
             _or_dash(row["s_per_image"], units.seconds) + (" (noisy)" if noise_lines([row]) else ""),
             _or_dash(row["s_per_image_p90"], units.seconds),
-            _or_dash(row["images_per_s"], lambda v: f"{v:,.3g}"),
+            rate,
             _or_dash(row["denoise_share"], lambda v: f"{v:.0%}"),
-            _or_dash(memory, units.nbytes),
+            _or_dash(memory, units.gib),
             _or_dash(row["gpu_j_per_image"], units.joules),
             _or_dash(row["mfu"], lambda v: f"{v:.1%}"),
             _psnr(row),
@@ -86,15 +90,16 @@ def results_table(frame, title: str) -> FittedTable:
             _scaling(row),
         )
     captions = [
-        "s / image: median call latency / images per call (p90 likewise); peak memory: CUDA max allocated, else "
-        "process peak RSS; J / image: GPU energy (Zeus); MFU: the denoising loop's; PSNR/SSIM: against the unoptimized "
-        "images at the same seeds; speed-up: per image against the unoptimized run of the same settings, the "
-        "Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney interval, within noise when "
-        "that holds 1x or the estimate is within 5% of it; (noisy): the run's (or its baseline's) timings were "
-        "noisy, as noted below; scaling: a parallel run's s / image speed-up over the one-device run of the same spec "
-        "and its share of the processes (scaling efficiency)"
+        f"s / {word}: median call latency / {word}s per call (p90 likewise); peak memory: CUDA max allocated, else "
+        f"process peak RSS; J / {word}: GPU energy (Zeus); MFU: the denoising loop's; PSNR/SSIM: against the "
+        f"unoptimized outputs at the same seeds; speed-up: per {word} against the unoptimized run of the same "
+        "settings, the Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney interval, "
+        "within noise when that holds 1x or the estimate is within 5% of it; (noisy): the run's (or its baseline's) "
+        "timings were "
+        f"noisy, as noted below; scaling: a parallel run's s / {word} speed-up over the one-device run of the same "
+        "spec and its share of the processes (scaling efficiency)"
     ]
-    captions += [escape(line) for line in noise_lines(records)]
+    captions += [escape(line) for line in [outputs.explained(word), *noise_lines(records)] if line]
     if marked:
         captions.append("(tiny) and (random weights): timings of test or random-weight pipelines, not of the model")
     table.caption = "\n".join(captions)
@@ -135,7 +140,7 @@ def sweep_summary_table(record) -> FittedTable:
     counts = record.counts()
     title = ", ".join(f"{count} {status}" for status, count in counts.items() if count)
     table = FittedTable(
-        escape(f"sweep {record.name}: {title}"),
+        escape(f"sweep '{record.name}', {len(record.cells)} cells: {title}"),
         [
             Column("cell", justify="left"),
             Column("status", justify="left"),

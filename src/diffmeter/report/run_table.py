@@ -23,9 +23,9 @@ def run_table(result: BenchResult) -> Group:
     device = f"CPU ({result.environment.cpu})"
     if spec.device.startswith("cuda"):
         device = result.environment.devices[int(spec.device.partition(":")[2] or 0)]
-    frames = f"x{spec.num_frames}f" if spec.num_frames else ""
+    frames = f", {spec.num_frames} frames" if spec.num_frames else ""
     title = (
-        f"{result.model.name} ({result.model.id}) on {device}: {spec.width}x{spec.height}{frames} px (WxH), "
+        f"{result.model.name} ({result.model.id}) on {device}: {spec.width}x{spec.height} px (WxH){frames}, "
         + "".join(f"input image {width}x{height}, " for height, width in spec.image_sizes)
         + f"{units.steps(spec.steps)}, batch {spec.batch_size}, guidance {spec.guidance_scale:g}, "
         + (f"true CFG {spec.true_cfg_scale:g}, " if spec.true_cfg_scale is not None else "")
@@ -104,18 +104,18 @@ def _facts(result: BenchResult) -> Text:
     lines = [
         throughput,
         f"load: {units.seconds(result.load_s)}; first call (cold): {units.seconds(result.first_call_s)} "
-        f"vs median {units.seconds(summary.latency_s.median)} ({_cold_start(summary.cold_start_overhead_s)})",
+        f"vs median {units.seconds(summary.latency_s.median)} ({cold_start(summary)})",
     ]
     if memory.cuda_max_allocated_bytes is not None:
         lines.append(
-            f"peak memory: {units.nbytes(memory.cuda_max_allocated_bytes)} allocated, "
-            f"{units.nbytes(memory.cuda_max_reserved_bytes)} reserved (CUDA); "
-            f"{units.nbytes(memory.cuda_loaded_bytes)} after load; "
-            f"process peak RSS {units.nbytes(memory.process_peak_rss_bytes)} ({memory.process_peak_rss_scope})"
+            f"peak memory: {units.gib(memory.cuda_max_allocated_bytes)} allocated, "
+            f"{units.gib(memory.cuda_max_reserved_bytes)} reserved (CUDA); "
+            f"{units.gib(memory.cuda_loaded_bytes)} after load; "
+            f"process peak RSS {units.gib(memory.process_peak_rss_bytes)} ({memory.process_peak_rss_scope})"
         )
     else:
         lines.append(
-            f"peak memory: process peak RSS {units.nbytes(memory.process_peak_rss_bytes)} "
+            f"peak memory: process peak RSS {units.gib(memory.process_peak_rss_bytes)} "
             f"({memory.process_peak_rss_scope})"
         )
     if energy.available:
@@ -154,10 +154,18 @@ def _facts(result: BenchResult) -> Text:
     return Text("\n".join(lines))
 
 
-def _cold_start(overhead_s: float) -> str:
-    if overhead_s <= 0:
+def cold_start(summary) -> str:
+    """What the first call cost beyond the median, and what that is: compilation only where the run counted some."""
+    if summary.cold_start_overhead_s <= 0:
         return "no cold-start overhead: the first call was not slower than the median"
-    return f"cold-start overhead {units.seconds(overhead_s)}: compilation, autotuning, lazy init"
+    compiled = summary.first_call_compilation
+    if compiled is None:
+        why = "first-call allocation, lazy initialization, caches, and any compilation (not counted in this older run)"
+    elif compiled.clean:
+        why = "first-call allocation, lazy initialization, caches; nothing was compiled"
+    else:
+        why = f"compilation and autotuning ({compiled.text()}), first-call allocation, lazy initialization"
+    return f"cold-start overhead {units.seconds(summary.cold_start_overhead_s)}: {why}"
 
 
 def speedup_line(result: BenchResult) -> str:

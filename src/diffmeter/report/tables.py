@@ -12,13 +12,13 @@ from diffmeter.spec import sizes_text
 from diffmeter.stages import DENOISER, IMAGE_ENCODER, STAGE_OF_ROLE, TEXT_ENCODER, VAE_DECODER
 
 
-def size(profile: Profile) -> str:
-    """``WxH`` (with frames for video), and the size asked for when the pipeline made another."""
-    frames = f"x{profile.num_frames}f" if profile.num_frames else ""
-    made = f"{profile.width}x{profile.height}{frames}"
-    if profile.requested_width is None:
-        return made
-    return f"{made} (asked {profile.requested_width}x{profile.requested_height})"
+def size(profile: Profile, unit: str = " px (WxH)") -> str:
+    """``WxH px``, the size asked for when the pipeline made another, and a video's frames (not inside the px);
+    ``unit`` empty where a column's header names it."""
+    made = f"{profile.width}x{profile.height}{unit}"
+    if profile.requested_width is not None:
+        made += f" (asked {profile.requested_width}x{profile.requested_height})"
+    return made + (f", {profile.num_frames} frames" if profile.num_frames else "")
 
 
 def _setting(profile: Profile) -> str:
@@ -37,7 +37,7 @@ def _setting(profile: Profile) -> str:
     if profile.controlnet:
         images += f", ControlNet {profile.controlnet}"
     steps = units.steps(profile.steps)
-    return f"{size(profile)} px (WxH){images}, {steps}, batch {profile.batch_size}, {guidance}, {dtype}"
+    return f"{size(profile)}{images}, {steps}, batch {profile.batch_size}, {guidance}, {dtype}"
 
 
 def profile_table(profile: Profile) -> FittedTable:
@@ -96,7 +96,7 @@ def profile_table(profile: Profile) -> FittedTable:
     )
     table.caption = "\n".join(
         [
-            f"parameters: {units.nbytes(profile.param_bytes)} at {profile.dtype}. "
+            f"parameters: {units.gib(profile.param_bytes)} at {profile.dtype}. "
             "1 MAC = 1 multiply-add = 2 FLOPs. Calls include classifier-free guidance as the pipeline runs it.",
             *(f"note: {escape(note)}" for note in profile.notes),
         ]
@@ -126,7 +126,7 @@ def summary_table(profiles: list[Profile]) -> FittedTable:
         "compute per generation",
         [
             Column("model", justify="left"),
-            Column("size (WxH)"),
+            Column("size (WxH px)"),
             *([Column("input images (WxH)", drop=2)] if conditioned else []),
             Column("steps", drop=4),
             Column("CFG", drop=1),
@@ -143,7 +143,7 @@ def summary_table(profiles: list[Profile]) -> FittedTable:
         images = sizes_text(p.input_images) or "none"
         table.add_row(
             escape(p.name),
-            size(p),
+            size(p, unit=""),
             *([images] if conditioned else []),
             str(p.steps),
             "yes" if p.cfg else "no",

@@ -62,7 +62,7 @@ def time_table(prediction: TimePrediction) -> FittedTable:
             STAGE_LABELS[stage.stage],
             f"{stage.operators:,}",
             units.flops(stage.flops),
-            units.nbytes(stage.bytes),
+            units.gib(stage.bytes),
             optional_seconds(stage.ideal_s),
             units.seconds(stage.lower_s),
             expected_range(stage.expected_s),
@@ -77,7 +77,7 @@ def time_table(prediction: TimePrediction) -> FittedTable:
         expected_range(prediction.expected_s),
         section=True,
     )
-    l2 = f", bytes within its {prediction.l2_bytes / 2**20:g} MiB L2 not charged" if prediction.l2_bytes else ""
+    l2 = f", bytes within its {units.gib(prediction.l2_bytes)} L2 not charged" if prediction.l2_bytes else ""
     table.caption = escape(
         f"Ideal bound (no {prediction.dtype} implementation is faster, compiled or fused): each call's FLOPs at the "
         "dense peak or its weights read once. Lower bound (of the eager operators): each operator at max(FLOPs / "

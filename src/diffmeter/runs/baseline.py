@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from diffmeter.measure.quality import Quality, clip_scorer, compare, lpips_scorer, summarize
+from diffmeter.measure.quality import clip_scorer, compare, lpips_scorer
+from diffmeter.measure.quality_schema import Quality, summarize
 from diffmeter.runs.results import BenchResult
 
 

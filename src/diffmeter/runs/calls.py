@@ -34,7 +34,8 @@ def timed_call(pipe, timer: StageTimer, arguments: dict, index: int, meter: Ener
     reading = meter.end(window) if meter is not None else None
     iteration = Iteration(
         index=index,
-        images=len(arguments["generator"]),
+        # the outputs: one per prompt or class (a generator list may be replaced by its noise, Family.seeded_call)
+        images=len(arguments.get("prompt") or arguments["class_labels"]),
         total_s=times.total_s,
         wall_s=wall,
         denoiser_calls=times.denoiser_calls,

@@ -303,7 +303,15 @@ def load_results(directory: str | Path, skipped: list[str] | None = None):
     ``skipped``, unreadable results are named there and left out."""
     import pandas
 
-    return pandas.DataFrame(rows(directory, skipped), columns=list(COLUMNS))
+    table = rows(directory, skipped)
+    frame = pandas.DataFrame(table, columns=list(COLUMNS))
+    return frame.astype({column: "Int64" for column in COLUMNS if _whole(row[column] for row in table)})
+
+
+def _whole(values) -> bool:
+    """A column of whole numbers with gaps (frames: None for images), which pandas would turn into floats."""
+    present = [value for value in values if value is not None]
+    return bool(present) and all(isinstance(value, int) and not isinstance(value, bool) for value in present)
 
 
 def filtered(frame, where: str | None, sort: str | None):

@@ -10,8 +10,9 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from diffmeter.errors import DiffmeterError
-from diffmeter.measure.quality import Quality
+from diffmeter.measure.quality_schema import Quality
 from diffmeter.measure.speedup import Criteria, Verdict
+from diffmeter.quiet import quiet_import
 from diffmeter.runs import collect, speedups, storage
 from diffmeter.runs.results import BenchResult
 
@@ -221,7 +222,10 @@ def _quality(a: BenchResult, b: BenchResult) -> tuple[Quality | None, str | None
     for folder, image in [(b.folder, i) for i in pairs] + [(a.folder, reference[i.seed]) for i in pairs]:
         if not (folder / image.path).is_file():
             return None, f"{folder / image.path} is missing"
-    from diffmeter.runs.baseline import compare_with_baseline
+    if b.quality is not None and Path(b.quality.baseline).resolve() == Path(a.folder).resolve():
+        return b.quality, None  # B was measured against A itself (--compare-baseline): its comparison is stored
+    with quiet_import():  # torch and torchmetrics, only when images are compared
+        from diffmeter.runs.baseline import compare_with_baseline
 
     try:
         return compare_with_baseline(b, b.folder, a, a.folder), None

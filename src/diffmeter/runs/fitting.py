@@ -72,3 +72,52 @@ def lower_times(time, prediction, gpu, settings) -> dict[tuple[str, ...], float]
         for chosen in settings
         if gpu.host_link_bytes_per_s or not moved_bytes(prediction, chosen)
     }
+
+
+def why_untimed(plain, gpu, work, tf32: bool, named: bool) -> str:
+    """Why a setting has no time: no GPU named (``fit --memory`` alone), the figure the GPU lacks for the plain
+    pipeline (``plain``: ``plain_time``'s answer), else the host link offloading's transfers go over."""
+    from diffmeter.predict.roofline import bench_fp32_math, missing_figures
+
+    if not named:
+        return "no GPU named, only its memory: name the card with --gpu, or give its figures with --gpu-spec"
+    if plain is None:
+        return missing_figures(gpu, work, bench_fp32_math(tf32))
+    if gpu.given:
+        return (
+            "offloading's weight transfers are not timed: --gpu-spec gives no host link; add link=64GB/s (its rate"
+            " per direction)"
+        )
+    return f"offloading's weight transfers are not timed: data/host_links.json has no host link for the {gpu.name}"
+
+
+def next_step(prediction, entry, spec, fp8: bool, cards: list) -> str:
+    """What to do when no setting fits: the least peak any setting bench runs reaches (``fp8``:
+    with fp8 weights), what lowers it (a smaller batch, fewer frames, a smaller size) and the smallest card of the
+    ``cards`` (the table's GPUs) it fits on once the CUDA context is held back. ``spec``: the generation with its
+    defaults filled."""
+    from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES
+    from diffmeter.predict.techniques import peak_under, settings
+    from diffmeter.units import gib
+
+    every, _ = runnable([(chosen, peak_under(prediction, chosen)) for chosen in settings(prediction)], entry, spec)
+
+    def least(with_fp8: bool) -> tuple[tuple[str, ...], int]:
+        return min(((c, peak) for c, peak in every if with_fp8 or "quantize-fp8" not in c), key=lambda row: row[1])
+
+    chosen, peak = least(fp8)
+    cards = sorted(cards, key=lambda card: card.memory_bytes)
+    card = next((c for c in cards if least("fp8" in c.tflops)[1] <= c.memory_bytes - CUDA_HOLDBACK_BYTES), None)
+    lower = [f"a smaller batch (--batch-size, {spec.batch_size} now)"] if spec.batch_size > 1 else []
+    lower += [f"fewer frames (--num-frames, {spec.num_frames} now)"] if spec.num_frames else []
+    lower.append(f"a smaller size (--height/--width, {spec.width}x{spec.height} px now)")
+    larger = (
+        f"the smallest card of the table it fits is the {card.name} ({gib(card.memory_bytes)})"
+        if card
+        else "no card of the table holds it"
+    )
+    return (
+        f"Nothing fits: the least any setting reaches is {gib(peak)} ({' + '.join(chosen) or 'as is'}), "
+        f"{gib(peak + CUDA_HOLDBACK_BYTES)} of GPU memory with CUDA's share; {' or '.join(lower)} lowers it; "
+        f"{larger}."
+    )

@@ -11,19 +11,16 @@ from datetime import datetime
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel
 
 from diffmeter import units
 from diffmeter.catalog import entry_of
 from diffmeter.errors import DiffmeterError, MissingPackage
 from diffmeter.families import get_family
-from diffmeter.measure.conditions import Conditions
-from diffmeter.measure.quality import Quality
-from diffmeter.measure.speedup import Speedup
 from diffmeter.optimize import OptimizationSpec, Target, build, check
 from diffmeter.runs import speedups, storage
 from diffmeter.runs.baseline import compare_with_baseline
 from diffmeter.runs.calls import Progress
+from diffmeter.runs.ladder_record import Ladder, LadderRow
 from diffmeter.runs.lifecycle import bench, stored_or_run
 from diffmeter.runs.results import BenchResult
 from diffmeter.runs.spec import BenchSpec
@@ -46,43 +43,6 @@ class Rung:
     adds: str
     spec: BenchSpec | None
     skipped: str | None = None
-
-
-class LadderRow(BaseModel):
-    rung: str
-    adds: str
-    skipped: str | None = None
-    folder: str | None = None
-    steps: int | None = None
-    dtype: str | None = None
-    latency_s: float | None = None
-    #: where the median latency lies (see Stats.ci_low/ci_high/ci_level)
-    latency_interval_s: tuple[float, float] | None = None
-    #: times faster than the baseline: Hodges-Lehmann estimate over every pair of calls (runs.speedups)
-    speedup: float | None = None
-    #: its exact Mann-Whitney interval
-    speedup_interval: tuple[float, float] | None = None
-    #: the whole speed-up: coverage, verdict and both runs' noise notes (None for the baseline itself)
-    speedup_detail: Speedup | None = None
-    measured_utc: str | None = None
-    conditions: Conditions | None = None
-    cold_start_overhead_s: float | None = None
-    peak_memory_bytes: int | None = None
-    energy_j_per_image: float | None = None
-    quality: Quality | None = None
-
-
-class Ladder(BaseModel):
-    model: str
-    device: str
-    rows: list[LadderRow]
-    #: the baseline measured again after the last rung: did conditions hold?
-    baseline_recheck_s: float | None = None
-    baseline_recheck_interval_s: tuple[float, float] | None = None
-    #: what a reader must know to trust the speed-ups (drift, rungs reused from other sessions, load)
-    notes: list[str] = []
-    #: the weights the rungs ran (``BenchResult.weights``: tiny random, random at real size, or pretrained)
-    weights: str | None = None
 
 
 def plan(spec: BenchSpec, rungs: tuple[str, ...], fast_steps: int | None, compile_mode: str) -> list[Rung]:
@@ -271,8 +231,3 @@ def _trust_notes(rows: list[LadderRow]) -> list[str]:
     if busy:
         notes.append(f"other processes were busy during {', '.join(busy)}: those rungs may read slow")
     return notes
-
-
-def read_ladder(path: str | Path) -> Ladder:
-    """A stored ladder-*.json; one clear line if it is not one."""
-    return storage.read_model(Path(path).expanduser(), Ladder, "ladder", "re-run `diffmeter ladder`")

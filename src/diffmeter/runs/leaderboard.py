@@ -32,19 +32,38 @@ class Cell(BaseModel):
     notes: list[str] = []
 
 
-def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
-    """One model's cells on ``gpus``: one fake run of its generation at the catalog defaults, then per GPU."""
+def default_spec(name: str):
+    """The catalog entry of ``name`` and its generation at the catalog defaults."""
     from diffmeter.catalog import resolve
-    from diffmeter.predict.operators import operator_work, predict_memory_and_work
-    from diffmeter.predict.roofline import missing_figures
-    from diffmeter.predict.techniques import fitting, peak_under
-    from diffmeter.predict.vae_decode import VAE_MODES
-    from diffmeter.runs.fitting import lower_times, plain_time, runnable
     from diffmeter.spec import ProfileSpec
 
     entry = resolve(name)
-    spec = ProfileSpec(model=name).with_defaults(entry.defaults)
-    prediction, work = predict_memory_and_work(spec)
+    return entry, ProfileSpec(model=name).with_defaults(entry.defaults)
+
+
+def uncached(names: list[str]) -> list[str]:
+    """Those of ``names`` whose prediction is not in the disk cache: each needs torch and a fake-tensor run."""
+    from diffmeter.predict.cached import cached_memory_and_work
+
+    return [name for name in names if cached_memory_and_work(default_spec(name)[1]) is None]
+
+
+def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
+    """One model's cells on ``gpus``: one fake run of its generation at the catalog defaults (or its answer from
+    the disk cache, without torch), then per GPU."""
+    from diffmeter.predict.cached import cached_memory_and_work, cached_work
+    from diffmeter.predict.roofline import missing_figures
+    from diffmeter.predict.techniques import fitting, peak_under
+    from diffmeter.predict.vae_decode import VAE_MODES
+    from diffmeter.runs.fitting import lower_times, plain_time, runnable, why_untimed
+
+    entry, spec = default_spec(name)
+    found = cached_memory_and_work(spec)
+    if found is None:
+        from diffmeter.predict.operators import predict_memory_and_work
+
+        found = predict_memory_and_work(spec)
+    prediction, work = found
     plain = peak_under(prediction, ())
     output = "video" if spec.num_frames else "image"
     memory_note = f"memory: {prediction.checked}" if prediction.checked else "memory: tracked on fake tensors"
@@ -72,7 +91,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
                 cell.notes.append(f"no time: {missing_figures(gpu, work)}")
             elif set(chosen) <= set(VAE_MODES):
                 if chosen:  # the decode's operators as the tiled or sliced decode runs them
-                    decoded[chosen] = decoded.get(chosen) or operator_work(spec, chosen)
+                    decoded[chosen] = decoded.get(chosen) or cached_work(spec, chosen) or _counted(spec, chosen)
                     time = plain_time(decoded[chosen], prediction, gpu, spec.batch_size)
                     cell.lower_s = time.lower_s
                     cell.notes.append(f"time: the VAE decode as {' and '.join(chosen)} runs it")
@@ -82,10 +101,19 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
                 if time.outside_calibration:
                     cell.notes.append(f"time: the expected range is {time.outside_calibration}")
                 cell.notes.append(f"energy: {time.energy.calibration if time.energy else time.energy_left_out}")
+            elif cell.lower_s is None:  # an offloading setting on a card without a known host link
+                cell.notes.append(f"no time: {why_untimed(time, gpu, work, tf32=True, named=True)}")
             else:
                 cell.notes.append(f"time: lower bound only; no expected range for {', '.join(chosen)}")
         cells.append(cell)
     return cells
+
+
+def _counted(spec, decode_modes: tuple[str, ...]):
+    """The decode's operators under ``decode_modes``, counted on fake tensors (torch imported here only)."""
+    from diffmeter.predict.operators import operator_work
+
+    return operator_work(spec, decode_modes)
 
 
 def table_gpus() -> list[Device]:

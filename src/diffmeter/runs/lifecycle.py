@@ -204,10 +204,11 @@ class MeasuredRun:
         for done, index in enumerate(indices):
             self.progress("warm-up", done, self.planned)
             arguments = self.workload.call_arguments(self.pipe, self.workload.batch(index))
-            iteration = calls.timed_call(self.pipe, self.timer, arguments, index, None, self.contexts)[0]
+            with watch_compilation() as compiled:
+                iteration = calls.timed_call(self.pipe, self.timer, arguments, index, None, self.contexts)[0]
             warmup.append(iteration.total_s)
             if done == 0:
-                self.figures.update(first_call=iteration, first_call_s=iteration.total_s)
+                self.figures.update(first_call=iteration, first_call_s=iteration.total_s, first_compiled=compiled)
                 self.log.info("first call %.3f s", iteration.total_s)
         self.figures["warmup_s"] = warmup
         with contextlib.ExitStack() as stack:
@@ -274,6 +275,7 @@ class MeasuredRun:
             self.figures["first_call_s"],
             self.compilation,
             self.conditions,
+            self.figures["first_compiled"],
         )
 
     def compare(self, result: BenchResult, earlier) -> None:

@@ -66,9 +66,11 @@ def check_fits(
         return
     held = f"the VAE decoder's {channels}-channel full-resolution activations and " if channels else "the "
     figures = (
-        f"at least {units.nbytes(needed)} on {device} (parameters {units.nbytes(parameters)} + {held}decoded "
-        f"images {units.nbytes(decode)}) and {units.nbytes(available)} is available"
+        f"at least {units.gib(needed)} on {device} (parameters {units.gib(parameters)} + {held}decoded "
+        f"images {units.gib(decode)}) and {units.gib(available)} is available"
     )
+    if parameters > available:  # the decode does not tip it over: no decode setting helps
+        raise DoesNotFit(f"this run needs {figures}: the weights alone do not fit; {_lighter(spec, device, one_byte)}")
     one = decode_bytes(spec, entry, decoder, 1)[0]
     extra = decode_bytes(spec, entry, decoder, 2)[0] - one  # what each further image adds
     most = 1 + (available - parameters - one) // extra if parameters + one <= available else 0
@@ -82,3 +84,19 @@ def check_fits(
         f"this run needs {figures}: lower the size (--height/--width), add --vae-slicing or --vae-tiling, "
         "or pass --no-memory-check"
     )
+
+
+def _lighter(spec, device: torch.device, one_byte: set[str]) -> str:
+    """What holds fewer weights on ``device`` than this run (bench's options, those ``device`` takes), and the
+    command that predicts which fit."""
+    quantize = [] if one_byte else ["quantize the denoiser (--quantize int8)"]
+    if device.type == "cuda":
+        ways = ["offload the weights (--offload model, or group or sequential for less)", *quantize]
+        ways.append(f"use a GPU with more memory (`diffmeter fit {spec.model} --gpu NAME` predicts what fits where)")
+    else:  # offloading moves weights to the CPU: nothing to gain on it
+        ways = [
+            *(["run in bfloat16 (--dtype bfloat16, half float32's bytes)"] if spec.dtype == "float32" else []),
+            *quantize,
+        ]
+        ways.append("use a machine with more memory")
+    return f"{', '.join(ways)}, or pass --no-memory-check"

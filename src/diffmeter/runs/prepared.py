@@ -12,7 +12,6 @@ import torch
 from diffmeter.catalog import PipelineEntry, entry_of
 from diffmeter.families import get_family
 from diffmeter.flops.profile import Profile, profile_spec
-from diffmeter.loading import WeightsSource, locate_weights
 from diffmeter.measure.environment import collect
 from diffmeter.optimize import Target, build, check
 from diffmeter.runs import storage
@@ -20,6 +19,7 @@ from diffmeter.runs.memory_check import check_fits
 from diffmeter.runs.parallel_support import check as check_parallel
 from diffmeter.runs.results import AppliedOptimization, BenchResult, ModelInfo
 from diffmeter.runs.spec import BenchSpec
+from diffmeter.weights import WeightsSource, locate_weights
 
 
 @dataclasses.dataclass

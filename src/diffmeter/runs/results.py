@@ -20,7 +20,7 @@ from diffmeter.measure.conditions import Conditions
 from diffmeter.measure.energy import Energy
 from diffmeter.measure.environment import Environment
 from diffmeter.measure.memory import PeakMemory
-from diffmeter.measure.quality import Quality
+from diffmeter.measure.quality_schema import Quality
 from diffmeter.measure.stats import Stats
 from diffmeter.measure.trace import TraceSummary
 from diffmeter.predict.peaks import Peak
@@ -52,8 +52,8 @@ class Summary(BaseModel):
     step_s: Stats
     images_per_s: float
     s_per_image: float
-    #: first call minus the steady-state median (0 when the first call was not slower):
-    #: compilation, autotuning, lazy initialization
+    #: first call minus the steady-state median (0 when the first call was not slower): first-call allocation,
+    #: lazy initialization, caches, and compilation where ``first_call_compilation`` counted some
     cold_start_overhead_s: float
     peak_memory: PeakMemory
     energy: Energy
@@ -67,6 +67,8 @@ class Summary(BaseModel):
     mfu_note: str | None = None
     #: compilation inside the measured calls (should be none: see notes when not)
     compilation: Compilation = Compilation()
+    #: compilation inside the first (cold) call; None in runs stored before it was counted
+    first_call_compilation: Compilation | None = None
     #: what else the machine was doing during the measured calls
     conditions: Conditions | None = None
     #: the precision --target-precision asked for (None: a fixed number of calls)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
-from diffmeter.families import get_family
 from diffmeter.lora_file import lora_fields
-from diffmeter.optimize.base import OptimizationSpec
+from diffmeter.optimization_spec import OptimizationSpec
 from diffmeter.spec import ProfileSpec, image_sizes_of, normalize_dtype, sizes_text
+
+if TYPE_CHECKING:
+    import torch
 
 
 class BenchSpec(BaseModel):
@@ -46,6 +49,10 @@ class BenchSpec(BaseModel):
     #: a ControlNet steering the denoiser (``diffmeter models --controlnets``): each output gets a seeded-noise
     #: control image at the output size
     controlnet: str | None = None
+    #: the ControlNet call's options (None: the pipeline's defaults), passed to ``__call__``
+    control_guidance_start: float | None = None
+    control_guidance_end: float | None = None
+    controlnet_conditioning_scale: float | None = None
     seed: int = 0
     dtype: str | None = None
     #: components at another dtype than ``dtype``: {"vae": "float32"} (defaults: the model card's)
@@ -130,8 +137,11 @@ class BenchSpec(BaseModel):
             .with_defaults(entry.defaults)
         )
         profile.check_components(entry.name, list(entry.components))  # before those equal to dtype are dropped
+        from diffmeter.families import get_family
+        from diffmeter.families.images import image_sized
+
         family = get_family(entry.family)
-        height, width = profile.height, profile.width
+        height, width = (image_sized(family, entry, profile) or (profile.height, profile.width))[:2]
         if not family.bins(entry, profile):
             height, width, _ = family.pipeline_size(entry, height, width)
         elif not family.restores_binned_size:  # the images come out at the binned size
@@ -182,6 +192,9 @@ class BenchSpec(BaseModel):
             max_sequence_length=self.max_sequence_length,
             resolution_binning=self.resolution_binning,
             controlnet=self.controlnet,
+            control_guidance_start=self.control_guidance_start,
+            control_guidance_end=self.control_guidance_end,
+            controlnet_conditioning_scale=self.controlnet_conditioning_scale,
         )
 
     def check(self) -> None:
@@ -248,12 +261,16 @@ def image_sizes_of_files(paths: list[str], sizes: list[tuple[int, int]]) -> list
 
 def _named_device(name: str | None) -> torch.device:
     """The device a run on another machine will use: ``cuda`` is its first GPU; no name is CUDA."""
+    import torch
+
     device = torch.device(name or "cuda")
     return torch.device("cuda", device.index or 0) if device.type == "cuda" else device
 
 
 def resolve_device(name: str | None) -> torch.device:
     """The device to run on: CUDA when present unless told otherwise; absent CUDA is an error."""
+    import torch
+
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:

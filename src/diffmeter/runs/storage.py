@@ -22,7 +22,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from diffmeter.catalog.entry import PipelineEntry
-from diffmeter.errors import DiffmeterError
+from diffmeter.errors import DiffmeterError, validation_problem
 from diffmeter.runs.results import BenchResult
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.spec import size_text
@@ -233,8 +233,9 @@ def read_model(file: Path, model, what: str, fix: str):
         version = getattr(found, "schema_version", None)
     except ValidationError as error:
         problem = error.errors()[0]
-        where = ".".join(str(part) for part in problem["loc"])
-        reason = problem["msg"] if problem["type"] == "json_invalid" else f"{where}: {problem['msg']}"
+        reason = (
+            problem["msg"] if problem["type"] == "json_invalid" else validation_problem(error, "the file as a whole")
+        )
         found, version = None, _schema_in(text)  # a newer file may fail on fields this version does not know
     except (ValueError, OSError) as error:
         reason = str(error).splitlines()[0]

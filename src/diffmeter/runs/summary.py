@@ -20,7 +20,15 @@ NOISY = 0.05
 
 
 def summarize_run(
-    spec, iterations: list[Iteration], memory, energy: Energy, profile: Profile, first_call_s, compilation, conditions
+    spec,
+    iterations: list[Iteration],
+    memory,
+    energy: Energy,
+    profile: Profile,
+    first_call_s,
+    compilation,
+    conditions,
+    first_call_compilation=None,
 ):
     totals = [it.total_s for it in iterations]
     images = sum(it.images for it in iterations)
@@ -58,6 +66,7 @@ def summarize_run(
         mfu={name: value / peak.tflops for name, value in achieved.items()} if peak else {},
         mfu_note=note,
         compilation=compilation,
+        first_call_compilation=first_call_compilation,
         conditions=conditions,
         target_precision=spec.target_precision,
     )
@@ -89,10 +98,7 @@ def measurement_notes(summary: Summary, shape_warmups: int) -> list[str]:
         notes.append(summary.conditions.disturbed())
     compilation = summary.compilation
     if not compilation.clean:
-        notes.append(
-            f"compilation inside the measured calls ({compilation.graphs_compiled} graphs compiled, "
-            f"{compilation.cuda_graphs_recorded} CUDA graphs recorded): their time is in the figures"
-        )
+        notes.append(f"compilation inside the measured calls ({compilation.text()}): their time is in the figures")
     if any(value > 1.0 for value in summary.mfu.values()):
         notes.append("MFU above 100%: the peak used is below what ran (see --peak-tflops), or a cache skipped work")
     if shape_warmups:

@@ -83,13 +83,17 @@ class Workload:
         if steering:  # the ControlNet pipelines name it control_image (FLUX) or image (SD, SDXL)
             name = "control_image" if "control_image" in accepted else "image"
             arguments.update(steering["call"], **{name: [self.control_image(seed) for seed in batch.seeds]})
+            for option in ("control_guidance_start", "control_guidance_end", "controlnet_conditioning_scale"):
+                if getattr(spec, option) is not None:
+                    arguments[option] = getattr(spec, option)
         if self.family.is_video:
             arguments["num_frames"] = spec.num_frames
         if spec.max_sequence_length is not None:
             arguments["max_sequence_length"] = spec.max_sequence_length
         if "use_resolution_binning" in accepted:
             arguments["use_resolution_binning"] = spec.resolution_binning
-        return {name: value for name, value in arguments.items() if name in accepted}
+        arguments = {name: value for name, value in arguments.items() if name in accepted}
+        return self.family.seeded_call(pipe, arguments) if spec.image_sizes else arguments
 
     def input_images(self, seed: int) -> list:
         """One output's input images: the ``--image`` files, else seeded noise at each ``--image-size`` (its

@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from diffmeter.errors import DiffmeterError
+from diffmeter.errors import DiffmeterError, validation_problem
 from diffmeter.optimize import build
 from diffmeter.optimize.base import OptimizationSpec
 from diffmeter.optimize.options import parse_opt, read_yaml_or_json
@@ -80,7 +80,7 @@ def read_sweep_file(path: str | Path) -> SweepFile:
         if problem["type"] == "extra_forbidden":
             known = ", ".join(SweepFile.model_fields)
             raise DiffmeterError(f"sweep file {path}: unknown key '{where}' (the keys are {known})") from None
-        raise DiffmeterError(f"sweep file {path}: {where}: {problem['msg']}") from None
+        raise DiffmeterError(f"sweep file {path}: {validation_problem(error, 'the file as a whole')}") from None
     check_options(sweep, str(path))
     return sweep.model_copy(update={"name": sweep.name or path.stem})
 
@@ -180,9 +180,7 @@ def make_cell(values: dict[str, Any], fixed: dict[str, Any], batch_limit: int = 
     try:
         spec = BenchSpec(**options)
     except ValidationError as error:
-        problem = error.errors()[0]
-        where = ".".join(str(part) for part in problem["loc"])
-        raise DiffmeterError(f"cell {_describe(values)}: {where}: {problem['msg']}") from None
+        raise DiffmeterError(f"cell {_describe(values)}: {validation_problem(error, 'its options')}") from None
     return Cell(values=values, spec=spec, batch_auto=batch_auto, batch_limit=batch_limit)
 
 

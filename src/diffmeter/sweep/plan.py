@@ -7,7 +7,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from diffmeter.catalog import entry_of
 from diffmeter.errors import DiffmeterError
+from diffmeter.flops.profile import Profile, profile_spec
 from diffmeter.runs import storage
 from diffmeter.runs.prepared import PreparedRun, prepare
 from diffmeter.sweep.file import Cell
@@ -21,11 +23,14 @@ class PlannedCell:
     status: str
     run: PreparedRun | None = None
     reason: str | None = None
+    profile: Profile | None = None
 
     @property
     def tflops(self) -> float | None:
-        """Offline compute of one pipeline call (one batch), in TFLOPs."""
-        return self.run.profile.total_flops / 1e12 if self.run else None
+        """Offline compute of one pipeline call (one batch), in TFLOPs; also of a cell refused for what the
+        compute does not need (weights, a technique, memory)."""
+        profile = self.run.profile if self.run else self.profile
+        return profile.total_flops / 1e12 if profile else None
 
 
 def plan(cells: list[Cell], out: str | Path, retry_failed: bool = False, here: bool = True) -> list[PlannedCell]:
@@ -37,13 +42,22 @@ def plan_cell(cell: Cell, out: str | Path, retry_failed: bool = False, here: boo
     try:
         run = prepare(cell.spec, here=here)
     except DiffmeterError as error:
-        return PlannedCell(cell, REFUSED, reason=str(error))
+        return PlannedCell(cell, REFUSED, reason=str(error), profile=offline_profile(cell, here))
     status, error = stored_result(Path(out).expanduser() / run.name)
     if status == "complete" and not cell.batch_auto:
         return PlannedCell(cell, DONE, run)
     if status == "failed" and not retry_failed and not cell.batch_auto:
         return PlannedCell(cell, FAILED, run, reason=error)
     return PlannedCell(cell, TO_RUN, run)
+
+
+def offline_profile(cell: Cell, here: bool = True) -> Profile | None:
+    """The cell's compute, which needs no weights; None where its settings themselves are refused."""
+    try:
+        entry = entry_of(cell.spec)
+        return profile_spec(cell.spec.settle(entry, here=here).profile_spec())
+    except DiffmeterError:
+        return None
 
 
 def stored_result(folder: Path) -> tuple[str | None, str | None]:

@@ -7,6 +7,7 @@ import html
 from datetime import datetime, timezone
 
 from diffmeter import __version__, units
+from diffmeter.report import outputs
 from diffmeter.report.html import figures as plots
 from diffmeter.report.html.gallery import gallery_html
 from diffmeter.report.html.study import WEIGHTS_LABELS, Run, Study
@@ -18,21 +19,22 @@ SUMMARY = (
     ("weights", "weights", str),
     ("width", "width (px)", str),
     ("height", "height (px)", str),
+    ("frames", "frames", str),
     ("batch", "batch", str),
     ("steps", "steps", str),
     ("dtype", "dtype", str),
     ("hardware", "hardware", str),
     ("optimizations", "optimizations", lambda v: v or "none"),
     ("status", "status", str),
-    ("s_per_image", "time / image (median)", units.seconds),
-    ("images_per_s", "images / s (mean)", lambda v: f"{v:.3g}"),
+    ("s_per_image", "time / {word} (median)", units.seconds),
+    ("images_per_s", "{word}s / s (mean)", lambda v: f"{v:.3g}"),  # outputs.rate: "videos" beside images
     ("speedup", "speed-up", str),  # speedup_cell: its interval and verdict, never a bare factor
     ("psnr_db", "PSNR", lambda v: f"{v:.2f} dB"),  # "identical" where every image is
     ("ssim", "SSIM", lambda v: f"{v:.4f}"),
-    ("peak_cuda_bytes", "peak CUDA memory", units.nbytes),
-    ("peak_rss_bytes", "peak RSS", units.nbytes),
-    ("gpu_j_per_image", "GPU energy / image", units.joules),
-    ("tflops_per_image", "TFLOPs / image", lambda v: f"{v:.4g}"),
+    ("peak_cuda_bytes", "peak CUDA memory", units.gib),
+    ("peak_rss_bytes", "peak RSS", units.gib),
+    ("gpu_j_per_image", "GPU energy / {word}", units.joules),
+    ("tflops_per_image", "TFLOPs / {word}", lambda v: f"{v:.4g}"),
     ("mfu", "MFU", lambda v: f"{v:.1%}"),
 )
 
@@ -141,7 +143,8 @@ def _header(study: Study) -> str:
 
 
 def _summary(runs: list[Run]) -> str:
-    head = "".join(f"<th>{html.escape(header)}</th>" for _, header, _ in SUMMARY)
+    word = outputs.noun([run.row for run in runs])  # image, video, or output where both are there
+    head = "".join(f"<th>{html.escape(header.format(word=word))}</th>" for _, header, _ in SUMMARY)
     rows = []
     for run in sorted(runs, key=lambda run: run.row["folder"]):
         cells = []
@@ -152,6 +155,8 @@ def _summary(runs: list[Run]) -> str:
                 text = "identical"
             if column == "speedup":
                 text = speedup_cell(run.row)
+            if column == "images_per_s" and value is not None:
+                text = outputs.rate(value, outputs.is_video(run.row), word == "output")
             if column == "s_per_image" and value is not None and noise_lines([run.row]):
                 text += " (noisy)"
             sort = "" if value is None else html.escape(str(value), quote=True)
@@ -165,12 +170,12 @@ def _summary(runs: list[Run]) -> str:
         f'<table class="summary"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
         + (f'<p class="caption">Noisy timings (marked "(noisy)"):</p><ul class="caption">{noisy}</ul>' if noisy else "")
         + '<p class="caption">Click a header to sort. Times are medians over the measured calls; speed-up per '
-        "image against the unoptimized run of the same settings (a ladder's rungs: against the ladder's baseline), "
+        f"{word} against the unoptimized run of the same settings (a ladder's rungs: against the ladder's baseline), "
         "the Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney interval, within noise "
         "when the interval holds 1x or the estimate is within 5% of it; PSNR/SSIM against its images at the same "
         "seeds. Hover a row "
         "for its folder (or a failed run's error). Weights: pretrained, random (real size) or tiny-random (a "
-        "test pipeline). The same table: <code>diffmeter table DIR</code>.</p>"
+        f"test pipeline). {html.escape(outputs.explained(word))} The same table: <code>diffmeter table DIR</code>.</p>"
     )
 
 

@@ -8,6 +8,7 @@ from diffmeter import units
 from diffmeter.report.html.plot_style import Figure, layout, log_ticks
 from diffmeter.report.html.plot_style import measured as measured_on
 from diffmeter.report.html.study import Study
+from diffmeter.report.prediction_lines import under_bounds
 
 
 def predictions(study: Study) -> list[Figure]:
@@ -72,7 +73,8 @@ def predictions(study: Study) -> list[Figure]:
                     if left_out
                     else ""
                 )
-                + measured_on(timed),
+                + measured_on(timed)
+                + under_caption(timed),
             )
         )
     sized = [
@@ -107,3 +109,14 @@ def predictions(study: Study) -> list[Figure]:
             )
         )
     return found
+
+
+def under_caption(runs) -> str:
+    """A sentence naming each run measured under its lower bound (whole call or a stage), or nothing."""
+    under = [f"{run.label}: {'; '.join(found)}" for run in runs if (found := under_bounds(run.result))]
+    if not under:
+        return ""
+    return (
+        " Measured under the roofline lower bound (no run can beat a right bound: the device's peaks are too low "
+        f"or the work is overcounted): {'. '.join(under)}."
+    )

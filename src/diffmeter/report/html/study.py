@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from diffmeter.errors import DiffmeterError
 from diffmeter.flops.schema import Profile
 from diffmeter.runs import collect
-from diffmeter.runs.ladder import Ladder
+from diffmeter.runs.ladder_record import Ladder
 from diffmeter.runs.results import BenchResult
 
 #: how each kind of weights is named on every plot that shows it

@@ -1,0 +1,135 @@
+"""What `diffmeter profile` prints for one generation: its table, what its input images add, the parallel split,
+and with --gpu/--gpu-spec the predicted memory and time."""
+
+from __future__ import annotations
+
+import json
+
+from diffmeter.cli.app import console, note
+from diffmeter.errors import DiffmeterError
+from diffmeter.quiet import load_libraries
+
+
+def print_profile(found, spec) -> None:
+    """One generation's table; with input images, what they add against the same generation from text alone."""
+    from dataclasses import replace
+
+    from diffmeter.flops.cached import cached_profile
+    from diffmeter.report.tables import conditioning_line, profile_table
+
+    console.print(profile_table(found))
+    if not found.input_images and not found.controlnet:
+        return
+    # at the edit's output size, which its images set where none was asked (FLUX.2)
+    plain = replace(spec, image_sizes=(), controlnet=None, height=spec.height or found.height)
+    plain = replace(plain, control_guidance_start=None, control_guidance_end=None, controlnet_conditioning_scale=None)
+    plain = replace(plain, width=spec.width or found.width)
+    baseline = cached_profile(plain)
+    if baseline is None:
+        load_libraries()
+        from diffmeter.flops.profile import profile_spec
+
+        baseline = profile_spec(plain)
+    if baseline.input_images:  # an image-to-video checkpoint: no generation from text alone to compare with
+        return
+    console.print(conditioning_line(found, baseline), highlight=False, markup=False)
+
+
+def split_line(split: dict) -> str:
+    from diffmeter import units
+
+    calls = ", ".join(f"{count} {name}" for name, count in split["collectives_per_denoiser_call"].items())
+    what = [f"{calls} per denoiser call"] if calls else []
+    if split["cfg_degree"] > 1:
+        what.append(f"the other half's prediction, {units.gib(split['cfg_bytes_per_step'])} per step")
+    received = units.gib(split["bytes_received_per_step_per_gpu"])
+    return (
+        f"ulysses {split['ulysses_degree']} x ring {split['ring_degree']} x CFG {split['cfg_degree']}, per GPU per "
+        f"denoising step: compute {units.flops(split['flops_per_step_per_gpu'])} (of "
+        f"{units.flops(split['flops_per_step'])}), communication {received} received ({'; '.join(what)}; offline: "
+        "the denoiser on the meta device)"
+    )
+
+
+def print_predicted(
+    specs, results, gpu: str | None, gpu_spec: str | None, as_json: bool, as_csv: bool, flags, tf32: bool
+) -> None:
+    """Each profile with its predicted peak memory and time on the chosen device (``predict/``); ``flags``:
+    bench's technique options, parsed by bench's own parser and named as bench's stored prediction names them;
+    ``tf32``: float32 matmuls and convolutions timed on TF32, as bench's ``--tf32``."""
+    from diffmeter.predict.devices import chosen_gpu, is_this_cpu, other_cards
+    from diffmeter.report.memory_table import memory_table
+    from diffmeter.report.time_table import energy_line, time_table
+
+    if as_csv:
+        raise DiffmeterError("--csv has no place for predictions: use --json with --gpu/--gpu-spec")
+    chosen = None if is_this_cpu(gpu) else chosen_gpu(gpu, gpu_spec)  # a wrong name fails before any work
+    if others := other_cards(gpu):
+        note(others, as_json)
+    load_libraries()
+    from diffmeter.optimize import build
+    from diffmeter.optimize.options import from_flags
+    from diffmeter.predict.bench_prediction import memory_technique
+    from diffmeter.predict.operators import operator_work, predict_memory_and_work
+    from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
+    from diffmeter.predict.techniques import peak_under
+    from diffmeter.predict.vae_decode import VAE_MODES
+
+    asked = from_flags(**flags)
+    build(asked)  # each technique's parameters checked as bench checks them: an unknown offload mode is refused
+    unmodelled = [o.name for o in asked if memory_technique(o.name, o.params) is None]
+    if unmodelled:
+        raise DiffmeterError(
+            f"{', '.join(unmodelled)}: the memory prediction models offload, VAE tiling and slicing, quantize and "
+            "the fp8 text encoder; drop the others here"
+        )
+    techniques = tuple(memory_technique(o.name, o.params) for o in asked)
+    if "quantize-fp8" in techniques and chosen and chosen.tflops and "fp8" not in chosen.tflops:  # as `fit` does
+        raise DiffmeterError(
+            f"--quantize fp8 needs FP8 tensor cores, which the {chosen.name} lacks (no fp8 peak in the table): "
+            "use --quantize int8"
+        )
+
+    modes = tuple(t for t in techniques if t in VAE_MODES)  # a video's tiled decode is slow to track: only if asked
+    predicted = [predict_memory_and_work(spec, vae_modes=modes) for spec in specs]  # one fake run for both
+    if modes:  # the decode's operators as the tiled or sliced decode runs them
+        predicted = [(memory, operator_work(spec, modes)) for (memory, _), spec in zip(predicted, specs, strict=True)]
+    memories = [memory for memory, _ in predicted]
+    chosen = chosen or chosen_gpu(gpu, gpu_spec, tuple({dtype for _, work in predicted for dtype in work.dtypes()}))
+    fp32_math = bench_fp32_math(tf32)
+    missing = [missing_figures(chosen, work, fp32_math) for _, work in predicted]
+    times = [
+        None
+        if lacking
+        else predict_time(work, chosen, weights=memory.weight_read_bytes, outputs=spec.batch_size, fp32_math=fp32_math)
+        for (memory, work), lacking, spec in zip(predicted, missing, specs, strict=True)
+    ]
+    if as_json:
+        payloads = [
+            {
+                **found.to_json_dict(),
+                "gpu": chosen.model_dump(),
+                "memory": memory.model_dump(mode="json"),
+                "memory_techniques": list(techniques),
+                "peak_memory_bytes": peak_under(memory, techniques),
+                "time": time.model_dump(mode="json") if time else None,
+            }
+            for found, memory, time in zip(results, memories, times, strict=True)
+        ]
+        print(json.dumps(payloads[0] if len(payloads) == 1 else {"profiles": payloads}, indent=2))
+        return
+    for found, spec, memory, time, lacking in zip(results, specs, memories, times, missing, strict=True):
+        print_profile(found, spec)
+        console.print(memory_table(memory, chosen, techniques))
+        console.print(time_table(time) if time else f"no time prediction: {lacking}", markup=False)
+        if time and time.expected_s:
+            console.print(energy_line(time, "video" if found.num_frames else "image"), markup=False)
+        if time and modes:
+            console.print(
+                f"VAE decode timed as {' and '.join(modes)} runs it (its FLOPs above: the count table's are the "
+                "plain decode's)",
+                markup=False,
+            )
+        untimed = [t for t in techniques if t not in VAE_MODES]
+        if time and untimed:
+            console.print(f"time predicted without {', '.join(untimed)} (not modelled in time yet)", markup=False)
