@@ -109,7 +109,9 @@ def main() -> int:
             settings = [(), ((entry.defaults.height, entry.defaults.width),)]
         else:
             settings = IMAGES + [images for images in SEVERAL if takes(family, images)]
-        rows = [row(ProfileSpec(model=entry.name, image_sizes=images), gpu) for images in settings]
+        # at the model's output size: with no size given, FLUX.2 and Qwen-Image-Edit follow the input image instead
+        size = {"height": entry.defaults.height, "width": entry.defaults.width}
+        rows = [row(ProfileSpec(model=entry.name, image_sizes=images, **size), gpu) for images in settings]
         base = rows[0]
         plain = base["profile"]
         lines += [

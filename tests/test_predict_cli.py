@@ -91,6 +91,8 @@ def test_profile_gpu_with_benchs_technique_flags_predicts_what_bench_stores(cli,
     assert code == 0
     predicted = json.loads(out)
     assert predicted["memory_techniques"] == ["offload-model", "vae-tiling"]
+    # the time is the pipeline's without offload: a field a program reads, not only words in the table
+    assert predicted["time"] is not None and predicted["time_left_out"] == ["offload-model"]
     code, out, _ = cli("profile", "tiny-sd3", "--gpu", "cpu", "--vae-tiling", "--json")
     predicted = json.loads(out)
     result, _ = bench(
@@ -98,6 +100,7 @@ def test_profile_gpu_with_benchs_technique_flags_predicts_what_bench_stores(cli,
         out=tmp_path,
     )
     assert result.prediction.memory_techniques == predicted["memory_techniques"] == ["vae-tiling"]
+    assert result.prediction.time_left_out == predicted["time_left_out"] == []
     assert result.prediction.peak_memory_bytes == predicted["peak_memory_bytes"] <= predicted["memory"]["peak_bytes"]
     code, _, err = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "compile")
     assert code == 2 and "compile: the memory prediction models offload" in err

@@ -252,8 +252,9 @@ def test_compare_refuses_what_cannot_be_compared(cli, study, tmp_path):
 
 
 def test_compare_with_an_image_missing_or_unreadable_says_so_and_compares_the_times(cli, study, tmp_path):
-    baseline, cached = _baseline_and_cached(study)
-    copy = tmp_path / cached.name
+    stored, cached = _baseline_and_cached(study)
+    baseline, copy = tmp_path / "a" / stored.name, tmp_path / "b" / cached.name
+    shutil.copytree(stored, baseline)  # not the baseline B stored its comparison against: images compared afresh
     shutil.copytree(cached, copy)
     first = sorted((copy / "images").iterdir())[0]
     first.unlink()

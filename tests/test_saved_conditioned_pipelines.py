@@ -215,3 +215,23 @@ def test_bench_passes_the_controlnet_call_options(tmp_path):
     arguments = workload.call_arguments(pipe.__new__(pipe), workload.batch(0))
     assert (arguments["control_guidance_end"], arguments["controlnet_conditioning_scale"]) == (0.5, 0.4)
     assert "control_guidance_start" not in arguments
+
+
+def test_runs_differing_only_in_the_controlnet_call_options_get_their_own_folders():
+    """The options change the images, so a run with them never shares (or reuses) the folder of a run without."""
+    from diffmeter.runs.spec import BenchSpec
+    from diffmeter.runs.storage import run_name
+
+    entry = with_controlnet(resolve("tiny-sdxl"), "tiny-controlnet-sdxl")
+    plain = BenchSpec(model="tiny-sdxl", controlnet="tiny-controlnet-sdxl", steps=2, device="cpu").settle(entry)
+    names = {
+        run_name(plain.model_copy(update=options), entry)
+        for options in (
+            {},
+            {"control_guidance_end": 0.5},
+            {"control_guidance_start": 0.5},
+            {"controlnet_conditioning_scale": 0.4},
+        )
+    }
+    assert len(names) == 4
+    assert "+control---0.5+" in run_name(plain.model_copy(update={"control_guidance_end": 0.5}), entry)

@@ -104,6 +104,7 @@ def print_predicted(
         else predict_time(work, chosen, weights=memory.weight_read_bytes, outputs=spec.batch_size, fp32_math=fp32_math)
         for (memory, work), lacking, spec in zip(predicted, missing, specs, strict=True)
     ]
+    untimed = [t for t in techniques if t not in VAE_MODES]  # the time is the pipeline's without them
     if as_json:
         payloads = [
             {
@@ -113,6 +114,7 @@ def print_predicted(
                 "memory_techniques": list(techniques),
                 "peak_memory_bytes": peak_under(memory, techniques),
                 "time": time.model_dump(mode="json") if time else None,
+                "time_left_out": untimed if time else [],  # techniques the time is predicted without
             }
             for found, memory, time in zip(results, memories, times, strict=True)
         ]
@@ -130,6 +132,5 @@ def print_predicted(
                 "plain decode's)",
                 markup=False,
             )
-        untimed = [t for t in techniques if t not in VAE_MODES]
         if time and untimed:
             console.print(f"time predicted without {', '.join(untimed)} (not modelled in time yet)", markup=False)

@@ -49,6 +49,7 @@ def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | t
         *([f"true-cfg-{spec.true_cfg_scale:g}"] if spec.true_cfg_scale is not None else []),
         *_images(spec),
         *([f"controlnet-{slug(spec.controlnet, 40)}"] if spec.controlnet else []),
+        *_control(spec),
         *_lora(spec),
         f"seed-{spec.seed}",
         spec.dtype,
@@ -62,6 +63,18 @@ def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | t
         *(f"opt-{slug(name)}" for name in optimizations),
     ]
     return "+".join(parts)
+
+
+def _control(spec: BenchSpec) -> list[str]:
+    """``control-0.2-0.8`` (the ControlNet's step range) and ``control-scale-0.5``, where given: they change the
+    images, not the MACs."""
+    parts = []
+    if spec.control_guidance_start is not None or spec.control_guidance_end is not None:
+        start, end = spec.control_guidance_start, spec.control_guidance_end
+        parts.append(f"control-{'-' if start is None else f'{start:g}'}-{'-' if end is None else f'{end:g}'}")
+    if spec.controlnet_conditioning_scale is not None:
+        parts.append(f"control-scale-{spec.controlnet_conditioning_scale:g}")
+    return parts
 
 
 def _images(spec: BenchSpec) -> list[str]:

@@ -144,11 +144,13 @@ def _header(study: Study) -> str:
 
 def _summary(runs: list[Run]) -> str:
     word = outputs.noun([run.row for run in runs])  # image, video, or output where both are there
-    head = "".join(f"<th>{html.escape(header.format(word=word))}</th>" for _, header, _ in SUMMARY)
+    videos = any(run.row["frames"] for run in runs)
+    columns = [column for column in SUMMARY if column[0] != "frames" or videos]  # no empty frames column
+    head = "".join(f"<th>{html.escape(header.format(word=word))}</th>" for _, header, _ in columns)
     rows = []
     for run in sorted(runs, key=lambda run: run.row["folder"]):
         cells = []
-        for column, _, show in SUMMARY:
+        for column, _, show in columns:
             value = run.row[column]
             text = "-" if value is None else show(value)
             if column == "psnr_db" and value is None and run.row["identical_images"]:
