@@ -237,3 +237,41 @@ def test_each_a100_is_its_own_row_with_its_bandwidth_power_and_memory():
         assert device.l2_bytes == 40 * 2**20 and device.architecture == "ampere" and device.memory_bytes == mib * 2**20
     assert named_gpu("a100").name == "A100 80GB SXM" and named_gpu("a100 40gb").name == "A100 40GB SXM"
     assert find_device("NVIDIA A100-SXM4-80GB MIG 1g.10gb") is None
+
+
+def test_conditions_read_the_runs_gpu_whatever_order_cuda_numbers_it(monkeypatch):
+    """NVML numbers GPUs by PCI bus, CUDA fastest first unless CUDA_DEVICE_ORDER says otherwise, and
+    CUDA_VISIBLE_DEVICES reorders them: the monitor finds the run's GPU by UUID, so it reads cuda:0's temperature
+    and clock, not those of whatever NVML numbers 0 or 1 (issue 51, item 5). NVML and CUDA cannot exist here: a
+    stand-in NVML with two GPUs and CUDA device properties naming their UUIDs."""
+    import sys
+    import types
+
+    import torch
+
+    from diffmeter.measure.conditions import ConditionsMonitor
+
+    gpus = {"GPU-aaaa": (1410, 41), "GPU-bbbb": (1980, 67)}  # NVML index 0, 1 (bus order): SM MHz, temperature
+    nvml = types.SimpleNamespace(
+        NVMLError=RuntimeError,
+        NVML_CLOCK_SM=0,
+        NVML_TEMPERATURE_GPU=0,
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda index: list(gpus)[index],
+        nvmlDeviceGetHandleByUUID=lambda uuid: uuid if uuid in gpus else (_ for _ in ()).throw(RuntimeError(uuid)),
+        nvmlDeviceGetClockInfo=lambda handle, _: gpus[handle][0],
+        nvmlDeviceGetTemperature=lambda handle, _: gpus[handle][1],
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    cuda_uuids = ["bbbb", "aaaa"]  # CUDA numbers the faster card first (its default order): its 0 is NVML's 1
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid=cuda_uuids[i]))
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    for visible in (None, "GPU-bbbb"):  # every GPU, or the run's named by its UUID
+        if visible is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        monitor = ConditionsMonitor(gpu_index=0)
+        monitor.sample()
+        conditions = monitor.stop()
+        assert (conditions.gpu_sm_mhz.mean, conditions.gpu_temperature_c.mean) == (1980, 67), visible

@@ -241,3 +241,22 @@ def test_every_flag_maps_to_its_technique_and_parameter():
         "taylorseer": {"cache_interval": 4, "max_order": 2},
     }
     assert all(build([spec]) for spec in specs)  # every one is a valid registry entry with valid parameters
+
+
+def test_deep_cache_lets_go_of_the_pipeline_when_restored():
+    """DeepCacheSDHelper(pipe=pipe) was kept after restore: the pipeline outlived its run (issue 51, item 3)."""
+    import gc
+    import weakref
+
+    t = target("tiny-sd", 4)
+    optimization = one("deep-cache", t)
+    if optimization.missing_package():
+        pytest.skip(optimization.missing_package())
+    pipe = tiny_pipeline(t.entry)
+    optimization.apply(pipe, t)
+    pipe("a cat", num_inference_steps=4, height=32, width=32, output_type="np")
+    optimization.restore(pipe, t)
+    alive = weakref.ref(pipe)
+    del pipe
+    gc.collect()
+    assert alive() is None

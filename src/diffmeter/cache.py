@@ -93,14 +93,22 @@ def store(kind: str, payload, answer) -> None:
     path = _path(kind, payload)
     if path is None:
         return
+    write_json(path, answer)
+
+
+def write_json(path: Path, data, indent: int | None = None) -> bool:
+    """Write ``data`` as JSON at ``path`` atomically (a temporary file renamed into place); False, and nothing
+    half-written, when the disk says no."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         descriptor, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     except OSError:
-        return
+        return False
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump(answer, handle)
+            json.dump(data, handle, indent=indent, sort_keys=indent is not None)
         os.replace(temporary, path)
     except OSError:
         Path(temporary).unlink(missing_ok=True)
+        return False
+    return True

@@ -112,17 +112,18 @@ class ConditionsMonitor:
 
 
 def _nvml_handle(gpu_index: int | None):
-    """An NVML handle for the run's GPU (honouring CUDA_VISIBLE_DEVICES), or None."""
+    """An NVML handle for the run's GPU, found by its UUID: NVML numbers GPUs in PCI bus order and CUDA, by default
+    (``CUDA_DEVICE_ORDER=FASTEST_FIRST``), fastest first, and ``CUDA_VISIBLE_DEVICES`` may reorder or name them by
+    UUID, so no index arithmetic maps one to the other. None without pynvml or a driver."""
     if gpu_index is None:
         return None
     try:
         import pynvml
+        import torch
 
         pynvml.nvmlInit()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        physical = gpu_index
-        if visible:
-            physical = int(visible.split(",")[gpu_index])
-        return pynvml.nvmlDeviceGetHandleByIndex(physical)
-    except Exception:  # pynvml missing, no driver, a UUID in CUDA_VISIBLE_DEVICES: no GPU conditions
+        # str() of a device's uuid is the bare UUID (torch/csrc/cuda/Module.cpp, _CUuuid's __str__); NVML's has "GPU-"
+        uuid = str(torch.cuda.get_device_properties(gpu_index).uuid).removeprefix("GPU-")
+        return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+    except Exception:  # pynvml missing, no driver: no GPU conditions
         return None

@@ -40,3 +40,4 @@ class DeepCache(Optimization):
     def restore(self, pipe, target: Target) -> None:
         if hasattr(self, "helper"):
             self.helper.disable()
+            del self.helper  # it holds the pipeline: a following run in this process would find its memory taken

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 
 from diffmeter import cache
@@ -46,16 +45,4 @@ def save(record: dict) -> Path | None:
     """Store ``record`` (its ``cpu`` and ``threads`` name the file) atomically, replacing what was there; the
     file, or None when the disk says no."""
     target = path(record["cpu"], record["threads"])
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
-    except OSError:
-        return None
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump(record, handle, indent=2)
-        os.replace(temporary, target)
-    except OSError:
-        Path(temporary).unlink(missing_ok=True)
-        return None
-    return target
+    return target if cache.write_json(target, record, indent=2) else None

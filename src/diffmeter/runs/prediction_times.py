@@ -6,9 +6,7 @@ is kept across versions, in the cache's folder (nothing is kept when the cache i
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
 from pathlib import Path
 
 from diffmeter import cache
@@ -34,19 +32,8 @@ def load() -> dict[str, float]:
 def remember(name: str, seconds: float) -> None:
     """Keep ``name``'s prediction time (atomically; silently skipped when the disk says no)."""
     path = _path()
-    if path is None:
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    except OSError:
-        return
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump({**load(), name: seconds}, handle, indent=1, sort_keys=True)
-        os.replace(temporary, path)
-    except OSError:
-        Path(temporary).unlink(missing_ok=True)
+    if path is not None:
+        cache.write_json(path, {**load(), name: seconds}, indent=1)
 
 
 def estimate_s(names: list[str], known: dict[str, float]) -> float | None:
