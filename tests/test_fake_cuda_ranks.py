@@ -6,6 +6,7 @@ CPU; and the launcher, which asks no GPU about memory. The sharding itself needs
 from __future__ import annotations
 
 import contextlib
+import shutil
 from pathlib import Path
 from unittest import mock
 
@@ -23,14 +24,18 @@ pytestmark = [pytest.mark.fake_cuda, pytest.mark.skipif(REASON is not None, reas
 
 
 @contextlib.contextmanager
-def rank_environment(rank: int, world: int, monkeypatch, staging: Path, reached=None):
+def rank_environment(rank: int, world: int, monkeypatch, staging: Path, reached=None, others=None):
     """This process as rank ``rank`` of ``world`` under torchrun, with the collectives faked: the group is
-    joined (or ``reached`` raised there), rank 0's staging folder broadcast, results gathered into a list."""
+    joined (or ``reached`` raised there), rank 0's staging folder broadcast (``staging``: the folder a rank
+    other than 0 receives), and what this rank sends to the gather kept in the list it yields. On rank 0 the
+    gather delivers each rank's own object in rank order, as ``gather_object`` does: ``others`` maps each
+    other rank to (what it sent, the staging folder it wrote its images into, which were written into rank 0's
+    folder on a shared disk, so they are copied there)."""
     import torch.distributed as dist
 
     for name, value in {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": world}.items():
         monkeypatch.setenv(name, str(value))
-    gathered = []
+    gathered, opened = [], []
 
     def join(*args, **kwargs):
         if reached is not None:
@@ -39,11 +44,19 @@ def rank_environment(rank: int, world: int, monkeypatch, staging: Path, reached=
     def broadcast(objects, src=0):
         if objects[0] is None:  # rank 0 sends its staging folder; the others receive it
             objects[0] = str(staging)
+        opened.append(Path(objects[0]))
 
     def gather(obj, object_gather_list=None, dst=0, **kwargs):
         gathered.append(obj)
-        if object_gather_list is not None:  # rank 0: every other rank measured what it measured
-            object_gather_list[:] = [obj] * len(object_gather_list)
+        if object_gather_list is None:  # a rank other than dst only sends
+            return
+        sent = {rank: obj} | {other: payload for other, (payload, _) in (others or {}).items()}
+        missing = sorted(set(range(world)) - set(sent))
+        if missing:
+            raise AssertionError(f"the fake gather got nothing from rank(s) {missing}: pass their results as others")
+        object_gather_list[:] = [sent[index] for index in range(world)]
+        for _, written in (others or {}).values():
+            shutil.copytree(written / "images", opened[0] / "images", dirs_exist_ok=True)
 
     with contextlib.ExitStack() as stack:
         for name, fake in {
@@ -82,20 +95,31 @@ def test_a_data_parallel_rank_runs_whole_on_its_own_gpu(tmp_path, monkeypatch, d
     LEDGER.append(("rank 1 of data parallel 2", "covered (collectives faked)"))
 
 
-def test_rank_0_of_a_data_parallel_run_measures_on_gpu_0_and_stores_the_group_result(tmp_path, monkeypatch):
-    """Rank 0 on cuda:0, the other rank's result faked as a copy of its own: it places itself first, measures,
-    merges and commits the run folder, whose result names the group."""
+def test_rank_0_of_a_data_parallel_run_merges_every_ranks_own_result(tmp_path, monkeypatch):
+    """Rank 1 runs on cuda:1 first; rank 0 then runs on cuda:0 and gathers its own result beside rank 1's real one
+    (as ``gather_object`` delivers them): it places itself first, measures, merges and commits a run folder whose
+    result names both GPUs, their energy and both ranks' images."""
     from diffmeter.distributed import rank_run
     from diffmeter.runs.storage import read_result
 
     spec = BenchSpec(model="tiny-flux", data_parallel=2, steps=2, iterations=1, predict=False)
-    with rank_environment(0, 2, monkeypatch, tmp_path / "unused") as gathered, FakeCuda(own="cuda:0") as cuda:
+    shared = tmp_path / "rank-1-staging"
+    with rank_environment(1, 2, monkeypatch, shared) as sent, FakeCuda(own="cuda:1"):
+        assert rank_run.run(spec, tmp_path / "rank-1-out", False, "torchrun") is None
+    others = {1: (sent[0], shared)}
+    with (
+        rank_environment(0, 2, monkeypatch, tmp_path / "unused", others=others) as gathered,
+        FakeCuda(own="cuda:0") as cuda,
+    ):
         folder = rank_run.run(spec, tmp_path, False, "torchrun")
     assert not cuda.violations and cuda.calls[0] == type(cuda.calls[0])("set_device", 0, True)
     assert {call.device for call in cuda.calls if call.name == "Event.record"} == {0}
     stored = read_result(folder)
     assert stored.status == "complete" and stored.parallel.world_size == 2 and stored.parallel.data_parallel == 2
-    assert [rank.device for rank in stored.parallel.ranks] == ["cuda:0", "cuda:0"]  # rank 1 is rank 0's copy here
+    assert [rank.device for rank in stored.parallel.ranks] == ["cuda:0", "cuda:1"]
+    assert stored.summary.energy.gpu_indices == [0, 1]  # GPU energy summed over both ranks' GPUs
+    assert len(stored.images) == 2 and all((folder / image.path).exists() for image in stored.images)
+    assert len({image.seed for image in stored.images}) == 2  # each rank generated its own share
     assert len(gathered) == 1 and not (tmp_path / "unused").exists()
     LEDGER.append(("rank 0 of data parallel 2", "covered (collectives faked): measured, merged and stored"))
 

@@ -94,7 +94,7 @@ def test_no_module_takes_another_modules_private_names():
 #: those below it. The package root is a base: its public names (``diffmeter.bench``, ...) load lazily, by name.
 LAYERS = (
     ("diffmeter", "errors", "units", "quiet", "cache", "spec", "optimization_spec", "stages", "parallel"),
-    ("catalog", "families", "pipelines", "tiny", "loading", "lora_file", "weights"),
+    ("catalog", "families", "pipelines", "random_weights", "tiny", "loading", "lora_file", "weights"),
     ("flops",),
     ("predict",),
     ("optimize",),

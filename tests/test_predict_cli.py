@@ -101,6 +101,8 @@ def test_profile_gpu_with_benchs_technique_flags_predicts_what_bench_stores(cli,
     )
     assert result.prediction.memory_techniques == predicted["memory_techniques"] == ["vae-tiling"]
     assert result.prediction.time_left_out == predicted["time_left_out"] == []
+    # the same peak: a CPU run predicted as one (no cuDNN copies of its convolutions) by profile as by bench
+    assert result.prediction.peak_memory_bytes == predicted["peak_memory_bytes"]
     assert result.prediction.peak_memory_bytes == predicted["peak_memory_bytes"] <= predicted["memory"]["peak_bytes"]
     code, _, err = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "compile")
     assert code == 2 and "compile: the memory prediction models offload" in err
@@ -200,3 +202,16 @@ def test_a_component_dtype_for_a_component_the_model_lacks_is_refused(cli, comma
     """fit accepted --component-dtype vea=float32 and predicted as if it had not been given."""
     code, _, err = cli(command[0], "tiny-wan", *command[1:], "--component-dtype", "vea=float32")
     assert code == 2 and "tiny-wan has no component vea (it has transformer, text_encoder, vae)" in err
+
+
+def test_profile_and_fit_on_this_cpu_predict_the_peak_bench_stores_for_a_cpu_run(cli, tmp_path):
+    """`profile --gpu cpu` and `fit --gpu cpu` added cuDNN's copies of the VAE's convolutions (a CUDA run's) to a CPU
+    run's peak: 0.00757 GiB where bench's own prediction of the same run said 0.00719 GiB."""
+    from diffmeter.runs.lifecycle import bench
+    from diffmeter.runs.spec import BenchSpec
+
+    result, _ = bench(BenchSpec(model="tiny-sd", steps=2, iterations=1, save_images=False), out=tmp_path)
+    code, out, _ = cli("profile", "tiny-sd", "--steps", "2", "--gpu", "cpu", "--json")
+    assert code == 0 and json.loads(out)["peak_memory_bytes"] == result.prediction.peak_memory_bytes
+    code, out, _ = cli("fit", "tiny-sd", "--steps", "2", "--gpu", "cpu", "--json")
+    assert code == 0 and json.loads(out)["fits"][0]["peak_bytes"] == result.prediction.peak_memory_bytes

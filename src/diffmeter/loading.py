@@ -20,8 +20,8 @@ from diffmeter.catalog import all_entries
 from diffmeter.catalog.controlnets import CONTROLNET, controlnet_of
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
-from diffmeter.pipelines import build_component
 from diffmeter.quiet import quiet_libraries
+from diffmeter.random_weights import build_random
 from diffmeter.tiny import assemble, tiny_pipeline
 from diffmeter.weights import WeightsSource, controlnet_root
 
@@ -153,7 +153,7 @@ def random_pipeline(
     own: dict[str, torch.dtype] | None = None,
 ):
     """Real-size components with random weights, built straight on ``device`` at ``dtype`` (``own``: components
-    at another; ``held`` ones on the CPU).
+    at another; ``held`` ones on the CPU, filled without torch's serial CPU generator: ``random_weights``).
 
     Tokenizers come from the family's tiny entry (token ids stay inside every real vocabulary, and
     padded lengths follow the pipeline's own settings); the scheduler too, unless the entry ships one.
@@ -165,7 +165,7 @@ def random_pipeline(
     parts = {}
     for name, component in entry.components.items():
         with default_dtype((own or {}).get(name, dtype)):
-            parts[name] = build_component(component, torch.device("cpu") if name in held else device)
+            parts[name] = build_random(component, torch.device("cpu") if name in held else device, seed)
     runtime = dict(template.extra["runtime"])
     if isinstance(entry.extra.get("scheduler"), dict):  # the entry ships its own (Wan 2.2's experts switch on it)
         runtime["scheduler"] = entry.extra["scheduler"]

@@ -154,12 +154,13 @@ def fit(
     from diffmeter.runs.fitting import lower_times, next_step, plain_time, runnable, why_untimed
     from diffmeter.runs.leaderboard import table_gpus
 
-    found = cached_memory_and_work(spec)  # asked before: no library to load
+    on_cuda = target.kind == "cuda"  # a CPU run has no cuDNN copies of its convolutions (as bench predicts it)
+    found = cached_memory_and_work(spec, on_cuda)  # asked before: no library to load
     if found is None:
         load_libraries()
         from diffmeter.predict.operators import predict_memory_and_work
 
-        found = predict_memory_and_work(spec)  # one fake run for the memory and the time
+        found = predict_memory_and_work(spec, on_cuda)  # one fake run for the memory and the time
     prediction, work = found
     held = CUDA_HOLDBACK_BYTES if target.kind == "cuda" else 0  # the CPU's memory keeps no CUDA context
     usable = target.memory_bytes - held

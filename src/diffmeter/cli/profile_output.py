@@ -91,7 +91,8 @@ def print_predicted(
         )
 
     modes = tuple(t for t in techniques if t in VAE_MODES)  # a video's tiled decode is slow to track: only if asked
-    predicted = [predict_memory_and_work(spec, vae_modes=modes) for spec in specs]  # one fake run for both
+    on_cuda = not is_this_cpu(gpu)  # this CPU: no cuDNN copies of convolutions, as bench predicts a CPU run
+    predicted = [predict_memory_and_work(spec, on_cuda, modes) for spec in specs]  # one fake run for both
     if modes:  # the decode's operators as the tiled or sliced decode runs them
         predicted = [(memory, operator_work(spec, modes)) for (memory, _), spec in zip(predicted, specs, strict=True)]
     memories = [memory for memory, _ in predicted]
