@@ -9,7 +9,18 @@ import tempfile
 
 import gpu_checks as checks
 import torch
-from gpu_runs import CUDA, MODELS, RESULTS, Report, achievable, device_slug, model_spec, run, wall_clock
+from gpu_runs import (
+    CUDA,
+    MODELS,
+    RESULTS,
+    Report,
+    achievable,
+    bench_kept,
+    device_slug,
+    model_spec,
+    run,
+    wall_clock,
+)
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.optimize import OptimizationSpec
@@ -40,7 +51,7 @@ def chunk_peak(report: Report) -> None:
 
 def chunk_stages(report: Report) -> None:
     for kind in MODELS:
-        result, refusal = run(model_spec(kind))
+        result, refusal = run(model_spec(kind), "stages")
         if result is None:
             report.add("stages", kind, "FAIL", refusal)
             continue
@@ -57,7 +68,7 @@ def chunk_measures(report: Report) -> None:
     matmul = achievable()["matmul_tflops"]
     torch.cuda.memory._record_memory_history(context="alloc", stacks="python", max_entries=4_000_000)
     before = torch.cuda.memory_allocated()
-    result, refusal = run(model_spec("mmdit", iterations=3))
+    result, refusal = run(model_spec("mmdit", iterations=3), "measures")
     snapshot = torch.cuda.memory._snapshot()
     replayed = _replayed_peak(snapshot, torch.cuda.current_device(), before)
     stages = replayed_stage_peaks(snapshot, torch.cuda.current_device(), before)
@@ -166,16 +177,13 @@ def chunk_trace(report: Report) -> None:
 
     measured = []
     for kind in MODELS:
-        with tempfile.TemporaryDirectory() as out:
-            try:
-                result, folder = bench(model_spec(kind, trace=True), out=out)
-            except DiffmeterError as error:
-                report.add("trace", kind, "FAIL", str(error))
-                continue
-            stages = stage_measurements(result)
-            _check_trace(
-                report, kind, result, OpsTable.model_validate_json((folder / result.trace.ops_file).read_text())
-            )
+        try:
+            result, folder = bench_kept(model_spec(kind, trace=True), "trace")
+        except DiffmeterError as error:
+            report.add("trace", kind, "FAIL", str(error))
+            continue
+        stages = stage_measurements(result)
+        _check_trace(report, kind, result, OpsTable.model_validate_json((folder / result.trace.ops_file).read_text()))
         if CUDA:  # each traced run's whole stored result: calibration data for predict/
             with open(RESULTS / f"gpu_runs_{device_slug()}.jsonl", "a") as runs:
                 runs.write(result.model_dump_json() + "\n")
@@ -284,7 +292,8 @@ def chunk_two_process(report: Report) -> None:
                 device="cuda",
                 iterations=2,
                 **settings,
-            )
+            ),
+            "two-process",
         )
         if result is None:
             report.add("two-process", label, "FAIL", refusal)
@@ -299,7 +308,7 @@ def chunk_cuda1(report: Report) -> None:
     if torch.cuda.device_count() < 2:
         report.add("cuda1", "run on cuda:1", "SKIP", f"{torch.cuda.device_count()} GPU(s) visible")
         return
-    result, refusal = run(model_spec("unet", device="cuda:1"))
+    result, refusal = run(model_spec("unet", device="cuda:1"), "cuda1")
     if result is None:
         report.add("cuda1", "run on cuda:1", "FAIL", refusal)
         return

@@ -1,10 +1,9 @@
 """What every chunk of benchmarks/gpu_validation.py shares: the models it runs, the report it writes, a real
-``diffmeter bench`` run, and this card's achievable matmul and copy rates (CUDA events)."""
+``diffmeter bench`` run kept in a folder per chunk, and this card's achievable matmul and copy rates (CUDA events)."""
 
 from __future__ import annotations
 
 import re
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -14,8 +13,11 @@ import transformers
 from gpu_checks import WALL_TOLERANCE
 
 from diffmeter.errors import DiffmeterError
-from diffmeter.runs.lifecycle import bench
+from diffmeter.execute import bench as bench_group
+from diffmeter.runs.group import Alone
+from diffmeter.runs.lifecycle import MeasuredRun
 from diffmeter.runs.spec import BenchSpec
+from diffmeter.runs.storage import add_log_file
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -26,6 +28,9 @@ MODELS = {
     "dit": ("pixart-sigma-1024", "tiny-pixart", 512, 8),
 }
 RESULTS = Path(__file__).parent / "results"
+#: where each chunk's runs are kept, a folder per chunk (main sets it: --runs, or results/gpu_validation_<device>_runs,
+#: which git ignores); a chunk stopped by its time limit keeps its load time and per-call lines there
+RUNS: dict[str, Path] = {}
 #: this card's bare bf16 matmul TFLOP/s and copy GB/s, measured once by whichever chunk needs them first
 ACHIEVABLE: dict[str, float] = {}
 
@@ -71,13 +76,40 @@ class Report:
         return "\n".join(lines) + "\n"
 
 
-def run(spec: BenchSpec):
-    """A real diffmeter bench run into a temporary folder; (result, None) or (None, refusal)."""
-    with tempfile.TemporaryDirectory() as out:
-        try:
-            result, _ = bench(spec, out=out)
-        except DiffmeterError as error:
-            return None, str(error)
+class KeptLog(Alone):
+    """A run alone whose bench.log is also written beside its folder, as ``<run folder>.log``: a run stopped (a time
+    limit's SIGTERM) or refused discards its staged folder, and that copy stays; a stored run's is removed."""
+
+    def open(self, directory, requests):
+        self.copy = directory.final.parent / f"{directory.final.name}.log"
+        return super().open(directory, requests)
+
+    def copy_log(self, log) -> None:
+        add_log_file(log, self.copy)
+
+
+def chunk_folder(chunk: str) -> Path:
+    """Where ``chunk`` keeps its runs."""
+    return RUNS.get("root", RESULTS / f"gpu_validation_{device_slug()}_runs") / chunk
+
+
+def bench_kept(spec: BenchSpec, chunk: str):
+    """A real diffmeter bench run stored in ``chunk``'s folder (replacing an earlier one); (result, run folder)."""
+    out = chunk_folder(chunk)
+    if spec.world_size > 1:  # started as `diffmeter bench` starts it: each rank's log kept by the launcher
+        return bench_group(spec, out=out, force=True)
+    group = KeptLog()
+    stored = MeasuredRun(spec, out, force=True, group=group).run()
+    group.copy.unlink(missing_ok=True)  # the run folder holds the same bench.log
+    return stored
+
+
+def run(spec: BenchSpec, chunk: str):
+    """A real diffmeter bench run kept in ``chunk``'s folder; (result, None) or (None, refusal)."""
+    try:
+        result, _ = bench_kept(spec, chunk)
+    except DiffmeterError as error:
+        return None, str(error)
     return result, None
 
 

@@ -103,7 +103,7 @@ def chunk_techniques(kind: str, part: str):
             started = time.perf_counter()
             report.doing = label
             try:
-                result, refusal = run(model_spec(kind, optimizations=optimizations))
+                result, refusal = run(model_spec(kind, optimizations=optimizations), name)
             except Exception as error:  # a crash is the finding: record it and go on
                 last = traceback.format_exception_only(type(error), error)[-1].strip()
                 report.add(name, label, "FAIL", last[:300])

@@ -33,7 +33,8 @@ Chunks:
 
 Without CUDA it runs what a CPU can show, on tiny pipelines, and marks the rest SKIP (CI runs it so). The
 report goes to benchmarks/results/gpu_validation_<device>.md (one file per device name) and is printed;
-commit it.
+commit it. Each chunk's runs are kept in benchmarks/results/gpu_validation_<device>_runs/<chunk>/ (ignored by git):
+a run stopped by a time limit leaves its bench.log there as <run folder>.log.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ import gpu_checks
 import gpu_chunks as chunks
 import torch
 import transformers
-from gpu_runs import CUDA, MODELS, RESULTS, Report, device_slug
+from gpu_runs import CUDA, MODELS, RESULTS, RUNS, Report, device_slug
 from gpu_technique_chunks import PARTS, chunk_graph_runs, chunk_techniques
 
 CHUNKS = {
@@ -97,6 +98,9 @@ def main() -> int:
     parser.add_argument(
         "--report", type=Path, help="where the report goes (default: results/gpu_validation_<device>.md)"
     )
+    parser.add_argument(
+        "--runs", type=Path, help="where each chunk's runs are kept (default: results/gpu_validation_<device>_runs)"
+    )
     arguments = parser.parse_args()
     if arguments.list:
         print("\n".join(CHUNKS))
@@ -110,6 +114,8 @@ def main() -> int:
     report = Report()
     started = time.perf_counter()
     path = arguments.report or RESULTS / f"gpu_validation_{device_slug()}.md"
+    if arguments.runs:
+        RUNS["root"] = arguments.runs
     signal.signal(signal.SIGTERM, _interrupt)  # `timeout` stops it with the report still written
     try:
         for name in arguments.chunk or list(CHUNKS):

@@ -4,6 +4,7 @@ wrong input (the self-test), passes on a right one, and the chunks a CPU can run
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,8 @@ def test_what_a_cpu_can_run_of_it_passes(tmp_path):
     moves a stage boundary by that much (tests/test_trace.py holds the traced stages on CPU)."""
     report = tmp_path / "report.md"
     chunks = ["stages", "onnxruntime", "graph-runs", "peak", "measures", "two-process", "cuda1"]
-    done = _script(*(f"--chunk={chunk}" for chunk in chunks), "--report", str(report), timeout=900)
+    runs = ["--runs", str(tmp_path / "runs")]
+    done = _script(*(f"--chunk={chunk}" for chunk in chunks), "--report", str(report), *runs, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:]
     text = report.read_text()
     assert "| FAIL |" not in text and text.count("| PASS |") >= 6 and "| SKIP |" in text
@@ -74,7 +76,7 @@ def test_a_chunk_stopped_by_a_time_limit_is_a_failure_that_says_where(tmp_path):
     it was inside (a lent GPU's run once reported a chunk stopped inside offload-model as 0 FAIL)."""
     report = tmp_path / "report.md"
     script = str(BENCHMARKS / "gpu_validation.py")
-    command = [sys.executable, script, "--chunk=techniques-unet", "--report", str(report)]
+    command = [sys.executable, script, "--chunk=techniques-unet", "--report", str(report), "--runs", str(tmp_path)]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
         for line in process.stdout:  # the first technique's row: the chunk is under way
             if "techniques-unet" in line:
@@ -122,3 +124,36 @@ def test_the_calibration_runs_name_catalog_models_and_refuse_without_cuda(monkey
     monkeypatch.setattr(gpu_calibration_runs.torch.cuda, "is_available", lambda: False)
     assert gpu_calibration_runs.main() == 2
     assert capsys.readouterr().err.strip().startswith("needs CUDA")
+
+
+STOPPED_RUN = """
+import signal, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import gpu_runs
+from diffmeter.runs.spec import BenchSpec
+gpu_runs.RUNS["root"] = Path(sys.argv[2])
+signal.signal(signal.SIGTERM, signal.default_int_handler)  # as gpu_validation.py's: the stop is a KeyboardInterrupt
+gpu_runs.run(BenchSpec(model="tiny-sd", steps=2, iterations=100000), "stopped-chunk")
+"""
+
+
+def test_a_run_stopped_by_a_time_limit_keeps_its_log_in_its_chunks_folder(tmp_path):
+    """The lent GPU's offload chunk was stopped after 410 s with nothing left to say where the time went: the
+    chunk's folder keeps the stopped run's bench.log (its load time and per-call lines)."""
+    command = [sys.executable, "-c", STOPPED_RUN, str(BENCHMARKS), str(tmp_path)]
+    folder = tmp_path / "stopped-chunk"
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
+        for _ in range(1200):  # until the log holds a measured call (at most 2 minutes)
+            logs = list(folder.glob("*.log"))
+            if logs and "iteration 1:" in logs[0].read_text():
+                break
+            assert process.poll() is None, process.stdout.read()[-3000:]
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=120)
+    assert process.returncode != 0
+    [log] = folder.glob("*.log")
+    text = log.read_text()
+    assert "loaded and optimized in" in text and "iteration 0:" in text and "interrupted" in text, text[-2000:]
+    assert "tiny-sd+" in log.name and not list(folder.glob(".*partial*"))  # the staged folder discarded, as ever
