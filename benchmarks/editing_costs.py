@@ -18,7 +18,6 @@ from diffmeter.catalog import all_entries
 from diffmeter.catalog.controlnets import all_controlnets
 from diffmeter.families import get_family
 from diffmeter.families.images import ImageConditioned
-from diffmeter.flops.analytic import FORMULAS
 from diffmeter.flops.profile import profile_spec
 from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, named_gpu
 from diffmeter.predict.operators import predict_memory_and_work
@@ -142,8 +141,19 @@ def main() -> int:
                 f"{units.macs(found['encode']) if found['encode'] else '-'} | {units.macs(p.total_macs)} | "
                 f"{ratio} | {peaks(found)} | {expected} |"
             )
-        if entry.family == "flux_kontext" and not needs_image:  # its catalog call edits an image: no text-only row
-            lines += exactness(entry, rows)
+        if entry.family == "flux_kontext":
+            lines += [
+                "",
+                f"{entry.pipeline_class} resizes the input image to the preferred Kontext resolution nearest its",
+                "aspect ratio (about a megapixel: a 512x512 image is upscaled to 1024x1024 and costs what a 1024x1024",
+                "one does), VAE-encodes it once and repeats its latents for every output of the batch",
+                "(pipeline_flux_kontext.py 599-607 and 644-647, diffusers 0.42.1), packs them 2x2 like the noisy",
+                "latents and concatenates them after them in every transformer call: at 1024x1024, 4,096 image",
+                "tokens beside 4,096 noisy-latent tokens, so its step counts exactly what FLUX.1-dev's does at 8,192",
+                "image tokens. The catalog's call edits an",
+                "image (the model card's), so there is no text-only row. Counted exactly, batch 2 and true CFG",
+                "included: `tests/test_family_flux_kontext.py`.",
+            ]
         elif entry.family in ("qwenimage_edit", "qwenimage_edit_plus"):
             lines += [
                 "",
@@ -163,7 +173,7 @@ def main() -> int:
             lines += [
                 "",
                 f"{entry.pipeline_class} is this checkpoint's own pipeline: it needs an image, resized to the video's",
-                "size, and VAE-encodes a whole video of it (the image, then zeros) once per output; the transformer",
+                "size, and VAE-encodes a whole video of it (the image, then zeros) once per call; the transformer",
                 "takes those latents and a mask as 20 extra input channels in every call"
                 + (
                     ", and the CLIP vision encoder's 257 tokens of the image (read once per call) in every"
@@ -191,7 +201,7 @@ def main() -> int:
             lines += [
                 "",
                 "WanImageToVideoPipeline runs this checkpoint on an image: resized to the video's size, VAE-encoded",
-                "as a one-frame video once per output, its latent replacing the first latent frame in every step. The",
+                "as a one-frame video once per call, its latent replacing the first latent frame in every step. The",
                 "transformer's calls are text-to-video's: the image costs one VAE encode of one frame. Counted exactly",
                 "like text-to-video: `tests/test_family_wan_i2v.py`.",
             ]
@@ -243,53 +253,6 @@ def controlnet_section(gpu) -> list[str]:
             f"{units.gib(found['peak'])} (text-to-image {units.gib(plain['peak'])}) | {expected}{was} |"
         )
     return lines
-
-
-def exactness(entry, rows) -> list[str]:
-    """Why the edit's extra compute is exactly its image tokens' share: the transformer's count at the longer
-    sequence, and FLUX's closed form (``flops.analytic``) at both lengths."""
-    config = entry.components["transformer"].config
-    text = entry.text_max_length["text_encoder_2"]
-    plain, edit = rows[0]["profile"], rows[2]["profile"]
-    latent = (plain.height // 16) * (plain.width // 16)
-    image = token_count(edit)
-    closed_plain = FORMULAS["flux"](config, latent, text)
-    closed_edit = FORMULAS["flux"](config, latent + image, text)
-    counted_plain = plain.denoiser_macs_per_step
-    counted_edit = edit.denoiser_macs_per_step
-    wide, large = rows[3]["profile"], rows[4]["profile"]
-    return [
-        "",
-        "### Why the extra compute is exactly the image tokens' share",
-        "",
-        "FluxKontextPipeline (diffusers 0.42.1) resizes the input image to the preferred Kontext resolution",
-        f"nearest its aspect ratio (a {size_cell(large).replace(' -> ', ' image is encoded at ')}, a "
-        f"{size_cell(wide).replace(' -> ', ' one at ')}),",
-        "VAE-encodes it once per output, packs its latents 2x2 like the noisy latents and concatenates them",
-        "after the noisy latents in every transformer call, then drops their part of the output. Nothing else",
-        "changes: the text encoders, the scheduler and the VAE decode run as in text-to-image. So an edit's",
-        "transformer call is exactly a text-to-image call at a longer image sequence: "
-        f"{latent:,} noisy-latent tokens + {image:,} input-image tokens + {text} text tokens.",
-        "",
-        f"- counted, text-to-image: {units.macs(counted_plain)} per step; FLUX's closed form at {latent:,} image "
-        f"tokens: {units.macs(closed_plain)} ({100 * (closed_plain / counted_plain - 1):+.2f}%).",
-        f"- counted, editing a 1024x1024 image: {units.macs(counted_edit)} per step; the closed form at "
-        f"{latent + image:,} image tokens: {units.macs(closed_edit)} ({100 * (closed_edit / counted_edit - 1):+.2f}%).",
-        f"- the step costs {counted_edit / counted_plain:.2f}x the text-to-image step although the sequence is "
-        f"{(latent + image + text) / (latent + text):.2f}x longer: the projections and MLPs grow with the sequence, "
-        "attention with its square.",
-        "- the tests hold this exactly: `tests/test_family_flux_kontext.py` runs the real tiny FluxKontextPipeline "
-        "with an input image (two sizes, batch 2, true CFG) under the counter and equals the offline profile per "
-        "component, and checks that flux1-kontext-dev's transformer call editing a 1024x1024 image counts exactly "
-        "what FLUX.1-dev's counts at 2048x1024 (8,192 image tokens).",
-        "",
-        "The input's own size hardly matters: every input is resized to about a megapixel first (a 512x512",
-        "image is upscaled to 1024x1024 and costs what a 1024x1024 one does). The memory of an edit adds a stage",
-        "of its own, the VAE encoder's activations before denoising, and the longer sequence's activations in",
-        "each step; at 1024x1024 both stay under the VAE decode's peak, so the whole generation's peak does not",
-        "move. The tiny pipeline's real CPU run editing an image is within 2% of the prediction at every stage",
-        "(`benchmarks/results/memory_prediction_families_cpu.md`).",
-    ]
 
 
 if __name__ == "__main__":
