@@ -184,9 +184,9 @@ def predict_memory_and_work(
 ) -> tuple[MemoryPrediction, OperatorWork]:
     """``predict_memory`` and ``operator_work`` of ``spec`` from one fake-tensor run of the call plan where
     neither is in the disk cache (the two passes run the same calls on the same modules), each stored."""
-    memory, stored = cached_memory(spec, on_cuda, vae_modes), cache.load("operators", cache_key(spec))
+    memory, stored = cached_memory(spec, on_cuda, vae_modes), cached_work(spec)
     if stored is not None:
-        return memory or predict_memory(spec, on_cuda, vae_modes), OperatorWork.model_validate(stored)
+        return memory or predict_memory(spec, on_cuda, vae_modes), stored
     if memory is not None:
         return memory, operator_work(spec)
     _, settled, _ = settled_plan(spec)
@@ -209,7 +209,7 @@ def predict_memory_and_work(
     ]
     work = OperatorWork(dtype=settled.dtype, calls=calls)
     cache.store("memory", cache_key(spec, on_cuda, vae_modes), memory.model_dump(mode="json"))
-    cache.store("operators", cache_key(spec), work.model_dump(mode="json"))
+    cache.store("operators", work_key(spec), work.model_dump(mode="json"))
     return memory, work
 
 
