@@ -144,7 +144,7 @@ def _header(study: Study) -> str:
 
 def _summary(runs: list[Run]) -> str:
     word = outputs.noun([run.row for run in runs])  # image, video, or output where both are there
-    videos = any(run.row["frames"] for run in runs)
+    videos = any(outputs.is_video(run.row) for run in runs)
     columns = [column for column in SUMMARY if column[0] != "frames" or videos]  # no empty frames column
     head = "".join(f"<th>{html.escape(header.format(word=word))}</th>" for _, header, _ in columns)
     rows = []
