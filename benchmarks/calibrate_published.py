@@ -24,21 +24,26 @@ from pathlib import Path
 
 from published_comparison import load_figures, settings
 
+from diffmeter.predict.calibration import NEIGHBOURS
 from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.fit_energy import EnergyRun, fit_power, leave_one_model_out
 from diffmeter.predict.fit_published import (
-    FULL_MODEL_ROWS,
     GROUP_OF_KIND,
     GROUPS,
     HeldOut,
     PublishedRun,
+    StageWork,
     as_calibration,
+    covering,
     fit,
+    full_model,
     leave_one_out,
+    lender_of,
     summary,
 )
+from diffmeter.predict.host_time import host_counts
 from diffmeter.predict.operators import operator_work
-from diffmeter.predict.roofline import NEIGHBOURS, TORCH_FP32, flop_rates, lower_bounds, missing_figures
+from diffmeter.predict.roofline import TORCH_FP32, flop_rates, lower_bounds, missing_figures
 from diffmeter.predict.vae_decode import VAE_MODES
 from diffmeter.spec import ProfileSpec
 
@@ -46,12 +51,18 @@ ROOT = Path(__file__).resolve().parent.parent
 EFFICIENCY = ROOT / "src" / "diffmeter" / "predict" / "data" / "efficiency.json"
 OUT = ROOT / "benchmarks" / "results" / "calibration_published.md"
 #: techniques whose time is not the eager operators on the GPU
+#: the least runs of an architecture, from two sources or more, whose own fit ships
+LEAST_SHIPPED_RUNS = 8
 LEFT_OUT = {"compile": "compiled", "offload-model": "offloaded: host transfers are outside the roofline"}
 
 
 def source_of(figure: dict) -> str:
-    """The harness a figure was measured by: its source's title up to the first parenthesis."""
-    return figure["source"]["title"].split(" (")[0]
+    """The harness a figure was measured by, so that one harness's pages are held out together: its source's title
+    up to the first parenthesis, and up to its colon where it names a project's pages ("OneDiff: SD 1.5 example
+    README" -> "OneDiff"); TeaCache's READMEs per model are one harness."""
+    title = figure["source"]["title"].split(" (")[0]
+    harness = title.split(":")[0] if ":" in title else title
+    return "TeaCache" if harness.startswith("TeaCache4") else harness
 
 
 def energy_run(figure: dict, run: PublishedRun) -> EnergyRun | None:
@@ -62,26 +73,27 @@ def energy_run(figure: dict, run: PublishedRun) -> EnergyRun | None:
     return EnergyRun(run, energy["value"], settings(figure)[0]["batch_size"] or 1, tdp)
 
 
-def energy_lines(architecture: str, energy: list[EnergyRun], mine: list[PublishedRun], found) -> tuple[list, dict]:
-    """The power fit of ``architecture`` on its energy runs, validated a model at a time: (lines, calibration
-    fields)."""
+def energy_lines(architecture: str, energy: list[EnergyRun], timed: list[PublishedRun], found) -> tuple[list, dict]:
+    """The power fit of ``architecture`` on its energy runs, validated a model at a time (the time refitted
+    without the model too): (lines, calibration fields)."""
     if len({e.run.model for e in energy}) < 2:
         return [], {}
-    power = fit_power(energy, [found.midpoint(e.run) for e in energy])
-    held = leave_one_model_out(energy, mine)
+    power = fit_power(energy, [found.midpoint(e.run) for e in energy], [found.busy_share(e.run) for e in energy])
+    held = leave_one_model_out(energy, timed)
     stats = summary(held)
+    idle = f", {power.idle:.2f} x TDP while it waits for the host" if power.idle is not None else ""
     said = (
-        f"average board power {power.fraction:.2f} x TDP fitted on {len(energy)} published runs' energy "
-        f"({', '.join(sorted({e.run.source for e in energy}))}); held out a model at a time: {stats['coverage']:.0%} "
-        f"inside their range, midpoint median error {stats['median_error']:.0%}"
+        f"average board power {power.fraction:.2f} x TDP while the GPU is busy{idle}, fitted on {len(energy)} "
+        f"published runs' energy ({', '.join(sorted({e.run.source for e in energy}))}); held out a model at a time: "
+        f"{stats['coverage']:.0%} inside their range, midpoint median error {stats['median_error']:.0%}"
     )
     lines = [
         f"### {architecture}: energy per output, {len(energy)} runs",
         "",
-        f"Fit on all: average board power {power.fraction:.3f} x TDP, range factor w {power.width:.3f} (hi/lo "
-        f"{power.width**2:.2f}). Leave one model out (its time and power both fitted without it): coverage "
-        f"**{stats['coverage']:.0%}** ({sum(h.inside for h in held)} of {len(held)}), midpoint median error "
-        f"**{stats['median_error']:.1%}**, median width hi/lo **{stats['median_width']:.2f}**",
+        f"Fit on all: board power {power.fraction:.3f} x TDP busy{idle.replace(', ', ', ')}, range factor w "
+        f"{power.width:.3f} (hi/lo {power.width**2:.2f}). Leave one model out (its time and power both fitted without "
+        f"it): coverage **{stats['coverage']:.0%}** ({sum(h.inside for h in held)} of {len(held)}), midpoint median "
+        f"error **{stats['median_error']:.1%}**, median width hi/lo **{stats['median_width']:.2f}**",
         "",
         "| run | published (J per output) | held-out midpoint (J) | range (J) | error | inside |",
         "|---|---|---|---|---|---|",
@@ -92,7 +104,8 @@ def energy_lines(architecture: str, energy: list[EnergyRun], mine: list[Publishe
         ),
         "",
     ]
-    return lines, {"power_fraction": power.fraction, "energy_width": power.width, "energy_source": said}
+    fields = {"power_fraction": power.fraction, "idle_power_fraction": power.idle, "energy_width": power.width}
+    return lines, {**fields, "energy_source": said}
 
 
 def published_run(figure: dict) -> tuple[PublishedRun | None, str]:
@@ -116,56 +129,117 @@ def published_run(figure: dict) -> tuple[PublishedRun | None, str]:
         return None, "the GPU's figures lack a peak of a dtype the run uses, or the bandwidth"
     rates = flop_rates(device, work, fp32)
     bounds = lower_bounds(work, rates, device.bandwidth_bytes_per_s, device.l2_bytes)
-
-    groups = dict.fromkeys(GROUPS, 0.0)
-    for kinds in bounds.values():
+    hosts = host_counts(work)
+    stages = {}
+    covered = ("denoising",) if figure.get("covers") == "denoising" else tuple(bounds)
+    for stage, kinds in bounds.items():
+        if stage not in covered:
+            continue
+        groups = dict.fromkeys(GROUPS, 0.0)
         for kind, (seconds, _) in kinds.items():
             groups[GROUP_OF_KIND[kind]] += seconds
+        scores = sum(g.scores * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
+        kernels = int(sum(count for _, count in kinds.values()))
+        stages[stage] = StageWork(groups, scores, kernels, **hosts[stage])
     run = PublishedRun(
         id=figure["id"],
         source=source_of(figure),
         architecture=table.architecture,
         model=figure["model"],
         published_s=figure["published"]["value"],
-        bounds=groups,
-        scores=sum(group.scores * group.calls * call.count for call in work.calls for group in call.operators),
-        operators=int(sum(count for kinds in bounds.values() for _, count in kinds.values())),
+        stages=stages,
+        whole_call=figure.get("covers") is None,
     )
     return run, ""
 
 
-def borrowed_lines(runs: list[PublishedRun], fits: dict) -> list[str]:
-    """How an architecture without a shipped fit fares with the neighbour's it borrows (``roofline.NEIGHBOURS``):
-    a test on another GPU generation, none of its runs in the fit."""
-    lines = []
-    for architecture in sorted({run.architecture for run in runs} - set(fits)):
-        lender = NEIGHBOURS.get(architecture)
-        while lender and lender not in fits:
-            lender = NEIGHBOURS.get(lender)
+def borrowed_test(runs: list[PublishedRun], shipped: set[str]) -> list[HeldOut]:
+    """Each architecture with a neighbour's fit to borrow, its runs predicted by that neighbour's GPU fit, every
+    run of the architecture left out of the fit: the error a card without a fit of its own sees."""
+    held = []
+    for architecture in sorted({run.architecture for run in runs}):
+        lender = lender_of(architecture, shipped - {architecture})
         if lender is None:
             continue
-        held = [
-            HeldOut(run, fits[lender].midpoint(run), *fits[lender].range(run))
-            for run in runs
-            if run.architecture == architecture
+        others = fit([run for run in runs if run.architecture != architecture])
+        mine = [run for run in runs if run.architecture == architecture]
+        held += [
+            HeldOut(run, others.midpoint(run, others.gpus[lender]), *others.range(run, others.gpus[lender]))
+            for run in mine
         ]
-        stats = summary(held)
-        lines += [
-            f"## {architecture} with {lender}'s fit (borrowed, none of these runs fitted)",
-            "",
-            f"Coverage **{stats['coverage']:.0%}** ({sum(h.inside for h in held)} of {len(held)}), midpoint median "
-            f"error **{stats['median_error']:.1%}**, signed {statistics.median(h.error for h in held):+.1%}",
-            "",
-            "| run | published (s) | midpoint (s) | range (s) | error | inside |",
-            "|---|---|---|---|---|---|",
-            *(
-                f"| {h.run.id} | {h.run.published_s:.3g} | {h.midpoint:.3g} | {h.low:.3g} to {h.high:.3g} | "
-                f"{h.error:+.1%} | {'yes' if h.inside else '**no**'} |"
-                for h in held
-            ),
-            "",
-        ]
-    return lines
+    return held
+
+
+def table(held: list[HeldOut], title: str) -> list[str]:
+    stats = summary(held)
+    return [
+        f"{title}: coverage **{stats['coverage']:.0%}** ({sum(h.inside for h in held)} of {len(held)}), midpoint "
+        f"median error **{stats['median_error']:.1%}** (signed {statistics.median(h.error for h in held):+.1%}), "
+        f"median width hi/lo **{stats['median_width']:.2f}**",
+        "",
+        "| run | source | published (s) | held-out midpoint (s) | range (s) | error | inside |",
+        "|---|---|---|---|---|---|---|",
+        *(
+            f"| {h.run.id} | {h.run.source} | {h.run.published_s:.3g} | {h.midpoint:.3g} | "
+            f"{h.low:.3g} to {h.high:.3g} | {h.error:+.1%} | {'yes' if h.inside else '**no**'} |"
+            for h in held
+        ),
+        "",
+    ]
+
+
+def per_source(held: list[HeldOut]) -> list[str]:
+    """Held-out coverage and error per source, and without the largest, so one harness cannot carry the figure."""
+    lines = ["| source | runs | inside | midpoint median error |", "|---|---|---|---|"]
+    for source in sorted({h.run.source for h in held}):
+        mine = [h for h in held if h.run.source == source]
+        stats = summary(mine)
+        lines.append(f"| {source} | {len(mine)} | {stats['coverage']:.0%} | {stats['median_error']:.1%} |")
+    largest = max({h.run.source for h in held}, key=lambda source: sum(h.run.source == source for h in held))
+    rest = [h for h in held if h.run.source != largest]
+    stats = summary(rest)
+    return [
+        *lines,
+        "",
+        f"Without the largest source ({largest}): coverage **{stats['coverage']:.0%}** "
+        f"({sum(h.inside for h in rest)} of {len(rest)}), midpoint median error **{stats['median_error']:.1%}**",
+        "",
+    ]
+
+
+def shipped_fit(mine: list[PublishedRun], held: list[HeldOut]) -> bool:
+    """Whether an architecture's own fit ships: a multiplier per kind group, or at least ``LEAST_SHIPPED_RUNS`` runs
+    from two sources or more; and some of its runs were held out (else it borrows a neighbour's, widened)."""
+    enough = full_model(mine) or (len(mine) >= LEAST_SHIPPED_RUNS and len({run.source for run in mine}) > 1)
+    return enough and any(h.run in mine for h in held)
+
+
+def shape(architecture: str, runs: list[PublishedRun]) -> str:
+    """How ``architecture``'s GPU fit is made where its runs are too few for a multiplier per kind group."""
+    mine = [run for run in runs if run.architecture == architecture]
+    if full_model(mine):
+        return ""
+    full = {a for a in {run.architecture for run in runs} if full_model([r for r in runs if r.architecture == a])}
+    lender = lender_of(architecture, full)
+    return f" (one factor on {lender}'s fit: too few runs for each kind's own)" if lender else " (one multiplier)"
+
+
+def lend_power(shipped: dict) -> None:
+    """An architecture whose runs published no energy takes the board power of the nearest that did
+    (``calibration.NEIGHBOURS``), said in its energy source."""
+    for name, calibration in shipped.items():
+        if not name.startswith("cuda:") or calibration.get("power_fraction") is not None:
+            continue
+        lender = NEIGHBOURS.get(name.removeprefix("cuda:"))
+        while lender and shipped.get(f"cuda:{lender}", {}).get("power_fraction") is None:
+            lender = NEIGHBOURS.get(lender)
+        if lender:
+            found = shipped[f"cuda:{lender}"]
+            fields = ("power_fraction", "idle_power_fraction", "energy_width")
+            calibration.update({field: found[field] for field in fields})
+            calibration["energy_source"] = (
+                f"{found['energy_source']}; borrowed from {lender} (no {name} run published energy)"
+            )
 
 
 def main() -> int:
@@ -179,77 +253,88 @@ def main() -> int:
         else:
             runs.append(run)
             energy += [found] if (found := energy_run(figure, run)) else []
-            print(run, flush=True)
+            print(run.id, run.architecture, run.published_s, flush=True)
     when = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
+    found = fit(runs)
+    held = leave_one_out(runs)
+    stats = summary(held)
+    print(f"held out, all: {stats}", flush=True)
+    architectures = sorted({run.architecture for run in runs}, key=lambda name: (name != "hopper", name))
+    shipped_names = {a for a in architectures if shipped_fit([r for r in runs if r.architecture == a], held)}
+    borrowed = borrowed_test(runs, shipped_names)
     shipped = json.loads(EFFICIENCY.read_text())
+    host = found.host
     lines = [
         "# The expected time and energy of eager runs, fitted on published runs",
         "",
-        f"- date: {when}; {len(runs)} published eager runs (benchmarks/published_figures.yaml), fitted per GPU "
-        "architecture (`diffmeter.predict.fit_published`); each source held out in turn and predicted by the "
-        "fit of the others",
-        "- target (issue 27): coverage >= 80% with hi/lo <= 1.5, midpoint median error <= 12%",
+        f"- date: {when}; {len(runs)} published eager runs (benchmarks/published_figures.yaml) on "
+        f"{len(architectures)} GPU architectures from {len({r.source for r in runs})} sources, fitted together "
+        "(`diffmeter.predict.fit_published`): per stage the longer of the GPU's time (per architecture) and the "
+        "host's issue time (one host term for all)",
+        "- validation: each source held out in turn (every architecture refitted without it) and predicted by the "
+        "fit of the others; an architecture one source measured alone, a model at a time",
+        "- target (issue 50): per architecture and for all, coverage >= 80% with hi/lo <= 1.5, midpoint median "
+        "error <= 12%",
         "",
+        f"Host, fitted on all: {host.op_s * 1e6:.2f} us per dispatched operator, {host.module_s * 1e6:.2f} us per "
+        f"module call, {host.step_s * 1e3:.3f} ms per denoiser call, {host.call_s * 1e3:.1f} ms per pipeline call.",
+        "",
+        *table(held, "## All architectures, held out by source"),
+        "Per source:",
+        "",
+        *per_source(held),
     ]
-    shipped_fits: dict = {}
-    for architecture in sorted({run.architecture for run in runs}, key=lambda name: (name != "hopper", name)):
+    for architecture in architectures:
         mine = [run for run in runs if run.architecture == architecture]
-        found = fit(mine)
-        by = "source" if len({run.source for run in mine}) > 1 else "model"
-        held = leave_one_out(mine, by)
+        gpu = found.gpus[architecture]
         sources = sorted({run.source for run in mine})
-        stats = summary(held) if held else None
-        shipped_here = len(mine) >= FULL_MODEL_ROWS and bool(held)
-        if shipped_here:
-            shipped_fits[architecture] = found
-            calibration = as_calibration(
-                found,
-                f"fitted on {len(mine)} published eager runs on {architecture} GPUs from {len(sources)} sources "
-                f"({', '.join(sources)}); held out a {by} at a time: {stats['coverage']:.0%} of runs inside their "
-                f"range, midpoint median error {stats['median_error']:.0%} (benchmarks/calibrate_published.py, {when})",
-                mine,
-            )
-            power_lines, power = energy_lines(architecture, [e for e in energy if e.run in mine], mine, found)
-            calibration = calibration.model_copy(update=power)
-            shipped[f"cuda:{architecture}"] = calibration.model_dump(mode="json")
-        else:
-            shipped.pop(f"cuda:{architecture}", None)
+        own = [h for h in held if h.run.architecture == architecture]
+        by = "source" if len(sources) > 1 else "model"
         lines += [
             f"## {architecture}: {len(mine)} runs, {len(sources)} sources",
             "",
             "Fit on all: "
-            + ", ".join(f"a_{group} {a:.3f} ({1 / a:.3f} of its roofline)" for group, a in found.multipliers.items())
-            + f", {found.score_s * 1e12:.3f} ps per attention score, {found.overhead_s * 1e6:.2f} us per operator; "
-            f"range factor w {found.width:.3f} (hi/lo {found.width**2:.2f}; in sample "
+            + ", ".join(f"a_{group} {a:.3f} ({1 / a:.3f} of its roofline)" for group, a in gpu.multipliers.items())
+            + f", {gpu.score_s * 1e12:.3f} ps per attention score, {gpu.gap_s * 1e6:.2f} us per kernel; range factor "
+            f"w {gpu.width:.3f} (hi/lo {gpu.width**2:.2f}; in sample "
             f"{sum(found.range(run)[0] <= run.published_s <= found.range(run)[1] for run in mine)} of {len(mine)} "
             "runs inside). "
             + (
                 f"Shipped as `cuda:{architecture}`."
-                if shipped_here
-                else f"Not shipped: under {FULL_MODEL_ROWS} runs; {architecture} GPUs borrow a neighbour's calibration "
-                "(`roofline.NEIGHBOURS`)."
+                if architecture in shipped_names
+                else f"Not shipped (under {LEAST_SHIPPED_RUNS} runs from two sources, or nothing held out): "
+                f"{architecture} GPUs borrow a "
+                "neighbour's calibration (`calibration.NEIGHBOURS`)."
             ),
             "",
+            *(table(own, f"Leave one {by} out") if own else ["Nothing held out.", ""]),
         ]
-        if held:
-            lines += [
-                f"Leave one {by} out: coverage **{stats['coverage']:.0%}** ({sum(h.inside for h in held)} of "
-                f"{len(held)}), midpoint median error **{stats['median_error']:.1%}**, median width hi/lo "
-                f"**{stats['median_width']:.2f}**",
-                "",
-                "| run | source | published (s) | held-out midpoint (s) | range (s) | error | inside |",
-                "|---|---|---|---|---|---|---|",
-                *(
-                    f"| {h.run.id} | {h.run.source} | {h.run.published_s:.3g} | {h.midpoint:.3g} | "
-                    f"{h.low:.3g} to {h.high:.3g} | {h.error:+.1%} | {'yes' if h.inside else '**no**'} |"
-                    for h in held
-                ),
-                "",
-            ]
+        if architecture in shipped_names:
+            stats_own = summary(own)
+            calibration = as_calibration(
+                found,
+                architecture,
+                f"fitted on {len(mine)} published eager runs on {architecture} GPUs from {len(sources)} sources "
+                f"({', '.join(sources)}){shape(architecture, runs)}, with {len(runs) - len(mine)} runs of other "
+                "architectures for the host; held "
+                f"out a {by} at a time: {stats_own['coverage']:.0%} of runs inside their range, midpoint median error "
+                f"{stats_own['median_error']:.0%} (benchmarks/calibrate_published.py, {when})",
+                runs,
+            )
+            power_lines, power = energy_lines(architecture, [e for e in energy if e.run in mine], runs, found)
+            widen = (
+                max(1.0, covering([h.midpoint / h.run.published_s for h in borrowed], 0.8) / gpu.width)
+                if borrowed
+                else None
+            )
+            calibration = calibration.model_copy(update={**power, "borrowed_width": widen})
+            shipped[f"cuda:{architecture}"] = calibration.model_dump(mode="json")
+            lines += power_lines
         else:
-            lines += ["One source only: nothing to hold out.", ""]
-        lines += power_lines if shipped_here else []
-    lines += borrowed_lines(runs, shipped_fits)
+            shipped.pop(f"cuda:{architecture}", None)
+    lend_power(shipped)
+    if borrowed:
+        lines += table(borrowed, "## Each architecture predicted by its neighbour's fit, fitted without it")
     lines += ["## Left out", "", *left_out, ""]
     EFFICIENCY.write_text(json.dumps(shipped, indent=2) + "\n")
     OUT.write_text("\n".join(lines))

@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from diffmeter.predict.convolution_copies import copy_bytes
+
 MIB = 2**20
 
 
@@ -35,11 +37,12 @@ def conv_copies(
     kernel: int = 3,
     frames: int = 0,
     channels_last: bool = False,
+    batch: int = 1,
 ) -> float:
     """One convolution's peak allocated above what was allocated before it and its output, as a multiple of its
     input + weight + output bytes (0: no copies; 1: a copy of each, as a layout change makes). ``frames``: a
     3-D convolution over that many frames."""
-    shape = (1, channels_in, frames, size, size) if frames else (1, channels_in, size, size)
+    shape = (batch, channels_in, frames, size, size) if frames else (batch, channels_in, size, size)
     x = torch.randn(shape, device="cuda", dtype=dtype)
     w = torch.randn(channels_out, channels_in, *([kernel] * (3 if frames else 2)), device="cuda", dtype=dtype)
     if channels_last:
@@ -56,6 +59,14 @@ def conv_copies(
     del x, w, y
     torch.cuda.empty_cache()
     return round(extra / tensors, 3)
+
+
+def predicted_copies(channels_in: int, channels_out: int, size: int, batch: int) -> float:
+    """What the memory prediction holds for that bfloat16 3x3 convolution (``copy_bytes``), as the same multiple."""
+    x = torch.empty(batch, channels_in, size, size, device="meta", dtype=torch.bfloat16)
+    w = torch.empty(channels_out, channels_in, 3, 3, device="meta", dtype=torch.bfloat16)
+    y = torch.empty(batch, channels_out, size, size, device="meta", dtype=torch.bfloat16)
+    return round(copy_bytes(x, w, y) / sum(t.numel() * t.element_size() for t in (x, w, y)), 3)
 
 
 def main() -> int:
@@ -100,6 +111,12 @@ def main() -> int:
         for case, settings in cases.items():
             found[f"{case}_{name}_copies_of_in_w_out"] = conv_copies(dtype=dtype, **settings)
     found["after_cudnn_mib"] = outside_allocator_mib()
+    # a VAE decoder's 1024 px convolutions as a batched decode runs them, beside what the prediction holds for them
+    for channels_out in (256, 128):
+        for batch in (1, 2, 4, 8, 16):
+            name = f"conv3x3_256to{channels_out}_1024px_batch{batch}_bfloat16"
+            found[f"{name}_copies_of_in_w_out"] = conv_copies(256, channels_out, 1024, torch.bfloat16, batch=batch)
+            found[f"{name}_predicted"] = predicted_copies(256, channels_out, 1024, batch)
     text = json.dumps(found, indent=2)
     print(text)
     slug = "".join(c if c.isalnum() else "-" for c in found["device"].lower()).strip("-")

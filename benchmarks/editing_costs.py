@@ -103,7 +103,7 @@ def main() -> int:
         if needs_image and not family.is_video:  # an editing checkpoint: every size, no text-only run
             settings = [images for images in IMAGES + SEVERAL if images and takes(family, images)]
         elif needs_image:
-            settings = [()]  # its catalog image, at the video's size (any image is resized to it)
+            settings = [None]  # its catalog image, at the video's size (any image is resized to it)
         elif family.is_video:  # the image is resized to the video's size: one size tells all
             settings = [(), ((entry.defaults.height, entry.defaults.width),)]
         else:

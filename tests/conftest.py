@@ -55,6 +55,24 @@ def cli(capsys, monkeypatch):
     return run
 
 
+@pytest.fixture
+def saved(tmp_path, capsys):
+    """Save a pipeline with ``save_pretrained`` and load it back as its user would: ``saved(pipe, name, **given) ->
+    (the folder, the catalog entry diffmeter reads from it, the reloaded pipeline with its progress bar off)``;
+    ``given``: components handed to ``from_pretrained`` (one the folder was saved without)."""
+    from diffmeter.catalog import resolve
+
+    def save(pipe, name: str = "saved", **given):
+        folder = tmp_path / name
+        pipe.save_pretrained(folder)
+        reloaded = type(pipe).from_pretrained(folder, **given)
+        reloaded.set_progress_bar_config(disable=True)
+        capsys.readouterr()  # the saving and loading's own progress
+        return folder, resolve(str(folder)), reloaded
+
+    return save
+
+
 @pytest.fixture(autouse=True)
 def _isolated_compiler_state():
     """Each test starts from the compiler state the one before it found: inductor settings (which

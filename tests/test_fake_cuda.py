@@ -30,6 +30,19 @@ NOT_RUNNABLE = {
     "offload-group": "Cannot access accelerator device when none is available",  # torch.Stream asks the runtime
     "quantize-int8": "Creating a Parameter from an instance of type Int8Tensor",  # torchao subclass under fake
     "quantize-fp8": "Creating a Parameter from an instance of type Float8Tensor",
+    "torchao-int4wo": "int4 weight-only packing needs the mslk kernels",  # not installed (a CUDA-only package)
+    # --quantize BACKEND:TYPE: the backends' tensor subclasses under fake, as quantize's; placement:
+    # test_a_backend_quantized_at_load_is_placed_on_its_own_gpu
+    "torchao-int8wo": "Creating a Parameter from an instance of type Int8Tensor",
+    "torchao-float8wo": "Creating a Parameter from an instance of type Float8Tensor",
+    "torchao-float8dq-tensor": "Float8 dynamic activation quantization is only supported on CUDA>=8.9",  # torchao
+    "torchao-float8dq-row": "Float8 dynamic activation quantization is only supported on CUDA>=8.9",  # asks CUDA
+    "quanto-int8": "Creating a Parameter from an instance of type WeightQBytesTensor",
+    "quanto-int4": "Creating a Parameter from an instance of type WeightQBitsTensor",
+    "quanto-float8": "Creating a Parameter from an instance of type WeightQBytesTensor",
+    "bnb-nf4": "Creating a new Tensor subclass Params4bit",
+    "bnb-fp4": "Creating a new Tensor subclass Params4bit",
+    "bnb-int8": "Creating a new Tensor subclass Int8Params",
     "attention-flex": "There was no rule registered for HigherOrderOperator flex_attention",  # no fake rule for it
     "compile": "complete, first call: 0 graphs compiled",  # dynamo skips frames under a dispatch mode: eager code
     "tensorrt": "tensorrt needs the torch_tensorrt package",  # not installed; its engines need real device memory
@@ -90,6 +103,8 @@ def technique_cases() -> list:
     # every attention backend, not only the matrix's variant: those whose package is here run (the rest are refused)
     backends = [Attention(Config(backend=name)) for name in backend_names()]
     for cls in REGISTRY.values():
+        if cls.name == "gguf":  # reads a file: test_a_gguf_file_loads_on_its_own_gpu
+            continue
         for variant in backends if cls is Attention else cls.variants():
             spec = OptimizationSpec(
                 name=variant.name, params={**variant.config.model_dump(mode="json"), **PARAMS.get(variant.name, {})}
@@ -290,3 +305,57 @@ def test_the_fake_leaves_torch_as_it_found_it():
     assert not torch.cuda.is_available()
     with pytest.raises((RuntimeError, AssertionError), match="CUDA|cuda"):
         torch.ones(2, device="cuda")
+
+
+@pytest.mark.parametrize("value", ["bnb:nf4", "bnb:int8", "torchao:int8wo", "quanto:int8"])
+def test_a_backend_quantized_at_load_is_placed_on_its_own_gpu(tmp_path, value):
+    """``--quantize BACKEND:TYPE`` on cuda:1 hands the quantizing loader the denoiser's config at the run's dtype,
+    and the run stays on its own GPU. The backends' tensor subclasses cannot be faked (NOT_RUNNABLE), so the loader
+    is a recorder here that loads the saved component back unquantized."""
+    import diffmeter.quantized_loading as loading
+    from diffmeter.quantization_spec import optimization_specs
+
+    seen = {}
+
+    def load_quantized(cls, folder, config, dtype):
+        seen[folder.name] = (type(config).__module__.split(".")[0], config.to_dict(), dtype)
+        return cls.from_pretrained(folder, torch_dtype=dtype)
+
+    with mock.patch.object(loading, "load_quantized", load_quantized):
+        result, folder, cuda = fake_bench(tmp_path, "tiny-flux", optimizations=optimization_specs([value]))
+    assert_ran_on_its_own_gpu(result, folder, cuda)
+    ((name, (library, config, dtype)),) = seen.items()
+    assert name == "transformer" and library == "diffusers" and dtype == torch.bfloat16
+    backend, kind = value.split(":")
+    if backend == "bnb":
+        assert config["load_in_4bit"] == (kind != "int8") and config["load_in_8bit"] == (kind == "int8")
+        assert kind == "int8" or (config["bnb_4bit_quant_type"], config["bnb_4bit_compute_dtype"]) == (kind, "bfloat16")
+    LEDGER.append((f"{value} on tiny-flux", "placement covered with the quantizing loader recorded"))
+
+
+def test_a_gguf_file_loads_on_its_own_gpu(tmp_path):
+    """``--quantize gguf:Q8_0 --weights FILE`` on cuda:1 hands from_single_file the file with a compute dtype of the
+    run's, and the run stays on its own GPU. GGUFParameter cannot be faked, so the single-file loader is a recorder
+    here that loads the saved component back unquantized."""
+    import diffusers
+    from gguf_file import write_gguf
+
+    import diffmeter.quantized_loading as loading
+    from diffmeter.catalog import resolve
+    from diffmeter.quantization_spec import optimization_specs
+    from diffmeter.tiny import tiny_pipeline
+
+    file = tmp_path / "tiny-flux-Q8_0.gguf"
+    write_gguf(tiny_pipeline(resolve("tiny-flux")).transformer, file)
+    seen = {}
+
+    def from_single_file(name, single, root, dtype):
+        seen[name] = (single.path, single.config.compute_dtype, dtype)
+        return diffusers.FluxTransformer2DModel.from_pretrained(root / name, torch_dtype=dtype)
+
+    specs = optimization_specs(["gguf:Q8_0"], str(file))
+    with mock.patch.object(loading, "from_single_file", from_single_file):
+        result, folder, cuda = fake_bench(tmp_path / "runs", "tiny-flux", optimizations=specs)
+    assert_ran_on_its_own_gpu(result, folder, cuda)
+    assert seen == {"transformer": (file, torch.bfloat16, torch.bfloat16)}
+    LEDGER.append(("gguf:Q8_0 on tiny-flux", "placement covered with from_single_file recorded"))

@@ -212,3 +212,24 @@ def test_the_profile_shows_what_the_image_adds(cli):
     assert "input image 40x24" in line and "image_encoder" in line
     code, _, err = cli("profile", "tiny-flux", "--image-size", "40x24")
     assert code == 2 and "takes no input image: drop --image-size" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_catalog_entry_profiles_text_only_with_no_image(cli):
+    """flux1-kontext-dev's catalog call edits an image; `image_sizes=()` (`--no-image`) counts the text-to-image call
+    FluxKontextPipeline also runs (once taken for "unset" and given the catalog's image back), and the edit's profile
+    compares itself with it. An image-to-video checkpoint cannot go without one: one line."""
+    edit, text = profile("flux1-kontext-dev", steps=1), profile("flux1-kontext-dev", steps=1, image_sizes=())
+    assert edit.input_images == [(1024, 1024)] and not text.input_images
+    assert "image_encoder" not in {c.role for c in text.components}
+    assert text.denoiser_macs_per_step < edit.denoiser_macs_per_step
+    code, out, err = cli("profile", "flux1-kontext-dev", "--steps", "1", "--no-image")
+    assert code == 0 and "counted as text-to-image" in " ".join(out.split()), err
+    code, out, err = cli("profile", "flux1-kontext-dev", "--steps", "1")
+    line = " ".join(out.split())
+    assert code == 0 and f"against text-to-image at the same settings ({units.macs(text.total_macs)})" in line, err
+    for refused, said in (
+        (["flux1-kontext-dev", "--no-image", "--image-size", "64x64"], "--no-image and --image-size contradict"),
+        (["wan21-i2v-14b-480p", "--no-image"], "animates an image"),
+    ):
+        code, _, err = cli("profile", *refused)
+        assert code == 2 and said in err and len(err.strip().splitlines()) == 1, err

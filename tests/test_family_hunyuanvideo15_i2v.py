@@ -23,6 +23,8 @@ def test_image_to_video_is_counted_exactly(batch, guidance, image):
     assert real["image_encoder"] > 0
     height, width = pipe.video_processor.calculate_default_height_width(*image, 64)
     assert (offline.height, offline.width) == (height, width)
+    said = f"output {width}x{height} (WxH): HunyuanVideo15ImageToVideoPipeline.__call__ takes no size"
+    assert offline.notes[0].startswith(said)  # the size rule first, with its lines
     assert encoded == [(1, 3, 1, height, width)]  # once per call, at the video's size
     assert video.frames.shape[2:4] == (height, width)
 

@@ -69,3 +69,24 @@ def test_ltx2_image_to_video_is_counted_exactly(batch, guidance):
     assert encoded == [(1, 3, 1, entry.defaults.height, entry.defaults.width)] * batch
     plain = {c.name: c.macs for c in text_only.components}
     assert macs_by_name(offline)["transformer"] > plain["transformer"]
+
+
+def test_without_a_size_the_video_keeps_its_default_size_and_says_why():
+    """LTX(-2) image-to-video without a size: the default size whatever the image, which the pipeline resizes to it
+    (pipeline_ltx_image2video.py:603-604, 773; pipeline_ltx2_image2video.py:990-991, 1364); `profile` says whose
+    default it is: the pipeline's own, or the model card's that bench passes where they differ (ltx-video: 704x480,
+    LTXImageToVideoPipeline alone 704x512)."""
+    card = profile("ltx-video", image_sizes=["800x600"], steps=1)
+    assert (card.width, card.height) == (704, 480) and card.input_images == [(480, 704)]
+    assert card.notes[0].startswith(
+        "output 704x480 (WxH): ltx-video's default size, which bench passes (called without a size, "
+        "LTXImageToVideoPipeline generates at its __call__ default 704x512 whatever the image)"
+    )
+    own = profile("ltx-2", image_sizes=["800x600"], steps=1)
+    assert (own.width, own.height) == (768, 512)
+    assert own.notes[0].startswith(
+        "output 768x512 (WxH): called without a size, LTX2ImageToVideoPipeline generates at its __call__ default "
+        "768x512 whatever the image, the image resized to it"
+    )
+    asked = profile("ltx-video", image_sizes=["800x600"], steps=1, height=256, width=256)
+    assert not any(note.startswith("output") for note in asked.notes)

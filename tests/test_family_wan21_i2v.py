@@ -5,7 +5,6 @@ the offline profile per component; the real entries' sizes; a folder of such a p
 import numpy as np
 import pytest
 import torch
-from diffusers import WanImageToVideoPipeline
 from PIL import Image
 from tiny_runs import PROMPT, TINY, counted_run, macs_by_name, tiny_call, token_settings
 
@@ -121,7 +120,7 @@ def test_wan22_experts_animate_without_an_image_encoder():
 
 
 @pytest.mark.parametrize(("batch", "guidance"), [(1, 5.0), (2, 1.0)])
-def test_first_and_last_frame_to_video_is_counted_exactly(batch, guidance, tmp_path, cli, capsys):
+def test_first_and_last_frame_to_video_is_counted_exactly(batch, guidance, saved, cli):
     """An FLF2V checkpoint (a transformer whose image embedder joins two images' CLIP tokens, ``pos_embed_seq_len``),
     saved to a folder and called with ``image`` and ``last_image``: CLIP reads both at once (pipeline_wan_i2v.py:703),
     the VAE encodes one video with both frames (431-440), counted exactly; one image is one line."""
@@ -132,9 +131,7 @@ def test_first_and_last_frame_to_video_is_counted_exactly(batch, guidance, tmp_p
         update={"config": {**transformer.config, "pos_embed_seq_len": 2 * image_tokens(ENTRY)}}
     )
     flf2v = ENTRY.model_copy(update={"components": {**ENTRY.components, "transformer": joined}})
-    tiny_pipeline(flf2v).save_pretrained(tmp_path / "flf2v")
-    pipe = WanImageToVideoPipeline.from_pretrained(tmp_path / "flf2v")
-    pipe.set_progress_bar_config(disable=True)
+    folder, _, pipe = saved(tiny_pipeline(flf2v), "flf2v")
     encode, encoded = pipe.vae.encode, []
     pipe.vae.encode = lambda x, *a, **k: encoded.append(tuple(x.shape)) or encode(x, *a, **k)
     first, last = Image.new("RGB", (40, 24), (90, 40, 160)), Image.new("RGB", (32, 48), (10, 140, 60))
@@ -153,11 +150,30 @@ def test_first_and_last_frame_to_video_is_counted_exactly(batch, guidance, tmp_p
         )
     real = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in ENTRY.components}
     settings = {**size, "steps": 2, "batch_size": batch, "guidance_scale": guidance, **token_settings(ENTRY, pipe)}
-    offline = profile(str(tmp_path / "flf2v"), image_sizes=["40x24", "32x48"], **settings)
+    offline = profile(str(folder), image_sizes=["40x24", "32x48"], **settings)
     assert macs_by_name(offline) == real
     assert encoded == [(1, 3, size["num_frames"], size["height"], size["width"])]
     clip = next(c for c in offline.components if c.name == "image_encoder")
     assert (clip.calls, clip.batch_per_call) == (1, 2)
-    capsys.readouterr()  # the loading's own progress
-    code, _, err = cli("profile", str(tmp_path / "flf2v"), "--image-size", "40x24")
+    code, _, err = cli("profile", str(folder), "--image-size", "40x24")
+    assert code == 2 and "pass --image-size twice" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_flf2v_entry_is_the_i2v_model_with_the_two_images_position_embedding(cli):
+    """wan21-flf2v-14b-720p: the I2V 720p components (the converter builds FLF2V with them), its transformer one
+    (1, 514, 1280) position embedding more; its catalog call animates two images (CLIP reads both in one call, each
+    image's 257 tokens in every cross-attention), and one image is one line."""
+    flf2v, i2v = resolve("wan21-flf2v-14b-720p"), resolve("wan21-i2v-14b-720p")
+    assert flf2v.pipeline_class == i2v.pipeline_class
+    for name in ("text_encoder", "image_encoder", "vae"):
+        assert flf2v.components[name] == i2v.components[name]
+    assert flf2v.components["transformer"].config == {**i2v.components["transformer"].config, "pos_embed_seq_len": 514}
+    both, one = profile("wan21-flf2v-14b-720p", steps=1), profile("wan21-i2v-14b-720p", steps=1, guidance_scale=5.5)
+    params = {c.name: c.params for c in both.components}
+    assert params["transformer"] - {c.name: c.params for c in one.components}["transformer"] == 514 * 1280
+    assert both.input_images == [(720, 1280), (720, 1280)]
+    clip = next(c for c in both.components if c.name == "image_encoder")
+    assert (clip.calls, clip.batch_per_call) == (1, 2)
+    assert both.denoiser_macs_per_step > one.denoiser_macs_per_step  # 514 image tokens in cross-attention, not 257
+    code, _, err = cli("profile", "wan21-flf2v-14b-720p", "--image-size", "1280x720")
     assert code == 2 and "pass --image-size twice" in err and len(err.strip().splitlines()) == 1, err

@@ -6,10 +6,10 @@ from importlib import resources
 
 import pytest
 
-from diffmeter.predict.devices import of_row, resolve_same_as
+from diffmeter.predict.devices import named_gpu, nvlinks, of_row, resolve_same_as
 from diffmeter.predict.peaks import PEAKS
 
-FILES = ("gpu_cache.json", "host_links.json", "gpu_memory.json", "gpu_power.json")
+FILES = ("gpu_cache.json", "host_links.json", "gpu_memory.json", "gpu_power.json", "gpu_nvlink.json")
 A100S = ("A100 80GB SXM", "A100 80GB PCIe", "A100 40GB SXM", "A100 40GB PCIe")
 
 
@@ -48,3 +48,38 @@ def test_an_alias_of_a_missing_row_or_of_an_alias_is_refused():
         resolve_same_as({**stated, "C": {"same_as": "B"}}, "t")
     with pytest.raises(ValueError, match="D is the same as 'Z'"):
         resolve_same_as({**stated, "D": {"same_as": "Z"}}, "t")
+
+
+CONSUMER = ("RTX 3060 12GB", "RTX 4060 Ti 16GB", "RTX 4070", "RTX 4070 Ti", "RTX 4070 Ti Super", "RTX 5060 Ti 16GB")
+CONSUMER += ("RTX 5070", "RTX 5070 Ti")
+
+
+@pytest.mark.parametrize("name", CONSUMER)
+def test_every_consumer_card_carries_what_a_prediction_reads(name):
+    """Memory, bandwidth, a bfloat16 peak, a TDP, a host link and an architecture each, cited in its data file."""
+    device = named_gpu(name)
+    assert device.memory_bytes and device.bandwidth_bytes_per_s and device.peak_tflops("bfloat16")
+    assert device.tdp_w and device.host_link and device.architecture in ("ampere", "ada", "rtx-blackwell")
+    for file in ("gpu_power.json", "host_links.json"):
+        entry = raw_rows(file)[name]
+        assert "same_as" in entry or entry["source"]
+
+
+def test_the_eight_lane_cards_get_half_the_x16_rate():
+    """The RTX 4060 Ti runs PCIe Gen4 x8 and the 5060 Ti Gen5 x8: offloading's transfers over them take twice as
+    long as over a x16 card of the same generation."""
+    assert named_gpu("rtx 4060 ti").host_link_bytes_per_s == named_gpu("rtx 4070").host_link_bytes_per_s / 2 == 16e9
+    assert named_gpu("rtx 5060 ti").host_link_bytes_per_s == named_gpu("rtx 5070").host_link_bytes_per_s / 2 == 32e9
+
+
+def test_nvlink_figures_resolve_per_card_each_cited():
+    """The loader reads every row of data/gpu_nvlink.json, aliases resolved; a figure names its source and line,
+    and the export cards read less than the cards they were cut from."""
+    links = nvlinks()
+    assert set(links) == set(raw_rows("gpu_nvlink.json"))
+    assert links["A100 80GB SXM"] is links["A100 40GB SXM"] and links["L4"]["gb_s"] is None
+    for name, link in links.items():
+        assert link["source"] and link["quote"], name
+        assert link["gb_s"] is None or link["link"].startswith("NVLink"), name
+    assert links["A800 80GB SXM"]["gb_s"] < links["A100 80GB SXM"]["gb_s"]
+    assert links["H800 SXM"]["gb_s"] < links["H100 SXM"]["gb_s"]

@@ -93,8 +93,29 @@ def test_no_module_takes_another_modules_private_names():
 #: the layers, lowest first, as docs/ARCHITECTURE.md draws the data flow; a module may import its own layer and
 #: those below it. The package root is a base: its public names (``diffmeter.bench``, ...) load lazily, by name.
 LAYERS = (
-    ("diffmeter", "errors", "units", "quiet", "cache", "spec", "optimization_spec", "stages", "parallel"),
-    ("catalog", "families", "pipelines", "random_weights", "tiny", "loading", "lora_file", "weights"),
+    (
+        "diffmeter",
+        "errors",
+        "units",
+        "quiet",
+        "cache",
+        "spec",
+        "optimization_spec",
+        "quantization_spec",
+        "stages",
+        "parallel",
+    ),
+    (
+        "catalog",
+        "families",
+        "pipelines",
+        "random_weights",
+        "tiny",
+        "loading",
+        "quantized_loading",
+        "lora_file",
+        "weights",
+    ),
     ("flops",),
     ("predict",),
     ("optimize",),

@@ -66,6 +66,8 @@ DEVICE_NAMES = {
     "NVIDIA A100-PCIE-40GB": 312.0,
     "NVIDIA A100 80GB PCIe": 312.0,
     "NVIDIA A800-SXM4-80GB": 312.0,
+    "NVIDIA A800 80GB PCIe": 312.0,
+    "NVIDIA A800 40GB Active": 312.0,
     "NVIDIA A10G": 70.0,
     "NVIDIA A10": 125.0,
     "NVIDIA A40": 149.7,
@@ -74,10 +76,23 @@ DEVICE_NAMES = {
     "NVIDIA L40S": 362.05,
     "NVIDIA GeForce RTX 4090": 165.2,
     "NVIDIA GeForce RTX 3090": 71.0,
+    "NVIDIA GeForce RTX 4070": 58.3,
+    "NVIDIA GeForce RTX 4070 Ti": 80.2,
+    "NVIDIA GeForce RTX 4070 Ti SUPER": 88.2,
+    "NVIDIA GeForce RTX 4060 Ti": 44.1,  # the 8 GB and 16 GB cards: one name, peaks and bandwidth
+    "NVIDIA GeForce RTX 5060 Ti": 47.4,
+    "NVIDIA GeForce RTX 5070": 61.7,
+    "NVIDIA GeForce RTX 5070 Ti": 87.9,
     "NVIDIA RTX 6000 Ada Generation": 364.2,
     "NVIDIA RTX A6000": 154.8,
     # look-alikes that must not borrow a neighbour's figure
     "NVIDIA GeForce RTX 4090 D": None,
+    "NVIDIA GeForce RTX 4070 SUPER": None,
+    "NVIDIA GeForce RTX 4060": None,
+    "NVIDIA GeForce RTX 5060": None,
+    "NVIDIA GeForce RTX 3060 Ti": None,
+    "NVIDIA GeForce RTX 3060": None,  # the 12 GB card (360 GB/s) and the 8 GB one (240 GB/s) share the name
+    "NVIDIA A800-SXM4-40GB": None,  # not in the table
     "NVIDIA H200 MIG 2g.35gb": None,
     "NVIDIA H100": None,
     "NVIDIA H20-3e": None,
@@ -109,10 +124,10 @@ def test_peaks_are_dense_and_follow_the_precision_that_ran():
 
 
 def test_the_current_cards_are_matched_by_their_driver_names_and_borrow_their_generations_fit():
-    """RTX 5090 and 5080 (GeForce Blackwell: the B200's fit, borrowed and said so), RTX 4080 and L20 (Ada); a 4080 SUPER
-    or an L2 is another card."""
+    """RTX 5090 and 5080 (GeForce Blackwell: the B200's fit, borrowed and said so), RTX 4080 and L20 (Ada's own); a
+    4080 SUPER or an L2 is another card."""
+    from diffmeter.predict.calibration import calibration_for
     from diffmeter.predict.devices import named_gpu
-    from diffmeter.predict.roofline import calibration_for
 
     assert device_peak("NVIDIA GeForce RTX 5090", "bfloat16").tflops == 209.5
     assert device_peak("NVIDIA L20", "float16").tflops == 119.5
@@ -121,7 +136,7 @@ def test_the_current_cards_are_matched_by_their_driver_names_and_borrow_their_ge
     assert named_gpu("rtx 5090").architecture == "rtx-blackwell" and named_gpu("l20").architecture == "ada"
     assert named_gpu("rtx 5090").memory_bytes == 32_607 * 2**20 and named_gpu("l20").tdp_w is None
     assert "borrowed for rtx-blackwell (RTX 5080) from blackwell" in calibration_for(named_gpu("rtx 5080")).source
-    assert "borrowed for ada (RTX 4080) from hopper" in calibration_for(named_gpu("rtx 4080")).source
+    assert "published eager runs on ada GPUs" in calibration_for(named_gpu("rtx 4080")).source  # Ada's own fit
 
 
 class _FakeZeus:
@@ -237,6 +252,29 @@ def test_each_a100_is_its_own_row_with_its_bandwidth_power_and_memory():
         assert device.l2_bytes == 40 * 2**20 and device.architecture == "ampere" and device.memory_bytes == mib * 2**20
     assert named_gpu("a100").name == "A100 80GB SXM" and named_gpu("a100 40gb").name == "A100 40GB SXM"
     assert find_device("NVIDIA A100-SXM4-80GB MIG 1g.10gb") is None
+
+
+def test_each_a800_is_its_own_row_with_its_bandwidth_and_a_bare_a800_is_the_sxm():
+    """One "A800" row covered four cards, with peaks but no bandwidth, so `profile --gpu a800` gave no time (issue
+    50): the driver names pick their rows, and "a800", as users and published figures name it, is the 80GB SXM, as
+    "a100" is."""
+    from diffmeter.predict.devices import named_gpu, other_cards
+
+    rows = {  # name: row, GB/s, W (None: not found), MiB as nvidia-smi reports it (None: not found)
+        "NVIDIA A800-SXM4-80GB": ("A800 80GB SXM", 2039, 400, 81920),
+        "NVIDIA A800 80GB PCIe": ("A800 80GB PCIe", 1935, None, 81920),
+        "NVIDIA A800 40GB Active": ("A800 40GB Active", 1555, 240, None),
+    }
+    for driver_name, (row, bandwidth, tdp, mib) in rows.items():
+        device = named_gpu(find_device(driver_name).name)
+        assert (device.name, device.bandwidth_bytes_per_s, device.tdp_w) == (row, bandwidth * 1e9, tdp)
+        assert device.l2_bytes == 40 * 2**20 and device.architecture == "ampere" and device.memory_bytes
+        assert mib is None or device.memory_bytes == mib * 2**20
+    assert named_gpu("a800").name == named_gpu("A800").name == "A800 80GB SXM"
+    assert other_cards("a800").endswith(
+        "also has the A800 80GB PCIe, A800 40GB PCIe, A800 40GB Active: name one for another card"
+    )
+    assert named_gpu("a800 40gb pcie").bandwidth_bytes_per_s == 1555e9
 
 
 def test_conditions_read_the_runs_gpu_whatever_order_cuda_numbers_it(monkeypatch):

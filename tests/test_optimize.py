@@ -1,6 +1,7 @@
 """Every technique on real tiny pipelines: it applies or says why not; lossless ones keep the
 images; caches skip work the FLOP counter can see; samplers run the steps asked for."""
 
+import contextlib
 import importlib.util
 
 import numpy as np
@@ -16,6 +17,7 @@ from diffmeter.measure.clock import HostClock
 from diffmeter.measure.stages import StageTimer
 from diffmeter.optimize import REGISTRY, OptimizationSpec, Target, build, check
 from diffmeter.optimize.scheduler import SCHEDULERS
+from diffmeter.quantized_loading import quantize_built
 from diffmeter.tiny import tiny_pipeline
 
 MODELS = ["tiny-sd", "tiny-flux", "tiny-pixart"]  # UNet; dispatching MMDiT with cache hooks; SDPA DiT with T5
@@ -40,6 +42,8 @@ def generate(model: str, optimizations=(), steps: int = 3, batch: int = 2, count
     executed FLOPs are stored under count['flops']."""
     t = target(model, steps)
     pipe = tiny_pipeline(t.entry)
+    configs = {name: config for optimization in optimizations for name, config in optimization.load_configs(t).items()}
+    quantize_built(pipe, configs, {name: torch.float32 for name in configs})  # --quantize BACKEND:TYPE, at load
     for optimization in optimizations:
         optimization.apply(pipe, t)
     defaults = t.entry.defaults
@@ -57,7 +61,8 @@ def generate(model: str, optimizations=(), steps: int = 3, batch: int = 2, count
         arguments["num_frames"] = defaults.num_frames
     contexts = [optimization.call_context() for optimization in optimizations]
     denoiser = {t.family.denoiser: getattr(pipe, t.family.denoiser)}
-    with torch.no_grad(), count_flops(denoiser) as counts:
+    # the counter only where asked: its dispatch mode stops torch.compile'd kernels (sdnq's dequantization)
+    with torch.no_grad(), count_flops(denoiser) if count is not None else contextlib.nullcontext() as counts:
         for context in contexts:
             context.__enter__()
         try:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from diffmeter.errors import DiffmeterError
-from diffmeter.predict.devices import named_gpu, spec_gpu
+from diffmeter.predict.devices import named_gpu, other_cards, spec_gpu
 from diffmeter.predict.peaks import PEAKS
 
 
@@ -197,6 +197,43 @@ def test_a_word_of_one_cards_name_is_that_card():
     assert named_gpu("l40").name == "L40" and named_gpu("h10").name == "H100 SXM"  # a prefix still serves
 
 
+@pytest.mark.parametrize(
+    ("name", "row"),
+    [
+        ("RTX 4070", "RTX 4070"),
+        ("4070", "RTX 4070"),
+        ("rtx 4070 ti", "RTX 4070 Ti"),
+        ("4070 ti super", "RTX 4070 Ti Super"),
+        ("NVIDIA GeForce RTX 4070 Ti SUPER", "RTX 4070 Ti Super"),
+        ("rtx 4060 ti", "RTX 4060 Ti 16GB"),
+        ("RTX 3060", "RTX 3060 12GB"),
+        ("rtx 5060 ti", "RTX 5060 Ti 16GB"),
+        ("rtx 5070", "RTX 5070"),
+        ("rtx 5070 ti", "RTX 5070 Ti"),
+    ],
+)
+def test_the_consumer_cards_are_named_as_users_name_them(name, row):
+    """Issue 47: the 12 and 16 GB cards were unknown GPUs. "4070" is the RTX 4070 alone: the Ti and Ti Super are
+    other cards, not other forms of it, so nothing is said about them."""
+    assert named_gpu(name).name == row and other_cards(name) is None
+
+
+def test_a_bare_a800_is_timed(cli):
+    """`profile --gpu a800` said "no memory bandwidth" (issue 50): the A800 is now timed as the 80GB SXM."""
+    code, out, err = cli("profile", "tiny-sd", "--gpu", "a800", "--json")
+    found = json.loads(out)
+    assert code == 0, err
+    assert found["gpu"]["name"] == "A800 80GB SXM" and found["time"]["bandwidth_bytes_per_s"] == 2039e9
+    assert found["time"]["lower_s"] > 0
+
+
+@pytest.mark.parametrize("name", ["rtx 4060", "rtx 5060", "rtx 3060 ti", "rtx 4070 super", "rtx 4060 ti 8gb"])
+def test_a_card_the_table_lacks_is_not_its_neighbour(name):
+    """The RTX 4060 is not the 4060 Ti (a prefix or a subset of words matched it), nor a 4060 Ti 8GB the 16 GB row."""
+    with pytest.raises(DiffmeterError, match=f"unknown GPU '{name}'"):
+        named_gpu(name)
+
+
 @pytest.mark.parametrize("command", [["profile"], ["profile", "--gpu", "h100"], ["fit", "--memory", "24GB"]])
 def test_a_component_dtype_for_a_component_the_model_lacks_is_refused(cli, command):
     """fit accepted --component-dtype vea=float32 and predicted as if it had not been given."""
@@ -215,3 +252,20 @@ def test_profile_and_fit_on_this_cpu_predict_the_peak_bench_stores_for_a_cpu_run
     assert code == 0 and json.loads(out)["peak_memory_bytes"] == result.prediction.peak_memory_bytes
     code, out, _ = cli("fit", "tiny-sd", "--steps", "2", "--gpu", "cpu", "--json")
     assert code == 0 and json.loads(out)["fits"][0]["peak_bytes"] == result.prediction.peak_memory_bytes
+
+
+def test_a_host_bound_run_says_so_in_the_json_and_the_table(cli):
+    """tiny-sd on an H100: its GPU work is microseconds, the host's issuing of its operators milliseconds: the JSON
+    carries the host's time per stage, the busy share and why it is host-bound; the table says it too. A CPU run
+    has no host term (the host is the device)."""
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "h100", "--json")
+    time = json.loads(out)["time"]
+    assert code == 0 and time["host_bound"].startswith("host-bound") and time["busy_share"] < 0.5
+    for stage in time["stages"]:
+        assert stage["host_s"][0] > stage["gpu_s"][0] and stage["expected_s"] == pytest.approx(stage["host_s"])
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "h100")
+    assert code == 0 and "host issues" in out and "host-bound" in " ".join(out.split())
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "cpu", "--steps", "2", "--json")
+    time = json.loads(out)["time"]
+    assert time["host_bound"] is None and time["busy_share"] is None
+    assert all(stage["host_s"] is None for stage in time["stages"])

@@ -160,7 +160,7 @@ def test_torchao_weights_survive_accelerates_per_layer_offload_so_fit_offers_the
     [
         ([], "give the memory to fit in"),
         (["--memory", "24GB", "--gpu", "h100"], "H100 SXM has one memory size in the table: drop --memory"),
-        (["--gpu", "a800"], "A800 comes in several memory sizes: add --memory"),
+        (["--gpu", "v100 sxm2"], "V100 SXM2 comes in several memory sizes: add --memory"),
     ],
 )
 def test_fit_bad_input_is_one_line(cli, args, message):

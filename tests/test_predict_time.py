@@ -11,9 +11,10 @@ import torch
 from diffmeter import units
 from diffmeter.catalog import resolve
 from diffmeter.flops.profile import profile_spec
+from diffmeter.predict.calibration import Calibration, calibrations
 from diffmeter.predict.devices import Device, named_gpu, spec_gpu
 from diffmeter.predict.operators import OperatorTally, operator_work
-from diffmeter.predict.roofline import TORCH_FP32, Calibration, calibrations, predict_time
+from diffmeter.predict.roofline import TORCH_FP32, predict_time
 from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork
 from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
@@ -26,9 +27,26 @@ def tally(module, *inputs) -> dict[str, list[tuple[int, int, int]]]:
     with torch.no_grad(), OperatorTally() as counted:
         module(*inputs)
     found: dict[str, list[tuple[int, int, int]]] = {}
-    for (kind, flops, moved, _, _), calls in counted.groups.items():
-        found.setdefault(kind, []).append((flops, moved, calls))
+    for group in counted.operators():
+        found.setdefault(group.kind, []).append((group.flops, group.bytes, group.calls))
     return found
+
+
+def test_the_host_issues_every_dispatched_operator_views_too_and_every_module_call():
+    """F.linear dispatches a transpose of the weight (a view, no traffic) and an addmm: two for the host, one for
+    the GPU; a Sequential of two linears is three module calls; a query returning no tensor is not dispatched work
+    in an eager run (an attribute read)."""
+    x, linear = torch.randn(8, 64), torch.nn.Linear(64, 32)
+    stacked = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8))
+    with torch.no_grad(), OperatorTally() as counted:
+        linear(x)
+    assert counted.host_counts() == {"dispatched": 2, "modules": 1} and sum(g.calls for g in counted.operators()) == 1
+    with torch.no_grad(), OperatorTally() as counted:
+        stacked(x)
+    assert counted.host_counts() == {"dispatched": 4, "modules": 3}
+    with OperatorTally() as counted:
+        torch.ops.prim.device(x)
+    assert counted.host_counts() == {"dispatched": 0, "modules": 0}
 
 
 def test_an_operator_moves_its_inputs_and_outputs_and_views_move_nothing():
@@ -46,7 +64,7 @@ def test_an_operator_moves_its_inputs_and_outputs_and_views_move_nothing():
     # a query returning no tensor (a tensor's device, its sizes) moves nothing
     with OperatorTally() as counted:
         torch.ops.prim.device(x)
-    assert not counted.groups
+    assert not counted.operators()
 
 
 @pytest.mark.parametrize("name", ["tiny-sd", "tiny-flux", "tiny-wan"])
@@ -67,7 +85,8 @@ def test_every_stages_flops_equal_the_offline_profile(name):
 def work_of(*groups: tuple[str, int, int, int], count: int = 1) -> OperatorWork:
     operators = [OperatorGroup(kind=k, flops=f, bytes=b, calls=c) for k, f, b, c in groups]
     return OperatorWork(
-        dtype="float32", calls=[CallWork(stage="denoising", component="x", count=count, operators=operators)]
+        dtype="float32",
+        calls=[CallWork(stage="denoising", component="x", count=count, operators=operators, dispatched=0, modules=0)],
     )
 
 
@@ -136,8 +155,18 @@ def test_a_call_at_another_dtype_is_charged_that_dtypes_peak_and_named_where_the
     work = OperatorWork(
         dtype="bfloat16",
         calls=[
-            CallWork(stage="denoising", component="transformer", count=2, operators=group[:1], dtype="bfloat16"),
-            CallWork(stage="vae_decode", component="vae", count=1, operators=group, dtype="float32"),
+            CallWork(
+                stage="denoising",
+                component="transformer",
+                count=2,
+                operators=group[:1],
+                dtype="bfloat16",
+                dispatched=0,
+                modules=0,
+            ),
+            CallWork(
+                stage="vae_decode", component="vae", count=1, operators=group, dtype="float32", dispatched=0, modules=0
+            ),
         ],
     )
     card = Device(

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from diffmeter import units
+from diffmeter.predict.calibration import calibrations
 from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, of_row
 from diffmeter.predict.memory import predict_memory
 from diffmeter.predict.peaks import PEAKS
-from diffmeter.predict.roofline import calibrations
 from diffmeter.predict.techniques import peak_under, settings
 from diffmeter.spec import ProfileSpec
 
@@ -159,7 +159,17 @@ def test_a_card_without_a_bandwidth_names_it_and_the_option_that_gives_it():
     matmul = OperatorGroup(kind="matmul", flops=10**12, bytes=1, calls=1)
     work = OperatorWork(
         dtype="bfloat16",
-        calls=[CallWork(stage="denoising", component="transformer", count=1, operators=[matmul], dtype="bfloat16")],
+        calls=[
+            CallWork(
+                stage="denoising",
+                component="transformer",
+                count=1,
+                operators=[matmul],
+                dtype="bfloat16",
+                dispatched=1,
+                modules=1,
+            )
+        ],
     )
     card = named_gpu("h100").model_copy(update={"bandwidth_bytes_per_s": None})
     assert missing_figures(card, work) == (

@@ -10,7 +10,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 
-from published_comparison import commands, load_figures, run_profile  # noqa: E402
+from published_comparison import (  # noqa: E402
+    commands,
+    load_figures,
+    profile_command,
+    run_profile,
+    settings,
+    sources,
+)
 
 
 @pytest.mark.slow
@@ -36,3 +43,19 @@ def test_figures_of_one_setting_share_one_profile_and_unusable_ones_run_none():
     unusable = [f for f in figures.values() if not f["usable"]][0]
     found = commands([*same, unusable])
     assert len(found) == 1 and found[0][:2] == ["profile", "flux-dev"] and "--steps" in found[0]
+
+
+def test_a_figures_own_max_sequence_length_reaches_its_profile_and_no_other_figure_gets_one():
+    """OneDiff's FLUX script encodes 256 T5 tokens, not the pipeline's 512: its profile is asked for 256."""
+    figures = {f["id"]: f for f in load_figures()}
+    short, plain = figures["onediff-flux-dev-20steps-h20"], figures["mlenergy-flux-h100-bs1"]
+    assert profile_command(short, settings(short)[0])[-2:] == ["--max-sequence-length", "256"]
+    assert "--max-sequence-length" not in profile_command(plain, settings(plain)[0])
+
+
+def test_a_figures_stated_stack_and_partial_coverage_are_listed_with_its_source():
+    """The PyTorch 2.0 page's rate covers the denoising loop only, on torch 2.0 with SDPA: the source line says so."""
+    figures = {f["id"]: f for f in load_figures()}
+    (line,) = sources([figures["diffusers-pt2-sd15-a100-bs1"]])
+    assert "Stack: torch 2.0, diffusers 0.17.0.dev0, attention sdpa." in line
+    assert "Covers: denoising only." in line

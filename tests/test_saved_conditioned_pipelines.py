@@ -25,63 +25,63 @@ def counted(pipe, components, **call) -> dict[str, int]:
     return {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in components}
 
 
-@pytest.mark.parametrize(("batch", "guidance"), [(1, 3.0), (2, 1.0)])
-def test_a_saved_ltx_image_to_video_pipeline_is_counted_as_it_runs(batch, guidance, tmp_path, cli, capsys):
+@pytest.mark.parametrize(
+    ("batch", "guidance", "sized"),
+    [(1, 3.0, True), (2, 1.0, True), pytest.param(1, 1.0, False, marks=pytest.mark.slow)],
+)
+def test_a_saved_ltx_image_to_video_pipeline_is_counted_as_it_runs(batch, guidance, sized, saved, cli):
     """LTXImageToVideoPipeline saved to a folder (once refused: "no diffmeter family describes"), called as bench
     calls it (an image and a generator per output, which it encodes per output: pipeline_ltx_image2video.py:541-544),
-    counted exactly; without an image, one line."""
+    counted exactly; called without a size it generates at its __call__ default 704x512 whatever the image
+    (603-604, the image resized to it: 773), as `profile` without a size counts and says; without an image, one
+    line."""
     tiny = resolve("tiny-ltx")
-    diffusers.LTXImageToVideoPipeline.from_pipe(tiny_pipeline(tiny)).save_pretrained(tmp_path / "i2v")
-    local = resolve(str(tmp_path / "i2v"))
+    folder, local, pipe = saved(diffusers.LTXImageToVideoPipeline.from_pipe(tiny_pipeline(tiny)), "i2v")
     assert (local.family, local.pipeline_class) == ("ltx", "LTXImageToVideoPipeline")
-    pipe = diffusers.LTXImageToVideoPipeline.from_pretrained(tmp_path / "i2v")
-    pipe.set_progress_bar_config(disable=True)
-    size = {"height": tiny.defaults.height, "width": tiny.defaults.width, "num_frames": tiny.defaults.num_frames}
+    size = {"height": tiny.defaults.height, "width": tiny.defaults.width} if sized else {}
+    size["num_frames"] = tiny.defaults.num_frames
     image = Image.new("RGB", (40, 24), (90, 40, 160))
     generators = [torch.Generator().manual_seed(k) for k in range(batch)]
     call = {"prompt": [PROMPT] * batch, "image": [image] * batch, "generator": generators, **size}
     real = counted(pipe, local.components, guidance_scale=guidance, **call)
     prompt = get_family(local.family).prompt_settings(pipe, [PROMPT])
     settings = {**size, "steps": 2, "batch_size": batch, "guidance_scale": guidance, **prompt}
-    offline = profile(str(tmp_path / "i2v"), image_sizes=["40x24"], **settings)
+    offline = profile(str(folder), image_sizes=["40x24"], **settings)
     assert macs_by_name(offline) == real and real["vae"] > 0
     encode = next(c for c in offline.components if c.role == "image_encoder")
     assert encode.calls == batch
-    capsys.readouterr()  # the saving and loading's own progress
-    code, _, err = cli("profile", str(tmp_path / "i2v"))
+    if not sized:
+        assert (offline.width, offline.height) == (704, 512)
+        said = "called without a size, LTXImageToVideoPipeline generates at its __call__ default 704x512"
+        assert offline.notes[0].startswith("output 704x512 (WxH): " + said)
+    code, _, err = cli("profile", str(folder))
     assert code == 2 and "animates an image: add --image-size" in err and len(err.strip().splitlines()) == 1
     with pytest.raises(DiffmeterError, match="animates an image"):
-        profile(str(tmp_path / "i2v"), **settings)
+        profile(str(folder), **settings)
 
 
 @pytest.mark.slow
-def test_a_saved_ltx2_image_to_video_pipeline_is_counted_as_it_runs(tmp_path):
+def test_a_saved_ltx2_image_to_video_pipeline_is_counted_as_it_runs(saved):
     """LTX2ImageToVideoPipeline saved to a folder (once refused), called with its own defaults and an image, counted
     exactly (video, audio and their guidance passes included)."""
     tiny = resolve("tiny-ltx2")
-    diffusers.LTX2ImageToVideoPipeline.from_pipe(tiny_pipeline(tiny)).save_pretrained(tmp_path / "i2v")
-    local = resolve(str(tmp_path / "i2v"))
+    folder, local, pipe = saved(diffusers.LTX2ImageToVideoPipeline.from_pipe(tiny_pipeline(tiny)), "i2v")
     assert (local.family, local.pipeline_class) == ("ltx2", "LTX2ImageToVideoPipeline")
-    pipe = diffusers.LTX2ImageToVideoPipeline.from_pretrained(tmp_path / "i2v")
-    pipe.set_progress_bar_config(disable=True)
     size = {"height": tiny.defaults.height, "width": tiny.defaults.width, "num_frames": tiny.defaults.num_frames}
     call = dict(tiny.extra["runtime"]["call"])  # the tiny entry's sequence length and guidance blocks
     image = Image.new("RGB", (40, 24), (90, 40, 160))
     real = counted(pipe, local.components, prompt=[PROMPT], image=[image], image_crf=0, **size, **call)
     prompt = get_family(local.family).prompt_settings(pipe, [PROMPT])
     settings = {**size, "steps": 2, "max_sequence_length": call["max_sequence_length"], **prompt}
-    offline = profile(str(tmp_path / "i2v"), image_sizes=["40x24"], **settings)
+    offline = profile(str(folder), image_sizes=["40x24"], **settings)
     assert macs_by_name(offline) == real and real["vae"] > 0
 
 
-def saved_controlnet_pipeline(base: str, controlnet: str, folder):
-    """The tiny ControlNet pipeline of ``base`` steered by ``controlnet``, saved to ``folder``: its catalog entry."""
+def controlnet_pipeline(base: str, controlnet: str):
+    """The tiny ControlNet pipeline of ``base`` steered by ``controlnet``, and its catalog entry."""
     entry = with_controlnet(resolve(base), controlnet)
     published = find_controlnet(controlnet).component()  # the pipeline completes what it completes itself
-    tiny_pipeline(entry.model_copy(update={"components": {**entry.components, CONTROLNET: published}})).save_pretrained(
-        folder
-    )
-    return entry
+    return entry, tiny_pipeline(entry.model_copy(update={"components": {**entry.components, CONTROLNET: published}}))
 
 
 @pytest.mark.parametrize(
@@ -94,15 +94,13 @@ def saved_controlnet_pipeline(base: str, controlnet: str, folder):
     ],
 )
 @pytest.mark.parametrize(("batch", "guided"), [(1, True), (2, False)])
-def test_a_saved_controlnet_pipeline_is_counted_as_it_runs(base, controlnet, batch, guided, tmp_path):
+def test_a_saved_controlnet_pipeline_is_counted_as_it_runs(base, controlnet, batch, guided, saved):
     """StableDiffusionXLControlNetPipeline, FluxControlNetPipeline, StableDiffusion3ControlNetPipeline and
     QwenImageControlNetPipeline saved to folders (once refused as local folders): the folder's own ControlNet,
     counted exactly, and as the catalog's ControlNet on its base counts it."""
-    entry = saved_controlnet_pipeline(base, controlnet, tmp_path / "steered")
-    local = resolve(str(tmp_path / "steered"))
+    entry, made = controlnet_pipeline(base, controlnet)
+    folder, local, pipe = saved(made, "steered")
     assert (local.family, local.pipeline_class) == (entry.family, entry.pipeline_class)
-    pipe = getattr(diffusers, local.pipeline_class).from_pretrained(tmp_path / "steered")
-    pipe.set_progress_bar_config(disable=True)
     family = get_family(local.family)
     guidance = entry.defaults.guidance_scale if guided else 1.0
     size = {"height": entry.defaults.height, "width": entry.defaults.width}
@@ -119,18 +117,17 @@ def test_a_saved_controlnet_pipeline_is_counted_as_it_runs(base, controlnet, bat
         settings["negative_prompt_tokens"] = family.prompt_settings(pipe, [arguments["negative_prompt"]])[
             "prompt_tokens"
         ]
-    offline = profile(str(tmp_path / "steered"), **settings)
+    offline = profile(str(folder), **settings)
     assert macs_by_name(offline) == real and real[CONTROLNET] > 0
     assert macs_by_name(profile(base, controlnet=controlnet, **settings)) == real
-    assert offline.controlnet == str(tmp_path / "steered" / CONTROLNET)
+    assert offline.controlnet == str(folder / CONTROLNET)
 
 
-def test_a_saved_controlnet_is_taken_by_controlnet(tmp_path, cli, capsys):
+def test_a_saved_controlnet_is_taken_by_controlnet(saved, cli):
     """`--controlnet FOLDER`: a ControlNet saved by diffusers counts as the catalog's of the same config; a folder
     without a ControlNet config, or of a class diffmeter runs in no pipeline, is one line."""
-    saved_controlnet_pipeline("tiny-sdxl", "tiny-controlnet-sdxl", tmp_path / "steered")
-    capsys.readouterr()  # the saving's own progress
-    folder = tmp_path / "steered" / CONTROLNET
+    steered = saved(controlnet_pipeline("tiny-sdxl", "tiny-controlnet-sdxl")[1], "steered")[0]
+    folder = steered / CONTROLNET
     settings = {"steps": 2, "batch_size": 2}
     own = profile("tiny-sdxl", controlnet=str(folder), **settings)
     assert macs_by_name(own) == macs_by_name(profile("tiny-sdxl", controlnet="tiny-controlnet-sdxl", **settings))
@@ -138,23 +135,20 @@ def test_a_saved_controlnet_is_taken_by_controlnet(tmp_path, cli, capsys):
     assert code == 0, err
     with pytest.raises(DiffmeterError, match="steers"):
         profile("tiny-sd3", controlnet=str(folder))
-    for wrong in (tmp_path, tmp_path / "steered" / "vae"):
+    for wrong in (steered.parent, steered / "vae"):
         code, _, err = cli("profile", "tiny-sdxl", "--controlnet", str(wrong))
         assert code == 2 and len(err.strip().splitlines()) == 1, err
 
 
-def test_the_controlnet_call_options_are_taken_and_change_no_macs(tmp_path, cli):
+def test_the_controlnet_call_options_are_taken_and_change_no_macs(saved, cli):
     """--control-guidance-start/-end and --controlnet-conditioning-scale: the real call with them costs what
     `profile` says, the same as without (the ControlNet runs every step: pipeline_controlnet_sd_xl.py 1486-1492),
     and the profile says so; bench passes them to the call; what the pipelines refuse is one line."""
     options = {"control_guidance_start": 0.5, "control_guidance_end": 0.75, "controlnet_conditioning_scale": 0.4}
-    saved_controlnet_pipeline("tiny-sdxl", "tiny-controlnet-sdxl", tmp_path / "steered")
-    pipe = diffusers.StableDiffusionXLControlNetPipeline.from_pretrained(tmp_path / "steered")
-    pipe.set_progress_bar_config(disable=True)
+    _, local, pipe = saved(controlnet_pipeline("tiny-sdxl", "tiny-controlnet-sdxl")[1], "steered")
     entry = resolve("tiny-sdxl")
     size = {"height": entry.defaults.height, "width": entry.defaults.width}
     control = Image.new("RGB", (size["width"], size["height"]), (90, 40, 160))
-    local = resolve(str(tmp_path / "steered"))
     real = counted(pipe, local.components, prompt=PROMPT, image=control, guidance_scale=5.0, **size, **options)
     settings = {**size, "steps": 2, "guidance_scale": 5.0, **get_family(local.family).prompt_settings(pipe, [PROMPT])}
     steered = profile("tiny-sdxl", controlnet="tiny-controlnet-sdxl", **settings, **options)

@@ -98,7 +98,12 @@ def test_no_published_time_is_under_its_bounds(figure):
 def one_call(flops: int, moved: int, component: str = "transformer") -> OperatorWork:
     group = OperatorGroup(kind="matmul", flops=flops, bytes=moved, calls=10)
     return OperatorWork(
-        dtype="bfloat16", calls=[CallWork(stage="denoising", component=component, count=4, operators=[group])]
+        dtype="bfloat16",
+        calls=[
+            CallWork(
+                stage="denoising", component=component, count=4, operators=[group], dispatched=group.calls, modules=0
+            )
+        ],
     )
 
 

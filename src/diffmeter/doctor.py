@@ -24,7 +24,11 @@ MAIN_BACKENDS = ("native", "flash", "_flash_3", "sage", "xformers", "flex", "_na
 #: (distribution, import name, how to install, what diffmeter uses it for)
 PACKAGES = (
     ("zeus", "zeus", "pip install 'diffmeter[energy]'", "energy per image"),
-    ("torchao", "torchao", "pip install 'diffmeter[quant]'", "quantize (int8/fp8 weights)"),
+    ("torchao", "torchao", "pip install 'diffmeter[quant]'", "quantize (int8/fp8 weights), --quantize torchao:TYPE"),
+    ("bitsandbytes", "bitsandbytes", "pip install 'diffmeter[bnb]'", "--quantize bnb:nf4|fp4|int8 (CUDA)"),
+    ("gguf", "gguf", "pip install 'diffmeter[gguf]'", "--quantize gguf:TYPE --weights FILE.gguf"),
+    ("optimum-quanto", "optimum", "pip install 'diffmeter[quanto]'", "--quantize quanto:int8|int4|float8"),
+    ("sdnq", "sdnq", "pip install 'diffmeter[sdnq]'", "--quantize sdnq:TYPE"),
     ("DeepCache", "DeepCache", "pip install 'diffmeter[deepcache]'", "deep-cache"),
     ("cache-dit", "cache_dit", "pip install 'diffmeter[cache-dit]'", "cache-dit"),
     ("flash-attn", "flash_attn", "pip install flash-attn", "attention backend flash"),

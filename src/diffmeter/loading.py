@@ -20,6 +20,7 @@ from diffmeter.catalog import all_entries
 from diffmeter.catalog.controlnets import CONTROLNET, controlnet_of
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
+from diffmeter.quantized_loading import pretrained_arguments, quantize_built
 from diffmeter.quiet import quiet_libraries
 from diffmeter.random_weights import build_random
 from diffmeter.tiny import assemble, tiny_pipeline
@@ -34,14 +35,15 @@ def load_pipeline(
     seed: int = 0,
     held: tuple[str, ...] = (),
     component_dtypes: dict[str, str] | None = None,
+    quantization: dict | None = None,
 ) -> diffusers.DiffusionPipeline:
     """The pipeline on ``device`` at ``dtype`` (``component_dtypes``: components at another), progress bar off;
     the ``held`` components stay on the CPU (whoever holds them back places them: tensor parallelism moves
-    each rank's shard only)."""
+    each rank's shard only); ``quantization``: component -> config, quantized as it loads (``quantized_loading``)."""
     torch_dtype = getattr(torch, dtype)
     own = {name: getattr(torch, value) for name, value in (component_dtypes or {}).items()}
     if source.kind == "pretrained":  # already at its dtype, fp32-only modules kept
-        pipe = _pretrained(entry, source, {"default": torch_dtype, **own} if own else torch_dtype)
+        pipe = _pretrained(entry, source, {"default": torch_dtype, **own} if own else torch_dtype, quantization)
     else:
         if source.kind == "tiny-random":
             with default_dtype(torch_dtype):  # as from_pretrained builds (a component at another dtype aside)
@@ -51,6 +53,8 @@ def load_pipeline(
         for name, component in pipe.components.items():
             if isinstance(component, torch.nn.Module):
                 cast_as_loaded(component, own.get(name, torch_dtype))
+        if quantization:
+            quantize_built(pipe, quantization, {name: own.get(name, torch_dtype) for name in quantization})
     if held:
         for name, component in pipe.components.items():
             if isinstance(component, torch.nn.Module) and name not in held:
@@ -118,7 +122,7 @@ def keep_fp32_modules(module: torch.nn.Module, dtype: torch.dtype) -> None:
             tensor.data = tensor.data.float()
 
 
-def _pretrained(entry: PipelineEntry, source: WeightsSource, torch_dtype):
+def _pretrained(entry: PipelineEntry, source: WeightsSource, torch_dtype, quantization: dict | None = None):
     """diffusers' ``from_pretrained``; ``torch_dtype`` a dtype, or {"default": dtype, component: dtype}."""
     pipeline_class = getattr(diffusers, entry.pipeline_class, diffusers.DiffusionPipeline)
     extra = {}
@@ -136,6 +140,8 @@ def _pretrained(entry: PipelineEntry, source: WeightsSource, torch_dtype):
                     own = torch_dtype.get(CONTROLNET, torch_dtype["default"])
                 root = controlnet_root(entry)
                 extra[CONTROLNET] = model.from_pretrained(root, torch_dtype=own, local_files_only=True)
+            if quantization:
+                extra.update(pretrained_arguments(source.path, quantization, torch_dtype))
             return pipeline_class.from_pretrained(
                 source.path, torch_dtype=torch_dtype, variant=source.variant, local_files_only=True, **extra
             )

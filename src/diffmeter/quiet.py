@@ -12,8 +12,8 @@ from contextlib import contextmanager
 #: loggers of optional packages that warn about their own optional kernels at import
 OPTIONAL_PACKAGE_LOGGERS = ("torchao",)
 #: loggers whose warnings are about the libraries, not about the user's run (torchao's failed kernel extensions,
-#: torch's pytree deprecation notices that torchao's import triggers)
-LIBRARY_LOGGERS = ("torchao", "torch.utils._pytree")
+#: torch's pytree deprecation notices that torchao's import triggers, bitsandbytes' CPU kernel probe)
+LIBRARY_LOGGERS = ("torchao", "torch.utils._pytree", "bitsandbytes")
 #: set by the command line for itself and every process it starts (ranks, sweep cells)
 QUIET_VARIABLE = "DIFFMETER_QUIET_LIBRARIES"
 

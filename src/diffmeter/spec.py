@@ -58,6 +58,14 @@ def image_sizes_of(values) -> tuple[tuple[int, int], ...]:
     return tuple(parse_image_size(v) if isinstance(v, str) else (int(v[0]), int(v[1])) for v in values or ())
 
 
+def asked_images(values, none: bool = False) -> tuple[tuple[int, int], ...] | None:
+    """The ``--image-size`` values as ``ProfileSpec.image_sizes``: () for ``--no-image``, None (the catalog call's)
+    when neither is given."""
+    if none and values:
+        raise DiffmeterError("--no-image and --image-size contradict each other: drop one")
+    return () if none else image_sizes_of(values) or None
+
+
 def parse_component_dtypes(values: list[str] | None) -> tuple[tuple[str, str], ...]:
     """``--component-dtype vae=float32`` (repeatable) as (name, dtype) pairs; one clear line otherwise."""
     pairs = []
@@ -98,8 +106,9 @@ class ProfileSpec:
     resolution_binning: bool | None = None
     max_sequence_length: int | None = None
     #: the input images' sizes, (height, width) each, in the pipeline's order (an edit's source image, reference
-    #: images); empty: none (text-to-image). Each output of a batch has its own input images.
-    image_sizes: tuple[tuple[int, int], ...] = ()
+    #: images); None: the catalog call's (an edit or image-to-video checkpoint's default image, else none); empty:
+    #: none (text-to-image, ``--no-image``). Each output of a batch has its own input images.
+    image_sizes: tuple[tuple[int, int], ...] | None = None
     #: a LoRA on the denoiser (``families.lora``): its rank, on ``lora_targets`` (empty: the family's trainer
     #: default); or ``lora_layers``, every adapted layer's path and rank, as a LoRA file names them
     lora_rank: int | None = None
@@ -134,7 +143,9 @@ class ProfileSpec:
             resolution_binning=defaults.resolution_binning
             if self.resolution_binning is None
             else self.resolution_binning,
-            image_sizes=self.image_sizes or tuple(tuple(size) for size in defaults.image_sizes),
+            image_sizes=tuple(tuple(size) for size in defaults.image_sizes)
+            if self.image_sizes is None
+            else self.image_sizes,
             size_from_defaults=self.size_from_defaults or height is None,
         )
         spec.check()
@@ -173,7 +184,7 @@ class ProfileSpec:
                 f"--true-cfg-scale must be above 1 (1 or less runs no true CFG: leave it out), "
                 f"got {self.true_cfg_scale:g}"
             )
-        for height, width in self.image_sizes:
+        for height, width in self.image_sizes or ():
             if height <= 0 or width <= 0:
                 raise DiffmeterError(f"--image-size must be positive pixels, got {size_text((height, width))} (WxH)")
         if self.lora_rank is not None and self.lora_rank <= 0:

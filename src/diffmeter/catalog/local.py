@@ -86,6 +86,8 @@ def entry_from_directory(root: Path, known: tuple[PipelineEntry, ...], repo_id: 
     template, same_model = _same_family(known, family, repo_id or index.get("_name_or_path"))
     extra = {**(template.extra if template else {}), "pipeline_init": init}
     extra.pop("scheduler", None)  # the folder's own scheduler, never the template's
+    if "processor" in extra:  # the folder's own vision processor bounds (Qwen-Image-Edit), where it has them
+        extra["processor"] = _processor_bounds(root / "processor" / "preprocessor_config.json", extra["processor"])
     if CONTROLNET in components:  # a saved ControlNet pipeline: its ControlNet is the folder's own
         components[CONTROLNET] = _controlnet_as_run(components)
         extra[CONTROLNET] = {"id": str(root / CONTROLNET), "name": f"{root.name}/{CONTROLNET}", "call": {}}
@@ -147,6 +149,19 @@ def unknown_pipeline_message(pipeline_class: str, index: dict, known: tuple[Pipe
         f"no diffmeter family describes {pipeline_class or 'a pipeline without _class_name'} ({path}){nearest}; "
         "docs/adding-a-family.md shows how to add one"
     )
+
+
+def _processor_bounds(path: Path, template: dict) -> dict:
+    """The pixel bounds a Qwen2-VL image processor saved in ``path`` resizes images within (``size``'s
+    shortest_edge/longest_edge, older files' min_pixels/max_pixels); the template's where the folder has no file."""
+    if not path.is_file():
+        return template
+    config = _read_json(path)
+    size = config.get("size") or {}
+    low, high = size.get("shortest_edge", config.get("min_pixels")), size.get("longest_edge", config.get("max_pixels"))
+    if low is None or high is None:
+        return template
+    return {"value": {"min_pixels": low, "max_pixels": high}, "note": f"the folder's {path}"}
 
 
 def _read_json(path: Path) -> dict:

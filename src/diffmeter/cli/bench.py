@@ -33,6 +33,7 @@ OPTIMIZATION_FLAGS = (
     "vae_tiling",
     "vae_slicing",
     "quantize",
+    "weights",
     "fp8_text_encoder",
     "opt",
 )
@@ -143,6 +144,7 @@ def bench(
     vae_tiling: o.VaeTiling = False,
     vae_slicing: o.VaeSlicing = False,
     quantize: o.Quantize = None,
+    weights: o.Weights = None,
     fp8_text_encoder: o.Fp8TextEncoder = False,
     opt: o.Opt = None,
     compare_baseline: Annotated[
@@ -195,8 +197,8 @@ def bench(
     from diffmeter.report.run_table import run_table
 
     values = _with_config_file(ctx, config)
+    _check_variables(ctx, values)  # first: a variable's bad value is named by its variable
     spec = _bench_spec(values)
-    _check_variables(ctx, values)
     with progress_bar(quiet or as_json) as progress:
         result, folder = run_bench(spec, out=values["out"], force=force, progress=progress)
     if result is None:  # a rank other than 0 of a torchrun launch: rank 0 reports
@@ -343,7 +345,8 @@ def _check_variables(ctx: typer.Context, values: dict) -> None:
         if ctx.get_parameter_source(name).name != "ENVIRONMENT":  # by name: typer may vendor its own click
             continue
         try:
-            build(from_flags(**{name: values[name]}))
+            partners = {"quantize": ("weights",), "weights": ("quantize",)}.get(name, ())  # gguf:TYPE and its file
+            build(from_flags(**{key: values[key] for key in (name, *partners)}))
         except DiffmeterError as error:
             shown = values[name] if not isinstance(values[name], list) else ",".join(values[name])
             raise DiffmeterError(f"{variables[name]}={shown}: {error}") from None

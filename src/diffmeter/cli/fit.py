@@ -141,7 +141,7 @@ def fit(
         batch_size=batch_size,
         guidance_scale=guidance_scale,
         true_cfg_scale=true_cfg_scale,
-        image_sizes=image_sizes_of(image_size),
+        image_sizes=image_sizes_of(image_size) or None,  # none given: the catalog call's
         controlnet=controlnet,
         **lora_fields(model, lora_rank, lora_targets, lora, fuse_lora)[0],
         num_frames=num_frames,

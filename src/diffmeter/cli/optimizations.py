@@ -61,6 +61,10 @@ def optimizations(
     else:
         title = f"optimizations x families on {target_device.type} (one catalog model per family)"
         console.print(matrix_table(title, list(columns), matrix))
+        from diffmeter.optimize.quantization_backends import backend_rows
+        from diffmeter.report.quantization_table import backends_table
+
+        console.print(backends_table(backend_rows()))
 
 
 @command()

@@ -63,6 +63,14 @@ ImageSize = Annotated[
         show_default=False,
     ),
 ]
+NoImage = Annotated[
+    bool,
+    typer.Option(
+        "--no-image",
+        help="no input image, where the catalog call has one (FLUX.1 Kontext: text-to-image)",
+        rich_help_panel=GENERATION,
+    ),
+]
 ControlNet = Annotated[
     str | None,
     typer.Option(
@@ -220,8 +228,10 @@ Offload = Annotated[str | None, _optimization("CPU offload: model, sequential, g
 VaeTiling = Annotated[bool, _optimization("decode in tiles (lower peak memory)", "VAE_TILING")]
 VaeSlicing = Annotated[bool, _optimization("decode one image at a time (lower peak memory)", "VAE_SLICING")]
 Quantize = Annotated[
-    str | None, _optimization("torchao weight-only quantization: int8, fp8", "QUANTIZE", metavar="KIND")
+    list[str] | None,
+    _optimization("[NAME=]BACKEND:TYPE, e.g. bnb:nf4; repeatable", "QUANTIZE", metavar="SPEC"),
 ]
+Weights = Annotated[str | None, _optimization("GGUF file for --quantize gguf:TYPE", "WEIGHTS", metavar="FILE")]
 Fp8TextEncoder = Annotated[bool, _optimization("T5/UMT5/Gemma text encoders stored in float8", "FP8_TEXT_ENCODER")]
 Opt = Annotated[
     list[str] | None,

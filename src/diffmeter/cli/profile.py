@@ -30,6 +30,7 @@ from diffmeter.cli.options import (
     LoraRank,
     LoraTargets,
     MaxSequenceLength,
+    NoImage,
     NumFrames,
     Offload,
     Opt,
@@ -82,6 +83,7 @@ def profile(
     guidance_scale: GuidanceScale = None,
     true_cfg_scale: TrueCfgScale = None,
     image_size: ImageSize = None,
+    no_image: NoImage = False,
     controlnet: ControlNet = None,
     control_guidance_start: ControlGuidanceStart = None,
     control_guidance_end: ControlGuidanceEnd = None,
@@ -149,7 +151,7 @@ def profile(
     from diffmeter.lora_file import lora_fields
     from diffmeter.report.export import profiles_csv
     from diffmeter.report.tables import summary_table
-    from diffmeter.spec import ProfileSpec, image_sizes_of, parse_component_dtypes
+    from diffmeter.spec import ProfileSpec, asked_images, parse_component_dtypes
 
     names = list(models or [])
     if all_models and names:
@@ -182,7 +184,7 @@ def profile(
             batch_size=batch_size,
             guidance_scale=guidance_scale,
             true_cfg_scale=true_cfg_scale,
-            image_sizes=image_sizes_of(image_size),
+            image_sizes=asked_images(image_size, no_image),
             controlnet=controlnet,
             control_guidance_start=control_guidance_start,
             control_guidance_end=control_guidance_end,

@@ -29,9 +29,10 @@ def print_profile(found, spec) -> None:
         load_libraries()
         from diffmeter.flops.profile import profile_spec
 
-        baseline = profile_spec(plain)
-    if baseline.input_images:  # an image-to-video checkpoint: no generation from text alone to compare with
-        return
+        try:
+            baseline = profile_spec(plain)
+        except DiffmeterError:  # an image-to-video checkpoint: no generation from text alone to compare with
+            return
     console.print(conditioning_line(found, baseline), highlight=False, markup=False)
 
 
@@ -74,7 +75,14 @@ def print_predicted(
     from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
     from diffmeter.predict.techniques import peak_under
     from diffmeter.predict.vae_decode import VAE_MODES
+    from diffmeter.quantization_spec import parse as parse_quantize
 
+    for value in flags.get("quantize") or []:  # quantized formats are measured by bench, not predicted yet
+        if (request := parse_quantize(value)).backend != "quantize":
+            raise DiffmeterError(
+                f"--quantize {value}: {request.backend}'s memory and time are not predicted yet (only --quantize int8 "
+                "and fp8, torchao weight-only, are); measure it with bench, or drop it here"
+            )
     asked = from_flags(**flags)
     build(asked)  # each technique's parameters checked as bench checks them: an unknown offload mode is refused
     unmodelled = [o.name for o in asked if memory_technique(o.name, o.params) is None]

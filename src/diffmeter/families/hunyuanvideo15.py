@@ -125,11 +125,18 @@ class HunyuanVideo15(ImageConditioned, Family):
         given = single_image(entry, spec)
         height, width = self.bucket(entry, *given)
         shapes = super().shapes(entry, replace(spec, height=height, width=width))
+        target = entry.components[self.denoiser].config.get("target_size", 640)
+        shapes.notes.insert(
+            0,
+            f"output {width}x{height} (WxH): {entry.pipeline_class}.__call__ takes no size (diffusers 0.42.1, "
+            f"pipeline_hunyuan_video1_5_image2video.py:652-674): the video is the target_size {target} bucket nearest "
+            f"the {size_text(given)} image's aspect ratio, the image resized and cropped to it (756-759), whatever "
+            "--height/--width say",
+        )
         shapes.note(
-            f"image-to-video: {entry.pipeline_class} takes no size: the {size_text(given)} image makes a "
-            f"{width}x{height} video, its target-size bucket (whatever --height/--width say), the image resized and "
-            "cropped to it, VAE-encoded once per call as the first latent frame and read once by the SigLIP image "
-            "encoder; its tokens fill the 729 image slots t2v masks, so the transformer's calls cost what t2v's do"
+            "image-to-video: the image VAE-encoded once per call as the first latent frame and read once by the "
+            "SigLIP image encoder; its tokens fill the 729 image slots t2v masks, so the transformer's calls cost what "
+            "t2v's do"
         )
         return shapes
 

@@ -111,6 +111,28 @@ class ImageConditioned:
         return pipe
 
 
+def size_kept(entry, spec, pipeline: str, cited: str) -> tuple[int, int, str]:
+    """(height, width, why) for a ``pipeline`` that, called without a size, generates at its ``__call__`` default
+    whatever the image and resizes the image to it (``cited``: where diffusers 0.42.1 does): the default size counted,
+    said to be the pipeline's own or the model card's (which bench passes as height and width)."""
+    from diffmeter.catalog.pipeline_defaults import call_defaults
+
+    called = call_defaults(pipeline)
+    own = (called.get("height"), called.get("width"))
+    rule = f"{pipeline} generates at its __call__ default {own[1]}x{own[0]} whatever the image"
+    if own == (spec.height, spec.width):
+        why = f"called without a size, {rule}, the image resized to it"
+    else:
+        why = (
+            f"{entry.name}'s default size, which bench passes (called without a size, {rule}); the image resized to it"
+        )
+    return (
+        spec.height,
+        spec.width,
+        f"output {spec.width}x{spec.height} (WxH): {why} ({cited}; --height/--width set another)",
+    )
+
+
 def image_sized(family: Family, entry, spec) -> tuple[int, int, str] | None:
     """(height, width, why) where ``spec`` asks no size and its input images set the output's; else None."""
     if not (isinstance(family, ImageConditioned) and spec.size_from_defaults and spec.image_sizes):

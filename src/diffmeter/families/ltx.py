@@ -9,7 +9,7 @@ import torch
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import Call, Family, Shapes, register, timesteps
-from diffmeter.families.images import ImageConditioned, single_image, vae_encode_calls
+from diffmeter.families.images import ImageConditioned, single_image, size_kept, vae_encode_calls
 from diffmeter.spec import size_text
 
 #: ``frame_rate`` default of both pipelines' ``__call__``; it scales RoPE coordinates, never a shape
@@ -101,6 +101,14 @@ class LTXVideo(ImageConditioned, Family):
             "as the first latent frame; the transformer embeds a timestep per token (the image's tokens at 0)"
         )
         return [(spec.height, spec.width)]
+
+    def size_from_images(self, entry, spec) -> tuple[int, int, str]:
+        """Called without a size, both pipelines generate at their ``__call__`` default (height 512, width 704)
+        whatever the image, which they resize to it (diffusers 0.42.1 pipeline_ltx_image2video.py:603-604 and 773,
+        pipeline_ltx_condition.py:860-861 and 1086): the default size, as without an image."""
+        if entry.pipeline_class == "LTXConditionPipeline":
+            return size_kept(entry, spec, entry.pipeline_class, "pipeline_ltx_condition.py:860-861, 1086")
+        return size_kept(entry, spec, "LTXImageToVideoPipeline", "pipeline_ltx_image2video.py:603-604, 773")
 
     def image_calls(self, shapes: Shapes) -> list[Call]:
         """LTXImageToVideoPipeline.prepare_latents encodes ``image[i]`` per generator (bench gives one per output,

@@ -13,7 +13,7 @@ import torch
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, Family, Shapes, register, timesteps
-from diffmeter.families.images import ImageConditioned, single_image, vae_encode_calls
+from diffmeter.families.images import ImageConditioned, single_image, size_kept, vae_encode_calls
 from diffmeter.families.ltx import spatial_compression, temporal_compression, video_decoder_inputs
 from diffmeter.spec import size_text
 
@@ -137,6 +137,12 @@ class LTX2(ImageConditioned, Family):
             "image, not one per output"
         )
         return [(spec.height, spec.width)]
+
+    def size_from_images(self, entry, spec) -> tuple[int, int, str]:
+        """Called without a size, LTX2ImageToVideoPipeline generates at its ``__call__`` default (height 512, width
+        768) whatever the image, which it resizes to it (diffusers 0.42.1 pipeline_ltx2_image2video.py:990-991 and
+        1364): the default size, as without an image."""
+        return size_kept(entry, spec, "LTX2ImageToVideoPipeline", "pipeline_ltx2_image2video.py:990-991, 1364")
 
     def image_calls(self, shapes: Shapes) -> list[Call]:
         return vae_encode_calls(self, shapes, per_output=True, video=True)

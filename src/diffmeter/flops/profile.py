@@ -28,10 +28,12 @@ from diffmeter.stages import VAE_ROLES
 
 def profile(model: str, *, depth: int = 0, **settings) -> Profile:
     """Count MACs/FLOPs of ``model`` at the given settings (see ``ProfileSpec``; ``component_dtypes`` may be a
-    dict: ``{"vae": "float32"}``; ``image_sizes`` "WxH" strings or (height, width) pairs)."""
+    dict: ``{"vae": "float32"}``; ``image_sizes`` "WxH" strings or (height, width) pairs, empty for none, left out
+    for the catalog call's)."""
     if isinstance(settings.get("component_dtypes"), dict):
         settings["component_dtypes"] = tuple(sorted(settings["component_dtypes"].items()))
-    settings["image_sizes"] = image_sizes_of(settings.get("image_sizes"))
+    if settings.get("image_sizes") is not None:
+        settings["image_sizes"] = image_sizes_of(settings["image_sizes"])
     return profile_spec(ProfileSpec(model=model, **settings), depth=depth)
 
 

@@ -17,7 +17,8 @@ from pydantic import BaseModel
 
 from diffmeter.measure.ops import OUTSIDE
 from diffmeter.measure.trace import read_ops
-from diffmeter.predict.roofline import STAGES, Calibration
+from diffmeter.predict.calibration import Calibration
+from diffmeter.predict.roofline import STAGES
 
 #: a kind below this share of the run's time gives no sample (too little time to divide by)
 MIN_SHARE = 0.01

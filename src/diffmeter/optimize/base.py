@@ -93,7 +93,7 @@ class Optimization:
         if cls.package is None:
             return None
         module, extra = cls.package
-        if importlib.util.find_spec(module) is None:
+        if not importable(module):
             return f"{cls.name} needs the {module} package: pip install 'diffmeter[{extra}]'"
         return None
 
@@ -128,6 +128,15 @@ class Optimization:
         a layer at a time, so the unquantized weights are never whole on the GPU)."""
         return ()
 
+    def quantized_components(self, target: Target) -> tuple[str, ...]:
+        """The components whose weights this technique quantizes (two techniques may not share one)."""
+        return ()
+
+    def load_configs(self, target: Target) -> dict:
+        """Component -> the quantization config the loader passes to ``from_pretrained`` (``--quantize
+        BACKEND:TYPE``: ``optimize/quantize_at_load.py``); empty for techniques applied after loading."""
+        return {}
+
     def one_byte_components(self, target: Target) -> tuple[str, ...]:
         """Components whose weights this technique stores at one byte per parameter (int8, float8): the
         memory check counts them so (a lower bound: scales and unquantized layers come on top)."""
@@ -155,6 +164,14 @@ class Optimization:
 
     def spec(self) -> OptimizationSpec:
         return OptimizationSpec(name=self.name, params=self.config.model_dump(exclude_defaults=True, mode="json"))
+
+
+def importable(module: str) -> bool:
+    """Whether ``module`` can be imported (a dotted name whose parent package is missing cannot)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def _has_defaults(config: type[BaseModel]) -> bool:

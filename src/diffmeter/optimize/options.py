@@ -12,6 +12,7 @@ from typing import Any
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.optimize.base import OptimizationSpec
+from diffmeter.quantization_spec import optimization_specs as quantization_specs
 
 #: which parameter --cache-threshold and --cache-interval set, per cache
 CACHE_THRESHOLD = {"first-block-cache": "threshold", "mag-cache": "threshold", "cache-dit": "threshold"}
@@ -41,7 +42,8 @@ def from_flags(
     offload: str | None = None,
     vae_tiling: bool = False,
     vae_slicing: bool = False,
-    quantize: str | None = None,
+    quantize: str | list[str] | None = None,
+    weights: str | None = None,
     fp8_text_encoder: bool = False,
     opt: list[str] | None = None,
 ) -> list[OptimizationSpec]:
@@ -80,8 +82,8 @@ def from_flags(
         specs.append(OptimizationSpec(name="vae-tiling"))
     if vae_slicing:
         specs.append(OptimizationSpec(name="vae-slicing"))
-    if quantize is not None:
-        specs.append(OptimizationSpec(name="quantize", params={"weights": quantize}))
+    if quantize or weights:  # [NAME=]BACKEND:TYPE, repeatable; a bare int8 or fp8 as before
+        specs += quantization_specs([quantize] if isinstance(quantize, str) else list(quantize or []), weights)
     if fp8_text_encoder:
         specs.append(OptimizationSpec(name="fp8-text-encoder"))
     specs += [parse_opt(text) for text in opt or []]

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from diffmeter.optimize.base import Optimization, Target
 from diffmeter.optimize.registry import register
+from diffmeter.quantization_spec import DENOISER
 from diffmeter.quiet import quiet_import
 
 
@@ -31,7 +32,9 @@ class Quantize(Optimization):
     package = ("torchao", "quant")
 
     def components(self, target: Target) -> list[str]:
-        return self.config.components or list(target.family.denoisers(target.entry))
+        denoisers = list(target.family.denoisers(target.entry))
+        names = self.config.components or [DENOISER]  # --quantize int8 beside NAME=int8 names "denoiser"
+        return list(dict.fromkeys(n for name in names for n in (denoisers if name == DENOISER else [name])))
 
     def supports(self, target: Target) -> str | None:
         unknown = [name for name in self.components(target) if name not in target.entry.components]
@@ -49,6 +52,9 @@ class Quantize(Optimization):
         return [cls(Config(weights=weights)) for weights in ("int8", "fp8")]
 
     def one_byte_components(self, target: Target) -> tuple[str, ...]:
+        return tuple(self.components(target))
+
+    def quantized_components(self, target: Target) -> tuple[str, ...]:
         return tuple(self.components(target))
 
     def holds_back(self, target: Target) -> tuple[str, ...]:

@@ -59,6 +59,12 @@ def check(optimizations: list[Optimization], target: Target) -> None:
             raise MissingPackage(f"{optimization.name} would apply to {target.entry.name}, but {reason}")
         if reason:
             raise DiffmeterError(f"{optimization.name} cannot be used with {target.entry.name}: {reason}")
+    quantized: dict[str, str] = {}
+    for optimization in optimizations:
+        for name in optimization.quantized_components(target):
+            if name in quantized:
+                raise DiffmeterError(f"{quantized[name]} and {optimization.label()} both quantize {name}: keep one")
+            quantized[name] = optimization.label()
     for optimization in optimizations:
         clash = optimization.clashes([other for other in optimizations if other is not optimization])
         if clash:

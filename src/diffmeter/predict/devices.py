@@ -14,7 +14,7 @@ from importlib import resources
 from pydantic import BaseModel
 
 from diffmeter.errors import DiffmeterError
-from diffmeter.predict.peaks import PEAKS, PRECISION, find_device, tokens
+from diffmeter.predict.peaks import PEAKS, PRECISION, VARIANTS, find_device, tokens
 
 #: what a CUDA process cannot give its tensors, held back before "fits": on an H200 (driver 580, torch
 #: 2.11+cu130) the driver kept 615 MiB of nvidia-smi's total from ``cudaMemGetInfo``, and the CUDA context
@@ -91,13 +91,15 @@ def named_gpu(name: str, dtypes: tuple[str, ...] = ()) -> Device:
 def _matching(name: str) -> list:
     """The rows a ``--gpu`` name matches: the one of that exact name; else every row holding each of its words
     ("4090" is the RTX 4090, "v100s" the V100S PCIe); else every row whose name starts with it; the SXM form
-    first ("h200" is the H200 SXM: the table lists the NVL first, for driver names)."""
-    wanted = _plain(name)
+    first ("h200" is the H200 SXM: the table lists the NVL first, for driver names). A row whose name adds a
+    variant word ("ti", "super") is another card: "rtx 4070" is not the RTX 4070 Ti, "rtx 4060" no RTX 4060 Ti."""
+    wanted, words = _plain(name), set(tokens(name))
     if not wanted:
         return []
+    same_card = [row for row in PEAKS if not (set(tokens(row.name)) - words) & VARIANTS]
     exact = [row for row in PEAKS if _plain(row.name) == wanted]
-    holding = [row for row in PEAKS if set(tokens(name)) <= set(tokens(row.name))]
-    starting = [row for row in PEAKS if _plain(row.name).startswith(wanted)]
+    holding = [row for row in same_card if words <= set(tokens(row.name))]
+    starting = [row for row in same_card if _plain(row.name).startswith(wanted)]
     return exact or sorted(holding or starting, key=lambda row: "SXM" not in row.name.split())
 
 
@@ -129,9 +131,10 @@ def of_row(row) -> Device:
 ARCHITECTURES = {
     "hopper": ("H100", "H200", "H800", "H20", "GH200"),
     "blackwell": ("B200", "GB200", "B300"),
-    "rtx-blackwell": ("RTX 5090", "RTX 5080"),  # GB202 / GB203 (sm_120): not the B200's GB100 (sm_100)
-    "ada": ("L4", "L40", "L40S", "L20", "RTX 4090", "RTX 4080", "RTX 6000 Ada"),
-    "ampere": ("A100", "A800", "A10G", "A10", "A40", "A30", "RTX 3090", "RTX A6000"),
+    # GB202 / GB203 / GB205 / GB206 (sm_120): not the B200's GB100 (sm_100)
+    "rtx-blackwell": ("RTX 5090", "RTX 5080", "RTX 5070", "RTX 5060 Ti"),
+    "ada": ("L4", "L40", "L40S", "L20", "RTX 4090", "RTX 4080", "RTX 4070", "RTX 4060 Ti", "RTX 6000 Ada"),
+    "ampere": ("A100", "A800", "A10G", "A10", "A40", "A30", "RTX 3090", "RTX 3060", "RTX A6000"),
     "turing": ("T4",),
     "volta": ("V100", "V100S"),
     "cdna3": ("MI300X",),  # AMD: no published run fitted, no neighbour, so no expected range
@@ -239,6 +242,14 @@ def host_links() -> dict[str, dict]:
 def l2_caches() -> dict[str, dict]:
     """Each table GPU's L2 cache (MB) with the whitepaper line it was read from; absent where none states it."""
     return gpu_table("gpu_cache.json")
+
+
+@functools.cache
+def nvlinks() -> dict[str, dict]:
+    """Each data-center GPU's NVLink: ``gb_s``, its per-GPU GB/s with both directions summed (None: the card has no
+    NVLink), and the line it was read from; absent where none was found. For multi-GPU time (issue 46): no prediction
+    reads it yet."""
+    return gpu_table("gpu_nvlink.json")
 
 
 @functools.cache

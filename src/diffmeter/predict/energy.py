@@ -1,16 +1,11 @@
-"""Energy per output (image, or video) predicted on a GPU: its calibrated average board power, a share of the
-card's TDP fitted per architecture on published runs' energy (``fit_energy``), times the predicted time."""
+"""Energy per output (image, or video) predicted on a GPU: its average board power, a share of the card's TDP that
+follows the share of the time the GPU is busy (between the share it draws waiting for the host and the share it
+draws busy, both fitted per architecture on published runs' energy: ``fit_energy``), times the predicted time."""
 
 from __future__ import annotations
 
 from diffmeter.predict.devices import Device, uncalibrated
 from diffmeter.predict.schema import EnergyPrediction
-
-#: what a launch-bound run draws, measured (benchmarks/results/gpu_runs_nvidia-h200.jsonl, Zeus)
-LAUNCH_BOUND_POWER = (
-    "outside the fitted runs, like their time: launch-bound runs draw less, on an H200 SD 1.5 and PixArt-Sigma at "
-    "512 px 217-313 W and FLUX.1-schnell 430-477 W against the fit's share, so this range is likely high"
-)
 
 
 def why_no_energy(device: Device, calibration) -> str | None:
@@ -29,16 +24,24 @@ def why_no_energy(device: Device, calibration) -> str | None:
     return None
 
 
+def board_power_w(calibration, tdp_w: float, busy_share: float | None) -> float:
+    """The average board power (watts) of a run whose GPU is busy ``busy_share`` of its time (None: all of it):
+    the busy share of TDP while busy, the idle share while it waits for the host."""
+    busy = 1.0 if busy_share is None else busy_share
+    idle = calibration.idle_power_fraction
+    fraction = calibration.power_fraction if idle is None else idle + (calibration.power_fraction - idle) * busy
+    return fraction * tdp_w
+
+
 def predict_energy(
-    expected_s: tuple[float, float], device: Device, outputs: int, calibration, launch_bound: str | None = None
+    expected_s: tuple[float, float], device: Device, outputs: int, calibration, busy_share: float | None = None
 ) -> EnergyPrediction | None:
     """The range for a generation whose expected time is ``expected_s`` (seconds), or None where the card has no
     TDP or the calibration no fitted power (``why_no_energy`` says which). ``calibration``: a
-    ``roofline.Calibration``; ``launch_bound``: why the time range may not hold (its operators smaller than any
-    fitted run's), said in the energy's calibration too."""
+    ``roofline.Calibration``; ``busy_share``: the share of the time the GPU is busy (``TimePrediction.busy_share``)."""
     if why_no_energy(device, calibration) is not None:
         return None
-    power = calibration.power_fraction * device.tdp_w
+    power = board_power_w(calibration, device.tdp_w, busy_share)
     middle = power * (expected_s[0] * expected_s[1]) ** 0.5 / outputs  # the time range's geometric midpoint
     width = calibration.energy_width
     return EnergyPrediction(
@@ -46,6 +49,5 @@ def predict_energy(
         power_w=power,
         outputs=outputs,
         per_output_j=(middle / width, middle * width),
-        calibration=(calibration.energy_source or calibration.source)
-        + (f"; {LAUNCH_BOUND_POWER}" if launch_bound else ""),
+        calibration=calibration.energy_source or calibration.source,
     )

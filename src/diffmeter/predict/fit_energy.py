@@ -1,17 +1,21 @@
-"""The average board power of eager runs, as a share of the card's TDP, fitted on published runs' energy
+"""The average board power of eager runs, as shares of the card's TDP, fitted on published runs' energy
 (``benchmarks/calibrate_published.py``: the ML.ENERGY rows of benchmarks/published_figures.yaml store joules per
-image or video beside their latency).
+image or video beside their latency; diffmeter's own H200 runs store Zeus's).
 
-Model, per architecture: energy per output = fraction x TDP x the run's predicted time (the time fit's midpoint)
-/ outputs; the fraction fitted by least squares on relative errors, so a fit that gets the time wrong gets the
-energy wrong with it, as a user's prediction would. The range: the midpoint times [1 / w, w], w the smallest
-factor that holds ``fit_published.COVERAGE`` of the fitted runs. Validation leaves one model out at a time: its
-runs' energy against the time and power fitted without them.
+Model, per architecture: energy per output = TDP x (idle + (busy - idle) x b) x the run's predicted time (the time
+fit's midpoint) / outputs, b the share of that time the GPU is busy (``fit_published.Fit.busy_share``): a GPU
+waiting for its host draws less. busy and idle fitted by least squares on relative errors, so a fit that gets the
+time wrong gets the energy wrong with it, as a user's prediction would; idle only where some runs wait for their
+host (else one share for all). The range: the midpoint times [1 / w, w], w the smallest factor that holds
+``fit_published.COVERAGE`` of the fitted runs. Validation leaves one model out at a time: its runs' energy against
+the time and the power fitted without them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from diffmeter.predict.fit_published import PublishedRun, covering, fit
 
@@ -26,22 +30,39 @@ class EnergyRun:
     tdp_w: float
 
 
+#: the least share of a run's time some fitted runs must wait for their host before an idle power is fitted
+LEAST_IDLE_SHARE = 0.2
+
+
 @dataclass(frozen=True)
 class PowerFit:
-    """The average board power as a share of TDP, and the range's factor w."""
+    """The board power's share of TDP while the GPU is busy and while it waits (None: not fitted), and the range's
+    factor w."""
 
     fraction: float
+    idle: float | None
     width: float
 
-    def midpoint(self, run: EnergyRun, time_s: float) -> float:
-        return self.fraction * run.tdp_w * time_s / run.outputs
+    def midpoint(self, run: EnergyRun, time_s: float, busy_share: float = 1.0) -> float:
+        share = self.fraction if self.idle is None else self.idle + (self.fraction - self.idle) * busy_share
+        return share * run.tdp_w * time_s / run.outputs
 
 
-def fit_power(runs: list[EnergyRun], times: list[float]) -> PowerFit:
-    """The fraction minimizing the relative errors of ``runs`` at the predicted ``times`` (seconds per call)."""
-    x = [run.tdp_w * time / run.outputs / run.published_j for run, time in zip(runs, times, strict=True)]
-    fraction = sum(x) / sum(value * value for value in x)
-    return PowerFit(fraction, covering([fraction * value for value in x]))
+def fit_power(runs: list[EnergyRun], times: list[float], busy: list[float] | None = None) -> PowerFit:
+    """The shares minimizing the relative errors of ``runs`` at the predicted ``times`` (seconds per call) and
+    ``busy`` shares of them (None: busy throughout)."""
+    busy = busy or [1.0] * len(runs)
+    scale = np.array([run.tdp_w * time / run.outputs / run.published_j for run, time in zip(runs, times, strict=True)])
+    shares = np.array(busy)
+    if max(1 - shares) >= LEAST_IDLE_SHARE:
+        matrix = np.column_stack([scale * shares, scale * (1 - shares)])
+        (fraction, idle), *_ = np.linalg.lstsq(matrix, np.ones(len(runs)), rcond=None)
+        idle = float(min(max(idle, 0.0), fraction))
+    else:
+        fraction, idle = float(scale.sum() / (scale * scale).sum()), None
+    found = PowerFit(float(fraction), idle, 1.0)
+    ratios = [found.midpoint(run, t, b) / run.published_j for run, t, b in zip(runs, times, busy, strict=True)]
+    return PowerFit(found.fraction, found.idle, covering(ratios))
 
 
 @dataclass(frozen=True)
@@ -62,16 +83,18 @@ class HeldOutEnergy:
 
 def leave_one_model_out(energy: list[EnergyRun], timed: list[PublishedRun]) -> list[HeldOutEnergy]:
     """Each model's energy runs against the time and the power fitted on the other models' runs alone
-    (``timed``: every run of the architecture with a published time, the energy runs among them)."""
+    (``timed``: every run with a published time, the energy runs among them)."""
     found = []
     for model in sorted({e.run.model for e in energy}):
         time_fit = fit([run for run in timed if run.model != model])
         others = [e for e in energy if e.run.model != model]
         if not others:
             continue
-        power = fit_power(others, [time_fit.midpoint(e.run) for e in others])
+        power = fit_power(
+            others, [time_fit.midpoint(e.run) for e in others], [time_fit.busy_share(e.run) for e in others]
+        )
         for e in energy:
             if e.run.model == model:
-                middle = power.midpoint(e, time_fit.midpoint(e.run))
+                middle = power.midpoint(e, time_fit.midpoint(e.run), time_fit.busy_share(e.run))
                 found.append(HeldOutEnergy(e, middle, middle / power.width, middle * power.width))
     return found

@@ -1,132 +1,309 @@
 """The expected time range of eager runs on CUDA GPUs, fitted on published, measured runs
 (``benchmarks/calibrate_published.py`` reads benchmarks/published_figures.yaml and writes the fit into
-``data/efficiency.json``, one calibration per GPU architecture).
+``data/efficiency.json``: one calibration per GPU architecture, one for the host).
 
-Model, per architecture: a run's time = the sum over kind groups (``GROUPS``) of a_group x the eager bound of the
-group's operators + score_s x its attention scores (the softmax exponentials, on the special-function units, which
-make attention with a 64-wide head slower per FLOP than with a 128-wide one) + overhead x its operators. a = 1 / the
-fraction of the roofline a group achieves, so a >= 1 (no eager operator beats its bound; the compute group's a at
-least the inverse of a bare matmul's measured fraction, ``BARE_MATMUL_FRACTION``), score_s and the overhead >= 0;
-fitted by least squares on relative errors (each run counts alike, whatever its length). With fewer than
-``FULL_MODEL_ROWS`` runs or ``FULL_MODEL_MODELS`` models, one multiplier on the whole eager bound instead.
+Model. Per stage (text encoding, denoising, VAE decode), the GPU's time and the host's, overlapped as CUDA's
+asynchronous launch overlaps them: the stage takes the longer of the two.
+- GPU, per architecture: the sum over operator kind groups (``GROUPS``) of a_group x the eager bound of the group's
+  operators + score_s x its attention scores (softmax exponentials, on the special-function units) + gap_s x its
+  kernels (the GPU's own cost per kernel). a = 1 / the fraction of the roofline a group achieves, so a >= 1 (the
+  matmuls' a at least the inverse of a bare matmul's measured fraction, ``BARE_MATMUL_FRACTION``).
+- Host, one for every architecture (the CPU issuing the work, not the GPU): op_s x every dispatched ATen operator
+  (views too) + module_s x the ``nn.Module`` calls + step_s x the denoiser calls (the scheduler's step and the
+  loop's own work).
+- Plus call_s once per pipeline call: its work outside the components (latents, timesteps, postprocessing).
+Fitted jointly by least squares on relative errors (each run counts alike, whatever its length). An architecture with
+fewer than ``FULL_MODEL_ROWS`` runs or ``FULL_MODEL_MODELS`` models gets one multiplier for all its groups instead.
 
-The range: the midpoint times [1 / w, w], hi / lo = w^2 = 1.5 (``RANGE_FACTOR``, the width issue 27 asks for, not
-fitted), widened where fewer than ``LEAST_INSIDE`` (80%) of the fitted runs would fall inside it; the validation
-below measures how many held-out runs it holds.
-Validation leaves one source (not one row) out at a time, or one model where a single source measured every run
-of an architecture: the held-out runs against the range fitted without them (coverage, the midpoint's median
-error, the width hi / lo).
+The range: the midpoint times [1 / w, w], hi / lo = w^2 = 1.5 (``RANGE_FACTOR``, not fitted), widened per
+architecture where fewer than ``LEAST_INSIDE`` (80%) of its fitted runs would fall inside it; the validation below
+measures how many held-out runs it holds.
+Validation leaves one source out at a time (every architecture refitted without it), or one model where a single
+source measured every run of an architecture: the held-out runs against the range fitted without them.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.optimize import lsq_linear
 
-from diffmeter.predict.roofline import Calibration
+from diffmeter.predict.calibration import NEIGHBOURS, Calibration
+from diffmeter.predict.host_time import HostCalibration
 
-#: the operator kinds fitted together, each group with its own multiplier: the dense compute at the dtype's peak;
-#: attention; normalization (layer, group and RMS norms: eager kernels far under their bandwidth bound on every
-#: fitted card); elementwise; the rest (copies, reductions, indexing)
+#: the operator kinds fitted together, each group with its own multiplier
 GROUPS = {
-    "compute": ("matmul", "convolution"),
+    "matmul": ("matmul",),
+    "convolution": ("convolution",),
     "attention": ("attention",),
     "normalization": ("normalization",),
     "elementwise": ("elementwise",),
     "other": ("other",),
 }
 GROUP_OF_KIND = {kind: group for group, kinds in GROUPS.items() for kind in kinds}
+#: the host's terms, one figure each for every architecture
+HOST_TERMS = ("op_s", "module_s", "step_s", "call_s")
 COVERAGE = 0.95
 #: the time range's factor w (hi / lo 1.5), and the share of the fitted runs it must hold, else it is widened
 RANGE_FACTOR, LEAST_INSIDE = math.sqrt(1.5), 0.8
-FULL_MODEL_ROWS, FULL_MODEL_MODELS = 8, 4
-#: the scores column's unit in the least squares (seconds per 10^12 scores), so its columns are alike in size
-SCORE_UNIT = 1e-12
+#: the least runs and models for a multiplier per group: twice the architecture's 8 parameters, 4 models
+FULL_MODEL_ROWS, FULL_MODEL_MODELS = 24, 4
 #: per architecture, the highest fraction of the table's dense bf16 peak a bare 8192^3 bf16 matmul reached,
-#: measured: no eager matmul or convolution beats it, so the compute group's a is at least its inverse (an
-#: architecture not measured keeps a >= 1). Hopper: 782-802 TFLOP/s of the H200's 989.5 in five runs
+#: measured: no eager matmul beats it. Hopper: 782-802 TFLOP/s of the H200's 989.5 in five runs
 #: (benchmarks/results/gpu_validation_nvidia-h200.md, the peak chunk, CUDA events)
 BARE_MATMUL_FRACTION = {"hopper": 802 / 989.5}
+#: each parameter's unit in the least squares, so the columns are alike in size: multipliers 1, seconds per 10^12
+#: scores, microseconds per kernel, per dispatched operator, per module call; milliseconds per step and per call
+SCALE = {"score_s": 1e-12, "gap_s": 1e-6, "op_s": 1e-6, "module_s": 1e-6, "step_s": 1e-3, "call_s": 1e-3}
+#: rounds of refitting an architecture that scales its lender's fit
+OUTER_ROUNDS = 3
+#: at most this many rounds of choosing each stage's longer side and solving, from each of these multiples of the
+#: host's starting terms
+MAX_ROUNDS, STARTS = 30, (0.25, 1.0, 4.0)
+START = {"score_s": 0.5, "gap_s": 2.0, "op_s": 4.0, "module_s": 20.0, "step_s": 0.5, "call_s": 10.0}
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """One stage's work over a generation: the eager bound per kind group (seconds), attention scores, kernels,
+    and what the host issues (dispatched operators, module calls, denoiser calls)."""
+
+    bounds: dict[str, float] = field(hash=False)
+    scores: int = 0
+    kernels: int = 0
+    dispatched: int = 0
+    modules: int = 0
+    steps: int = 0
 
 
 @dataclass(frozen=True)
 class PublishedRun:
-    """One published eager run with its predicted work: the eager bound per kind group (seconds, ``GROUPS``), its
-    attention scores and operators."""
+    """One published eager run with its predicted work per stage."""
 
     id: str
     source: str
     architecture: str
     model: str
     published_s: float
-    bounds: dict[str, float] = field(hash=False)
-    scores: int
-    operators: int
+    stages: dict[str, StageWork] = field(hash=False)
+    #: False where the published time covers only some stages (``stages`` has those): no pipeline call's own work
+    whole_call: bool = True
 
     @property
     def eager_s(self) -> float:
         """The whole eager bound (seconds)."""
-        return sum(self.bounds.values())
+        return sum(sum(stage.bounds.values()) for stage in self.stages.values())
 
-    def features(self) -> list[float]:
-        return [self.bounds.get(group, 0.0) for group in GROUPS] + [self.scores * SCORE_UNIT, self.operators]
+
+@dataclass(frozen=True)
+class GpuFit:
+    """One architecture's a per kind group (>= 1), seconds per attention score and per kernel, and range factor."""
+
+    multipliers: dict[str, float] = field(hash=False)
+    score_s: float
+    gap_s: float
+    width: float = 1.0
+
+    def seconds(self, stage: StageWork) -> float:
+        eager = sum(self.multipliers[group] * seconds for group, seconds in stage.bounds.items())
+        return eager + self.score_s * stage.scores + self.gap_s * stage.kernels
+
+
+@dataclass(frozen=True)
+class HostFit:
+    """Seconds per dispatched operator, per module call, per denoiser call, and per pipeline call."""
+
+    op_s: float
+    module_s: float
+    step_s: float
+    call_s: float
+
+    def seconds(self, stage: StageWork) -> float:
+        return self.op_s * stage.dispatched + self.module_s * stage.modules + self.step_s * stage.steps
 
 
 @dataclass(frozen=True)
 class Fit:
-    """a per kind group (>= 1), seconds per attention score and per operator (>= 0), and the range's factor w."""
+    """Every architecture's GPU fit and the host's."""
 
-    multipliers: dict[str, float] = field(hash=False)
-    score_s: float
-    overhead_s: float
-    width: float
+    gpus: dict[str, GpuFit] = field(hash=False)
+    host: HostFit
 
-    def midpoint(self, run: PublishedRun) -> float:
-        eager = sum(self.multipliers[group] * seconds for group, seconds in run.bounds.items())
-        return eager + self.score_s * run.scores + self.overhead_s * run.operators
+    def parts(self, run: PublishedRun, gpu: GpuFit | None = None) -> tuple[float, float]:
+        """(GPU-busy seconds, whole seconds) of ``run``'s midpoint: per stage the longer of the GPU's and the
+        host's time, plus the call's own; ``gpu``: another architecture's fit than the run's own."""
+        gpu = gpu or self.gpus[run.architecture]
+        busy = sum(gpu.seconds(stage) for stage in run.stages.values())
+        whole = sum(max(gpu.seconds(stage), self.host.seconds(stage)) for stage in run.stages.values())
+        return busy, whole + self.host.call_s * run.whole_call
 
-    def range(self, run: PublishedRun) -> tuple[float, float]:
-        middle = self.midpoint(run)
-        return middle / self.width, middle * self.width
+    def midpoint(self, run: PublishedRun, gpu: GpuFit | None = None) -> float:
+        return self.parts(run, gpu)[1]
+
+    def busy_share(self, run: PublishedRun) -> float:
+        """The share of the midpoint the GPU is busy (the rest it waits for the host)."""
+        busy, whole = self.parts(run)
+        return min(1.0, busy / whole)
+
+    def range(self, run: PublishedRun, gpu: GpuFit | None = None) -> tuple[float, float]:
+        middle, width = self.midpoint(run, gpu), (gpu or self.gpus[run.architecture]).width
+        return middle / width, middle * width
 
 
-def _bounded_least_squares(matrix: np.ndarray, lower: np.ndarray) -> np.ndarray:
-    """min |matrix x - 1| with x >= lower: every set of variables held at their bound tried (7 variables: 128 sets)."""
-    best, best_residual = None, math.inf
-    count = matrix.shape[1]
-    for held in itertools.chain.from_iterable(itertools.combinations(range(count), k) for k in range(count + 1)):
-        x = lower.astype(float).copy()
-        free = [i for i in range(count) if i not in held]
-        if free:
-            target = np.ones(matrix.shape[0]) - matrix[:, list(held)] @ x[list(held)]
-            x[free] = np.linalg.lstsq(matrix[:, free], target, rcond=None)[0]
-        if np.any(x < lower - 1e-12):
+def full_model(runs: list[PublishedRun]) -> bool:
+    return len(runs) >= FULL_MODEL_ROWS and len({run.model for run in runs}) >= FULL_MODEL_MODELS
+
+
+def lender_of(architecture: str, full: set[str]) -> str | None:
+    """The nearest architecture with a full model that ``architecture`` borrows the shape of
+    (``calibration.NEIGHBOURS``), or None."""
+    lender, seen = NEIGHBOURS.get(architecture), set()
+    while lender and lender not in full and lender not in seen:
+        seen.add(lender)
+        lender = NEIGHBOURS.get(lender)
+    return lender if lender in full else None
+
+
+class Layout:
+    """Where each architecture's parameters and the host's sit in the least squares' vector. An architecture with
+    too few runs for a multiplier per group scales its lender's GPU fit in ``reference`` (one factor: the shape of
+    a neighbour, the speed of its own runs), or has one multiplier for all its groups where there is none."""
+
+    def __init__(self, runs: list[PublishedRun], reference: Fit | None = None) -> None:
+        self.names: list[tuple[str, str]] = [("host", term) for term in HOST_TERMS]
+        architectures = sorted({run.architecture for run in runs})
+        self.full = {a: full_model([run for run in runs if run.architecture == a]) for a in architectures}
+        full = {a for a, is_full in self.full.items() if is_full}
+        self.lenders = {
+            a: lender for a in architectures if not self.full[a] and reference and (lender := lender_of(a, full))
+        }
+        self.reference = reference
+        for architecture in architectures:
+            if self.full[architecture]:
+                names = [*GROUPS, "score_s", "gap_s"]
+            else:
+                names = ["scale"] if architecture in self.lenders else ["all"]
+            self.names += [(architecture, name) for name in names]
+
+    def lent(self, architecture: str) -> GpuFit:
+        """The lender's GPU fit ``architecture`` scales."""
+        return self.reference.gpus[self.lenders[architecture]]
+
+    def bounds(self, runs: list[PublishedRun]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each parameter's least value and none greatest, and where the search starts."""
+        lower, start = [], []
+        for architecture, name in self.names:
+            if name in SCALE:
+                least, first = 0.0, START[name]
+            elif name == "scale":  # no group's multiplier under 1
+                least = 1.0 / min(self.lent(architecture).multipliers.values())
+                first = max(least, 1.0)
+            else:
+                least = 1.0 / BARE_MATMUL_FRACTION.get(architecture, 1.0) if name in ("matmul", "all") else 1.0
+                first = max(least, 2.0)
+            lower.append(least)
+            start.append(first)
+        return np.array(lower), np.full(len(lower), np.inf), np.array(start)
+
+    def unpack(self, x: np.ndarray) -> Fit:
+        values: dict[str, dict[str, float]] = {}
+        for (owner, name), value in zip(self.names, x, strict=True):
+            values.setdefault(owner, {})[name] = value * SCALE.get(name, 1.0)
+        host = HostFit(**values.pop("host"))
+        gpus = {}
+        for architecture, found in values.items():
+            if "scale" in found:
+                lent, k = self.lent(architecture), found["scale"]
+                gpus[architecture] = GpuFit(
+                    {g: k * a for g, a in lent.multipliers.items()}, k * lent.score_s, k * lent.gap_s
+                )
+            elif "all" in found:
+                gpus[architecture] = GpuFit(dict.fromkeys(GROUPS, found["all"]), 0.0, 0.0)
+            else:
+                gpus[architecture] = GpuFit({g: found[g] for g in GROUPS}, found["score_s"], found["gap_s"])
+        return Fit(gpus, host)
+
+
+def design_row(layout: Layout, run: PublishedRun, on_host: dict[str, bool]) -> np.ndarray:
+    """The run's time as a linear function of the parameters (in ``SCALE`` units), each stage on the side
+    ``on_host`` puts it: the GPU's features of the run's architecture, or the host's."""
+    row = np.zeros(len(layout.names))
+    column = {name: index for index, name in enumerate(layout.names)}
+    architecture = run.architecture
+    for name, stage in run.stages.items():
+        if on_host[name]:
+            for term, count in (("op_s", stage.dispatched), ("module_s", stage.modules), ("step_s", stage.steps)):
+                row[column["host", term]] += count * SCALE[term]
             continue
-        residual = float(np.sum((matrix @ x - 1) ** 2))
-        if residual < best_residual:
-            best, best_residual = x, residual
+        if architecture in layout.lenders:
+            row[column[architecture, "scale"]] += layout.lent(architecture).seconds(stage)
+            continue
+        for group, seconds in stage.bounds.items():
+            row[column[architecture, group if layout.full[architecture] else "all"]] += seconds
+        if layout.full[architecture]:
+            row[column[architecture, "score_s"]] += stage.scores * SCALE["score_s"]
+            row[column[architecture, "gap_s"]] += stage.kernels * SCALE["gap_s"]
+    row[column["host", "call_s"]] += SCALE["call_s"] * run.whole_call
+    return row
+
+
+def sides(found: Fit, run: PublishedRun) -> dict[str, bool]:
+    """Per stage, whether the host's time is the longer under ``found``."""
+    gpu = found.gpus[run.architecture]
+    return {name: found.host.seconds(stage) > gpu.seconds(stage) for name, stage in run.stages.items()}
+
+
+def solve_sides(
+    runs: list[PublishedRun], layout: Layout, found: Fit, lower: np.ndarray, upper: np.ndarray
+) -> tuple[float, Fit]:
+    """From ``found``: each stage put on its longer side, the parameters solved, until no stage moves; the best
+    (squared relative error, fit) seen."""
+    published = np.array([run.published_s for run in runs])
+    best, seen = None, set()
+    for _ in range(MAX_ROUNDS):
+        chosen = [sides(found, run) for run in runs]
+        key = tuple(tuple(sorted(side.items())) for side in chosen)
+        if key in seen:
+            break
+        seen.add(key)
+        matrix = np.array([design_row(layout, run, side) for run, side in zip(runs, chosen, strict=True)])
+        solved = lsq_linear(matrix / published[:, None], np.ones(len(runs)), bounds=(lower, upper), tol=1e-12)
+        found = layout.unpack(solved.x)
+        error = float(np.sum((np.array([found.midpoint(run) for run in runs]) / published - 1) ** 2))
+        if best is None or error < best[0]:
+            best = (error, found)
     return best
 
 
 def fit(runs: list[PublishedRun]) -> Fit:
-    """The model fitted on ``runs`` (one architecture), with its range's factor."""
-    full = len(runs) >= FULL_MODEL_ROWS and len({run.model for run in runs}) >= FULL_MODEL_MODELS
-    published = np.array([[run.published_s] for run in runs])
-    if full:
-        floor = {group: 1.0 for group in GROUPS}  # each a >= 1, compute's >= 1 / the bare matmul's fraction
-        floor["compute"] = 1 / min(BARE_MATMUL_FRACTION.get(run.architecture, 1.0) for run in runs)
-        lower = np.array([*floor.values(), 0.0, 0.0])  # the score and operator costs >= 0
-        *a, score, overhead = _bounded_least_squares(np.array([run.features() for run in runs]) / published, lower)
-        point = Fit(dict(zip(GROUPS, a, strict=True)), score * SCORE_UNIT, overhead, 1.0)
-    else:
-        (a,) = _bounded_least_squares(np.array([[run.eager_s] for run in runs]) / published, np.array([1.0]))
-        point = Fit(dict.fromkeys(GROUPS, a), 0.0, 0.0, 1.0)
-    width = max(RANGE_FACTOR, covering([point.midpoint(run) / run.published_s for run in runs], LEAST_INSIDE))
-    return replace(point, width=width)
+    """Every architecture's model and the host's fitted on ``runs`` together, each architecture's range factor
+    from its own runs. The time is linear in the parameters once each stage's longer side is known: solved by
+    bounded linear least squares on relative errors, each stage then put on the side the answer makes longer, until
+    no stage moves (the best answer kept where sides keep moving)."""
+    found = None
+    for _ in range(OUTER_ROUNDS):  # an architecture scaling its lender's fit: again once the lender has moved
+        layout = Layout(runs, found)
+        lower, upper, start = layout.bounds(runs)
+        best = None
+        for factor in STARTS:  # the host's terms from several starts: the sides first chosen decide where it ends
+            host = np.array([factor if owner == "host" else 1.0 for owner, _ in layout.names])
+            tried = solve_sides(runs, layout, layout.unpack(start * host), lower, upper)
+            if best is None or tried[0] < best[0]:
+                best = tried
+        found = best[1]
+        full = {a for a, is_full in layout.full.items() if is_full}
+        if not any(lender_of(a, full) for a in layout.full if a not in full):
+            break
+    widths = {}
+    for architecture, gpu in found.gpus.items():
+        ratios = [found.midpoint(run) / run.published_s for run in runs if run.architecture == architecture]
+        widths[architecture] = GpuFit(
+            gpu.multipliers, gpu.score_s, gpu.gap_s, max(RANGE_FACTOR, covering(ratios, LEAST_INSIDE))
+        )
+    return Fit(widths, found.host)
 
 
 def covering(ratios: list[float], share: float = COVERAGE) -> float:
@@ -152,18 +329,34 @@ class HeldOut:
         return self.midpoint / self.run.published_s - 1
 
 
-def leave_one_out(runs: list[PublishedRun], by: str = "source") -> list[HeldOut]:
-    """Each group's runs (``by``: "source", or "model" where one source measured them all) against the fit of the
-    other groups' runs; a single group is not held out."""
+def held_groups(runs: list[PublishedRun]) -> list[tuple[str, str]]:
+    """What is held out in turn: each source; and, for an architecture one source measured alone, each of its
+    models (holding out the source would leave the architecture nothing to fit)."""
+    groups = [("source", source) for source in sorted({run.source for run in runs})]
+    for architecture in sorted({run.architecture for run in runs}):
+        mine = [run for run in runs if run.architecture == architecture]
+        if len({run.source for run in mine}) == 1:
+            groups += [("model", f"{architecture}/{model}") for model in sorted({run.model for run in mine})]
+    return groups
+
+
+def in_group(run: PublishedRun, by: str, name: str) -> bool:
+    return run.source == name if by == "source" else f"{run.architecture}/{run.model}" == name
+
+
+def leave_one_out(runs: list[PublishedRun]) -> list[HeldOut]:
+    """Each held group's runs (``held_groups``) against the fit of every other run, where the fit without them still
+    has the run's architecture; each run held out once (by model where its architecture has one source)."""
     found = []
-    for group in sorted({getattr(run, by) for run in runs}):
-        others = [run for run in runs if getattr(run, by) != group]
-        if not others:
+    sources = {a: {r.source for r in runs if r.architecture == a} for a in {run.architecture for run in runs}}
+    several = {architecture for architecture, found in sources.items() if len(found) > 1}
+    for by, name in held_groups(runs):
+        held = [run for run in runs if in_group(run, by, name) and (by == "model" or run.architecture in several)]
+        others = [run for run in runs if not in_group(run, by, name)]
+        if not held:
             continue
         fitted = fit(others)
-        for run in runs:
-            if getattr(run, by) == group:
-                found.append(HeldOut(run, fitted.midpoint(run), *fitted.range(run)))
+        found += [HeldOut(run, fitted.midpoint(run), *fitted.range(run)) for run in held]
     return found
 
 
@@ -177,18 +370,25 @@ def summary(held: list) -> dict[str, float]:
     }
 
 
-def as_calibration(found: Fit, source: str, runs: list[PublishedRun]) -> Calibration:
-    """The fit of ``runs`` as achieved fractions per kind ([lowest, highest]), an overhead range, and the least eager
-    bound per operator among the runs (under it, a prediction says it is outside the fit): the expected range
-    ``roofline.expected_s`` computes from them is the midpoint times [1 / w, w]. A highest fraction may pass 1 (a
-    kind fitted at its bound); ``roofline.predict_time`` keeps a range from going under the eager bound."""
-    fractions = {
-        kind: (1 / (found.multipliers[group] * found.width), found.width / found.multipliers[group])
-        for kind, group in GROUP_OF_KIND.items()
-    }
-    overhead = (found.overhead_s / found.width, found.overhead_s * found.width)
-    score = (found.score_s / found.width, found.score_s * found.width)
-    least = min(run.eager_s / run.operators for run in runs)
+def as_calibration(found: Fit, architecture: str, source: str, runs: list[PublishedRun]) -> Calibration:
+    """``architecture``'s fit as achieved fractions per kind ([lowest, highest]), its per-kernel and per-score
+    costs and the host's terms as ranges, and the least eager bound per kernel among its runs: the range
+    ``roofline.predict_time`` computes from them is the midpoint times [1 / w, w]. A highest fraction may pass 1
+    (a kind fitted at its bound); ``roofline.predict_time`` keeps a range from going under the eager bound."""
+    gpu = found.gpus[architecture]
+    w = gpu.width
+    fractions = {kind: (1 / (gpu.multipliers[g] * w), w / gpu.multipliers[g]) for kind, g in GROUP_OF_KIND.items()}
+    host = HostCalibration(
+        **{term: (getattr(found.host, term) / w, getattr(found.host, term) * w) for term in HOST_TERMS}
+    )
+    mine = [run for run in runs if run.architecture == architecture]
+    kernels = [sum(stage.kernels for stage in run.stages.values()) for run in mine]
+    least = min(run.eager_s / count for run, count in zip(mine, kernels, strict=True) if count)
     return Calibration(
-        source=source, fractions=fractions, overhead_s=overhead, score_s=score, least_bound_per_operator_s=least
+        source=source,
+        fractions=fractions,
+        overhead_s=(gpu.gap_s / w, gpu.gap_s * w),
+        score_s=(gpu.score_s / w, gpu.score_s * w),
+        least_bound_per_operator_s=least,
+        host=host,
     )

@@ -2,8 +2,9 @@
 plan that ``memory`` tracks: per operator its kind (named as ``--trace`` names them), FLOPs (torch.utils.
 flop_counter's formulas, attention's fused kernels included) and bytes moved, the bytes of its tensor
 inputs read plus its outputs written. Views, allocations and queries (a tensor's device) move nothing and
-are left out. The roofline time
-(``roofline``) is computed from these figures for any device."""
+are left out of the operators, but counted beside them with the module calls: the host issues every one of
+them (``CallWork.dispatched``, ``CallWork.modules``). The roofline time (``roofline``) is computed from these
+figures for any device."""
 
 from __future__ import annotations
 
@@ -74,19 +75,39 @@ def operand_dtype(args, call_dtype: torch.dtype | None) -> str | None:
     return next((name for name, dtype in DTYPES.items() if dtype == first.dtype), None)
 
 
+#: the tally's keys for what the host issues beside the operators: operators that move nothing, module calls
+NO_TRAFFIC_KEY = ("dispatched without traffic", 0, 0, 0, None)
+MODULE_KEY = ("module call", 0, 0, 0, None)
+
+
 class OperatorTally(TorchDispatchMode):
-    """Counts every operator run inside it: (kind, FLOPs, bytes, attention scores, operand dtype) -> calls.
+    """Counts every operator run inside it: (kind, FLOPs, bytes, attention scores, operand dtype) -> calls; and,
+    for the host's share, the operators that move nothing and the ``nn.Module`` calls (``host_counts``).
     ``dtype``: the call's, against which an operator's own dtype is named (``operand_dtype``)."""
 
     def __init__(self, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.dtype = dtype
         self.groups: Counter[tuple[str, int, int, int, str | None]] = Counter()
+        self.hook = None
+
+    def __enter__(self):
+        self.hook = torch.nn.modules.module.register_module_forward_pre_hook(self.count_module)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self.hook.remove()
+        return super().__exit__(*exc)
+
+    def count_module(self, module, args) -> None:
+        self.groups[MODULE_KEY] += 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if moves_nothing(func, out):
+            # a query returning no tensor (``prim::device``) is an attribute read in an eager run, not dispatched
+            self.groups[NO_TRAFFIC_KEY] += any(isinstance(t, torch.Tensor) for t in tree_leaves(out))
             return out
         packet = func._overloadpacket
         flops = int(FORMULAS[packet](*args, **kwargs, out_val=out)) if packet in FORMULAS else 0
@@ -112,20 +133,27 @@ class OperatorTally(TorchDispatchMode):
     def apply(self, effect: Counter) -> None:
         self.groups.update(effect)
 
+    def host_counts(self) -> dict[str, int]:
+        """What the host issues per call: every dispatched operator (those that move nothing too) and the module
+        calls. A replayed block's outputs are rebuilt with an allocation and a view each (``replay.rebuild``),
+        counted too: about 1% of a transformer block's dispatches."""
+        return {"dispatched": sum(self.groups.values()) - self.groups[MODULE_KEY], "modules": self.groups[MODULE_KEY]}
+
     def operators(self) -> list[OperatorGroup]:
-        in_order = sorted(self.groups.items(), key=lambda item: (*item[0][:4], item[0][4] or ""))
+        counted = [item for item in self.groups.items() if item[0] not in (NO_TRAFFIC_KEY, MODULE_KEY)]
+        in_order = sorted(counted, key=lambda item: (*item[0][:4], item[0][4] or ""))
         return [
             OperatorGroup(kind=kind, flops=flops, bytes=moved, calls=calls, scores=scores, dtype=dtype)
             for (kind, flops, moved, scores, dtype), calls in in_order
         ]
 
 
-def tally_call(module: torch.nn.Module, call: Call, dtype: torch.dtype) -> list[OperatorGroup]:
+def tally_call(module: torch.nn.Module, call: Call, dtype: torch.dtype) -> OperatorTally:
     """Run ``call`` once on fake tensors and count its operators: repeated blocks, slices and tiles recorded once
     and replayed, as the memory pass runs them (``memory.track_call``; its figures are not needed here)."""
     tally = OperatorTally(dtype)
     track_call(module, call, dtype, on_cuda=False, also=tally)
-    return tally.operators()
+    return tally
 
 
 def operator_work(spec: ProfileSpec, decode_modes: tuple[str, ...] = ()) -> OperatorWork:
@@ -204,6 +232,7 @@ def predict_memory_and_work(
             count=call.count,
             operators=tally.operators(),
             dtype=settled.dtype_of(call.component, call.dtype),
+            **tally.host_counts(),
         )
         for call, tally in tallies
     ]
@@ -231,7 +260,7 @@ def _count(spec: ProfileSpec, decode_modes: tuple[str, ...] = (), decode_only: b
         if decodes and "vae-slicing" in decode_modes and call.batch > 1:
             call = _one_at_a_time(call)
         try:
-            operators = tally_call(modules[call.component, dtype], call, dtype)
+            tally = tally_call(modules[call.component, dtype], call, dtype)
         except (RuntimeError, NotImplementedError, TypeError) as error:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise DiffmeterError(
@@ -242,8 +271,9 @@ def _count(spec: ProfileSpec, decode_modes: tuple[str, ...] = (), decode_only: b
                 stage=STAGE_OF_ROLE[call.role],
                 component=call.component,
                 count=call.count,
-                operators=operators,
+                operators=tally.operators(),
                 dtype=dtype_name,
+                **tally.host_counts(),
             )
         )
     return OperatorWork(dtype=spec.dtype, calls=calls)

@@ -9,36 +9,31 @@ bandwidth in GB/s, both from the same sheets; None where a name covers several s
 
 A device name (``torch.cuda.get_device_name()``, as nvidia-smi spells it) matches a row when
 it holds every token the row requires, and no token beyond those, the row's allowed ones and
-neutral ones (vendor, brand, memory size): "NVIDIA L40" is not an L4, "NVIDIA H200 NVL" not an
-H200 SXM, and "NVIDIA GeForce RTX 4090 D" or a MIG slice match nothing. An unknown device
-gets no MFU rather than a wrong one; ``--peak-tflops`` covers it.
+neutral ones (vendor, brand, a memory size: the row's own, where the row has one): "NVIDIA L40" is not
+an L4, "NVIDIA H200 NVL" not an H200 SXM, "RTX 4070 Ti" not an RTX 4070 nor a 4070 Ti Super, "RTX 4060 Ti
+8GB" not the 16 GB row, and "NVIDIA GeForce RTX 4090 D" or a MIG slice match nothing. An unknown device
+gets no MFU rather than a wrong one; ``--peak-tflops`` covers it. The GeForce and RTX workstation rows are
+in ``predict.peaks_rtx``.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-
-@dataclass(frozen=True)
-class DevicePeak:
-    name: str
-    #: lower-case tokens the device name must hold
-    requires: tuple[str, ...]
-    tflops: dict[str, float]
-    source: str
-    #: tokens the name may also hold (form factors with the same peaks)
-    allows: tuple[str, ...] = ()
-    memory_gb: float | None = None
-    bandwidth_gb_s: float | None = None
-
+from diffmeter.predict.device_peak import DevicePeak
+from diffmeter.predict.peaks_rtx import RTX
 
 HOPPER = "NVIDIA H100/H200 Tensor Core GPU datasheets (dense = half the sparse figure)"
 AMPERE = "NVIDIA A100/A800 Tensor Core GPU datasheet (SXM and PCIe share the peaks; dense = half the sparse figure)"
 GA100 = {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}  # every A100 and A800 card, dense TFLOP/s
-PEAKS = (
+#: the A800's memory is the A100's of the same size and form; NVIDIA's A800 sheet was not found stored
+A800 = (
+    AMPERE + "; the A800 is the A100 with its NVLink cut to 400 GB/s, 'The core compute, memory, and Tensor Core "
+    "capabilities were left unchanged; only the interconnect was throttled' (aiwiki.ai/wiki/nvidia_a800)"
+)
+DATA_CENTER = (
     DevicePeak(
         "H100 SXM",
         ("h100", "hbm3"),
@@ -105,7 +100,9 @@ PEAKS = (
         "H20",
         ("h20",),
         {"fp32": 44.0, "tf32": 74.0, "bf16": 148.0, "fp16": 148.0, "fp8": 296.0},
-        "NVIDIA H20 specification sheet (dense)",
+        "NVIDIA H20 specification sheet as reproduced (dense, the export-limited rates): zangshuxian.com, "
+        "'INT8为296TFLOPS,FP16为148TFLOPS,TF32为74TFLOPS,FP32为44TFLOPS', '内存带宽为4.0TB/s'; willitrunai.com, "
+        "'96 GB HBM3 — 4,000 GB/s bandwidth'",
         memory_gb=96,
         bandwidth_gb_s=4000,
     ),
@@ -170,11 +167,40 @@ PEAKS = (
         bandwidth_gb_s=1555,
     ),
     DevicePeak(
-        "A800",
-        ("a800",),
+        "A800 80GB SXM",
+        ("a800", "80gb"),
         GA100,
-        AMPERE,
-        allows=("sxm4", "pcie", "lc", "active"),
+        A800 + ": the A100 80GB SXM's 2,039 GB/s",
+        allows=("sxm4", "sxm"),
+        memory_gb=80,
+        bandwidth_gb_s=2039,
+    ),
+    DevicePeak(
+        "A800 80GB PCIe",
+        ("a800", "80gb", "pcie"),
+        GA100,
+        A800 + ": the A100 80GB PCIe's 1,935 GB/s",
+        allows=("lc",),
+        memory_gb=80,
+        bandwidth_gb_s=1935,
+    ),
+    DevicePeak(
+        "A800 40GB PCIe",
+        ("a800", "40gb", "pcie"),
+        GA100,
+        A800 + "; cputronic.com's A800 PCIe 40 GB comparison: 'Higher Bandwidth: 1555 GB/s'",
+        memory_gb=40,
+        bandwidth_gb_s=1555,
+    ),
+    DevicePeak(
+        "A800 40GB Active",
+        ("a800", "40gb", "active"),
+        GA100,
+        "lamonoai/gpumap nvidia/GPU.md (commit 8d5e174), 'NVIDIA A800 40GB Active' column: 'FP32 (TFLOPS) | 19.5', "
+        "'TF32 Tensor Core(TFLOPS) | 156', 'BFLOAT16 Tensor Core(TFLOPS) (FP32累计) | 312', '40GB HBM2', "
+        "'内存带宽（GB/s） | 1,555'",
+        memory_gb=40,
+        bandwidth_gb_s=1555,
     ),
     DevicePeak(
         "A10G",
@@ -272,67 +298,6 @@ PEAKS = (
         bandwidth_gb_s=1134,
     ),
     DevicePeak(
-        "RTX 4090",
-        ("rtx", "4090"),
-        {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2, "fp8": 330.3},
-        "NVIDIA Ada GPU architecture whitepaper, GeForce RTX 4090 (FP32 accumulate)",
-        memory_gb=24,
-        bandwidth_gb_s=1008,
-    ),
-    DevicePeak(
-        "RTX 5090",
-        ("rtx", "5090"),
-        {"fp32": 104.8, "tf32": 104.8, "bf16": 209.5, "fp16": 209.5, "fp8": 419.0},
-        "NVIDIA RTX Blackwell GPU architecture whitepaper, GeForce RTX 5090 (FP32 accumulate, dense), as third parties "
-        "transcribe its tables (the PDF was not readable here); 1,792 GB/s: Tom's Hardware's RTX 5090 vs 4090 table",
-        memory_gb=32,
-        bandwidth_gb_s=1792,
-    ),
-    DevicePeak(
-        "RTX 5080",
-        ("rtx", "5080"),
-        {"fp32": 56.28, "bf16": 112.6, "fp16": 112.6, "fp8": 225.1},
-        "NVIDIA RTX Blackwell GPU architecture whitepaper, GeForce RTX 5080 (FP32 accumulate, dense), as third parties "
-        "transcribe its Table 4; no TF32 figure found stated; FP32 (non-tensor) 56.28 TFLOPS: fpsbench.com's spec "
-        "table (10,752 CUDA cores x 2 x 2,617 MHz boost); 960 GB/s: notebookcheck's spec page",
-        memory_gb=16,
-        bandwidth_gb_s=960,
-    ),
-    DevicePeak(
-        "RTX 4080",
-        ("rtx", "4080"),
-        {"fp32": 48.7, "bf16": 97.5, "fp16": 97.5, "fp8": 194.9},
-        "NVIDIA Ada GPU architecture whitepaper, GeForce RTX 4080 (FP32 accumulate, dense), as third parties "
-        "transcribe it (its own 4080 column was not readable here; no TF32 figure found stated); 716.8 GB/s",
-        memory_gb=16,
-        bandwidth_gb_s=716.8,
-    ),
-    DevicePeak(
-        "RTX 3090",
-        ("rtx", "3090"),
-        {"fp32": 35.6, "tf32": 35.6, "bf16": 71.0, "fp16": 71.0},
-        "NVIDIA GA102 whitepaper, GeForce RTX 3090 (FP32 accumulate)",
-        memory_gb=24,
-        bandwidth_gb_s=936,
-    ),
-    DevicePeak(
-        "RTX 6000 Ada",
-        ("rtx", "6000", "ada"),
-        {"fp32": 91.1, "tf32": 182.1, "bf16": 364.2, "fp16": 364.2, "fp8": 728.5},
-        "NVIDIA RTX 6000 Ada Generation datasheet (dense = half the sparse figure)",
-        allows=("generation",),
-        memory_gb=48,
-        bandwidth_gb_s=960,
-    ),
-    DevicePeak(
-        "RTX A6000",
-        ("rtx", "a6000"),
-        {"fp32": 38.7, "tf32": 77.4, "bf16": 154.8, "fp16": 154.8},
-        "NVIDIA RTX A6000 datasheet (dense = half the sparse figure)",
-        memory_gb=48,
-        bandwidth_gb_s=768,
-    ),
-    DevicePeak(
         "MI300X",
         ("mi300x",),
         {"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9},
@@ -343,11 +308,16 @@ PEAKS = (
         bandwidth_gb_s=5300,
     ),
 )
+MI300X = DATA_CENTER[-1]
+#: every row, in the order a short ``--gpu`` name prefers among the rows it matches
+PEAKS = (*DATA_CENTER[:-1], *RTX, MI300X)
 
 PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 #: tokens any device name may carry without changing what it is
 NEUTRAL = frozenset({"nvidia", "tesla", "geforce", "hbm2", "hbm2e", "hbm3", "hbm3e"})
-MEMORY_SIZE = re.compile(r"\d+g(b)?")
+MEMORY_SIZE = re.compile(r"(\d+)g(b)?")
+#: tokens that make another card of a model number: an "RTX 4070 Ti" is not an "RTX 4070"
+VARIANTS = frozenset({"ti", "super", "d"})
 
 
 class Peak(BaseModel):
@@ -366,11 +336,17 @@ def find_device(device_name: str) -> DevicePeak | None:
     words = tokens(device_name)
     for peak in PEAKS:
         extra = [w for w in words if w not in peak.requires and w not in peak.allows and w not in NEUTRAL]
-        if all(token in words for token in peak.requires) and not any(
-            not MEMORY_SIZE.fullmatch(word) for word in extra
-        ):
+        if all(token in words for token in peak.requires) and all(other_size(peak, word) is False for word in extra):
             return peak
     return None
+
+
+def other_size(peak: DevicePeak, word: str) -> bool | None:
+    """Whether ``word``, a memory size ("16gb", "80g"), names another size than the row's; None for no size."""
+    size = MEMORY_SIZE.fullmatch(word)
+    if size is None:
+        return None
+    return peak.memory_gb is not None and int(size.group(1)) != peak.memory_gb
 
 
 def device_peak(device_name: str, dtype: str, tf32: bool = False, override_tflops: float | None = None) -> Peak | None:

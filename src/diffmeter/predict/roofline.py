@@ -22,77 +22,17 @@ calibration gets the lower bound alone, and says so.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
-
-from pydantic import BaseModel
 
 from diffmeter.errors import DiffmeterError
+from diffmeter.predict.calibration import Calibration, calibration_for
 from diffmeter.predict.devices import Device, uncalibrated
 from diffmeter.predict.energy import predict_energy, why_no_energy
+from diffmeter.predict.host_time import host_stage_s
 from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork, StageTime, TimePrediction
 from diffmeter.stages import STAGES
-
-
-class Calibration(BaseModel):
-    """Achieved fractions of the roofline per operator kind ([lowest, highest] seen) and the time
-    outside operators per operator (seconds), measured on the runs ``source`` names."""
-
-    source: str
-    fractions: dict[str, tuple[float, float]]
-    overhead_s: tuple[float, float]
-    #: seconds per attention score beyond its FLOPs (``OperatorGroup.scores``), where the fit has one
-    score_s: tuple[float, float] | None = None
-    #: the least eager bound per operator among the runs it was fitted on (seconds): a run under it is launch-bound
-    #: beyond anything the fit saw
-    least_bound_per_operator_s: float | None = None
-    #: the average board power while generating, a share of the card's TDP, and the energy range's factor w,
-    #: fitted on published runs' energy (``fit_energy``), with where they come from
-    power_fraction: float | None = None
-    energy_width: float | None = None
-    energy_source: str | None = None
-
-
-def calibrations() -> dict[str, Calibration]:
-    """The shipped calibrations: "cpu", and "cuda:ARCHITECTURE" (eager runs)."""
-    text = resources.files("diffmeter.predict").joinpath("data/efficiency.json").read_text()
-    return {kind: Calibration.model_validate(found) for kind, found in json.loads(text).items()}
-
-
-#: where an architecture without a fit of its own borrows one: the fractions are of each card's own peak and
-#: bandwidth, so a neighbour's apply scaled by the card's datasheet figures
-NEIGHBOURS = {
-    "blackwell": "hopper",
-    "rtx-blackwell": "blackwell",
-    "ada": "ampere",
-    "turing": "ampere",
-    "volta": "ampere",
-    "ampere": "hopper",
-}
-
-
-def calibration_for(device: Device) -> Calibration | None:
-    """The device's calibration: its kind's ("cpu"), its architecture's, or the nearest neighbour's (said in the
-    source); None where there is none."""
-    shipped = calibrations()
-    if device.kind != "cuda":
-        return shipped.get(device.kind)
-    architecture = device.architecture
-    tried = []
-    while architecture and architecture not in tried:
-        found = shipped.get(f"cuda:{architecture}")
-        if found is not None:
-            if architecture == device.architecture:
-                return found
-            borrowed = f"{found.source}; borrowed for {device.architecture} ({device.name}) from {architecture}"
-            return found.model_copy(update={"source": borrowed})
-        tried.append(architecture)
-        architecture = NEIGHBOURS.get(architecture)
-    return None
-
 
 #: the operator kinds float32 work may run on TF32 tensor cores: cuBLAS matmuls and cuDNN convolutions
 TF32_KINDS = ("matmul", "convolution")
@@ -268,6 +208,7 @@ def predict_time(
         raise DiffmeterError(lacking)
     rates = flop_rates(device, work, fp32_math)
     calibration = calibration or calibration_for(device)
+    hosts = host_stage_s(work, calibration.host) if calibration and calibration.host else {}
     bounds = lower_bounds(work, rates, device.bandwidth_bytes_per_s, device.l2_bytes)
     both = stage_bounds(work, weights or {}, rates, device.bandwidth_bytes_per_s, device.l2_bytes)
     stages = []
@@ -279,6 +220,8 @@ def predict_time(
         moved = sum(g.bytes * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
         operators = int(sum(count for _, count in kinds.values()))
         scores = sum(g.scores * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
+        gpu = expected_s(kinds, operators, calibration, scores) if calibration else None
+        host = hosts.get(stage)
         stages.append(
             StageTime(
                 stage=stage,
@@ -286,16 +229,20 @@ def predict_time(
                 flops=flops,
                 bytes=moved,
                 lower_s=both[stage][0],
-                expected_s=at_least(expected_s(kinds, operators, calibration, scores), both[stage][0])
-                if calibration
-                else None,
+                expected_s=at_least(overlapped(gpu, host), both[stage][0]) if gpu else None,
+                gpu_s=gpu if host else None,
+                host_s=host,
                 ideal_s=both[stage][1] if weights is not None else None,
             )
         )
     expected = [stage.expected_s for stage in stages]
     lower, operators = sum(stage.lower_s for stage in stages), sum(stage.operators for stage in stages)
+    call = calibration.host.call_s if calibration and calibration.host else None
     whole = (sum(e[0] for e in expected), sum(e[1] for e in expected)) if calibration else None
+    if whole and call:
+        whole = (whole[0] + call[0], whole[1] + call[1])
     launch_bound = outside(calibration, lower / operators) if calibration and operators else None
+    busy, host_bound = host_share(stages, whole)
     return TimePrediction(
         device=device.name,
         dtype=work.dtype,
@@ -309,13 +256,40 @@ def predict_time(
         lower_s=lower,
         expected_s=whole,
         outside_calibration=launch_bound,
-        energy=predict_energy(whole, device, outputs, calibration, launch_bound) if calibration else None,
+        outside_stages_s=call,
+        host_bound=host_bound,
+        busy_share=busy,
+        energy=predict_energy(whole, device, outputs, calibration, busy) if calibration else None,
         energy_left_out=why_no_energy(device, calibration),
         ideal_s=sum(both[stage.stage][1] for stage in stages) if weights is not None else None,
         l2_bytes=device.l2_bytes,
         calibration=calibration.source
         if calibration
         else f"no expected range: {uncalibrated(device)}; the lower bound is shown",
+    )
+
+
+def overlapped(gpu: tuple[float, float], host: tuple[float, float] | None) -> tuple[float, float]:
+    """A stage's range: the longer of the GPU's and the host's time at each end (CUDA's launch is asynchronous)."""
+    return gpu if host is None else (max(gpu[0], host[0]), max(gpu[1], host[1]))
+
+
+def host_share(stages: list[StageTime], whole: tuple[float, float] | None) -> tuple[float | None, str | None]:
+    """The share of the expected time the GPU is busy (midpoints), and why the run is host-bound where the host's
+    issue time is the longer in the stages that make most of it; (None, None) without a host term."""
+    timed = [stage for stage in stages if stage.gpu_s and stage.host_s]
+    if not timed or not whole:
+        return None, None
+    middle = (whole[0] * whole[1]) ** 0.5
+    gpu = sum((stage.gpu_s[0] * stage.gpu_s[1]) ** 0.5 for stage in timed)
+    host = sum((stage.host_s[0] * stage.host_s[1]) ** 0.5 for stage in timed)
+    busy = min(1.0, gpu / middle)
+    if host <= gpu:
+        return busy, None
+    return busy, (
+        f"host-bound: the host takes {host:.3g} s to issue the work (dispatched operators, module calls, steps) "
+        f"against the GPU's {gpu:.3g} s, so the GPU is busy about {busy:.0%} of the time; a faster host, CUDA graphs "
+        "or torch.compile shorten it, a faster GPU does not"
     )
 
 

@@ -91,6 +91,10 @@ class CallWork(BaseModel):
     operators: list[OperatorGroup]
     #: the dtype the call runs at (a float32 VAE, SDXL's float32 decode in a float16 run); None: the run's
     dtype: str | None = None
+    #: what the host issues per call: every ATen operator dispatched (views, allocations and queries too, which
+    #: ``operators`` leaves out), and the ``nn.Module`` calls
+    dispatched: int
+    modules: int
 
 
 class OperatorWork(BaseModel):
@@ -118,6 +122,10 @@ class StageTime(BaseModel):
     expected_s: tuple[float, float] | None = None
     #: the ideal bound: no implementation at the dtype, compiled or fused, is faster (None: no weights given)
     ideal_s: float | None = None
+    #: the two sides ``expected_s`` is the longer of: the GPU's busy time and the host's issue time (None: no
+    #: host term, as on a CPU)
+    gpu_s: tuple[float, float] | None = None
+    host_s: tuple[float, float] | None = None
 
 
 class EnergyPrediction(BaseModel):
@@ -153,6 +161,13 @@ class TimePrediction(BaseModel):
     calibration: str
     #: why the expected range may not hold for this run (smaller operators than any fitted run's), or None
     outside_calibration: str | None = None
+    #: the pipeline call's own work outside its components' calls (latents, timesteps, postprocessing), seconds,
+    #: included in ``expected_s``; None without a host term
+    outside_stages_s: tuple[float, float] | None = None
+    #: why the run is host-bound (the host issues its work slower than the GPU runs it), or None
+    host_bound: str | None = None
+    #: the share of the expected time the GPU is busy; None without a host term
+    busy_share: float | None = None
     #: the energy per output the expected time implies at the calibrated board power (None: no TDP or no fit)
     energy: EnergyPrediction | None = None
     #: why ``energy`` is None: what is missing (the card's TDP, a fitted board power, an expected time)

@@ -33,7 +33,9 @@ def energy_line(prediction: TimePrediction, output: str = "image") -> str:
         f"predicted energy per {each} on {prediction.device}: {units.joules(low)} to {units.joules(high)} "
         f"({low / 3600:.3g} to {high / 3600:.3g} Wh): the expected time's geometric midpoint at "
         f"{energy.power_w:.0f} W, the share of its {energy.tdp_w:.0f} W TDP that turned predicted times into "
-        f"published energy, times or divided by {(high / low) ** 0.5:.3g}, the spread the fit left; "
+        "published energy"
+        + (f" for a GPU busy {prediction.busy_share:.0%} of the time" if prediction.busy_share is not None else "")
+        + f", times or divided by {(high / low) ** 0.5:.3g}, the spread the fit left; "
         f"{energy.calibration}"
     )
 
@@ -45,6 +47,7 @@ def time_table(prediction: TimePrediction) -> FittedTable:
         "TFLOP/s peak, "
         f"{prediction.bandwidth_bytes_per_s / 1e9:,.4g} GB/s)"
     )
+    hosted = any(stage.host_s for stage in prediction.stages)
     table = FittedTable(
         escape(title),
         [
@@ -54,6 +57,7 @@ def time_table(prediction: TimePrediction) -> FittedTable:
             Column("bytes moved", drop=0),
             Column("ideal bound", drop=3),
             Column("lower bound"),
+            *([Column("host issues", drop=4)] if hosted else []),
             Column("expected"),
         ],
     )
@@ -65,8 +69,12 @@ def time_table(prediction: TimePrediction) -> FittedTable:
             units.gib(stage.bytes),
             optional_seconds(stage.ideal_s),
             units.seconds(stage.lower_s),
+            *([expected_range(stage.host_s)] if hosted else []),
             expected_range(stage.expected_s),
         )
+    if prediction.outside_stages_s and prediction.outside_stages_s[1] > 0:
+        call = expected_range(prediction.outside_stages_s)
+        table.add_row("the call's own work", "", "", "", "-", "-", *([call] if hosted else []), call)
     table.add_row(
         "whole generation",
         "",
@@ -74,6 +82,7 @@ def time_table(prediction: TimePrediction) -> FittedTable:
         "",
         optional_seconds(prediction.ideal_s),
         units.seconds(prediction.lower_s),
+        *([""] if hosted else []),
         expected_range(prediction.expected_s),
         section=True,
     )
@@ -83,6 +92,13 @@ def time_table(prediction: TimePrediction) -> FittedTable:
         "dense peak or its weights read once. Lower bound (of the eager operators): each operator at max(FLOPs / "
         f"peak, bytes / bandwidth){l2}, a call never under its ideal. Expected: {prediction.calibration} "
         "(docs/memory-prediction.md)."
+        + (
+            " Each stage takes the longer of the GPU's time and the host's issuing its work (dispatched operators, "
+            "module calls, steps), as CUDA's asynchronous launch overlaps them"
+            + (f"; {prediction.host_bound}." if prediction.host_bound else ".")
+            if hosted
+            else ""
+        )
         + (f" The expected range is {prediction.outside_calibration}." if prediction.outside_calibration else "")
         + (
             f" Charged other peaks than the title's: {'; '.join(prediction.other_peaks)}."

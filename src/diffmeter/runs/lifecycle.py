@@ -151,8 +151,9 @@ class MeasuredRun:
         # components a parallel layer or a technique places itself, loaded on the CPU (nothing when all is)
         held = self.group.holds_back(run) + tuple(n for o in run.optimizations for n in o.holds_back(target))
         self.target = dataclasses.replace(target, held=() if placed else held)
+        quantization = {name: config for o in run.optimizations for name, config in o.load_configs(target).items()}
         self.pipe = load_pipeline(
-            run.entry, run.source, device, spec.dtype, spec.seed, self.target.held, spec.component_dtypes
+            run.entry, run.source, device, spec.dtype, spec.seed, self.target.held, spec.component_dtypes, quantization
         )
         family = run.target.family
         if spec.image_sizes:

@@ -184,7 +184,7 @@ class BenchSpec(BaseModel):
             batch_size=self.batch_size,
             guidance_scale=self.guidance_scale,
             true_cfg_scale=self.true_cfg_scale,
-            image_sizes=tuple(tuple(size) for size in self.image_sizes),
+            image_sizes=tuple(tuple(size) for size in self.image_sizes) or None,  # none given: the catalog call's
             **lora_fields(self.model, self.lora_rank, ",".join(self.lora_targets), self.lora, self.fuse_lora)[0],
             num_frames=self.num_frames,
             dtype=self.dtype,

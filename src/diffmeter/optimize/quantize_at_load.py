@@ -1,0 +1,76 @@
+"""What every quantization backend applied at load time shares (``--quantize BACKEND:TYPE``): the components it
+quantizes, its refusals before loading, and the config objects the loader passes to ``from_pretrained``.
+
+A backend's file says which config class makes its type (``config_for``) and why a type cannot run on a
+device (``cannot_run``); ``loading`` applies the configs as users do (``PipelineQuantizationConfig``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from diffmeter.optimize.base import Optimization, Target
+from diffmeter.pipelines import component_class
+from diffmeter.quantization_spec import BACKENDS, DENOISER
+
+
+class QuantizeAtLoad(Optimization):
+    """A backend's type on the denoisers or named components, made by the loader; ``apply`` has nothing left."""
+
+    kind = "quantization"
+    lossless = False
+    #: the types whose weights are stored in one byte (the memory check's lower bound); 4-bit ones count so too
+    one_byte_types: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def backend(cls):
+        return BACKENDS[cls.name]
+
+    @classmethod
+    def variants(cls) -> list[Optimization]:
+        return [cls(cls.Config(type=kind)) for kind in cls.backend().types]
+
+    def components(self, target: Target) -> list[str]:
+        names = list(self.config.components) or [DENOISER]
+        denoisers = list(target.family.denoisers(target.entry))
+        return list(dict.fromkeys(n for name in names for n in (denoisers if name == DENOISER else [name])))
+
+    def cannot_run(self, target: Target) -> str | None:
+        """Why this backend's type cannot run on ``target.device`` (None: it can)."""
+        return None
+
+    def supports(self, target: Target) -> str | None:
+        unknown = [name for name in self.components(target) if name not in target.entry.components]
+        if unknown:
+            return f"it has no component {', '.join(unknown)}"
+        reason = self.cannot_run(target)
+        if reason or self.missing_package():
+            return reason
+        try:  # the library's own checks of its config (torchao's version, a type it does not take), before loading
+            self.load_configs(target)
+        except (ImportError, ValueError, TypeError) as error:
+            return f"{self.name} refuses {self.config.type}: {' '.join(str(error).split())}"
+        return None
+
+    def quantized_components(self, target: Target) -> tuple[str, ...]:
+        return tuple(self.components(target))
+
+    def one_byte_components(self, target: Target) -> tuple[str, ...]:
+        return tuple(self.components(target)) if self.config.type in self.one_byte_types else ()
+
+    def is_transformers(self, target: Target, name: str) -> bool:
+        return component_class(target.entry.components[name].class_name).__module__.startswith("transformers")
+
+    def config_for(self, target: Target, transformers: bool) -> Any:
+        """The library's config object for this type: transformers' class for a transformers model."""
+        raise NotImplementedError
+
+    def load_configs(self, target: Target) -> dict[str, Any]:
+        return {name: self.config_for(target, self.is_transformers(target, name)) for name in self.components(target)}
+
+    def apply(self, pipe, target: Target) -> None:
+        """Nothing: the loader quantized the components (``load_configs``)."""
+
+    def label(self) -> str:
+        components = "" if not self.config.components else "-" + "+".join(self.config.components)
+        return f"{self.name}-{self.config.type}{components}"

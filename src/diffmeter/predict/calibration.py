@@ -1,0 +1,102 @@
+"""The calibrations of the expected time: achieved fractions of the roofline per operator kind, the GPU's cost
+per kernel and per attention score, the host's cost of issuing the work, and the board power, per device class
+("cpu", "cuda:ARCHITECTURE"), shipped in ``data/efficiency.json`` (written by ``benchmarks/roofline_cpu.py`` and
+``benchmarks/calibrate_published.py``); an architecture without one borrows its neighbour's, widened."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+from pydantic import BaseModel
+
+from diffmeter.predict.devices import Device
+from diffmeter.predict.host_time import HostCalibration
+
+
+class Calibration(BaseModel):
+    """Achieved fractions of the roofline per operator kind ([lowest, highest] seen) and the time
+    outside operators per operator (seconds), measured on the runs ``source`` names."""
+
+    source: str
+    fractions: dict[str, tuple[float, float]]
+    overhead_s: tuple[float, float]
+    #: seconds per attention score beyond its FLOPs (``OperatorGroup.scores``), where the fit has one
+    score_s: tuple[float, float] | None = None
+    #: the least eager bound per operator among the runs it was fitted on (seconds): a run under it is launch-bound
+    #: beyond anything the fit saw
+    least_bound_per_operator_s: float | None = None
+    #: the average board power while generating, a share of the card's TDP, and the energy range's factor w,
+    #: fitted on published runs' energy (``fit_energy``), with where they come from
+    power_fraction: float | None = None
+    energy_width: float | None = None
+    energy_source: str | None = None
+    #: the board power's share of TDP while the GPU waits for the host (``energy``), where the fit has one
+    idle_power_fraction: float | None = None
+    #: the host's cost of issuing the work (CUDA calibrations: ``host_time``); None: no host term (a CPU)
+    host: HostCalibration | None = None
+    #: the factor a borrowing architecture's range is widened by: the error measured when each architecture was
+    #: predicted by its neighbour's fit, fitted without it (``benchmarks/calibrate_published.py``)
+    borrowed_width: float | None = None
+
+
+def calibrations() -> dict[str, Calibration]:
+    """The shipped calibrations: "cpu", and "cuda:ARCHITECTURE" (eager runs)."""
+    text = resources.files("diffmeter.predict").joinpath("data/efficiency.json").read_text()
+    return {kind: Calibration.model_validate(found) for kind, found in json.loads(text).items()}
+
+
+#: where an architecture without a fit of its own borrows one: the fractions are of each card's own peak and
+#: bandwidth, so a neighbour's apply scaled by the card's datasheet figures
+NEIGHBOURS = {
+    "blackwell": "hopper",
+    "rtx-blackwell": "blackwell",
+    "ada": "ampere",
+    "turing": "ampere",
+    "volta": "ampere",
+    "ampere": "hopper",
+}
+
+
+def calibration_for(device: Device) -> Calibration | None:
+    """The device's calibration: its kind's ("cpu"), its architecture's, or the nearest neighbour's (said in the
+    source); None where there is none."""
+    shipped = calibrations()
+    if device.kind != "cuda":
+        return shipped.get(device.kind)
+    architecture = device.architecture
+    tried = []
+    while architecture and architecture not in tried:
+        found = shipped.get(f"cuda:{architecture}")
+        if found is not None:
+            if architecture == device.architecture:
+                return found
+            return borrowed(found, device, architecture)
+        tried.append(architecture)
+        architecture = NEIGHBOURS.get(architecture)
+    return None
+
+
+def borrowed(found: Calibration, device: Device, lender: str) -> Calibration:
+    """``lender``'s calibration for ``device``, its range widened by the error measured when each architecture was
+    predicted by its neighbour's fit (``Calibration.borrowed_width``), said in its source."""
+    width = found.borrowed_width or 1.0
+
+    def wider(pair):
+        return (pair[0] / width, pair[1] * width)
+
+    source = f"{found.source}; borrowed for {device.architecture} ({device.name}) from {lender}" + (
+        f", its range widened {width:.2f}x (the error of an architecture predicted by its neighbour's fit)"
+        if found.borrowed_width
+        else ""
+    )
+    update = {
+        "source": source,
+        "fractions": {kind: (pair[0] / width, pair[1] * width) for kind, pair in found.fractions.items()},
+        "overhead_s": wider(found.overhead_s),
+        "score_s": wider(found.score_s) if found.score_s else None,
+    }
+    if found.host:
+        terms = HostCalibration.model_fields
+        update["host"] = HostCalibration(**{term: wider(getattr(found.host, term)) for term in terms})
+    return found.model_copy(update=update)

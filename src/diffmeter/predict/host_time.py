@@ -1,0 +1,52 @@
+"""The host's share of a generation on a GPU: the time the CPU takes to issue the work, which CUDA's asynchronous
+launch overlaps with the GPU's, so a stage takes the longer of the two (``roofline.predict_time``).
+
+What the host issues is counted by the same fake-tensor run that counts the FLOPs (``operators``): every ATen
+operator dispatched (views included), every ``nn.Module`` call, and a step per denoiser call (the scheduler's step,
+the loop's own work); a pipeline call adds its own work outside the components once (latents, timesteps,
+postprocessing). The cost of each is a property of the host, fitted on published runs and diffmeter's own H200
+runs (``fit_published``, ``data/efficiency.json``'s "host")."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from pydantic import BaseModel
+
+from diffmeter.predict.schema import OperatorWork
+
+DENOISING = "denoising"
+
+
+class HostCalibration(BaseModel):
+    """Seconds per dispatched operator, per module call, per denoiser call and per pipeline call, each a range
+    ([lowest, highest]) as the GPU's fractions are."""
+
+    op_s: tuple[float, float]
+    module_s: tuple[float, float]
+    step_s: tuple[float, float]
+    call_s: tuple[float, float]
+
+
+def host_counts(work: OperatorWork) -> dict[str, dict[str, int]]:
+    """Per stage, what the host issues over one generation: dispatched operators, module calls, denoiser calls."""
+    found: dict[str, dict[str, int]] = defaultdict(lambda: {"dispatched": 0, "modules": 0, "steps": 0})
+    for call in work.calls:
+        counts = found[call.stage]
+        counts["dispatched"] += call.dispatched * call.count
+        counts["modules"] += call.modules * call.count
+        counts["steps"] += call.count if call.stage == DENOISING else 0
+    return dict(found)
+
+
+def host_stage_s(work: OperatorWork, host: HostCalibration) -> dict[str, tuple[float, float]]:
+    """Per stage, the (low, high) seconds the host takes to issue one generation's work."""
+    return {
+        stage: tuple(
+            counts["dispatched"] * host.op_s[end]
+            + counts["modules"] * host.module_s[end]
+            + counts["steps"] * host.step_s[end]
+            for end in (0, 1)
+        )
+        for stage, counts in host_counts(work).items()
+    }

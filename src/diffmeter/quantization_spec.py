@@ -1,0 +1,170 @@
+"""``--quantize [NAME=]BACKEND:TYPE`` as data: the backends diffusers 0.42.1 applies at load time, the types each
+takes, and the grammar resolved once into the techniques a run asks for. No torch, no backend imported: a bad name
+is one line before anything loads.
+
+A bare ``int8`` or ``fp8`` is today's technique, torchao weight-only applied after loading (``optimize/quantize.py``:
+``Int8WeightOnlyConfig`` / ``Float8WeightOnlyConfig``), the one ``profile --gpu`` and ``fit`` predict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diffmeter.errors import DiffmeterError
+from diffmeter.optimization_spec import OptimizationSpec
+
+#: the names of the technique applied after loading (``optimize/quantize.py``)
+LEGACY = ("int8", "fp8")
+#: a component list's word for the pipeline's denoisers (Wan 2.2's two experts are both)
+DENOISER = "denoiser"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A quantization backend: the technique's name, its types, the module it imports and the extra installing it."""
+
+    name: str
+    types: tuple[str, ...]
+    module: str
+    extra: str
+    summary: str
+    #: types read from a pre-quantized single file (--weights FILE), not made at load time
+    single_file: bool = False
+
+
+BACKENDS = {
+    backend.name: backend
+    for backend in (
+        Backend(
+            "bnb",
+            ("nf4", "fp4", "int8"),
+            "bitsandbytes",
+            "bnb",
+            "bitsandbytes: 4-bit NF4/FP4 or LLM.int8() weights, quantized at load (BitsAndBytesConfig)",
+        ),
+        Backend(
+            "gguf",
+            (
+                "Q2_K",
+                "Q3_K",
+                "Q3_K_S",
+                "Q3_K_M",
+                "Q4_0",
+                "Q4_1",
+                "Q4_K",
+                "Q4_K_S",
+                "Q4_K_M",
+                "Q5_0",
+                "Q5_1",
+                "Q5_K",
+                "Q5_K_S",
+                "Q5_K_M",
+                "Q6_K",
+                "Q8_0",
+                "BF16",
+            ),
+            "gguf",
+            "gguf",
+            "GGUF single files (llama.cpp block formats), dequantized in each matmul (GGUFQuantizationConfig)",
+            single_file=True,
+        ),
+        Backend(
+            "torchao",
+            ("int8wo", "int4wo", "float8wo", "float8dq-tensor", "float8dq-row"),
+            "torchao",
+            "quant",
+            "torchao at load (TorchAoConfig): int8/int4 or float8 weight-only, float8 dynamic activations",
+        ),
+        Backend(
+            "quanto",
+            ("int8", "int4", "float8"),
+            "optimum.quanto",
+            "quanto",
+            "optimum-quanto weights at load (QuantoConfig)",
+        ),
+        Backend(
+            "sdnq",
+            ("int8", "uint8", "int6", "uint6", "int4", "uint4", "uint3", "uint2", "float8_e4m3fn", "float8_e5m2"),
+            "sdnq",
+            "sdnq",
+            "SD.Next quantization at load (SDNQConfig); layers under 16384 weights stay unquantized (its default)",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class QuantizeRequest:
+    """One ``--quantize`` value: which component (None: the denoisers), which backend (``quantize`` for a bare
+    int8 or fp8) and type."""
+
+    component: str | None
+    backend: str
+    type: str
+
+
+def known() -> str:
+    """Every backend with its types, as the refusals list them."""
+    listed = "; ".join(f"{b.name}:{'|'.join(b.types)}" for b in BACKENDS.values())
+    return f"{listed}; or int8|fp8 (torchao weight-only after loading)"
+
+
+def parse(text: str) -> QuantizeRequest:
+    """``[NAME=]BACKEND:TYPE`` or ``[NAME=]int8|fp8``, checked against the backends' types."""
+    component, equals, rest = text.strip().rpartition("=")
+    component = component.strip() or None
+    if equals and component is None:
+        raise DiffmeterError(f"--quantize '{text}': name the component before '=' (e.g. transformer=bnb:nf4)")
+    backend, colon, kind = rest.strip().partition(":")
+    if not colon:
+        if backend in LEGACY and component is None:
+            return QuantizeRequest(None, "quantize", backend)  # optimize/quantize.py
+        if backend in LEGACY:  # its prediction (profile --gpu, fit, bench's) counts the denoisers only
+            raise DiffmeterError(
+                f"--quantize '{text}': a bare {backend} quantizes the denoiser; for {component} write "
+                f"{component}=torchao:{'int8wo' if backend == 'int8' else 'float8wo'}"
+            )
+        raise DiffmeterError(f"--quantize '{text}': write BACKEND:TYPE; known: {known()}")
+    found = BACKENDS.get(backend.strip().lower())
+    if found is None:
+        raise DiffmeterError(f"--quantize '{text}': unknown backend '{backend}'; known: {known()}")
+    match = {name.lower(): name for name in found.types}.get(kind.strip().lower())
+    if match is None:
+        raise DiffmeterError(
+            f"--quantize '{text}': {found.name} has no type '{kind}'; its types: {', '.join(found.types)}"
+        )
+    return QuantizeRequest(component, found.name, match)
+
+
+def optimization_specs(values: list[str], weights: str | None = None) -> list[OptimizationSpec]:
+    """Every ``--quantize`` value (and ``--weights FILE``) as the techniques a run asks for: one per backend,
+    holding its components. A backend asked at two types, or a component asked twice, is one line."""
+    requests = [parse(value) for value in values]
+    seen: dict[str | None, str] = {}
+    for value, request in zip(values, requests, strict=True):
+        if request.component in seen:
+            what = request.component or "the denoiser"
+            raise DiffmeterError(f"--quantize names {what} twice ({seen[request.component]}, {value}); keep one")
+        seen[request.component] = value
+    if weights is not None and not any(r.backend == "gguf" for r in requests):
+        raise DiffmeterError(f"--weights {weights}: a GGUF file is read with --quantize gguf:TYPE (its tensors' type)")
+    grouped: dict[str, tuple[dict, list[str]]] = {}
+    for request in requests:
+        name = request.backend
+        params = {"weights": request.type} if name == "quantize" else {"type": request.type}
+        if name in grouped and grouped[name][0] != params:
+            raise DiffmeterError(
+                f"--quantize asks {name} for two types; one type per backend in a run (another backend can take "
+                "the other component)"
+            )
+        grouped.setdefault(name, (params, []))[1].append(request.component or DENOISER)
+    specs = []
+    for name, (params, components) in grouped.items():
+        if name == "gguf":
+            if weights is None:
+                raise DiffmeterError(f"--quantize gguf:{params['type']} loads a GGUF single file: add --weights FILE")
+            params = {**params, "file": weights}
+        if components != [DENOISER]:  # the default: the denoisers
+            params = {**params, "components": components}
+        specs.append(OptimizationSpec(name=name, params=params))
+    return specs
