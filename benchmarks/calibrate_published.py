@@ -207,6 +207,19 @@ def per_source(held: list[HeldOut]) -> list[str]:
     ]
 
 
+def stack_range(mine: list[PublishedRun], stacks: dict[str, dict]) -> str:
+    """The torch versions the runs were measured with, where their sources say: the stacks a range is for."""
+    versions = sorted(
+        {str(stacks[run.id]["torch"]) for run in mine if stacks[run.id].get("torch")},
+        key=lambda text: tuple(int(part) for part in text.split("+")[0].split(".")[:2] if part.isdigit()),
+    )
+    stated = sum(bool(stacks[run.id].get("torch")) for run in mine)
+    if not versions:
+        return "; no run states its torch version"
+    span = versions[0] if len(versions) == 1 else f"{versions[0]} to {versions[-1]}"
+    return f"; measured on torch {span} ({stated} of {len(mine)} runs state it)"
+
+
 def shipped_fit(mine: list[PublishedRun], held: list[HeldOut]) -> bool:
     """Whether an architecture's own fit ships: a multiplier per kind group, or at least ``LEAST_SHIPPED_RUNS`` runs
     from two sources or more; and some of its runs were held out (else it borrows a neighbour's, widened)."""
@@ -243,7 +256,7 @@ def lend_power(shipped: dict) -> None:
 
 
 def main() -> int:
-    runs, energy, left_out = [], [], []
+    runs, energy, left_out, stacks = [], [], [], {}
     for figure in load_figures():
         if figure["kind"] != "latency":
             continue
@@ -252,6 +265,7 @@ def main() -> int:
             left_out.append(f"- {figure['id']}: {why}")
         else:
             runs.append(run)
+            stacks[run.id] = figure.get("stack") or {}
             energy += [found] if (found := energy_run(figure, run)) else []
             print(run.id, run.architecture, run.published_s, flush=True)
     when = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
@@ -315,7 +329,8 @@ def main() -> int:
                 found,
                 architecture,
                 f"fitted on {len(mine)} published eager runs on {architecture} GPUs from {len(sources)} sources "
-                f"({', '.join(sources)}){shape(architecture, runs)}, with {len(runs) - len(mine)} runs of other "
+                f"({', '.join(sources)}){shape(architecture, runs)}{stack_range(mine, stacks)}, with "
+                f"{len(runs) - len(mine)} runs of other "
                 "architectures for the host; held "
                 f"out a {by} at a time: {stats_own['coverage']:.0%} of runs inside their range, midpoint median error "
                 f"{stats_own['median_error']:.0%} (benchmarks/calibrate_published.py, {when})",

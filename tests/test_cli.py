@@ -75,7 +75,7 @@ def test_profile_all_leaves_out_the_models_that_refuse_the_settings(cli, monkeyp
     [
         (["profile", "flux-deb"], "unknown model 'flux-deb'"),
         (["profile", "sd15", "--gpu", "a100", "--offload", "bogus"], "offload: bad parameter mode"),
-        (["profile", "sd15", "--gpu", "a100", "--quantize", "int4"], "quantize: bad parameter weights"),
+        (["profile", "sd15", "--gpu", "a100", "--quantize", "int4"], "--quantize 'int4': write BACKEND:TYPE"),
         (["profile", "sd15", "--gpu", "a100", "--quantize", "fp8"], "the A100 80GB SXM lacks (no fp8 peak"),
         (["profile", "sd3-medium", "--height", "1000"], "not a multiple of 16"),
         (["profile", "sd15", "--bogus"], "No such option: --bogus"),

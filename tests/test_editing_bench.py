@@ -119,3 +119,17 @@ def test_ltx_animates_an_image_with_its_image_to_video_pipeline(tmp_path):
     encode = next(c for c in result.profile.components if c.role == "image_encoder")
     assert (encode.calls, encode.batch_per_call) == (2, 1)
     assert any("timestep per token" in note for note in result.profile.notes)
+
+
+def test_no_image_benches_the_catalog_edit_text_to_image(cli, tmp_path):
+    """`--no-image` runs FLUX.1 Kontext's pipeline without its input image, as `profile --no-image` counts it: no
+    image-encoding stage, no image in the stored profile or the run folder's name; with an image it is one line."""
+    code, out, err = cli("bench", "tiny-flux-kontext", "--no-image", "--iterations", "1", "--out", str(tmp_path))
+    assert code == 0, err
+    stored = json.loads(next(tmp_path.rglob(RESULTS)).read_text())
+    assert stored["spec"]["no_image"] is True and stored["profile"]["input_images"] == []
+    assert stored["summary"]["flops"]["image_encoding"] == 0
+    assert all(run["stages"]["image_encoding_s"] == 0 for run in stored["iterations"])
+    assert "image-" not in next(tmp_path.rglob(RESULTS)).parent.name
+    code, _, err = cli("bench", "tiny-flux-kontext", "--no-image", "--image-size", "32x32", "--out", str(tmp_path))
+    assert code == 2 and "--no-image and --image-size/--image contradict each other" in err

@@ -59,6 +59,7 @@ def bench(
     guidance_scale: o.GuidanceScale = None,
     true_cfg_scale: o.TrueCfgScale = None,
     image_size: o.ImageSize = None,
+    no_image: o.NoImage = False,
     image: Annotated[
         list[str] | None,
         typer.Option(
@@ -249,6 +250,7 @@ def _bench_spec(values: dict):
         guidance_scale=values["guidance_scale"],
         true_cfg_scale=values["true_cfg_scale"],
         image_sizes=list(image_sizes_of(values["image_size"])),
+        no_image=values["no_image"],
         images=list(values["image"] or []),
         controlnet=values["controlnet"],
         control_guidance_start=values["control_guidance_start"],

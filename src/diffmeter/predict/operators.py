@@ -30,6 +30,7 @@ from diffmeter.predict.memory import (
     settled_plan,
     track_call,
 )
+from diffmeter.predict.replay import REBUILDING
 from diffmeter.predict.schema import CallWork, MemoryPrediction, OperatorGroup, OperatorWork
 from diffmeter.predict.vae_decode import VAE_MODES, switch_on
 from diffmeter.spec import ProfileSpec
@@ -106,8 +107,10 @@ class OperatorTally(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if moves_nothing(func, out):
-            # a query returning no tensor (``prim::device``) is an attribute read in an eager run, not dispatched
-            self.groups[NO_TRAFFIC_KEY] += any(isinstance(t, torch.Tensor) for t in tree_leaves(out))
+            # a query returning no tensor (``prim::device``) is an attribute read in an eager run, not dispatched;
+            # a replayed block's outputs allocated again are the replay's, not the model's
+            issued = not REBUILDING.get() and any(isinstance(t, torch.Tensor) for t in tree_leaves(out))
+            self.groups[NO_TRAFFIC_KEY] += issued
             return out
         packet = func._overloadpacket
         flops = int(FORMULAS[packet](*args, **kwargs, out_val=out)) if packet in FORMULAS else 0
@@ -135,8 +138,7 @@ class OperatorTally(TorchDispatchMode):
 
     def host_counts(self) -> dict[str, int]:
         """What the host issues per call: every dispatched operator (those that move nothing too) and the module
-        calls. A replayed block's outputs are rebuilt with an allocation and a view each (``replay.rebuild``),
-        counted too: about 1% of a transformer block's dispatches."""
+        calls."""
         return {"dispatched": sum(self.groups.values()) - self.groups[MODULE_KEY], "modules": self.groups[MODULE_KEY]}
 
     def operators(self) -> list[OperatorGroup]:

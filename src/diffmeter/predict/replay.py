@@ -19,6 +19,7 @@ or returned an object that is not a tensor, a number, a string or None.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -32,6 +33,8 @@ from diffmeter.flops.counter import block_structure
 
 #: a memo entry for a block that must run every time
 RUN_ALWAYS = "run always"
+#: set while a replayed block's outputs are allocated again: no operator the model dispatched
+REBUILDING = contextvars.ContextVar("rebuilding", default=False)
 PLAIN = (type(None), bool, int, float, str)
 
 
@@ -114,7 +117,17 @@ def new_bytes(layout) -> int:
 
 def rebuild(layout, inputs: list):
     """The outputs described by ``layout`` for a call with these flattened inputs (storages are allocated through
-    the active modes, so the tracker sees them)."""
+    the active modes, so the tracker sees them; ``REBUILDING`` is set meanwhile, so no operator count takes these
+    allocations and views for the model's)."""
+    token = REBUILDING.set(True)
+    try:
+        return rebuilt(layout, inputs)
+    finally:
+        REBUILDING.reset(token)
+
+
+def rebuilt(layout, inputs: list):
+    """``rebuild``'s work: the storages allocated, each output a view of one or an input."""
     structure, storages, made = layout
     allocated = [torch.empty(elements, dtype=dtype, device=device) for elements, dtype, device in storages]
     leaves = []

@@ -40,6 +40,8 @@ class BenchSpec(BaseModel):
     image_sizes: list[tuple[int, int]] = []
     #: input image files, in the pipeline's order (every output edits the same ones)
     images: list[str] = []
+    #: no input image where the catalog call has one (FLUX.1 Kontext called text-to-image): ``--no-image``
+    no_image: bool = False
     #: a LoRA on the denoiser: a fresh adapter of this rank (peft) on ``lora_targets`` (empty: the family's trainer
     #: default), or a diffusers LoRA file or folder (``lora``); ``fuse_lora``: folded into the weights (fuse_lora)
     lora_rank: int | None = None
@@ -125,6 +127,8 @@ class BenchSpec(BaseModel):
         """Fill defaults from the catalog and the device, and check every value; ``here=False``
         (a run planned for another machine) names the device without looking for it."""
         self.check()
+        if self.no_image and (self.image_sizes or self.images):
+            raise DiffmeterError("--no-image and --image-size/--image contradict each other: drop one")
         device = resolve_device(self.device) if here else _named_device(self.device)
         dtype = normalize_dtype(self.dtype)
         if dtype is None:
@@ -184,7 +188,8 @@ class BenchSpec(BaseModel):
             batch_size=self.batch_size,
             guidance_scale=self.guidance_scale,
             true_cfg_scale=self.true_cfg_scale,
-            image_sizes=tuple(tuple(size) for size in self.image_sizes) or None,  # none given: the catalog call's
+            # none given: the catalog call's; --no-image: none at all
+            image_sizes=() if self.no_image else tuple(tuple(size) for size in self.image_sizes) or None,
             **lora_fields(self.model, self.lora_rank, ",".join(self.lora_targets), self.lora, self.fuse_lora)[0],
             num_frames=self.num_frames,
             dtype=self.dtype,
