@@ -58,7 +58,7 @@ ImageSize = Annotated[
     typer.Option(
         "--image-size",
         metavar="WxH",
-        help="an input image's size; repeatable, in the pipeline's order",
+        help="an input image's size (repeatable, in order)",
         rich_help_panel=GENERATION,
         show_default=False,
     ),
@@ -67,7 +67,7 @@ NoImage = Annotated[
     bool,
     typer.Option(
         "--no-image",
-        help="no input image, where the catalog call has one (FLUX.1 Kontext: text-to-image)",
+        help="no input image (Kontext: text-to-image)",
         rich_help_panel=GENERATION,
     ),
 ]
@@ -76,7 +76,7 @@ ControlNet = Annotated[
     typer.Option(
         "--controlnet",
         metavar="NAME",
-        help="a ControlNet (`models --controlnets` lists them)",
+        help="a ControlNet (see `models --controlnets`)",
         rich_help_panel=GENERATION,
     ),
 ]
