@@ -190,15 +190,17 @@ def test_a_card_takes_its_architectures_calibration_or_a_neighbours_widened_and_
 
 @pytest.mark.slow
 def test_a_run_with_smaller_operators_than_any_fitted_run_says_its_range_may_not_hold():
-    """SD 1.5 at 512 px, 8 steps, on an H200: 4.1 us of eager bound per operator, under every published Hopper run
-    (SANA 1.5 at batch 1 has the least, 4.8 us; the others 14 us and up), and its measured time was twice the range's
-    midpoint. Larger runs carry no such note."""
+    """tiny-sd's operators are far smaller than any fitted run's: its range says it is outside the fit. SD 1.5 at
+    512 px, 8 steps, on an H200 is among the fitted runs now (the H200's short runs fit the host term): inside the
+    fit, and host-bound. FLUX.1-dev at 1024 px is neither."""
     from diffmeter.predict.operators import operator_work
     from diffmeter.predict.roofline import predict_time
     from diffmeter.spec import ProfileSpec
 
     h200 = named_gpu("H200 SXM")
+    tiny = predict_time(operator_work(ProfileSpec(model="tiny-sd")), h200)
+    assert "outside the fitted runs" in tiny.outside_calibration
     short = predict_time(operator_work(ProfileSpec(model="sd15", height=512, width=512, steps=8, dtype="bf16")), h200)
-    assert "outside the fitted runs" in short.outside_calibration
+    assert short.outside_calibration is None and short.host_bound.startswith("host-bound")
     full = predict_time(operator_work(ProfileSpec(model="flux-dev", steps=28, dtype="bf16")), h200)
-    assert full.outside_calibration is None
+    assert full.outside_calibration is None and full.host_bound is None
