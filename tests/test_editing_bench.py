@@ -133,3 +133,16 @@ def test_no_image_benches_the_catalog_edit_text_to_image(cli, tmp_path):
     assert "image-" not in next(tmp_path.rglob(RESULTS)).parent.name
     code, _, err = cli("bench", "tiny-flux-kontext", "--no-image", "--image-size", "32x32", "--out", str(tmp_path))
     assert code == 2 and "--no-image and --image-size/--image contradict each other" in err
+
+
+def test_fit_takes_no_image_as_profile_does(cli):
+    """`fit tiny-flux-kontext --no-image` fits the text-to-image call: a smaller peak than an edit's (its image's
+    tokens beside the output's in every attention)."""
+    code, out, err = cli("fit", "tiny-flux-kontext", "--memory", "24GB", "--image-size", "64x64", "--json")
+    edit = json.loads(out)["fits"][0]["peak_bytes"]
+    code, out, err = cli("fit", "tiny-flux-kontext", "--memory", "24GB", "--no-image", "--json")
+    assert code == 0, err
+    found = json.loads(out)
+    assert found["settings"]["image_sizes"] == [] and found["fits"][0]["peak_bytes"] < edit
+    code, _, err = cli("fit", "tiny-flux-kontext", "--memory", "24GB", "--no-image", "--image-size", "32x32")
+    assert code == 2 and "--no-image and --image-size contradict each other" in err

@@ -26,6 +26,7 @@ from diffmeter.cli.options import (
     LoraFile,
     LoraRank,
     LoraTargets,
+    NoImage,
     NumFrames,
     Steps,
     Tf32,
@@ -70,6 +71,7 @@ def fit(
     guidance_scale: GuidanceScale = None,
     true_cfg_scale: TrueCfgScale = None,
     image_size: ImageSize = None,
+    no_image: NoImage = False,
     controlnet: ControlNet = None,
     lora_rank: LoraRank = None,
     lora_targets: LoraTargets = None,
@@ -90,7 +92,7 @@ def fit(
     from diffmeter.lora_file import lora_fields
     from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, chosen_gpu, other_cards, spec_gpu
     from diffmeter.report.memory_table import fit_table
-    from diffmeter.spec import ProfileSpec, image_sizes_of, parse_component_dtypes
+    from diffmeter.spec import ProfileSpec, asked_images, parse_component_dtypes
 
     if all_models:
         from diffmeter.cli.leaderboard import leaderboard
@@ -99,7 +101,8 @@ def fit(
             raise DiffmeterError("--all predicts every catalog model on the table's GPUs: drop MODEL and --memory")
         given = {
             "--height": height, "--width": width, "--steps": steps, "--guidance-scale": guidance_scale,
-            "--true-cfg-scale": true_cfg_scale, "--image-size": image_size, "--num-frames": num_frames,
+            "--true-cfg-scale": true_cfg_scale, "--image-size": image_size, "--no-image": no_image,
+            "--num-frames": num_frames,
             "--controlnet": controlnet,
             "--lora-rank": lora_rank, "--lora": lora, "--fuse-lora": fuse_lora,
             "--dtype": dtype, "--component-dtype": component_dtype,
@@ -141,7 +144,7 @@ def fit(
         batch_size=batch_size,
         guidance_scale=guidance_scale,
         true_cfg_scale=true_cfg_scale,
-        image_sizes=image_sizes_of(image_size) or None,  # none given: the catalog call's
+        image_sizes=asked_images(image_size, no_image),  # none given: the catalog call's; --no-image: none
         controlnet=controlnet,
         **lora_fields(model, lora_rank, lora_targets, lora, fuse_lora)[0],
         num_frames=num_frames,
