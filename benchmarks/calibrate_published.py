@@ -24,7 +24,7 @@ from pathlib import Path
 
 from published_comparison import load_figures, settings
 
-from diffmeter.predict.calibration import NEIGHBOURS
+from diffmeter.predict.calibration import neighbours_of
 from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.fit_energy import EnergyRun, fit_power, leave_one_model_out
 from diffmeter.predict.fit_published import (
@@ -43,7 +43,7 @@ from diffmeter.predict.fit_published import (
 )
 from diffmeter.predict.host_time import host_counts
 from diffmeter.predict.operators import operator_work
-from diffmeter.predict.roofline import TORCH_FP32, flop_rates, lower_bounds, missing_figures
+from diffmeter.predict.roofline import TORCH_FP32, flop_rates, lower_bounds, missing_figures, stage_scores
 from diffmeter.predict.vae_decode import VAE_MODES
 from diffmeter.spec import ProfileSpec
 
@@ -90,7 +90,7 @@ def energy_lines(architecture: str, energy: list[EnergyRun], timed: list[Publish
     lines = [
         f"### {architecture}: energy per output, {len(energy)} runs",
         "",
-        f"Fit on all: board power {power.fraction:.3f} x TDP busy{idle.replace(', ', ', ')}, range factor w "
+        f"Fit on all: board power {power.fraction:.3f} x TDP busy{idle}, range factor w "
         f"{power.width:.3f} (hi/lo {power.width**2:.2f}). Leave one model out (its time and power both fitted without "
         f"it): coverage **{stats['coverage']:.0%}** ({sum(h.inside for h in held)} of {len(held)}), midpoint median "
         f"error **{stats['median_error']:.1%}**, median width hi/lo **{stats['median_width']:.2f}**",
@@ -138,9 +138,8 @@ def published_run(figure: dict) -> tuple[PublishedRun | None, str]:
         groups = dict.fromkeys(GROUPS, 0.0)
         for kind, (seconds, _) in kinds.items():
             groups[GROUP_OF_KIND[kind]] += seconds
-        scores = sum(g.scores * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
         kernels = int(sum(count for _, count in kinds.values()))
-        stages[stage] = StageWork(groups, scores, kernels, **hosts[stage])
+        stages[stage] = StageWork(groups, stage_scores(work, stage), kernels, **hosts[stage])
     run = PublishedRun(
         id=figure["id"],
         source=source_of(figure),
@@ -243,10 +242,9 @@ def lend_power(shipped: dict) -> None:
     for name, calibration in shipped.items():
         if not name.startswith("cuda:") or calibration.get("power_fraction") is not None:
             continue
-        lender = NEIGHBOURS.get(name.removeprefix("cuda:"))
-        while lender and shipped.get(f"cuda:{lender}", {}).get("power_fraction") is None:
-            lender = NEIGHBOURS.get(lender)
-        if lender:
+        lenders = neighbours_of(name.removeprefix("cuda:"))
+        powered = (a for a in lenders if shipped.get(f"cuda:{a}", {}).get("power_fraction") is not None)
+        if lender := next(powered, None):
             found = shipped[f"cuda:{lender}"]
             fields = ("power_fraction", "idle_power_fraction", "energy_width")
             calibration.update({field: found[field] for field in fields})

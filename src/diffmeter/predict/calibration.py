@@ -6,6 +6,7 @@ per kernel and per attention score, the host's cost of issuing the work, and the
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from importlib import resources
 
 from pydantic import BaseModel
@@ -15,8 +16,9 @@ from diffmeter.predict.host_time import HostCalibration
 
 
 class Calibration(BaseModel):
-    """Achieved fractions of the roofline per operator kind ([lowest, highest] seen) and the time
-    outside operators per operator (seconds), measured on the runs ``source`` names."""
+    """Achieved fractions of the roofline per operator kind ([lowest, highest] seen), the device's own time per
+    operator (seconds: outside operators on a CPU, between kernels on a GPU), the host's cost of issuing the work
+    and the board power, fitted on the runs ``source`` names."""
 
     source: str
     fractions: dict[str, tuple[float, float]]
@@ -58,23 +60,26 @@ NEIGHBOURS = {
 }
 
 
+def neighbours_of(architecture: str | None) -> Iterator[str]:
+    """The architectures ``architecture`` borrows from, nearest first (``NEIGHBOURS``, each once)."""
+    seen = {architecture}
+    lender = NEIGHBOURS.get(architecture)
+    while lender and lender not in seen:
+        yield lender
+        seen.add(lender)
+        lender = NEIGHBOURS.get(lender)
+
+
 def calibration_for(device: Device) -> Calibration | None:
     """The device's calibration: its kind's ("cpu"), its architecture's, or the nearest neighbour's (said in the
     source); None where there is none."""
     shipped = calibrations()
     if device.kind != "cuda":
         return shipped.get(device.kind)
-    architecture = device.architecture
-    tried = []
-    while architecture and architecture not in tried:
-        found = shipped.get(f"cuda:{architecture}")
-        if found is not None:
-            if architecture == device.architecture:
-                return found
-            return borrowed(found, device, architecture)
-        tried.append(architecture)
-        architecture = NEIGHBOURS.get(architecture)
-    return None
+    if (own := shipped.get(f"cuda:{device.architecture}")) is not None:
+        return own
+    lender = next((a for a in neighbours_of(device.architecture) if f"cuda:{a}" in shipped), None)
+    return borrowed(shipped[f"cuda:{lender}"], device, lender) if lender else None
 
 
 def borrowed(found: Calibration, device: Device, lender: str) -> Calibration:
@@ -92,7 +97,7 @@ def borrowed(found: Calibration, device: Device, lender: str) -> Calibration:
     )
     update = {
         "source": source,
-        "fractions": {kind: (pair[0] / width, pair[1] * width) for kind, pair in found.fractions.items()},
+        "fractions": {kind: wider(pair) for kind, pair in found.fractions.items()},
         "overhead_s": wider(found.overhead_s),
         "score_s": wider(found.score_s) if found.score_s else None,
     }

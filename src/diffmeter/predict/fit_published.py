@@ -13,7 +13,8 @@ asynchronous launch overlaps them: the stage takes the longer of the two.
   loop's own work).
 - Plus call_s once per pipeline call: its work outside the components (latents, timesteps, postprocessing).
 Fitted jointly by least squares on relative errors (each run counts alike, whatever its length). An architecture with
-fewer than ``FULL_MODEL_ROWS`` runs or ``FULL_MODEL_MODELS`` models gets one multiplier for all its groups instead.
+fewer than ``FULL_MODEL_ROWS`` runs or ``FULL_MODEL_MODELS`` models scales its nearest fully fitted neighbour's GPU
+fit by one factor (``calibration.NEIGHBOURS``), or has one multiplier for all its groups where there is none.
 
 The range: the midpoint times [1 / w, w], hi / lo = w^2 = 1.5 (``RANGE_FACTOR``, not fitted), widened per
 architecture where fewer than ``LEAST_INSIDE`` (80%) of its fitted runs would fall inside it; the validation below
@@ -31,8 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import lsq_linear
 
-from diffmeter.predict.calibration import NEIGHBOURS, Calibration
-from diffmeter.predict.host_time import HostCalibration
+from diffmeter.predict.calibration import Calibration, neighbours_of
+from diffmeter.predict.host_time import ISSUED, HostCalibration
 
 #: the operator kinds fitted together, each group with its own multiplier
 GROUPS = {
@@ -49,7 +50,7 @@ HOST_TERMS = ("op_s", "module_s", "step_s", "call_s")
 COVERAGE = 0.95
 #: the time range's factor w (hi / lo 1.5), and the share of the fitted runs it must hold, else it is widened
 RANGE_FACTOR, LEAST_INSIDE = math.sqrt(1.5), 0.8
-#: the least runs and models for a multiplier per group: twice the architecture's 8 parameters, 4 models
+#: the least runs and models for a multiplier per group: three times the architecture's 8 parameters, 4 models
 FULL_MODEL_ROWS, FULL_MODEL_MODELS = 24, 4
 #: per architecture, the highest fraction of the table's dense bf16 peak a bare 8192^3 bf16 matmul reached,
 #: measured: no eager matmul beats it. Hopper: 782-802 TFLOP/s of the H200's 989.5 in five runs
@@ -122,7 +123,7 @@ class HostFit:
     call_s: float
 
     def seconds(self, stage: StageWork) -> float:
-        return self.op_s * stage.dispatched + self.module_s * stage.modules + self.step_s * stage.steps
+        return sum(getattr(self, term) * getattr(stage, count) for term, count in ISSUED.items())
 
 
 @dataclass(frozen=True)
@@ -160,11 +161,7 @@ def full_model(runs: list[PublishedRun]) -> bool:
 def lender_of(architecture: str, full: set[str]) -> str | None:
     """The nearest architecture with a full model that ``architecture`` borrows the shape of
     (``calibration.NEIGHBOURS``), or None."""
-    lender, seen = NEIGHBOURS.get(architecture), set()
-    while lender and lender not in full and lender not in seen:
-        seen.add(lender)
-        lender = NEIGHBOURS.get(lender)
-    return lender if lender in full else None
+    return next((lender for lender in neighbours_of(architecture) if lender in full), None)
 
 
 class Layout:
@@ -192,7 +189,7 @@ class Layout:
         """The lender's GPU fit ``architecture`` scales."""
         return self.reference.gpus[self.lenders[architecture]]
 
-    def bounds(self, runs: list[PublishedRun]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def bounds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each parameter's least value and none greatest, and where the search starts."""
         lower, start = [], []
         for architecture, name in self.names:
@@ -235,8 +232,8 @@ def design_row(layout: Layout, run: PublishedRun, on_host: dict[str, bool]) -> n
     architecture = run.architecture
     for name, stage in run.stages.items():
         if on_host[name]:
-            for term, count in (("op_s", stage.dispatched), ("module_s", stage.modules), ("step_s", stage.steps)):
-                row[column["host", term]] += count * SCALE[term]
+            for term, count in ISSUED.items():
+                row[column["host", term]] += getattr(stage, count) * SCALE[term]
             continue
         if architecture in layout.lenders:
             row[column[architecture, "scale"]] += layout.lent(architecture).seconds(stage)
@@ -286,7 +283,7 @@ def fit(runs: list[PublishedRun]) -> Fit:
     found = None
     for _ in range(OUTER_ROUNDS):  # an architecture scaling its lender's fit: again once the lender has moved
         layout = Layout(runs, found)
-        lower, upper, start = layout.bounds(runs)
+        lower, upper, start = layout.bounds()
         best = None
         for factor in STARTS:  # the host's terms from several starts: the sides first chosen decide where it ends
             host = np.array([factor if owner == "host" else 1.0 for owner, _ in layout.names])

@@ -16,6 +16,8 @@ from pydantic import BaseModel
 from diffmeter.predict.schema import OperatorWork
 
 DENOISING = "denoising"
+#: each per-count cost of the host and the count it is paid on (``host_counts``' keys, ``StageWork``'s fields)
+ISSUED = {"op_s": "dispatched", "module_s": "modules", "step_s": "steps"}
 
 
 class HostCalibration(BaseModel):
@@ -30,7 +32,7 @@ class HostCalibration(BaseModel):
 
 def host_counts(work: OperatorWork) -> dict[str, dict[str, int]]:
     """Per stage, what the host issues over one generation: dispatched operators, module calls, denoiser calls."""
-    found: dict[str, dict[str, int]] = defaultdict(lambda: {"dispatched": 0, "modules": 0, "steps": 0})
+    found: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(ISSUED.values(), 0))
     for call in work.calls:
         counts = found[call.stage]
         counts["dispatched"] += call.dispatched * call.count
@@ -42,11 +44,6 @@ def host_counts(work: OperatorWork) -> dict[str, dict[str, int]]:
 def host_stage_s(work: OperatorWork, host: HostCalibration) -> dict[str, tuple[float, float]]:
     """Per stage, the (low, high) seconds the host takes to issue one generation's work."""
     return {
-        stage: tuple(
-            counts["dispatched"] * host.op_s[end]
-            + counts["modules"] * host.module_s[end]
-            + counts["steps"] * host.step_s[end]
-            for end in (0, 1)
-        )
+        stage: tuple(sum(counts[count] * getattr(host, term)[end] for term, count in ISSUED.items()) for end in (0, 1))
         for stage, counts in host_counts(work).items()
     }

@@ -115,6 +115,11 @@ def other_peaks(device: Device, work: OperatorWork, fp32_math: Mapping[str, str]
     return [f"{component} in {dtype}: {', '.join(kinds)}" for (component, dtype), kinds in found.items()]
 
 
+def stage_scores(work: OperatorWork, stage: str) -> int:
+    """The attention scores of ``stage``'s operators over one generation (``OperatorGroup.scores``)."""
+    return sum(g.scores * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
+
+
 def operator_lower_s(flops: int, moved: int, peak_flops: float, bandwidth: float, l2_bytes: int | None = None) -> float:
     """One operator's least time; bytes that fit in ``l2_bytes`` cost none."""
     return max(flops / peak_flops, 0.0 if l2_bytes and moved <= l2_bytes else moved / bandwidth)
@@ -219,7 +224,7 @@ def predict_time(
         flops = sum(g.flops * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
         moved = sum(g.bytes * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
         operators = int(sum(count for _, count in kinds.values()))
-        scores = sum(g.scores * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
+        scores = stage_scores(work, stage)
         gpu = expected_s(kinds, operators, calibration, scores) if calibration else None
         host = hosts.get(stage)
         stages.append(
@@ -300,9 +305,8 @@ def outside(calibration: Calibration, bound_per_operator_s: float) -> str | None
         return None
     return (
         f"outside the fitted runs: {bound_per_operator_s * 1e6:.1f} us of eager bound per operator, under the "
-        f"{least * 1e6:.1f} us of every run the range was fitted on; so short a run is bound by launching its "
-        "operators, and can be up to 2x slower than the range's midpoint (SD 1.5 and PixArt-Sigma at 512 px, 8 steps, "
-        "on an H200: benchmarks/results/gpu_validation_nvidia-h200.md)"
+        f"{least * 1e6:.1f} us of every run the range was fitted on: no fitted run had operators so small, so its "
+        "launches and its host may cost more than the fit says"
     )
 
 
