@@ -2,7 +2,8 @@
 encoder): NF4 or FP4 4-bit weights (bfloat16-free compute at the run's dtype), or LLM.int8().
 
 bitsandbytes 0.49+ has CPU kernels, but diffusers 0.42.1 refuses to quantize with it without a GPU
-(quantizers/bitsandbytes/bnb_quantizer.py, ``validate_environment``: "No GPU found"), so a CPU run is refused."""
+(quantizers/bitsandbytes/bnb_quantizer.py:63-65, ``validate_environment``: "No GPU found"), so a CPU run is
+refused."""
 
 from __future__ import annotations
 

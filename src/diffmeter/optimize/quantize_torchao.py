@@ -1,6 +1,6 @@
 """torchao at load time (``--quantize torchao:TYPE``): diffusers' ``TorchAoConfig`` (transformers' for a text
 encoder) with the torchao config each name stands for. diffusers 0.42.1's ``TorchAoConfig`` takes only an
-``AOBaseConfig`` instance (quantizers/quantization_config.py); the names are the ones earlier diffusers took as
+``AOBaseConfig`` instance (quantizers/quantization_config.py:585-611); the names are the ones earlier diffusers took as
 strings: int8wo, int4wo, float8wo, float8dq (per tensor or per row)."""
 
 from __future__ import annotations
