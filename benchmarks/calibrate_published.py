@@ -27,19 +27,19 @@ from published_comparison import load_figures, settings
 from diffmeter.predict.calibration import neighbours_of
 from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.fit_energy import EnergyRun, fit_power, leave_one_model_out
+from diffmeter.predict.fit_holdout import HeldOut, leave_one_out, summary
 from diffmeter.predict.fit_published import (
     GROUP_OF_KIND,
     GROUPS,
-    HeldOut,
+    REFERENCE_ERA,
     PublishedRun,
     StageWork,
     as_calibration,
     covering,
+    era_of,
     fit,
     full_model,
-    leave_one_out,
     lender_of,
-    summary,
 )
 from diffmeter.predict.host_time import host_counts
 from diffmeter.predict.operators import operator_work
@@ -148,8 +148,45 @@ def published_run(figure: dict) -> tuple[PublishedRun | None, str]:
         published_s=figure["published"]["value"],
         stages=stages,
         whole_call=figure.get("covers") is None,
+        era=era_of(figure.get("stack") or {}),
     )
     return run, ""
+
+
+def stack_section(runs: list[PublishedRun], held: list[HeldOut]) -> list[str]:
+    """The software stack's effect: each torch era's factor on the GPU's time, fitted where two sources state it,
+    and the held-out test with those factors beside the shipped fit's (which has none)."""
+    eras = fit(runs, eras=True).eras
+    with_eras = leave_one_out(runs, eras=True)
+    counts = {era or "not stated": sum(run.era == era for run in runs) for era in sorted({run.era for run in runs})}
+    factors = ", ".join(f"{era} x{factor:.3f}" for era, factor in eras.items()) or "none"
+    lines = [
+        "## The software stack",
+        "",
+        f"Runs per torch era (the version their sources state): {', '.join(f'{e} {n}' for e, n in counts.items())}. "
+        f"Each era two sources state fitted a factor on the GPU's time, relative to {REFERENCE_ERA}: {factors}.",
+        "",
+        "| held out | coverage without eras | with | midpoint median error without | with |",
+        "|---|---|---|---|---|",
+    ]
+    for name in ["all", *sorted({run.architecture for run in runs})]:
+        mine = [h for h in held if name in ("all", h.run.architecture)]
+        theirs = [h for h in with_eras if name in ("all", h.run.architecture)]
+        if mine and theirs:
+            a, b = summary(mine), summary(theirs)
+            lines.append(
+                f"| {name} | {a['coverage']:.0%} | {b['coverage']:.0%} | {a['median_error']:.1%} | "
+                f"{b['median_error']:.1%} |"
+            )
+    a, b = summary(held), summary(with_eras)
+    lines += [
+        "",
+        f"Held out, the era factors take all runs' coverage from {a['coverage']:.0%} to {b['coverage']:.0%} and "
+        f"the midpoint median error from {a['median_error']:.1%} to {b['median_error']:.1%}. The shipped fit has "
+        "none (its ranges are for the stacks of its runs, whose torch versions each calibration states).",
+        "",
+    ]
+    return lines
 
 
 def borrowed_test(runs: list[PublishedRun], shipped: set[str]) -> list[HeldOut]:
@@ -348,6 +385,7 @@ def main() -> int:
     lend_power(shipped)
     if borrowed:
         lines += table(borrowed, "## Each architecture predicted by its neighbour's fit, fitted without it")
+    lines += stack_section(runs, held)
     lines += ["## Left out", "", *left_out, ""]
     EFFICIENCY.write_text(json.dumps(shipped, indent=2) + "\n")
     OUT.write_text("\n".join(lines))

@@ -12,7 +12,8 @@ import torch
 
 def write_gguf(module: torch.nn.Module, path: Path, kind: str = "Q8_0") -> dict[str, str]:
     """``module``'s state dict as ``path`` in ``kind`` (a type ``gguf.quants.quantize`` writes: Q8_0, Q4_0, Q4_1,
-    Q5_0, Q5_1, BF16); returns each tensor's stored type."""
+    Q5_0, Q5_1, BF16; or a K-quant, which it cannot write: blocks of seeded random bytes, the layout without the
+    values, for tests that load a file and never run it); returns each tensor's stored type."""
     import gguf
 
     quant = gguf.GGMLQuantizationType[kind]
@@ -21,7 +22,12 @@ def write_gguf(module: torch.nn.Module, path: Path, kind: str = "Q8_0") -> dict[
     stored = {}
     for name, tensor in module.state_dict().items():
         data = tensor.detach().float().cpu().numpy()
-        if data.ndim == 2 and data.shape[-1] % block == 0:
+        if data.ndim == 2 and data.shape[-1] % block == 0 and kind.endswith("_K"):
+            size = gguf.GGML_QUANT_SIZES[quant][1] * data.shape[-1] // block
+            blocks = np.random.default_rng(0).integers(0, 256, (data.shape[0], size), dtype=np.uint8)
+            writer.add_tensor(name, blocks, raw_dtype=quant)
+            stored[name] = kind
+        elif data.ndim == 2 and data.shape[-1] % block == 0:
             writer.add_tensor(name, gguf.quants.quantize(data, quant), raw_dtype=quant)
             stored[name] = kind
         else:

@@ -28,3 +28,33 @@ def with_a_rank_fault(rank: int, fault: str) -> dict:
     here = os.path.join(os.path.dirname(__file__), "rank_faults")
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     return {**os.environ, "PYTHONPATH": path, "RANK_FAULT": fault, "RANK_FAULT_RANK": str(rank)}
+
+
+def rank_stage_peaks(model: str, ulysses: int, ring: int) -> dict:
+    """One rank of a real context-parallel run on the CPU over gloo: the tiny pipeline at float32, diffusers' context
+    parallelism on its denoiser, each stage's peak from torch.profiler's memory timeline; and the spec's settings."""
+    import torch
+    import torch.distributed as dist
+    from tiny_runs import tiny_call, token_settings
+
+    from diffmeter.catalog import resolve
+    from diffmeter.distributed import context_parallel
+    from diffmeter.distributed.rank_prediction import RING_BACKEND
+    from diffmeter.measure.memory_timeline import measure_stage_peaks
+    from diffmeter.predict.memory import STAGE_OF_ROLE, settled_plan
+    from diffmeter.spec import ProfileSpec
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    entry = resolve(model)
+    pipe, call, settings = tiny_call(entry)
+    mesh = context_parallel.device_mesh(torch.device("cpu"), 1, 1, ring, ulysses, 1)
+    if ring > 1:
+        pipe.transformer.set_attention_backend(RING_BACKEND)
+    context_parallel.enable(pipe.transformer, mesh, ring, ulysses, torch.device("cpu"))
+    settings = {**settings, **token_settings(entry, pipe)}
+    _, _, plan = settled_plan(ProfileSpec(model=model, **settings))
+    components = {(c.component, c.method): (getattr(pipe, c.component), c.method, STAGE_OF_ROLE[c.role]) for c in plan}
+    measured = measure_stage_peaks(call, components)
+    dist.destroy_process_group()
+    return {"settings": settings, "stages": measured.stage_peak_bytes}

@@ -119,6 +119,29 @@ def test_wan22_experts_animate_without_an_image_encoder():
     assert params["transformer"] == params["transformer_2"] == 14_288_901_184
 
 
+def test_wan22_i2v_takes_a_last_frame_as_diffusers_runs_it(cli):
+    """Wan 2.2 I2V A14B has no CLIP: WanImageToVideoPipeline puts a ``last_image`` in the video its VAE encodes
+    (pipeline_wan_i2v.py:435-440, diffusers 0.42.1) and runs; once refused ("animates one image"), counted now. More
+    than two images is one line."""
+    entry = next(e for e in TINY if e.name == "tiny-wan22-i2v")
+    pipe, _, settings = tiny_call(entry, image_sizes=((24, 40),))
+    encode, encoded = pipe.vae.encode, []
+    pipe.vae.encode = lambda x, *a, **k: encoded.append(tuple(x.shape)) or encode(x, *a, **k)
+    first, last = Image.new("RGB", (40, 24), (90, 40, 160)), Image.new("RGB", (32, 48), (10, 140, 60))
+    call = {"prompt": PROMPT, "image": first, "last_image": last, "num_inference_steps": settings["steps"]}
+    call.update({key: settings[key] for key in ("height", "width", "num_frames")})
+    call.update(get_family(entry.family).guidance_arguments(entry, settings["guidance_scale"]))
+    with torch.no_grad(), count_flops({name: getattr(pipe, name) for name in entry.components}) as counts:
+        pipe(**call, output_type="np")
+    real = {name: sum(counts.by_module.get(name, {}).values()) // 2 for name in entry.components}
+    settings.update(image_sizes=["40x24", "32x48"], **token_settings(entry, pipe))
+    offline = profile("tiny-wan22-i2v", **settings)
+    assert macs_by_name(offline) == real
+    assert encoded == [(1, 3, settings["num_frames"], settings["height"], settings["width"])]
+    code, _, err = cli("profile", "tiny-wan22-i2v", *["--image-size=40x24"] * 3)
+    assert code == 2 and "pass --image-size once or twice" in err and len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.parametrize(("batch", "guidance"), [(1, 5.0), (2, 1.0)])
 def test_first_and_last_frame_to_video_is_counted_exactly(batch, guidance, saved, cli):
     """An FLF2V checkpoint (a transformer whose image embedder joins two images' CLIP tokens, ``pos_embed_seq_len``),

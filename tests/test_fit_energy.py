@@ -9,7 +9,8 @@ from diffmeter.predict.calibration import Calibration, calibration_for
 from diffmeter.predict.devices import named_gpu
 from diffmeter.predict.energy import predict_energy
 from diffmeter.predict.fit_energy import EnergyRun, fit_power, leave_one_model_out
-from diffmeter.predict.fit_published import PublishedRun, StageWork, summary
+from diffmeter.predict.fit_holdout import summary
+from diffmeter.predict.fit_published import PublishedRun, StageWork
 
 
 def made(index: int, fraction: float, tdp_w: float = 700.0, outputs: int = 2, slow: float = 1.0) -> EnergyRun:

@@ -9,19 +9,20 @@ import pytest
 
 from diffmeter.predict.calibration import calibration_for
 from diffmeter.predict.devices import named_gpu
+from diffmeter.predict.fit_holdout import leave_one_out, summary
 from diffmeter.predict.fit_published import (
     BARE_MATMUL_FRACTION,
     GROUPS,
     LEAST_INSIDE,
     RANGE_FACTOR,
+    REFERENCE_ERA,
     GpuFit,
     HostFit,
     PublishedRun,
     StageWork,
     as_calibration,
+    era_of,
     fit,
-    leave_one_out,
-    summary,
 )
 from diffmeter.predict.roofline import expected_s
 
@@ -29,11 +30,14 @@ SCORE_S, GAP_S = 0.8e-12, 2e-6  # seconds per attention score, per kernel
 HOST = HostFit(op_s=4e-6, module_s=25e-6, step_s=0.4e-3, call_s=0.012)
 
 
-def made(a: dict, source, index, noise=1.0, score_s=SCORE_S, gap_s=GAP_S, architecture="hopper", host=HOST):
+def made(
+    a: dict, source, index, noise=1.0, score_s=SCORE_S, gap_s=GAP_S, architecture="hopper", host=HOST, era=("", 1.0)
+):
     """A run of made-up work (per stage its bounds per group in seconds, scores, kernels, and what the host issues),
     published at the time the multipliers ``a`` (per group; a missing group: the matmuls') and ``host`` give it: per
     stage the longer of the GPU's and the host's time. Runs of 5 models, each with its own mix of kinds; every third
-    run is short (its denoising issued slower than the GPU runs it)."""
+    run is short (its denoising issued slower than the GPU runs it). ``era``: the run's torch era and its factor on
+    the GPU's time."""
     scale = 0.02 if index % 3 == 0 else 1.0
     denoising = StageWork(
         {
@@ -55,9 +59,10 @@ def made(a: dict, source, index, noise=1.0, score_s=SCORE_S, gap_s=GAP_S, archit
     )
     stages = {"denoising": denoising, "vae_decode": decode}
     gpu = GpuFit({g: a.get(g, a["matmul"]) for g in GROUPS}, score_s, gap_s)
-    published = sum(max(gpu.seconds(stage), host.seconds(stage)) for stage in stages.values()) + host.call_s
+    k = era[1]
+    published = sum(max(k * gpu.seconds(stage), host.seconds(stage)) for stage in stages.values()) + host.call_s
     model = f"model{index % 5}"
-    return PublishedRun(f"{source}-{index}", source, architecture, model, published * noise, stages)
+    return PublishedRun(f"{source}-{index}", source, architecture, model, published * noise, stages, era=era[0])
 
 
 MADE = {"matmul": 2.0, "convolution": 2.5, "attention": 3.0, "normalization": 6.0, "elementwise": 4.0, "other": 1.5}
@@ -204,3 +209,38 @@ def test_a_run_with_smaller_operators_than_any_fitted_run_says_its_range_may_not
     assert short.outside_calibration is None and short.host_bound.startswith("host-bound")
     full = predict_time(operator_work(ProfileSpec(model="flux-dev", steps=28, dtype="bf16")), h200)
     assert full.outside_calibration is None and full.host_bound is None
+
+
+def test_an_architecture_with_few_runs_scales_its_lenders_shape_and_has_its_own_cost_per_kernel():
+    """Ada's 10 runs: Hopper's shape 1.2 times slower, but half Hopper's cost per kernel (a faster-clocked card
+    launching the same kernels): one factor alone would have to trade one against the other."""
+    runs = [made(MADE, f"s{i % 3}", i) for i in range(24)]
+    runs += [made({**MADE, "matmul": 1.4}, f"s{i % 3}", i + 1, architecture="blackwell") for i in range(24)]
+    slower = {group: 1.2 * a for group, a in MADE.items()}
+    runs += [made(slower, "t", i, 1.0, 1.2 * SCORE_S, 0.5 * GAP_S, "ada") for i in range(10)]
+    ada = fit(runs).gpus["ada"]
+    assert ada.multipliers == pytest.approx(slower, rel=1e-3)
+    assert (ada.score_s, ada.gap_s) == pytest.approx((1.2 * SCORE_S, 0.5 * GAP_S), rel=1e-3)
+
+
+def test_a_torch_era_two_sources_state_gets_its_factor_only_when_asked_and_one_source_gets_none():
+    old, lone = ("torch 2.0-2.1", 1.3), ("torch 2.2-2.6", 1.0)
+    runs = [made(MADE, f"s{i % 3}", i, era=(REFERENCE_ERA, 1.0)) for i in range(24)]
+    runs += [made({**MADE, "matmul": 1.4}, f"s{i % 3}", i + 1, architecture="blackwell") for i in range(24)]
+    runs += [made(MADE, f"old{i % 2}", i, era=old) for i in range(8)]
+    runs += [made(MADE, "lone", i, era=lone) for i in range(4)]
+    assert fit(runs).eras == {}
+    eras = fit(runs, eras=True).eras
+    assert eras == {old[0]: pytest.approx(1.3, rel=1e-2)}  # "lone": one source, its factor would be its harness's
+
+
+def test_a_stack_is_put_in_its_torch_era_and_an_unstated_one_in_none():
+    assert [era_of({"torch": v}) for v in ("2.0", "2.1.0", "2.3.1", "2.6", "2.7.1", "2.11.0")] == [
+        "torch 2.0-2.1",
+        "torch 2.0-2.1",
+        "torch 2.2-2.6",
+        "torch 2.2-2.6",
+        REFERENCE_ERA,
+        REFERENCE_ERA,
+    ]
+    assert era_of({}) == era_of({"attention": "sdpa"}) == ""

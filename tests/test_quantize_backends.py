@@ -190,7 +190,8 @@ def test_bench_measures_a_backend_against_the_unquantized_images(cli, tmp_path):
     assert result["optimizations"][0]["params"] == {"type": "int8wo", "components": []}
     assert not result["optimizations"][0]["lossless"]
     assert 20 < result["quality"]["mean_psnr_db"] < 100 and result["quality"]["identical"] == 0
-    assert "memory is predicted without torchao-int8wo" in result["prediction"]["notes"]
+    assert result["prediction"]["memory_techniques"] == ["quantize-torchao-int8wo"]  # predict/quantized_memory.py
+    assert "torchao-int8wo" in result["prediction"]["time_left_out"]
 
 
 def test_a_saved_folder_is_quantized_by_pipeline_quantization_config(cli, saved, tmp_path):
@@ -207,12 +208,6 @@ def test_a_saved_folder_is_quantized_by_pipeline_quantization_config(cli, saved,
     assert pipe.transformer.config.quantization_config.weights_dtype == "int8"  # diffusers recorded its config
     code, out, err = cli("bench", folder, *QUICK, "--quantize", "quanto:int8", "--out", tmp_path / "runs")
     assert code == 0, err
-
-
-def test_profile_refuses_a_format_it_does_not_predict(cli):
-    code, _, err = cli("profile", "flux-dev", "--gpu", "h100", "--quantize", "bnb:nf4")
-    assert code == 2
-    assert "bnb's memory and time are not predicted yet (only --quantize int8 and fp8" in err
 
 
 def test_optimizations_lists_every_backend_with_its_cpu_and_extra():

@@ -1,10 +1,12 @@
 """Image-conditioned pipelines saved to folders with ``save_pretrained``, loaded back and called for real under the
 counter as their users call them, equal to `profile FOLDER` per component: the output size that follows the input
-images when none is asked (FLUX.2, Qwen-Image-Edit), and one image encoded once for two prompts (Wan 2.1 I2V).
-Elsewhere: -Edit-Plus's size from its last image in tests/test_family_qwenimage_edit.py, in memory (its "Picture i:"
-tokens are counted with Qwen's real tokenizer, which a saved tiny folder lacks); Wan FLF2V's two images in
-tests/test_family_wan21_i2v.py; FLUX.1 Kontext's one encode for two prompts in tests/test_family_flux_kontext.py (a
-saved Kontext folder generates at its __call__'s max_area, 1024x1024, too big for a tiny transformer on a CPU)."""
+images when none is asked (FLUX.2, Qwen-Image-Edit), one image encoded once for two prompts (Wan 2.1 I2V), and the
+default sizes of Wan I2V/FLF2V (480x832) and FLUX.1 Kontext (max_area) on folders whose tiny transformer and VAE
+reach them. Elsewhere: -Edit-Plus's size from its last image in tests/test_family_qwenimage_edit.py, in memory (its
+"Picture i:" tokens are counted with Qwen's real tokenizer, which a saved tiny folder lacks); Wan FLF2V's two images at
+a size asked in tests/test_family_wan21_i2v.py."""
+
+import json
 
 import pytest
 import torch
@@ -122,8 +124,7 @@ def test_a_saved_qwen_image_edit_folder_generates_at_its_images_aspect_ratio(nam
 def test_a_saved_wan_i2v_folder_encodes_one_image_once_for_every_prompt(batch, guidance, saved):
     """WanImageToVideoPipeline folder, one image and ``batch`` prompts with one generator, as a user calls it: the
     image read by CLIP and VAE-encoded once, its latents repeated (pipeline_wan_i2v.py:457-459), counted as
-    `profile FOLDER` counts it. At a size asked: the tiny transformer's RoPE cannot reach the folder's __call__
-    default, 832x480."""
+    `profile FOLDER` counts it, at a size asked (at the default size: the test below)."""
     tiny = resolve("tiny-wan-i2v")
     folder, local, pipe = saved(tiny_pipeline(tiny), "i2v")
     size = {"height": tiny.defaults.height, "width": tiny.defaults.width, "num_frames": tiny.defaults.num_frames}
@@ -137,3 +138,91 @@ def test_a_saved_wan_i2v_folder_encodes_one_image_once_for_every_prompt(batch, g
     assert len(encoded) == 1
     rows = [c for c in offline.components if c.role == "image_encoder"]
     assert all((c.calls, c.batch_per_call) == (1, 1) for c in rows) and len(rows) == 2  # CLIP and the VAE
+
+
+def retuned(entry, component: str, **config):
+    """``entry`` with ``config`` over its ``component``'s (a saved folder's own config)."""
+    part = entry.components[component]
+    part = part.model_copy(update={"config": {**part.config, **config}})
+    return entry.model_copy(update={"components": {**entry.components, component: part}})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "last", "batch", "guidance"),
+    [
+        ("tiny-wan-i2v", False, 1, 1.0),
+        ("tiny-wan-i2v", False, 2, 5.0),
+        ("tiny-wan-i2v-flf2v", True, 1, 1.0),
+        ("tiny-wan-i2v-flf2v", True, 2, 5.0),
+        ("tiny-wan22-i2v", False, 1, 1.0),
+        ("tiny-wan22-i2v", False, 2, 5.0),
+        ("tiny-wan22-i2v", True, 2, 5.0),
+    ],
+)
+def test_a_saved_wan_i2v_folder_called_without_a_size_is_counted_at_its_default(name, last, batch, guidance, saved):
+    """WanImageToVideoPipeline folders (Wan 2.1 I2V, FLF2V, Wan 2.2 I2V A14B) called without height and width make
+    __call__'s 480x832 (pipeline_wan_i2v.py:517-518, diffusers 0.42.1), here of 5 frames to spare the CPU: one image
+    (FLF2V, and Wan 2.2 if given: and a last frame) encoded once, counted as `profile FOLDER` counts it. The tiny
+    transformers' RoPE tables hold 32 positions, 832 px makes 52 patches: the folders' reach 64 (the real ones' 1024).
+    Wan 2.2 I2V (no CLIP) with a last frame was once refused; diffusers runs it (435-440)."""
+    from diffmeter.families.wan_images import image_tokens
+
+    entry = resolve(name.removesuffix("-flf2v"))
+    for expert in ("transformer", "transformer_2")[: 1 + ("transformer_2" in entry.components)]:
+        entry = retuned(entry, expert, rope_max_seq_len=64)
+    if name.endswith("-flf2v"):  # the transformer's image embedder joins two images' CLIP tokens
+        entry = retuned(entry, "transformer", pos_embed_seq_len=2 * image_tokens(entry))
+    folder, local, pipe = saved(tiny_pipeline(entry), "i2v")
+    images = [(24, 40), (48, 32)] if last else [(24, 40)]
+    first, *rest = pictures(images)
+    call = {"prompt": [PROMPT] * batch, "image": first, "guidance_scale": guidance, "num_frames": 5}
+    if rest:
+        call["last_image"] = rest[0]
+    real, encoded, decoded = counted(pipe, local, generator=torch.Generator().manual_seed(0), **call)
+    settings = {"steps": 2, "batch_size": batch, "guidance_scale": guidance, "num_frames": 5}
+    settings.update(get_family(local.family).prompt_settings(pipe, [PROMPT]))
+    offline = profile(str(folder), image_sizes=[f"{w}x{h}" for h, w in images], **settings)
+    assert macs_by_name(offline) == real
+    assert sum(real.values()) == offline.total_macs
+    assert encoded == [(1, 3, 5, 480, 832)]  # one video, the first (and last) frame in it, at __call__'s size
+    scale = get_family(local.family).vae_scale(local)
+    assert (offline.height, offline.width) == (decoded[0][-2] * scale, decoded[0][-1] * scale) == (480, 832)
+    assert decoded[0][0] == batch
+
+
+@pytest.mark.parametrize(("batch", "true_cfg"), [(1, None), (2, None), (2, 2.0)])
+def test_a_saved_kontext_folder_called_without_a_size_is_counted_at_its_max_area(batch, true_cfg, saved, cli):
+    """FluxKontextPipeline folder called without height and width: the output is __call__'s default square
+    (default_sample_size 128 x vae_scale_factor) re-fitted to max_area 1024x1024 (pipeline_flux_kontext.py:841-851),
+    whatever the input's aspect ratio; the 600x800 (WxH) input is resized to the preferred Kontext resolution nearest
+    its aspect ratio, floored to the multiple (936-944), and encoded once for both prompts (644-647). `profile FOLDER`
+    counts the same per component, with true CFG too. The folder's VAE is the tiny one with four 8-channel levels:
+    vae_scale_factor 8 as the real one's, so 1024x1024 is 4096 tokens (the tiny catalog VAE's 2 would make 65536)."""
+    levels = {"down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4}
+    entry = retuned(resolve("tiny-flux-kontext"), "vae", block_out_channels=[8] * 4, norm_num_groups=8, **levels)
+    folder, local, pipe = saved(tiny_pipeline(entry), "kontext")
+    call = {"prompt": [PROMPT] * batch, "image": Image.new("RGB", (600, 800), (90, 40, 160))}
+    call["generator"] = [torch.Generator().manual_seed(k) for k in range(batch)]
+    settings = {"steps": 2, "batch_size": batch}
+    if true_cfg is not None:
+        call.update(true_cfg_scale=true_cfg, negative_prompt=[""] * batch)
+        settings["true_cfg_scale"] = true_cfg
+    real, encoded, decoded = counted(pipe, local, **call)
+    offline = profile(str(folder), image_sizes=["600x800"], **settings)
+    assert macs_by_name(offline) == real
+    assert sum(real.values()) == offline.total_macs
+    assert [shape[-2:] for shape in encoded] == offline.input_images != [(800, 600)]  # once, resized
+    scale = get_family(local.family).vae_scale(local)
+    assert (offline.height, offline.width) == (decoded[0][-2] * scale, decoded[0][-1] * scale) == (1024, 1024)
+    assert decoded[0][0] == batch
+    assert any(note.startswith("FluxKontextPipeline resizes the 600x800 (WxH) input image") for note in offline.notes)
+    if batch == 1:  # the command line as its user runs it: the same figures
+        code, out, err = cli("profile", str(folder), "--image-size", "600x800", "--steps", "2", "--json")
+        assert code == 0, err
+        shown = json.loads(out)
+        assert shown["total_macs"] == sum(real.values()) and (shown["width"], shown["height"]) == (1024, 1024)
+        by_name = {}
+        for row in shown["components"]:
+            by_name[row["name"]] = by_name.get(row["name"], 0) + row["macs"]
+        assert by_name == real

@@ -216,14 +216,10 @@ def profile(
         results = [found if found is not None else next(counted) for found in results]
     split = None
     degrees = "--ulysses-degree/--ring-degree/--cfg-degree"
-    if (gpu or gpu_spec) and ulysses_degree * ring_degree * cfg_degree > 1:
-        raise DiffmeterError(
-            f"--gpu predicts one device's memory; with {degrees} each GPU holds a share that is not predicted yet: "
-            "drop one of them"
-        )
-    if ulysses_degree * ring_degree * cfg_degree > 1:
-        if len(results) != 1:
-            raise DiffmeterError(f"{degrees} count one profile: name one model, size and step count")
+    parallel = (ulysses_degree, ring_degree, cfg_degree) if ulysses_degree * ring_degree * cfg_degree > 1 else None
+    if parallel and len(results) != 1:
+        raise DiffmeterError(f"{degrees} count one profile: name one model, size and step count")
+    if parallel and not (gpu or gpu_spec):
         load_libraries()
         from diffmeter.distributed.communication import per_gpu_step
 
@@ -244,7 +240,7 @@ def profile(
             "in the time; the MACs table counts the plain run"
         )
     if gpu or gpu_spec:
-        print_predicted(specs, results, gpu, gpu_spec, as_json, as_csv, flags, tf32)
+        print_predicted(specs, results, gpu, gpu_spec, as_json, as_csv, flags, tf32, parallel)
     elif as_json:
         payload = results[0].to_json_dict() if len(results) == 1 else {"profiles": [p.to_json_dict() for p in results]}
         if split is not None:

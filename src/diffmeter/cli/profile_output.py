@@ -53,11 +53,13 @@ def split_line(split: dict) -> str:
 
 
 def print_predicted(
-    specs, results, gpu: str | None, gpu_spec: str | None, as_json: bool, as_csv: bool, flags, tf32: bool
-) -> None:
+    specs, results, gpu: str | None, gpu_spec: str | None, as_json: bool, as_csv: bool, flags, tf32: bool,
+    parallel: tuple[int, int, int] | None = None,
+) -> None:  # fmt: skip
     """Each profile with its predicted peak memory and time on the chosen device (``predict/``); ``flags``:
     bench's technique options, parsed by bench's own parser and named as bench's stored prediction names them;
-    ``tf32``: float32 matmuls and convolutions timed on TF32, as bench's ``--tf32``."""
+    ``tf32``: float32 matmuls and convolutions timed on TF32, as bench's ``--tf32``; ``parallel``: (ulysses, ring,
+    cfg) degrees: one GPU of that group's memory and the generation's time (``predict.parallel``)."""
     from diffmeter.predict.devices import chosen_gpu, is_this_cpu, other_cards
     from diffmeter.report.memory_table import memory_table
     from diffmeter.report.time_table import energy_line, time_table
@@ -72,18 +74,14 @@ def print_predicted(
     from diffmeter.optimize.options import from_flags
     from diffmeter.predict.bench_prediction import memory_technique
     from diffmeter.predict.operators import operator_work, predict_memory_and_work
+    from diffmeter.predict.parallel import NOT_CALIBRATED, gpu_link, summarize, with_communication
+    from diffmeter.predict.quantized_memory import split_values, with_formats
     from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
     from diffmeter.predict.techniques import peak_under
     from diffmeter.predict.vae_decode import VAE_MODES
-    from diffmeter.quantization_spec import parse as parse_quantize
 
-    for value in flags.get("quantize") or []:  # quantized formats are measured by bench, not predicted yet
-        if (request := parse_quantize(value)).backend != "quantize":
-            raise DiffmeterError(
-                f"--quantize {value}: {request.backend}'s memory and time are not predicted yet (only --quantize int8 "
-                "and fp8, torchao weight-only, are); measure it with bench, or drop it here"
-            )
-    asked = from_flags(**flags)
+    legacy, formats = split_values(flags.get("quantize"))  # BACKEND:TYPE formats: their stored bytes, no file needed
+    asked = from_flags(**{**flags, "quantize": legacy})
     build(asked)  # each technique's parameters checked as bench checks them: an unknown offload mode is refused
     unmodelled = [o.name for o in asked if memory_technique(o.name, o.params) is None]
     if unmodelled:
@@ -91,19 +89,31 @@ def print_predicted(
             f"{', '.join(unmodelled)}: the memory prediction models offload, VAE tiling and slicing, quantize and "
             "the fp8 text encoder; drop the others here"
         )
-    techniques = tuple(memory_technique(o.name, o.params) for o in asked)
+    techniques = tuple(memory_technique(o.name, o.params) for o in asked) + tuple({f.technique: 0 for f in formats})
+    if parallel and any(t.startswith("offload") for t in techniques):
+        raise DiffmeterError(
+            "offloading moves the denoiser between devices; a parallel run keeps each rank's on its own GPU: drop the "
+            "offload or the parallelism"
+        )
     if "quantize-fp8" in techniques and chosen and chosen.tflops and "fp8" not in chosen.tflops:  # as `fit` does
         raise DiffmeterError(
             f"--quantize fp8 needs FP8 tensor cores, which the {chosen.name} lacks (no fp8 peak in the table): "
             "use --quantize int8"
         )
 
+    if parallel:  # a split diffusers refuses, refused before any prediction runs
+        from diffmeter.distributed.rank_prediction import check
+
+        check(specs[0], *parallel)
     modes = tuple(t for t in techniques if t in VAE_MODES)  # a video's tiled decode is slow to track: only if asked
     on_cuda = not is_this_cpu(gpu)  # this CPU: no cuDNN copies of convolutions, as bench predicts a CPU run
     predicted = [predict_memory_and_work(spec, on_cuda, modes) for spec in specs]  # one fake run for both
     if modes:  # the decode's operators as the tiled or sliced decode runs them
         predicted = [(memory, operator_work(spec, modes)) for (memory, _), spec in zip(predicted, specs, strict=True)]
-    memories = [memory for memory, _ in predicted]
+    one_gpu = predicted[0][0]
+    if parallel:  # one GPU's share of every denoiser call, counted as diffusers splits it
+        predicted, ranks, received = per_gpu(specs[0], predicted[0], parallel, on_cuda)
+    memories = [with_formats(memory, spec, formats) for (memory, _), spec in zip(predicted, specs, strict=True)]
     chosen = chosen or chosen_gpu(gpu, gpu_spec, tuple({dtype for _, work in predicted for dtype in work.dtypes()}))
     fp32_math = bench_fp32_math(tf32)
     missing = [missing_figures(chosen, work, fp32_math) for _, work in predicted]
@@ -114,6 +124,13 @@ def print_predicted(
         for (memory, work), lacking, spec in zip(predicted, missing, specs, strict=True)
     ]
     untimed = [t for t in techniques if t not in VAE_MODES]  # the time is the pipeline's without them
+    group = None
+    if parallel:
+        link = gpu_link(chosen, parallel[0] * parallel[1] * parallel[2])
+        peaks = (peak_under(with_formats(one_gpu, specs[0], formats), techniques), peak_under(memories[0], techniques))
+        group = summarize(parallel, peaks, ranks, link, received, assumptions(*parallel[1:]))
+        if times[0] and group.communication_s is not None:
+            times = [with_communication(times[0], group.communication_s)]
     if as_json:
         payloads = [
             {
@@ -123,7 +140,8 @@ def print_predicted(
                 "memory_techniques": list(techniques),
                 "peak_memory_bytes": peak_under(memory, techniques),
                 "time": time.model_dump(mode="json") if time else None,
-                "time_left_out": untimed if time else [],  # techniques the time is predicted without
+                "time_left_out": (untimed + [NOT_CALIBRATED] * bool(group)) if time else [],  # not in the time
+                **({"parallel": group.model_dump(mode="json")} if group else {}),
             }
             for found, memory, time in zip(results, memories, times, strict=True)
         ]
@@ -131,6 +149,8 @@ def print_predicted(
         return
     for found, spec, memory, time, lacking in zip(results, specs, memories, times, missing, strict=True):
         print_profile(found, spec)
+        if group:
+            console.print(parallel_line(group), highlight=False, markup=False)
         console.print(memory_table(memory, chosen, techniques))
         console.print(time_table(time) if time else f"no time prediction: {lacking}", markup=False)
         if time and time.expected_s:
@@ -143,3 +163,48 @@ def print_predicted(
             )
         if time and untimed:
             console.print(f"time predicted without {', '.join(untimed)} (not modelled in time yet)", markup=False)
+
+
+def assumptions(ring: int, cfg: int) -> tuple[str, ...]:
+    """What the parallel prediction assumes beyond diffusers' own split."""
+    found = ["every rank runs the text encoders and the VAE decode whole, as diffusers' pipelines do"]
+    if ring > 1:
+        found.append(
+            "ring attention with PyTorch's flash kernel (it returns the log-sum-exp ring needs; bench: --opt "
+            "attention:backend=flash)"
+        )
+    if cfg > 1:
+        found.append(
+            "CFG parallel: a rank runs half of each batched call, or one call of each guided pair (the time is the "
+            "two ranks' mean where the pair's calls differ, as a prompt and a negative prompt of other lengths do)"
+        )
+    return tuple(found)
+
+
+def per_gpu(spec, predicted, parallel: tuple[int, int, int], on_cuda: bool):
+    """One GPU's (memory, work) of a parallel group, its denoiser calls, and what it receives beside them."""
+    from diffmeter.distributed.rank_prediction import rank_calls
+    from diffmeter.predict.parallel import per_gpu_memory, per_gpu_work
+
+    memory, work = predicted
+    ranks, received = rank_calls(spec, *parallel, on_cuda=on_cuda)
+    return [(per_gpu_memory(memory, ranks), per_gpu_work(work, memory.denoisers, ranks))], ranks, received
+
+
+def parallel_line(group) -> str:
+    """The group, each GPU's peak against one GPU's, and the link its communication is timed over."""
+    from diffmeter import units
+
+    degrees = f"ulysses {group.ulysses_degree} x ring {group.ring_degree} x CFG {group.cfg_degree}"
+    link = (
+        f"over {group.link.name}: {group.communication_s:.3g} s added to denoising (at the datasheet rate, not "
+        "calibrated on published multi-GPU runs)"
+        if group.link
+        else "no link figure for this device: the communication is not timed"
+    )
+    return (
+        f"{degrees} = {group.gpus} GPUs; the memory below is per GPU: {units.gib(group.per_gpu_peak_memory_bytes)} at "
+        f"peak each (one GPU alone: {units.gib(group.one_gpu_peak_memory_bytes)}); each receives "
+        f"{units.gib(group.bytes_received_per_gpu)} per generation in {group.collectives_per_generation:,} "
+        f"collectives {link}"
+    )

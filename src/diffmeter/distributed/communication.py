@@ -32,6 +32,27 @@ def _rank_in(name) -> int:
     return dist.get_rank(_resolve_process_group(name))
 
 
+def received(func, args) -> tuple[str, int] | None:
+    """The collective ``func`` is and the bytes this rank receives in it; None for any other operator."""
+    name = func._opname
+    if func.namespace == "_c10d_functional" and name == ALL_TO_ALL:
+        tensor, output_splits, _, group = args[:4]
+        row = tensor.numel() // max(tensor.shape[0], 1) * tensor.element_size()
+        if output_splits is None:
+            size = _group_size(group)
+            got = tensor.shape[0] - tensor.shape[0] // size
+        else:
+            got = sum(output_splits) - output_splits[_rank_in(group)]
+        return name, got * row
+    if func.namespace == "_c10d_functional" and name == "all_gather_into_tensor":
+        tensor, size = args[0], args[1]
+        return name, tensor.numel() * tensor.element_size() * (size - 1)
+    if func.namespace == "c10d" and name == "allgather_":
+        outputs, inputs = args[0], args[1]
+        return "all_gather", sum(t.numel() * t.element_size() for t in inputs[0]) * (len(outputs[0]) - 1)
+    return None
+
+
 class CollectiveBytes(TorchDispatchMode):
     """Counts, per collective, the calls and the bytes this rank receives while active."""
 
@@ -41,24 +62,10 @@ class CollectiveBytes(TorchDispatchMode):
         self.bytes: Counter[str] = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = func._opname
-        if func.namespace == "_c10d_functional" and name == ALL_TO_ALL:
-            tensor, output_splits, _, group = args[:4]
-            row = tensor.numel() // max(tensor.shape[0], 1) * tensor.element_size()
-            if output_splits is None:
-                size = _group_size(group)
-                received = tensor.shape[0] - tensor.shape[0] // size
-            else:
-                received = sum(output_splits) - output_splits[_rank_in(group)]
-            self._add(name, received * row)
-        elif func.namespace == "_c10d_functional" and name == "all_gather_into_tensor":
-            tensor, size = args[0], args[1]
-            self._add(name, tensor.numel() * tensor.element_size() * (size - 1))
-        elif func.namespace == "c10d" and name == "allgather_":
-            outputs, inputs = args[0], args[1]
-            self._add("all_gather", sum(t.numel() * t.element_size() for t in inputs[0]) * (len(outputs[0]) - 1))
-        return func(*args, **kwargs)
+        found = received(func, args)
+        if found is not None:
+            self._add(*found)
+        return func(*args, **(kwargs or {}))
 
     def _add(self, name: str, nbytes: int) -> None:
         self.calls[name] += 1
@@ -157,7 +164,8 @@ def per_gpu_step(profile, ulysses: int, ring: int, cfg: int = 1) -> dict:
     if ring > 1:
         raise DiffmeterError(
             "the offline count runs the denoiser's attention on the meta device, and ring attention needs a backend "
-            "returning the log-sum-exp (flash, sage) that does not run there: count --ulysses-degree only"
+            "returning the log-sum-exp (flash, sage) that does not run there: count --ulysses-degree only, or add "
+            "--gpu NAME (each GPU's share, ring through PyTorch's flash kernel on fake tensors)"
         )
     entry = resolve(profile.model)
     family = get_family(entry.family)

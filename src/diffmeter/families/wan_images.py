@@ -11,14 +11,20 @@ def image_to_video(entry) -> bool:
 
 def first_last(entry, spec) -> tuple[int, int] | None:
     """FLF2V (WanImageToVideoPipeline with ``last_image``): its transformer's image embedder joins the two images'
-    CLIP tokens (``pos_embed_seq_len``), so it takes exactly the first and the last frame; None for one image."""
+    CLIP tokens (``pos_embed_seq_len``), so it takes exactly the first and the last frame. Without CLIP (Wan 2.2 I2V
+    A14B) a last frame only changes the video the VAE encodes (pipeline_wan_i2v.py:435-440, diffusers 0.42.1), so one
+    image or two; a Wan 2.1 I2V transformer without the joint embedding fails on two. None for one image."""
     joined = entry.components.get("transformer") and entry.components["transformer"].config.get("pos_embed_seq_len")
     if image_to_video(entry) and joined and len(spec.image_sizes) != 2:
         raise DiffmeterError(
             f"{entry.name} is a first-and-last-frame checkpoint (its transformer joins two images' CLIP tokens): pass "
             "--image-size twice, the first frame's then the last's"
         )
-    if len(spec.image_sizes) == 2 and image_to_video(entry) and reads_image(entry) and joined:
+    if image_to_video(entry) and not reads_image(entry) and len(spec.image_sizes) > 2:
+        raise DiffmeterError(
+            f"{entry.name} animates a first frame and, if given, a last one: pass --image-size once or twice"
+        )
+    if len(spec.image_sizes) == 2 and image_to_video(entry) and (joined or not reads_image(entry)):
         return spec.image_sizes[0]
     return None
 

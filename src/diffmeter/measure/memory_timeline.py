@@ -61,7 +61,9 @@ def _plain(tensor: torch.Tensor) -> list[torch.Tensor]:
     return [tensor]
 
 
-def _storages_bytes(modules: list[torch.nn.Module]) -> int:
+def storages_bytes(modules: list[torch.nn.Module]) -> int:
+    """Bytes of the distinct storages behind the modules' parameters and buffers, a quantized tensor's inner
+    tensors included: what the loaded weights occupy."""
     seen = {}
     for module in modules:
         for tensor in [*module.parameters(), *module.buffers()]:
@@ -98,7 +100,7 @@ def measure_stage_peaks(
     run: Callable[[], object], components: dict[str, tuple[torch.nn.Module, str, str]]
 ) -> MeasuredMemory:
     """Run ``run()`` under the profiler; ``components`` maps a name to (module, called method, stage)."""
-    resident = _storages_bytes([module for module, _, _ in components.values()])
+    resident = storages_bytes([module for module, _, _ in components.values()])
     with _marked(components), torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run()
     allocations, windows, scratch = [], [], set()

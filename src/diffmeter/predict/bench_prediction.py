@@ -16,10 +16,12 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.predict.devices import Device, of_row, this_cpu
 from diffmeter.predict.operators import operator_work, predict_memory_and_work
 from diffmeter.predict.peaks import find_device
+from diffmeter.predict.quantized_memory import PREDICTED, Format, technique, with_formats
 from diffmeter.predict.roofline import BENCH_FP32, missing_figures, predict_time
 from diffmeter.predict.schema import RunPrediction
 from diffmeter.predict.techniques import stage_peaks_under
 from diffmeter.predict.vae_decode import VAE_MODES
+from diffmeter.quantization_spec import DENOISER
 
 #: optimizations whose time is predicted: through the peak the roofline uses (TF32), or the decode's operators
 #: as the tiled or sliced decode runs them
@@ -32,7 +34,16 @@ def memory_technique(name: str, params: dict) -> str | None:
         return f"offload-{params.get('mode', 'model')}"
     if name == "quantize":
         return f"quantize-{params.get('weights', 'int8')}"
+    if name in PREDICTED:  # --quantize BACKEND:TYPE (quantized_memory)
+        return technique(name, params["type"])
     return name if name in ("vae-tiling", "vae-slicing", "fp8-text-encoder") else None
+
+
+def applied_format(optimization) -> Format:
+    """An applied ``--quantize BACKEND:TYPE`` technique as the prediction takes it (a GGUF run's file included)."""
+    params = optimization.params
+    components = tuple(params.get("components") or [DENOISER])
+    return Format(optimization.name, params["type"], components, params.get("file"))
 
 
 def run_device(device: torch.device, *dtypes: str) -> Device | None:
@@ -51,6 +62,7 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
     techniques = [t for o in optimizations if (t := memory_technique(o.name, o.params))]
     modes = tuple(t for t in techniques if t in VAE_MODES)
     memory, work = predict_memory_and_work(profile_spec, on_cuda=device.type == "cuda", vae_modes=modes)
+    memory = with_formats(memory, profile_spec, [applied_format(o) for o in optimizations if o.name in PREDICTED])
     if modes:
         work = operator_work(profile_spec, modes)
     figures = run_device(device, *work.dtypes())  # a CPU's peaks measured at every dtype a call runs at

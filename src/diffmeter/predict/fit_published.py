@@ -14,23 +14,28 @@ asynchronous launch overlaps them: the stage takes the longer of the two.
 - Plus call_s once per pipeline call: its work outside the components (latents, timesteps, postprocessing).
 Fitted jointly by least squares on relative errors (each run counts alike, whatever its length). An architecture with
 fewer than ``FULL_MODEL_ROWS`` runs or ``FULL_MODEL_MODELS`` models scales its nearest fully fitted neighbour's GPU
-fit by one factor (``calibration.NEIGHBOURS``), or has one multiplier for all its groups where there is none.
+fit by one factor and has its own cost per kernel (``calibration.NEIGHBOURS``), or has one multiplier for all its
+groups where there is none.
+The software stack: with ``eras``, the fit also gives each torch era its sources state (``era_of``) a factor on
+the GPU's time, relative to ``REFERENCE_ERA``; ``benchmarks/calibrate_published.py`` reports it and its held-out
+effect beside the shipped fit, which has none.
 
 The range: the midpoint times [1 / w, w], hi / lo = w^2 = 1.5 (``RANGE_FACTOR``, not fitted), widened per
 architecture where fewer than ``LEAST_INSIDE`` (80%) of its fitted runs would fall inside it; the validation below
 measures how many held-out runs it holds.
-Validation leaves one source out at a time (every architecture refitted without it), or one model where a single
-source measured every run of an architecture: the held-out runs against the range fitted without them.
+Validation (``fit_holdout``) leaves one source out at a time (every architecture refitted without it), or one model
+where a single source measured every run of an architecture: the held-out runs against the range fitted without
+them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import lsq_linear
+from scipy.optimize import lsq_linear, minimize_scalar
 
 from diffmeter.predict.calibration import Calibration, neighbours_of
 from diffmeter.predict.host_time import ISSUED, HostCalibration
@@ -59,8 +64,14 @@ BARE_MATMUL_FRACTION = {"hopper": 802 / 989.5}
 #: each parameter's unit in the least squares, so the columns are alike in size: multipliers 1, seconds per 10^12
 #: scores, microseconds per kernel, per dispatched operator, per module call; milliseconds per step and per call
 SCALE = {"score_s": 1e-12, "gap_s": 1e-6, "op_s": 1e-6, "module_s": 1e-6, "step_s": 1e-3, "call_s": 1e-3}
-#: rounds of refitting an architecture that scales its lender's fit
-OUTER_ROUNDS = 3
+#: rounds of refitting: an architecture that scales its lender's fit, and the eras' factors
+OUTER_ROUNDS = 4
+#: the era every other's GPU-time factor is relative to, and the bounds of a factor
+REFERENCE_ERA, ERA_BOUNDS = "torch 2.7+", (0.5, 2.0)
+#: torch 2.x eras by minor version: SDPA without FlashAttention-2 (2.0-2.1), with it (2.2-2.6), with cuDNN's
+#: attention and FlashAttention-3-era kernels (2.7+)
+ERAS = {"torch 2.0-2.1": (0, 1), "torch 2.2-2.6": (2, 6), REFERENCE_ERA: (7, 99)}
+
 #: at most this many rounds of choosing each stage's longer side and solving, from each of these multiples of the
 #: host's starting terms
 MAX_ROUNDS, STARTS = 30, (0.25, 1.0, 4.0)
@@ -92,6 +103,8 @@ class PublishedRun:
     stages: dict[str, StageWork] = field(hash=False)
     #: False where the published time covers only some stages (``stages`` has those): no pipeline call's own work
     whole_call: bool = True
+    #: the software stack's era the source states (``era_of``), "" where it does not
+    era: str = ""
 
     @property
     def eager_s(self) -> float:
@@ -132,13 +145,18 @@ class Fit:
 
     gpus: dict[str, GpuFit] = field(hash=False)
     host: HostFit
+    #: the GPU time's factor per software era (``era_of``), 1 for ``REFERENCE_ERA`` and an era not fitted
+    eras: dict[str, float] = field(default_factory=dict, hash=False)
+
+    def era_factor(self, run: PublishedRun) -> float:
+        return self.eras.get(run.era, 1.0)
 
     def parts(self, run: PublishedRun, gpu: GpuFit | None = None) -> tuple[float, float]:
         """(GPU-busy seconds, whole seconds) of ``run``'s midpoint: per stage the longer of the GPU's and the
         host's time, plus the call's own; ``gpu``: another architecture's fit than the run's own."""
-        gpu = gpu or self.gpus[run.architecture]
-        busy = sum(gpu.seconds(stage) for stage in run.stages.values())
-        whole = sum(max(gpu.seconds(stage), self.host.seconds(stage)) for stage in run.stages.values())
+        gpu, k = gpu or self.gpus[run.architecture], self.era_factor(run)
+        busy = sum(k * gpu.seconds(stage) for stage in run.stages.values())
+        whole = sum(max(k * gpu.seconds(stage), self.host.seconds(stage)) for stage in run.stages.values())
         return busy, whole + self.host.call_s * run.whole_call
 
     def midpoint(self, run: PublishedRun, gpu: GpuFit | None = None) -> float:
@@ -167,7 +185,8 @@ def lender_of(architecture: str, full: set[str]) -> str | None:
 class Layout:
     """Where each architecture's parameters and the host's sit in the least squares' vector. An architecture with
     too few runs for a multiplier per group scales its lender's GPU fit in ``reference`` (one factor: the shape of
-    a neighbour, the speed of its own runs), or has one multiplier for all its groups where there is none."""
+    a neighbour, the speed of its own runs) and has its own cost per kernel, or has one multiplier for all its
+    groups where there is none."""
 
     def __init__(self, runs: list[PublishedRun], reference: Fit | None = None) -> None:
         self.names: list[tuple[str, str]] = [("host", term) for term in HOST_TERMS]
@@ -182,7 +201,7 @@ class Layout:
             if self.full[architecture]:
                 names = [*GROUPS, "score_s", "gap_s"]
             else:
-                names = ["scale"] if architecture in self.lenders else ["all"]
+                names = ["scale", "gap_s"] if architecture in self.lenders else ["all"]
             self.names += [(architecture, name) for name in names]
 
     def lent(self, architecture: str) -> GpuFit:
@@ -205,7 +224,7 @@ class Layout:
             start.append(first)
         return np.array(lower), np.full(len(lower), np.inf), np.array(start)
 
-    def unpack(self, x: np.ndarray) -> Fit:
+    def unpack(self, x: np.ndarray, eras: dict[str, float] | None = None) -> Fit:
         values: dict[str, dict[str, float]] = {}
         for (owner, name), value in zip(self.names, x, strict=True):
             values.setdefault(owner, {})[name] = value * SCALE.get(name, 1.0)
@@ -215,16 +234,16 @@ class Layout:
             if "scale" in found:
                 lent, k = self.lent(architecture), found["scale"]
                 gpus[architecture] = GpuFit(
-                    {g: k * a for g, a in lent.multipliers.items()}, k * lent.score_s, k * lent.gap_s
+                    {g: k * a for g, a in lent.multipliers.items()}, k * lent.score_s, found["gap_s"]
                 )
             elif "all" in found:
                 gpus[architecture] = GpuFit(dict.fromkeys(GROUPS, found["all"]), 0.0, 0.0)
             else:
                 gpus[architecture] = GpuFit({g: found[g] for g in GROUPS}, found["score_s"], found["gap_s"])
-        return Fit(gpus, host)
+        return Fit(gpus, host, dict(eras or {}))
 
 
-def design_row(layout: Layout, run: PublishedRun, on_host: dict[str, bool]) -> np.ndarray:
+def design_row(layout: Layout, run: PublishedRun, on_host: dict[str, bool], era: float = 1.0) -> np.ndarray:
     """The run's time as a linear function of the parameters (in ``SCALE`` units), each stage on the side
     ``on_host`` puts it: the GPU's features of the run's architecture, or the host's."""
     row = np.zeros(len(layout.names))
@@ -236,13 +255,15 @@ def design_row(layout: Layout, run: PublishedRun, on_host: dict[str, bool]) -> n
                 row[column["host", term]] += getattr(stage, count) * SCALE[term]
             continue
         if architecture in layout.lenders:
-            row[column[architecture, "scale"]] += layout.lent(architecture).seconds(stage)
+            lent = layout.lent(architecture)
+            row[column[architecture, "scale"]] += era * (lent.seconds(stage) - lent.gap_s * stage.kernels)
+            row[column[architecture, "gap_s"]] += era * stage.kernels * SCALE["gap_s"]
             continue
         for group, seconds in stage.bounds.items():
-            row[column[architecture, group if layout.full[architecture] else "all"]] += seconds
+            row[column[architecture, group if layout.full[architecture] else "all"]] += era * seconds
         if layout.full[architecture]:
-            row[column[architecture, "score_s"]] += stage.scores * SCALE["score_s"]
-            row[column[architecture, "gap_s"]] += stage.kernels * SCALE["gap_s"]
+            row[column[architecture, "score_s"]] += era * stage.scores * SCALE["score_s"]
+            row[column[architecture, "gap_s"]] += era * stage.kernels * SCALE["gap_s"]
     row[column["host", "call_s"]] += SCALE["call_s"] * run.whole_call
     return row
 
@@ -266,105 +287,78 @@ def solve_sides(
         if key in seen:
             break
         seen.add(key)
-        matrix = np.array([design_row(layout, run, side) for run, side in zip(runs, chosen, strict=True)])
+        matrix = np.array(
+            [design_row(layout, run, side, found.era_factor(run)) for run, side in zip(runs, chosen, strict=True)]
+        )
         solved = lsq_linear(matrix / published[:, None], np.ones(len(runs)), bounds=(lower, upper), tol=1e-12)
-        found = layout.unpack(solved.x)
+        found = layout.unpack(solved.x, found.eras)
         error = float(np.sum((np.array([found.midpoint(run) for run in runs]) / published - 1) ** 2))
         if best is None or error < best[0]:
             best = (error, found)
     return best
 
 
-def fit(runs: list[PublishedRun]) -> Fit:
+def fit(runs: list[PublishedRun], eras: bool = False) -> Fit:
     """Every architecture's model and the host's fitted on ``runs`` together, each architecture's range factor
     from its own runs. The time is linear in the parameters once each stage's longer side is known: solved by
     bounded linear least squares on relative errors, each stage then put on the side the answer makes longer, until
-    no stage moves (the best answer kept where sides keep moving)."""
+    no stage moves (the best answer kept where sides keep moving). The first round leaves out the runs of
+    architectures that will borrow a shape, so that the shapes they scale are their lenders' own.
+    ``eras``: each stated torch era's factor too."""
+    full = {a for a, is_full in Layout(runs).full.items() if is_full}
+    borrowing = {run.architecture for run in runs} - full
+    borrowing = {a for a in borrowing if lender_of(a, full)}
     found = None
-    for _ in range(OUTER_ROUNDS):  # an architecture scaling its lender's fit: again once the lender has moved
-        layout = Layout(runs, found)
+    for _ in range(OUTER_ROUNDS):  # a lender's or an era's factor moved: the rest again
+        fitted = runs if found else [run for run in runs if run.architecture not in borrowing] or runs
+        layout = Layout(fitted, found)
         lower, upper, start = layout.bounds()
+        known = found.eras if found else {}
         best = None
         for factor in STARTS:  # the host's terms from several starts: the sides first chosen decide where it ends
             host = np.array([factor if owner == "host" else 1.0 for owner, _ in layout.names])
-            tried = solve_sides(runs, layout, layout.unpack(start * host), lower, upper)
+            tried = solve_sides(fitted, layout, layout.unpack(start * host, known), lower, upper)
             if best is None or tried[0] < best[0]:
                 best = tried
-        found = best[1]
-        full = {a for a, is_full in layout.full.items() if is_full}
-        if not any(lender_of(a, full) for a in layout.full if a not in full):
-            break
+        found = dataclasses.replace(best[1], eras=fit_eras(fitted, best[1]) if eras else {})
     widths = {}
     for architecture, gpu in found.gpus.items():
         ratios = [found.midpoint(run) / run.published_s for run in runs if run.architecture == architecture]
         widths[architecture] = GpuFit(
             gpu.multipliers, gpu.score_s, gpu.gap_s, max(RANGE_FACTOR, covering(ratios, LEAST_INSIDE))
         )
-    return Fit(widths, found.host)
+    return Fit(widths, found.host, found.eras)
+
+
+def era_of(stack: dict) -> str:
+    """The torch era of a published stack (``{"torch": "2.1.0", ...}``), "" where the source does not say."""
+    if not stack.get("torch"):
+        return ""
+    minor = int(str(stack["torch"]).split(".")[1])
+    return next(name for name, (low, high) in ERAS.items() if low <= minor <= high)
+
+
+def fit_eras(runs: list[PublishedRun], found: Fit) -> dict[str, float]:
+    """Each software era's factor on the GPU's time (``REFERENCE_ERA`` 1), the rest of ``found`` held: the
+    factor minimizing its runs' squared relative errors, for an era two sources or more measured."""
+    eras = {}
+    for era in sorted({run.era for run in runs} - {REFERENCE_ERA}):
+        mine = [run for run in runs if run.era == era]
+        if era == "" or len({run.source for run in mine}) < 2:
+            continue
+
+        def error(k: float, mine: list[PublishedRun] = mine, era: str = era) -> float:
+            trial = dataclasses.replace(found, eras={**found.eras, era: k})
+            return sum((trial.midpoint(run) / run.published_s - 1) ** 2 for run in mine)
+
+        eras[era] = float(minimize_scalar(error, bounds=ERA_BOUNDS, method="bounded").x)
+    return eras
 
 
 def covering(ratios: list[float], share: float = COVERAGE) -> float:
     """The smallest factor w with ``share`` of the predicted / published ``ratios`` inside [1 / w, w]."""
     spread = sorted(max(ratio, 1 / ratio) for ratio in ratios)
     return spread[min(len(spread) - 1, math.ceil(share * len(spread)) - 1)] * (1 + 1e-9)  # the edge run inside
-
-
-@dataclass(frozen=True)
-class HeldOut:
-    run: PublishedRun
-    midpoint: float
-    low: float
-    high: float
-
-    @property
-    def inside(self) -> bool:
-        return self.low <= self.run.published_s <= self.high
-
-    @property
-    def error(self) -> float:
-        """The midpoint's error, a fraction of the published time."""
-        return self.midpoint / self.run.published_s - 1
-
-
-def held_groups(runs: list[PublishedRun]) -> list[tuple[str, str]]:
-    """What is held out in turn: each source; and, for an architecture one source measured alone, each of its
-    models (holding out the source would leave the architecture nothing to fit)."""
-    groups = [("source", source) for source in sorted({run.source for run in runs})]
-    for architecture in sorted({run.architecture for run in runs}):
-        mine = [run for run in runs if run.architecture == architecture]
-        if len({run.source for run in mine}) == 1:
-            groups += [("model", f"{architecture}/{model}") for model in sorted({run.model for run in mine})]
-    return groups
-
-
-def in_group(run: PublishedRun, by: str, name: str) -> bool:
-    return run.source == name if by == "source" else f"{run.architecture}/{run.model}" == name
-
-
-def leave_one_out(runs: list[PublishedRun]) -> list[HeldOut]:
-    """Each held group's runs (``held_groups``) against the fit of every other run, where the fit without them still
-    has the run's architecture; each run held out once (by model where its architecture has one source)."""
-    found = []
-    sources = {a: {r.source for r in runs if r.architecture == a} for a in {run.architecture for run in runs}}
-    several = {architecture for architecture, found in sources.items() if len(found) > 1}
-    for by, name in held_groups(runs):
-        held = [run for run in runs if in_group(run, by, name) and (by == "model" or run.architecture in several)]
-        others = [run for run in runs if not in_group(run, by, name)]
-        if not held:
-            continue
-        fitted = fit(others)
-        found += [HeldOut(run, fitted.midpoint(run), *fitted.range(run)) for run in held]
-    return found
-
-
-def summary(held: list) -> dict[str, float]:
-    """Coverage (fraction inside), the midpoint's median absolute error, and the median width hi / lo, of held-out
-    predictions (``HeldOut``, ``fit_energy.HeldOutEnergy``)."""
-    return {
-        "coverage": sum(h.inside for h in held) / len(held),
-        "median_error": statistics.median(abs(h.error) for h in held),
-        "median_width": statistics.median(h.high / h.low for h in held),
-    }
 
 
 def as_calibration(found: Fit, architecture: str, source: str, runs: list[PublishedRun]) -> Calibration:

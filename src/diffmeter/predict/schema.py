@@ -51,8 +51,12 @@ class MemoryPrediction(BaseModel):
     largest_layer_bytes: dict[str, int] = {}
     #: per component: the weights a call reads at least (embedding tables left out): the ideal time bound's bytes
     weight_read_bytes: dict[str, int] = {}
-    #: "int8"/"fp8" -> per component: parameters with every nn.Linear weight quantized (torchao weight-only)
+    #: "int8"/"fp8" -> per component: parameters with every nn.Linear weight quantized (torchao weight-only); a
+    #: ``--quantize BACKEND:TYPE`` technique ("quantize-bnb-nf4") -> the components it quantizes, as it stores them
+    #: (``predict.quantized_memory``)
     quantized_bytes: dict[str, dict[str, int]] = {}
+    #: such a technique -> per component: the largest weight it dequantizes whole while a layer runs (0: none)
+    dequantized_bytes: dict[str, dict[str, int]] = {}
     #: the text encoders fp8-text-encoder stores in float8, and their parameters then
     large_text_encoders: list[str] = []
     fp8_storage_bytes: dict[str, int] = {}

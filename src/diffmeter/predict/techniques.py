@@ -14,6 +14,9 @@ activations stay on the device in every case):
 * ``quantize-int8`` / ``quantize-fp8`` (torchao weight-only, on the denoisers): every ``nn.Linear``
   weight stored in one byte per element plus a float32 scale per output row (int8 also an int8 zero
   point per row): torchao's ``Int8Tensor`` / ``Float8Tensor`` layouts, held to torchao by the tests.
+* ``quantize-BACKEND-TYPE`` (``--quantize [NAME=]BACKEND:TYPE``, at load): the named components as the backend
+  stores them, and the largest weight it dequantizes whole while a layer runs added to their calls
+  (``predict.quantized_memory``, ``predict.quantized_formats``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,19 @@ def stored_params(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> 
             kind = quantization.removeprefix("quantize-")
             for name in prediction.denoisers:
                 params[name] = prediction.quantized_bytes[kind][name]
+    for technique in formats(prediction, techniques):  # --quantize BACKEND:TYPE on the components it names
+        params.update(prediction.quantized_bytes[technique])
     return params
+
+
+def formats(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> list[str]:
+    """The ``--quantize BACKEND:TYPE`` techniques among ``techniques`` (``predict.quantized_memory``); one the
+    prediction was not given is an error, not a silent unquantized figure."""
+    found = [t for t in techniques if t.startswith("quantize-") and t not in ("quantize-int8", "quantize-fp8")]
+    missing = [t for t in found if t not in prediction.quantized_bytes]
+    if missing:
+        raise ValueError(f"this prediction was made without {', '.join(missing)}: quantized_memory.with_formats")
+    return found
 
 
 def peak_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> int:
@@ -64,7 +79,9 @@ def stage_peaks_under(prediction: MemoryPrediction, techniques: tuple[str, ...])
             resident = largest * call.component_param_bytes // loaded if loaded else largest
         else:
             resident = sum(params.values()) + cast
-        activations = call.activation_bytes
+        activations = call.activation_bytes + max(  # a layer's weight dequantized while it runs
+            (prediction.dequantized_bytes[t].get(call.component, 0) for t in formats(prediction, techniques)), default=0
+        )
         if call.stage == VAE_DECODE and call.component == prediction.decoder:
             for mode in ("vae-tiling", "vae-slicing"):
                 if mode in techniques and mode not in prediction.vae_activation_bytes:

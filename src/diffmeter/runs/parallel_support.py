@@ -228,7 +228,8 @@ def returns_lse(backend: str) -> bool:
 
 def split_lengths(target, spec) -> dict[str, int]:
     """The length of every tensor diffusers' context-parallel plan splits, from the denoiser run on
-    the meta device with the plan's real inputs (stopped once each split input was seen)."""
+    the meta device with the plan's real inputs (stopped once each split input was seen); a plan's "blocks.*"
+    (every block of a ModuleList, diffusers' ``_find_submodule_by_name``) is read at its first block."""
     from diffusers.models._modeling_parallel import ContextParallelInput
 
     family = target.family
@@ -246,7 +247,7 @@ def split_lengths(target, spec) -> dict[str, int]:
 
     def record(module_name, entries, args, kwargs, output):
         if output is None:  # inputs by name, however they were passed
-            module = model.get_submodule(module_name) if module_name else model
+            module = model.get_submodule(module_name.replace("*", "0")) if module_name else model
             kwargs = inspect.signature(module.forward).bind(*args, **kwargs).arguments
         for key, split in entries.items():
             if split.split_output:
@@ -259,7 +260,7 @@ def split_lengths(target, spec) -> dict[str, int]:
             raise _Seen
 
     for module_name, entries in wanted.items():
-        module = model.get_submodule(module_name) if module_name else model
+        module = model.get_submodule(module_name.replace("*", "0")) if module_name else model
         if any(split.split_output for split in entries.values()):
             handles.append(
                 module.register_forward_hook(

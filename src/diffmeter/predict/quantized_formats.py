@@ -1,0 +1,274 @@
+"""The stored bytes of each parameter and buffer of a component (built on meta, ``footprints.meta_module``) as a
+``--quantize BACKEND:TYPE`` backend stores it after loading, in diffusers 0.42.1 with the installed torchao 0.18,
+optimum-quanto 0.2.7, gguf 0.19 and bitsandbytes 0.50: which tensors it quantizes (``quantized_formats`` rules,
+``quantized_layouts`` for the bytes of one tensor in its format). No backend is imported at import time (SDNQ's
+own rules are run when asked: ``sdnq_tensors``).
+
+Which tensors each backend quantizes, read from diffusers/quantizers/ (paths under site-packages/diffusers):
+
+* every backend: the model class's ``_keep_in_fp32_modules`` join ``modules_to_not_convert`` (each quantizer's
+  ``use_keep_in_fp32_modules = True``: torchao/torchao_quantizer.py:178, quanto/quanto_quantizer.py:45,
+  gguf/gguf_quantizer.py:41, bitsandbytes/bnb_quantizer.py:54 and :339; read by models/modeling_utils.py:1218-1225);
+  diffmeter passes no ``modules_to_not_convert`` of its own.
+* torchao: the ``weight`` of an ``nn.Linear`` whose parameter name holds no ``key + "."`` of that list
+  (torchao/torchao_quantizer.py:350-359, :442-447); torchao's own handler may still leave it whole (layouts).
+* bitsandbytes: ``nn.Linear`` modules, skipped the same way by their dotted path (bitsandbytes/utils.py:58-62).
+* quanto: ``nn.Linear`` children whose own name is not in the list (quanto/utils.py:24-40), so a keep-in-float32
+  module's linear layers are quantized all the same (its name is the parent's); each gets ``input_scale`` and
+  ``output_scale`` buffers (optimum/quanto/nn/qmodule.py:139-141).
+* a transformers model (a text encoder, through transformers' own config): its quantizers' patterns instead
+  (``transformers_skips``), matched by transformers' rule against the parameter's name (torchao) or the module's.
+* SDNQ: its own skip tables and quantizer, run on the meta tensors (``sdnq_tensors``).
+* GGUF: the file decides (``--weights FILE``: each tensor's stored type, read with ``gguf_types``); offline, a file
+  as ``llama-quantize`` makes it with city96's lcpp.patch (``gguf_file_types``). Tensors stored F32/F16 load at the
+  run's dtype (models/model_loading_utils.py:733-747, :238-244); a quantized tensor of a keep-in-float32 module is
+  dequantized to float32 (gguf/gguf_quantizer.py:124-136).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from diffmeter.predict import quantized_layouts as layouts
+
+#: city96's lcpp.patch (github.com/city96/ComfyUI-GGUF tools/lcpp.patch, ``img_tensor_get_type``): FLUX tensors kept
+#: in F32 (img_in., time_in.in_layer., vector_in.in_layer., guidance_in.in_layer., final_layer.linear.) and in F16
+#: (txt_in., the rest of time_in., vector_in., guidance_in., final_layer.), in diffusers' names
+GGUF_FLUX_F32 = (
+    "x_embedder.",
+    "time_text_embed.timestep_embedder.linear_1.",
+    "time_text_embed.text_embedder.linear_1.",
+    "time_text_embed.guidance_embedder.linear_1.",
+    "proj_out.",
+)
+GGUF_FLUX_F16 = ("context_embedder.", "time_text_embed.", "norm_out.")
+#: lcpp.patch: FLUX's fused attention qkv ("attn.qkv.weight"; diffusers splits it into these) in a _M mix
+GGUF_FLUX_QKV = (".attn.to_q.", ".attn.to_k.", ".attn.to_v.", ".attn.add_q_proj.", ".attn.add_k_proj.")
+GGUF_FLUX_QKV += (".attn.add_v_proj.",)
+GGUF_QKV_MIX = {"Q3_K_M": "Q4_K", "Q4_K_M": "Q5_K", "Q5_K_M": "Q6_K"}
+#: lcpp.patch: an attention ``to_v`` in a mix (other families)
+GGUF_TO_V_MIX = {"Q2_K": "Q3_K", "Q4_K_M": "Q6_K", "Q5_K_M": "Q6_K"}
+#: ComfyUI-GGUF tools/convert.py QUANTIZATION_THRESHOLD: tensors this small (or 1-D) stay F32
+GGUF_THRESHOLD = 1024
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One parameter or buffer as stored after loading: its bytes, and whether the backend quantized it."""
+
+    name: str
+    bytes: int
+    quantized: bool
+    #: the bytes of the layer's weight dequantized at the compute dtype while it runs (0: none materialized)
+    dequantized: int = 0
+
+
+def keep_fp32(module: torch.nn.Module) -> list[str]:
+    """A diffusers model's ``_keep_in_fp32_modules`` (a transformers model's count in ``transformers_skips``)."""
+    return list(getattr(module, "_keep_in_fp32_modules", None) or [])
+
+
+def transformers_skips(module: torch.nn.Module) -> list[str] | None:
+    """A transformers model's (a text encoder's) patterns its quantizers leave whole: its tied weights, its last
+    parameter's module and output embeddings (transformers/quantizers/base.py:39-63), and its whole
+    ``_keep_in_fp32_modules`` (quantizer_torchao.py:94-96, quantizer_quanto.py:87-89, quantizer_bnb_4bit.py:121-123);
+    None for a diffusers model."""
+    import transformers
+    from transformers.quantizers.base import get_keys_to_not_convert
+
+    if not isinstance(module, transformers.PreTrainedModel):
+        return None
+    return [*get_keys_to_not_convert(module), *(module._keep_in_fp32_modules or [])]
+
+
+def converted(name: str, patterns: list[str]) -> bool:
+    """transformers' own match (quantizers/quantizers_utils.py:26-37): from the start to a module boundary, as a regex,
+    or as a suffix."""
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    return should_convert_module(name, patterns)
+
+
+def skipped_by_path(name: str, skip: list[str]) -> bool:
+    """torchao's and bitsandbytes' rule: a key of the skip list as a dotted part of the tensor's name."""
+    return any(key + "." in name or key == name for key in skip)
+
+
+def stored_tensors(module: torch.nn.Module, backend: str, kind: str, dtype: torch.dtype, gguf: dict | None = None):
+    """Every parameter and buffer of ``module`` (on meta, as loaded at ``dtype``) as ``backend``:``kind`` stores it,
+    tied tensors once; ``gguf``: a GGUF file's type per tensor name (else ``gguf_file_types``)."""
+    if backend == "sdnq":
+        return sdnq_tensors(module, kind, dtype)
+    patterns = transformers_skips(module)
+    skip = keep_fp32(module) if patterns is None else []
+    linears = {name: m for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
+    if patterns is not None:  # a text encoder: transformers' rules (torchao matches the parameter's name, the others
+        # the module's: quantizer_torchao.py:111, integrations/quanto.py:87, integrations/bitsandbytes.py:185)
+        by = (lambda n: n) if backend == "torchao" else (lambda n: n.rpartition(".")[0])
+        skipped = {n for n, _ in module.named_parameters() if not converted(by(n), patterns)}
+    else:
+        skipped = set()
+    if backend == "gguf":
+        gguf = gguf if gguf is not None else gguf_file_types(module, kind)
+    found, seen = [], set()
+    for owner_name, owner in module.named_modules():
+        prefix = f"{owner_name}." if owner_name else ""
+        tensors = [*owner.named_parameters(recurse=False), *owner.named_buffers(recurse=False)]
+        for local, tensor in tensors:
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            name = prefix + local
+            is_weight = owner_name in linears and local == "weight" and name not in skipped
+            found.append(_stored(name, tensor, is_weight, backend, kind, dtype, skip, gguf))
+        quantized = owner_name in linears and f"{prefix}weight" not in skipped
+        if backend == "quanto" and quantized and not _quanto_skips(owner_name, skip):
+            # QLinear's activation scales, scalars at the dtype the layer was built at (qmodule.py:139-141): the
+            # run's, or float32 for a transformers model, replaced before its weights are cast (quanto.py:92-99)
+            size = 4 if patterns is not None else dtype.itemsize
+            found += [Stored(prefix + s, size, False) for s in ("input_scale", "output_scale")]
+    return found
+
+
+def _stored(name, tensor, is_linear_weight, backend, kind, dtype, skip, gguf) -> Stored:
+    whole = Stored(name, tensor.numel() * tensor.element_size(), False)
+    if backend == "gguf":
+        stored = gguf.get(name, "F32")
+        if stored in layouts.GGUF_WHOLE:
+            return whole
+        if any(part in skip for part in name.split(".")):  # dequantized to float32 (gguf_quantizer.py:124-136)
+            return Stored(name, tensor.numel() * 4, False)
+        return Stored(name, layouts.gguf_bytes(tensor.shape, stored), True, tensor.numel() * dtype.itemsize)
+    if not is_linear_weight:
+        return whole
+    out_features, in_features = tensor.shape
+    if backend == "quanto":
+        if _quanto_skips(name.rpartition(".")[0], skip):
+            return whole
+        # at the dtype QLinear was built at, the run's, even in a keep-in-float32 module (quanto/utils.py:31-37)
+        size = layouts.quanto_bytes(kind, out_features, in_features, dtype)
+        return Stored(name, size, True, tensor.numel() * dtype.itemsize)
+    if skipped_by_path(name, skip):
+        return whole
+    if backend == "torchao":
+        size = layouts.torchao_bytes(kind, out_features, in_features, tensor.dtype)
+        if size is None:  # torchao's handler returns the weight as it was
+            return whole
+        return Stored(name, size, True, tensor.numel() * dtype.itemsize if kind == "float8wo" else 0)
+    if backend == "bnb":
+        size = layouts.bnb_bytes(kind, out_features, in_features)
+        return Stored(name, size, True, tensor.numel() * dtype.itemsize if kind != "int8" else 0)
+    raise ValueError(f"{backend}:{kind}: its stored layout is not predicted")
+
+
+def sdnq_tensors(module: torch.nn.Module, kind: str, dtype: torch.dtype) -> list[Stored]:
+    """SDNQ 0.2.8's layout, from its own rules run on the meta tensors (sdnq is imported here, not at import time):
+    the skip keys it adds for the model class (keep-in-float32, tied weights, its table per class or its common keys:
+    sdnq/utils.py:254-290, common.py), a weight quantized only if no key matches it and its layer is large enough
+    (``check_quant_is_allowed``: 16384 weights, 32 channels), its type raised where the table says, and the tensors
+    ``sdnq_quantize_layer_weight`` returns with ``SDNQConfig``'s defaults (groups, packing, float32 scales and zero
+    points: sdnq/quantizer.py:90-355). Its linear layers dequantize the weight whole and multiply
+    (sdnq/layers/linear/forward.py:26-27). A transformers model's own skip keys (``tie_weights``) are not read."""
+    import transformers
+
+    if isinstance(module, transformers.PreTrainedModel):
+        raise ValueError("sdnq on a transformers model: its tied-weight skips are not predicted")
+    from sdnq import SDNQConfig
+    from sdnq.quantizer import sdnq_quantize_layer_weight
+    from sdnq.utils import add_module_skip_keys, check_param_name_in, check_quant_is_allowed, get_quant_kwargs
+
+    _, config = add_module_skip_keys(module, SDNQConfig(weights_dtype=kind))
+    found, seen = [], set()
+    for owner_name, owner in module.named_modules():
+        for local, tensor in [*owner.named_parameters(recurse=False), *owner.named_buffers(recurse=False)]:
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            name = f"{owner_name}.{local}" if owner_name else local
+            quantize = local == "weight" and check_param_name_in(name, config.modules_to_not_convert) is None
+            if not (quantize and check_quant_is_allowed(type(owner).__name__, tensor, config)):
+                found.append(Stored(name, tensor.numel() * tensor.element_size(), False))
+                continue
+            arguments = get_quant_kwargs(owner, config, torch_dtype=dtype, param_name=name)
+            for placing in ("return_device", "quantization_device", "non_blocking", "use_dynamic_quantization"):
+                arguments.pop(placing)
+            _, made = sdnq_quantize_layer_weight(tensor, **arguments)
+            size = sum(t.numel() * t.element_size() for t in made.values() if isinstance(t, torch.Tensor))
+            found.append(Stored(name, size, True, tensor.numel() * dtype.itemsize))
+    return found
+
+
+def _quanto_skips(module_name: str, skip: list[str]) -> bool:
+    return module_name.rpartition(".")[2] in skip
+
+
+def gguf_file_types(module: torch.nn.Module, kind: str) -> dict[str, str]:
+    """Each tensor's type in a GGUF file of ``module`` as city96's tools make one (ComfyUI-GGUF tools/convert.py to
+    BF16, then ``llama-quantize`` with tools/lcpp.patch's ``img_tensor_get_type``), under diffusers' names: 1-D
+    tensors and those of at most 1024 elements F32 (convert.py); FLUX's input embedders and final layer F32, its text,
+    time, vector and guidance embedders' second layers and the final modulation F16 (lcpp.patch); in a _M mix FLUX's
+    double-block attention q/k/v (one fused ``attn.qkv`` in the file) a type up, another family's ``to_v`` too; a
+    K-quant whose rows do not split into 256 weights F16 (lcpp.patch's fallback); every other ``nn.Linear`` weight in
+    ``kind``'s base type (Q4_K for Q4_K_S; a bare Q4_K is that type throughout); other tensors (convolutions, tables)
+    F16 here: a GGUF layer diffusers dequantizes is a linear one (gguf/utils.py:137-167)."""
+    base = layouts.gguf_base(kind)
+    flux = type(module).__name__ == "FluxTransformer2DModel"
+    linears = {
+        f"{name}.weight" if name else "weight" for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)
+    }
+    whole = "BF16" if kind == "BF16" else "F16"
+    types = {}
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        if tensor.dim() < 2 or tensor.numel() <= GGUF_THRESHOLD:
+            types[name] = "F32"
+            continue
+        if flux and any(name.startswith(key) for key in GGUF_FLUX_F32):
+            types[name] = "F32"
+            continue
+        if name not in linears or (flux and any(name.startswith(key) for key in GGUF_FLUX_F16)):
+            types[name] = whole
+            continue
+        chosen = base
+        if flux and name.startswith("transformer_blocks.") and any(key in name for key in GGUF_FLUX_QKV):
+            chosen = GGUF_QKV_MIX.get(kind, base)
+        elif not flux and name.endswith(".to_v.weight"):
+            chosen = GGUF_TO_V_MIX.get(kind, base)
+        types[name] = chosen if layouts.gguf_fits(tensor.shape[-1], chosen) else "F16"
+    return types
+
+
+def gguf_file_bytes(module: torch.nn.Module, kind: str) -> int:
+    """The tensor data of such a file (``gguf_file_types``; its header of names and shapes, and the alignment of each
+    tensor to 32 bytes, left out: kilobytes)."""
+    types = gguf_file_types(module, kind)
+    whole = {"F32": 4, "F16": 2}
+    return sum(
+        tensor.numel() * whole[types[name]] if types[name] in whole else layouts.gguf_bytes(tensor.shape, types[name])
+        for name, tensor in module.state_dict(keep_vars=True).items()
+    )
+
+
+def gguf_types(path) -> dict[str, str]:
+    """Each tensor's stored type in a GGUF file, under the names diffusers loads it by (diffusers' own format)."""
+    from gguf import GGUFReader
+
+    return {tensor.name: tensor.tensor_type.name for tensor in GGUFReader(str(path)).tensors}
+
+
+def footprint(module: torch.nn.Module, backend: str, kind: str, dtype: torch.dtype, gguf: dict | None = None):
+    """Parameter and buffer bytes of ``module`` as the backend stores it (with its format's shared tables), and the
+    largest weight it dequantizes whole while its layer runs (0: none), read where each does: diffusers
+    gguf/utils.py:611-612 (``GGUFLinear.forward_native``), bitsandbytes autograd/_functions.py:446 (``MatMul4Bit``:
+    NF4/FP4; LLM.int8() multiplies int8), optimum/quanto library/qbytes_mm.py:25-33 (the scaled weight, then a matmul),
+    torchao float8_tensor.py:465 (float8 weight-only), sdnq layers/linear/forward.py:26-27; torchao's int8 per row,
+    int4 and float8 dynamic activations run fused kernels."""
+    tensors = stored_tensors(module, backend, kind, dtype, gguf)
+    shared = layouts.shared_bytes(backend, kind) if any(t.quantized for t in tensors) else 0
+    return sum(t.bytes for t in tensors) + shared, max((t.dequantized for t in tensors), default=0)
+
+
+def quantized_bytes(module: torch.nn.Module, backend: str, kind: str, dtype: torch.dtype, gguf: dict | None = None):
+    """Parameter and buffer bytes of ``module`` as the backend stores it, with its format's shared tables."""
+    return footprint(module, backend, kind, dtype, gguf)[0]

@@ -1,0 +1,89 @@
+"""A memory prediction with ``--quantize [NAME=]BACKEND:TYPE`` formats: each named component's weights as the backend
+stores them (``quantized_formats``) and the largest weight it dequantizes whole while a layer runs, added to that
+component's calls (``techniques.stage_peaks_under``). The technique is named ``quantize-BACKEND-TYPE``; the time is
+not modelled for it (``profile``'s ``time_left_out``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diffmeter.errors import DiffmeterError
+from diffmeter.families import get_family
+from diffmeter.predict.footprints import meta_module
+from diffmeter.predict.memory import DTYPES, settled_plan
+from diffmeter.predict.quantized_formats import footprint, gguf_types
+from diffmeter.predict.schema import MemoryPrediction
+from diffmeter.quantization_spec import BACKENDS, DENOISER, parse
+
+#: the backends whose stored layout is predicted: every one ``--quantize`` takes
+PREDICTED = tuple(BACKENDS)
+
+
+@dataclass(frozen=True)
+class Format:
+    """A backend's type on components (``denoiser``: the pipeline's denoisers); ``file``: a GGUF file's types."""
+
+    backend: str
+    type: str
+    components: tuple[str, ...] = (DENOISER,)
+    file: str | None = None
+
+    @property
+    def technique(self) -> str:
+        return technique(self.backend, self.type)
+
+
+def technique(backend: str, kind: str) -> str:
+    """The name the memory techniques know a backend's type by."""
+    return f"quantize-{backend}-{kind}"
+
+
+def split_values(values) -> tuple[list[str], list[Format]]:
+    """``--quantize`` values as the legacy ``int8``/``fp8`` (bench's parser takes them) and the backend formats
+    (predicted here without a file: a GGUF type as city96's tools make a file of it)."""
+    values = [values] if isinstance(values, str) else list(values or [])
+    legacy, found, seen = [], [], {}
+    for value in values:
+        request = parse(value)
+        if request.component in seen:
+            what = request.component or "the denoiser"
+            raise DiffmeterError(f"--quantize names {what} twice ({seen[request.component]}, {value}); keep one")
+        seen[request.component] = value
+        if request.backend == "quantize":
+            legacy.append(value)
+        else:
+            found.append(Format(request.backend, request.type, (request.component or DENOISER,)))
+    return legacy, found
+
+
+def with_formats(prediction: MemoryPrediction, spec, formats: list[Format]) -> MemoryPrediction:
+    """``prediction`` (of ``spec``) with each format's stored bytes and dequantized weight per component."""
+    if not formats:
+        return prediction
+    entry, settled, _ = settled_plan(spec)
+    denoisers = [name for name in get_family(entry.family).denoisers(entry) if name in entry.components]
+    stored, dequantized = dict(prediction.quantized_bytes), dict(prediction.dequantized_bytes)
+    for found in formats:
+        names = [n for name in found.components for n in (denoisers if name == DENOISER else [name])]
+        unknown = [name for name in names if name not in entry.components]
+        if unknown:
+            raise DiffmeterError(
+                f"--quantize {found.backend}:{found.type}: {entry.name} has no component {', '.join(unknown)}; its "
+                f"components: {', '.join(entry.components)}"
+            )
+        types = gguf_types(found.file) if found.file else None
+        sizes, flights = {}, {}
+        for name in names:
+            dtype = DTYPES[settled.dtype_of(name)]
+            module = meta_module(entry.components[name], dtype)
+            if types is not None and not types.keys() & module.state_dict().keys():
+                types = None  # a file under the original checkpoint's names (city96's): its type per tensor as made
+            try:
+                sizes[name], flights[name] = footprint(module, found.backend, found.type, dtype, types)
+            except ValueError as error:
+                raise DiffmeterError(
+                    f"--quantize {found.backend}:{found.type} on {name}: {error}; measure it with bench"
+                ) from None
+        stored[found.technique] = {**stored.get(found.technique, {}), **sizes}  # one type on several components
+        dequantized[found.technique] = {**dequantized.get(found.technique, {}), **flights}
+    return prediction.model_copy(update={"quantized_bytes": stored, "dequantized_bytes": dequantized})

@@ -1,0 +1,58 @@
+"""The expected time of diffmeter's own eager runs on a lent H200 (issue 50's proof), each predicted on this CPU
+from the spec its stored result holds, as `bench` predicts a run: the three 512 px runs of run 8
+(benchmarks/results/gpu_runs_nvidia-h200.jsonl, 2026-11-27 19:17-19:18 UTC) and the eight long runs of
+benchmarks/results/gpu_calibration_nvidia-h200.jsonl. These runs are in the fit (benchmarks/published_figures.yaml),
+so this holds the shipped calibration to what it was fitted on, not a held-out claim."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from diffmeter.predict.devices import of_row
+from diffmeter.predict.operators import predict_memory_and_work
+from diffmeter.predict.peaks import find_device
+from diffmeter.predict.roofline import BENCH_FP32, predict_time
+from diffmeter.runs.spec import BenchSpec
+
+pytestmark = pytest.mark.slow
+
+RESULTS = Path(__file__).parents[1] / "benchmarks" / "results"
+SHORT = [json.loads(line) for line in (RESULTS / "gpu_runs_nvidia-h200.jsonl").read_text().splitlines()]
+SHORT = [run for run in SHORT if run["created_utc"].startswith("2026-11-27T19:1")]  # run 8
+LONG = [json.loads(line) for line in (RESULTS / "gpu_calibration_nvidia-h200.jsonl").read_text().splitlines()]
+#: the long runs the shipped fit over-predicts past the low end of their range (midpoint vs measured), where the
+#: fit's Hopper runs (mostly one harness's H100 runs on torch 2.9) are slower than this card on torch 2.11
+OVER = {"flux-dev": 1.07, "wan21-t2v-1.3b": 1.01}
+
+
+def predicted(stored: dict):
+    spec = BenchSpec.model_validate(stored["spec"]).profile_spec()
+    memory, work = predict_memory_and_work(spec, on_cuda=True)
+    device = of_row(find_device("NVIDIA H200"))
+    return predict_time(work, device, weights=memory.weight_read_bytes, outputs=spec.batch_size, fp32_math=BENCH_FP32)
+
+
+def test_run_8_is_the_three_short_runs_the_issue_names():
+    assert [run["spec"]["model"] for run in SHORT] == ["sd15", "flux-schnell", "pixart-sigma-1024"]
+    assert len(LONG) == 8
+
+
+@pytest.mark.parametrize("stored", SHORT + LONG, ids=lambda run: f"{run['spec']['model']}-{run['spec']['height']}")
+def test_each_h200_run_is_inside_its_expected_range(stored):
+    measured = stored["summary"]["latency_s"]["median"]
+    low, high = predicted(stored).expected_s
+    model = stored["spec"]["model"]
+    if stored in LONG and model in OVER:  # a known miss, by at most its stated factor: fails once it holds
+        assert measured < low <= measured * OVER[model]
+    else:
+        assert low <= measured <= high
+
+
+def test_sd15s_short_denoising_waits_for_its_host_and_says_so():
+    time = predicted(SHORT[0])
+    denoising = next(stage for stage in time.stages if stage.stage == "denoising")
+    assert time.host_bound and denoising.host_s[0] > denoising.gpu_s[0]
+    assert 0.3 < time.busy_share < 0.7  # the GPU busy about half of the time, as the trace's idle gaps say
