@@ -117,6 +117,12 @@ def published_run(figure: dict) -> tuple[PublishedRun | None, str]:
     for technique in figure["techniques"]:
         if technique in LEFT_OUT:
             return None, LEFT_OUT[technique]
+    return run_of(figure)
+
+
+def run_of(figure: dict, transform=None) -> tuple[PublishedRun | None, str]:
+    """The run of a figure whatever its techniques, its predicted work passed through ``transform`` first (a
+    technique's effect on the operators: ``benchmarks/calibrate_techniques.py``), or None and why."""
     chosen, _ = settings(figure)
     spec_text = figure.get("gpu_spec")
     device = chosen_gpu(None if spec_text else figure["gpu"], spec_text)
@@ -124,6 +130,7 @@ def published_run(figure: dict) -> tuple[PublishedRun | None, str]:
     spec = ProfileSpec(model=figure["model"], **{k: v for k, v in chosen.items() if v is not None})
     modes = tuple(t for t in figure["techniques"] if t in VAE_MODES)
     work = operator_work(spec, modes)  # a tiled or sliced decode: its own operators, the rest the plain run's
+    work = transform(work) if transform else work
     fp32 = figure["source"].get("fp32", TORCH_FP32)  # how the run did float32 work: PyTorch's defaults unless said
     if missing_figures(device, work, fp32):
         return None, "the GPU's figures lack a peak of a dtype the run uses, or the bandwidth"

@@ -104,8 +104,10 @@ def test_profile_gpu_with_benchs_technique_flags_predicts_what_bench_stores(cli,
     # the same peak: a CPU run predicted as one (no cuDNN copies of its convolutions) by profile as by bench
     assert result.prediction.peak_memory_bytes == predicted["peak_memory_bytes"]
     assert result.prediction.peak_memory_bytes == predicted["peak_memory_bytes"] <= predicted["memory"]["peak_bytes"]
-    code, _, err = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "compile")
-    assert code == 2 and "compile: the memory prediction models offload" in err
+    code, out, _ = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "compile", "--json")  # timed, memory as eager
+    assert code == 0 and json.loads(out)["time_techniques"] == ["compile mode=default"]
+    code, _, err = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "fuse-qkv")
+    assert code == 2 and "fuse-qkv: the prediction models offload" in err
 
 
 def test_a_float32_run_is_timed_as_bench_runs_it_on_tf32_or_strictly_with_no_tf32(cli):

@@ -13,6 +13,7 @@ from diffmeter.catalog import resolve
 from diffmeter.catalog.controlnets import CONTROLNET, find_controlnet, with_controlnet
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
+from diffmeter.families.control_image import FOLLOWS_IMAGE
 from diffmeter.flops.counter import count_flops
 from diffmeter.tiny import tiny_pipeline
 
@@ -121,6 +122,118 @@ def test_a_saved_controlnet_pipeline_is_counted_as_it_runs(base, controlnet, bat
     assert macs_by_name(offline) == real and real[CONTROLNET] > 0
     assert macs_by_name(profile(base, controlnet=controlnet, **settings)) == real
     assert offline.controlnet == str(folder / CONTROLNET)
+
+
+@pytest.mark.parametrize(
+    ("base", "controlnet"),
+    [
+        ("tiny-sdxl", "tiny-controlnet-sdxl"),
+        ("tiny-sd", "tiny-controlnet-sd"),
+        pytest.param("tiny-flux", "tiny-controlnet-flux", marks=pytest.mark.slow),
+        pytest.param("tiny-sd3", "tiny-controlnet-sd35", marks=pytest.mark.slow),
+        pytest.param("tiny-qwenimage", "tiny-controlnet-qwenimage", marks=pytest.mark.slow),
+    ],
+)
+@pytest.mark.parametrize(("batch", "guided", "sized"), [(1, True, False), (2, False, False), (1, False, True)])
+def test_a_controlnet_pipeline_called_without_a_size_is_counted_as_it_runs(
+    base, controlnet, batch, guided, sized, saved, cli
+):
+    """`--image-size` with a ControlNet is the control image's size. Called without height and width, the SD(XL)
+    ControlNet pipelines generate at the control image's size (pipeline_controlnet_sd_xl.py:1322), the others at
+    their default size, resizing the image to it (pipeline_flux_controlnet.py:831-832 ...); with a size given, the
+    image is resized to it. A non-square 48x40 control image, unlike any default: `profile FOLDER --image-size 48x40`
+    equals the real call per component, and says the output size and why."""
+    entry, made = controlnet_pipeline(base, controlnet)
+    folder, local, pipe = saved(made, "steered")
+    family = get_family(local.family)
+    guidance = entry.defaults.guidance_scale if guided else 1.0
+    size = {"height": entry.defaults.height, "width": entry.defaults.width} if sized else {}
+    control = [Image.new("RGB", (48, 40), (90, 40 * k, 160)) for k in range(batch)]
+    name = "image" if "StableDiffusion" in entry.pipeline_class and "3" not in entry.pipeline_class else "control_image"
+    call = {**entry.extra["runtime"].get("call", {}), **entry.extra[CONTROLNET]["call"], name: control}
+    arguments = {**call, **family.guidance_arguments(entry, guidance), **size}
+    real = counted(pipe, local.components, prompt=[PROMPT] * batch, **arguments)
+    settings = {**size, "steps": 2, "batch_size": batch, "guidance_scale": guidance}
+    settings.update(family.prompt_settings(pipe, [PROMPT]))
+    if "max_sequence_length" in call:
+        settings["max_sequence_length"] = call["max_sequence_length"]
+    if "negative_prompt" in arguments:
+        settings["negative_prompt_tokens"] = family.prompt_settings(pipe, [arguments["negative_prompt"]])[
+            "prompt_tokens"
+        ]
+    offline = profile(str(folder), image_sizes=["48x40"], **settings)
+    assert macs_by_name(offline) == real and real[CONTROLNET] > 0
+    follows = local.pipeline_class in FOLLOWS_IMAGE
+    if sized:
+        assert (offline.height, offline.width) == (size["height"], size["width"])
+        assert any("the control image, 48x40 (WxH), is resized by the pipeline" in note for note in offline.notes)
+    elif follows:
+        assert (offline.width, offline.height) == (48, 40)
+        said = f"output 48x40 (WxH): called without a size, {local.pipeline_class} generates at the control image's"
+        assert offline.notes[0].startswith(f"{said} size ({FOLLOWS_IMAGE[local.pipeline_class]}")
+        steered = profile(base, controlnet=controlnet, image_sizes=["48x40"], **settings)  # the catalog's, the same
+        assert macs_by_name(steered) == real
+    else:
+        assert (offline.height, offline.width) == family.default_size(local) != (40, 48)
+        said = f"generates at its default {offline.width}x{offline.height} whatever the control image"
+        assert said in offline.notes[0]
+    if not sized and batch == 1 and guided:
+        code, out, err = cli("profile", folder, "--image-size", "48x40", "--steps", "2")
+        assert code == 0 and f"output {offline.width}x{offline.height} (WxH): called without a size" in out, err
+
+
+def test_every_controlnet_pipeline_has_its_size_rule():
+    """Each ControlNet pipeline class the catalog runs is sized by the control image or by its default, not both."""
+    from diffmeter.catalog.controlnets import all_controlnets
+    from diffmeter.families.control_image import KEEPS_DEFAULT
+
+    classes = {pipeline for known in all_controlnets() for pipeline in known.pipelines.values()}
+    assert classes == set(FOLLOWS_IMAGE) | set(KEEPS_DEFAULT) and not set(FOLLOWS_IMAGE) & set(KEEPS_DEFAULT)
+
+
+def test_the_control_image_size_the_sdxl_pipeline_floors_and_refuses(saved, cli):
+    """StableDiffusionXLControlNetPipeline floors the control image (and a size given) to its VAE's scale and checks
+    no multiple of 8 (prepare_image: image_processor.py 602-604): a 45x41 image makes a 44x40 image, --height 45 a
+    44-pixel one, each counted as the real call runs; an image floored to nothing, or two control images for one
+    ControlNet, are one line each."""
+    entry, made = controlnet_pipeline("tiny-sdxl", "tiny-controlnet-sdxl")
+    folder, local, pipe = saved(made, "steered")
+    step = get_family(local.family).vae_scale(local)
+    assert step == 2 and pipe.vae_scale_factor == step  # the sizes below are off its multiple and off 8
+    prompt = get_family(local.family).prompt_settings(pipe, [PROMPT])
+    image = Image.new("RGB", (45, 41), (90, 40, 160))
+    for size in ({}, {"height": 45, "width": 42}):
+        real = counted(pipe, local.components, prompt=PROMPT, image=image, guidance_scale=1.0, **size)
+        found = profile(str(folder), image_sizes=["45x41"], steps=2, guidance_scale=1.0, **prompt, **size)
+        assert macs_by_name(found) == real
+        assert (found.width, found.height) == ((44, 40) if not size else (42, 44))
+    said = "floored to a multiple of 2 px (the VAE's scale)"
+    assert said in profile(str(folder), image_sizes=["45x41"], steps=2).notes[0]
+    for arguments, error in [
+        (["--image-size", "1x1"], "refuses the empty image left: give at least 2x2"),
+        (["--image-size", "48x40", "--image-size", "32x32"], "takes one control image"),
+    ]:
+        code, _, err = cli("profile", folder, *arguments)
+        assert code == 2 and error in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_bench_makes_the_control_image_at_the_image_size(tmp_path):
+    """bench --image-size with a ControlNet: the control image it passes is of that size, and with no size asked the
+    SDXL ControlNet pipeline's images come out at it, as `profile` counts them."""
+    from diffmeter.runs.lifecycle import bench
+    from diffmeter.runs.spec import BenchSpec
+    from diffmeter.runs.workload import Workload
+
+    spec = BenchSpec(model="tiny-sdxl", controlnet="tiny-controlnet-sdxl", image_sizes=["48x40"], iterations=1, steps=2)
+    result, folder = bench(spec, out=tmp_path)
+    assert result.status == "complete", result.error
+    assert (result.spec.width, result.spec.height) == (48, 40)
+    made = [Image.open(path).size for path in sorted((folder / "images").glob("*.png"))]
+    assert made and set(made) == {(48, 40)}
+    workload = Workload(result.spec, with_controlnet(resolve("tiny-sdxl"), "tiny-controlnet-sdxl"))
+    pipe = diffusers.StableDiffusionXLControlNetPipeline
+    arguments = workload.call_arguments(pipe.__new__(pipe), workload.batch(0))
+    assert [image.size for image in arguments["image"]] == [(48, 40)]
 
 
 def test_a_saved_controlnet_is_taken_by_controlnet(saved, cli):

@@ -36,6 +36,9 @@ from diffmeter.cli.options import (
 from diffmeter.errors import DiffmeterError
 from diffmeter.quiet import load_libraries
 
+#: the settings the table lists without --all-settings
+TOP = 12
+
 
 @command()
 def fit(
@@ -82,12 +85,16 @@ def fit(
         str | None, typer.Option(metavar="DTYPE", help="float16 | bfloat16 | float32", rich_help_panel=GENERATION)
     ] = None,
     component_dtype: ComponentDtype = None,
+    all_settings: Annotated[
+        bool, typer.Option("--all-settings", help=f"list every setting that fits, not the first {TOP}")
+    ] = False,
     as_json: AsJson = False,
 ) -> None:
-    """List the memory settings (offload, quantization, VAE tiling, fp8 text encoder) that bench can run and whose
-    predicted peak fits the GPU once the CUDA context and libraries are held back, fastest first: each with its
-    predicted lower bound of time (roofline plus offloading's host-link transfers) on a named GPU. With --all: the
-    predicted leaderboard, every catalog model on every GPU (or --gpu's), as a sortable page and CSV."""
+    """List the memory settings (offload, quantized formats on the denoiser, VAE tiling, fp8 text encoder) that bench
+    can run and whose predicted peak fits the GPU once the CUDA context and libraries are held back, fastest first:
+    each with its predicted lower bound of time (roofline plus offloading's host-link transfers) on a named GPU and
+    its quality cost. With --all: the predicted leaderboard, every catalog model on every GPU (or --gpu's), as a
+    sortable page and CSV."""
     from diffmeter.catalog import entry_of
     from diffmeter.lora_file import lora_fields
     from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, chosen_gpu, other_cards, spec_gpu
@@ -109,6 +116,7 @@ def fit(
             "--batch-size": None if batch_size == 1 else batch_size,
             "--no-tf32": not tf32,
         }  # fmt: skip
+        given["--all-settings"] = all_settings
         if named := [flag for flag, value in given.items() if value]:
             raise DiffmeterError(f"--all predicts each model at its catalog defaults: drop {', '.join(named)}")
         return leaderboard(gpu, html, csv, as_json, gpu_spec)
@@ -153,8 +161,19 @@ def fit(
     )
     entry = entry_of(spec)
     from diffmeter.predict.cached import cached_memory_and_work
+    from diffmeter.predict.fit_formats import with_fit_formats
     from diffmeter.predict.techniques import fitting
-    from diffmeter.runs.fitting import lower_times, next_step, plain_time, runnable, why_untimed
+    from diffmeter.runs.fitting import (
+        base_time,
+        format_times,
+        lower_times,
+        next_step,
+        plain_time,
+        quality_costs,
+        runnable,
+        time_note,
+        why_untimed,
+    )
     from diffmeter.runs.leaderboard import table_gpus
 
     on_cuda = target.kind == "cuda"  # a CPU run has no cuDNN copies of its convolutions (as bench predicts it)
@@ -165,6 +184,8 @@ def fit(
 
         found = predict_memory_and_work(spec, on_cuda)  # one fake run for the memory and the time
     prediction, work = found
+    if on_cuda:  # the --quantize BACKEND:TYPE formats fit offers on the denoisers (bench runs them on CUDA)
+        prediction = with_fit_formats(prediction, spec)
     held = CUDA_HOLDBACK_BYTES if target.kind == "cuda" else 0  # the CPU's memory keeps no CUDA context
     usable = target.memory_bytes - held
     # fp8 weights need FP8 tensor cores: a table GPU says whether it has them; a bare --memory is not refused
@@ -172,10 +193,18 @@ def fit(
     settled = spec.with_defaults(entry.defaults)
     fits, refused = runnable(fitting(prediction, usable, fp8=fp8), entry, settled)
     plain = plain_time(work, prediction, target, tf32=tf32)
-    times = lower_times(plain, prediction, target, [chosen for chosen, _ in fits])
+    formats = format_times(work, prediction, spec, target, tf32, [c for c, _ in fits]) if plain and on_cuda else {}
+    times = lower_times(plain, prediction, target, [chosen for chosen, _ in fits], formats)
+    qualities = quality_costs([chosen for chosen, _ in fits])
+    notes = {chosen: time_note(chosen, formats) if plain else None for chosen, _ in fits}  # none: no time at all
+    expected = {  # the calibrated range: a setting that moves no weights (the plain pipeline, or one format alone)
+        chosen: base_time(plain, chosen, formats).expected_s
+        for chosen, _ in fits
+        if plain and not notes[chosen] and set(chosen) <= set(formats)
+    }
     rows = [(chosen, peak, times.get(chosen)) for chosen, peak in fits]
-    if all(time is not None for _, _, time in rows):  # the mechanism's order stays among equal times
-        rows.sort(key=lambda row: row[2])
+    if all(time is not None for _, _, time in rows):  # the mechanism's order stays among equal times; a format
+        rows.sort(key=lambda row: (bool(notes[row[0]]), row[2]))  # not timed after the timed, by the plain bound
     untimed = (
         why_untimed(plain, target, work, tf32, bool(gpu or gpu_spec)) if any(t is None for *_, t in rows) else None
     )
@@ -188,7 +217,18 @@ def fit(
             "memory_bytes": target.memory_bytes,
             "held_back_bytes": held,
             "host_link": target.host_link,
-            "fits": [{"techniques": list(chosen), "peak_bytes": peak, "lower_s": time} for chosen, peak, time in rows],
+            "fits": [
+                {
+                    "techniques": list(chosen),
+                    "peak_bytes": peak,
+                    "lower_s": time,
+                    "expected_s": expected.get(chosen),  # as is, or a timed format alone: no offload, tiling
+                    "time_note": notes[chosen],  # a quantization whose time is not modelled
+                    "quality": qualities[chosen],
+                }
+                for chosen, peak, time in rows
+            ],
+            "plain_peak_bytes": prediction.peak_bytes,  # why the unquantized pipeline does not fit, where it does not
             "refused_by_bench": [{"techniques": list(chosen), "reason": reason} for chosen, reason in refused],
             "memory_checked": prediction.checked,
             "time_left_out": untimed,  # why a setting has no lower_s
@@ -196,7 +236,11 @@ def fit(
         }
         print(json.dumps(payload, indent=2))
         return
-    console.print(fit_table(model, prediction, target, rows, held, refused, untimed, nothing))
+    shown = rows if all_settings else rows[:TOP]
+    table = fit_table(
+        model, prediction, target, shown, held, refused, untimed, nothing, (qualities, notes, expected), len(rows)
+    )
+    console.print(table)
 
 
 def _memory(text: str) -> str:

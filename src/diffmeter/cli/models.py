@@ -40,16 +40,23 @@ SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 @command()
 def models(
+    model: Annotated[
+        str | None,
+        typer.Argument(metavar="MODEL", help="one catalog model: its published quantized files", show_default=False),
+    ] = None,
     as_json: AsJson = False,
     controlnets: Annotated[
         bool, typer.Option("--controlnets", help="list the ControlNets (--controlnet NAME) instead")
     ] = False,
 ) -> None:
-    """List the catalog: parameters, default settings, hub id, family and components."""
+    """List the catalog: parameters, default settings, hub id, family and components; with MODEL, the quantized files
+    published for it (GGUF, bitsandbytes, SVDQuant), their sizes as published and as predicted."""
     from diffmeter.catalog import all_entries
 
     if controlnets:
         return _controlnets(as_json)
+    if model is not None:
+        return _quantized_files(model, as_json)
     entries = list(all_entries())
     params = parameter_counts(entries)
     modes = guidance_modes(entries)
@@ -72,6 +79,32 @@ def models(
         print(json.dumps(rows, indent=2))
     else:
         console.print(catalog_table(entries, params, modes, console.width))
+
+
+def _quantized_files(name: str, as_json: bool) -> None:
+    """The published quantized files of one catalog model, each with its predicted size."""
+    from diffmeter.catalog import resolve
+    from diffmeter.catalog.quantized_files import files_of
+
+    entry = resolve(name)
+    files = files_of(entry.name)
+    if not files:
+        console.print(f"{entry.name}: no published quantized file is listed (catalog/data/quantized/files.json)")
+        return
+    load_libraries()
+    from diffmeter.predict.quantized_files import error, predicted_bytes
+    from diffmeter.report.quantized_files_table import files_table
+
+    predicted = predicted_bytes(files)
+    errors = [None if size is None else error(size, file) for file, size in zip(files, predicted, strict=True)]
+    if as_json:
+        rows = [
+            {**file.model_dump(), "predicted_bytes": size, "error": found}
+            for file, size, found in zip(files, predicted, errors, strict=True)
+        ]
+        print(json.dumps({"model": entry.name, "files": rows}, indent=2))
+        return
+    console.print(files_table(entry.name, files, predicted, errors))
 
 
 def _controlnets(as_json: bool) -> None:

@@ -58,7 +58,7 @@ ImageSize = Annotated[
     typer.Option(
         "--image-size",
         metavar="WxH",
-        help="an input image's size (repeatable, in order)",
+        help="an input image's size (repeatable, in order); with --controlnet, the control image's",
         rich_help_panel=GENERATION,
         show_default=False,
     ),

@@ -76,20 +76,23 @@ def print_predicted(
     from diffmeter.predict.operators import operator_work, predict_memory_and_work
     from diffmeter.predict.parallel import NOT_CALIBRATED, gpu_link, summarize, with_communication
     from diffmeter.predict.quantized_memory import split_values, with_formats
+    from diffmeter.predict.quantized_time import needs_fp8, quantized_work, why_not_modelled
     from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
     from diffmeter.predict.techniques import peak_under
+    from diffmeter.predict.timed_techniques import TIME_ONLY, timed_work
     from diffmeter.predict.vae_decode import VAE_MODES
 
     legacy, formats = split_values(flags.get("quantize"))  # BACKEND:TYPE formats: their stored bytes, no file needed
     asked = from_flags(**{**flags, "quantize": legacy})
     build(asked)  # each technique's parameters checked as bench checks them: an unknown offload mode is refused
-    unmodelled = [o.name for o in asked if memory_technique(o.name, o.params) is None]
+    unmodelled = [o.name for o in asked if memory_technique(o.name, o.params) is None and o.name not in TIME_ONLY]
     if unmodelled:
         raise DiffmeterError(
-            f"{', '.join(unmodelled)}: the memory prediction models offload, VAE tiling and slicing, quantize and "
-            "the fp8 text encoder; drop the others here"
+            f"{', '.join(unmodelled)}: the prediction models offload, VAE tiling and slicing, quantize, the fp8 text "
+            "encoder, compile and the attention kernels; drop the others here"
         )
-    techniques = tuple(memory_technique(o.name, o.params) for o in asked) + tuple({f.technique: 0 for f in formats})
+    techniques = tuple(memory_technique(o.name, o.params) for o in asked if o.name not in TIME_ONLY)
+    techniques += tuple({f.technique: 0 for f in formats})
     if parallel and any(t.startswith("offload") for t in techniques):
         raise DiffmeterError(
             "offloading moves the denoiser between devices; a parallel run keeps each rank's on its own GPU: drop the "
@@ -101,6 +104,9 @@ def print_predicted(
             "use --quantize int8"
         )
 
+    timed_formats = [] if is_this_cpu(gpu) else [f for f in formats if not why_not_modelled(f.backend, f.type)]
+    if fp8 := [f for f in timed_formats if needs_fp8(f.backend, f.type)]:
+        refuse_without_fp8(fp8[0], chosen)
     if parallel:  # a split diffusers refuses, refused before any prediction runs
         from diffmeter.distributed.rank_prediction import check
 
@@ -114,6 +120,14 @@ def print_predicted(
     if parallel:  # one GPU's share of every denoiser call, counted as diffusers splits it
         predicted, ranks, received = per_gpu(specs[0], predicted[0], parallel, on_cuda)
     memories = [with_formats(memory, spec, formats) for (memory, _), spec in zip(predicted, specs, strict=True)]
+    if timed_formats:  # the quantized layers' matmuls as each backend runs them (predict.quantized_time)
+        predicted = [
+            (memory, quantized_work(work, spec, timed_formats))
+            for (memory, work), spec in zip(predicted, specs, strict=True)
+        ]
+    applied = [timed_work(work, [(o.name, o.params) for o in asked], tuple(m.denoisers)) for m, work in predicted]
+    predicted = [(memory, work) for (memory, _), (work, _, _) in zip(predicted, applied, strict=True)]
+    _, time_techniques, time_untimed = applied[0]  # compile, attention kernels: the same for every profile
     chosen = chosen or chosen_gpu(gpu, gpu_spec, tuple({dtype for _, work in predicted for dtype in work.dtypes()}))
     fp32_math = bench_fp32_math(tf32)
     missing = [missing_figures(chosen, work, fp32_math) for _, work in predicted]
@@ -123,7 +137,8 @@ def print_predicted(
         else predict_time(work, chosen, weights=memory.weight_read_bytes, outputs=spec.batch_size, fp32_math=fp32_math)
         for (memory, work), lacking, spec in zip(predicted, missing, specs, strict=True)
     ]
-    untimed = [t for t in techniques if t not in VAE_MODES]  # the time is the pipeline's without them
+    timed = VAE_MODES + tuple(f.technique for f in timed_formats)
+    untimed = [t for t in techniques if t not in timed] + time_untimed  # the time is the pipeline's without them
     group = None
     if parallel:
         link = gpu_link(chosen, parallel[0] * parallel[1] * parallel[2])
@@ -138,6 +153,7 @@ def print_predicted(
                 "gpu": chosen.model_dump(),
                 "memory": memory.model_dump(mode="json"),
                 "memory_techniques": list(techniques),
+                "time_techniques": time_techniques,  # timed, memory as without them (compile, attention kernels)
                 "peak_memory_bytes": peak_under(memory, techniques),
                 "time": time.model_dump(mode="json") if time else None,
                 "time_left_out": (untimed + [NOT_CALIBRATED] * bool(group)) if time else [],  # not in the time
@@ -161,8 +177,25 @@ def print_predicted(
                 "plain decode's)",
                 markup=False,
             )
+        if time and timed_formats:
+            named = ", ".join(f"{f.backend}:{f.type}" for f in timed_formats)
+            console.print(f"quantized layers timed as {named} runs them in eager mode", markup=False)
         if time and untimed:
             console.print(f"time predicted without {', '.join(untimed)} (not modelled in time yet)", markup=False)
+        if time and time_techniques:
+            console.print(
+                f"time with {', '.join(time_techniques)}; memory as without (CUDA graphs' pool not counted)",
+                markup=False,
+            )
+
+
+def refuse_without_fp8(found, chosen) -> None:
+    """A float8 matmul format on a card the table gives no fp8 peak (no FP8 tensor cores): one line saying so."""
+    if chosen is not None and chosen.tflops and chosen.peak_tflops("float8_e4m3fn") is None:
+        raise DiffmeterError(
+            f"--quantize {found.backend}:{found.type} runs its matmuls on FP8 tensor cores (CUDA, compute capability "
+            f"8.9 and up), which the {chosen.name} lacks (no fp8 peak in the table): use torchao:int8wo"
+        )
 
 
 def assumptions(ring: int, cfg: int) -> tuple[str, ...]:

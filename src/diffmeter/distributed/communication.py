@@ -151,25 +151,12 @@ def count_first_call(model: torch.nn.Module, store: dict) -> None:
     ]
 
 
-def per_gpu_step(profile, ulysses: int, ring: int, cfg: int = 1) -> dict:
-    """One denoising step on one GPU of a context- and/or CFG-parallel group: its share of the compute (FLOPs)
-    and the bytes it receives, both offline. Raises DiffmeterError where the split cannot run."""
-    from diffmeter.catalog import resolve
-    from diffmeter.errors import DiffmeterError
-    from diffmeter.families import get_family
-    from diffmeter.optimize.base import Target
-    from diffmeter.runs.parallel_support import check_cfg_parallel, check_context_parallel
+def parallel_spec(profile, ulysses: int, ring: int, cfg: int, optimizations=(), max_sequence_length=None):
+    """The bench spec of ``profile``'s generation (a ``Profile`` or a settled ``ProfileSpec``) split ``ulysses`` x
+    ``ring`` x ``cfg`` ways: what the parallel layers' checks read."""
     from diffmeter.runs.spec import BenchSpec
 
-    if ring > 1:
-        raise DiffmeterError(
-            "the offline count runs the denoiser's attention on the meta device, and ring attention needs a backend "
-            "returning the log-sum-exp (flash, sage) that does not run there: count --ulysses-degree only, or add "
-            "--gpu NAME (each GPU's share, ring through PyTorch's flash kernel on fake tensors)"
-        )
-    entry = resolve(profile.model)
-    family = get_family(entry.family)
-    spec = BenchSpec(
+    return BenchSpec(
         model=profile.model,
         height=profile.height,
         width=profile.width,
@@ -179,9 +166,32 @@ def per_gpu_step(profile, ulysses: int, ring: int, cfg: int = 1) -> dict:
         true_cfg_scale=profile.true_cfg_scale,
         num_frames=profile.num_frames,
         dtype=profile.dtype,
+        max_sequence_length=max_sequence_length,
         ulysses_degree=ulysses,
+        ring_degree=ring,
         cfg_degree=cfg,
+        optimizations=list(optimizations),
     )
+
+
+def per_gpu_step(profile, ulysses: int, ring: int, cfg: int = 1) -> dict:
+    """One denoising step on one GPU of a context- and/or CFG-parallel group: its share of the compute (FLOPs)
+    and the bytes it receives, both offline. Raises DiffmeterError where the split cannot run."""
+    from diffmeter.catalog import resolve
+    from diffmeter.errors import DiffmeterError
+    from diffmeter.families import get_family
+    from diffmeter.optimize.base import Target
+    from diffmeter.runs.parallel_support import check_cfg_parallel, check_context_parallel
+
+    if ring > 1:
+        raise DiffmeterError(
+            "the offline count runs the denoiser's attention on the meta device, and ring attention needs a backend "
+            "returning the log-sum-exp (flash, sage) that does not run there: count --ulysses-degree only, or add "
+            "--gpu NAME (each GPU's share, ring through PyTorch's flash kernel on fake tensors)"
+        )
+    entry = resolve(profile.model)
+    family = get_family(entry.family)
+    spec = parallel_spec(profile, ulysses, 1, cfg)
     target = Target(entry, family, torch.device("cpu"), profile.dtype, profile.steps)
     if ulysses > 1:
         check_context_parallel(spec, target)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from diffmeter.distributed import context_parallel
 from diffmeter.distributed.cfg_parallel import BATCHED, CfgParallel
-from diffmeter.distributed.communication import received
+from diffmeter.distributed.communication import parallel_spec, received
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 from diffmeter.optimization_spec import OptimizationSpec
@@ -63,26 +63,11 @@ def check(spec: ProfileSpec, ulysses: int, ring: int, cfg: int) -> str | None:
     """Refuse a split diffusers (or the CFG layer) refuses, in its words; the CFG mode ("batched" or "separate")."""
     from diffmeter.optimize.base import Target
     from diffmeter.runs.parallel_support import check_cfg_parallel, check_context_parallel, guided_mode
-    from diffmeter.runs.spec import BenchSpec
 
     entry, settled, _ = settled_plan(spec)
     family = get_family(entry.family)
-    bench = BenchSpec(
-        model=spec.model,
-        height=settled.height,
-        width=settled.width,
-        steps=settled.steps,
-        batch_size=settled.batch_size,
-        guidance_scale=settled.guidance_scale,
-        true_cfg_scale=settled.true_cfg_scale,
-        num_frames=settled.num_frames,
-        dtype=settled.dtype,
-        ulysses_degree=ulysses,
-        ring_degree=ring,
-        cfg_degree=cfg,
-        max_sequence_length=settled.max_sequence_length,
-        optimizations=[OptimizationSpec(name="attention", params={"backend": RING_BACKEND})] if ring > 1 else [],
-    )
+    attention = [OptimizationSpec(name="attention", params={"backend": RING_BACKEND})] if ring > 1 else []
+    bench = parallel_spec(settled, ulysses, ring, cfg, attention, settled.max_sequence_length)
     target = Target(entry, family, torch.device("cuda"), settled.dtype, settled.steps)
     if ulysses * ring > 1:
         check_context_parallel(bench, target)

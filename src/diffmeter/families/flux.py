@@ -12,6 +12,7 @@ from diffmeter.catalog.controlnets import CONTROLNET
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import controlnet, lora
 from diffmeter.families.base import Call, Family, Shapes, register, timesteps
+from diffmeter.families.control_image import ControlImage
 from diffmeter.families.images import ImageConditioned, note_tokens, packed_tokens, vae_encode_calls
 from diffmeter.spec import size_text
 
@@ -31,7 +32,7 @@ def kontext_max_area(entry) -> int:
 
 
 @register
-class Flux(Family):
+class Flux(ControlImage, Family):
     name = "flux"
     max_sequence_limit = 512  # the pipeline's check_inputs refuses longer prompts
     flow_matching = True

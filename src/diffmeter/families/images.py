@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import torch
 
+from diffmeter.catalog.controlnets import CONTROLNET
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import IMAGE_ENCODER, Call, Family, Shapes
 
@@ -134,7 +135,10 @@ def size_kept(entry, spec, pipeline: str, cited: str) -> tuple[int, int, str]:
 
 
 def image_sized(family: Family, entry, spec) -> tuple[int, int, str] | None:
-    """(height, width, why) where ``spec`` asks no size and its input images set the output's; else None."""
-    if not (isinstance(family, ImageConditioned) and spec.size_from_defaults and spec.image_sizes):
+    """(height, width, why) where ``spec`` asks no size and its input images set the output's (a ControlNet
+    pipeline's control image: ``control_image.ControlImage``); else None."""
+    if not (spec.size_from_defaults and spec.image_sizes):
         return None
-    return family.size_from_images(entry, spec)
+    if CONTROLNET in entry.components:
+        return family.size_from_control_image(entry, spec)
+    return family.size_from_images(entry, spec) if isinstance(family, ImageConditioned) else None

@@ -13,6 +13,7 @@ import torch
 from diffmeter.catalog.controlnets import CONTROLNET
 from diffmeter.families import controlnet
 from diffmeter.families.base import DENOISER, TEXT_ENCODER, Call, Family, Shapes, register, timesteps
+from diffmeter.families.control_image import ControlImage
 
 #: QwenImagePipeline.prompt_template_encode_start_idx: leading template tokens dropped after encoding
 DROPPED_TOKENS = 34
@@ -21,7 +22,7 @@ TOKENIZER_MAX_LENGTH = 1024
 
 
 @register
-class QwenImage(Family):
+class QwenImage(ControlImage, Family):
     name = "qwenimage"
     reads_prompt_tokens = True
     flow_matching = True

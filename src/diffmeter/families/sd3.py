@@ -5,10 +5,11 @@ import torch
 from diffmeter.catalog.controlnets import CONTROLNET
 from diffmeter.families import controlnet, lora
 from diffmeter.families.base import Call, Family, Shapes, latents, register, timesteps
+from diffmeter.families.control_image import ControlImage
 
 
 @register
-class StableDiffusion3(Family):
+class StableDiffusion3(ControlImage, Family):
     name = "sd3"
     max_sequence_limit = 512  # the pipeline's check_inputs refuses longer prompts
     flow_matching = True

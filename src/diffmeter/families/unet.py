@@ -6,19 +6,28 @@ import torch
 
 from diffmeter.catalog.controlnets import CONTROLNET
 from diffmeter.catalog.entry import PipelineEntry
-from diffmeter.families import controlnet, lora
+from diffmeter.families import binning, controlnet, lora
 from diffmeter.families.base import Call, Family, Shapes, latents, register
+from diffmeter.families.control_image import ControlImage
 from diffmeter.pipelines import config_value
 
 
 @register
-class StableDiffusion(Family):
+class StableDiffusion(ControlImage, Family):
     name = "sd"
     denoiser = "unet"
     text_encoders = ("text_encoder",)
 
     def lora_targets(self, entry) -> tuple[str, ...]:
         return lora.SD_UNET
+
+    def pipeline_size(self, entry: PipelineEntry, height: int, width: int) -> tuple[int, int, str | None]:
+        """The ControlNet pipelines check no multiple: ``prepare_image`` floors a size to the VAE's scale and the
+        output takes the image's (pipeline_controlnet.py 1149-1160, pipeline_controlnet_sd_xl.py 1311-1322), where
+        the others refuse a size off a multiple of 8."""
+        if CONTROLNET in entry.components:
+            return binning.rounded_size(entry, height, width, self.vae_scale(entry), "down")
+        return super().pipeline_size(entry, height, width)
 
     def denoiser_inputs(self, shapes: Shapes, batch: int, device):
         config = shapes.config(self.denoiser)

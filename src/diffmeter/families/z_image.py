@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from diffmeter.catalog.controlnets import CONTROLNET
 from diffmeter.families import controlnet
 from diffmeter.families.base import DENOISER, Call, Family, Shapes, register
+from diffmeter.families.control_image import ControlImage
 from diffmeter.pipelines import build_component
 
 #: ZImageTransformer2DModel pads caption and image token runs to multiples of this (SEQ_MULTI_OF)
@@ -36,7 +37,7 @@ def chat_prompt(tokenizer, prompt: str) -> str:
 
 
 @register
-class ZImage(Family):
+class ZImage(ControlImage, Family):
     name = "z_image"
     reads_prompt_tokens = True
     flow_matching = True

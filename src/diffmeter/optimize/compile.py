@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from diffmeter.optimize.base import Optimization, Target
 from diffmeter.optimize.registry import register
 from diffmeter.pipelines import build_component, component_class
+from diffmeter.predict.compiled_time import CUDA_GRAPH_MODES
 
 #: inductor settings that help diffusion models (as in diffusers' and PyTorch's guides)
 DIFFUSION_INDUCTOR_FLAGS = {
@@ -34,8 +35,6 @@ DIFFUSION_INDUCTOR_FLAGS = {
     "epilogue_fusion": False,
     "coordinate_descent_check_all_directions": True,
 }
-#: torch.compile modes that record CUDA graphs
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 class Config(BaseModel):

@@ -181,8 +181,11 @@ def memory_setting_specs(setting: tuple[str, ...]) -> list[OptimizationSpec]:
     for label in setting:
         if label.startswith("offload-"):
             specs.append(OptimizationSpec(name="offload", params={"mode": label.removeprefix("offload-")}))
-        elif label.startswith("quantize-"):
+        elif label in ("quantize-int8", "quantize-fp8"):
             specs.append(OptimizationSpec(name="quantize", params={"weights": label.removeprefix("quantize-")}))
+        elif label.startswith("quantize-"):  # a --quantize BACKEND:TYPE format on the denoisers (fit_formats)
+            backend, _, kind = label.removeprefix("quantize-").partition("-")
+            specs.append(OptimizationSpec(name=backend, params={"type": kind}))
         else:
             specs.append(OptimizationSpec(name=label))
     return specs

@@ -1,9 +1,9 @@
 """The prediction ``bench`` stores beside its measurements: the run's settings on the device it ran on.
 
 Memory takes the run's memory techniques into account where ``techniques`` models them (offload,
-VAE tiling and slicing, the fp8 text encoder, weight-only quantization); time is the unoptimized
-pipeline's, at the peak the run could use (TF32 for float32 matmuls when it was on), with the VAE decode's
-operators as a tiled or sliced decode runs them. Whatever the
+VAE tiling and slicing, the fp8 text encoder, weight-only quantization); time is the pipeline's at the peak the
+run could use (TF32 for float32 matmuls when it was on), with the VAE decode's operators as a tiled or sliced
+decode runs them, and compile and the attention kernel as ``timed_techniques`` models them. Whatever the
 prediction leaves out of the run is named in its notes, so a gap between the two is explained, not
 hidden.
 """
@@ -20,6 +20,7 @@ from diffmeter.predict.quantized_memory import PREDICTED, Format, technique, wit
 from diffmeter.predict.roofline import BENCH_FP32, missing_figures, predict_time
 from diffmeter.predict.schema import RunPrediction
 from diffmeter.predict.techniques import stage_peaks_under
+from diffmeter.predict.timed_techniques import TIME_ONLY, timed_work
 from diffmeter.predict.vae_decode import VAE_MODES
 from diffmeter.quantization_spec import DENOISER
 
@@ -65,6 +66,7 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
     memory = with_formats(memory, profile_spec, [applied_format(o) for o in optimizations if o.name in PREDICTED])
     if modes:
         work = operator_work(profile_spec, modes)
+    work, _, time_untimed = timed_work(work, [(o.name, o.params) for o in optimizations], tuple(memory.denoisers))
     figures = run_device(device, *work.dtypes())  # a CPU's peaks measured at every dtype a call runs at
     name = figures.name if figures else (torch.cuda.get_device_name(device) if device.type == "cuda" else spec.device)
     unmodelled = [o.label for o in optimizations if memory_technique(o.name, o.params) is None]
@@ -82,7 +84,7 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
         time = predict_time(
             work, figures, weights=memory.weight_read_bytes, outputs=spec.batch_size, fp32_math=fp32_math
         )
-        untimed = [o.label for o in optimizations if o.name not in TIME_MODELLED]
+        untimed = [o.label for o in optimizations if o.name not in (*TIME_MODELLED, *TIME_ONLY)] + time_untimed
     stages = stage_peaks_under(memory, tuple(techniques))  # the whole peak is the largest stage's (peak_under)
     return RunPrediction(
         device=name,

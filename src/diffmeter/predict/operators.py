@@ -22,6 +22,7 @@ from diffmeter.families import VAE_DECODER, Call, get_family
 from diffmeter.flops.counter import FORMULAS
 from diffmeter.flops.kinds import kind_of
 from diffmeter.predict.cached import cache_key, cached_memory, cached_work, work_key
+from diffmeter.predict.compiled_time import EXTERN_KINDS
 from diffmeter.predict.memory import (
     DTYPES,
     fake_module,
@@ -79,6 +80,8 @@ def operand_dtype(args, call_dtype: torch.dtype | None) -> str | None:
 #: the tally's keys for what the host issues beside the operators: operators that move nothing, module calls
 NO_TRAFFIC_KEY = ("dispatched without traffic", 0, 0, 0, None)
 MODULE_KEY = ("module call", 0, 0, 0, None)
+#: and the chains of fusible operators ended by a library kernel (``compiled_time``: a kernel each when compiled)
+CHAIN_KEY = ("fusible chain", 0, 0, 0, None)
 
 
 class OperatorTally(TorchDispatchMode):
@@ -90,6 +93,8 @@ class OperatorTally(TorchDispatchMode):
         super().__init__()
         self.dtype = dtype
         self.groups: Counter[tuple[str, int, int, int, str | None]] = Counter()
+        self.chained = False  # whether the last operator that moves data was a fusible one (a chain is open)
+        self.firsts: list[bool | None] = []  # per block being recorded: whether its first operator is a library one
         self.hook = None
 
     def __enter__(self):
@@ -123,26 +128,48 @@ class OperatorTally(TorchDispatchMode):
         if packet is torch.ops.aten.embedding:  # reads the rows it returns, not the whole table
             total += tensor_bytes(out)
         dtype = operand_dtype(args, self.dtype) if flops else None
-        self.groups[(kind_of(func._schema.name), flops, total, attention_scores(func, args), dtype)] += 1
+        kind = kind_of(func._schema.name)
+        self.groups[(kind, flops, total, attention_scores(func, args), dtype)] += 1
+        library = kind in EXTERN_KINDS
+        self.groups[CHAIN_KEY] += library and self.chained  # a library kernel ends the open chain
+        self.chained = not library
+        if self.firsts and self.firsts[-1] is None:  # the blocks begun since the last operator: this is their first
+            self.firsts = [library if first is None else first for first in self.firsts]
         return out
 
     # a replay recorder (``replay.Recorder``): the operators a block ran
-    def begin(self) -> Counter:
-        return Counter(self.groups)
+    def begin(self) -> tuple[Counter, bool]:
+        self.firsts.append(None)
+        return Counter(self.groups), self.chained
 
-    def end(self, begun: Counter) -> Counter:
-        return self.groups - begun
+    def end(self, begun: tuple[Counter, bool]) -> tuple[Counter, bool, bool | None]:
+        """The block's operators, whether its first one is a library kernel, and whether it ended inside a chain
+        (None: it ran none): a chain the block's first operator ends is the context's, counted on replay."""
+        counts, entered = begun
+        first = self.firsts.pop()
+        effect = self.groups - counts
+        if first and entered:
+            effect[CHAIN_KEY] -= 1
+        return effect, bool(first), None if first is None else self.chained
 
-    def apply(self, effect: Counter) -> None:
-        self.groups.update(effect)
+    def apply(self, effect: tuple[Counter, bool, bool | None]) -> None:
+        counts, first, chained = effect
+        self.groups.update(counts)
+        self.groups[CHAIN_KEY] += first and self.chained
+        self.chained = self.chained if chained is None else chained
 
     def host_counts(self) -> dict[str, int]:
         """What the host issues per call: every dispatched operator (those that move nothing too) and the module
         calls."""
-        return {"dispatched": sum(self.groups.values()) - self.groups[MODULE_KEY], "modules": self.groups[MODULE_KEY]}
+        counts = self.groups
+        return {
+            "dispatched": sum(counts.values()) - counts[MODULE_KEY] - counts[CHAIN_KEY],
+            "modules": counts[MODULE_KEY],
+            "fused_chains": counts[CHAIN_KEY] + self.chained,  # and the chain still open at the end
+        }
 
     def operators(self) -> list[OperatorGroup]:
-        counted = [item for item in self.groups.items() if item[0] not in (NO_TRAFFIC_KEY, MODULE_KEY)]
+        counted = [item for item in self.groups.items() if item[0] not in (NO_TRAFFIC_KEY, MODULE_KEY, CHAIN_KEY)]
         in_order = sorted(counted, key=lambda item: (*item[0][:4], item[0][4] or ""))
         return [
             OperatorGroup(kind=kind, flops=flops, bytes=moved, calls=calls, scores=scores, dtype=dtype)

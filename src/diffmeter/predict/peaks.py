@@ -312,7 +312,7 @@ MI300X = DATA_CENTER[-1]
 #: every row, in the order a short ``--gpu`` name prefers among the rows it matches
 PEAKS = (*DATA_CENTER[:-1], *RTX, MI300X)
 
-PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8"}
 #: tokens any device name may carry without changing what it is
 NEUTRAL = frozenset({"nvidia", "tesla", "geforce", "hbm2", "hbm2e", "hbm3", "hbm3e"})
 MEMORY_SIZE = re.compile(r"(\d+)g(b)?")

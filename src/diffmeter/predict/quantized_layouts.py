@@ -22,6 +22,7 @@ GGUF_BLOCKS = {
     "Q5_K": (256, 176),
     "Q6_K": (256, 210),
     "BF16": (1, 2),
+    "F16": (1, 2),  # a whole-F16 file (city96's F16 uploads): every weight at two bytes
 }
 #: stored as plain tensors (diffusers models/model_loading_utils.py:733-734)
 GGUF_WHOLE = ("F32", "F16")

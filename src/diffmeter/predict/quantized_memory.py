@@ -56,10 +56,14 @@ def split_values(values) -> tuple[list[str], list[Format]]:
     return legacy, found
 
 
-def with_formats(prediction: MemoryPrediction, spec, formats: list[Format]) -> MemoryPrediction:
-    """``prediction`` (of ``spec``) with each format's stored bytes and dequantized weight per component."""
+def with_formats(
+    prediction: MemoryPrediction, spec, formats: list[Format], built: dict | None = None
+) -> MemoryPrediction:
+    """``prediction`` (of ``spec``) with each format's stored bytes and dequantized weight per component; ``built``:
+    the components already built on meta, by name (filled here: one build for several formats)."""
     if not formats:
         return prediction
+    built = {} if built is None else built
     entry, settled, _ = settled_plan(spec)
     denoisers = [name for name in get_family(entry.family).denoisers(entry) if name in entry.components]
     stored, dequantized = dict(prediction.quantized_bytes), dict(prediction.dequantized_bytes)
@@ -75,7 +79,9 @@ def with_formats(prediction: MemoryPrediction, spec, formats: list[Format]) -> M
         sizes, flights = {}, {}
         for name in names:
             dtype = DTYPES[settled.dtype_of(name)]
-            module = meta_module(entry.components[name], dtype)
+            module = (
+                built[name] if name in built else built.setdefault(name, meta_module(entry.components[name], dtype))
+            )
             if types is not None and not types.keys() & module.state_dict().keys():
                 types = None  # a file under the original checkpoint's names (city96's): its type per tensor as made
             try:

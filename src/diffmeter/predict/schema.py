@@ -99,6 +99,9 @@ class CallWork(BaseModel):
     #: ``operators`` leaves out), and the ``nn.Module`` calls
     dispatched: int
     modules: int
+    #: chains of fusible operators (``compiled_time.FUSED_KINDS``) between library kernels, in the order they run:
+    #: the kernels inductor makes of them (``compiled_time``); None: counted before diffmeter counted them
+    fused_chains: int | None = None
 
 
 class OperatorWork(BaseModel):

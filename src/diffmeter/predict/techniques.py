@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 
+from diffmeter.predict.fit_formats import offered
 from diffmeter.predict.schema import VAE_DECODE, MemoryPrediction
 
 #: fastest first: what each costs in time, as its mechanism says (no roofline yet): quantized weights
@@ -104,15 +105,18 @@ def supported(prediction: MemoryPrediction) -> dict[str, bool]:
 def settings(prediction: MemoryPrediction, fp8: bool = True) -> list[tuple[str, ...]]:
     """Every combination of at most one offload, one quantization, one VAE mode and the fp8 text
     encoder, fastest first (fewer and cheaper techniques first: the order of ``OFFLOADS`` ...);
-    ``fp8``: whether the GPU has FP8 tensor cores (``quantize-fp8`` needs them)."""
+    ``fp8``: whether the GPU has FP8 tensor cores (``quantize-fp8`` and the float8 formats need them). The
+    quantizations are the ``--quantize BACKEND:TYPE`` formats the prediction holds (``fit_formats``), else
+    ``QUANTIZATIONS``."""
     can = supported(prediction)
     text = ("none", "fp8-text-encoder") if can["fp8-text-encoder"] else ("none",)
     vae = tuple(mode for mode in VAE_MODES if mode == "none" or can[mode])
-    quantizations = tuple(q for q in QUANTIZATIONS if fp8 or q != "quantize-fp8")
+    quantizations = ("none", *offered(prediction, fp8)) if offered(prediction) else QUANTIZATIONS
+    quantizations = tuple(q for q in quantizations if fp8 or q != "quantize-fp8")
     found = []
     for offload, quantization, vae_mode, encoder in itertools.product(OFFLOADS, quantizations, vae, text):
         chosen = tuple(t for t in (offload, quantization, vae_mode, encoder) if t != "none")
-        cost = (OFFLOADS.index(offload), QUANTIZATIONS.index(quantization) > 0, len(chosen))
+        cost = (OFFLOADS.index(offload), quantization != "none", len(chosen), quantizations.index(quantization))
         found.append((cost, chosen))
     return [chosen for _, chosen in sorted(found, key=lambda item: item[0])]
 

@@ -25,9 +25,10 @@ COLUMNS = (
     ("time lower bound", lambda c: c.lower_s, lambda c: _seconds(c.lower_s)),
     ("expected time", lambda c: _middle(c.expected_s), lambda c: _range(c.expected_s, units.seconds)),
     ("energy per output", lambda c: _middle(c.energy_j), lambda c: _range(c.energy_j, units.joules)),
+    ("least quantization that fits", lambda c: c.least_format or "", lambda c: _least(c)),
 )
 CSV_FIELDS = (
-    "model", "gpu", "architecture", "memory_bytes", "fits", "setting", "peak_bytes", "plain_peak_bytes",
+    "model", "gpu", "architecture", "memory_bytes", "fits", "setting", "least_format", "peak_bytes", "plain_peak_bytes",
     "lower_s", "expected_low_s", "expected_high_s", "energy_low_j", "energy_high_j", "output", "notes",
 )  # fmt: skip
 
@@ -36,6 +37,10 @@ def _setting(cell: Cell) -> str:
     if cell.setting is None:
         return "does not fit"
     return ", ".join(cell.setting) or "plain"
+
+
+def _least(cell: Cell) -> str:
+    return cell.least_format or "none without layer offload"
 
 
 def _peak(cell: Cell) -> str:
@@ -67,6 +72,7 @@ def leaderboard_csv(cells: list[Cell]) -> str:
             {
                 **{key: getattr(cell, key) for key in ("model", "gpu", "architecture", "memory_bytes", "fits")},
                 "setting": "" if cell.setting is None else "+".join(cell.setting) or "plain",
+                "least_format": cell.least_format or "",
                 **{key: getattr(cell, key) for key in ("peak_bytes", "plain_peak_bytes", "lower_s", "output")},
                 "expected_low_s": expected[0],
                 "expected_high_s": expected[1],
@@ -105,7 +111,9 @@ def leaderboard_html(cells: list[Cell], left_out: list[str]) -> str:
         "GPUs.</p>"
         '<p class="warning">Predictions, not measurements. Memory: live tensors tracked on fake tensors, each '
         "family checked against a real tiny run or marked not checked; the fitting setting is the fastest that "
-        "bench can run whose peak fits what is left after the CUDA context and libraries. Time: the roofline lower "
+        "bench can run whose peak fits what is left after the CUDA context and libraries; the least quantization "
+        "that fits is the --quantize format (on the denoisers) keeping the most bytes whose setting fits without "
+        "layer offloading (model offload allowed), the run's dtype where none is needed. Time: the roofline lower "
         "bound, and for the plain pipeline the expected range fitted on published eager runs per GPU architecture "
         "(coverage and error in the notes). Energy: that expected time's geometric midpoint at the average board "
         "power fitted on published runs' energy, as a share of the card's TDP, widened by the spread that fit "
@@ -124,13 +132,25 @@ def summary_table(cells: list[Cell]) -> Table:
     gpus = list(dict.fromkeys(cell.gpu for cell in cells))
     if len(gpus) == 1:
         table = Table(title=f"predicted on {gpus[0]} (catalog defaults; expected range: plain pipeline only)")
-        for header in ("model", "fits", "setting", "peak memory", "expected time", "energy per output"):
-            table.add_column(header, justify="left" if header in ("model", "setting") else "right")
+        headers = (
+            "model",
+            "fits",
+            "setting",
+            "least quantization",
+            "peak memory",
+            "expected time",
+            "energy per output",
+        )
+        for header in headers:
+            table.add_column(
+                header, justify="left" if header in ("model", "setting", "least quantization") else "right"
+            )
         for cell in cells:
             table.add_row(
                 cell.model,
                 "yes" if cell.fits else "no",
                 _setting(cell),
+                _least(cell),
                 _peak(cell),
                 _range(cell.expected_s, units.seconds) if cell.expected_s else _seconds(cell.lower_s) + " (bound)",
                 _range(cell.energy_j, units.joules),

@@ -73,10 +73,16 @@ def fit_table(
     refused: list[tuple[tuple[str, ...], str]],
     untimed: str | None = None,
     next_step: str | None = None,
+    per_row: tuple[dict, dict, dict] = ({}, {}, {}),
+    fitting: int | None = None,
 ) -> FittedTable:
     """The settings that fit once ``held_back`` bytes are kept for CUDA, with their lower bounds of time, fastest
     first where every time is known, and ``untimed``: why a setting has none; a line if none fits, and
-    ``next_step``: what to do then."""
+    ``next_step``: what to do then; ``per_row``: each setting's quality cost, why its time is the unquantized
+    pipeline's (``runs.fitting.time_note``) and its expected range; ``fitting``: how many settings fit (``rows``
+    may be the first of them)."""
+    qualities, notes, expected = per_row
+
     timed = all(time is not None for _, _, time in rows) and bool(rows)
     order = "fastest first" if timed else "likely fastest first"
     held = f", {gib(held_back)} held back for CUDA" if held_back else ""
@@ -90,31 +96,67 @@ def fit_table(
             Column("predicted peak"),
             Column("left", drop=1),
             Column("time >= s/generation", drop=0),
+            *([Column("expected s", drop=4)] if expected else []),  # only a setting that moves no weights has one
+            Column("quality", drop=2),
         ],
     )
     usable = gpu.memory_bytes - held_back
     for chosen, peak, time in rows:
         shown = f"{time:,.2f}" if time is not None else "-"
-        table.add_row(escape(" + ".join(chosen) or "as is"), gib(peak), gib(usable - peak), shown)
+        shown += " unquantized" if time is not None and notes.get(chosen) else ""
+        ranged = f"{expected[chosen][0]:,.2f}-{expected[chosen][1]:,.2f}" if expected.get(chosen) else "-"
+        quality = qualities.get(chosen, "-")
+        ranged = [ranged] if expected else []
+        table.add_row(escape(setting_text(chosen)), gib(peak), gib(usable - peak), shown, *ranged, quality)
     if not rows:
-        table.add_row("nothing fits, even with sequential offload", "", "", "", style="red")
+        table.add_row("nothing fits, even with sequential offload", "", "", "", *[""] * bool(expected), "", style="red")
     link = f" over its {gpu.host_link}" if gpu.host_link else ""
-    notes = [escape(next_step)] if next_step else []
+    lines = [escape(next_step)] if next_step else []
+    if prediction.peak_bytes > usable:
+        lines.append(
+            f"As is ({prediction.dtype}) it does not fit: its peak {gib(prediction.peak_bytes)} at "
+            f"{prediction.peak_stage} ({gib(sum(prediction.component_param_bytes.values()))} of weights) is over the "
+            f"{gib(usable)} left of {gib(gpu.memory_bytes)}."
+        )
+    if fitting is not None and fitting > len(rows):
+        lines.append(f"{fitting - len(rows)} more settings fit: --all-settings lists them (--json holds all).")
     if held_back:
-        notes.append(
+        lines.append(
             f"Held back: {gib(held_back)} for the CUDA context and libraries (measured on an H200, "
             "docs/memory-prediction.md)."
         )
     if any(time is not None for _, _, time in rows):
-        notes.append(
-            f"Time: a lower bound, the roofline plus offloading's weight transfers{link} at its standard rate; "
-            "quantized weights are timed as unquantized."
+        lines.append(
+            f"Time: a lower bound, the roofline plus offloading's weight transfers{link} at its standard rate."
         )
+    said = sorted({notes[chosen] for chosen, _, time in rows if time is not None and notes.get(chosen)})
+    if said:
+        lines.append(
+            "unquantized: the format's time is not modelled; the bound shown is the unquantized pipeline's with the "
+            f"setting's offload transfers, and these rows follow the timed ones: {escape('; '.join(said))}."
+        )
+    if expected:
+        lines.append("Expected: the calibrated range, for a setting that moves no weights over the host link.")
+    if any(quality == "not measured" for quality in qualities.values()):
+        lines.append(
+            "Quality: not measured for any quantized format here (no measured figure in the repository); bench "
+            "--quantize BACKEND:TYPE --compare-baseline measures PSNR and SSIM against the unquantized images."
+        )
+    if any(t.startswith("quantize-gguf-") for chosen, _, _ in rows for t in chosen):
+        lines.append("GGUF: a single file, --weights FILE.gguf; `diffmeter models MODEL` lists the published ones.")
     if untimed:
-        notes.append(f"No time: {escape(untimed)}.")
+        lines.append(f"No time: {escape(untimed)}.")
     if refused:
-        notes.append(f"Left out, bench refuses them: {'; '.join(escape(' + '.join(c)) + ': ' + r for c, r in refused)}")
+        lines.append(f"Left out, bench refuses them: {'; '.join(escape(' + '.join(c)) + ': ' + r for c, r in refused)}")
     if prediction.checked and not prediction.checked.startswith("checked"):
-        notes.append(f"Memory: {escape(prediction.checked)}.")
-    table.caption = " ".join(notes)
+        lines.append(f"Memory: {escape(prediction.checked)}.")
+    table.caption = " ".join(lines)
     return table
+
+
+def setting_text(chosen: tuple[str, ...]) -> str:
+    """A setting as the table shows it: a ``--quantize BACKEND:TYPE`` format as that value (``gguf:Q4_K_S``)."""
+    from diffmeter.predict.fit_formats import label
+
+    legacy = ("quantize-int8", "quantize-fp8")
+    return " + ".join(label(t) if t.startswith("quantize-") and t not in legacy else t for t in chosen) or "as is"

@@ -5,6 +5,7 @@ refuses before loading (the same checks), each with its predicted lower bound of
 from __future__ import annotations
 
 from diffmeter.errors import DiffmeterError
+from diffmeter.predict.fit_formats import NEEDS_FP8, label
 
 
 def runnable(fits, entry, spec):
@@ -29,6 +30,8 @@ def runnable(fits, entry, spec):
 
 
 def refusals(settings, entry, spec) -> list[tuple[tuple[str, ...], str]]:
+    """A GGUF format is checked without its file (the download the user picks: ``diffmeter models MODEL`` lists the
+    published ones); bench checks the file's tensor type when it runs."""
     import torch
 
     from diffmeter.errors import MissingPackage
@@ -36,16 +39,19 @@ def refusals(settings, entry, spec) -> list[tuple[tuple[str, ...], str]]:
     from diffmeter.optimize import registry
     from diffmeter.optimize.base import Target
     from diffmeter.optimize.options import memory_setting_specs
+    from diffmeter.quiet import quiet_import
 
     target = Target(entry, get_family(entry.family), torch.device("cuda"), spec.dtype, spec.steps)
     refused = []
-    for chosen in settings:
-        try:
-            registry.check(registry.build(memory_setting_specs(chosen)), target)
-        except MissingPackage:
-            pass
-        except DiffmeterError as error:
-            refused.append((tuple(chosen), str(error)))
+    with quiet_import():  # a backend's check imports it: SDNQ and bitsandbytes say which kernels they lack
+        for chosen in settings:
+            checked = tuple(t for t in chosen if not t.startswith("quantize-gguf-"))
+            try:
+                registry.check(registry.build(memory_setting_specs(checked)), target)
+            except MissingPackage:
+                pass
+            except DiffmeterError as error:
+                refused.append((tuple(chosen), str(error)))
     return refused
 
 
@@ -60,18 +66,94 @@ def plain_time(work, prediction, gpu, outputs: int = 1, tf32: bool = True):
     return predict_time(work, gpu, weights=prediction.weight_read_bytes, outputs=outputs, fp32_math=fp32_math)
 
 
-def lower_times(time, prediction, gpu, settings) -> dict[tuple[str, ...], float]:
+def lower_times(time, prediction, gpu, settings, formats: dict | None = None) -> dict[tuple[str, ...], float]:
     """Each setting's lower bound of seconds per generation on ``gpu``, from the plain pipeline's ``time``
-    (``plain_time``; none without it, or without the GPU's host link for an offloading setting)."""
+    (``plain_time``; none without it, or without the GPU's host link for an offloading setting), or from its
+    format's (``formats``: ``format_times``) where that format's time is modelled."""
     from diffmeter.predict.offload_time import lower_s, moved_bytes
 
     if time is None:
         return {}
+    formats = formats or {}
     return {
-        chosen: lower_s(time.lower_s, prediction, chosen, gpu.host_link_bytes_per_s)
+        chosen: lower_s(base_time(time, chosen, formats).lower_s, prediction, chosen, gpu.host_link_bytes_per_s)
         for chosen in settings
         if gpu.host_link_bytes_per_s or not moved_bytes(prediction, chosen)
     }
+
+
+def base_time(time, chosen: tuple[str, ...], formats: dict):
+    """The time a setting's compute is predicted from: its format's where modelled, else the plain pipeline's."""
+    return next((formats[t] for t in chosen if t in formats), time)
+
+
+def format_times(work, prediction, spec, gpu, tf32: bool, settings) -> dict:
+    """Each format among ``settings`` whose time is modelled (``predict.quantized_time``), as ``profile --gpu
+    --quantize`` predicts it: the plain pipeline's work with the denoisers' quantized layers as the backend runs them
+    (``TimePrediction`` per technique; none without the GPU's figures). Remembered on disk (a meta build each)."""
+    from diffmeter import cache
+    from diffmeter.predict.cached import cache_key
+    from diffmeter.predict.schema import TimePrediction
+
+    quantized = {t for chosen in settings for t in chosen if t.startswith("quantize-")}
+    names = sorted(t for t in quantized if not why_untimed_format(t))
+    found = {}
+    for name in names:
+        key = {"spec": cache_key(spec), "gpu": gpu.model_dump(mode="json"), "tf32": tf32, "format": name}
+        stored = cache.load("fit-format-time", key)
+        if stored is None:
+            from diffmeter.predict.quantized_memory import Format
+            from diffmeter.predict.quantized_time import quantized_work
+
+            backend, _, kind = label(name).partition(":")
+            time = plain_time(quantized_work(work, spec, [Format(backend, kind)]), prediction, gpu, tf32=tf32)
+            stored = {"time": time.model_dump(mode="json") if time else None}
+            cache.store("fit-format-time", key, stored)
+        if stored["time"] is not None:
+            found[name] = TimePrediction.model_validate(stored["time"])
+    return found
+
+
+def why_untimed_format(name: str) -> str | None:
+    """Why a quantization technique's time is not modelled (None: it is); the legacy torchao-after-loading names
+    are not."""
+    from diffmeter.predict.quantized_time import why_not_modelled
+
+    if name in ("quantize-int8", "quantize-fp8"):
+        return "torchao applied after loading is not timed"
+    return why_not_modelled(*label(name).split(":"))
+
+
+def time_note(chosen: tuple[str, ...], timed: dict) -> str | None:
+    """Why a setting's time is the unquantized pipeline's: its quantization's time is not modelled (``timed``: the
+    formats ``format_times`` timed); None where the setting has no such quantization."""
+    untimed = [t for t in chosen if t.startswith("quantize-") and t not in timed]
+    if not untimed:
+        return None
+    legacy = ("quantize-int8", "quantize-fp8")
+    return "; ".join(
+        f"{t if t in legacy else label(t)} not timed ({why_untimed_format(t) or 'no time for this GPU'})"
+        for t in untimed
+    )
+
+
+def quality_costs(settings) -> dict[tuple[str, ...], str]:
+    """Each setting's image quality cost: "lossless" where every technique is (its ``lossless``), else "not
+    measured" (no measured quality figure of a quantized format is in the repository: bench --compare-baseline
+    measures PSNR and SSIM against the unquantized images). Remembered on disk (the techniques' classes import torch
+    and diffusers: seconds)."""
+    from diffmeter import cache
+
+    key = {"settings": sorted(list(chosen) for chosen in settings)}
+    stored = cache.load("quality", key)
+    if stored is None:
+        from diffmeter.optimize import registry
+        from diffmeter.optimize.options import memory_setting_specs
+
+        lossless = {t: registry.build(memory_setting_specs((t,)))[0].lossless for c in settings for t in c}
+        stored = [[list(c), "lossless" if all(lossless[t] for t in c) else "not measured"] for c in settings]
+        cache.store("quality", key, stored)
+    return {tuple(chosen): cost for chosen, cost in stored}
 
 
 def why_untimed(plain, gpu, work, tf32: bool, named: bool) -> str:
@@ -103,7 +185,8 @@ def next_step(prediction, entry, spec, fp8: bool, cards: list) -> str:
     every, _ = runnable([(chosen, peak_under(prediction, chosen)) for chosen in settings(prediction)], entry, spec)
 
     def least(with_fp8: bool) -> tuple[tuple[str, ...], int]:
-        return min(((c, peak) for c, peak in every if with_fp8 or "quantize-fp8" not in c), key=lambda row: row[1])
+        fp8_only = {"quantize-fp8", *NEEDS_FP8}
+        return min(((c, peak) for c, peak in every if with_fp8 or not fp8_only & set(c)), key=lambda row: row[1])
 
     chosen, peak = least(fp8)
     cards = sorted(cards, key=lambda card: card.memory_bytes)

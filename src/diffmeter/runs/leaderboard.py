@@ -24,6 +24,9 @@ class Cell(BaseModel):
     peak_bytes: int | None = None
     #: the plain pipeline's predicted peak (what does not fit, when nothing plain does)
     plain_peak_bytes: int
+    #: the least quantization that fits without layer offloading (``fit_formats.least_quantization``): the run's
+    #: dtype ("bf16") where no format is needed, a ``--quantize`` format (``gguf:Q6_K``), None where none does
+    least_format: str | None = None
     lower_s: float | None = None
     expected_s: tuple[float, float] | None = None
     energy_j: tuple[float, float] | None = None
@@ -52,6 +55,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
     """One model's cells on ``gpus``: one fake run of its generation at the catalog defaults (or its answer from
     the disk cache, without torch), then per GPU."""
     from diffmeter.predict.cached import cached_memory_and_work, cached_work
+    from diffmeter.predict.fit_formats import least_quantization, with_fit_formats
     from diffmeter.predict.roofline import missing_figures
     from diffmeter.predict.techniques import fitting, peak_under
     from diffmeter.predict.vae_decode import VAE_MODES
@@ -64,6 +68,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
 
         found = predict_memory_and_work(spec)
     prediction, work = found
+    quantized = with_fit_formats(prediction, spec)
     plain = peak_under(prediction, ())
     output = "video" if spec.num_frames else "image"
     memory_note = f"memory: {prediction.checked}" if prediction.checked else "memory: tracked on fake tensors"
@@ -74,6 +79,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
         time = plain_time(work, prediction, gpu, spec.batch_size)
         times = lower_times(time, prediction, gpu, [chosen for chosen, _ in found])
         rows = sorted(found, key=lambda row: times.get(row[0], float("inf")))
+        formats, _ = runnable(fitting(quantized, usable, fp8="fp8" in gpu.tflops), entry, spec)
         cell = Cell(
             model=name,
             gpu=gpu.name,
@@ -81,6 +87,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
             memory_bytes=gpu.memory_bytes,
             fits=bool(rows),
             plain_peak_bytes=plain,
+            least_format=least_quantization(quantized, formats),
             output=output,
             notes=[memory_note],
         )

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from diffmeter.catalog import entry_of
+from diffmeter.catalog.controlnets import controlnet_of
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import lora
 from diffmeter.loading import attach_lora, load_pipeline, loaded_dtypes
@@ -156,7 +157,7 @@ class MeasuredRun:
             run.entry, run.source, device, spec.dtype, spec.seed, self.target.held, spec.component_dtypes, quantization
         )
         family = run.target.family
-        if spec.image_sizes:
+        if spec.image_sizes and not controlnet_of(run.entry):  # a ControlNet's control image needs no other class
             self.pipe = family.conditioned_pipeline(self.pipe)
         targets = lora.target_names(family, run.entry, spec.lora_targets)
         attach_lora(self.pipe, family.denoiser, targets, spec.lora_rank, spec.lora, spec.fuse_lora)

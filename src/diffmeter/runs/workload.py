@@ -77,9 +77,9 @@ class Workload:
             arguments["class_labels"] = batch.class_labels
         else:
             arguments.update(prompt=batch.prompts, height=spec.height, width=spec.width)
-        if spec.image_sizes:
-            arguments.update(self.family.image_arguments(self.entry, [self.input_images(seed) for seed in batch.seeds]))
         steering = controlnet_of(self.entry)
+        if spec.image_sizes and not steering:
+            arguments.update(self.family.image_arguments(self.entry, [self.input_images(seed) for seed in batch.seeds]))
         if steering:  # the ControlNet pipelines name it control_image (FLUX) or image (SD, SDXL)
             name = "control_image" if "control_image" in accepted else "image"
             arguments.update(steering["call"], **{name: [self.control_image(seed) for seed in batch.seeds]})
@@ -93,7 +93,7 @@ class Workload:
         if "use_resolution_binning" in accepted:
             arguments["use_resolution_binning"] = spec.resolution_binning
         arguments = {name: value for name, value in arguments.items() if name in accepted}
-        return self.family.seeded_call(pipe, arguments) if spec.image_sizes else arguments
+        return self.family.seeded_call(pipe, arguments) if spec.image_sizes and not steering else arguments
 
     def input_images(self, seed: int) -> list:
         """One output's input images: the ``--image`` files, else seeded noise at each ``--image-size`` (its
@@ -111,9 +111,12 @@ class Workload:
         return made
 
     def control_image(self, seed: int):
-        """One output's ControlNet condition: seeded noise at the output size (the pipelines resize it to it)."""
+        """One output's ControlNet condition: the input image (``--image``, or seeded noise at ``--image-size``), else
+        seeded noise at the output size (the pipelines resize it to it)."""
         from PIL import Image
 
+        if self.spec.image_sizes:
+            return self.input_images(seed)[0]
         pixels = np.random.default_rng([seed, 1 << 20]).integers(0, 256, (self.spec.height, self.spec.width, 3))
         return Image.fromarray(pixels.astype(np.uint8))
 

@@ -1,0 +1,245 @@
+"""The time of a ``--quantize BACKEND:TYPE`` run: each quantized ``nn.Linear``'s matmul in the operator work
+(``operators``) replaced by what the backend's forward runs on CUDA in eager mode, so the roofline and its calibrated
+range (``roofline.predict_time``) time it like any other operator. Read in the installed sources (paths under
+site-packages; T tokens, K in and N out features, s bytes per element of the compute dtype):
+
+* GGUF: ``GGUFLinear.forward_native`` (diffusers/quantizers/gguf/utils.py:611-617; ``forward_cuda`` only with
+  ``DIFFUSERS_GGUF_CUDA_KERNELS``, :34-39): the block dequantization in plain torch operators (:524-543 and the
+  type's ``dequantize_blocks_*``), a cast to the compute dtype, then the layer's bf16 matmul. Its operators are
+  counted here by running that code on fake tensors at the layer's shape (``gguf_dequantize_groups``).
+* bitsandbytes NF4/FP4: ``MatMul4Bit.forward`` (bitsandbytes/autograd/_functions.py:446-447): one
+  ``dequantize_4bit`` kernel (reads the packed weight and its absmax, not the code table; writes s.K.N), then
+  ``F.linear``.
+* optimum-quanto int8/float8: ``qbytes_mm`` (optimum/quanto/library/qbytes_mm.py:25-33, the CUDA op's path for
+  floating activations, :73-89): float8 cast to the compute dtype, the scales multiplied into the weight, a matmul;
+  the bias added after it (tensor/weights/qbytes.py:78-81).
+* torchao int8 weight-only (torchao/quantization/quantize_/workflows/int8/int8_tensor.py:344-355): the int8 weight
+  cast, a matmul, the output times the row scales, the bias added in place.
+* torchao float8 weight-only (float8/float8_tensor.py:465): the weight dequantized through float32
+  (cast, times the scale, cast back), a matmul, the bias added.
+* torchao float8 dynamic activation, per tensor or per row (float8_tensor.py:350-353, :431-445;
+  torchao/float8/inference.py:114-123): the activation quantized in eager operators (abs, amax, scale, a float32
+  copy divided and clamped, cast to float8), then one ``_scaled_mm`` at the card's fp8 peak reading 1 byte per
+  operand element.
+
+Not modelled (their time is left out, as before): bitsandbytes int8 (LLM.int8(): outlier decomposition by value),
+torchao int4 and quanto int4 (packed int4 kernels whose eager speed the published runs show far off any bound), SDNQ.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from diffmeter.errors import DiffmeterError
+from diffmeter.families import get_family
+from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork
+from diffmeter.quantization_spec import DENOISER
+
+#: the types whose time is modelled, per backend
+MODELLED = {
+    "gguf": None,  # every block type (BF16 and F16 tensors are whole: no change)
+    "bnb": ("nf4", "fp4"),
+    "quanto": ("int8", "float8"),
+    "torchao": ("int8wo", "float8wo", "float8dq-tensor", "float8dq-row"),
+}
+INT4 = (
+    "its packed int4 kernels run far from any bound in eager mode: FLUX.1-dev on an H100, 109 s against 12 s in "
+    "bfloat16 (benchmarks/published_quantized.yaml)"
+)
+#: why a type's time is not modelled
+NOT_MODELLED = {
+    "bnb": "LLM.int8() splits outlier columns by their values at run time",
+    "torchao": INT4,
+    "quanto": INT4,
+    "sdnq": "no published quantized latency to check it on",
+}
+FP8 = "float8_e4m3fn"
+#: bitsandbytes' stored NF4/FP4 code table (``quantized_layouts.bnb_bytes``), which ``dequantize_4bit`` does not read
+BNB_CODE = 16 * 4
+
+
+def why_not_modelled(backend: str, kind: str) -> str | None:
+    """Why the time of ``backend``:``kind`` is not modelled, or None where it is."""
+    types = MODELLED.get(backend, ())
+    if backend in MODELLED and (types is None or kind in types):
+        return None
+    return NOT_MODELLED.get(backend, "not modelled")
+
+
+def needs_fp8(backend: str, kind: str) -> bool:
+    """Whether the type runs its matmuls on FP8 tensor cores (CUDA, compute capability 8.9 and up)."""
+    return backend == "torchao" and kind.startswith("float8dq")
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One quantized ``nn.Linear``: in and out features, a bias, its weight's stored bytes, its GGUF type."""
+
+    k: int
+    n: int
+    bias: bool
+    stored: int
+    gguf: str | None = None
+
+
+#: (kind, FLOPs, bytes, dtype) of one operator
+Op = tuple[str, int, int, str | None]
+
+
+def activation_quantize(elements: int, rows: int, s: int) -> list[Op]:
+    """torchao's float8 activation quantization (``_choose_scale_float8``, ``_quantize_affine_float8``), its eager
+    operators as they dispatch: abs, amax (one per ``rows``), the scale's cast and clamp, a float32 copy, divided by
+    the scale, clamped, cast to float8."""
+    return [
+        ("elementwise", 0, 2 * s * elements, None),  # abs
+        ("other", 0, s * elements + s * rows, None),  # amax
+        ("other", 0, (s + 4) * rows, None),  # the amax to float32
+        ("elementwise", 0, 4 * rows, None),  # the scale
+        ("other", 0, (s + 4) * elements, None),  # the activation to float32
+        ("elementwise", 0, 8 * elements + 4 * rows, None),  # divided by its scale
+        ("elementwise", 0, 8 * elements, None),  # clamped to float8's range
+        ("other", 0, 5 * elements, None),  # cast to float8
+    ]
+
+
+def layer_ops(backend: str, kind: str, layer: Layer, tokens: int, s: int) -> list[Op]:
+    """The operators one call of the quantized ``layer`` runs on ``tokens`` rows, in place of its matmul."""
+    k, n, t, b = layer.k, layer.n, tokens, int(layer.bias)
+    flops = 2 * t * k * n
+    plain: Op = ("matmul", flops, s * (t * k + k * n + t * n + b * n), None)
+    unbiased: Op = ("matmul", flops, s * (t * k + k * n + t * n), None)
+    add_bias = [("elementwise", 0, s * (2 * t * n + n), None)] * b  # an out-of-place bias add
+    if backend == "gguf":
+        return [*gguf_dequantize_groups(layer.gguf, k, n, {2: "bfloat16", 4: "float32"}[s]), plain]
+    if backend == "bnb":
+        # the stored 16-value float32 code is not read: the kernel decodes NF4/FP4 with its own table
+        return [("other", 0, layer.stored - BNB_CODE + s * k * n, None), plain]
+    if backend == "quanto":
+        cast = [("other", 0, k * n + s * k * n, None)] if kind == "float8" else []
+        scaled = ("elementwise", 0, s * n + (s if kind == "float8" else 1) * k * n + s * k * n, None)
+        return [*cast, scaled, unbiased, *add_bias]
+    if kind == "int8wo":
+        cast = ("other", 0, k * n + s * k * n, None)
+        scales = [("other", 0, 4 * n + s * n, None), ("elementwise", 0, s * (2 * t * n + n), None)]
+        return [cast, unbiased, *scales, *[("elementwise", 0, s * (t * n + n), None)] * b]
+    if kind == "float8wo":
+        dequantize = [("other", 0, 5 * k * n, None), ("elementwise", 0, 8 * k * n + 4 * n, None)]
+        return [*dequantize, ("other", 0, (4 + s) * k * n, None), unbiased, *add_bias]
+    if kind.startswith("float8dq"):
+        rows = t if kind == "float8dq-row" else 1
+        scales = 4 * (rows + (n if kind == "float8dq-row" else 1))
+        scaled_mm = ("matmul", flops, t * k + k * n + s * t * n + b * s * n + scales, FP8)
+        return [*activation_quantize(t * k, rows, s), scaled_mm]
+    raise ValueError(f"{backend}:{kind}: its time is not modelled")
+
+
+@functools.lru_cache(maxsize=256)
+def gguf_dequantize_groups(kind: str, k: int, n: int, dtype: str) -> tuple[Op, ...]:
+    """The operators diffusers' GGUF dequantization of a ``kind`` weight of n x k runs, and the cast to the compute
+    ``dtype`` (gguf/utils.py:524-543, :612-613), counted by running them on fake tensors (a float16 run moves the
+    bytes a bfloat16 one does)."""
+    import gguf
+    from diffusers.quantizers.gguf.utils import dequantize_functions
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from diffmeter.predict.operators import OperatorTally
+
+    quant = gguf.GGMLQuantizationType[kind]
+    block, size = gguf.GGML_QUANT_SIZES[quant]
+    compute = getattr(torch, dtype)
+    with FakeTensorMode(), OperatorTally(compute) as tally:
+        blocks = torch.empty((n * k // block, size), dtype=torch.uint8)
+        dequant = dequantize_functions[quant](blocks, block, size).reshape(n, k)
+        dequant.to(compute)
+    return tuple((g.kind, g.flops, g.bytes, g.dtype) for g in tally.operators() for _ in range(g.calls))
+
+
+def quantized_layers(module: torch.nn.Module, backend: str, kind: str, dtype: torch.dtype) -> dict[tuple, list]:
+    """Per (in, out features, bias) of ``module``'s ``nn.Linear`` layers: a ``Layer`` per quantized one, None per
+    one the backend leaves whole (``quantized_formats.stored_tensors``)."""
+    from diffmeter.predict.quantized_formats import gguf_file_types, stored_tensors
+
+    stored = {t.name: t for t in stored_tensors(module, backend, kind, dtype)}
+    types = gguf_file_types(module, kind) if backend == "gguf" else {}
+    found = defaultdict(list)
+    for name, linear in module.named_modules():
+        if not isinstance(linear, torch.nn.Linear):
+            continue
+        weight = stored.get(f"{name}.weight" if name else "weight")
+        key = (linear.in_features, linear.out_features, linear.bias is not None)
+        if weight is None or not weight.quantized:
+            found[key].append(None)
+            continue
+        found[key].append(Layer(*key, weight.bytes, types.get(weight.name)))
+    return dict(found)
+
+
+def match(group: OperatorGroup, s: int, shapes) -> tuple[tuple, int] | None:
+    """The (in, out, bias) of the linear layers a matmul ``group`` is, and their tokens, where its FLOPs and bytes
+    are exactly such a layer's (2.T.K.N FLOPs; s.(T.K + K.N + T.N + bias N) bytes)."""
+    if group.kind != "matmul" or group.scores:
+        return None
+    for key in shapes:
+        k, n, bias = key
+        tokens, rest = divmod(group.flops, 2 * k * n)
+        if tokens and not rest and group.bytes == s * (tokens * k + k * n + tokens * n + bias * n):
+            return key, tokens
+    return None
+
+
+def rewrite_call(call: CallWork, backend: str, kind: str, layers: dict[tuple, list], s: int) -> CallWork:
+    """``call`` with each matmul group of quantized layers replaced by their operators (their share of the group's
+    calls: the layers of that shape the backend quantizes, each type of a GGUF mix in proportion)."""
+    operators, extra = [], 0
+    for group in call.operators:
+        found = match(group, s, layers) if group.dtype is None else None
+        if found is None:
+            operators.append(group)
+            continue
+        key, tokens = found
+        kinds = layers[key]
+        shares = defaultdict(int)
+        for layer in kinds:
+            shares[layer] += 1
+        left = group.calls
+        for layer, count in shares.items():
+            if layer is None:
+                continue
+            calls = round(group.calls * count / len(kinds))
+            left -= calls
+            for op_kind, flops, moved, dtype in layer_ops(backend, kind, layer, tokens, s):
+                operators.append(OperatorGroup(kind=op_kind, flops=flops, bytes=moved, calls=calls, dtype=dtype))
+                extra += calls
+            extra -= calls  # the matmul it replaces
+        if left:
+            operators.append(group.model_copy(update={"calls": left}))
+    return call.model_copy(update={"operators": operators, "dispatched": call.dispatched + extra})
+
+
+def quantized_work(work: OperatorWork, spec, formats) -> OperatorWork:
+    """``work`` (of ``spec``) with every modelled format's quantized linear layers as the backend runs them; a format
+    whose time is not modelled raises (``why_not_modelled``)."""
+    from diffmeter.predict.footprints import meta_module
+    from diffmeter.predict.memory import DTYPES, settled_plan
+
+    entry, settled, _ = settled_plan(spec)
+    denoisers = [name for name in get_family(entry.family).denoisers(entry) if name in entry.components]
+    calls = list(work.calls)
+    for found in formats:
+        why = why_not_modelled(found.backend, found.type)
+        if why:
+            raise DiffmeterError(f"--quantize {found.backend}:{found.type}: its time is not modelled ({why})")
+        for name in [n for named in found.components for n in (denoisers if named == DENOISER else [named])]:
+            dtype = DTYPES[settled.dtype_of(name)]
+            layers = quantized_layers(meta_module(entry.components[name], dtype), found.backend, found.type, dtype)
+            calls = [
+                rewrite_call(call, found.backend, found.type, layers, dtype.itemsize)
+                if call.component == name
+                else call
+                for call in calls
+            ]
+    return work.model_copy(update={"calls": calls})

@@ -1,0 +1,158 @@
+"""torch.compile and the attention kernels in the expected time (``predict.compiled_time``,
+``predict.attention_kernels``, ``predict.timed_techniques``): the fusible chains counted as operators run, the
+compiled work of a tiny model's real count, the chains against the kernels inductor emits on CPU (slow), the math
+path's materialized scores, the command line, and the held-out test of benchmarks/calibrate_techniques.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from diffmeter.predict.attention_kernels import MATH_PASSES, with_kernel
+from diffmeter.predict.compiled_time import EXTERN_KINDS, FUSED_KINDS, compiled_work
+from diffmeter.predict.operators import OperatorTally, operator_work
+from diffmeter.spec import ProfileSpec
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+class Block(torch.nn.Module):
+    """linear -> gelu -> add -> linear -> layer norm -> mul: two chains of fusible operators."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = torch.nn.functional.gelu(self.first(x)) + x
+        return torch.nn.functional.layer_norm(self.second(y), (8,)) * 2
+
+
+def test_chains_of_fusible_operators_are_counted_in_the_order_they_run():
+    block, x = Block(), torch.randn(2, 8)
+    with torch.no_grad(), OperatorTally(torch.float32) as tally:
+        block(x)
+    counts = tally.host_counts()
+    kinds = {g.kind for g in tally.operators()}
+    assert counts["fused_chains"] == 2 and kinds >= {"matmul", "elementwise", "normalization"}
+    assert counts["dispatched"] == 8  # addmm and a transposed view per linear, gelu, add, layer norm, mul: no chain
+
+
+@pytest.fixture(scope="module")
+def work():
+    return operator_work(ProfileSpec(model="tiny-flux", steps=2))
+
+
+def test_compile_fuses_the_denoisers_chains_and_leaves_the_library_kernels(work):
+    compiled = compiled_work(work, ("transformer",), "default")
+    for before, after in zip(work.calls, compiled.calls, strict=True):
+        if before.component != "transformer":
+            assert after == before
+            continue
+        library = [g for g in before.operators if g.kind in EXTERN_KINDS]
+        assert [g for g in after.operators if g.kind in EXTERN_KINDS] == library
+        fused_before = [g for g in before.operators if g.kind in FUSED_KINDS]
+        fused_after = [g for g in after.operators if g.kind in FUSED_KINDS]
+        kernels = sum(g.calls for g in fused_after)
+        assert before.fused_chains < sum(g.calls for g in fused_before)
+        assert abs(kernels - before.fused_chains) <= len(FUSED_KINDS)  # each kind's share rounded
+        moved = [sum(g.bytes * g.calls for g in groups) for groups in (fused_before, fused_after)]
+        per_operator = moved[0] / sum(g.calls for g in fused_before)
+        assert moved[1] == pytest.approx(kernels * per_operator, rel=0.05) and moved[1] < moved[0]
+        assert after.dispatched == sum(g.calls for g in after.operators) and after.modules == 1
+    graphs = compiled_work(work, ("transformer",), "reduce-overhead")
+    assert {c.dispatched for c in graphs.calls if c.component == "transformer"} == {1}
+
+
+def test_the_math_path_adds_the_score_matrix_passes(work):
+    math = with_kernel(work, "math", ("transformer",))
+    for before, after in zip(work.calls, math.calls, strict=True):
+        for old, new in zip(before.operators, after.operators, strict=True):
+            added = MATH_PASSES * old.scores * 4 if old.kind == "attention" and before.component == "transformer" else 0
+            assert new.bytes - old.bytes == added  # a float32 run: 4 bytes per score
+    assert any(g.scores for c in work.calls for g in c.operators if c.component == "transformer")
+    assert with_kernel(work, "flash") == work
+
+
+def test_profile_times_compile_and_names_what_it_cannot(cli):
+    code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--json")
+    plain = json.loads(out)
+    code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--opt", "compile:mode=reduce-overhead", "--json")
+    assert code == 0
+    found = json.loads(out)
+    assert found["time_left_out"] == [] and found["time_techniques"] == ["compile mode=reduce-overhead"]
+    operators = [{s["stage"]: s["operators"] for s in p["time"]["stages"]} for p in (plain, found)]
+    assert operators[1]["denoising"] < operators[0]["denoising"]
+    assert operators[1]["vae_decode"] == operators[0]["vae_decode"]  # the denoiser alone compiled
+    assert found["peak_memory_bytes"] == plain["peak_memory_bytes"]
+    code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--opt", "attention:backend=sage", "--json")
+    assert code == 0 and json.loads(out)["time_left_out"][0].startswith("attention sage: ")
+
+
+def test_a_held_out_sources_eager_runs_never_reach_its_prediction():
+    """The compiled run of source s0 predicted with s0's eager runs made 3x slower, or left out: the same."""
+    from calibrate_techniques import held_out
+    from test_fit_published import MADE, made
+
+    eager = [made(MADE, f"s{i % 3}", i) for i in range(24)]
+    slow = [made({g: 3 * a for g, a in MADE.items()}, "s0", i) if i % 3 == 0 else run for i, run in enumerate(eager)]
+    compiled = [("compile mode=default", made(MADE, "s0", 30))]
+    with_slow = held_out(slow, compiled)
+    without = held_out([run for run in eager if run.source != "s0"], compiled)
+    assert with_slow[0][1].midpoint == pytest.approx(without[0][1].midpoint)
+    assert held_out(eager, compiled)[0][1].midpoint == pytest.approx(without[0][1].midpoint)
+    assert with_slow[0][2].midpoint == pytest.approx(without[0][1].midpoint)  # no other source: no factor
+
+
+def test_a_techniques_factor_comes_from_the_other_sources_runs_alone():
+    """s1's compiled run published 2x slower than made: s0's compiled runs get s1's ratio, never their own."""
+    from calibrate_techniques import held_out
+    from test_fit_published import MADE, made
+
+    from diffmeter.predict.fit_published import fit
+
+    eager = [made(MADE, f"s{i % 3}", i) for i in range(24)]
+    slower = made({g: 2 * a for g, a in MADE.items()}, "s1", 31)
+    compiled = [("c", made(MADE, "s0", 30)), ("c", made(MADE, "s0", 33)), ("c", slower)]
+    found = {plain.run.id: (plain, factored) for _, plain, factored in held_out(eager, compiled)}
+    without_s0 = fit([run for run in eager if run.source != "s0"])
+    k = slower.published_s / without_s0.midpoint(slower)
+    for run in compiled[:2]:
+        plain, factored = found[run[1].id]
+        assert factored.midpoint == pytest.approx(k * plain.midpoint) and k > 1.2
+
+
+@pytest.mark.slow
+def test_the_chains_are_the_kernels_inductor_emits_on_cpu():
+    """tiny-flux's transformer compiled by inductor on this CPU: its generated kernels (cpp_fused_*) against the
+    chains counted eagerly, and its library calls against the eager library operators (measured: 23 kernels for
+    22 chains, 32 library calls for 32)."""
+    from torch._inductor.utils import run_and_get_code
+
+    from diffmeter.catalog import resolve
+    from diffmeter.tiny import tiny_pipeline
+
+    pipe = tiny_pipeline(resolve("tiny-flux"))
+    captured = {}
+    hook = pipe.transformer.register_forward_pre_hook(
+        lambda _, args, kwargs: captured.setdefault("call", (args, kwargs)), with_kwargs=True
+    )
+    pipe("a cat", num_inference_steps=1, height=64, width=64, output_type="latent")
+    hook.remove()
+    args, kwargs = captured["call"]
+    with torch.no_grad():
+        with OperatorTally(torch.float32) as tally:
+            pipe.transformer(*args, **kwargs)
+        _, codes = run_and_get_code(torch.compile(pipe.transformer.forward), *args, **kwargs)
+    code = "\n".join(codes)
+    kernels = len(re.findall(r"^\s+cpp_fused_\w+\(", code, re.M))
+    library = len(re.findall(r"(?:extern_kernels\.\w+|aten\.\w+\.\w+)\(", code))
+    chains = tally.host_counts()["fused_chains"]
+    assert library == sum(g.calls for g in tally.operators() if g.kind in EXTERN_KINDS)
+    assert abs(kernels - chains) <= 0.15 * kernels

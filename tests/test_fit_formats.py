@@ -1,0 +1,172 @@
+"""`fit` and the leaderboard offer the ``--quantize BACKEND:TYPE`` formats (predict/fit_formats.py): FLUX.1-dev's real
+prediction on a 12 GB card, the settings bench's own check lets through, the leaderboard's least quantization, and
+the catalog's published quantized files against their predicted sizes (catalog/quantized_files.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from diffmeter.catalog import resolve
+from diffmeter.catalog.quantized_files import PublishedSize, all_files, files_of
+from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, named_gpu
+from diffmeter.predict.fit_formats import FIT_FORMATS, NEEDS_FP8, format_bytes, technique, with_fit_formats
+from diffmeter.predict.footprints import meta_module
+from diffmeter.predict.offload_time import moved_bytes
+from diffmeter.predict.operators import predict_memory_and_work
+from diffmeter.predict.quantized_files import error, predicted_bytes
+from diffmeter.predict.quantized_formats import quantized_bytes
+from diffmeter.predict.techniques import fitting, peak_under, settings
+from diffmeter.runs.fitting import format_times, lower_times, plain_time, refusals, time_note
+from diffmeter.spec import ProfileSpec
+
+PUBLISHED = Path(__file__).parent.parent / "benchmarks" / "published_quantized.yaml"
+
+
+@pytest.fixture(scope="module")
+def flux_and_work():
+    """FLUX.1-dev at its defaults, predicted as `fit` predicts it (one fake run), with the formats fit offers."""
+    spec = ProfileSpec(model="flux-dev")
+    memory, work = predict_memory_and_work(spec)
+    return with_fit_formats(memory, spec), work
+
+
+@pytest.fixture(scope="module")
+def flux(flux_and_work):
+    return flux_and_work[0]
+
+
+def test_a_12_gb_card_gets_nf4_and_gguf_settings_and_bf16_does_not_fit(flux):
+    usable = named_gpu("RTX 4070").memory_bytes - CUDA_HOLDBACK_BYTES
+    fits = dict(fitting(flux, usable))
+    assert flux.peak_bytes > usable and () not in fits  # bfloat16 as is: 33.8 GiB
+    for name in ("quantize-bnb-nf4", "quantize-gguf-Q4_K_S"):
+        found = [chosen for chosen in fits if name in chosen]
+        assert found and all(fits[chosen] == peak_under(flux, chosen) <= usable for chosen in found), name
+    # the stored bytes are the backend's layout of the real transformer (built on meta), not a guess
+    module = meta_module(resolve("flux-dev").components["transformer"], torch.bfloat16)
+    assert flux.quantized_bytes["quantize-bnb-nf4"]["transformer"] == quantized_bytes(
+        module, "bnb", "nf4", torch.bfloat16
+    )
+    assert format_bytes(flux, "quantize-gguf-Q4_K_S") < format_bytes(flux, "quantize-gguf-Q8_0")
+
+
+def test_float8_formats_only_on_cards_with_fp8_tensor_cores(flux):
+    offered = {t for chosen in settings(flux) for t in chosen}
+    assert set(NEEDS_FP8) <= offered and {technique(*f) for f in FIT_FORMATS} <= offered
+    assert not set(NEEDS_FP8) & {t for chosen in settings(flux, fp8=False) for t in chosen}
+    assert "quantize-int8" not in offered  # the formats replace the torchao-after-loading names
+
+
+def test_benchs_own_check_lets_the_formats_through_on_cuda():
+    """Each format as bench is asked for it (memory_setting_specs): bench's refusals before loading find none on a
+    CUDA GPU; a GGUF setting is checked without its file (the user's download)."""
+    entry = resolve("tiny-flux")
+    spec = ProfileSpec(model="tiny-flux").with_defaults(entry.defaults)
+    chosen = [(technique(*found), "offload-model") for found in FIT_FORMATS] + [("quantize-bnb-nf4", "vae-tiling")]
+    assert refusals(chosen, entry, spec) == []
+
+
+def test_a_format_whose_time_is_modelled_is_timed_as_profile_times_it_and_the_others_say_why_not(flux_and_work):
+    """NF4 and GGUF through predict.quantized_time (the quantized layers' matmuls as the backend runs them), as
+    `profile --gpu --quantize` does; quanto int4 is not modelled: its row keeps the unquantized bound and says so."""
+    prediction, work = flux_and_work
+    spec, gpu = ProfileSpec(model="flux-dev"), named_gpu("RTX 4070")
+    plain = plain_time(work, prediction, gpu)
+    settings = [("offload-model", "quantize-bnb-nf4"), ("offload-model", "quantize-quanto-int4")]
+    timed = format_times(work, prediction, spec, gpu, True, settings)
+    assert set(timed) == {"quantize-bnb-nf4"} and timed["quantize-bnb-nf4"].lower_s > plain.lower_s  # dequantizes
+    times = lower_times(plain, prediction, gpu, settings, timed)
+    link = gpu.host_link_bytes_per_s  # model offload: its transfers added to the format's own bound
+    assert times[settings[0]] == pytest.approx(
+        timed["quantize-bnb-nf4"].lower_s + moved_bytes(prediction, settings[0]) / link
+    )
+    assert times[settings[1]] == pytest.approx(plain.lower_s + moved_bytes(prediction, settings[1]) / link)
+    assert time_note(settings[0], timed) is None and "quanto:int4 not timed" in time_note(settings[1], timed)
+
+
+def test_fit_json_lists_formats_with_their_time_note_and_quality(cli):
+    code, out, err = cli("fit", "tiny-flux", "--gpu", "RTX 4070", "--json", "--steps", "2")
+    data = json.loads(out)
+    assert code == 0, err
+    rows = {tuple(row["techniques"]): row for row in data["fits"]}
+    assert rows[()]["quality"] == "lossless" and rows[()]["time_note"] is None  # tiny: it fits as is
+    assert rows[()]["expected_s"] is not None and data["plain_peak_bytes"] > 0
+    code, out, _ = cli("fit", "tiny-flux", "--memory", "1.2835GB", "--json", "--steps", "2")
+    fits = json.loads(out)["fits"]
+    quantized = [row for row in fits if any(t.startswith("quantize-") for t in row["techniques"])]
+    assert quantized and all(row["quality"] == "not measured" and row["lower_s"] is None for row in quantized)
+
+
+@pytest.mark.slow
+def test_fit_flux_dev_on_a_12_gb_card_says_why_bf16_does_not_fit(cli):
+    code, out, _ = cli("fit", "flux-dev", "--gpu", "RTX 4070")
+    text = " ".join(out.split())
+    assert code == 0 and "As is (bfloat16) it does not fit: its peak 33.80 GiB" in text
+    assert "bnb:nf4" in text and "gguf:Q4_K_S" in text and "quanto:int4 not timed" in text
+
+
+def test_the_leaderboard_names_the_least_quantization_that_fits(flux):
+    from diffmeter.report.leaderboard import leaderboard_csv
+    from diffmeter.runs.leaderboard import model_cells
+
+    cards = [named_gpu(name) for name in ("H100 SXM", "RTX 4070")]
+    big, small = model_cells("flux-dev", cards)
+    assert big.least_format == "bf16"
+    usable = small.memory_bytes - CUDA_HOLDBACK_BYTES
+    chosen = "quantize-" + small.least_format.replace(":", "-")
+    extras = [(), ("fp8-text-encoder",), ("vae-tiling",), ("fp8-text-encoder", "vae-tiling")]
+
+    def fits(name: str) -> bool:  # without layer offloading: as is or with model offload
+        return any(peak_under(flux, (*o, name, *e)) <= usable for o in ((), ("offload-model",)) for e in extras)
+
+    assert fits(chosen)
+    larger = [technique(*f) for f in FIT_FORMATS if format_bytes(flux, technique(*f)) > format_bytes(flux, chosen)]
+    assert larger and not any(fits(name) for name in larger)
+    assert f",{small.least_format}," in leaderboard_csv([small])
+
+
+def test_published_sizes_are_read_as_their_sources_round_them():
+    assert PublishedSize(value=6.79, unit="GB (Hugging Face file list)").byte_range() == (6_785_000_000, 6_795_000_000)
+    assert PublishedSize(value=128, unit="MB (Hugging Face file list)").byte_range() == (127_500_000, 128_500_000)
+    assert PublishedSize(value=4032341280, unit="B").byte_range() == (4032341280, 4032341280)
+
+
+def test_the_catalogs_files_are_the_published_ones():
+    """Copied, not computed: every listed file is in benchmarks/published_quantized.yaml with the same size."""
+    published = {(e["repo"], e["file"]): e for e in yaml.safe_load(PUBLISHED.read_text())["file_sizes"]}
+    for file in all_files():
+        source = published[(file.repo, file.file)]
+        assert (source["model"], source["size"]) == (file.model, file.size.model_dump()), file.file
+        assert resolve(file.model).name == file.model and file.component in resolve(file.model).components
+        assert file.rules_modelled or file.not_modelled  # a file whose rules are not modelled says why
+
+
+@pytest.mark.slow
+def test_every_listed_gguf_file_is_predicted_and_city96s_flux_files_within_half_a_percent():
+    modelled = 0
+    for model in sorted({file.model for file in all_files()}):
+        files = files_of(model)
+        for file, size in zip(files, predicted_bytes(files), strict=True):
+            if file.format != "gguf":
+                assert size is None
+                continue
+            if file.rules_modelled:
+                assert abs(error(size, file)) < 0.005, (file.file, error(size, file))
+                modelled += 1
+    assert modelled >= 20  # city96's FLUX.1-dev and -schnell files
+
+
+def test_models_model_lists_its_files_with_predictions(cli):
+    code, out, err = cli("models", "flux-schnell", "--json")
+    rows = json.loads(out)["files"]
+    assert code == 0, err
+    q4 = next(row for row in rows if row["file"] == "flux1-schnell-Q4_K_S.gguf")
+    assert q4["size"] == {"value": 6783943712, "unit": "B"} and abs(q4["error"]) < 0.005
+    assert next(row for row in rows if row["format"] != "gguf")["predicted_bytes"] is None
+    code, out, _ = cli("models", "sd15")
+    assert code == 0 and "no published quantized file is listed" in out
