@@ -171,7 +171,9 @@ def compared(command: str):
 
 
 def figures(text: str, keep=lambda unit: True) -> list[str]:
-    """Every number with its unit, as "1.06 GFLOPs"."""
+    """Every number with its unit, as "1.06 GFLOPs" (a line's trailing padding left out, as the pages store it: a
+    figure wrapped between its number and unit is still one)."""
+    text = re.sub(r"[ \t]+\n", "\n", text)
     found = (f"{number} {' '.join(unit.split())}" for number, unit in FIGURE.findall(text))
     return [figure for figure in found if keep(figure.split(" ", 1)[1])]
 
