@@ -76,9 +76,11 @@ def print_predicted(
     from diffmeter.predict.operators import operator_work, predict_memory_and_work
     from diffmeter.predict.parallel import NOT_CALIBRATED, gpu_link, summarize, with_communication
     from diffmeter.predict.quantized_memory import split_values, with_formats
+    from diffmeter.predict.quantized_time import HELD_OUT as QUANTIZED_HELD_OUT
     from diffmeter.predict.quantized_time import needs_fp8, quantized_work, why_not_modelled
     from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
     from diffmeter.predict.techniques import peak_under
+    from diffmeter.predict.timed_techniques import HELD_OUT as TECHNIQUES_HELD_OUT
     from diffmeter.predict.timed_techniques import TIME_ONLY, timed_work
     from diffmeter.predict.vae_decode import VAE_MODES
 
@@ -179,12 +181,14 @@ def print_predicted(
             )
         if time and timed_formats:
             named = ", ".join(f"{f.backend}:{f.type}" for f in timed_formats)
-            console.print(f"quantized layers timed as {named} runs them in eager mode", markup=False)
+            said = f"quantized layers timed as {named} runs them in eager mode; {QUANTIZED_HELD_OUT}"
+            console.print(said, markup=False)
         if time and untimed:
             console.print(f"time predicted without {', '.join(untimed)} (not modelled in time yet)", markup=False)
         if time and time_techniques:
             console.print(
-                f"time with {', '.join(time_techniques)}; memory as without (CUDA graphs' pool not counted)",
+                f"time with {', '.join(time_techniques)}; memory as without (CUDA graphs' pool not counted); "
+                + TECHNIQUES_HELD_OUT,
                 markup=False,
             )
 
