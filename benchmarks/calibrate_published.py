@@ -213,13 +213,9 @@ def borrowed_test(runs: list[PublishedRun], shipped: set[str]) -> list[HeldOut]:
     return held
 
 
-def table(held: list[HeldOut], title: str) -> list[str]:
-    stats = summary(held)
+def held_rows(held: list[HeldOut]) -> list[str]:
+    """The held-out runs as a markdown table: each run's published time, held-out midpoint and range."""
     return [
-        f"{title}: coverage **{stats['coverage']:.0%}** ({sum(h.inside for h in held)} of {len(held)}), midpoint "
-        f"median error **{stats['median_error']:.1%}** (signed {statistics.median(h.error for h in held):+.1%}), "
-        f"median width hi/lo **{stats['median_width']:.2f}**",
-        "",
         "| run | source | published (s) | held-out midpoint (s) | range (s) | error | inside |",
         "|---|---|---|---|---|---|---|",
         *(
@@ -227,6 +223,17 @@ def table(held: list[HeldOut], title: str) -> list[str]:
             f"{h.low:.3g} to {h.high:.3g} | {h.error:+.1%} | {'yes' if h.inside else '**no**'} |"
             for h in held
         ),
+    ]
+
+
+def table(held: list[HeldOut], title: str) -> list[str]:
+    stats = summary(held)
+    return [
+        f"{title}: coverage **{stats['coverage']:.0%}** ({sum(h.inside for h in held)} of {len(held)}), midpoint "
+        f"median error **{stats['median_error']:.1%}** (signed {statistics.median(h.error for h in held):+.1%}), "
+        f"median width hi/lo **{stats['median_width']:.2f}**",
+        "",
+        *held_rows(held),
         "",
     ]
 

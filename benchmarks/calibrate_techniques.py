@@ -19,7 +19,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from calibrate_published import published_run, run_of
+from calibrate_published import held_rows, published_run, run_of
 from published_comparison import load_figures
 
 from diffmeter.catalog import resolve
@@ -105,13 +105,7 @@ def section(technique: str, held: list[HeldOut]) -> list[str]:
         f"midpoint median error **{stats['median_error']:.1%}**, median width hi/lo **{stats['median_width']:.2f}**"
         f" ({'meets' if met else '**misses**'} the target)",
         "",
-        "| run | source | published (s) | held-out midpoint (s) | range (s) | error | inside |",
-        "|---|---|---|---|---|---|---|",
-        *(
-            f"| {h.run.id} | {h.run.source} | {h.run.published_s:.3g} | {h.midpoint:.3g} | "
-            f"{h.low:.3g} to {h.high:.3g} | {h.error:+.1%} | {'yes' if h.inside else '**no**'} |"
-            for h in held
-        ),
+        *held_rows(held),
         "",
     ]
 
