@@ -22,55 +22,28 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from published_comparison import load_figures, settings
+from published_comparison import load_figures
+from published_runs import energy_run, published_run
 
+from diffmeter.predict.attention_kernels import CUDNN_OVER_FLASH
 from diffmeter.predict.calibration import neighbours_of
-from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.fit_energy import EnergyRun, fit_power, leave_one_model_out
 from diffmeter.predict.fit_holdout import HeldOut, leave_one_out, summary
 from diffmeter.predict.fit_published import (
-    GROUP_OF_KIND,
-    GROUPS,
     REFERENCE_ERA,
     PublishedRun,
-    StageWork,
     as_calibration,
     covering,
-    era_of,
     fit,
     full_model,
     lender_of,
 )
-from diffmeter.predict.host_time import host_counts
-from diffmeter.predict.operators import operator_work
-from diffmeter.predict.roofline import TORCH_FP32, flop_rates, lower_bounds, missing_figures, stage_scores
-from diffmeter.predict.vae_decode import VAE_MODES
-from diffmeter.spec import ProfileSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 EFFICIENCY = ROOT / "src" / "diffmeter" / "predict" / "data" / "efficiency.json"
 OUT = ROOT / "benchmarks" / "results" / "calibration_published.md"
-#: techniques whose time is not the eager operators on the GPU
 #: the least runs of an architecture, from two sources or more, whose own fit ships
 LEAST_SHIPPED_RUNS = 8
-LEFT_OUT = {"compile": "compiled", "offload-model": "offloaded: host transfers are outside the roofline"}
-
-
-def source_of(figure: dict) -> str:
-    """The harness a figure was measured by, so that one harness's pages are held out together: its source's title
-    up to the first parenthesis, and up to its colon where it names a project's pages ("OneDiff: SD 1.5 example
-    README" -> "OneDiff"); TeaCache's READMEs per model are one harness."""
-    title = figure["source"]["title"].split(" (")[0]
-    harness = title.split(":")[0] if ":" in title else title
-    return "TeaCache" if harness.startswith("TeaCache4") else harness
-
-
-def energy_run(figure: dict, run: PublishedRun) -> EnergyRun | None:
-    """The run's published energy per output with its card's TDP, where the figure stores one."""
-    energy, tdp = figure.get("published_energy"), chosen_gpu(figure["gpu"], None).tdp_w
-    if not energy or tdp is None:
-        return None
-    return EnergyRun(run, energy["value"], settings(figure)[0]["batch_size"] or 1, tdp)
 
 
 def energy_lines(architecture: str, energy: list[EnergyRun], timed: list[PublishedRun], found) -> tuple[list, dict]:
@@ -108,58 +81,6 @@ def energy_lines(architecture: str, energy: list[EnergyRun], timed: list[Publish
     return lines, {**fields, "energy_source": said}
 
 
-def published_run(figure: dict) -> tuple[PublishedRun | None, str]:
-    """The run, or None and why it is left out."""
-    if not figure.get("usable", True):
-        return None, "not usable"
-    if figure.get("left_out_of_fit"):
-        return None, figure["left_out_of_fit"]
-    for technique in figure["techniques"]:
-        if technique in LEFT_OUT:
-            return None, LEFT_OUT[technique]
-    return run_of(figure)
-
-
-def run_of(figure: dict, transform=None) -> tuple[PublishedRun | None, str]:
-    """The run of a figure whatever its techniques, its predicted work passed through ``transform`` first (a
-    technique's effect on the operators: ``benchmarks/calibrate_techniques.py``), or None and why."""
-    chosen, _ = settings(figure)
-    spec_text = figure.get("gpu_spec")
-    device = chosen_gpu(None if spec_text else figure["gpu"], spec_text)
-    table = chosen_gpu(figure["gpu"], None)  # the architecture of the row the figures are of
-    spec = ProfileSpec(model=figure["model"], **{k: v for k, v in chosen.items() if v is not None})
-    modes = tuple(t for t in figure["techniques"] if t in VAE_MODES)
-    work = operator_work(spec, modes)  # a tiled or sliced decode: its own operators, the rest the plain run's
-    work = transform(work) if transform else work
-    fp32 = figure["source"].get("fp32", TORCH_FP32)  # how the run did float32 work: PyTorch's defaults unless said
-    if missing_figures(device, work, fp32):
-        return None, "the GPU's figures lack a peak of a dtype the run uses, or the bandwidth"
-    rates = flop_rates(device, work, fp32)
-    bounds = lower_bounds(work, rates, device.bandwidth_bytes_per_s, device.l2_bytes)
-    hosts = host_counts(work)
-    stages = {}
-    covered = ("denoising",) if figure.get("covers") == "denoising" else tuple(bounds)
-    for stage, kinds in bounds.items():
-        if stage not in covered:
-            continue
-        groups = dict.fromkeys(GROUPS, 0.0)
-        for kind, (seconds, _) in kinds.items():
-            groups[GROUP_OF_KIND[kind]] += seconds
-        kernels = int(sum(count for _, count in kinds.values()))
-        stages[stage] = StageWork(groups, stage_scores(work, stage), kernels, **hosts[stage])
-    run = PublishedRun(
-        id=figure["id"],
-        source=source_of(figure),
-        architecture=table.architecture,
-        model=figure["model"],
-        published_s=figure["published"]["value"],
-        stages=stages,
-        whole_call=figure.get("covers") is None,
-        era=era_of(figure.get("stack") or {}),
-    )
-    return run, ""
-
-
 def stack_section(runs: list[PublishedRun], held: list[HeldOut]) -> list[str]:
     """The software stack's effect: each torch era's factor on the GPU's time, fitted where two sources state it,
     and the held-out test with those factors beside the shipped fit's (which has none)."""
@@ -172,6 +93,12 @@ def stack_section(runs: list[PublishedRun], held: list[HeldOut]) -> list[str]:
         "",
         f"Runs per torch era (the version their sources state): {', '.join(f'{e} {n}' for e, n in counts.items())}. "
         f"Each era two sources state fitted a factor on the GPU's time, relative to {REFERENCE_ERA}: {factors}.",
+        "",
+        "The attention kernel is part of the stack, not fitted: a run whose source states torch 2.11 or later on a "
+        "Hopper card ran SDPA's default there, cuDNN's attention, timed at its published "
+        f"{CUDNN_OVER_FLASH:.2f}x the flash kernel's speed at head dimension 128 "
+        "(`diffmeter.predict.attention_kernels`); every other run, and every other head dimension, on the flash "
+        "kernel the fit's attention is for.",
         "",
         "| held out | coverage without eras | with | midpoint median error without | with |",
         "|---|---|---|---|---|",

@@ -21,9 +21,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
-from calibrate_published import published_run, run_of, source_of
 from calibrate_techniques import TARGET, gpu_for, section
 from published_comparison import load_figures, settings
+from published_runs import published_run, run_of, source_of
 
 from diffmeter.predict.fit_holdout import HeldOut
 from diffmeter.predict.fit_published import PublishedRun, fit

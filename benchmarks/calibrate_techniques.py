@@ -19,8 +19,9 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from calibrate_published import held_rows, published_run, run_of
+from calibrate_published import held_rows
 from published_comparison import load_figures
+from published_runs import published_run, run_of
 
 from diffmeter.catalog import resolve
 from diffmeter.families import get_family

@@ -6,18 +6,24 @@ baseline with the pipeline's scheduler at 20 steps, then + DPM++ 2M at 10 steps,
 (inductor, default mode), + bfloat16, + DeepCache. The attention rung is skipped on CPU (flash
 kernels are CUDA-only) and the table says so.
 
+Before anything runs, every rung is predicted on this CPU (``runs.ladder_prediction``: the prediction bench stores
+beside each run, from the rung's spec alone); after the ladder, each rung's measured median is placed inside or
+outside its range, and a rung whose technique the expected time leaves out is "not timed" (no range invented).
+
 This is the tool working end to end at real size, not a statement about GPUs: CPU kernels,
 compile gains and bf16 behave differently there. Images are noise (random weights), so PSNR/SSIM
 say how far each rung moves the output, not how good it looks.
 
 Run from the repo root:  python benchmarks/ladder_cpu.py    (15 to 25 minutes on 2 cores)
 The report is printed and written to benchmarks/results/ladder_cpu.md (the ladder as data in
-ladder_cpu.json); the runs land in benchmarks/results/ladder_cpu_runs/ (ignored by git).
+ladder_cpu.json, the predictions beside the measured medians in predicted_ladder_cpu.json); the runs land in
+benchmarks/results/ladder_cpu_runs/ (ignored by git).
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import platform
 import tempfile
@@ -34,9 +40,13 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from rich.console import Console  # noqa: E402
 
+from diffmeter import units  # noqa: E402
+from diffmeter.measure.conditions import BUSY_CORES  # noqa: E402
 from diffmeter.report.ladder_table import ladder_table  # noqa: E402
 from diffmeter.runs.ladder import climb, plan  # noqa: E402
+from diffmeter.runs.ladder_prediction import RungPrediction, predict_rungs  # noqa: E402
 from diffmeter.runs.spec import BenchSpec  # noqa: E402
+from diffmeter.runs.storage import read_result  # noqa: E402
 
 HERE = Path(__file__).parent / "results"
 RUNS = HERE / "ladder_cpu_runs"
@@ -52,8 +62,12 @@ def main() -> None:
     start = time.perf_counter()
     load = os.getloadavg()[0]
     rungs = plan(spec, ("scheduler", "compile", "half", "attention", "cache"), fast_steps=10, compile_mode="default")
+    ranges = predict_rungs(rungs)  # before anything is loaded or measured
+    print("\n".join(["predicted before the ladder runs:", *(_predicted(p) for p in ranges)]), flush=True)
     ladder = climb(rungs, RUNS)
     minutes = (time.perf_counter() - start) / 60
+    load_end = os.getloadavg()[0]
+    measured = {row.rung: row.latency_s for row in ladder.rows}
     buffer = io.StringIO()
     Console(file=buffer, width=200, color_system=None).print(ladder_table(ladder))
     report = "\n".join(
@@ -64,8 +78,8 @@ def main() -> None:
             f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}); no GPU was lent to this task",
             f"- torch {torch.__version__}, diffusers {diffusers.__version__}; {torch.get_num_threads()} torch threads",
             f"- 256x256, batch 1, guidance 7.5, 1 warm-up + 2 measured calls per rung; "
-            f"1-minute load average at start {load:.2f}; whole ladder {minutes:.1f} min; "
-            "inductor started from an empty cache",
+            f"1-minute load average at start {load:.2f}, at the end {load_end:.2f} (2 cores, shared with other "
+            f"work); whole ladder {minutes:.1f} min; inductor started from an empty cache",
             "",
             "```",
             "\n".join(line.rstrip() for line in buffer.getvalue().rstrip().splitlines()),
@@ -73,9 +87,11 @@ def main() -> None:
             "",
             "Each rung against the one above it (latency ratio, > 1 is faster): " + _steps(ladder) + ".",
             "",
-            "Reading it: on this 2-core CPU, inductor's code for the float32 UNet is slower than eager, and every",
-            "change of dtype recompiles (the cold start of the half and cache rungs); bfloat16 is fast because the",
-            "CPU has AMX tiles. With random weights the images are noise, so the PSNR/SSIM drop at bfloat16 measures",
+            *_prediction_section(ranges, measured, spec, ladder),
+            "",
+            f"Reading it: on this 2-core CPU, torch.compile {_compile_effect(ladder)}, and every change of dtype",
+            "recompiles (the cold start of the half and cache rungs); bfloat16 is fast because the CPU has AMX tiles",
+            f"({_peaks()}). With random weights the images are noise, so the PSNR/SSIM drop at bfloat16 measures",
             "how far rounding moves an untrained network's output, not visible quality. The seed tutorial's GPU",
             "table (DPM++ 2M 1.0 s, + compile 0.6 s, + fp16 0.4 s at 512x512) cannot be checked here: no GPU.",
             "",
@@ -84,6 +100,101 @@ def main() -> None:
     print(report)
     (HERE / "ladder_cpu.md").write_text(report)
     (HERE / "ladder_cpu.json").write_text(ladder.model_dump_json(indent=2) + "\n")
+    rows = [{**vars(p), "measured_s": measured.get(p.rung), "verdict": p.verdict(measured.get(p.rung))} for p in ranges]
+    (HERE / "predicted_ladder_cpu.json").write_text(json.dumps(rows, indent=2) + "\n")
+
+
+def _compile_effect(ladder) -> str:
+    """What compile did to the float32 UNet, against the eager rung; nothing where either was slowed by others."""
+    rows = {row.rung: row for row in ladder.rows if row.latency_s}
+    if "compile" not in rows or "scheduler" not in rows:
+        return "did not run"
+    eager, compiled = rows["scheduler"], rows["compile"]
+    busy = [(row.rung, row.conditions.other_processes_cores) for row in (eager, compiled) if row.conditions]
+    busy = [(rung, cores.mean) for rung, cores in busy if cores and cores.mean > BUSY_CORES]
+    if busy:
+        return (
+            "cannot be judged in this run (other processes used "
+            + ", ".join(f"{cores:.1f} cores during the {rung} rung" for rung, cores in busy)
+            + f"; eager {eager.latency_s:.1f} s, compiled {compiled.latency_s:.1f} s)"
+        )
+    ratio = eager.latency_s / compiled.latency_s
+    return f"made the float32 UNet {'faster' if ratio > 1 else 'slower'} ({ratio:.2f}x the eager rung's speed)"
+
+
+def _peaks() -> str:
+    from diffmeter.predict.devices import this_cpu
+
+    tflops = this_cpu("float32", "bfloat16").tflops
+    bf16, fp32 = tflops["bf16"] * 1e3, tflops["fp32"] * 1e3
+    return f"matmuls measured at {bf16:,.0f} GFLOP/s in bfloat16, {fp32:,.0f} GFLOP/s in float32"
+
+
+def _range(p: RungPrediction) -> str:
+    return f"{p.expected_s[0]:.1f} s to {p.expected_s[1]:.1f} s" if p.expected_s else "not timed"
+
+
+def _predicted(p: RungPrediction) -> str:
+    bound = f"; eager lower bound {p.lower_s:.1f} s" if p.lower_s is not None else ""
+    return f"  {p.rung}: {_range(p)}{bound}" + (f" ({p.untimed})" if p.untimed else "")
+
+
+def _recheck(baseline: RungPrediction, seconds: float) -> str:
+    return f"- baseline measured again after the last rung: {seconds:.2f} s, {baseline.verdict(seconds)}"
+
+
+def _stored_differs(predictions: list[RungPrediction], folders: dict) -> str:
+    """Whether each rung's stored prediction gives the range predicted before it ran."""
+    differ = []
+    for p in predictions:
+        if folders.get(p.rung) is None:
+            continue
+        prediction = read_result(folders[p.rung]).prediction
+        stored = prediction.time.expected_s if prediction and prediction.time else None
+        if p.expected_s is not None and (
+            stored is None or any(abs(a / b - 1) > 1e-6 for a, b in zip(stored, p.expected_s, strict=True))
+        ):
+            differ.append(f"{p.rung} stored {stored}")
+    return "differs: " + "; ".join(differ) if differ else "the same range for every timed rung"
+
+
+def _prediction_section(predictions: list[RungPrediction], measured: dict, spec: BenchSpec, ladder) -> list[str]:
+    """Each rung's range, predicted before the ladder ran, beside its measured median, and where the ranges'
+    fitted figures come from (held out or not)."""
+    others = {row.rung: row.conditions.other_processes_cores for row in ladder.rows if row.conditions}
+    ladder_folders = {row.rung: row.folder for row in ladder.rows}
+    lines = [
+        "## Each rung predicted before it ran (`profile --gpu cpu`, as bench stores it) against its measured median",
+        "",
+        "| rung | predicted per call | eager lower bound | measured median | other processes (cores of 2) | verdict |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for p in predictions:
+        seconds = measured.get(p.rung)
+        other = others.get(p.rung)
+        lines.append(
+            f"| {p.rung} | {_range(p)} | {units.seconds(p.lower_s) if p.lower_s is not None else '-'} | "
+            f"{f'{seconds:.2f} s' if seconds is not None else '-'} | "
+            f"{f'{other.mean:.1f} (up to {other.max:.1f})' if other else '-'} | {p.verdict(seconds)}"
+            + (f": {', '.join(item.split(': ')[0] for item in p.left_out)}" if p.left_out else "")
+            + (f" ({p.untimed})" if p.untimed and not p.left_out else "")
+            + " |"
+        )
+    left_out = list(dict.fromkeys(item for p in predictions for item in p.left_out))
+    lines += ["", *(f"- not timed, {item}" for item in left_out)]
+    if ladder.baseline_recheck_s is not None and predictions and predictions[0].rung == "baseline":
+        lines.append(_recheck(predictions[0], ladder.baseline_recheck_s))
+    stored = _stored_differs(predictions, ladder_folders)
+    lines += [f"- bench's stored prediction (results.json, made after each run): {stored}"]
+    sources = sorted({p.calibration for p in predictions if p.calibration})
+    fitted = f"{spec.model} {spec.height}px"
+    lines += [f"- expected range's achieved fractions: {source}" for source in sources]
+    if any(fitted in source for source in sources):
+        lines.append(
+            f"- not held out: the float32 fractions were fitted on runs that include {fitted} (fewer steps, another "
+            "day), the model and size of every rung here; no fraction was fitted on this ladder's runs"
+        )
+    return lines
 
 
 def _steps(ladder) -> str:

@@ -12,7 +12,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from calibrate_published import borrowed_test, source_of  # noqa: E402
+from calibrate_published import borrowed_test  # noqa: E402
+from published_runs import source_of  # noqa: E402
 from test_fit_published import MADE, made  # noqa: E402
 
 

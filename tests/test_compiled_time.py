@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from diffmeter.predict.attention_kernels import MATH_PASSES, with_kernel
-from diffmeter.predict.compiled_time import EXTERN_KINDS, FUSED_KINDS, compiled_work
+from diffmeter.predict.compiled_time import EXTERN_KINDS, FUSED_KINDS, compiled_work, fused_call
 from diffmeter.predict.operators import OperatorTally, operator_work
+from diffmeter.predict.schema import CallWork, OperatorGroup
 from diffmeter.spec import ProfileSpec
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
@@ -64,10 +65,39 @@ def test_compile_fuses_the_denoisers_chains_and_leaves_the_library_kernels(work)
         assert abs(kernels - before.fused_chains) <= len(FUSED_KINDS)  # each kind's share rounded
         moved = [sum(g.bytes * g.calls for g in groups) for groups in (fused_before, fused_after)]
         per_operator = moved[0] / sum(g.calls for g in fused_before)
-        assert moved[1] == pytest.approx(kernels * per_operator, rel=0.05) and moved[1] < moved[0]
+        reread = sum(g.bytes * g.calls for g in fused_before if g.kind == "normalization") / 2  # inputs read again
+        assert moved[1] == pytest.approx(kernels * per_operator + reread, rel=0.05) and moved[1] < moved[0]
         assert after.dispatched == sum(g.calls for g in after.operators) and after.modules == 1
     graphs = compiled_work(work, ("transformer",), "reduce-overhead")
     assert {c.dispatched for c in graphs.calls if c.component == "transformer"} == {1}
+
+
+def test_a_compiled_normalization_reads_its_input_again():
+    """Two layer norms and two adds between two matmuls, one chain: inductor's one kernel moves an average
+    operator's bytes and reads each normalization's input (half its 200 counted bytes) once more."""
+    norm = OperatorGroup(kind="normalization", flops=0, bytes=200, calls=2, dtype="bfloat16")
+    add = OperatorGroup(kind="elementwise", flops=0, bytes=200, calls=2, dtype="bfloat16")
+    matmul = OperatorGroup(kind="matmul", flops=10**6, bytes=300, calls=2, dtype="bfloat16")
+    call = CallWork(
+        component="transformer",
+        stage="denoising",
+        count=1,
+        operators=[matmul, norm, add],
+        dispatched=6,
+        modules=2,
+        fused_chains=1,
+    )
+    fused = {g.kind: g for g in fused_call(call)}
+    assert fused["matmul"] == matmul
+    assert (fused["normalization"].calls, fused["normalization"].bytes) == (1, 200 + 2 * 100)
+    assert (fused["elementwise"].calls, fused["elementwise"].bytes) == (1, 200)  # no reduction: nothing read again
+
+
+def test_regional_compilation_is_named_not_timed_as_the_whole_denoiser():
+    from diffmeter.predict.timed_techniques import why_untimed
+
+    assert why_untimed("compile", {"mode": "reduce-overhead"}) is None
+    assert "regional" in why_untimed("compile", {"mode": "reduce-overhead", "regional": True})
 
 
 def test_the_math_path_adds_the_score_matrix_passes(work):

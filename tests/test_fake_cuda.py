@@ -103,8 +103,8 @@ def technique_cases() -> list:
     # every attention backend, not only the matrix's variant: those whose package is here run (the rest are refused)
     backends = [Attention(Config(backend=name)) for name in backend_names()]
     for cls in REGISTRY.values():
-        if cls.name == "gguf":  # reads a file: test_a_gguf_file_loads_on_its_own_gpu
-            continue
+        if cls.name in ("gguf", "bfl", "nunchaku", "modelopt"):  # read a file or folder, or (modelopt) not installed:
+            continue  # test_a_gguf_file_loads_on_its_own_gpu, test_fake_cuda_prequantized.py
         for variant in backends if cls is Attention else cls.variants():
             spec = OptimizationSpec(
                 name=variant.name, params={**variant.config.model_dump(mode="json"), **PARAMS.get(variant.name, {})}
@@ -307,7 +307,7 @@ def test_the_fake_leaves_torch_as_it_found_it():
         torch.ones(2, device="cuda")
 
 
-@pytest.mark.parametrize("value", ["bnb:nf4", "bnb:int8", "torchao:int8wo", "quanto:int8"])
+@pytest.mark.parametrize("value", ["bnb:nf4", "bnb:int8", "torchao:int8wo", "quanto:int8", "fp8dq", "fp8dq-row"])
 def test_a_backend_quantized_at_load_is_placed_on_its_own_gpu(tmp_path, value):
     """``--quantize BACKEND:TYPE`` on cuda:1 hands the quantizing loader the denoiser's config at the run's dtype,
     and the run stays on its own GPU. The backends' tensor subclasses cannot be faked (NOT_RUNNABLE), so the loader
@@ -326,7 +326,13 @@ def test_a_backend_quantized_at_load_is_placed_on_its_own_gpu(tmp_path, value):
     assert_ran_on_its_own_gpu(result, folder, cuda)
     ((name, (library, config, dtype)),) = seen.items()
     assert name == "transformer" and library == "diffusers" and dtype == torch.bfloat16
-    backend, kind = value.split(":")
+    backend, _, kind = value.partition(":")
+    if backend.startswith("fp8dq"):  # torchao's float8 activations and weights, scaled per tensor or per row
+        made = config["quant_type"]["default"]
+        granularity = {g["_type"] for g in made["_data"]["granularity"]}
+        assert made["_type"] == "Float8DynamicActivationFloat8WeightConfig"
+        assert granularity == {"PerRow" if backend == "fp8dq-row" else "PerTensor"}
+        assert made["_data"]["activation_dtype"]["_data"] == made["_data"]["weight_dtype"]["_data"] == "float8_e4m3fn"
     if backend == "bnb":
         assert config["load_in_4bit"] == (kind != "int8") and config["load_in_8bit"] == (kind == "int8")
         assert kind == "int8" or (config["bnb_4bit_quant_type"], config["bnb_4bit_compute_dtype"]) == (kind, "bfloat16")

@@ -91,8 +91,11 @@ def test_profile_gpu_with_benchs_technique_flags_predicts_what_bench_stores(cli,
     assert code == 0
     predicted = json.loads(out)
     assert predicted["memory_techniques"] == ["offload-model", "vae-tiling"]
-    # the time is the pipeline's without offload: a field a program reads, not only words in the table
-    assert predicted["time"] is not None and predicted["time_left_out"] == ["offload-model"]
+    # the time is the pipeline's without offload (no host link on a CPU): a field a program reads, with why
+    assert predicted["time"] is not None and predicted["time"]["offload"] is None
+    assert predicted["time_left_out"] == [
+        "offload-model: no host link figure for this device (predict/data/host_links.json)"
+    ]
     code, out, _ = cli("profile", "tiny-sd3", "--gpu", "cpu", "--vae-tiling", "--json")
     predicted = json.loads(out)
     result, _ = bench(
@@ -104,8 +107,11 @@ def test_profile_gpu_with_benchs_technique_flags_predicts_what_bench_stores(cli,
     # the same peak: a CPU run predicted as one (no cuDNN copies of its convolutions) by profile as by bench
     assert result.prediction.peak_memory_bytes == predicted["peak_memory_bytes"]
     assert result.prediction.peak_memory_bytes == predicted["peak_memory_bytes"] <= predicted["memory"]["peak_bytes"]
-    code, out, _ = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "compile", "--json")  # timed, memory as eager
+    code, out, _ = cli("profile", "tiny-sd3", "--gpu", "h100", "--opt", "compile", "--json")  # timed, memory as eager
     assert code == 0 and json.loads(out)["time_techniques"] == ["compile mode=default"]
+    code, out, _ = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "compile", "--json")  # inductor's C++ loops
+    found = json.loads(out)
+    assert code == 0 and found["time_techniques"] == [] and found["time_left_out"][0].startswith("compile mode=default")
     code, _, err = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "fuse-qkv")
     assert code == 2 and "fuse-qkv: the prediction models offload" in err
 

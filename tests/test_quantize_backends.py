@@ -16,7 +16,7 @@ from diffmeter.families import get_family
 from diffmeter.loading import load_pipeline
 from diffmeter.optimize import OptimizationSpec, Target, build, check
 from diffmeter.optimize.options import from_flags
-from diffmeter.quantization_spec import optimization_specs, parse
+from diffmeter.quantization_spec import known, optimization_specs, parse
 from diffmeter.runs.storage import RESULTS
 from diffmeter.weights import locate_weights
 
@@ -53,6 +53,21 @@ def test_the_old_names_are_the_technique_applied_after_loading_as_before():
     """``--quantize int8`` was OptimizationSpec(quantize, weights=int8): the same spec, so its prediction is kept."""
     assert from_flags(quantize="int8") == [OptimizationSpec(name="quantize", params={"weights": "int8"})]
     assert from_flags(quantize=["fp8"]) == [OptimizationSpec(name="quantize", params={"weights": "fp8"})]
+
+
+def test_fp8dq_is_short_for_torchaos_float8_dynamic_activations():
+    """``--quantize fp8dq`` (per tensor) and ``fp8dq-row`` are torchao's float8dq types at load, on any component."""
+    assert optimization_specs(["fp8dq"]) == [OptimizationSpec(name="torchao", params={"type": "float8dq-tensor"})]
+    assert parse("transformer=FP8DQ-row") == parse("transformer=torchao:float8dq-row")
+    assert "fp8dq|fp8dq-row" in known()
+
+
+def test_fp8dq_is_refused_on_this_cpu_in_one_line_with_torchaos_rule(cli, tmp_path):
+    """torchao asserts compute capability 8.9 (float8/inference.py:297-305): bench says so before loading."""
+    code, out, err = cli("bench", "tiny-flux", "--quantize", "fp8dq", "--steps", "1", "--out", tmp_path)
+    said = (out + err).strip().splitlines()
+    assert code != 0 and len(said) == 1 and "Traceback" not in out + err
+    assert "compute capability 8.9+" in said[0] and "on cpu" in said[0] and "torchao:int8wo" in said[0]
 
 
 @pytest.mark.parametrize(
@@ -214,12 +229,24 @@ def test_optimizations_lists_every_backend_with_its_cpu_and_extra():
     from diffmeter.optimize.quantization_backends import backend_rows
 
     rows = {row.name: row for row in backend_rows()}
-    assert set(rows) == {"bnb", "gguf", "torchao", "quanto", "sdnq"}
+    assert set(rows) == {"bnb", "gguf", "torchao", "quanto", "sdnq", "nunchaku", "bfl", "modelopt"}
+    assert set(rows["nunchaku"].not_on_cpu) == {"int4", "nvfp4", "awq-int4"} and rows["bfl"].not_on_cpu == {}
+    assert rows["nunchaku"].folder and rows["bfl"].single_file and not rows["modelopt"].installed
+    assert set(rows["modelopt"].not_on_cpu) == set(rows["modelopt"].types)
     assert set(rows["bnb"].not_on_cpu) == {"nf4", "fp4", "int8"}
     assert rows["quanto"].not_on_cpu == {} and rows["gguf"].not_on_cpu == {} and rows["sdnq"].not_on_cpu == {}
     assert set(rows["torchao"].not_on_cpu) >= {"float8dq-tensor", "float8dq-row"}
     assert "int8wo" not in rows["torchao"].not_on_cpu
-    assert {row.extra for row in rows.values()} == {"bnb", "gguf", "quant", "quanto", "sdnq"}
+    assert {row.extra for row in rows.values()} == {
+        "bnb",
+        "gguf",
+        "quant",
+        "quanto",
+        "sdnq",
+        "nunchaku",
+        "bfl",
+        "modelopt",
+    }
 
 
 def test_a_quantize_variable_is_named_and_read_with_its_file(cli, monkeypatch, tmp_path):

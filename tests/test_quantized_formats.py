@@ -21,7 +21,7 @@ from diffmeter.loading import load_pipeline
 from diffmeter.measure.memory_timeline import storages_bytes
 from diffmeter.optimize import Target, build, check
 from diffmeter.predict.footprints import meta_module
-from diffmeter.predict.quantized_formats import gguf_file_bytes, gguf_types, quantized_bytes
+from diffmeter.predict.quantized_formats import footprint, gguf_file_bytes, gguf_types, quantized_bytes
 from diffmeter.predict.quantized_layouts import GGUF_BLOCKS, bnb_bytes, quanto_group, shared_bytes, torchao_bytes
 from diffmeter.predict.schema import MemoryPrediction
 from diffmeter.predict.techniques import stage_peaks_under
@@ -256,3 +256,47 @@ def test_one_type_on_two_components_predicts_both(cli):
     }
     assert found["memory"]["quantized_bytes"]["quantize-quanto-int8"] == expected
     assert found["memory_techniques"] == ["quantize-quanto-int8"]
+
+
+def quantized_after_loading(model: str, name: str, value: str, dtype: str) -> torch.nn.Module:
+    """The component loaded plain, then quantized as diffusers-torchao's scripts and the quanto blog do: torchao's
+    ``quantize_`` or quanto's ``quantize`` + ``freeze`` on the loaded module."""
+    entry = resolve(model)
+    pipe = load_pipeline(entry, locate_weights(entry, False), torch.device("cpu"), dtype)
+    module = getattr(pipe, name)
+    backend, kind = value.split(":")
+    if backend == "quanto":
+        from optimum.quanto import freeze, qfloat8, qint4, qint8, quantize
+
+        quantize(module, weights={"int8": qint8, "int4": qint4, "float8": qfloat8}[kind])
+        freeze(module)
+    else:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+        quantize_(module, Int8WeightOnlyConfig())
+    return module
+
+
+@pytest.mark.parametrize(
+    ("model", "name", "value", "dtype"),
+    [
+        ("tiny-flux", "text_encoder_2", "quanto:int8", "bfloat16"),  # T5's float32 "wo" quantized, float32 scales
+        ("tiny-sd", "unet", "quanto:int8", "float32"),  # its convolutions quantized too
+        ("tiny-sd", "unet", "quanto:int4", "float32"),
+        ("tiny-wan", "transformer", "torchao:int8wo", "bfloat16"),  # its keep-in-float32 modules quantized
+    ],
+)
+def test_quantized_after_loading_predicts_the_bytes_it_leaves(model, name, value, dtype):
+    """The quanto blog and the diffusers-torchao benchmarks quantize loaded modules: no skip list applies, so the
+    at-load rules (T5's ``wo`` or Wan's float32 modules left whole) would over-count them."""
+    module = quantized_after_loading(model, name, value, dtype)
+    meta = meta_module(resolve(model).components[name], getattr(torch, dtype))
+    backend, kind = value.split(":")
+    assert storages_bytes([module]) == footprint(meta, backend, kind, getattr(torch, dtype), after_loading=True)[0]
+    assert storages_bytes([module]) != footprint(meta, backend, kind, getattr(torch, dtype))[0]
+
+
+def test_only_torchao_and_quanto_are_predicted_after_loading():
+    meta = meta_module(resolve("tiny-flux").components["transformer"], torch.float32)
+    with pytest.raises(ValueError, match="bnb after loading"):
+        footprint(meta, "bnb", "nf4", torch.float32, after_loading=True)

@@ -26,6 +26,7 @@ LIBRARIES = ("torch", "diffusers", "transformers")
 #: it), so a refit keeps every fake-tensor count
 UNCACHED = (
     "predict/data/efficiency.json",
+    "predict/data/offload_rates.json",  # offloading's fitted link shares, read after the cache (offload_time.py)
     "predict/fit_published.py",
     "predict/fit_holdout.py",
     "predict/fit_energy.py",

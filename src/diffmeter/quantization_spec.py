@@ -3,7 +3,8 @@ takes, and the grammar resolved once into the techniques a run asks for. No torc
 is one line before anything loads.
 
 A bare ``int8`` or ``fp8`` is today's technique, torchao weight-only applied after loading (``optimize/quantize.py``:
-``Int8WeightOnlyConfig`` / ``Float8WeightOnlyConfig``), the one ``profile --gpu`` and ``fit`` predict.
+``Int8WeightOnlyConfig`` / ``Float8WeightOnlyConfig``), the one ``profile --gpu`` and ``fit`` predict. A bare ``fp8dq``
+or ``fp8dq-row`` is short for torchao's float8 dynamic activations at load time (``torchao:float8dq-tensor|row``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from diffmeter.optimization_spec import OptimizationSpec
 
 #: the names of the technique applied after loading (``optimize/quantize.py``)
 LEGACY = ("int8", "fp8")
+#: short names of a backend's type: torchao's float8 dynamic activations, per tensor and per row
+SHORT = {"fp8dq": ("torchao", "float8dq-tensor"), "fp8dq-row": ("torchao", "float8dq-row")}
 #: a component list's word for the pipeline's denoisers (Wan 2.2's two experts are both)
 DENOISER = "denoiser"
 
@@ -30,6 +33,12 @@ class Backend:
     summary: str
     #: types read from a pre-quantized single file (--weights FILE), not made at load time
     single_file: bool = False
+    #: types read from a pre-quantized component folder whose config.json holds them (--weights DIR)
+    folder: bool = False
+
+    @property
+    def pre_quantized(self) -> bool:
+        return self.single_file or self.folder
 
 
 BACKENDS = {
@@ -89,6 +98,31 @@ BACKENDS = {
             "sdnq",
             "SD.Next quantization at load (SDNQConfig); layers under 16384 weights stay unquantized (its default)",
         ),
+        Backend(
+            "nunchaku",
+            ("int4", "nvfp4", "awq-int4"),
+            "kernels",
+            "nunchaku",
+            "Nunchaku Lite folders (NunchakuLiteQuantizationConfig in config.json): SVDQuant W4A4 int4/nvfp4 with a "
+            "low-rank branch, or AWQ W4A16; CUDA only",
+            folder=True,
+        ),
+        Backend(
+            "bfl",
+            ("fp8", "nvfp4"),
+            "accelerate",
+            "bfl",
+            "Black Forest Labs fp8 (per-row scales) or nvfp4 single files (BFLQuantizationConfig); dequantized in each "
+            "matmul where no fused kernel runs",
+            single_file=True,
+        ),
+        Backend(
+            "modelopt",
+            ("fp8", "int8", "int4", "nf4", "nvfp4"),
+            "modelopt",
+            "modelopt",
+            "NVIDIA ModelOpt weights at load (NVIDIAModelOptConfig, weight-only)",
+        ),
     )
 }
 
@@ -106,17 +140,20 @@ class QuantizeRequest:
 def known() -> str:
     """Every backend with its types, as the refusals list them."""
     listed = "; ".join(f"{b.name}:{'|'.join(b.types)}" for b in BACKENDS.values())
-    return f"{listed}; or int8|fp8 (torchao weight-only after loading)"
+    return f"{listed}; or int8|fp8 (torchao weight-only after loading), fp8dq|fp8dq-row (torchao:float8dq-tensor|row)"
 
 
 def parse(text: str) -> QuantizeRequest:
-    """``[NAME=]BACKEND:TYPE`` or ``[NAME=]int8|fp8``, checked against the backends' types."""
+    """``[NAME=]BACKEND:TYPE``, ``[NAME=]int8|fp8`` or ``[NAME=]fp8dq|fp8dq-row``, checked against the backends'
+    types."""
     component, equals, rest = text.strip().rpartition("=")
     component = component.strip() or None
     if equals and component is None:
         raise DiffmeterError(f"--quantize '{text}': name the component before '=' (e.g. transformer=bnb:nf4)")
     backend, colon, kind = rest.strip().partition(":")
     if not colon:
+        if short := SHORT.get(backend.strip().lower()):
+            return QuantizeRequest(component, *short)
         if backend in LEGACY and component is None:
             return QuantizeRequest(None, "quantize", backend)  # optimize/quantize.py
         if backend in LEGACY:  # its prediction (profile --gpu, fit, bench's) counts the denoisers only
@@ -146,8 +183,14 @@ def optimization_specs(values: list[str], weights: str | None = None) -> list[Op
             what = request.component or "the denoiser"
             raise DiffmeterError(f"--quantize names {what} twice ({seen[request.component]}, {value}); keep one")
         seen[request.component] = value
-    if weights is not None and not any(r.backend == "gguf" for r in requests):
-        raise DiffmeterError(f"--weights {weights}: a GGUF file is read with --quantize gguf:TYPE (its tensors' type)")
+    reading = [r for r in requests if r.backend in BACKENDS and BACKENDS[r.backend].pre_quantized]
+    if weights is not None and not reading:
+        raise DiffmeterError(
+            f"--weights {weights}: a GGUF file is read with --quantize gguf:TYPE (its tensors' type), a BFL file with "
+            "bfl:TYPE, a Nunchaku Lite folder with nunchaku:TYPE"
+        )
+    if len({r.backend for r in reading}) > 1:
+        raise DiffmeterError("--weights is one pre-quantized file or folder: one of gguf, bfl, nunchaku per run")
     grouped: dict[str, tuple[dict, list[str]]] = {}
     for request in requests:
         name = request.backend
@@ -160,10 +203,14 @@ def optimization_specs(values: list[str], weights: str | None = None) -> list[Op
         grouped.setdefault(name, (params, []))[1].append(request.component or DENOISER)
     specs = []
     for name, (params, components) in grouped.items():
-        if name == "gguf":
-            if weights is None:
-                raise DiffmeterError(f"--quantize gguf:{params['type']} loads a GGUF single file: add --weights FILE")
-            params = {**params, "file": weights}
+        backend = BACKENDS.get(name)
+        if backend is not None and backend.pre_quantized:
+            # a folder's backend says first where it cannot run (CUDA only), then that the folder is missing
+            if weights is None and backend.single_file:
+                raise DiffmeterError(
+                    f"--quantize {name}:{params['type']} loads a pre-quantized single file: add --weights FILE"
+                )
+            params = {**params, "file": weights} if weights is not None else params
         if components != [DENOISER]:  # the default: the denoisers
             params = {**params, "components": components}
         specs.append(OptimizationSpec(name=name, params=params))

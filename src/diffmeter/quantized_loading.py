@@ -1,8 +1,10 @@
 """Components loaded quantized, as users load them (``--quantize BACKEND:TYPE``).
 
 From a checkpoint folder: diffusers' ``PipelineQuantizationConfig(quant_mapping={component: config})`` given to
-the pipeline's ``from_pretrained``, and a GGUF single file through the model class's ``from_single_file(...,
-quantization_config=GGUFQuantizationConfig(compute_dtype=...), config=<the component's folder>)``.
+the pipeline's ``from_pretrained``, a GGUF or BFL single file through the model class's ``from_single_file(...,
+quantization_config=GGUFQuantizationConfig(compute_dtype=...), config=<the component's folder>)``, and a pre-quantized
+component folder (Nunchaku Lite) through the class's ``from_pretrained(folder)``, which reads the
+``quantization_config`` its config.json holds.
 
 Random-weight pipelines (tiny entries, ``--random-weights``) are built in memory, which no quantizer reads, so each
 component to quantize is written with its own ``save_pretrained`` to a temporary folder and read back by its class's
@@ -30,18 +32,27 @@ class SingleFile:
     config: Any
 
 
+@dataclass(frozen=True)
+class Folder:
+    """A component's pre-quantized folder: its config.json holds the ``quantization_config`` diffusers loads it by."""
+
+    path: Path
+
+
 def pretrained_arguments(root: Path, configs: dict[str, Any], torch_dtype) -> dict[str, Any]:
     """``from_pretrained``'s extra arguments for a checkpoint folder: the quantization mapping, and each single-file
     component loaded already (the pipeline then takes it as it is)."""
     from diffusers import PipelineQuantizationConfig
 
     arguments: dict[str, Any] = {}
-    mapping = {name: config for name, config in configs.items() if not isinstance(config, SingleFile)}
+    mapping = {name: config for name, config in configs.items() if not isinstance(config, (SingleFile, Folder))}
     if mapping:
         arguments["quantization_config"] = PipelineQuantizationConfig(quant_mapping=mapping)
     for name, config in configs.items():
         if isinstance(config, SingleFile):
             arguments[name] = from_single_file(name, config, root, _dtype_of(torch_dtype, name))
+        elif isinstance(config, Folder):
+            arguments[name] = from_folder(name, config, root, _dtype_of(torch_dtype, name))
     return arguments
 
 
@@ -59,6 +70,18 @@ def from_single_file(name: str, single: SingleFile, root: Path, dtype: torch.dty
         )
 
 
+def from_folder(name: str, folder: Folder, root: Path, dtype: torch.dtype):
+    """The component ``name`` from its pre-quantized folder, by the class ``root/name`` names (its quantizer from the
+    folder's own config)."""
+    import json
+
+    import diffusers
+
+    class_name = json.loads((root / name / "config.json").read_text())["_class_name"]
+    with quiet_libraries():
+        return getattr(diffusers, class_name).from_pretrained(str(folder.path), torch_dtype=dtype)
+
+
 def quantize_built(pipe, configs: dict[str, Any], dtypes: dict[str, torch.dtype]) -> None:
     """Each component of an in-memory pipeline named in ``configs`` reloaded quantized, through a temporary folder
     (module docstring); ``dtypes``: each component's dtype as loaded."""
@@ -69,6 +92,8 @@ def quantize_built(pipe, configs: dict[str, Any], dtypes: dict[str, torch.dtype]
             module.save_pretrained(root / name)
             if isinstance(config, SingleFile):
                 loaded = from_single_file(name, config, root, dtypes[name])
+            elif isinstance(config, Folder):
+                loaded = from_folder(name, config, root, dtypes[name])
             else:
                 loaded = load_quantized(type(module), root / name, config, dtypes[name])
         pipe.register_modules(**{name: loaded})

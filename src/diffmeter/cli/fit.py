@@ -91,10 +91,11 @@ def fit(
     as_json: AsJson = False,
 ) -> None:
     """List the memory settings (offload, quantized formats on the denoiser, VAE tiling, fp8 text encoder) that bench
-    can run and whose predicted peak fits the GPU once the CUDA context and libraries are held back, fastest first:
-    each with its predicted lower bound of time (roofline plus offloading's host-link transfers) on a named GPU and
-    its quality cost. With --all: the predicted leaderboard, every catalog model on every GPU (or --gpu's), as a
-    sortable page and CSV."""
+    can run and whose predicted peak fits the GPU once the CUDA context and libraries are held back, on a named CUDA
+    GPU also with the speed-ups bench combines with them (torch.compile, reduce-overhead, a first-block cache): each
+    with its predicted lower bound of time, its expected range where every technique of it is timed (ranked by it;
+    the rest follow, saying why) and its quality cost. With --all: the predicted leaderboard, every catalog model on
+    every GPU (or --gpu's), as a sortable page and CSV."""
     from diffmeter.catalog import entry_of
     from diffmeter.lora_file import lora_fields
     from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, chosen_gpu, other_cards, spec_gpu
@@ -163,8 +164,8 @@ def fit(
     from diffmeter.predict.cached import cached_memory_and_work
     from diffmeter.predict.fit_formats import with_fit_formats
     from diffmeter.predict.techniques import fitting
+    from diffmeter.runs.fit_speedups import SettingWork, is_speedup, ranked, timed, with_speedups
     from diffmeter.runs.fitting import (
-        base_time,
         format_times,
         lower_times,
         next_step,
@@ -191,20 +192,21 @@ def fit(
     # fp8 weights need FP8 tensor cores: a table GPU says whether it has them; a bare --memory is not refused
     fp8 = gpu is None or "fp8" in target.tflops
     settled = spec.with_defaults(entry.defaults)
-    fits, refused = runnable(fitting(prediction, usable, fp8=fp8), entry, settled)
     plain = plain_time(work, prediction, target, tf32=tf32)
-    formats = format_times(work, prediction, spec, target, tf32, [c for c, _ in fits]) if plain and on_cuda else {}
+    speeds = bool(plain and on_cuda)  # compile and a cache are offered where they can be timed: a named CUDA GPU
+    memory_fits = fitting(prediction, usable, fp8=fp8)
+    fits, refused = runnable(with_speedups(memory_fits) if speeds else memory_fits, entry, settled)
+    refused = [(chosen, why) for chosen, why in refused if not any(is_speedup(t) for t in chosen)]  # not offered
+    formats = format_times(work, prediction, spec, target, tf32, [c for c, _ in fits]) if speeds else {}
     times = lower_times(plain, prediction, target, [chosen for chosen, _ in fits], formats)
     qualities = quality_costs([chosen for chosen, _ in fits])
     notes = {chosen: time_note(chosen, formats) if plain else None for chosen, _ in fits}  # none: no time at all
-    expected = {  # the calibrated range: a setting that moves no weights (the plain pipeline, or one format alone)
-        chosen: base_time(plain, chosen, formats).expected_s
-        for chosen, _ in fits
-        if plain and not notes[chosen] and set(chosen) <= set(formats)
-    }
-    rows = [(chosen, peak, times.get(chosen)) for chosen, peak in fits]
-    if all(time is not None for _, _, time in rows):  # the mechanism's order stays among equal times; a format
-        rows.sort(key=lambda row: (bool(notes[row[0]]), row[2]))  # not timed after the timed, by the plain bound
+    setting_work = SettingWork(work, prediction, settled, tuple(prediction.denoisers))
+    timings = {chosen: timed(setting_work, chosen, target, tf32) for chosen, _ in fits} if speeds else {}
+    expected = {chosen: found.time.expected_s for chosen, found in timings.items() if found.time}
+    unranked = {chosen: found.why for chosen, found in timings.items() if found.why}
+    lower = {c: found.time.lower_s if found.time else times.get(c) for c, found in timings.items()} or times
+    rows = ranked([(chosen, peak, lower.get(chosen)) for chosen, peak in fits], timings)
     untimed = (
         why_untimed(plain, target, work, tf32, bool(gpu or gpu_spec)) if any(t is None for *_, t in rows) else None
     )
@@ -222,7 +224,8 @@ def fit(
                     "techniques": list(chosen),
                     "peak_bytes": peak,
                     "lower_s": time,
-                    "expected_s": expected.get(chosen),  # as is, or a timed format alone: no offload, tiling
+                    "expected_s": expected.get(chosen),  # the calibrated range with every technique of it
+                    "not_ranked": unranked.get(chosen),  # why it has no expected range: a technique not timed
                     "time_note": notes[chosen],  # a quantization whose time is not modelled
                     "quality": qualities[chosen],
                 }
@@ -238,7 +241,16 @@ def fit(
         return
     shown = rows if all_settings else rows[:TOP]
     table = fit_table(
-        model, prediction, target, shown, held, refused, untimed, nothing, (qualities, notes, expected), len(rows)
+        model,
+        prediction,
+        target,
+        shown,
+        held,
+        refused,
+        untimed,
+        nothing,
+        (qualities, notes, expected, unranked),
+        len(rows),
     )
     console.print(table)
 

@@ -231,7 +231,14 @@ Quantize = Annotated[
     list[str] | None,
     _optimization("[NAME=]BACKEND:TYPE, e.g. bnb:nf4; repeatable", "QUANTIZE", metavar="SPEC"),
 ]
-Weights = Annotated[str | None, _optimization("GGUF file for --quantize gguf:TYPE", "WEIGHTS", metavar="FILE")]
+Weights = Annotated[
+    str | None,
+    _optimization(
+        "GGUF or BFL file, or Nunchaku Lite folder",
+        "WEIGHTS",
+        metavar="PATH",
+    ),
+]
 Fp8TextEncoder = Annotated[bool, _optimization("T5/UMT5/Gemma text encoders stored in float8", "FP8_TEXT_ENCODER")]
 Opt = Annotated[
     list[str] | None,
@@ -247,6 +254,14 @@ GpuName = Annotated[
         "--gpu",
         metavar="NAME",
         help="predict peak memory per stage for this GPU: h100, h200, l4, rtx 4090... (a wrong name lists them)",
+    ),
+]
+TorchVersion = Annotated[
+    str | None,
+    typer.Option(
+        metavar="X.Y",
+        help="with --gpu: the torch version the run will use (default: the installed one); it decides the kernel "
+        "SDPA's attention runs on (cuDNN's on Hopper from 2.11)",
     ),
 ]
 Tf32 = Annotated[

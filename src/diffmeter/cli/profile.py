@@ -38,6 +38,8 @@ from diffmeter.cli.options import (
     ResolutionBinning,
     RingDegree,
     Tf32,
+    TorchVersion,
+    TpDegree,
     TrueCfgScale,
     UlyssesDegree,
     VaeSlicing,
@@ -47,6 +49,7 @@ from diffmeter.cli.profile_output import print_predicted, print_profile, split_l
 from diffmeter.cli.progress import progress_bar
 from diffmeter.cli.value_lists import numbers, sizes
 from diffmeter.errors import DiffmeterError
+from diffmeter.predict.attention_kernels import torch_minor
 from diffmeter.quiet import load_libraries
 
 
@@ -134,9 +137,11 @@ def profile(
     ulysses_degree: UlyssesDegree = 1,
     ring_degree: RingDegree = 1,
     cfg_degree: CfgDegree = 1,
+    tp_degree: TpDegree = 1,
     gpu: GpuName = None,
     gpu_spec: GpuSpec = None,
     tf32: Tf32 = True,
+    torch_version: TorchVersion = None,
     offload: Offload = None,
     vae_tiling: VaeTiling = False,
     vae_slicing: VaeSlicing = False,
@@ -215,15 +220,23 @@ def profile(
             counted = iter(profile_many(missing, depth=depth, jobs=jobs, done=report))
         results = [found if found is not None else next(counted) for found in results]
     split = None
-    degrees = "--ulysses-degree/--ring-degree/--cfg-degree"
-    parallel = (ulysses_degree, ring_degree, cfg_degree) if ulysses_degree * ring_degree * cfg_degree > 1 else None
+    degrees = "--ulysses-degree/--ring-degree/--cfg-degree/--tp-degree"
+    group = (ulysses_degree, ring_degree, cfg_degree, tp_degree)
+    if min(group) < 1:
+        raise DiffmeterError(f"{degrees} are GPU counts: 1 or more, got {' '.join(map(str, group))}")
+    parallel = group if ulysses_degree * ring_degree * cfg_degree * tp_degree > 1 else None
     if parallel and len(results) != 1:
         raise DiffmeterError(f"{degrees} count one profile: name one model, size and step count")
+    if tp_degree > 1 and not (gpu or gpu_spec):
+        raise DiffmeterError(
+            "--tp-degree is predicted with --gpu NAME (or --gpu-spec): each GPU's shard of the denoiser, its memory "
+            "and the all-reduces in the time"
+        )
     if parallel and not (gpu or gpu_spec):
         load_libraries()
         from diffmeter.distributed.communication import per_gpu_step
 
-        split = per_gpu_step(results[0], ulysses_degree, ring_degree, cfg_degree)
+        split = per_gpu_step(results[0], ulysses_degree, ring_degree, cfg_degree)  # tp: refused above
     flags = dict(
         offload=offload,
         vae_tiling=vae_tiling,
@@ -232,6 +245,10 @@ def profile(
         fp8_text_encoder=fp8_text_encoder,
         opt=opt,
     )
+    if torch_version is not None and not (gpu or gpu_spec):
+        raise DiffmeterError("--torch-version changes the predicted time, not the count: add --gpu NAME")
+    if torch_version is not None and torch_minor(torch_version) is None:
+        raise DiffmeterError(f"--torch-version {torch_version!r} is not a torch version: give it as 2.11 or 2.11.0")
     if not tf32 and not (gpu or gpu_spec):
         raise DiffmeterError("--no-tf32 changes the predicted time, not the count: add --gpu NAME (or --gpu-spec)")
     if any(flags.values()) and not (gpu or gpu_spec):
@@ -240,7 +257,7 @@ def profile(
             "in the time; the MACs table counts the plain run"
         )
     if gpu or gpu_spec:
-        print_predicted(specs, results, gpu, gpu_spec, as_json, as_csv, flags, tf32, parallel)
+        print_predicted(specs, results, gpu, gpu_spec, as_json, as_csv, flags, tf32, parallel, torch_version)
     elif as_json:
         payload = results[0].to_json_dict() if len(results) == 1 else {"profiles": [p.to_json_dict() for p in results]}
         if split is not None:

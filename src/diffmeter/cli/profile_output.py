@@ -54,12 +54,12 @@ def split_line(split: dict) -> str:
 
 def print_predicted(
     specs, results, gpu: str | None, gpu_spec: str | None, as_json: bool, as_csv: bool, flags, tf32: bool,
-    parallel: tuple[int, int, int] | None = None,
+    parallel: tuple[int, int, int, int] | None = None, torch_version: str | None = None,
 ) -> None:  # fmt: skip
     """Each profile with its predicted peak memory and time on the chosen device (``predict/``); ``flags``:
     bench's technique options, parsed by bench's own parser and named as bench's stored prediction names them;
     ``tf32``: float32 matmuls and convolutions timed on TF32, as bench's ``--tf32``; ``parallel``: (ulysses, ring,
-    cfg) degrees: one GPU of that group's memory and the generation's time (``predict.parallel``)."""
+    cfg, tp) degrees: one GPU of that group's memory and the generation's time (``predict.parallel``)."""
     from diffmeter.predict.devices import chosen_gpu, is_this_cpu, other_cards
     from diffmeter.report.memory_table import memory_table
     from diffmeter.report.time_table import energy_line, time_table
@@ -72,9 +72,20 @@ def print_predicted(
     load_libraries()
     from diffmeter.optimize import build
     from diffmeter.optimize.options import from_flags
+    from diffmeter.predict.attention_kernels import asked_kernel
     from diffmeter.predict.bench_prediction import memory_technique
+    from diffmeter.predict.cache_time import skipped_line
+    from diffmeter.predict.offload_time import offload_line, offload_of, with_offload
+    from diffmeter.predict.offload_time import why_untimed as why_offload_untimed
     from diffmeter.predict.operators import operator_work, predict_memory_and_work
-    from diffmeter.predict.parallel import NOT_CALIBRATED, gpu_link, summarize, with_communication
+    from diffmeter.predict.parallel import (
+        LEFT_OUT,
+        NOT_CALIBRATED,
+        communication_fit,
+        gpu_link,
+        summarize,
+        with_communication,
+    )
     from diffmeter.predict.quantized_memory import split_values, with_formats
     from diffmeter.predict.quantized_time import HELD_OUT as QUANTIZED_HELD_OUT
     from diffmeter.predict.quantized_time import needs_fp8, quantized_work, why_not_modelled
@@ -95,6 +106,11 @@ def print_predicted(
         )
     techniques = tuple(memory_technique(o.name, o.params) for o in asked if o.name not in TIME_ONLY)
     techniques += tuple({f.technique: 0 for f in formats})
+    if parallel and parallel[3] > 1 and [t for t in techniques if t.startswith("quantize")]:
+        raise DiffmeterError(
+            "diffusers cannot shard quantized parameters for tensor parallelism (bench refuses the pair): drop "
+            "--quantize or --tp-degree"
+        )
     if parallel and any(t.startswith("offload") for t in techniques):
         raise DiffmeterError(
             "offloading moves the denoiser between devices; a parallel run keeps each rank's on its own GPU: drop the "
@@ -127,7 +143,10 @@ def print_predicted(
             (memory, quantized_work(work, spec, timed_formats))
             for (memory, work), spec in zip(predicted, specs, strict=True)
         ]
-    applied = [timed_work(work, [(o.name, o.params) for o in asked], tuple(m.denoisers)) for m, work in predicted]
+    applied = [
+        timed_work(work, [(o.name, o.params) for o in asked], tuple(m.denoisers), spec, is_this_cpu(gpu))
+        for (m, work), spec in zip(predicted, specs, strict=True)
+    ]
     predicted = [(memory, work) for (memory, _), (work, _, _) in zip(predicted, applied, strict=True)]
     _, time_techniques, time_untimed = applied[0]  # compile, attention kernels: the same for every profile
     chosen = chosen or chosen_gpu(gpu, gpu_spec, tuple({dtype for _, work in predicted for dtype in work.dtypes()}))
@@ -136,18 +155,31 @@ def print_predicted(
     times = [
         None
         if lacking
-        else predict_time(work, chosen, weights=memory.weight_read_bytes, outputs=spec.batch_size, fp32_math=fp32_math)
+        else predict_time(
+            work,
+            chosen,
+            weights=memory.weight_read_bytes,
+            outputs=spec.batch_size,
+            fp32_math=fp32_math,
+            attention=asked_kernel([(o.name, o.params) for o in asked]),
+            torch_version=torch_version,
+        )
         for (memory, work), lacking, spec in zip(predicted, missing, specs, strict=True)
     ]
-    timed = VAE_MODES + tuple(f.technique for f in timed_formats)
-    untimed = [t for t in techniques if t not in timed] + time_untimed  # the time is the pipeline's without them
+    offload, offload_gap = offload_of(techniques), why_offload_untimed(techniques, chosen.host_link_bytes_per_s)
+    if offload and not offload_gap:  # its host transfers inside the range, at the achieved link rate fitted
+        link = (chosen.host_link, chosen.host_link_bytes_per_s)
+        times = [time and with_offload(time, m, techniques, *link) for time, m in zip(times, memories, strict=True)]
+    timed = VAE_MODES + tuple(f.technique for f in timed_formats) + ((offload,) if offload and not offload_gap else ())
+    untimed = [offload_gap if t == offload else t for t in techniques if t not in timed] + time_untimed  # left out
     group = None
     if parallel:
-        link = gpu_link(chosen, parallel[0] * parallel[1] * parallel[2])
+        link = gpu_link(chosen, parallel[0] * parallel[1] * parallel[2] * parallel[3])
         peaks = (peak_under(with_formats(one_gpu, specs[0], formats), techniques), peak_under(memories[0], techniques))
-        group = summarize(parallel, peaks, ranks, link, received, assumptions(*parallel[1:]))
+        fit = communication_fit()
+        group = summarize(parallel, peaks, ranks, link, received, assumptions(*parallel[1:]), fit)
         if times[0] and group.communication_s is not None:
-            times = [with_communication(times[0], group.communication_s)]
+            times = [with_communication(times[0], group.communication_s, group.communication_host_s)]
     if as_json:
         payloads = [
             {
@@ -158,7 +190,8 @@ def print_predicted(
                 "time_techniques": time_techniques,  # timed, memory as without them (compile, attention kernels)
                 "peak_memory_bytes": peak_under(memory, techniques),
                 "time": time.model_dump(mode="json") if time else None,
-                "time_left_out": (untimed + [NOT_CALIBRATED] * bool(group)) if time else [],  # not in the time
+                # not in the time
+                "time_left_out": (untimed + parallel_left_out(group, NOT_CALIBRATED, LEFT_OUT)) if time else [],
                 **({"parallel": group.model_dump(mode="json")} if group else {}),
             }
             for found, memory, time in zip(results, memories, times, strict=True)
@@ -183,11 +216,15 @@ def print_predicted(
             named = ", ".join(f"{f.backend}:{f.type}" for f in timed_formats)
             said = f"quantized layers timed as {named} runs them in eager mode; {QUANTIZED_HELD_OUT}"
             console.print(said, markup=False)
+        if time and time.offload:
+            console.print(offload_line(time.offload), markup=False)
         if time and untimed:
             console.print(f"time predicted without {', '.join(untimed)} (not modelled in time yet)", markup=False)
-        if time and time_techniques:
+        if time and time.cache:  # a cache: its skipped share, how it was obtained, how well it held
+            console.print(skipped_line(time.cache), markup=False)
+        if time and (others := [t for t in time_techniques if not time.cache or t != time.cache.technique]):
             console.print(
-                f"time with {', '.join(time_techniques)}; memory as without (CUDA graphs' pool not counted); "
+                f"time with {', '.join(others)}; memory as without (CUDA graphs' pool not counted); "
                 + TECHNIQUES_HELD_OUT,
                 markup=False,
             )
@@ -202,9 +239,14 @@ def refuse_without_fp8(found, chosen) -> None:
         )
 
 
-def assumptions(ring: int, cfg: int) -> tuple[str, ...]:
+def assumptions(ring: int, cfg: int, tp: int = 1) -> tuple[str, ...]:
     """What the parallel prediction assumes beyond diffusers' own split."""
     found = ["every rank runs the text encoders and the VAE decode whole, as diffusers' pipelines do"]
+    if tp > 1:
+        found.append(
+            "tensor parallel: each rank holds its shard of the denoiser's planned layers (_tp_plan) and all-reduces "
+            "each row-wise layer's output, timed as a ring all-reduce (2 (N - 1) / N of the output received)"
+        )
     if ring > 1:
         found.append(
             "ring attention with PyTorch's flash kernel (it returns the log-sum-exp ring needs; bench: --opt "
@@ -218,7 +260,14 @@ def assumptions(ring: int, cfg: int) -> tuple[str, ...]:
     return tuple(found)
 
 
-def per_gpu(spec, predicted, parallel: tuple[int, int, int], on_cuda: bool):
+def parallel_left_out(group, not_calibrated: str, left_out: str) -> list[str]:
+    """What a parallel group's time leaves out: always ``left_out``, and ``not_calibrated`` without the fit."""
+    if group is None:
+        return []
+    return [left_out] if group.communication_calibrated else [not_calibrated, left_out]
+
+
+def per_gpu(spec, predicted, parallel: tuple[int, int, int, int], on_cuda: bool):
     """One GPU's (memory, work) of a parallel group, its denoiser calls, and what it receives beside them."""
     from diffmeter.distributed.rank_prediction import rank_calls
     from diffmeter.predict.parallel import per_gpu_memory, per_gpu_work
@@ -231,11 +280,18 @@ def per_gpu(spec, predicted, parallel: tuple[int, int, int], on_cuda: bool):
 def parallel_line(group) -> str:
     """The group, each GPU's peak against one GPU's, and the link its communication is timed over."""
     from diffmeter import units
+    from diffmeter.predict.parallel import communication_fit
 
     degrees = f"ulysses {group.ulysses_degree} x ring {group.ring_degree} x CFG {group.cfg_degree}"
+    degrees += f" x tensor parallel {group.tp_degree}" if group.tp_degree > 1 else ""
+    fit = communication_fit()
+    how = (
+        f"calibrated on published multi-GPU runs: {fit.held_out}"
+        if group.communication_calibrated and fit
+        else "at the datasheet rate: a fit on published multi-GPU runs did no better held out, not used"
+    )
     link = (
-        f"over {group.link.name}: {group.communication_s:.3g} s added to denoising (at the datasheet rate, not "
-        "calibrated on published multi-GPU runs)"
+        f"over {group.link.name}: {group.communication_s:.3g} s added to denoising ({how})"
         if group.link
         else "no link figure for this device: the communication is not timed"
     )

@@ -2,7 +2,8 @@
 on the meta device over torch's fake process group) or in a real run (one denoiser call).
 
 "Moved" is what one GPU receives from the others: an all-to-all over ``n`` ranks keeps ``1/n``
-of its input and receives the rest; an all-gather receives ``n - 1`` times its input.
+of its input and receives the rest; an all-gather receives ``n - 1`` times its input; an all-reduce (tensor
+parallelism's row-wise layers), run as a ring (a reduce-scatter, then an all-gather), ``2 (n - 1) / n`` times it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from diffmeter.runs.parallel_records import Communication
 
 ALL_TO_ALL = "all_to_all_single"
 ALL_GATHER = ("all_gather_into_tensor", "allgather_")
+ALL_REDUCE = "all_reduce"
 
 
 def _group_size(name) -> int:
@@ -47,6 +49,10 @@ def received(func, args) -> tuple[str, int] | None:
     if func.namespace == "_c10d_functional" and name == "all_gather_into_tensor":
         tensor, size = args[0], args[1]
         return name, tensor.numel() * tensor.element_size() * (size - 1)
+    if func.namespace == "_c10d_functional" and name == ALL_REDUCE:
+        tensor, group = args[0], args[2]
+        size = _group_size(group)
+        return name, 2 * (size - 1) * tensor.numel() * tensor.element_size() // size
     if func.namespace == "c10d" and name == "allgather_":
         outputs, inputs = args[0], args[1]
         return "all_gather", sum(t.numel() * t.element_size() for t in inputs[0]) * (len(outputs[0]) - 1)
@@ -151,9 +157,9 @@ def count_first_call(model: torch.nn.Module, store: dict) -> None:
     ]
 
 
-def parallel_spec(profile, ulysses: int, ring: int, cfg: int, optimizations=(), max_sequence_length=None):
+def parallel_spec(profile, ulysses: int, ring: int, cfg: int, optimizations=(), max_sequence_length=None, tp: int = 1):
     """The bench spec of ``profile``'s generation (a ``Profile`` or a settled ``ProfileSpec``) split ``ulysses`` x
-    ``ring`` x ``cfg`` ways: what the parallel layers' checks read."""
+    ``ring`` x ``cfg`` x ``tp`` ways: what the parallel layers' checks read."""
     from diffmeter.runs.spec import BenchSpec
 
     return BenchSpec(
@@ -170,6 +176,7 @@ def parallel_spec(profile, ulysses: int, ring: int, cfg: int, optimizations=(), 
         ulysses_degree=ulysses,
         ring_degree=ring,
         cfg_degree=cfg,
+        tp_degree=tp,
         optimizations=list(optimizations),
     )
 

@@ -37,6 +37,23 @@ def enable_tensor_parallel(model: torch.nn.Module, mesh, device: torch.device) -
     apply_tensor_parallel(model, config, model._tp_plan)
 
 
+def shard_counted(model: torch.nn.Module, mesh) -> None:
+    """``enable_tensor_parallel``'s sharding on fake CPU tensors over a fake process group, for the prediction: the
+    same plan and ``apply_tensor_parallel``, with the CPU let into diffusers' device list while it shards (it names
+    the accelerators only, ``hooks.tensor_parallel._SUPPORTED_TP_DEVICES``, diffusers 0.42.1)."""
+    import diffusers.hooks.tensor_parallel as tensor_parallel
+    from diffusers.models._modeling_parallel import ParallelConfig, TensorParallelConfig
+
+    config = TensorParallelConfig(mesh=mesh["tp"])
+    devices = tensor_parallel._SUPPORTED_TP_DEVICES
+    tensor_parallel._SUPPORTED_TP_DEVICES = (*devices, "cpu")
+    try:
+        _record_parallel_config(model, ParallelConfig(tensor_parallel_config=config), config.mesh, torch.device("cpu"))
+        tensor_parallel.apply_tensor_parallel(model, config, model._tp_plan)
+    finally:
+        tensor_parallel._SUPPORTED_TP_DEVICES = devices
+
+
 def resident_parameter_bytes(models: list[torch.nn.Module]) -> int:
     """Bytes of the models' parameters this rank holds: its own shard of each tensor-parallel one."""
     from torch.distributed.tensor import DTensor

@@ -54,10 +54,12 @@ class MeasuredMemory(BaseModel):
 
 def _plain(tensor: torch.Tensor) -> list[torch.Tensor]:
     """The tensors holding ``tensor``'s data: itself, or a wrapper subclass's inner tensors (torchao's
-    quantized weights: the int8 or float8 data and its scales), which own the storages."""
+    quantized weights: the int8 or float8 data and its scales), which own the storages; a DTensor's own shard (its
+    flattened names also hold its device mesh, not a tensor)."""
     if is_traceable_wrapper_subclass(tensor):
         names, _ = tensor.__tensor_flatten__()
-        return [plain for name in names for plain in _plain(getattr(tensor, name))]
+        inner = [getattr(tensor, name) for name in names]
+        return [plain for part in inner if isinstance(part, torch.Tensor) for plain in _plain(part)]
     return [tensor]
 
 

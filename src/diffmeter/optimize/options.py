@@ -183,6 +183,8 @@ def memory_setting_specs(setting: tuple[str, ...]) -> list[OptimizationSpec]:
             specs.append(OptimizationSpec(name="offload", params={"mode": label.removeprefix("offload-")}))
         elif label in ("quantize-int8", "quantize-fp8"):
             specs.append(OptimizationSpec(name="quantize", params={"weights": label.removeprefix("quantize-")}))
+        elif label.startswith("compile-"):  # a compile mode fit offers (runs.fit_speedups): compile-reduce-overhead
+            specs.append(OptimizationSpec(name="compile", params={"mode": label.removeprefix("compile-")}))
         elif label.startswith("quantize-"):  # a --quantize BACKEND:TYPE format on the denoisers (fit_formats)
             backend, _, kind = label.removeprefix("quantize-").partition("-")
             specs.append(OptimizationSpec(name=backend, params={"type": kind}))

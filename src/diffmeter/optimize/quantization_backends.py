@@ -23,6 +23,7 @@ class BackendRow(BaseModel):
     extra: str
     installed: bool
     single_file: bool
+    folder: bool
 
 
 def backend_rows() -> list[BackendRow]:
@@ -41,6 +42,7 @@ def backend_rows() -> list[BackendRow]:
                 extra=backend.extra,
                 installed=importable(backend.module),
                 single_file=backend.single_file,
+                folder=backend.folder,
             )
         )
     return rows

@@ -38,9 +38,14 @@ class TorchAo(QuantizeAtLoad):
         if kind == "int4wo" and importlib.util.find_spec("mslk") is None:
             return "torchao's int4 weight-only packing needs the mslk kernels (CUDA): pip install mslk"
         if kind.startswith("float8dq"):
+            # torchao 0.18 asserts it: per tensor or per row needs CUDA with compute capability >= 8.9 (or MI300+/XPU)
+            # (float8/inference.py:297-305, `_check_hardware_support`; quantization/quant_api.py:1333-1336)
             if target.device.type != "cuda":
                 where = target.device.type
-                return f"torchao's float8 dynamic activations need a GPU of compute capability 8.9+; this is {where}"
+                return (
+                    f"torchao's float8 dynamic activations need a CUDA GPU of compute capability 8.9+ (Ada, Hopper); "
+                    f"this run is on {where}: use torchao:int8wo here"
+                )
             if torch.cuda.is_available() and torch.cuda.get_device_capability(target.device) < (8, 9):
                 return "torchao's float8 dynamic activations need compute capability 8.9 or newer (Ada, Hopper)"
         return None

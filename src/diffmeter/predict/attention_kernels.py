@@ -7,11 +7,18 @@ so those kernels are timed as the calibration's attention (``SAME_AS_SDPA``). Py
 score matrix: its two matmuls and the softmax between them write it and read it back, four passes of
 batch x heads x queries x keys values (``MATH_PASSES``) beyond the fused kernels' bytes. Any other kernel (sage,
 flex, FlashAttention-3, ...) is not modelled: ``kernel_of`` returns None and the prediction names it as left out.
+
+cuDNN's attention is the exception with a published measurement: at head dimension 128 in half precision on a Hopper
+card it runs 1.92x SDPA's flash kernel (``CUDNN_OVER_FLASH``), and from torch 2.11 SDPA picks it by default there
+(``sdpa_default``). The calibration's runs used the flash kernel (their stacks are older, or their kernel is named):
+a run on cuDNN has those attention operators' calibrated time divided by the ratio (``attention_speedup``).
 """
 
 from __future__ import annotations
 
-from diffmeter.predict.schema import OperatorWork
+from importlib.metadata import PackageNotFoundError, version
+
+from diffmeter.predict.schema import OperatorGroup, OperatorWork
 
 #: the score matrix's passes on PyTorch's math path: Q K^T written, read and written by the softmax, read by P V
 MATH_PASSES = 4
@@ -31,11 +38,73 @@ BACKENDS = {
 }
 
 
+#: cuDNN's attention over SDPA's flash kernel (FlashAttention-2) on an H100 at FLUX's shape (batch 1, 24 heads,
+#: 4608 tokens, head dimension 128), bf16: 631.338 against 329.483 TFLOP/s (tritonbench, reported in
+#: pytorch/pytorch#142132, 2024-12-05); measured at this head dimension only
+CUDNN_OVER_FLASH = 631.338 / 329.483
+CUDNN_MEASURED_HEAD_DIMS = (128,)
+#: where SDPA prefers cuDNN: sm90 (Hopper) and sm100, when the bundled cuDNN is newer than 9.15
+#: (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp ``check_prefer_cudnn_attention``, in torch 2.10); torch
+#: 2.11's wheels are the first whose cuDNN passes it (huggingface/transformers#48163, 2026-08-31; diffmeter's H200 runs
+#: on torch 2.11.0 with cuDNN 9.19 traced ``_cudnn_attention_forward``). Datacenter Blackwell's ratio is not
+#: measured: only Hopper's attention is timed as cuDNN's
+CUDNN_DEFAULT_FROM = (2, 11)
+CUDNN_TIMED_ARCHITECTURES = ("hopper",)
+HALF = ("float16", "bfloat16")
+
+
+def torch_minor(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a torch version ("2.11.0+cu130" -> (2, 11)); None where unknown."""
+    parts = (version or "").split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (ValueError, IndexError):
+        return None
+
+
+def installed_torch() -> str | None:
+    """This environment's torch version, read without importing it; None where torch is not installed."""
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
+
+
+def sdpa_default(architecture: str | None, torch_version: str | None) -> str:
+    """The kernel SDPA runs half-precision attention on by default: "cudnn" on a Hopper card from torch 2.11,
+    else "flash" (a torch version not stated: "flash", the calibration's)."""
+    minor = torch_minor(torch_version)
+    if architecture in CUDNN_TIMED_ARCHITECTURES and minor is not None and minor >= CUDNN_DEFAULT_FROM:
+        return "cudnn"
+    return "flash"
+
+
+def head_dim(group: OperatorGroup) -> float | None:
+    """An attention group's head dimension: its FLOPs are two matmuls over every score (4 x scores x E)."""
+    return group.flops / (4 * group.scores) if group.kind == "attention" and group.scores else None
+
+
+def attention_speedup(kernel: str, architecture: str | None, group: OperatorGroup, dtype: str | None) -> float:
+    """How much faster ``group`` runs on ``kernel`` than on the calibration's flash kernel: ``CUDNN_OVER_FLASH``
+    for half-precision attention at a measured head dimension on a timed architecture, else 1."""
+    dim = head_dim(group)
+    if kernel != "cudnn" or architecture not in CUDNN_TIMED_ARCHITECTURES or dtype not in HALF or dim is None:
+        return 1.0
+    return CUDNN_OVER_FLASH if round(dim) in CUDNN_MEASURED_HEAD_DIMS else 1.0
+
+
 def kernel_of(name: str, params: dict) -> str | None:
     """The attention kernel an optimization runs (``sdpa-kernel`` or ``attention``), None where its time is not
     modelled."""
     kernel = params.get("kernel", "flash") if name == "sdpa-kernel" else BACKENDS.get(params.get("backend", ""))
     return kernel if kernel == "math" or kernel in SAME_AS_SDPA else None
+
+
+def asked_kernel(asked: list[tuple[str, dict]]) -> str | None:
+    """The attention kernel a run's optimizations ((name, params)) name, None where they leave SDPA's own choice."""
+    kernels = [kernel_of(name, params) for name, params in asked if name in ("sdpa-kernel", "attention")]
+    named = [kernel for kernel in kernels if kernel and kernel != "sdpa"]
+    return named[-1] if named else None
 
 
 def with_kernel(work: OperatorWork, kernel: str, components: tuple[str, ...] | None = None) -> OperatorWork:

@@ -3,7 +3,8 @@
 Memory takes the run's memory techniques into account where ``techniques`` models them (offload,
 VAE tiling and slicing, the fp8 text encoder, weight-only quantization); time is the pipeline's at the peak the
 run could use (TF32 for float32 matmuls when it was on), with the VAE decode's operators as a tiled or sliced
-decode runs them, and compile and the attention kernel as ``timed_techniques`` models them. Whatever the
+decode runs them, compile and the attention kernel as ``timed_techniques`` models them, and an offload's host
+transfers where ``offload_time`` has the mode's achieved link rate. Whatever the
 prediction leaves out of the run is named in its notes, so a gap between the two is explained, not
 hidden.
 """
@@ -13,7 +14,10 @@ from __future__ import annotations
 import torch
 
 from diffmeter.errors import DiffmeterError
+from diffmeter.predict.attention_kernels import asked_kernel
 from diffmeter.predict.devices import Device, of_row, this_cpu
+from diffmeter.predict.offload_time import offload_of, with_offload
+from diffmeter.predict.offload_time import why_untimed as why_offload_untimed
 from diffmeter.predict.operators import operator_work, predict_memory_and_work
 from diffmeter.predict.peaks import find_device
 from diffmeter.predict.quantized_memory import PREDICTED, Format, technique, with_formats
@@ -24,9 +28,10 @@ from diffmeter.predict.timed_techniques import TIME_ONLY, timed_work
 from diffmeter.predict.vae_decode import VAE_MODES
 from diffmeter.quantization_spec import DENOISER
 
-#: optimizations whose time is predicted: through the peak the roofline uses (TF32), or the decode's operators
-#: as the tiled or sliced decode runs them
-TIME_MODELLED = {"tf32", *VAE_MODES}
+#: optimizations whose time is predicted: through the peak the roofline uses (TF32), the decode's operators
+#: as the tiled or sliced decode runs them, or the steps (every sampler ``optimize/scheduler.py`` offers calls the
+#: denoiser once a step, as the plan counts; no sampler's own step is counted)
+TIME_MODELLED = {"tf32", "scheduler", *VAE_MODES}
 
 
 def memory_technique(name: str, params: dict) -> str | None:
@@ -66,7 +71,9 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
     memory = with_formats(memory, profile_spec, [applied_format(o) for o in optimizations if o.name in PREDICTED])
     if modes:
         work = operator_work(profile_spec, modes)
-    work, _, time_untimed = timed_work(work, [(o.name, o.params) for o in optimizations], tuple(memory.denoisers))
+    work, _, time_untimed = timed_work(
+        work, [(o.name, o.params) for o in optimizations], tuple(memory.denoisers), profile_spec, device.type == "cpu"
+    )
     figures = run_device(device, *work.dtypes())  # a CPU's peaks measured at every dtype a call runs at
     name = figures.name if figures else (torch.cuda.get_device_name(device) if device.type == "cuda" else spec.device)
     unmodelled = [o.label for o in optimizations if memory_technique(o.name, o.params) is None]
@@ -82,9 +89,19 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
         notes.append(f"no time: {lacking}")
     else:
         time = predict_time(
-            work, figures, weights=memory.weight_read_bytes, outputs=spec.batch_size, fp32_math=fp32_math
+            work,
+            figures,
+            weights=memory.weight_read_bytes,
+            outputs=spec.batch_size,
+            fp32_math=fp32_math,
+            attention=asked_kernel([(o.name, o.params) for o in optimizations]),
         )
         untimed = [o.label for o in optimizations if o.name not in (*TIME_MODELLED, *TIME_ONLY)] + time_untimed
+        held = tuple(techniques)
+        if offload_of(held) and not why_offload_untimed(held, figures.host_link_bytes_per_s):  # inside the range
+            time = with_offload(time, memory, held, figures.host_link, figures.host_link_bytes_per_s)
+            offloads = {o.label for o in optimizations if o.name == "offload"}
+            untimed = [label for label in untimed if label not in offloads]
     stages = stage_peaks_under(memory, tuple(techniques))  # the whole peak is the largest stage's (peak_under)
     return RunPrediction(
         device=name,

@@ -10,6 +10,14 @@ Mechanism, per compiled call (the denoiser unless other components are named):
   tests/test_compiled_time.py). Each fused kernel reads its chain's inputs once and writes its outputs once (the
   intermediates stay in registers), moving what one of the eager operators it replaces moves on average: the fused
   kinds' kernels and bytes shrink by the same ratio.
+- a normalization is a reduction whose output every element of its input needs: a chain's kernel computes the
+  statistics over the input, then reads the input again to normalize it (a second loop over the reduction in the
+  same Triton kernel, or a new kernel when the reduction is split in two for want of rows:
+  torch/_inductor/codegen/simd.py ``can_fuse``, ir.py ``Reduction.num_splits``, choices.py
+  ``reduction_split_factor``). Eager PyTorch's normalization kernel does that read inside the one operator counted,
+  so each compiled normalization moves its input once more (``REREAD_SHARE`` of its counted bytes) than the eager
+  average says. A reduction whose row stays in registers (a persistent one, rows of at most 1024 values: choices.py
+  ``should_use_persistent_reduction``) does not re-read; the count does not separate those, so they are charged it.
 - the host no longer dispatches ATen operators nor calls modules inside the graph: without CUDA graphs it
   launches each kernel of the compiled code (one dispatched operator per kernel, one call of the compiled
   function); with CUDA graphs (``CUDA_GRAPH_MODES``) it replays the recorded graph, one launch per call.
@@ -26,6 +34,11 @@ EXTERN_KINDS = ("matmul", "convolution", "attention")
 FUSED_KINDS = ("elementwise", "normalization", "other")
 #: torch.compile modes that record CUDA graphs (the host replays a graph per call)
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+#: the share of a normalization operator's counted bytes (its input read, its output written) that is its input:
+#: what the compiled kernel reads again after the statistics
+REREAD_SHARE = 0.5
+#: the operator kinds that are reductions over their input before an elementwise pass over it
+REDUCTION_KINDS = ("normalization",)
 
 
 def fused_kernels(call: CallWork) -> tuple[int, int]:
@@ -39,22 +52,26 @@ def fused_kernels(call: CallWork) -> tuple[int, int]:
 
 def fused_call(call: CallWork) -> list[OperatorGroup]:
     """``call``'s operators as compiled: library kernels as they are; per fused kind and dtype one group of the
-    kind's share of the fused kernels, each moving the kind's average bytes per eager operator."""
+    kind's share of the fused kernels, each moving the kind's average bytes per eager operator, a reduction kind's
+    kernels also its operators' inputs read again (``REREAD_SHARE``)."""
     eager, kernels = fused_kernels(call)
     kept = [g for g in call.operators if g.kind not in FUSED_KINDS]
     if not eager:
         return kept
-    totals: dict[tuple[str, str | None], list[int]] = defaultdict(lambda: [0, 0, 0])  # calls, FLOPs, bytes
+    # per kind and dtype: calls, FLOPs, bytes, bytes read again
+    totals: dict[tuple[str, str | None], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for group in call.operators:
         if group.kind in FUSED_KINDS:
             total = totals[group.kind, group.dtype]
             total[0] += group.calls
             total[1] += group.flops * group.calls
             total[2] += group.bytes * group.calls
+            total[3] += round(group.bytes * REREAD_SHARE) * group.calls if group.kind in REDUCTION_KINDS else 0
     fused = []
-    for (kind, dtype), (calls, flops, moved) in totals.items():
+    for (kind, dtype), (calls, flops, moved, reread) in totals.items():
         share = max(1, round(kernels * calls / eager))  # this kind's fused kernels, each as an average operator
-        fused.append(OperatorGroup(kind=kind, flops=flops // share, bytes=moved // calls, calls=share, dtype=dtype))
+        each = moved // calls + reread // share
+        fused.append(OperatorGroup(kind=kind, flops=flops // share, bytes=each, calls=share, dtype=dtype))
     return kept + fused
 
 

@@ -1,6 +1,7 @@
-"""The time an offloading setting adds to a generation: the weights it moves between the host and the GPU,
-over the card's host link (PCIe or NVLink-C2C, ``devices.Device.host_link``) at its datasheet rate, so a
-lower bound like the roofline's.
+"""The time an offloading setting adds to a generation: the weights it moves between the host and the GPU over the
+card's host link (PCIe or NVLink-C2C, ``devices.Device.host_link``): at its datasheet rate a lower bound like the
+roofline's (``lower_s``, what ``fit`` orders by); at the share of that rate published runs of the mode achieved, a range
+inside the expected time (``with_offload``).
 
 What each offload moves per generation (``optimize/offload.py`` applies diffusers' own):
 
@@ -10,14 +11,32 @@ What each offload moves per generation (``optimize/offload.py`` applies diffuser
   component (accelerate's ``AlignDevicesHook`` drops the GPU copy afterwards: nothing moves out), serially.
 * ``offload-group`` (``enable_group_offload``, leaf level, ``use_stream=True``): the same bytes in, prefetched
   on a side stream, so the transfers overlap the compute: the generation takes at least the longer of the two.
+
+The host memory each copies (read in accelerate 1.15 and diffusers 0.42.1): model offload moves whole modules with
+``module.to(...)`` both ways (accelerate/hooks.py:744-745 ``init_hook``, :748-763 ``pre_forward`` offloading the
+previous model): pageable memory, nothing pinned. Sequential offload copies each tensor from ``cpu_offload``'s
+``weights_map`` (accelerate/big_modeling.py:210, ``p.to("cpu")``: pageable) in ``AlignDevicesHook.pre_forward``
+(hooks.py:359-395). Group offload with a stream pins every tensor's CPU copy
+(diffusers/hooks/group_offloading.py:173-177, only with a stream :179-182) and offloads by pointing back at it, no copy
+(:317-333): pinned, host to device only. The achieved share of the link per mode is measured on published runs against
+the same runs without offload, held out by source, by ``benchmarks/calibrate_offload.py`` (``data/offload_rates.json``);
+a mode with no published run on a named GPU is not timed, and is named as left out.
 """
 
 from __future__ import annotations
 
-from diffmeter.predict.schema import MemoryPrediction
+import functools
+import json
+import math
+from importlib import resources
+
+from diffmeter import units
+from diffmeter.predict.schema import MemoryPrediction, OffloadTime, TimePrediction
 from diffmeter.predict.techniques import stored_params
 
 OFFLOADS = ("offload-model", "offload-sequential", "offload-group")
+#: the host memory each mode copies from and to (the module's docstring)
+MEMORY = {"offload-model": "pageable", "offload-sequential": "pageable", "offload-group": "pinned"}
 
 
 def moved_bytes(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> int:
@@ -40,3 +59,79 @@ def lower_s(
     moved = moved_bytes(prediction, techniques)
     transfer = moved / link_bytes_per_s if moved else 0.0
     return max(compute_s, transfer) if "offload-group" in techniques else compute_s + transfer
+
+
+@functools.cache
+def rates() -> dict[str, dict]:
+    """Per offload mode fitted on published runs: the achieved share of the host link's datasheet rate ("low",
+    "high", "midpoint") and "calibration", the runs and how well they held out (``data/offload_rates.json``)."""
+    return json.loads(resources.files("diffmeter.predict").joinpath("data", "offload_rates.json").read_text())["modes"]
+
+
+def offload_of(techniques: tuple[str, ...]) -> str | None:
+    return next((t for t in techniques if t in OFFLOADS), None)
+
+
+def why_untimed(techniques: tuple[str, ...], link_bytes_per_s: float | None) -> str | None:
+    """Why the setting's offload is not in the expected time, or None where it is (or there is none)."""
+    mode = offload_of(techniques)
+    if mode is None:
+        return None
+    if mode not in rates():
+        memory = MEMORY[mode]
+        return f"{mode}: no published run of it on a named GPU to fit its achieved host-link rate ({memory} copies)"
+    if not link_bytes_per_s:
+        return f"{mode}: no host link figure for this device (predict/data/host_links.json)"
+    return None
+
+
+def with_offload(
+    time: TimePrediction, prediction: MemoryPrediction, techniques: tuple[str, ...], link: str | None, link_rate: float
+) -> TimePrediction:
+    """``time`` with the setting's host transfers inside: the expected range widened by the transfers at the fitted
+    shares of ``link_rate`` (bytes/s), added to the compute or, for group offload, the longer of the two; the lower
+    bound at the datasheet rate (``lower_s``). The energy is dropped: the board power while the GPU waits on the
+    link is not fitted."""
+    mode = offload_of(techniques)
+    fitted, moved = rates()[mode], moved_bytes(prediction, techniques)
+    fast, slow = moved / (link_rate * fitted["high"]), moved / (link_rate * fitted["low"])
+    overlapped = mode == "offload-group"
+    expected, busy = time.expected_s, time.busy_share
+    if expected is not None:
+        low, high = expected
+        expected = (max(low, fast), max(high, slow)) if overlapped else (low + fast, high + slow)
+        if busy is not None:  # the GPU's busy time over a longer generation
+            busy *= math.sqrt(time.expected_s[0] * time.expected_s[1] / (expected[0] * expected[1]))
+    offload = OffloadTime(
+        technique=mode,
+        memory=MEMORY[mode],
+        moved_bytes=moved,
+        link=link,
+        link_bytes_per_s=link_rate,
+        achieved_share=(fitted["low"], fitted["high"]),
+        transfer_s=(fast, slow),
+        overlapped=overlapped,
+        calibration=fitted["calibration"],
+    )
+    return time.model_copy(
+        update={
+            "expected_s": expected,
+            "lower_s": lower_s(time.lower_s, prediction, techniques, link_rate),
+            "busy_share": busy,
+            "energy": None,
+            "energy_left_out": f"{mode}: the board power while the GPU waits on the host link is not fitted",
+            "offload": offload,
+        }
+    )
+
+
+def offload_line(offload: OffloadTime) -> str:
+    """What the expected time holds of an offload's transfers, in one line."""
+    low, high = offload.achieved_share
+    how = "the longer of them and the compute" if offload.overlapped else "added to the compute"
+    return (
+        f"{offload.technique}: {units.gib(offload.moved_bytes)} moved per generation over the "
+        f"{offload.link or 'host link'} ({offload.link_bytes_per_s / 1e9:g} GB/s per direction on its datasheet) at "
+        f"{low:.1%} to {high:.1%} of that rate ({offload.memory} host memory): {units.seconds(offload.transfer_s[0])} "
+        f"to {units.seconds(offload.transfer_s[1])}, {how} in the expected time; {offload.calibration}"
+    )

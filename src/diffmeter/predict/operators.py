@@ -111,12 +111,17 @@ class OperatorTally(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        self.record(func, args, kwargs, out)
+        return out
+
+    def record(self, func, args, kwargs: dict, out) -> None:
+        """Count one operator ``func`` run on ``args`` and ``kwargs`` that returned ``out``."""
         if moves_nothing(func, out):
             # a query returning no tensor (``prim::device``) is an attribute read in an eager run, not dispatched;
             # a replayed block's outputs allocated again are the replay's, not the model's
             issued = not REBUILDING.get() and any(isinstance(t, torch.Tensor) for t in tree_leaves(out))
             self.groups[NO_TRAFFIC_KEY] += issued
-            return out
+            return
         packet = func._overloadpacket
         flops = int(FORMULAS[packet](*args, **kwargs, out_val=out)) if packet in FORMULAS else 0
         inputs = (args[1],) if packet is torch.ops.aten.embedding else (*tree_leaves((args, kwargs)),)
@@ -135,7 +140,6 @@ class OperatorTally(TorchDispatchMode):
         self.chained = not library
         if self.firsts and self.firsts[-1] is None:  # the blocks begun since the last operator: this is their first
             self.firsts = [library if first is None else first for first in self.firsts]
-        return out
 
     # a replay recorder (``replay.Recorder``): the operators a block ran
     def begin(self) -> tuple[Counter, bool]:

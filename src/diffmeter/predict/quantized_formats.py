@@ -19,6 +19,12 @@ Which tensors each backend quantizes, read from diffusers/quantizers/ (paths und
 * a transformers model (a text encoder, through transformers' own config): its quantizers' patterns instead
   (``transformers_skips``), matched by transformers' rule against the parameter's name (torchao) or the module's.
 * SDNQ: its own skip tables and quantizer, run on the meta tensors (``sdnq_tensors``).
+* after loading (``after_loading``: torchao's ``quantize_`` or quanto's ``quantize`` + ``freeze`` on a loaded module,
+  as diffusers-torchao's scripts and the quanto blog apply them): no skip list at all. torchao: every ``nn.Linear``
+  (``filter_fn=_is_linear``, torchao/quantization/quant_api.py:168-180, :275-278); quanto: every module with a
+  quantized counterpart (optimum/quanto/quantize.py:55-98, nn/qmodule.py:81-91: ``nn.Linear`` and ``nn.Conv2d``;
+  ``nn.LayerNorm`` only with activations, nn/qlayernorm.py:37-38), each built at its own weight's dtype
+  (nn/qlinear.py:41), so a float32 keep-in-float32 module (T5's ``wo`` at float16) is quantized with float32 scales.
 * GGUF: the file decides (``--weights FILE``: each tensor's stored type, read with ``gguf_types``); offline, a file
   as ``llama-quantize`` makes it with city96's lcpp.patch (``gguf_file_types``). Tensors stored F32/F16 load at the
   run's dtype (models/model_loading_utils.py:733-747, :238-244); a quantized tensor of a keep-in-float32 module is
@@ -32,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from diffmeter.predict import quantized_layouts as layouts
+from diffmeter.predict.prequantized_formats import bfl_file_types, bfl_tensors, nunchaku_tensors
 
 #: city96's lcpp.patch (github.com/city96/ComfyUI-GGUF tools/lcpp.patch, ``img_tensor_get_type``): FLUX tensors kept
 #: in F32 (img_in., time_in.in_layer., vector_in.in_layer., guidance_in.in_layer., final_layer.linear.) and in F16
@@ -50,6 +57,8 @@ GGUF_FLUX_QKV += (".attn.add_v_proj.",)
 GGUF_QKV_MIX = {"Q3_K_M": "Q4_K", "Q4_K_M": "Q5_K", "Q5_K_M": "Q6_K"}
 #: lcpp.patch: an attention ``to_v`` in a mix (other families)
 GGUF_TO_V_MIX = {"Q2_K": "Q3_K", "Q4_K_M": "Q6_K", "Q5_K_M": "Q6_K"}
+#: the backends predicted when applied to a loaded module, and the module kinds each quantizes then
+AFTER_LOADING = {"torchao": torch.nn.Linear, "quanto": (torch.nn.Linear, torch.nn.Conv2d)}
 #: ComfyUI-GGUF tools/convert.py QUANTIZATION_THRESHOLD: tensors this small (or 1-D) stay F32
 GGUF_THRESHOLD = 1024
 
@@ -96,14 +105,31 @@ def skipped_by_path(name: str, skip: list[str]) -> bool:
     return any(key + "." in name or key == name for key in skip)
 
 
-def stored_tensors(module: torch.nn.Module, backend: str, kind: str, dtype: torch.dtype, gguf: dict | None = None):
+def stored_tensors(
+    module: torch.nn.Module,
+    backend: str,
+    kind: str,
+    dtype: torch.dtype,
+    gguf: dict | None = None,
+    after_loading: bool = False,
+):
     """Every parameter and buffer of ``module`` (on meta, as loaded at ``dtype``) as ``backend``:``kind`` stores it,
-    tied tensors once; ``gguf``: a GGUF file's type per tensor name (else ``gguf_file_types``)."""
+    tied tensors once; ``gguf``: a GGUF file's type per tensor name (else ``gguf_file_types``); ``after_loading``:
+    quantized on the loaded module (torchao ``quantize_``, quanto ``quantize``), not at load."""
+    if after_loading and backend not in AFTER_LOADING:
+        raise ValueError(f"{backend} after loading: only {' and '.join(AFTER_LOADING)} are predicted so")
     if backend == "sdnq":
         return sdnq_tensors(module, kind, dtype)
-    patterns = transformers_skips(module)
-    skip = keep_fp32(module) if patterns is None else []
-    linears = {name: m for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
+    if backend == "bfl":  # ``gguf``: a BFL file's type per quantized weight (``checkpoint_types``)
+        return [Stored(*found) for found in bfl_tensors(module, kind, dtype, gguf)]
+    if backend == "nunchaku":  # ``gguf``: a Nunchaku Lite folder's quantization_config
+        if gguf is None:
+            raise ValueError("the layers a Nunchaku Lite folder quantizes are its config's targets: give --weights DIR")
+        return [Stored(*found) for found in nunchaku_tensors(module, dtype, gguf)]
+    patterns = None if after_loading else transformers_skips(module)
+    skip = keep_fp32(module) if patterns is None and not after_loading else []
+    kinds = AFTER_LOADING[backend] if after_loading else torch.nn.Linear
+    linears = {name: m for name, m in module.named_modules() if isinstance(m, kinds)}
     if patterns is not None:  # a text encoder: transformers' rules (torchao matches the parameter's name, the others
         # the module's: quantizer_torchao.py:111, integrations/quanto.py:87, integrations/bitsandbytes.py:185)
         by = (lambda n: n) if backend == "torchao" else (lambda n: n.rpartition(".")[0])
@@ -122,12 +148,15 @@ def stored_tensors(module: torch.nn.Module, backend: str, kind: str, dtype: torc
             seen.add(id(tensor))
             name = prefix + local
             is_weight = owner_name in linears and local == "weight" and name not in skipped
-            found.append(_stored(name, tensor, is_weight, backend, kind, dtype, skip, gguf))
+            # quantized after loading, a layer is built at its own weight's dtype (quanto nn/qlinear.py:41)
+            at = tensor.dtype if after_loading else dtype
+            found.append(_stored(name, tensor, is_weight, backend, kind, at, skip, gguf))
         quantized = owner_name in linears and f"{prefix}weight" not in skipped
         if backend == "quanto" and quantized and not _quanto_skips(owner_name, skip):
             # QLinear's activation scales, scalars at the dtype the layer was built at (qmodule.py:139-141): the
-            # run's, or float32 for a transformers model, replaced before its weights are cast (quanto.py:92-99)
-            size = 4 if patterns is not None else dtype.itemsize
+            # run's, or float32 for a transformers model, replaced before its weights are cast (quanto.py:92-99);
+            # after loading, its weight's
+            size = owner.weight.element_size() if after_loading else 4 if patterns is not None else dtype.itemsize
             found += [Stored(prefix + s, size, False) for s in ("input_scale", "output_scale")]
     return found
 
@@ -143,7 +172,8 @@ def _stored(name, tensor, is_linear_weight, backend, kind, dtype, skip, gguf) ->
         return Stored(name, layouts.gguf_bytes(tensor.shape, stored), True, tensor.numel() * dtype.itemsize)
     if not is_linear_weight:
         return whole
-    out_features, in_features = tensor.shape
+    # a convolution's weight as quanto's layer counts it (qmodule.py:122-123): output channels by the rest
+    out_features, in_features = tensor.shape[0], tensor.numel() // tensor.shape[0]
     if backend == "quanto":
         if _quanto_skips(name.rpartition(".")[0], skip):
             return whole
@@ -250,6 +280,19 @@ def gguf_file_bytes(module: torch.nn.Module, kind: str) -> int:
     )
 
 
+def checkpoint_types(backend: str, path) -> dict:
+    """What a pre-quantized checkpoint says of its tensors: a GGUF or BFL file's types per tensor, a Nunchaku Lite
+    folder's ``quantization_config``."""
+    if backend == "bfl":
+        return bfl_file_types(path)
+    if backend == "nunchaku":
+        import json
+        from pathlib import Path
+
+        return json.loads((Path(path) / "config.json").read_text())["quantization_config"]
+    return gguf_types(path)
+
+
 def gguf_types(path) -> dict[str, str]:
     """Each tensor's stored type in a GGUF file, under the names diffusers loads it by (diffusers' own format)."""
     from gguf import GGUFReader
@@ -257,14 +300,21 @@ def gguf_types(path) -> dict[str, str]:
     return {tensor.name: tensor.tensor_type.name for tensor in GGUFReader(str(path)).tensors}
 
 
-def footprint(module: torch.nn.Module, backend: str, kind: str, dtype: torch.dtype, gguf: dict | None = None):
+def footprint(
+    module: torch.nn.Module,
+    backend: str,
+    kind: str,
+    dtype: torch.dtype,
+    gguf: dict | None = None,
+    after_loading: bool = False,
+):
     """Parameter and buffer bytes of ``module`` as the backend stores it (with its format's shared tables), and the
     largest weight it dequantizes whole while its layer runs (0: none), read where each does: diffusers
     gguf/utils.py:611-612 (``GGUFLinear.forward_native``), bitsandbytes autograd/_functions.py:446 (``MatMul4Bit``:
     NF4/FP4; LLM.int8() multiplies int8), optimum/quanto library/qbytes_mm.py:25-33 (the scaled weight, then a matmul),
     torchao float8_tensor.py:465 (float8 weight-only), sdnq layers/linear/forward.py:26-27; torchao's int8 per row,
     int4 and float8 dynamic activations run fused kernels."""
-    tensors = stored_tensors(module, backend, kind, dtype, gguf)
+    tensors = stored_tensors(module, backend, kind, dtype, gguf, after_loading)
     shared = layouts.shared_bytes(backend, kind) if any(t.quantized for t in tensors) else 0
     return sum(t.bytes for t in tensors) + shared, max((t.dequantized for t in tensors), default=0)
 

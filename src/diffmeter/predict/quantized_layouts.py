@@ -137,3 +137,46 @@ def shared_bytes(backend: str, kind: str, double_quant: bool = False) -> int:
     """What every quantized tensor of the format shares once per device: the double quantization's 256-value float32
     map (bitsandbytes functional.py:655-656, cached in ``name2qmap``)."""
     return 256 * 4 if backend == "bnb" and kind != "int8" and double_quant else 0
+
+
+#: diffusers 0.42.1 quantizers/bfl/utils.py:187 (``NVFP4_BLOCK``) and Nunchaku Lite's SVDQ groups, fixed per precision
+#: (quantization_config.py ``NunchakuLiteQuantizationConfig.post_init``: 16 for nvfp4, 64 for int4; AWQ's 64)
+NVFP4_BLOCK, SVDQ_INT4_GROUP, AWQ_GROUP = 16, 64, 64
+
+
+def bfl_bytes(kind: str, out_features: int, in_features: int) -> int:
+    """A BFL linear layer's weight and scales (diffusers 0.42.1 quantizers/bfl/utils.py; its bias is kept apart):
+
+    * fp8: ``BFLFP8RLinear``, a float8_e4m3fn weight (a byte each) and a float32 ``weight_scale`` per row
+      (utils.py:321-324).
+    * nvfp4: ``BFLNVFP4Linear``, two E2M1 weights per uint8 byte, a float8_e4m3fn ``weight_scale`` per block of 16
+      along each row, and float32 scalars ``weight_scale_2`` and ``input_scale`` (utils.py:359-367).
+    """
+    weights = out_features * in_features
+    if kind == "fp8":
+        return weights + out_features * 4
+    if kind == "nvfp4":
+        return weights // 2 + weights // NVFP4_BLOCK + 4 + 4
+    raise ValueError(f"bfl:{kind}: no layout")
+
+
+def nunchaku_bytes(kind: str, out_features: int, in_features: int, rank: int, dtype: torch.dtype) -> int:
+    """A Nunchaku Lite linear layer at compute dtype ``dtype`` (diffusers 0.42.1 quantizers/nunchaku/utils.py; its
+    bias, at ``dtype``, kept apart):
+
+    * int4 / nvfp4: ``SVDQW4A4Linear`` (utils.py:223-257): ``qweight`` two 4-bit weights per int8 byte; ``wscales``
+      one per group along each row (64 for int4, at ``dtype``; 16 for nvfp4, float8_e4m3fn); the low-rank branch of
+      rank R at ``dtype``: ``proj_down`` (in x R) and ``proj_up`` (out x R); ``smooth_factor`` per input channel at
+      ``dtype``; nvfp4 adds ``wcscales`` per output channel and one ``wtscale`` at ``dtype``.
+    * awq-int4: ``AWQW4A16Linear`` (utils.py:321-334): ``qweight`` int32 (out/4 x in/2: eight weights per int32),
+      ``wscales`` and ``wzeros`` per group of 64 along each row at ``dtype``.
+    """
+    weights, size = out_features * in_features, dtype.itemsize
+    if kind == "awq-int4":
+        return (out_features // 4) * (in_features // 2) * 4 + 2 * (in_features // AWQ_GROUP) * out_features * size
+    if kind not in ("int4", "nvfp4"):
+        raise ValueError(f"nunchaku:{kind}: no layout")
+    branch = (in_features + out_features) * rank * size + in_features * size
+    if kind == "int4":
+        return weights // 2 + (in_features // SVDQ_INT4_GROUP) * out_features * size + branch
+    return weights // 2 + (in_features // NVFP4_BLOCK) * out_features + branch + (out_features + 1) * size

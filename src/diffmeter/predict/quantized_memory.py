@@ -11,7 +11,7 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 from diffmeter.predict.footprints import meta_module
 from diffmeter.predict.memory import DTYPES, settled_plan
-from diffmeter.predict.quantized_formats import footprint, gguf_types
+from diffmeter.predict.quantized_formats import checkpoint_types, footprint
 from diffmeter.predict.schema import MemoryPrediction
 from diffmeter.quantization_spec import BACKENDS, DENOISER, parse
 
@@ -21,12 +21,15 @@ PREDICTED = tuple(BACKENDS)
 
 @dataclass(frozen=True)
 class Format:
-    """A backend's type on components (``denoiser``: the pipeline's denoisers); ``file``: a GGUF file's types."""
+    """A backend's type on components (``denoiser``: the pipeline's denoisers); ``file``: a GGUF file's types;
+    ``after_loading``: applied to the loaded components (torchao ``quantize_``, quanto ``quantize``), not at load
+    (``quantized_formats``: no skip list then)."""
 
     backend: str
     type: str
     components: tuple[str, ...] = (DENOISER,)
     file: str | None = None
+    after_loading: bool = False
 
     @property
     def technique(self) -> str:
@@ -75,17 +78,19 @@ def with_formats(
                 f"--quantize {found.backend}:{found.type}: {entry.name} has no component {', '.join(unknown)}; its "
                 f"components: {', '.join(entry.components)}"
             )
-        types = gguf_types(found.file) if found.file else None
+        types = checkpoint_types(found.backend, found.file) if found.file else None
         sizes, flights = {}, {}
         for name in names:
             dtype = DTYPES[settled.dtype_of(name)]
             module = (
                 built[name] if name in built else built.setdefault(name, meta_module(entry.components[name], dtype))
             )
-            if types is not None and not types.keys() & module.state_dict().keys():
+            if found.backend == "gguf" and types is not None and not types.keys() & module.state_dict().keys():
                 types = None  # a file under the original checkpoint's names (city96's): its type per tensor as made
             try:
-                sizes[name], flights[name] = footprint(module, found.backend, found.type, dtype, types)
+                sizes[name], flights[name] = footprint(
+                    module, found.backend, found.type, dtype, types, found.after_loading
+                )
             except ValueError as error:
                 raise DiffmeterError(
                     f"--quantize {found.backend}:{found.type} on {name}: {error}; measure it with bench"

@@ -14,7 +14,8 @@ Two bounds, each saying what it bounds:
 Expected: each operator kind's lower bound divided by the fraction of
 it that kind achieves, plus a cost per attention score (its softmax exponential runs on the special-function units,
 a few TFLOP/s on an H100 against the tensor cores' hundreds: attention with a small head dimension is slower per
-FLOP than its FLOPs say), plus a fixed cost per operator (launch, dispatch, Python), all as ranges
+FLOP than its FLOPs say; attention on a faster kernel than the calibration's, cuDNN's on Hopper, divided by its
+measured ratio, ``attention_kernels``), plus a fixed cost per operator (launch, dispatch, Python), all as ranges
 calibrated on measured runs (``data/efficiency.json``, written by ``benchmarks/roofline_cpu.py`` for
 CPUs and ``benchmarks/calibrate_published.py``, from published runs, per GPU architecture). A device class without a
 calibration gets the lower bound alone, and says so.
@@ -23,10 +24,12 @@ calibration gets the lower bound alone, and says so.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from diffmeter.errors import DiffmeterError
+from diffmeter.predict.attention_kernels import attention_speedup, installed_torch, sdpa_default
+from diffmeter.predict.cache_time import time_range
 from diffmeter.predict.calibration import Calibration, calibration_for
 from diffmeter.predict.devices import Device, uncalibrated
 from diffmeter.predict.energy import predict_energy, why_no_energy
@@ -34,6 +37,8 @@ from diffmeter.predict.host_time import host_stage_s
 from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork, StageTime, TimePrediction
 from diffmeter.stages import STAGES
 
+#: per operator group of a call, how much faster than the calibration's kernels it runs (``kernel_speedup``)
+Speedup = Callable[[CallWork, OperatorGroup], float]
 #: the operator kinds float32 work may run on TF32 tensor cores: cuBLAS matmuls and cuDNN convolutions
 TF32_KINDS = ("matmul", "convolution")
 #: how a diffmeter bench on CUDA runs float32 matmuls and convolutions: TF32 unless --no-tf32 (optimize/tf32.py)
@@ -115,9 +120,25 @@ def other_peaks(device: Device, work: OperatorWork, fp32_math: Mapping[str, str]
     return [f"{component} in {dtype}: {', '.join(kinds)}" for (component, dtype), kinds in found.items()]
 
 
-def stage_scores(work: OperatorWork, stage: str) -> int:
-    """The attention scores of ``stage``'s operators over one generation (``OperatorGroup.scores``)."""
-    return sum(g.scores * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
+def stage_scores(work: OperatorWork, stage: str, kernel: Speedup | None = None) -> float:
+    """The attention scores of ``stage``'s operators over one generation (``OperatorGroup.scores``), each divided
+    by how much faster than the calibration's kernels its attention runs where ``kernel`` is given."""
+    return sum(
+        g.scores * g.calls * c.count / (kernel(c, g) if kernel else 1.0)
+        for c in work.calls
+        if c.stage == stage
+        for g in c.operators
+    )
+
+
+def kernel_speedup(work: OperatorWork, architecture: str | None, attention: str) -> Speedup:
+    """Per operator group, how much faster than the calibration's kernels it runs when SDPA's attention runs on
+    ``attention`` (``attention_kernels.attention_speedup``)."""
+
+    def speedup(call: CallWork, group: OperatorGroup) -> float:
+        return attention_speedup(attention, architecture, group, group.dtype or call.dtype or work.dtype)
+
+    return speedup
 
 
 def operator_lower_s(flops: int, moved: int, peak_flops: float, bandwidth: float, l2_bytes: int | None = None) -> float:
@@ -126,15 +147,18 @@ def operator_lower_s(flops: int, moved: int, peak_flops: float, bandwidth: float
 
 
 def lower_bounds(
-    work: OperatorWork, rates: FlopRates, bandwidth: float, l2_bytes: int | None = None
+    work: OperatorWork, rates: FlopRates, bandwidth: float, l2_bytes: int | None = None, kernel: Speedup | None = None
 ) -> dict[str, dict[str, list[float]]]:
-    """Per stage, per operator kind: [lower-bound seconds, operators] over one generation."""
+    """Per stage, per operator kind: [lower-bound seconds, operators] over one generation; with ``kernel``, each
+    group's seconds divided by how much faster than the calibration's kernels it runs (``kernel_speedup``): the
+    expected time's input, in the calibration's units, no longer a bound."""
     found: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
     for call in work.calls:
         for group in call.operators:
             total = found[call.stage][group.kind]
             peak = rates.of_group(call, group)
             seconds = operator_lower_s(group.flops, group.bytes, peak, bandwidth, l2_bytes)
+            seconds /= kernel(call, group) if kernel else 1.0
             total[0] += seconds * group.calls * call.count
             total[1] += group.calls * call.count
     return found
@@ -202,19 +226,30 @@ def predict_time(
     weights: dict[str, int] | None = None,
     outputs: int = 1,
     fp32_math: Mapping[str, str] = BENCH_FP32,
+    attention: str | None = None,
+    torch_version: str | None = None,
 ) -> TimePrediction:
     """The time of the generation ``work`` describes on ``device``, each call at the peak of the dtype it runs at;
     ``calibration`` the shipped one for the device's kind; ``weights``: the bytes each component's call reads of
     its weights at least (``MemoryPrediction.weight_read_bytes``), for the ideal bound; ``outputs``: the images (or
     videos) one generation makes, for the energy per output; ``fp32_math``: how float32 matmuls and convolutions
-    run ("tf32" or "ieee" each; a bench's own default)."""
+    run ("tf32" or "ieee" each; a bench's own default); ``attention``: the kernel SDPA runs on (None: its default
+    on this card with ``torch_version``, ``sdpa_default``); ``torch_version``: the run's (None: the installed one).
+    A cached ``work`` is timed at both ends of its skipped share (``cache_time.time_range``)."""
+    if work.cache is not None:
+        return time_range(
+            work, lambda w: predict_time(w, device, calibration, weights, outputs, fp32_math, attention, torch_version)
+        )
+    torch_version = torch_version or installed_torch()
+    attention = attention or sdpa_default(device.architecture, torch_version)
+    kernel = kernel_speedup(work, device.architecture, attention)
     lacking = missing_figures(device, work, fp32_math)
     if lacking:
         raise DiffmeterError(lacking)
     rates = flop_rates(device, work, fp32_math)
     calibration = calibration or calibration_for(device)
     hosts = host_stage_s(work, calibration.host) if calibration and calibration.host else {}
-    bounds = lower_bounds(work, rates, device.bandwidth_bytes_per_s, device.l2_bytes)
+    bounds = lower_bounds(work, rates, device.bandwidth_bytes_per_s, device.l2_bytes, kernel)
     both = stage_bounds(work, weights or {}, rates, device.bandwidth_bytes_per_s, device.l2_bytes)
     stages = []
     for stage in STAGES:
@@ -224,7 +259,7 @@ def predict_time(
         flops = sum(g.flops * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
         moved = sum(g.bytes * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
         operators = int(sum(count for _, count in kinds.values()))
-        scores = stage_scores(work, stage)
+        scores = stage_scores(work, stage, kernel)
         gpu = expected_s(kinds, operators, calibration, scores) if calibration else None
         host = hosts.get(stage)
         stages.append(
@@ -260,6 +295,9 @@ def predict_time(
         stages=stages,
         lower_s=lower,
         expected_s=whole,
+        stack=f"torch {(torch_version or 'not installed').split('+')[0]}, SDPA on {attention}"
+        if device.kind == "cuda"
+        else None,
         outside_calibration=launch_bound,
         outside_stages_s=call,
         host_bound=host_bound,

@@ -104,11 +104,30 @@ class CallWork(BaseModel):
     fused_chains: int | None = None
 
 
+class CacheSkip(BaseModel):
+    """A cache's denoiser calls skipped in one generation (``predict.cache_time``): the share of the calls that
+    skip, what a skipped call still runs, and how the share was obtained."""
+
+    technique: str
+    components: list[str]
+    #: of the denoiser calls (lowest, highest): equal where the cache's config fixes the count (an interval cache)
+    skipped_share: tuple[float, float]
+    calls: int
+    #: the share of a skipped call's work (multiply-accumulates) it still runs: the blocks the cache always computes
+    #: and the work outside the blocks
+    kept_share: float
+    #: what the cache adds per call (the residual compare, the activations it stores or adds back), as operators
+    overhead: list[OperatorGroup] = []
+    how: str
+
+
 class OperatorWork(BaseModel):
     """Every operator of one generation, from fake-tensor execution of the profile's call plan."""
 
     dtype: str
     calls: list[CallWork]
+    #: a cache on the denoiser: the time is predicted at both ends of its skipped share (``predict.cache_time``)
+    cache: CacheSkip | None = None
 
     def dtypes(self) -> tuple[str, ...]:
         """The run's dtype and every other one a call or an operator runs at, sorted."""
@@ -148,6 +167,26 @@ class EnergyPrediction(BaseModel):
     calibration: str
 
 
+class OffloadTime(BaseModel):
+    """An offload's host transfers in the expected time (``predict.offload_time``): the bytes it moves per
+    generation over the card's host link at the achieved share of its datasheet rate fitted on published runs."""
+
+    technique: str
+    #: the host memory the copies read or write: "pageable" (accelerate's hooks) or "pinned" (group offload's)
+    memory: str
+    moved_bytes: int
+    link: str | None = None
+    link_bytes_per_s: float
+    #: the achieved share of the datasheet rate (lowest, highest) the published runs of the mode imply
+    achieved_share: tuple[float, float]
+    #: seconds the transfers take at those shares (at the highest share first)
+    transfer_s: tuple[float, float]
+    #: whether they overlap the compute (the generation takes the longer of the two) or add to it
+    overlapped: bool
+    #: the runs the share was fitted on, and how well it held on them held out by source
+    calibration: str
+
+
 class TimePrediction(BaseModel):
     """Seconds per generation on one device: per stage (``text_encoding``, ``denoising``,
     ``vae_decode``) and whole, with the figures it used."""
@@ -166,6 +205,9 @@ class TimePrediction(BaseModel):
     l2_bytes: int | None = None
     #: where the expected range's efficiencies come from, or why there is none
     calibration: str
+    #: the stack the range is for: the torch version and the kernel SDPA's attention is timed on ("cudnn": SDPA's
+    #: default on Hopper from torch 2.11, ``attention_kernels``), e.g. "torch 2.11.0, SDPA on cudnn"
+    stack: str | None = None
     #: why the expected range may not hold for this run (smaller operators than any fitted run's), or None
     outside_calibration: str | None = None
     #: the pipeline call's own work outside its components' calls (latents, timesteps, postprocessing), seconds,
@@ -181,6 +223,10 @@ class TimePrediction(BaseModel):
     energy_left_out: str | None = None
     #: the peaks of operators charged another than ``peak_tflops``, as "component in dtype: TFLOP/s per kind"
     other_peaks: list[str] = []
+    #: an offload's host transfers, included in ``expected_s`` and ``lower_s`` (not in the stages)
+    offload: OffloadTime | None = None
+    #: a cache's skipped denoiser calls: the range is the time at the most and at the least skipped share
+    cache: CacheSkip | None = None
     method: str = (
         "lower bound (of the eager operators as dispatched): per operator max(FLOPs / peak, bytes moved / "
         "bandwidth), bytes that fit in L2 not charged, summed; ideal bound (of any implementation at the dtype, "

@@ -1,22 +1,26 @@
 """The techniques that change the expected time and not the memory prediction, applied to a generation's operator
-work: torch.compile per mode (``compiled_time``) and the attention kernel (``attention_kernels``). ``profile --gpu``
-and bench's stored prediction both go through ``timed_work``; what it cannot time it names, for ``time_left_out``.
+work: torch.compile per mode (``compiled_time``), the attention kernel (``attention_kernels``) and the denoiser caches
+(``cache_time``). ``profile --gpu`` and bench's stored prediction both go through ``timed_work``; what it cannot time
+it names, for ``time_left_out``.
 """
 
 from __future__ import annotations
 
 from diffmeter.predict.attention_kernels import kernel_of, with_kernel
+from diffmeter.predict.cache_time import CACHES, cache_skip
+from diffmeter.predict.cache_time import label as cache_label
+from diffmeter.predict.cache_time import why_untimed as cache_untimed
 from diffmeter.predict.compiled_time import compiled_work
 from diffmeter.predict.schema import OperatorWork
 
 #: the optimizations (``optimize`` names) that act on the time alone: no memory technique, nothing to refuse
-TIME_ONLY = ("compile", "sdpa-kernel", "attention")
+TIME_ONLY = ("compile", "sdpa-kernel", "attention", *CACHES)
 
 #: what the held-out test of these techniques found (benchmarks/calibrate_techniques.py, its committed output
 #: benchmarks/results/calibration_techniques.md, 2026-11-29): the claim printed beside such a time
 HELD_OUT = (
-    "held out by source, 13 of 19 published runs (68%) fell inside such a range, midpoint median error 11.1%; "
-    "compile's default mode 80%, reduce-overhead 58% (predicted too fast; benchmarks/results/"
+    "held out by source, 15 of 19 published runs (79%) fell inside such a range, midpoint median error 10.2%; "
+    "compile's default mode 80%, reduce-overhead 75% (the misses predicted too fast; benchmarks/results/"
     "calibration_techniques.md)"
 )
 
@@ -25,33 +29,53 @@ def label(name: str, params: dict) -> str:
     """A technique as the prediction names it: "compile mode=reduce-overhead", "sdpa-kernel math"."""
     if name == "compile":
         return f"compile mode={params.get('mode', 'default')}"
+    if name in CACHES:
+        return cache_label(name, params)
     value = params.get("kernel", "flash") if name == "sdpa-kernel" else params.get("backend", "native")
     return f"{name} {value}"
 
 
-def why_untimed(name: str, params: dict) -> str | None:
-    """Why a time-only technique's effect is not modelled, or None where it is."""
+#: why compile is not timed on a CPU: inductor's fusion is modelled with the eager kinds' achieved fractions, which
+#: holds on CUDA (calibration_techniques.md) and not on a CPU, where inductor writes its own C++ loops for the fused
+#: operators and puts every convolution in channels-last (torch/_inductor/graph.py ``decide_layout_opt``)
+CPU_COMPILE = (
+    "on a CPU inductor runs the fused operators as its own C++ loops (convolutions channels-last), whose rate no CPU "
+    "run has been fitted on; the fusion model is calibrated on published CUDA runs"
+)
+
+
+def why_untimed(name: str, params: dict, on_cpu: bool = False) -> str | None:
+    """Why a time-only technique's effect is not modelled (``on_cpu``: on this CPU), or None where it is."""
     if name == "compile":
         backend = params.get("backend", "inductor")
-        return None if backend == "inductor" else f"the {backend} backend (inductor's fusion is what is modelled)"
+        if backend != "inductor":
+            return f"the {backend} backend (inductor's fusion is what is modelled)"
+        if params.get("regional"):  # the repeated blocks compiled, each its own graph; the rest of the call eager
+            return "regional compilation (the whole denoiser compiled is what is modelled)"
+        return CPU_COMPILE if on_cpu else None
+    if name in CACHES:
+        return cache_untimed(name)
     if kernel_of(name, params) is None:
         return "no published runs separate this kernel's time"
     return None
 
 
 def timed_work(
-    work: OperatorWork, asked: list[tuple[str, dict]], denoisers: tuple[str, ...]
+    work: OperatorWork, asked: list[tuple[str, dict]], denoisers: tuple[str, ...], spec=None, on_cpu: bool = False
 ) -> tuple[OperatorWork, list[str], list[str]]:
     """``work`` with each time-only technique in ``asked`` ((name, params) of the optimizations) applied that is
-    modelled; (work, labels timed, "label: why" of those not)."""
+    modelled (``on_cpu``: timed on this CPU); (work, labels timed, "label: why" of those not). A cache needs the
+    ``spec`` (its blocks' shares)."""
     timed, untimed = [], []
     for name, params in asked:
         if name not in TIME_ONLY:
             continue
-        if why := why_untimed(name, params):
+        if why := why_untimed(name, params, on_cpu):
             untimed.append(f"{label(name, params)}: {why}")
             continue
-        if name == "compile":
+        if name in CACHES:  # timed at both ends of its skipped share (predict.cache_time)
+            work = work.model_copy(update={"cache": cache_skip(work, name, params, denoisers, spec)})
+        elif name == "compile":
             components = tuple(params.get("components") or denoisers)
             work = compiled_work(work, components, params.get("mode", "default"))
         else:  # sdpa-kernel: every SDPA call of the pipeline; a diffusers backend: the denoisers' attention

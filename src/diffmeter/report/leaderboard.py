@@ -26,10 +26,13 @@ COLUMNS = (
     ("expected time", lambda c: _middle(c.expected_s), lambda c: _range(c.expected_s, units.seconds)),
     ("energy per output", lambda c: _middle(c.energy_j), lambda c: _range(c.energy_j, units.joules)),
     ("least quantization that fits", lambda c: c.least_format or "", lambda c: _least(c)),
+    ("fastest predicted setting", lambda c: _fastest(c), lambda c: _fastest(c)),
+    ("its expected time", lambda c: _middle(c.fastest_s), lambda c: _range(c.fastest_s, units.seconds)),
 )
 CSV_FIELDS = (
     "model", "gpu", "architecture", "memory_bytes", "fits", "setting", "least_format", "peak_bytes", "plain_peak_bytes",
-    "lower_s", "expected_low_s", "expected_high_s", "energy_low_j", "energy_high_j", "output", "notes",
+    "lower_s", "expected_low_s", "expected_high_s", "energy_low_j", "energy_high_j", "fastest", "fastest_low_s",
+    "fastest_high_s", "output", "notes",
 )  # fmt: skip
 
 
@@ -37,6 +40,12 @@ def _setting(cell: Cell) -> str:
     if cell.setting is None:
         return "does not fit"
     return ", ".join(cell.setting) or "plain"
+
+
+def _fastest(cell: Cell) -> str:
+    if cell.fastest is None:
+        return "-"
+    return " + ".join(cell.fastest) or "plain"
 
 
 def _least(cell: Cell) -> str:
@@ -78,6 +87,9 @@ def leaderboard_csv(cells: list[Cell]) -> str:
                 "expected_high_s": expected[1],
                 "energy_low_j": energy[0],
                 "energy_high_j": energy[1],
+                "fastest": "" if cell.fastest is None else "+".join(cell.fastest) or "plain",
+                "fastest_low_s": cell.fastest_s[0] if cell.fastest_s else None,
+                "fastest_high_s": cell.fastest_s[1] if cell.fastest_s else None,
                 "notes": " | ".join(cell.notes),
             }
         )
@@ -117,7 +129,10 @@ def leaderboard_html(cells: list[Cell], left_out: list[str]) -> str:
         "bound, and for the plain pipeline the expected range fitted on published eager runs per GPU architecture "
         "(coverage and error in the notes). Energy: that expected time's geometric midpoint at the average board "
         "power fitted on published runs' energy, as a share of the card's TDP, widened by the spread that fit "
-        "left.</p>"
+        "left. Fastest predicted setting: among the settings that fit, with torch.compile (default, reduce-overhead) "
+        "and a first-block cache where bench accepts them, the least expected time with every technique in it "
+        "(their held-out tests: benchmarks/results/calibration_*.md); a setting whose time is not modelled is not "
+        "a candidate, and a cache's image quality is not measured.</p>"
         f'<table class="summary"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
         '<p class="caption">Click a header to sort; hover a row for how it was predicted. Times are seconds per '
         "generation (one pipeline call at the model's defaults); energy is joules per image (per video for a "
@@ -131,7 +146,8 @@ def summary_table(cells: list[Cell]) -> Table:
     """On one GPU, a row per model; on several, a row per GPU counting what fits."""
     gpus = list(dict.fromkeys(cell.gpu for cell in cells))
     if len(gpus) == 1:
-        table = Table(title=f"predicted on {gpus[0]} (catalog defaults; expected range: plain pipeline only)")
+        title = f"predicted on {gpus[0]} (catalog defaults; expected range: the setting's; fastest: with speed-ups)"
+        table = Table(title=title)
         headers = (
             "model",
             "fits",
@@ -140,6 +156,7 @@ def summary_table(cells: list[Cell]) -> Table:
             "peak memory",
             "expected time",
             "energy per output",
+            "fastest predicted (expected s)",
         )
         for header in headers:
             table.add_column(
@@ -154,6 +171,7 @@ def summary_table(cells: list[Cell]) -> Table:
                 _peak(cell),
                 _range(cell.expected_s, units.seconds) if cell.expected_s else _seconds(cell.lower_s) + " (bound)",
                 _range(cell.energy_j, units.joules),
+                f"{_fastest(cell)} ({_range(cell.fastest_s, units.seconds)})" if cell.fastest else "-",
             )
         return table
     table = Table(title="predicted leaderboard: catalog models at their defaults, per GPU")

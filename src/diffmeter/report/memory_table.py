@@ -73,18 +73,18 @@ def fit_table(
     refused: list[tuple[tuple[str, ...], str]],
     untimed: str | None = None,
     next_step: str | None = None,
-    per_row: tuple[dict, dict, dict] = ({}, {}, {}),
+    per_row: tuple[dict, dict, dict, dict] = ({}, {}, {}, {}),
     fitting: int | None = None,
 ) -> FittedTable:
     """The settings that fit once ``held_back`` bytes are kept for CUDA, with their lower bounds of time, fastest
     first where every time is known, and ``untimed``: why a setting has none; a line if none fits, and
     ``next_step``: what to do then; ``per_row``: each setting's quality cost, why its time is the unquantized
-    pipeline's (``runs.fitting.time_note``) and its expected range; ``fitting``: how many settings fit (``rows``
-    may be the first of them)."""
-    qualities, notes, expected = per_row
+    pipeline's (``runs.fitting.time_note``), its expected range (the rows ranked by it) and why a row has none
+    (``unranked``); ``fitting``: how many settings fit (``rows`` may be the first of them)."""
+    qualities, notes, expected, unranked = per_row
 
     timed = all(time is not None for _, _, time in rows) and bool(rows)
-    order = "fastest first" if timed else "likely fastest first"
+    order = "by expected time" if expected else "fastest first" if timed else "likely fastest first"
     held = f", {gib(held_back)} held back for CUDA" if held_back else ""
     table = FittedTable(
         escape(
@@ -136,11 +136,19 @@ def fit_table(
             f"setting's offload transfers, and these rows follow the timed ones: {escape('; '.join(said))}."
         )
     if expected:
-        lines.append("Expected: the calibrated range, for a setting that moves no weights over the host link.")
+        lines.append(
+            "Expected: the calibrated range with every technique of the setting (compile, first-block-cache, a timed "
+            "format, offloading's transfers at their fitted rates), the rows ranked by its midpoint; compile and "
+            "first-block-cache keep their memory setting's peak (CUDA graphs' pool and the cache's kept activations "
+            "not counted); each technique's time is held out alone on published runs, their combinations are not."
+        )
+    if said := sorted({why for chosen, _, _ in rows if (why := unranked.get(chosen))}):
+        said = escape("; ".join(said))
+        lines.append(f"Not ranked (no expected range; after the ranked rows, by lower bound): {said}.")
     if any(quality == "not measured" for quality in qualities.values()):
         lines.append(
-            "Quality: not measured for any quantized format here (no measured figure in the repository); bench "
-            "--quantize BACKEND:TYPE --compare-baseline measures PSNR and SSIM against the unquantized images."
+            "Quality: not measured for any quantized format or cache here (no measured figure in the repository); "
+            "bench --compare-baseline measures PSNR and SSIM against the unchanged pipeline's images."
         )
     if any(t.startswith("quantize-gguf-") for chosen, _, _ in rows for t in chosen):
         lines.append("GGUF: a single file, --weights FILE.gguf; `diffmeter models MODEL` lists the published ones.")

@@ -19,7 +19,8 @@ def backends_table(rows: list[BackendRow]) -> FittedTable:
             Column("what it is", justify="left", drop=2),
         ],
         caption="--quantize int8 | fp8: torchao weight-only after loading, as before (predicted by profile --gpu "
-        "and fit); gguf reads a pre-quantized file: --weights FILE.gguf",
+        "and fit); gguf and bfl read a pre-quantized file (--weights FILE), nunchaku a component folder "
+        "(--weights DIR)",
     )
     for row in rows:
         kinds: dict[str, list[str]] = {}  # reason -> the types it refuses

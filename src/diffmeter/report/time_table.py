@@ -75,6 +75,11 @@ def time_table(prediction: TimePrediction) -> FittedTable:
     if prediction.outside_stages_s and prediction.outside_stages_s[1] > 0:
         call = expected_range(prediction.outside_stages_s)
         table.add_row("the call's own work", "", "", "", "-", "-", *([call] if hosted else []), call)
+    if offload := prediction.offload:  # its host transfers: the lower bound at the datasheet rate, expected as fitted
+        moved, fastest = units.gib(offload.moved_bytes), offload.moved_bytes / offload.link_bytes_per_s
+        copies = "overlapped" if offload.overlapped else expected_range(offload.transfer_s)
+        row = (f"{offload.technique} transfers", "", "", moved, "-", units.seconds(fastest))
+        table.add_row(*row, *(["-"] if hosted else []), copies)
     table.add_row(
         "whole generation",
         "",
@@ -100,6 +105,7 @@ def time_table(prediction: TimePrediction) -> FittedTable:
             else ""
         )
         + (f" The expected range is {prediction.outside_calibration}." if prediction.outside_calibration else "")
+        + (f" For the stack {prediction.stack} (attention_kernels.py)." if prediction.stack else "")
         + (
             f" Charged other peaks than the title's: {'; '.join(prediction.other_peaks)}."
             if prediction.other_peaks

@@ -29,6 +29,10 @@ class Cell(BaseModel):
     least_format: str | None = None
     lower_s: float | None = None
     expected_s: tuple[float, float] | None = None
+    #: the setting bench can run with the least expected time, speed-ups included (``runs.fit_speedups``: compile,
+    #: a first-block cache), and that range; None where no fitting setting's time is modelled
+    fastest: list[str] | None = None
+    fastest_s: tuple[float, float] | None = None
     energy_j: tuple[float, float] | None = None
     output: str = "image"
     #: how each figure was predicted, or why one is missing
@@ -59,6 +63,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
     from diffmeter.predict.roofline import missing_figures
     from diffmeter.predict.techniques import fitting, peak_under
     from diffmeter.predict.vae_decode import VAE_MODES
+    from diffmeter.runs.fit_speedups import SettingWork
     from diffmeter.runs.fitting import lower_times, plain_time, runnable, why_untimed
 
     entry, spec = default_spec(name)
@@ -73,6 +78,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
     output = "video" if spec.num_frames else "image"
     memory_note = f"memory: {prediction.checked}" if prediction.checked else "memory: tracked on fake tensors"
     cells, decoded = [], {}
+    setting_work = SettingWork(work, quantized, spec, tuple(prediction.denoisers))  # shared by every GPU
     for gpu in gpus:
         usable = gpu.memory_bytes - CUDA_HOLDBACK_BYTES
         found, _ = runnable(fitting(prediction, usable, fp8="fp8" in gpu.tflops), entry, spec)
@@ -112,8 +118,27 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
                 cell.notes.append(f"no time: {why_untimed(time, gpu, work, tf32=True, named=True)}")
             else:
                 cell.notes.append(f"time: lower bound only; no expected range for {', '.join(chosen)}")
+            if time is not None and gpu.kind == "cuda":
+                fastest(cell, setting_work, formats, gpu, entry, spec)
         cells.append(cell)
     return cells
+
+
+def fastest(cell: Cell, setting_work, fits, gpu: Device, entry, spec) -> None:
+    """``cell``'s fastest predicted setting: ``fits`` (the memory settings bench runs that fit) with every speed-up
+    bench accepts, the least expected midpoint (``fit_speedups``)."""
+    from diffmeter.runs.fit_speedups import timed, with_speedups
+    from diffmeter.runs.fitting import runnable
+
+    speedy, _ = runnable(with_speedups(fits), entry, spec)
+    times = [(chosen, timed(setting_work, chosen, gpu, outputs=spec.batch_size)) for chosen, _ in speedy]
+    ranked = sorted((found.midpoint, chosen, found) for chosen, found in times if found.midpoint)
+    if not ranked:
+        cell.notes.append("fastest: no fitting setting's time is modelled")
+        return
+    _, chosen, best = ranked[0]
+    cell.fastest, cell.fastest_s = list(chosen), best.time.expected_s
+    cell.notes.append(f"fastest: {' + '.join(chosen) or 'plain'}, expected time with its techniques (fit_speedups)")
 
 
 def _counted(spec, decode_modes: tuple[str, ...]):

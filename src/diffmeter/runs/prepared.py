@@ -78,13 +78,19 @@ def result_fields(run: PreparedRun) -> dict:
         environment=collect(),
         profile=run.profile,
         notes=_notes(spec, entry, run.optimizations) + [n for o in run.optimizations if (n := o.note(run.target))],
-        optimizations=[
-            AppliedOptimization(
-                name=o.name, label=o.label(), kind=o.kind, lossless=o.lossless, params=o.config.model_dump(mode="json")
-            )
-            for o in run.optimizations
-        ],
+        optimizations=applied(run.optimizations),
     )
+
+
+def applied(optimizations: list) -> list[AppliedOptimization]:
+    """Built techniques as a result records them (and its stored prediction reads them), every parameter value
+    that runs included."""
+    return [
+        AppliedOptimization(
+            name=o.name, label=o.label(), kind=o.kind, lossless=o.lossless, params=o.config.model_dump(mode="json")
+        )
+        for o in optimizations
+    ]
 
 
 def store_failure(run: PreparedRun, out: str | Path, error: str, logs: dict[str, str] | None = None) -> Path:

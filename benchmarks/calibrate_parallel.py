@@ -1,0 +1,249 @@
+"""Fit the multi-GPU communication's cost on published runs and test it held out a source at a time.
+
+Each run of benchmarks/published_parallel.yaml not marked `excluded` is asked of `diffmeter profile MODEL --gpu GPU
+--json` with its degrees: one GPU's share of the work (counted as diffusers splits it), the bytes it receives and
+the calls it makes per kind of collective, and the link between the cards (NVLink or PCIe, with its source). The
+communication is then priced by three physical parameters (``predict.parallel.CommunicationFit``):
+
+- ``bandwidth_fraction``: the share of the link's datasheet rate per direction the collectives achieve;
+- ``latency_s``: what each collective costs whatever its size (launch, the ranks waiting on each other);
+- ``ring_overlap``: the share of ring attention's K/V passing hidden behind attention compute (the published ring
+  implementations overlap it; Ulysses' all-to-alls are waited on at once everywhere);
+- ``host_s_per_collective``: the host's time to issue each collective and the reshapes around it, on the host's
+  side of the stage (an eager run on a fast GPU waits on its host, which more GPUs do not make faster);
+
+and added to the denoising stage as ``predict.parallel.with_communication`` adds it (the stage the longer of the
+GPU's time with the communication and the host's with its issue). The parameters are fitted by a grid search
+minimising the squared log error of the range's midpoint; held out a source at a time, each source's runs are
+predicted by the fit on the others. The fit on every source is written to
+src/diffmeter/predict/data/parallel_communication.json (profile --gpu uses it only where, held out a source at a
+time, it does better than the datasheet rate alone: `used`), the report to
+benchmarks/results/calibration_parallel.md and every run, excluded ones with their reason, to
+benchmarks/results/calibration_parallel.json.
+
+Run from the repo root:  python benchmarks/calibrate_parallel.py   (about a minute per run, cold; --reuse refits the
+counted figures stored in calibration_parallel.json without asking profile again)
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from diffmeter.predict.parallel import COMMUNICATION_FIT, CommunicationFit, Link, communication_seconds
+
+HERE = Path(__file__).parent
+PUBLISHED = HERE / "published_parallel.yaml"
+REPORT = HERE / "results" / "calibration_parallel.md"
+RUNS = HERE / "results" / "calibration_parallel.json"
+#: the achieved share of the link's rate is searched from half of it up: below, the fit trades the link's bandwidth
+#: for the host's issue cost, which only one source's runs (xDiT's, host-bound) constrain; a prior, not a fit
+FRACTIONS = [round(0.05 * k, 2) for k in range(10, 21)]
+LATENCIES = [0, 5e-6, 10e-6, 20e-6, 40e-6, 60e-6, 80e-6, 100e-6, 150e-6, 200e-6, 300e-6, 400e-6, 600e-6]
+OVERLAPS = [round(0.1 * k, 1) for k in range(10)]
+HOST_COSTS = [0, 25e-6, 50e-6, 100e-6, 150e-6, 200e-6, 300e-6, 400e-6, 500e-6, 600e-6, 800e-6, 1000e-6]
+DATASHEET = None  # the uncalibrated model: the datasheet rate, no latency, no overlap
+
+
+def ask(run: dict) -> dict:
+    """`profile --gpu --json` for one run."""
+    command = ["diffmeter", "profile", run["model"], "--gpu", run["gpu"], "--steps", str(run["steps"]),
+               "--height", str(run["height"]), "--width", str(run["width"]), "--json"]  # fmt: skip
+    for flag in ("ulysses", "ring", "cfg", "tp"):
+        if run.get(flag, 1) > 1:
+            command += [f"--{flag}-degree", str(run[flag])]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    if done.returncode:
+        raise SystemExit(f"{run['id']}: {' '.join(command)} failed: {done.stderr.strip().splitlines()[-1]}")
+    return json.loads(done.stdout)
+
+
+def base(found: dict) -> dict:
+    """What a run's prediction is without its communication: the denoising stage's GPU, host and lower bound, the
+    whole generation's range, and the communication's figures to price."""
+    time, group = found["time"], found.get("parallel")
+    (stage,) = [s for s in time["stages"] if s["stage"] == "denoising"]
+    reported = (group or {}).get("communication_s") or 0.0
+    issued = (group or {}).get("communication_host_s") or 0.0
+    gpu, host = stage["gpu_s"] or stage["expected_s"], stage["host_s"]
+    return {
+        "gpu": (gpu[0] - reported, gpu[1] - reported),
+        "host": (host[0] - issued, host[1] - issued) if host else None,
+        "lower": stage["lower_s"] - reported,
+        "stage": tuple(stage["expected_s"]),
+        "total": tuple(time["expected_s"]),
+        "received": (group or {}).get("received_by_collective", {}),
+        "calls": (group or {}).get("calls_by_collective", {}),
+        "link": group["link"] if group and group.get("link") else None,
+    }
+
+
+def predicted(figures: dict, fit: CommunicationFit | None) -> tuple[float, float]:
+    """The whole generation's range with the communication priced by ``fit``."""
+    link = Link(**figures["link"]) if figures["link"] else None
+    seconds = communication_seconds(figures["received"], figures["calls"], link, fit) if link else 0
+    issued = sum(figures["calls"].values()) * fit.host_s_per_collective if fit and link else 0
+    gpu, host, lower = figures["gpu"], figures["host"], figures["lower"] + seconds
+    stage = [gpu[end] + seconds if host is None else max(gpu[end] + seconds, host[end] + issued) for end in (0, 1)]
+    stage = [max(value, lower) for value in stage]
+    return tuple(figures["total"][end] - figures["stage"][end] + stage[end] for end in (0, 1))
+
+
+def error(rng: tuple[float, float], seconds: float) -> float:
+    return math.sqrt(rng[0] * rng[1]) / seconds - 1  # the range's midpoint (geometric) against the published
+
+
+def fitted(rows: list[dict]) -> CommunicationFit:
+    """The grid point with the least squared log error of the midpoints over ``rows`` (ties: the datasheet's side)."""
+    best, chosen = math.inf, None
+    grid = itertools.product(reversed(FRACTIONS), LATENCIES, OVERLAPS, HOST_COSTS)
+    for fraction, latency, overlap, host in grid:
+        fit = CommunicationFit(bandwidth_fraction=fraction, latency_s=latency, ring_overlap=overlap,
+                               host_s_per_collective=host)  # fmt: skip
+        loss = sum(math.log1p(error(predicted(row["figures"], fit), row["seconds"])) ** 2 for row in rows)
+        if loss < best - 1e-12:
+            best, chosen = loss, fit
+    return chosen
+
+
+def summary(rows: list[dict], key: str) -> dict:
+    inside = [row[key][0] <= row["seconds"] <= row[key][1] for row in rows]
+    errors = [abs(error(row[key], row["seconds"])) for row in rows]
+    spans = [row[key][1] / row[key][0] for row in rows]
+    return {
+        "runs": len(rows),
+        "inside": sum(inside),
+        "coverage": sum(inside) / len(rows),
+        "median_error": statistics.median(errors),
+        "hi_lo": statistics.median(spans),
+    }
+
+
+def main() -> None:
+    data = yaml.safe_load(PUBLISHED.read_text())
+    runs = data["runs"]
+    asked = [run for run in runs if not run.get("excluded")]
+    stored = {row["id"]: row.get("figures") for row in json.loads(RUNS.read_text())} if "--reuse" in sys.argv else {}
+    for number, run in enumerate(asked, 1):
+        print(f"[{number}/{len(asked)}] {run['id']}", file=sys.stderr, flush=True)
+        run["figures"] = stored.get(run["id"]) or base(ask(run))
+        run["source_name"] = run["source"]["title"]
+    write_runs(runs)  # the counted figures kept before fitting: --reuse refits them
+    parallel = [run for run in asked if run["figures"]["link"] is not None]
+    for run in parallel:
+        run["datasheet"] = predicted(run["figures"], DATASHEET)
+    sources = sorted({run["source_name"] for run in parallel})
+    for source in sources:
+        fit = fitted([run for run in parallel if run["source_name"] != source])
+        for run in parallel:
+            if run["source_name"] == source:
+                run["held_out"], run["held_out_fit"] = predicted(run["figures"], fit), fit.model_dump()
+    for run in parallel:  # a run at a time, for comparison: what its own source's other runs add
+        run["run_held_out"] = predicted(run["figures"], fitted([other for other in parallel if other is not run]))
+    whole = fitted(parallel)
+    for run in parallel:
+        run["in_sample"] = predicted(run["figures"], whole)
+    keys = ("datasheet", "held_out", "run_held_out", "in_sample")
+    before, held, alone, within = (summary(parallel, key) for key in keys)
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    said = (
+        f"held out a source at a time: {held['inside']} of {held['runs']} published multi-GPU runs inside their "
+        f"range, midpoint median error {held['median_error']:.1%} (benchmarks/calibrate_parallel.py, {stamp})"
+    )
+    used = held["coverage"] >= before["coverage"] and held["median_error"] <= before["median_error"]
+    said += (
+        "" if used else f"; the datasheet rate alone: {before['inside']} inside, {before['median_error']:.1%}: not used"
+    )
+    whole = whole.model_copy(update={"held_out": said, "used": used})
+    COMMUNICATION_FIT.write_text(whole.model_dump_json(indent=2) + "\n")
+    write_runs(runs)
+    write_report(runs, parallel, (before, held, alone, within), whole, stamp)
+    print(REPORT.read_text())
+
+
+def write_runs(runs: list[dict]) -> None:
+    """Every run: its prediction before and after, or why it is left out (``excluded``)."""
+    out = []
+    for run in runs:
+        row = {k: v for k, v in run.items() if k not in ("source", "source_name")}
+        row["source"] = run["source"]["url"]
+        row["where"] = run["source"]["where"]
+        out.append(row)
+    RUNS.write_text(json.dumps(out, indent=2, default=list) + "\n")
+
+
+def write_report(runs, parallel, stats, whole: CommunicationFit, stamp: str) -> None:
+    before, held, alone, within = stats
+    lines = [
+        "# Multi-GPU communication calibrated on published runs",
+        "",
+        f"`python benchmarks/calibrate_parallel.py`, {stamp}. Runs: benchmarks/published_parallel.yaml; every run "
+        "with its figures and each excluded run's reason (`excluded`): calibration_parallel.json.",
+        "",
+        "| | runs | inside their range | midpoint median error | hi/lo (median) |",
+        "|---|---|---|---|---|",
+    ]
+    named = [("datasheet rate (before)", before), ("held out a source at a time", held),
+             ("held out a run at a time", alone), ("in sample (the fit on every source)", within)]  # fmt: skip
+    for name, found in named:
+        lines.append(
+            f"| {name} | {found['runs']} | {found['inside']} ({found['coverage']:.0%}) | {found['median_error']:.1%} | "
+            f"{found['hi_lo']:.2f} |"
+        )
+    lines += [
+        "",
+        f"The fit on every source: bandwidth_fraction {whole.bandwidth_fraction:g} of the link's datasheet rate per "
+        f"direction; latency_s {whole.latency_s * 1e6:g} us of the GPU's per collective; ring_overlap "
+        f"{whole.ring_overlap:g} of ring attention's K/V passing hidden; host_s_per_collective "
+        f"{whole.host_s_per_collective * 1e6:g} us of the host's per collective. Targets: coverage >= 80%, midpoint "
+        "median error <= 15%, hi/lo <= 1.6. "
+        + (
+            "Used by `profile --gpu`: it does better held out than the datasheet rate."
+            if whole.used
+            else "Not used by `profile --gpu`: held out a source at a time it does no better than the datasheet rate, "
+            "which the prediction keeps (marked not calibrated in `time_left_out`)."
+        ),
+        "",
+        "Why held out fails: the sources disagree. xDiT's eager H100 runs barely gain from a third and fourth GPU "
+        "(Ulysses 4.38 s on 2, 4.24 s on 4; its compiled column 2.68 and 1.63 s), a floor no link term explains and "
+        "only its rows show (its host issuing xDiT's eager layers, not verified); ParaAttention's A100 and "
+        "cache-dit's L20 runs sit inside the datasheet-rate range. Fitted without xDiT, nothing raises the xDiT "
+        "rows; fitted with it, the latency and host cost it needs push the other sources' runs too slow.",
+        "",
+        "| run | GPUs | published | datasheet rate | held out (fit: fraction, latency, overlap, host) | inside "
+        "| error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in parallel:
+        fit = run["held_out_fit"]
+        rng, ds = run["held_out"], run["datasheet"]
+        gpus = run.get("ulysses", 1) * run.get("ring", 1) * run.get("cfg", 1) * run.get("tp", 1)
+        lines.append(
+            f"| {run['id']} | {gpus} x {run['gpu']} | {run['seconds']:g} s | {ds[0]:.2f}-{ds[1]:.2f} s | "
+            f"{rng[0]:.2f}-{rng[1]:.2f} s ({fit['bandwidth_fraction']:g}, {fit['latency_s'] * 1e6:g} us, "
+            f"{fit['ring_overlap']:g}, {fit['host_s_per_collective'] * 1e6:g} us) | "
+            f"{'yes' if rng[0] <= run['seconds'] <= rng[1] else 'no'} | "
+            f"{error(rng, run['seconds']):+.1%} |"
+        )
+    ones = [run for run in runs if "figures" in run and run not in parallel]
+    if ones:
+        lines += ["", "One GPU, the same sources (no communication: the eager range of calibrate_published.py):", ""]
+        for run in ones:
+            rng = run["figures"]["total"]
+            lines.append(f"- {run['id']}: {run['seconds']:g} s published, {rng[0]:.2f}-{rng[1]:.2f} s predicted "
+                         f"({error(rng, run['seconds']):+.1%})")  # fmt: skip
+    lines += ["", "Excluded (not predicted, not counted):", ""]
+    lines += [f"- {run['id']}: {run['excluded']}" for run in runs if run.get("excluded")]
+    REPORT.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,299 @@
+"""A cache's effect on the expected time: the denoiser calls (or the blocks of a call) it skips, with what it adds.
+
+Each cached denoiser call of the operator work is split into the calls that compute and those that skip; a skipped
+call keeps the share of its multiply-accumulates the cache still runs (``flops.profile`` per module: the blocks it
+always computes, and everything outside the blocks), its operators scaled by that share. Every cached call adds
+the cache's own operators (the residual compare, the activations it stores or adds back). ``roofline.predict_time``
+times the work at the lowest and at the highest skipped share and spans the two (``time_range``).
+
+How many calls skip:
+- interval caches: exactly, from the config and the calls (TaylorSeer; diffusers' hooks/taylorseer_cache.py:228-235);
+- threshold caches (First-Block-Cache, cache-dit's DBCache): a share that depends on the images, taken from published
+  runs at the threshold asked (``data/cache_skips.json``, written by benchmarks/calibrate_caches.py from
+  benchmarks/published_caches.yaml): the runs at that threshold, or those at the published thresholds either side
+  of it (a higher threshold skips more); under every published threshold from none up to the lowest one's share,
+  over every one from the highest one's up to every call but those the cache always computes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from pathlib import Path
+
+from diffmeter.errors import DiffmeterError
+from diffmeter.predict.schema import CacheSkip, CallWork, OperatorGroup, OperatorWork, TimePrediction
+
+SKIPS = Path(__file__).parent / "data" / "cache_skips.json"
+#: the caches this module times, and their parameter the published share is keyed by (None: an exact count)
+TIMED = {"first-block-cache": "threshold", "cache-dit": "threshold", "taylorseer": None}
+#: the caches that change the time, and why one not timed is not
+UNTIMED = {
+    "mag-cache": "no published runs of its skipped steps were gathered",
+    "pab": "its skipped attention depends on the scheduler's timesteps, not predicted yet",
+    "faster-cache": "its skipped attention and unconditional calls depend on the scheduler's timesteps, not "
+    "predicted yet",
+    "deep-cache": "the UNet's shallow branch is not split out of the operator work yet",
+}
+CACHES = (*TIMED, *UNTIMED)
+#: the block lists diffusers' hooks cache (diffusers hooks/_common.py:24-37, first_block_cache.py:229-236)
+BLOCK_LISTS = ("blocks", "transformer_blocks", "single_transformer_blocks", "temporal_transformer_blocks", "layers")
+#: the modules TaylorSeer hooks by default (diffusers hooks/taylorseer_cache.py:14-20, applied at :292-308)
+TAYLORSEER_MODULES = (
+    "^blocks.*attn",
+    "^transformer_blocks.*attn",
+    "^single_transformer_blocks.*attn",
+    "^temporal_transformer_blocks.*attn",
+)
+#: First-Block-Cache's own operators per call, each over one hidden state: the head block's residual, the compare's
+#: subtraction, two absolute values, two means and the division (first_block_cache.py:85, 139-141), and the tail
+#: residuals stored or added back for the image and text streams (:98-106, :172-180)
+FBC_OVERHEAD = 9
+
+
+#: the threshold each threshold cache runs at when none is given (optimize/first_block_cache.py, cache_dit.py)
+DEFAULT_THRESHOLD = {"first-block-cache": 0.2, "cache-dit": 0.08}
+#: what benchmarks/calibrate_caches.py found, held out a source at a time (its committed output,
+#: benchmarks/results/calibration_caches.md, 2026-11-29): the claim printed beside a cached time
+HELD_OUT = (
+    "held out by source, 17 of 17 published cached runs (100%) fell inside such a range, midpoint median error "
+    "15.3%, median hi/lo 2.26 (benchmarks/results/calibration_caches.md)"
+)
+
+
+def label(name: str, params: dict) -> str:
+    """A cache as the prediction names it: "first-block-cache threshold=0.2"."""
+    if name == "taylorseer":
+        return f"taylorseer interval={params.get('cache_interval', 5)}"
+    if name in DEFAULT_THRESHOLD:
+        return f"{name} threshold={params.get('threshold', DEFAULT_THRESHOLD[name])}"
+    return name
+
+
+def skipped_line(skip: CacheSkip) -> str:
+    """What ``profile`` prints under a cached time: the share skipped, how it was obtained, how well it held."""
+    low, high = skip.skipped_share
+    share = f"{low:.0%}" if low == high else f"{low:.0%} to {high:.0%}"
+    return (
+        f"time with {skip.technique}: {share} of the {skip.calls} denoiser calls skipped ({skip.how}); a skipped call "
+        f"still runs {skip.kept_share:.1%} of its work, and every call the cache's own compare and stored residuals; "
+        f"memory as without (its stored activations not counted); {HELD_OUT}"
+    )
+
+
+def why_untimed(name: str) -> str | None:
+    return UNTIMED.get(name)
+
+
+@cache
+def published(path: Path = SKIPS) -> tuple[dict, ...]:
+    """The published skipped shares (``benchmarks/calibrate_caches.py``'s rows)."""
+    return tuple(json.loads(path.read_text())["rows"])
+
+
+def variant(technique: str, params: dict) -> str:
+    """What a threshold cache computes every call: cache-dit's DBCache with fn=1 and bn=0 is First-Block-Cache."""
+    if technique == "cache-dit" and (params.get("fn", 8), params.get("bn", 0)) != (1, 0):
+        return f"cache-dit fn={params.get('fn', 8)} bn={params.get('bn', 0)}"
+    return "first block"
+
+
+def threshold_share(technique: str, params: dict, rows) -> tuple[float, float, str]:
+    """(lowest, highest skipped share, how) at ``params``' threshold from the published ``rows`` of the same
+    ``variant``; with none, every threshold cache's (they all compare the relative L1 change of the first blocks'
+    residual)."""
+    threshold, kind = params["threshold"], variant(technique, params)
+    mine, lent = [r for r in rows if variant(r["technique"], r["params"]) == kind], ""
+    if not mine:
+        mine = [r for r in rows if TIMED.get(r["technique"]) == "threshold"]
+        lent = f"no published runs of {kind}: those of every threshold cache, "
+    if not mine:
+        raise ValueError(f"no published skipped share of {technique}")
+    shares: dict[float, list[dict]] = {}
+    for row in mine:
+        shares.setdefault(row["threshold"], []).append(row)
+    below = max((t for t in shares if t <= threshold), default=None)
+    above = min((t for t in shares if t >= threshold), default=None)
+    published_at = ", ".join(str(t) for t in sorted(shares))
+    if below is None:  # a lower threshold skips no more than the lowest published one: down to none
+        low, high = [], shares[above]
+        how = f"threshold {threshold} under every published one ({published_at}): from none skipped up to {above}'s"
+    elif above is None:  # a higher one skips at least what the highest published one does
+        low, high = shares[below], []
+        how = f"threshold {threshold} over every published one ({published_at}): from {below}'s up to every call"
+    else:
+        low, high = shares[below], shares[above]
+        how = (
+            f"published at threshold {threshold}"
+            if below == above
+            else f"between the published thresholds {below} and {above} (a higher threshold skips more)"
+        )
+    used = low if low is high else low + high
+    sources = sorted({r["source"] for r in used})
+    runs = sorted({f"{r['model']} at {r['steps']} steps" for r in used if "model" in r})
+    of = f" of {', '.join(runs)}" if runs else ""
+    how = f"{lent}{how} ({len(used)} run{'s' * (len(used) != 1)}{of}: {'; '.join(sources)})"
+    return (
+        min((r["skipped_share"] for r in low), default=0.0),
+        max((r["skipped_share"] for r in high), default=1.0),
+        how,
+    )
+
+
+def taylorseer_computed(calls: int, interval: int, before: int) -> int:
+    """The calls in which TaylorSeer's hooked modules compute (diffusers hooks/taylorseer_cache.py:230-235: the
+    step counts from 0 per module call; it computes before ``before`` and every ``interval`` after)."""
+    return sum(1 for step in range(calls) if step < before or (step - before - 1) % interval == 0)
+
+
+def module_macs(spec, component: str) -> tuple[dict[str, int], int]:
+    """``component``'s multiply-accumulates per module (paths under it, depth 3) and in all, over a generation."""
+    from diffmeter.flops.profile import profile_spec
+
+    found = next(c for c in profile_spec(spec, depth=3).components if c.name == component)
+    prefix = component + "."
+    return {k[len(prefix) :]: v for k, v in (found.modules_macs or {}).items() if k.startswith(prefix)}, found.macs
+
+
+def block_of(path: str) -> tuple[str, int] | None:
+    """("transformer_blocks", 3) for a module path inside a cached block list, else None."""
+    parts = path.split(".")
+    if len(parts) > 1 and parts[0] in BLOCK_LISTS and parts[1].isdigit():
+        return parts[0], int(parts[1])
+    return None
+
+
+def skipped_macs(name: str, params: dict, modules: dict[str, int]) -> int:
+    """The multiply-accumulates a skipped call leaves out."""
+    if name == "taylorseer":
+        return sum(v for k, v in modules.items() if any(re.fullmatch(p, k) for p in TAYLORSEER_MODULES))
+    blocks = sorted({b for k in modules if (b := block_of(k))}, key=lambda b: (BLOCK_LISTS.index(b[0]), b[1]))
+    first, last = (1, 0) if name == "first-block-cache" else (params.get("fn", 8), params.get("bn", 0))
+    middle = set(blocks[first : len(blocks) - last])
+    return sum(v for k, v in modules.items() if block_of(k) in middle)
+
+
+def hidden_state_bytes(call: CallWork) -> int:
+    """One hidden state's bytes: half the largest normalization's (it reads one and writes one)."""
+    return max((g.bytes for g in call.operators if g.kind == "normalization"), default=0) // 2
+
+
+def overhead(name: str, params: dict, call: CallWork, hooked: int) -> list[OperatorGroup]:
+    """The cache's own operators per call, each reading and writing hidden states (3 of them: two in, one out)."""
+    state = 3 * hidden_state_bytes(call)
+    if name == "taylorseer":  # per hooked module: the Taylor factors updated or the prediction summed (order+1 each)
+        count = hooked * (params.get("max_order", 1) + 1)
+    else:
+        count = FBC_OVERHEAD
+    return [OperatorGroup(kind="elementwise", flops=state // 6, bytes=state, calls=count)] if state else []
+
+
+def cache_skip(work: OperatorWork, name: str, params: dict, denoisers: tuple[str, ...], spec, rows=None) -> CacheSkip:
+    """What ``name`` skips in ``work``; ``rows``: the published shares (the shipped ones unless given)."""
+    cached = [c for c in work.calls if c.component in denoisers]
+    calls = sum(c.count for c in cached)
+    modules, total = module_macs(spec, cached[0].component)
+    skipped = skipped_macs(name, params, modules)
+    if not skipped:
+        raise DiffmeterError(
+            f"{name}: the {cached[0].component} has none of the transformer blocks diffusers' {name} skips "
+            f"({', '.join(BLOCK_LISTS)}): drop --opt {name} for this model"
+        )
+    hooked = sum(1 for k in modules if any(re.fullmatch(p, k) for p in TAYLORSEER_MODULES))
+    if name == "taylorseer":
+        interval, before = params.get("cache_interval", 5), params.get("disable_cache_before_step", 3)
+        computed = taylorseer_computed(calls, interval, before)
+        share = (calls - computed) / calls
+        low, high = share, share
+        how = (
+            f"exact: {calls - computed} of {calls} calls predicted by the Taylor expansion (interval {interval}, "
+            f"computed before call {before}; diffusers hooks/taylorseer_cache.py:230-235), the hooked attention "
+            "skipped in them"
+        )
+    else:
+        params = {"threshold": DEFAULT_THRESHOLD[name], **params}
+        low, high, how = threshold_share(name, params, published() if rows is None else rows)
+        always = 1 if name == "first-block-cache" else params.get("warmup_steps", 8)  # computed whatever the residual
+        most = max(0.0, (calls - always) / calls)
+        if high > most:
+            how += f"; at most {most:.0%} here: the first {always} call(s) always compute"
+        low, high = min(low, most), min(high, most)
+    return CacheSkip(
+        technique=label(name, params),
+        components=list(denoisers),
+        skipped_share=(low, high),
+        calls=calls,
+        kept_share=1 - skipped / total if total else 1.0,
+        overhead=overhead(name, params, cached[0], hooked),
+        how=how,
+    )
+
+
+def scaled(call: CallWork, share: float, count: int) -> CallWork:
+    """``count`` calls of ``call`` running ``share`` of its operators, modules and dispatches."""
+    operators = [g.model_copy(update={"calls": round(g.calls * share)}) for g in call.operators]
+    return call.model_copy(
+        update={
+            "count": count,
+            "operators": [g for g in operators if g.calls],
+            "dispatched": round(call.dispatched * share),
+            "modules": round(call.modules * share),
+            "fused_chains": None if call.fused_chains is None else round(call.fused_chains * share),
+        }
+    )
+
+
+def at_share(work: OperatorWork, share: float) -> OperatorWork:
+    """``work``'s cached calls with ``share`` of them skipped (rounded per call), the cache's operators added."""
+    skip = work.cache
+    calls = []
+    for call in work.calls:
+        if call.component not in skip.components:
+            calls.append(call)
+            continue
+        skipped = round(call.count * share)
+        plus = {"operators": [*call.operators, *skip.overhead], "dispatched": call.dispatched + len(skip.overhead)}
+        if call.count - skipped:
+            calls.append(call.model_copy(update={**plus, "count": call.count - skipped}))
+        if skipped:
+            light = scaled(call, skip.kept_share, skipped)
+            calls.append(light.model_copy(update={"operators": [*light.operators, *skip.overhead]}))
+    return work.model_copy(update={"calls": calls, "cache": None})
+
+
+def spanned(fast: tuple[float, float] | None, slow: tuple[float, float] | None) -> tuple[float, float] | None:
+    return (fast[0], slow[1]) if fast and slow else None
+
+
+def time_range(work: OperatorWork, predict) -> TimePrediction:
+    """``predict`` (a ``roofline.predict_time`` of ``work``'s device) at the most and the least skipped share:
+    the expected range from the low end of the first to the high end of the second, the bounds of the first."""
+    low, high = work.cache.skipped_share
+    fast, slow = predict(at_share(work, high)), predict(at_share(work, low))
+    stages = []
+    for quick, long in zip(fast.stages, slow.stages, strict=True):
+        stages.append(
+            long.model_copy(
+                update={
+                    "lower_s": quick.lower_s,
+                    "ideal_s": quick.ideal_s,
+                    "expected_s": spanned(quick.expected_s, long.expected_s),
+                    "gpu_s": spanned(quick.gpu_s, long.gpu_s),
+                    "host_s": spanned(quick.host_s, long.host_s),
+                }
+            )
+        )
+    energy = slow.energy
+    if energy and fast.energy:
+        energy = energy.model_copy(update={"per_output_j": spanned(fast.energy.per_output_j, energy.per_output_j)})
+    return slow.model_copy(
+        update={
+            "stages": stages,
+            "lower_s": fast.lower_s,
+            "ideal_s": fast.ideal_s,
+            "expected_s": spanned(fast.expected_s, slow.expected_s),
+            "energy": energy,
+            "cache": work.cache,
+        }
+    )

@@ -1,0 +1,139 @@
+"""The speed-ups ``fit`` and the leaderboard combine with each memory setting that fits, the way bench can:
+torch.compile in its default mode and with CUDA graphs (reduce-overhead), a first-block cache at its default
+threshold, compile with the cache. Each setting is timed as ``profile --gpu --opt`` times it: the setting's operator
+work (a timed quantized format's layers, a tiled or sliced decode's operators) through
+``timed_techniques.timed_work``, the calibrated range (``roofline.predict_time``) and offloading's transfers at their
+fitted rates (``offload_time``); settings are ranked by that range's midpoint. A setting with a technique whose time
+is not modelled has no range, says why, and is not ranked: it follows the ranked ones, by its lower bound."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: the speed-ups offered, as a setting names them, and the optimization each is (bench's ``--opt NAME:PARAMS``)
+SPEEDUPS = {
+    "compile": ("compile", {}),
+    "compile-reduce-overhead": ("compile", {"mode": "reduce-overhead"}),
+    "first-block-cache": ("first-block-cache", {}),
+}
+#: what each memory setting is offered with (bench refuses CUDA graphs with a cache: ``optimize.compile``)
+COMBINATIONS = (
+    (),
+    ("compile",),
+    ("compile-reduce-overhead",),
+    ("first-block-cache",),
+    ("compile", "first-block-cache"),
+)
+
+
+@dataclass
+class Timed:
+    """A setting's predicted time (``TimePrediction``) where every technique of it is timed, else why not."""
+
+    time: object | None = None
+    why: str | None = None
+
+    @property
+    def midpoint(self) -> float | None:
+        expected = self.time.expected_s if self.time is not None else None
+        return (expected[0] * expected[1]) ** 0.5 if expected else None
+
+
+def with_speedups(fits: list[tuple[tuple[str, ...], int]]) -> list[tuple[tuple[str, ...], int]]:
+    """Each fitting memory setting with every combination of speed-ups, at the memory setting's peak."""
+    return [(chosen + extra, peak) for chosen, peak in fits for extra in COMBINATIONS]
+
+
+def is_speedup(technique: str) -> bool:
+    return technique in SPEEDUPS
+
+
+def asked(chosen: tuple[str, ...]) -> list[tuple[str, dict]]:
+    """The setting's speed-ups as (optimization name, params), as ``timed_work`` takes them."""
+    return [SPEEDUPS[t] for t in chosen if t in SPEEDUPS]
+
+
+class SettingWork:
+    """Per setting, the operator work its time is predicted from, or why it has none; the counts shared by every
+    GPU (a quantized format's layers, a decode mode's operators) computed once."""
+
+    def __init__(self, work, prediction, spec, denoisers: tuple[str, ...]) -> None:
+        self.work, self.prediction, self.spec, self.denoisers = work, prediction, spec, denoisers
+        self.found: dict[tuple[str, ...], tuple[object | None, str | None]] = {}
+        self.bases: dict[tuple[str, ...], tuple[object | None, str | None]] = {}
+        self.decoded: dict[tuple[str, ...], object] = {}
+
+    def of(self, chosen: tuple[str, ...]) -> tuple[object | None, str | None]:
+        if chosen not in self.found:
+            self.found[chosen] = self._made(chosen)
+        return self.found[chosen]
+
+    def _made(self, chosen: tuple[str, ...]) -> tuple[object | None, str | None]:
+        from diffmeter.predict.quantized_memory import Format
+        from diffmeter.predict.quantized_time import quantized_work
+        from diffmeter.predict.timed_techniques import timed_work
+        from diffmeter.predict.vae_decode import VAE_MODES
+        from diffmeter.runs.fitting import why_untimed_format
+
+        if "fp8-text-encoder" in chosen:
+            return None, "fp8-text-encoder: its per-layer upcasts are not timed"
+        base = tuple(t for t in chosen if t in VAE_MODES or t.startswith("quantize-"))
+        if base not in self.bases:  # the work without speed-ups, shared by every speed-up of the setting
+            modes = tuple(t for t in base if t in VAE_MODES)
+            work, why = self._decoded(modes) if modes else self.work, None
+            for name in (t for t in base if t.startswith("quantize-")):
+                if why := why_untimed_format(name):
+                    work, why = None, f"{name}: {why}"
+                    break
+                backend, _, kind = name.removeprefix("quantize-").partition("-")
+                work = quantized_work(work, self.spec, [Format(backend, kind)])
+            self.bases[base] = (work, why)
+        work, why = self.bases[base]
+        if work is None:
+            return None, why
+        work, _, untimed = timed_work(work, asked(chosen), self.denoisers, self.spec)
+        return (None, "; ".join(untimed)) if untimed else (work, None)
+
+    def _decoded(self, modes: tuple[str, ...]):
+        """The generation's work with its decode as ``modes`` runs it (a fake run, unless cached on disk)."""
+        if modes not in self.decoded:
+            from diffmeter.predict.cached import cached_work
+
+            found = cached_work(self.spec, modes)
+            if found is None:
+                from diffmeter.predict.operators import operator_work
+
+                found = operator_work(self.spec, modes)
+            self.decoded[modes] = found
+        return self.decoded[modes]
+
+
+def timed(setting_work: SettingWork, chosen: tuple[str, ...], gpu, tf32: bool = True, outputs: int = 1) -> Timed:
+    """``chosen``'s predicted time on ``gpu``, or why it has none."""
+    from diffmeter.predict.offload_time import offload_of, with_offload
+    from diffmeter.predict.offload_time import why_untimed as offload_untimed
+    from diffmeter.runs.fitting import plain_time
+
+    work, why = setting_work.of(chosen)
+    if work is None:
+        return Timed(why=why)
+    if why := offload_untimed(chosen, gpu.host_link_bytes_per_s):
+        return Timed(why=why)
+    prediction = setting_work.prediction
+    time = plain_time(work, prediction, gpu, outputs, tf32)
+    if time is None or time.expected_s is None:
+        return Timed(why=f"no calibrated range for the {gpu.name}")
+    if offload_of(chosen):
+        time = with_offload(time, prediction, chosen, gpu.host_link, gpu.host_link_bytes_per_s)
+    return Timed(time=time)
+
+
+def ranked(rows: list, times: dict[tuple[str, ...], Timed]) -> list:
+    """``rows`` ((setting, peak, lower bound) each) ranked: those with an expected range by its midpoint, then the
+    rest by their lower bound (none last), each group keeping its order among equal times."""
+
+    def key(row):
+        middle = times[row[0]].midpoint if row[0] in times else None
+        return (middle is None, middle if middle is not None else (row[2] if row[2] is not None else float("inf")))
+
+    return sorted(rows, key=key)

@@ -1,0 +1,74 @@
+"""`fit` combining the speed-ups with the memory settings as bench can, ranked by the expected time
+(``runs/fit_speedups.py``): the command's JSON and table on tiny-flux, and a setting whose time is not modelled
+named and kept out of the ranking."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diffmeter.predict.compiled_time import compiled_work
+from diffmeter.predict.devices import named_gpu
+from diffmeter.predict.operators import predict_memory_and_work
+from diffmeter.predict.roofline import predict_time
+from diffmeter.runs.fit_speedups import SettingWork, Timed, ranked, timed
+from diffmeter.spec import ProfileSpec
+
+
+def middle(pair):
+    return (pair[0] * pair[1]) ** 0.5
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    spec = ProfileSpec(model="tiny-flux", steps=2)
+    memory, work = predict_memory_and_work(spec)
+    return spec, memory, work, SettingWork(work, memory, spec, tuple(memory.denoisers))
+
+
+def test_fit_offers_compile_and_the_cache_and_ranks_by_expected_time(cli):
+    code, out, err = cli("fit", "tiny-flux", "--gpu", "h100", "--json", "--steps", "2")
+    assert code == 0, err
+    fits = json.loads(out)["fits"]
+    found = {tuple(row["techniques"]): row for row in fits}
+    assert set(found) == {
+        (),
+        ("compile",),
+        ("compile-reduce-overhead",),
+        ("first-block-cache",),
+        ("compile", "first-block-cache"),
+    }
+    middles = [middle(row["expected_s"]) for row in fits]
+    assert middles == sorted(middles) and all(row["not_ranked"] is None for row in fits)
+    assert middle(found[("compile",)]["expected_s"]) < middle(found[()]["expected_s"])
+    assert found[("first-block-cache",)]["quality"] == "not measured" and found[("compile",)]["quality"] == "lossless"
+    assert all(row["peak_bytes"] == found[()]["peak_bytes"] for row in fits)  # CUDA graphs' pool not counted
+    refused = [tuple(r["techniques"]) for r in json.loads(out)["refused_by_bench"]]
+    assert ("compile-reduce-overhead", "first-block-cache") not in found and not refused  # bench refuses the pair
+    code, out, _ = cli("fit", "tiny-flux", "--gpu", "h100", "--steps", "2")
+    assert code == 0 and "setting (by expected time)" in out and "compile-reduce-overhead" in out
+
+
+def test_a_compiled_settings_time_is_profiles(tiny):
+    """The time fit gives a compiled setting is the plain work compiled, as `profile --opt compile` times it."""
+    spec, memory, work, setting_work = tiny
+    h100 = named_gpu("H100 SXM")
+    found = timed(setting_work, ("compile-reduce-overhead",), h100)
+    direct = predict_time(
+        compiled_work(work, ("transformer",), "reduce-overhead"), h100, weights=memory.weight_read_bytes
+    )
+    assert found.time.expected_s == direct.expected_s and found.why is None
+
+
+def test_a_setting_whose_time_is_not_modelled_says_why_and_follows_the_ranked(tiny):
+    spec, memory, work, setting_work = tiny
+    h100 = named_gpu("H100 SXM")
+    untimed = timed(setting_work, ("fp8-text-encoder",), h100)
+    assert untimed.time is None and untimed.midpoint is None and "fp8-text-encoder" in untimed.why
+    plain, compiled = timed(setting_work, (), h100), timed(setting_work, ("compile",), h100)
+    times = {(): plain, ("compile",): compiled, ("fp8-text-encoder",): untimed}
+    rows = [(("fp8-text-encoder",), 1, 0.0), ((), 1, plain.time.lower_s), (("compile",), 1, compiled.time.lower_s)]
+    order = [row[0] for row in ranked(rows, times)]
+    assert order == [("compile",), (), ("fp8-text-encoder",)]  # the smallest lower bound, yet not ranked
+    assert Timed(why="x").midpoint is None

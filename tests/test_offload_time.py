@@ -1,0 +1,98 @@
+"""Offloading's host transfers inside the expected time (``predict.offload_time``): the bytes each mode moves over the
+card's host link at the achieved share of its datasheet rate that published runs of the mode imply
+(``data/offload_rates.json``, written by benchmarks/calibrate_offload.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diffmeter.predict.devices import chosen_gpu
+from diffmeter.predict.offload_time import MEMORY, OFFLOADS, moved_bytes, rates, why_untimed, with_offload
+from diffmeter.predict.operators import predict_memory_and_work
+from diffmeter.predict.roofline import predict_time
+from diffmeter.spec import ProfileSpec
+
+
+@pytest.fixture(scope="module")
+def tiny_flux_on_l4():
+    spec = ProfileSpec(model="tiny-flux", steps=3)
+    memory, work = predict_memory_and_work(spec, True, ())
+    gpu = chosen_gpu("L4", None)
+    return memory, predict_time(work, gpu, weights=memory.weight_read_bytes), gpu
+
+
+def test_the_fitted_shares_are_shares_of_the_datasheet_rate_with_their_runs_named():
+    fitted = rates()
+    assert set(fitted) <= set(OFFLOADS) and "offload-model" in fitted
+    for mode, found in fitted.items():
+        assert 0 < found["low"] <= found["midpoint"] <= found["high"] <= 1
+        assert found["memory"] == MEMORY[mode] and "held out by source" in found["calibration"]
+
+
+def test_model_offload_adds_its_transfers_at_the_fitted_shares_to_the_range(tiny_flux_on_l4):
+    memory, time, gpu = tiny_flux_on_l4
+    fitted, moved = rates()["offload-model"], moved_bytes(memory, ("offload-model",))
+    assert moved == 2 * sum(memory.component_param_bytes[c] for c in {call.component for call in memory.calls})
+    found = with_offload(time, memory, ("offload-model",), gpu.host_link, gpu.host_link_bytes_per_s)
+    rate = gpu.host_link_bytes_per_s  # PCIe Gen4 x16: 32 GB/s per direction
+    assert rate == 32e9 and found.offload.link == "PCIe Gen4 x16" and not found.offload.overlapped
+    assert found.expected_s == pytest.approx(
+        (time.expected_s[0] + moved / (rate * fitted["high"]), time.expected_s[1] + moved / (rate * fitted["low"]))
+    )
+    assert found.lower_s == pytest.approx(time.lower_s + moved / rate)  # the datasheet rate: still a lower bound
+    assert found.stages == time.stages and found.energy is None and "host link" in found.energy_left_out
+
+
+def test_group_offload_overlaps_its_transfers_with_the_compute(tiny_flux_on_l4, monkeypatch):
+    """With a stream the copies run beside the compute: the longer of the two (what a fitted share would give)."""
+    memory, time, gpu = tiny_flux_on_l4
+    share = {"low": 1e-6, "high": 1.0, "midpoint": 1e-3, "memory": "pinned", "calibration": "held out by source: test"}
+    monkeypatch.setitem(rates(), "offload-group", share)
+    found = with_offload(time, memory, ("offload-group",), gpu.host_link, gpu.host_link_bytes_per_s)
+    slow = moved_bytes(memory, ("offload-group",)) / (gpu.host_link_bytes_per_s * 1e-6)
+    assert found.offload.overlapped and found.expected_s == (max(time.expected_s[0], found.offload.transfer_s[0]), slow)
+
+
+def test_a_mode_without_published_runs_or_a_card_without_a_link_is_left_out_with_why():
+    for mode in set(OFFLOADS) - set(rates()):
+        assert why_untimed((mode,), 32e9).startswith(f"{mode}: no published run of it on a named GPU")
+    assert "no host link figure" in why_untimed(("offload-model",), None)
+    assert why_untimed(("vae-tiling",), None) is None
+
+
+def test_profile_gpu_carries_model_offload_inside_the_time_and_leaves_it_out_of_time_left_out(cli):
+    code, out, err = cli("profile", "tiny-flux", "--gpu", "L4", "--steps", "3", "--offload", "model", "--json")
+    assert code == 0, err
+    offloaded = json.loads(out)
+    code, out, _ = cli("profile", "tiny-flux", "--gpu", "L4", "--steps", "3", "--json")
+    plain = json.loads(out)["time"]
+    time = offloaded["time"]
+    assert offloaded["time_left_out"] == [] and time["offload"]["technique"] == "offload-model"
+    fast, slow = time["offload"]["transfer_s"]
+    assert time["expected_s"] == pytest.approx([plain["expected_s"][0] + fast, plain["expected_s"][1] + slow])
+    code, out, _ = cli("profile", "tiny-flux", "--gpu", "L4", "--steps", "3", "--offload", "model")
+    said = " ".join(out.split())  # the line as printed, wrapped at the terminal's width
+    assert code == 0 and "offload-model: " in said and "moved per generation over the PCIe Gen4 x16" in said
+    assert "│ offload-model transfers │" in said  # a row of the time table, its expected range beside the stages
+
+
+def test_benchs_stored_prediction_of_a_model_offload_run_holds_its_transfers(monkeypatch):
+    """A CUDA run's stored prediction (``bench_prediction.predict_run``) takes the offload into its time as profile
+    does. The GPU's name cannot be asked here: the run's device figures are the L4's table row (a stand-in for
+    ``torch.cuda.get_device_name``)."""
+    import diffmeter.predict.bench_prediction as stored
+    from diffmeter.runs.results import AppliedOptimization
+    from diffmeter.runs.spec import BenchSpec
+
+    monkeypatch.setattr(stored, "run_device", lambda device, *dtypes: chosen_gpu("L4", None))
+    spec = BenchSpec(model="tiny-flux", steps=3, device="cuda", dtype="bfloat16", predict=False)
+    offload = AppliedOptimization(
+        name="offload", label="offload", kind="memory", lossless=True, params={"mode": "model"}
+    )
+    found = stored.predict_run(spec, [offload], None)
+    assert found.time.offload.technique == "offload-model" and found.time_left_out == []
+    plain = stored.predict_run(spec, [], None)
+    moved = found.time.offload.moved_bytes
+    assert found.time.lower_s == pytest.approx(plain.time.lower_s + moved / 32e9)
