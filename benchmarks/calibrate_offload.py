@@ -34,7 +34,7 @@ from published_comparison import load_figures, settings
 from published_runs import source_of
 
 from diffmeter.predict.devices import chosen_gpu
-from diffmeter.predict.fit_holdout import summary
+from diffmeter.predict.fit_holdout import HeldOut, summary
 from diffmeter.predict.offload_time import MEMORY, OFFLOADS, moved_bytes
 from diffmeter.predict.operators import operator_work, predict_memory_and_work
 from diffmeter.predict.roofline import TORCH_FP32, missing_figures, predict_time
@@ -76,22 +76,6 @@ class OffloadRun:
             return None
         left = self.published_s - self.resident_s
         return 1.0 if left <= self.datasheet_s else self.datasheet_s / left
-
-
-@dataclass(frozen=True)
-class Held:
-    run: OffloadRun
-    midpoint: float
-    low: float
-    high: float
-
-    @property
-    def inside(self) -> bool:
-        return self.low <= self.run.published_s <= self.high
-
-    @property
-    def error(self) -> float:
-        return self.midpoint / self.run.published_s - 1
 
 
 def all_weights(spec: ProfileSpec) -> int:
@@ -173,11 +157,11 @@ def offload_run(figure: dict, figures: list[dict]) -> tuple[OffloadRun | None, s
     ), ""  # fmt: skip
 
 
-def predicted(run: OffloadRun, shares: list[float]) -> Held:
+def predicted(run: OffloadRun, shares: list[float]) -> HeldOut:
     """The run's range: its compute range plus its transfers at the ``shares``' extremes, midpoint at their mean."""
     middle = math.exp(statistics.fmean(math.log(s) for s in shares))
     low, high = run.compute_s
-    return Held(
+    return HeldOut(
         run,
         run.middle_s + run.datasheet_s / middle,
         low + run.datasheet_s / max(shares),
@@ -185,7 +169,7 @@ def predicted(run: OffloadRun, shares: list[float]) -> Held:
     )
 
 
-def held_out(runs: list[OffloadRun]) -> list[Held]:
+def held_out(runs: list[OffloadRun]) -> list[HeldOut]:
     """Each run predicted with the shares of the other sources' runs of its mode."""
     found = []
     for run in runs:
@@ -195,7 +179,7 @@ def held_out(runs: list[OffloadRun]) -> list[Held]:
     return found
 
 
-def section(mode: str, runs: list[OffloadRun], held: list[Held]) -> list[str]:
+def section(mode: str, runs: list[OffloadRun], held: list[HeldOut]) -> list[str]:
     lines = [f"## {mode} ({MEMORY[mode]} host memory): {len(runs)} runs, {len({r.source for r in runs})} sources", ""]
     if held:
         stats = summary(held)

@@ -31,6 +31,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
+from calibrate_quantized import BACKENDS
+from calibrate_quantized import TYPES as LATENCY_TYPES
 from published_comparison import GB, GIB, UNITS, settings
 from rich.console import Console
 from rich.table import Table
@@ -45,24 +47,8 @@ QUANTIZED = ROOT / "benchmarks" / "published_quantized.yaml"
 OUT = ROOT / "benchmarks" / "results" / "quantized_memory_published.md"
 #: issue 47's bound on a memory figure
 WITHIN = 0.05
-#: the yaml's backend names -> ``--quantize``'s
-BACKENDS = {"bitsandbytes": "bnb", "torchao": "torchao", "quanto": "quanto", "gguf": "gguf"}
-#: the yaml's quant types (their first word) -> ``--quantize``'s, per backend; a type absent here is not predicted
-TYPES = {
-    "bnb": {"nf4": "nf4", "fp4": "fp4", "int8": "int8"},
-    "torchao": {
-        "int8_weight_only": "int8wo",
-        "int8wo": "int8wo",
-        "float8_weight_only": "float8wo",
-        "fp8wo": "float8wo",
-        "fp8dq": "float8dq-tensor",
-        "fp8dqrow": "float8dq-row",
-        "int4_weight_only": "int4wo",
-        "int4wo": "int4wo",
-    },
-    "quanto": {"int8": "int8", "qint8": "int8", "float8": "float8", "qfloat8": "float8", "int4": "int4"},
-}
-TYPES["quanto"]["qint4"] = "int4"
+#: the yaml's names -> ``--quantize``'s, as the latency check reads them, and the types only memory figures use
+TYPES = {**LATENCY_TYPES, "bnb": {**LATENCY_TYPES["bnb"], "fp4": "fp4"}}
 #: how ``settings_from`` names a quantization applied to loaded modules
 AFTER_LOADING = ("quantize_ on", "quanto quantize(")
 #: why a source's figures miss where they do, read from the sources and the libraries (the result's last section)
