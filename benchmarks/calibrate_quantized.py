@@ -60,19 +60,25 @@ TYPES = {
 }
 
 
-def format_of(figure: dict) -> tuple[Format | None, str]:
-    """The figure's ``--quantize`` format on its quantized components, or None and why it is left out."""
+def named_format(figure: dict, types: dict = TYPES, after_loading: bool = False) -> tuple[Format | None, str]:
+    """The figure's ``--quantize`` format on its quantized components (the yaml's names read through ``types``), or
+    None and why it names none."""
     backend = BACKENDS.get(figure["backend"])
     if backend is None:
         return None, f"backend {figure['backend']}: not a --quantize backend"
     word = str(figure["quant_type"]).split(" ")[0]
-    kind = word if backend == "gguf" else TYPES[backend].get(word)
+    kind = word if backend == "gguf" else types[backend].get(word)
     if kind is None:
         return None, f"{backend} {figure['quant_type']}: not a --quantize type"
-    why = why_not_modelled(backend, kind)
-    if why:
-        return None, f"{backend}:{kind}: its time is not modelled ({why})"
-    return Format(backend, kind, tuple(figure["quantized_components"])), ""
+    return Format(backend, kind, tuple(figure["quantized_components"]), after_loading=after_loading), ""
+
+
+def format_of(figure: dict) -> tuple[Format | None, str]:
+    """The figure's ``--quantize`` format, or None and why it is left out: none named, or its time not modelled."""
+    found, why = named_format(figure)
+    if found is not None and (untimed := why_not_modelled(found.backend, found.type)):
+        return None, f"{found.backend}:{found.type}: its time is not modelled ({untimed})"
+    return found, why
 
 
 def as_published(figure: dict) -> dict:

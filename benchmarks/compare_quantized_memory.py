@@ -31,8 +31,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
-from calibrate_quantized import BACKENDS
 from calibrate_quantized import TYPES as LATENCY_TYPES
+from calibrate_quantized import named_format
 from published_comparison import GB, GIB, UNITS, settings
 from rich.console import Console
 from rich.table import Table
@@ -121,14 +121,7 @@ class Compared:
 
 def format_of(figure: dict) -> tuple[Format | None, str]:
     """The figure's ``--quantize`` format on the components it names, or None and why it is not predicted."""
-    backend = BACKENDS.get(figure["backend"])
-    if backend is None:
-        return None, f"backend {figure['backend']}: not a --quantize backend diffmeter predicts"
-    word = str(figure["quant_type"]).split(" ")[0]
-    kind = word if backend == "gguf" else TYPES[backend].get(word)
-    if kind is None:
-        return None, f"{backend} {figure['quant_type']}: not a --quantize type diffmeter predicts"
-    return Format(backend, kind, tuple(figure["quantized_components"]), after_loading=after_loading(figure)), ""
+    return named_format(figure, TYPES, after_loading(figure))
 
 
 def after_loading(figure: dict) -> bool:

@@ -16,6 +16,7 @@ a run on cuDNN has those attention operators' calibrated time divided by the rat
 
 from __future__ import annotations
 
+import functools
 from importlib.metadata import PackageNotFoundError, version
 
 from diffmeter.predict.schema import OperatorGroup, OperatorWork
@@ -62,8 +63,10 @@ def torch_minor(version: str | None) -> tuple[int, int] | None:
         return None
 
 
+@functools.cache
 def installed_torch() -> str | None:
-    """This environment's torch version, read without importing it; None where torch is not installed."""
+    """This environment's torch version, read once without importing it (``fit`` and the leaderboard time thousands
+    of settings); None where torch is not installed."""
     try:
         return version("torch")
     except PackageNotFoundError:
