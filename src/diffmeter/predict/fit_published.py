@@ -80,11 +80,12 @@ START = {"score_s": 0.5, "gap_s": 2.0, "op_s": 4.0, "module_s": 20.0, "step_s": 
 
 @dataclass(frozen=True)
 class StageWork:
-    """One stage's work over a generation: the eager bound per kind group (seconds), attention scores, kernels,
-    and what the host issues (dispatched operators, module calls, denoiser calls)."""
+    """One stage's work over a generation: the eager bound per kind group (seconds), attention scores (those run on a
+    faster kernel than the calibration's divided by its ratio, ``roofline.stage_scores``), kernels, and what the host
+    issues (dispatched operators, module calls, denoiser calls)."""
 
     bounds: dict[str, float] = field(hash=False)
-    scores: int = 0
+    scores: float = 0.0
     kernels: int = 0
     dispatched: int = 0
     modules: int = 0
