@@ -128,3 +128,70 @@ def test_building_a_component_leaves_its_catalog_config_as_it_was():
     before = copy.deepcopy(component.config)
     build_component(component)
     assert component.config == before
+
+
+def imported_modules(package: Path, module: str) -> set[str]:
+    """The package's modules ``module`` names in an import statement, at any depth of its code, and the packages
+    whose ``__init__`` those imports run."""
+    import ast
+
+    source = package / (module.replace(".", "/") + ".py")
+    if not source.exists():
+        source = package / module.replace(".", "/") / "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        for name in names:
+            parts = name.split(".")[1:] if name.startswith("diffmeter.") else []
+            found |= {".".join(parts[:depth]) for depth in range(1, len(parts) + 1)}
+    return {
+        name
+        for name in found
+        if (package / (name.replace(".", "/") + ".py")).exists()
+        or (package / name.replace(".", "/") / "__init__.py").exists()
+    }
+
+
+def test_no_count_or_memory_prediction_runs_or_reads_what_its_key_leaves_out():
+    """Operator counts and memory predictions are keyed without the time's modules (``cache.TIME_ONLY``): safe only
+    while nothing they run imports one, by any import form at any depth, the families and tiny tokenizers their
+    registries import by name included; and while the time's data files are read by the time's modules only."""
+    from diffmeter import cache
+
+    package = Path(cache.__file__).parent
+    roots = {"predict.operators", "predict.memory", "families", "tiny"}
+    roots |= {f"{folder}.{path.stem}" for folder in ("families", "tiny") for path in (package / folder).glob("*.py")}
+    reached, waiting = set(), list(roots)
+    while waiting:
+        module = waiting.pop()
+        if module not in reached and not module.endswith("__init__"):
+            reached.add(module)
+            waiting.extend(imported_modules(package, module))
+    assert {"predict.operators", "predict.compiled_time", "families.flux"} <= reached  # the walk follows imports
+    time_modules = {name.removesuffix(".py").replace("/", ".") for name in cache.TIME_ONLY if name.endswith(".py")}
+    assert time_modules and not time_modules & reached
+    for data in (name for name in cache.TIME_ONLY if not name.endswith(".py")):
+        readers = {str(s.relative_to(package)) for s in package.rglob("*.py") if Path(data).name in s.read_text()}
+        assert readers and readers <= set(cache.TIME_ONLY) | {"cache.py"}, data
+    assert set(cache.COUNT_KINDS) == {"memory", "operators"}
+
+
+def test_a_change_to_the_time_keeps_counts_and_changes_every_other_answer(tmp_path):
+    from diffmeter import cache
+
+    (tmp_path / "predict").mkdir()
+    (tmp_path / "predict" / "roofline.py").write_text("x = 1")
+    (tmp_path / "predict" / "operators.py").write_text("y = 1")
+    counts, everything = (
+        cache.package_digest(tmp_path, cache.UNCACHED + cache.TIME_ONLY),
+        cache.package_digest(tmp_path),
+    )
+    (tmp_path / "predict" / "roofline.py").write_text("x = 2")
+    assert cache.package_digest(tmp_path, cache.UNCACHED + cache.TIME_ONLY) == counts
+    assert cache.package_digest(tmp_path) != everything
+    (tmp_path / "predict" / "operators.py").write_text("y = 2")
+    assert cache.package_digest(tmp_path, cache.UNCACHED + cache.TIME_ONLY) != counts

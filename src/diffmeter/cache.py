@@ -31,6 +31,26 @@ UNCACHED = (
     "predict/fit_holdout.py",
     "predict/fit_energy.py",
 )
+#: the expected time's own modules and data: no operator count or memory prediction imports or reads them (a test
+#: walks the imports), so a change to how a time is computed keeps every cached count (``COUNT_KINDS``); answers
+#: that hold a time (a fit's ranked formats, a quality row) keep them in their key
+TIME_ONLY = (
+    "predict/attention_kernels.py",
+    "predict/bench_prediction.py",
+    "predict/cache_time.py",
+    "predict/calibration.py",
+    "predict/data/cache_skips.json",
+    "predict/data/parallel_communication.json",
+    "predict/energy.py",
+    "predict/host_time.py",
+    "predict/offload_time.py",
+    "predict/parallel.py",
+    "predict/quantized_time.py",
+    "predict/roofline.py",
+    "predict/timed_techniques.py",
+)
+#: the cached answers that are operator counts and memory predictions, never a time
+COUNT_KINDS = ("memory", "operators")
 
 
 def directory() -> Path | None:
@@ -48,24 +68,25 @@ def home() -> Path:
 
 
 @cache
-def fingerprint() -> str:
+def fingerprint(counts_only: bool = False) -> str:
     """The library versions and a hash of every file of diffmeter itself: its code and the data its answers read
-    (the catalog, the GPU figures, the memory checks; not ``UNCACHED``)."""
+    (the catalog, the GPU figures, the memory checks; not ``UNCACHED``, nor ``TIME_ONLY`` for ``counts_only``)."""
     digest = hashlib.sha256()
     for library in LIBRARIES:
         try:
             digest.update(f"{library}={metadata.version(library)};".encode())
         except metadata.PackageNotFoundError:
             digest.update(f"{library}=none;".encode())
-    digest.update(package_digest(Path(__file__).parent).encode())
+    left_out = UNCACHED + TIME_ONLY if counts_only else UNCACHED
+    digest.update(package_digest(Path(__file__).parent, left_out).encode())
     return digest.hexdigest()
 
 
-def package_digest(package: Path) -> str:
-    """A hash of the package's files, names and contents, ``UNCACHED`` left out."""
+def package_digest(package: Path, left_out: tuple[str, ...] = UNCACHED) -> str:
+    """A hash of the package's files, names and contents, ``left_out`` left out."""
     digest = hashlib.sha256()
     for source in package_files(package):
-        if source not in UNCACHED:
+        if source not in left_out:
             digest.update(source.encode())
             digest.update((package / source).read_bytes())
     return digest.hexdigest()
@@ -81,7 +102,7 @@ def _path(kind: str, payload) -> Path | None:
     root = directory()
     if root is None:
         return None
-    text = json.dumps({"payload": payload, "code": fingerprint()}, sort_keys=True, default=str)
+    text = json.dumps({"payload": payload, "code": fingerprint(kind in COUNT_KINDS)}, sort_keys=True, default=str)
     return root / kind / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
 
 
