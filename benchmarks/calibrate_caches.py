@@ -5,7 +5,8 @@ share of the denoiser calls is read where the source publishes its cached steps,
 ratio: the predicted time is linear in the share (``predict.cache_time.at_share``), so the share is
 (1 - published ratio) / (1 - predicted ratio with every call skipped). Writes the shares to
 src/diffmeter/predict/data/cache_skips.json (what ``profile --gpu ... --opt first-block-cache`` reads), then predicts
-each cached run with every other source's shares only (``predict.cache_time.threshold_share``), and writes
+each cached run with the residual drift reproduced from every other source's shares only (the hook's rule on it,
+``predict.cache_time.threshold_share``), and writes
 benchmarks/results/calibration_caches.md: coverage, midpoint median error and hi/lo (issue 46's target: >= 80%,
 <= 15%, <= 1.6), for the expected time as predicted (the shipped eager calibration, not refitted without the source)
 and for the cache's ratio alone (the prediction's ratio of cached to uncached times the published uncached time).
@@ -67,7 +68,8 @@ class Source:
         """The run's skipped share of the denoiser calls, and where it comes from."""
         if "cached_steps" in run:
             return run["cached_steps"] / self.figure["steps"], f"published: {run['cached_steps']} cached steps"
-        probe = [{**run, "threshold": 0, "skipped_share": 1.0, "source": "-"}]
+        size = {k: self.figure[k] for k in ("steps", "height", "width")}
+        probe = [{**run, **size, "threshold": 0, "skipped_share": 1.0, "source": "-"}]
         _, work = self.cached(run, probe)
         every = middle(self.predict(at_share(work, 1.0)).expected_s) / middle(self.base.expected_s)
         ratio = run["published_s"] / self.figure["baseline_s"]
@@ -86,6 +88,8 @@ def shares(sources: list[Source]) -> list[dict]:
                     "params": run["params"],
                     "model": source.figure["model"],
                     "steps": source.figure["steps"],
+                    "height": source.figure["height"],
+                    "width": source.figure["width"],
                     "gpu": source.figure["gpu"],
                     "skipped_share": round(share, 4),
                     "how": how,
@@ -138,7 +142,8 @@ def report(held: list[dict], rows: list[dict]) -> str:
         "",
         f"Written by `python benchmarks/calibrate_caches.py` on {datetime.now(timezone.utc):%Y-%m-%d} from "
         "benchmarks/published_caches.yaml. Each cached run is predicted with the skipped shares of every other "
-        'source only. "expected": `profile --gpu`\'s range (the shipped eager calibration, not refitted without '
+        "source only: the hook's rule run on the first block's residual drift that reproduces them. "
+        '"expected": `profile --gpu`\'s range (the shipped eager calibration, not refitted without '
         'the source); "ratio": the cache\'s effect alone, the predicted cached / uncached times the published '
         "uncached time. Target (issue 46): coverage >= 80%, midpoint median error <= 15%, hi/lo <= 1.6.",
         "",

@@ -3,11 +3,13 @@ on the operator work (``diffmeter.predict.compiled_time``, ``diffmeter.predict.a
 eager calibration (``diffmeter.predict.fit_published``) refitted without the held-out source, its own eager runs
 included, so nothing of the source reaches its prediction.
 
-Techniques: torch.compile per mode (the figures' ``compile_mode``; "not stated" timed as mode default), and
-attention without SDPA's fused kernel (``attention: eager`` in the figure's stack: PyTorch's math path, the score
-matrix materialized). Writes benchmarks/results/calibration_techniques.md: per technique, every held-out run and
-its coverage, midpoint median error and range width hi/lo (issue 46's target: >= 80%, <= 15%, <= 1.6). Run from
-the repo root (a few minutes: the eager fit per held-out source; the fake-tensor runs are cached on disk):
+Techniques: torch.compile per mode (the figures' ``compile_mode``; "not stated" timed as mode default), attention
+without SDPA's fused kernel (``attention: eager`` in the figure's stack: PyTorch's math path, the score matrix
+materialized), attention through xformers or the flash-attn package (timed as SDPA's flash kernel: the same kernels),
+and a kernel with a measured ratio over it (cuDNN, FlashAttention-3: ``attention_kernels.MEASURED``). Writes
+benchmarks/results/calibration_techniques.md: per technique, every held-out run and its coverage, midpoint median
+error and range width hi/lo (issue 46's target: >= 80%, <= 15%, <= 1.6). Run from the repo root (a few minutes:
+the eager fit per held-out source; the fake-tensor runs are cached on disk):
     python benchmarks/calibrate_techniques.py
 """
 
@@ -25,7 +27,7 @@ from published_runs import published_run, run_of
 
 from diffmeter.catalog import resolve
 from diffmeter.families import get_family
-from diffmeter.predict.attention_kernels import with_kernel
+from diffmeter.predict.attention_kernels import MEASURED, with_kernel
 from diffmeter.predict.calibration import neighbours_of
 from diffmeter.predict.compiled_time import compiled_work
 from diffmeter.predict.fit_holdout import HeldOut, summary
@@ -55,9 +57,14 @@ def technique_of(figure: dict) -> tuple[str, object] | None:
         entry = resolve(figure["model"])
         denoisers = get_family(entry.family).denoisers(entry)
         return f"compile mode={mode}", lambda work: compiled_work(work, denoisers, mode)
-    if (figure.get("stack") or {}).get("attention") == "eager" and not figure["techniques"]:
+    attention = (figure.get("stack") or {}).get("attention")
+    if figure["techniques"] or attention in (None, "sdpa"):
+        return None
+    if attention == "eager":
         return "attention math (scores materialized)", lambda work: with_kernel(work, "math")
-    return None
+    if attention in MEASURED:  # its ratio over the flash kernel, applied by the run's stack (published_runs)
+        return f"attention {attention} (its measured ratio)", lambda work: work
+    return "attention xformers / flash-attn (timed as SDPA's flash)", lambda work: work
 
 
 def gpu_for(found, architecture: str):

@@ -90,7 +90,7 @@ def main() -> None:
             *_prediction_section(ranges, measured, spec, ladder),
             "",
             f"Reading it: on this 2-core CPU, torch.compile {_compile_effect(ladder)}, and every change of dtype",
-            "recompiles (the cold start of the half and cache rungs); bfloat16 is fast because the CPU has AMX tiles",
+            f"recompiles (the cold start of the half and cache rungs); bfloat16 is fast because {_bf16_units()}",
             f"({_peaks()}). With random weights the images are noise, so the PSNR/SSIM drop at bfloat16 measures",
             "how far rounding moves an untrained network's output, not visible quality. The seed tutorial's GPU",
             "table (DPM++ 2M 1.0 s, + compile 0.6 s, + fp16 0.4 s at 512x512) cannot be checked here: no GPU.",
@@ -124,10 +124,28 @@ def _compile_effect(ladder) -> str:
 
 def _peaks() -> str:
     from diffmeter.predict.devices import this_cpu
+    from diffmeter.predict.peaks import conv_key
 
     tflops = this_cpu("float32", "bfloat16").tflops
-    bf16, fp32 = tflops["bf16"] * 1e3, tflops["fp32"] * 1e3
-    return f"matmuls measured at {bf16:,.0f} GFLOP/s in bfloat16, {fp32:,.0f} GFLOP/s in float32"
+    bf16, fp32, conv = tflops["bf16"] * 1e3, tflops["fp32"] * 1e3, tflops[conv_key("fp32")] * 1e3
+    return (
+        f"matmuls measured at {bf16:,.0f} GFLOP/s in bfloat16, {fp32:,.0f} GFLOP/s in float32; float32 "
+        f"convolutions at {conv:,.0f} GFLOP/s"
+    )
+
+
+def _bf16_units() -> str:
+    """What runs this CPU's bfloat16 matmuls, from its flags (/proc/cpuinfo): AMX tiles, AVX512-BF16 or neither."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return "of its bfloat16 units"
+    words = set(flags.split(":", 1)[1].split())
+    if "amx_bf16" in words:
+        return "the CPU has AMX tiles"
+    if "avx512_bf16" in words:
+        return "the CPU has AVX512-BF16 instructions (no AMX tiles)"
+    return "of how oneDNN runs bfloat16 here (no AMX nor AVX512-BF16 flag)"
 
 
 def _range(p: RungPrediction) -> str:
@@ -189,6 +207,11 @@ def _prediction_section(predictions: list[RungPrediction], measured: dict, spec:
     sources = sorted({p.calibration for p in predictions if p.calibration})
     fitted = f"{spec.model} {spec.height}px"
     lines += [f"- expected range's achieved fractions: {source}" for source in sources]
+    if any(source.startswith("benchmarks/roofline_cpu.py") for source in sources):
+        lines.append(
+            "- the fit's own held-out check (each of its runs predicted from the others' fractions): "
+            "benchmarks/results/roofline_cpu.md"
+        )
     if any(fitted in source for source in sources):
         lines.append(
             f"- not held out: the float32 fractions were fitted on runs that include {fitted} (fewer steps, another "

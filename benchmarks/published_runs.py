@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from published_comparison import settings
 
-from diffmeter.predict.attention_kernels import sdpa_default
+from diffmeter.predict.attention_kernels import MEASURED, sdpa_default
 from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.fit_energy import EnergyRun
 from diffmeter.predict.fit_published import GROUP_OF_KIND, GROUPS, PublishedRun, StageWork, era_of
@@ -30,10 +30,12 @@ LEFT_OUT = {"compile": "compiled", "offload-model": "offloaded: host transfers a
 
 def stack_attention(stack: dict, architecture: str | None) -> str:
     """The kernel a figure's attention ran on: SDPA's default for its torch version and card where it ran SDPA or
-    does not say (``sdpa_default``), else the flash-class kernel it names (flash-attn, xformers), the calibration's."""
-    if stack.get("attention", "sdpa") != "sdpa":
-        return "flash"
-    return sdpa_default(architecture, stack.get("torch"))
+    does not say (``sdpa_default``), a kernel with a measured ratio by name (cudnn, flash-attn-3: ``MEASURED``), else
+    the flash-class kernel it names (flash-attn, xformers), the calibration's."""
+    attention = stack.get("attention", "sdpa")
+    if attention == "sdpa":
+        return sdpa_default(architecture, stack.get("torch"))
+    return attention if attention in MEASURED else "flash"
 
 
 def source_of(figure: dict) -> str:

@@ -1,16 +1,19 @@
 """The roofline time prediction against real CPU runs, at real size with random weights; and the
 calibration of the expected range for CPUs (``src/diffmeter/predict/data/efficiency.json``).
 
-1. This CPU's peaks: the best float32 matmul rate and the best copy rate (``predict.cpu_peaks``),
-   measured before and after the runs; the higher of each is the roofline's (a bound must use the
-   most the machine can do).
+1. This CPU's peaks: the best float32 matmul and convolution rates and the best copy rate
+   (``predict.cpu_peaks``), measured before and after the runs; the higher of each is the roofline's (a bound
+   must use the most the machine can do), convolutions charged their own rate as every CPU prediction charges
+   them (``roofline.kind_peak``). The fractions are of these figures, named in the calibration's source.
 2. Each case: ``diffmeter bench`` (random weights, float32, 2 threads, one warm-up, 3 measured calls,
    ``--trace``), stage medians and every traced operator's self time by kind, against the prediction
    from the same settings (``predict.operators`` on fake tensors, ``predict.roofline``).
 3. Calibration, per operator kind: achieved fraction = the kind's roofline lower bound / its measured
    time (the traced call's self time of that kind, scaled to the stage's measured median), summed over
    the run's stages; and the time outside operators per predicted operator. The shipped calibration is
-   the lowest and highest of each over the runs (``measure/calibrate.py``).
+   the lowest and highest of each over the runs (``measure/calibrate.py``). Not written when other processes
+   used more than half a core during a run (its times, so its fractions, would be another machine's): then
+   nothing is written.
 4. Checks: the lower bound is at most the fastest measured call of each stage; the expected range,
    calibrated on the OTHER cases only (leave one case out), holds the measured median.
 
@@ -40,6 +43,22 @@ def peaks():
     from diffmeter.predict.cpu_peaks import measure_cpu_peaks
 
     return measure_cpu_peaks(("fp32",), budget_s=1.0)
+
+
+def fitted_device(before, after):
+    """This CPU as the fit sees it: the higher of each figure measured before and after the runs."""
+    from diffmeter.predict.devices import Device
+
+    tflops = {key: max(before.tflops[key], after.tflops[key]) for key in before.tflops}
+    bandwidth = max(before.bandwidth_bytes_per_s, after.bandwidth_bytes_per_s)
+    return Device(
+        name="this CPU",
+        kind="cpu",
+        memory_bytes=None,
+        bandwidth_bytes_per_s=bandwidth,
+        tflops=tflops,
+        source="measured before and after the runs",
+    )
 
 
 def run_case(model: str, size: int, steps: int) -> dict:
@@ -81,6 +100,7 @@ def main() -> None:
 
     torch.set_num_threads(2)
     from diffmeter.predict.cpu_peaks import cpu_name
+    from diffmeter.predict.peaks import conv_key
 
     started = time.time()
     before = peaks()
@@ -90,17 +110,23 @@ def main() -> None:
         cases.append(run_case(model, size, steps))
         shutil.rmtree(RUNS, ignore_errors=True)  # traces are large; the figures are kept here
     after = peaks()
-    peak_flops = max(before.tflops["fp32"], after.tflops["fp32"]) * 1e12
-    bandwidth = max(before.bandwidth_bytes_per_s, after.bandwidth_bytes_per_s)
+    device = fitted_device(before, after)
+    matmul, convolution = device.tflops["fp32"] * 1e12, device.tflops[conv_key("fp32")] * 1e12
+    bandwidth = device.bandwidth_bytes_per_s
     from diffmeter.measure.calibrate import MIN_SHARE, calibrate
-    from diffmeter.predict.roofline import FlopRates, expected_s, lower_bounds
+    from diffmeter.measure.conditions import BUSY_CORES
+    from diffmeter.predict.roofline import expected_s, flop_rates, lower_bounds
 
-    lowers = [lower_bounds(case["work"], FlopRates(peak_flops), bandwidth) for case in cases]  # all float32
+    lowers = [lower_bounds(case["work"], flop_rates(device, case["work"]), bandwidth) for case in cases]
     source = (
         f"benchmarks/roofline_cpu.py on {cpu_name()} (2 threads, float32): {len(cases)} real-size random-weight "
-        f"runs ({', '.join(f'{c[0]} {c[1]}px' for c in CASES)}), {time.strftime('%Y-%m-%d')}"
+        f"runs ({', '.join(f'{c[0]} {c[1]}px' for c in CASES)}), {time.strftime('%Y-%m-%d')}; fractions of "
+        f"{matmul / 1e9:,.0f} GFLOP/s matmul, {convolution / 1e9:,.0f} GFLOP/s convolution, {bandwidth / 1e9:,.0f} "
+        "GB/s copy measured then, applied to the peaks measured on the machine predicted"
     )
+    busy = [c for c in cases if c["other_cores"] is not None and c["other_cores"] > BUSY_CORES]
     shipped = calibrate([(case["stages"], lower) for case, lower in zip(cases, lowers, strict=True)], source)
+    shipped = shipped.model_copy(update={"fitted_tflops": device.tflops})  # the peaks its fractions are of
     lines = [
         "# Roofline time prediction against real CPU runs",
         "",
@@ -108,9 +134,11 @@ def main() -> None:
         "are real; images are noise). Each run: 1 warm-up call, 3 measured calls, 1 traced call (`bench --trace`).",
         "",
         f"Peaks measured before / after the runs: matmul {before.tflops['fp32'] * 1e3:,.1f} / "
-        f"{after.tflops['fp32'] * 1e3:,.1f} GFLOP/s, copy {before.bandwidth_bytes_per_s / 1e9:,.1f} / "
+        f"{after.tflops['fp32'] * 1e3:,.1f} GFLOP/s, convolution {before.tflops[conv_key('fp32')] * 1e3:,.1f} / "
+        f"{after.tflops[conv_key('fp32')] * 1e3:,.1f} GFLOP/s, copy {before.bandwidth_bytes_per_s / 1e9:,.1f} / "
         f"{after.bandwidth_bytes_per_s / 1e9:,.1f} GB/s. The roofline uses the higher of each: "
-        f"{peak_flops / 1e9:,.1f} GFLOP/s and {bandwidth / 1e9:,.1f} GB/s.",
+        f"{matmul / 1e9:,.1f} GFLOP/s for matmuls and attention, {convolution / 1e9:,.1f} GFLOP/s for convolutions "
+        f"(PyTorch runs them on oneDNN, its float32 matmuls on MKL's SGEMM), {bandwidth / 1e9:,.1f} GB/s.",
         "",
         "## Each stage: lower bound, expected range (calibrated on the other cases), measured",
         "",
@@ -176,8 +204,17 @@ def main() -> None:
         "",
         f"Checks failed: {failures}. Took {(time.time() - started) / 60:,.1f} minutes.",
     ]
-    OUT.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    busy = [f"{c['model']} {c['size']}px ({c['other_cores']:.1f})" for c in busy] + [
+        f"the peaks {when} ({p.others_cores:.1f})" for when, p in (("before", before), ("after", after)) if p.busy
+    ]
+    if busy:
+        print(
+            f"NOTHING written: other processes used more than {BUSY_CORES} cores during {', '.join(busy)}; rerun on a"
+            " quiet machine."
+        )
+        return
+    OUT.write_text("\n".join(lines) + "\n")
     if write:
         stored = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else {}
         stored["cpu"] = shipped.model_dump(mode="json")

@@ -1,18 +1,23 @@
-"""Caches in the expected time (``predict.cache_time``): the exact interval counts and the first call First-Block-Cache
-always computes, against a real tiny FLUX pipeline's calls with diffusers' hooks applied; the published shares at a
-threshold; the command line's range and its JSON field."""
+"""Caches in the expected time (``predict.cache_time``): the exact counts (TaylorSeer's interval, DeepCache's shallow
+calls and their multiply-accumulates) and the first call First-Block-Cache always computes, against real tiny
+pipelines' calls with the caches applied; the threshold caches' rule on a drift fitted to published runs; the command
+line's range and its JSON field."""
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from tiny_runs import tiny_call, token_settings
 
 from diffmeter.catalog import resolve
-from diffmeter.predict.cache_time import HELD_OUT, cache_skip, taylorseer_computed, threshold_share
+from diffmeter.flops.counter import count_flops
+from diffmeter.predict.cache_threshold import kappas_of, sigmas, skipped
+from diffmeter.predict.cache_time import HELD_OUT, cache_skip, module_macs, taylorseer_computed, threshold_share
 from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.operators import predict_memory_and_work
 from diffmeter.predict.roofline import predict_time
@@ -20,6 +25,26 @@ from diffmeter.spec import ProfileSpec
 from diffmeter.tiny import tiny_pipeline
 
 STEPS = 8
+
+
+def macs_per_call(name: str, pipe, denoiser: str) -> tuple[list[int], ProfileSpec]:
+    """The multiply-accumulates of each call of ``pipe``'s ``denoiser`` in a real run of tiny entry ``name`` (cache
+    applied, diffmeter's counter), and the settings that profile the same run."""
+    entry = resolve(name)
+    pipe, call, settings = tiny_call(entry, steps=STEPS, pipe=pipe)
+    module = getattr(pipe, denoiser)
+    wrapped, macs = module.forward, []
+
+    def counted(*args, **kwargs):
+        with count_flops() as counts:
+            output = wrapped(*args, **kwargs)
+        macs.append(counts.total // 2)
+        return output
+
+    module.forward = counted
+    with torch.no_grad():
+        call()
+    return macs, ProfileSpec(model=name, **settings, **token_settings(entry, pipe))
 
 
 def calls_of(pipe, *modules: torch.nn.Module) -> list[int]:
@@ -64,44 +89,60 @@ def test_first_block_cache_always_computes_the_first_call(planned):
     blocks = pipe.transformer.transformer_blocks[0], pipe.transformer.single_transformer_blocks[0]
     head, tail = calls_of(pipe, blocks[0].attn.to_q, blocks[1].proj_mlp)  # layers inside: a skipped block's forward
     assert head == STEPS  # the head block computes in every call
-    rows = [{"technique": "first-block-cache", "params": {"threshold": 0.5}, "threshold": 0.5, "skipped_share": 0.9,
-             "source": "s"}]  # fmt: skip
-    skip = cache_skip(work, "first-block-cache", {"threshold": 1e9}, tuple(memory.denoisers), spec, rows)
-    assert skip.skipped_share[1] == (STEPS - tail) / STEPS == 7 / 8
-    assert "the first 1 call(s) always compute" in skip.how
+    skip = cache_skip(work, "first-block-cache", {"threshold": 1e9}, tuple(memory.denoisers), spec, FLUX_RUNS)
+    assert skip.skipped_share == ((STEPS - tail) / STEPS,) * 2 == (7 / 8, 7 / 8)
 
 
 def rows(*published):
+    """Published runs of FLUX.1 at 1024x1024: (technique, threshold, skipped share, source, other params, steps)."""
     return [
-        {"technique": technique, "params": {"threshold": t, **extra}, "threshold": t, "skipped_share": s, "source": src}
-        for technique, t, s, src, extra in published
-    ]
+        {"technique": technique, "params": {"threshold": t, **extra}, "threshold": t, "skipped_share": s, "source": src,
+         "steps": steps, "height": 1024, "width": 1024}
+        for technique, t, s, src, extra, steps in published
+    ]  # fmt: skip
 
 
-def test_a_threshold_takes_the_published_shares_at_it_or_either_side():
-    table = rows(
-        ("first-block-cache", 0.1, 0.4, "a", {}),
-        ("first-block-cache", 0.2, 0.6, "a", {}),
-        ("cache-dit", 0.2, 0.7, "b", {"fn": 1, "bn": 0}),  # DBCache F1B0: First-Block-Cache
-    )
-    assert threshold_share("first-block-cache", {"threshold": 0.2}, table)[:2] == (0.6, 0.7)
-    low, high, how = threshold_share("first-block-cache", {"threshold": 0.15}, table)
-    assert (low, high) == (0.4, 0.7) and "between the published thresholds 0.1 and 0.2" in how
-    assert threshold_share("first-block-cache", {"threshold": 0.05}, table)[:2] == (0.0, 0.4)
-    assert threshold_share("first-block-cache", {"threshold": 0.3}, table)[:2] == (0.6, 1.0)
-    low, high, how = threshold_share("cache-dit", {"threshold": 0.2, "fn": 8, "bn": 0}, table)
-    assert (low, high) == (0.6, 0.7) and how.startswith("no published runs of cache-dit fn=8 bn=0")
+FLUX_RUNS = rows(("first-block-cache", 0.2, 19 / 28, "a", {}, 28), ("first-block-cache", 0.1, 11 / 28, "b", {}, 28))
+
+
+def test_the_rule_accumulates_the_change_since_the_last_computing_call():
+    """diffusers' hook stores the reference residual only when it computes (hooks/first_block_cache.py:122-125): at
+    a constant change per call of a third of the threshold, two calls skip, the third computes, and so on."""
+    flat = [1 - i / 10 for i in range(10)]  # sigma steps of 0.1: kappa 1 changes the residual by 0.1 a call
+    assert skipped(1.0, 0.25, flat) == 6  # calls 1, 2 skip, 3 computes; 4, 5 skip, 6 computes; 7, 8 skip, 9 computes
+    assert skipped(1.0, 0.05, flat) == 0 and skipped(1.0, 0.25, flat, always=4) == 4  # cache-dit's warm-up: 0 .. 3
+
+
+def test_a_threshold_is_predicted_from_the_drift_the_published_runs_were_reproduced_with():
+    spec = ProfileSpec(model="flux-dev", steps=28, height=1024, width=1024)
+    one = rows(("first-block-cache", 0.2, 19 / 28, "a", {}, 28))
+    low, high, how = threshold_share("first-block-cache", {"threshold": 0.2}, spec, one)
+    assert low <= 19 / 28 <= high and high - low <= 3 / 28  # the run itself back, within its kappas' spread
+    assert "threshold 0.2 at 28 steps" in how and "reproduces the skipped calls of 1 published run (a)" in how
+    higher = threshold_share("first-block-cache", {"threshold": 0.4}, spec, one)
+    assert higher[0] >= high  # a higher threshold skips at least as many calls
+    more = threshold_share("first-block-cache", {"threshold": 0.2}, replace(spec, steps=56), one)
+    assert more[0] > high  # twice the steps halve each call's change: more calls skip
+    lent = threshold_share("cache-dit", {"threshold": 0.2, "fn": 8, "bn": 0}, spec, one)
+    assert lent[:2] == (low, high) and lent[2].startswith("no published runs of cache-dit fn=8 bn=0")
+
+
+def test_a_published_share_gives_the_kappas_that_reproduce_it():
+    sigma = sigmas(28, 1024, 1024)
+    assert sigma[0] == 1 and sigma[-1] < 0.11  # FLUX.1's 1024x1024 shift (exp(1.15)) of linspace(1, 1/28, 28)
+    low, high = kappas_of(19 / 28, 0.2, sigma)
+    assert skipped(low, 0.2, sigma) == skipped(high, 0.2, sigma) == 19
+    assert skipped(low / 1.05, 0.2, sigma) > 19 and skipped(high * 1.05, 0.2, sigma) < 19
 
 
 def test_a_cached_generation_is_timed_at_both_ends_of_its_share(planned):
     spec, memory, work = planned
-    table = rows(("first-block-cache", 0.2, 0.25, "a", {}), ("first-block-cache", 0.2, 0.75, "b", {}))
-    skip = cache_skip(work, "first-block-cache", {}, tuple(memory.denoisers), spec, table)
+    skip = cache_skip(work, "first-block-cache", {"threshold": 0.6}, tuple(memory.denoisers), spec, FLUX_RUNS)
     device = chosen_gpu("h100", None)
     plain = predict_time(work, device)
     cached = predict_time(work.model_copy(update={"cache": skip}), device)
     denoising = [{s.stage: s for s in t.stages}["denoising"] for t in (plain, cached)]
-    assert cached.cache == skip and skip.skipped_share == (0.25, 0.75)
+    assert cached.cache == skip and skip.skipped_share[0] < skip.skipped_share[1]
     assert denoising[1].expected_s[0] < denoising[1].expected_s[1] < denoising[0].expected_s[1]
     assert denoising[1].lower_s < denoising[0].lower_s
 
@@ -110,19 +151,17 @@ def test_profile_gives_a_cached_range_and_says_how_its_share_was_obtained(cli):
     asked = ("profile", "tiny-flux", "--gpu", "h100", "--steps", STEPS)
     code, out, _ = cli(*asked, "--json")
     plain = json.loads(out)
-    code, out, _ = cli(*asked, "--opt", "first-block-cache", "--json")
+    code, out, _ = cli(*asked, "--opt", "first-block-cache:threshold=0.6", "--json")
     assert code == 0
     found = json.loads(out)
     cache = found["time"]["cache"]
-    assert found["time_techniques"] == ["first-block-cache threshold=0.2"] and found["time_left_out"] == []
-    assert cache["how"].startswith("published at threshold 0.2") and cache["calls"] == STEPS
+    assert found["time_techniques"] == ["first-block-cache threshold=0.6"] and found["time_left_out"] == []
+    assert cache["how"].startswith("threshold 0.6 at 8 steps: the hook's rule") and cache["calls"] == STEPS
     assert found["time"]["expected_s"][1] < plain["time"]["expected_s"][1]
     code, out, _ = cli(*asked, "--opt", "first-block-cache")
-    assert code == 0 and "of the 8 denoiser calls skipped (published at threshold 0.2" in " ".join(out.split())
-    code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--opt", "pab", "--json")
-    assert code == 0 and json.loads(out)["time_left_out"] == [
-        "pab: its skipped attention depends on the scheduler's timesteps, not predicted yet"
-    ]
+    assert code == 0 and "of the 8 denoiser calls skipped (threshold 0.2 at 8 steps" in " ".join(out.split())
+    code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--opt", "faster-cache", "--json")
+    assert code == 0 and json.loads(out)["time_left_out"][0].startswith("faster-cache: in the calls that skip the")
 
 
 def test_the_printed_claim_is_the_committed_held_out_figure():
@@ -136,3 +175,59 @@ def test_the_printed_claim_is_the_committed_held_out_figure():
 def test_a_model_without_the_blocks_a_cache_skips_is_refused(cli):
     code, _, err = cli("profile", "tiny-sd", "--gpu", "h100", "--opt", "first-block-cache")
     assert code != 0 and "first-block-cache: the unet has none of the transformer blocks" in " ".join(err.split())
+
+
+@pytest.mark.parametrize("branch", [0, 1, 3])
+def test_deep_cache_skips_exactly_the_calls_and_work_deepcache_skips(branch):
+    """DeepCache's helper on a real tiny SD pipeline: which UNet calls run only the shallow branch, and that branch's
+    multiply-accumulates counted on the real run (diffmeter's counter), against the prediction from the fake-tensor
+    counts per module."""
+    from DeepCache import DeepCacheSDHelper
+
+    pipe = tiny_pipeline(resolve("tiny-sd"))
+    helper = DeepCacheSDHelper(pipe=pipe)
+    helper.set_params(cache_interval=3, cache_branch_id=branch)
+    helper.enable()
+    macs, spec = macs_per_call("tiny-sd", pipe, "unet")
+    _, work = predict_memory_and_work(spec, True, ())
+    skip = cache_skip(work, "deep-cache", {"cache_interval": 3, "cache_branch_id": branch}, ("unet",), spec)
+    _, total = module_macs(spec, "unet", 4)
+    full, shallow = total // STEPS, round(total / STEPS * skip.kept_share)
+    assert macs == [full if call % 3 == 0 else shallow for call in range(STEPS)]  # calls 0, 3, 6 in full
+    assert skip.skipped_share == (5 / 8, 5 / 8) and skip.overhead == [] and 0 < skip.kept_share < 1
+
+
+def test_deep_cache_is_timed_and_refused_without_a_unet(cli):
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "h100", "--steps", STEPS, "--opt", "deep-cache", "--json")
+    found = json.loads(out)
+    assert code == 0 and found["time_techniques"] == ["deep-cache interval=3 branch=0"]
+    assert found["time_left_out"] == [] and found["time"]["cache"]["skipped_share"] == [5 / 8, 5 / 8]
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "h100", "--steps", STEPS, "--opt", "deep-cache")
+    assert code == 0 and "held out by source" not in out  # an exact count makes no held-out claim
+    code, _, err = cli("profile", "tiny-flux", "--gpu", "h100", "--opt", "deep-cache")
+    assert code != 0 and "the transformer has none of the UNet down, mid and up blocks" in " ".join(err.split())
+
+
+@pytest.mark.parametrize(("window", "reused"), [((-1, 1001), 4), ((2000, 3000), 0), ((100, 800), 3)])
+def test_pab_reuses_attention_in_the_calls_and_work_diffusers_hook_skips(window, reused):
+    """diffusers' PAB hook on a real tiny FLUX pipeline: the calls in which the hooked attention reuses its output lie
+    in the predicted range, every one of them when the window holds every timestep, none when it holds none; and such a
+    call's multiply-accumulates counted on the real run are the predicted kept share of a full call's."""
+    from diffusers import PyramidAttentionBroadcastConfig
+
+    pipe = tiny_pipeline(resolve("tiny-flux"))
+    pipe.transformer.enable_cache(
+        PyramidAttentionBroadcastConfig(
+            spatial_attention_block_skip_range=2,
+            spatial_attention_timestep_skip_range=window,
+            current_timestep_callback=lambda: pipe.current_timestep,
+        )
+    )
+    macs, spec = macs_per_call("tiny-flux", pipe, "transformer")
+    _, work = predict_memory_and_work(spec, True, ())
+    skip = cache_skip(work, "pab", {"block_skip_range": 2, "timestep_skip_range": window}, ("transformer",), spec)
+    _, total = module_macs(spec, "transformer")
+    full, light = total // STEPS, round(total / STEPS * skip.kept_share)
+    assert sorted(set(macs)) == sorted({full, light} if reused else {full})
+    assert macs.count(light) == reused  # tiny-flux's timesteps 1000, 875, ..., 125: calls 3, 5, 7 in (100, 800)
+    assert skip.skipped_share == (0.0, 4 / 8) and skip.overhead == []  # calls 1, 3, 5, 7 may reuse

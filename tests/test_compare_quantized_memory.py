@@ -12,16 +12,22 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 
 from compare_quantized_memory import (  # noqa: E402
+    DECODE_2024_09,
     QUANTIZED,
     compare,
     format_of,
+    legacy_t5,
     markdown,
+    old_decode,
     predict,
     spec_of,
+    stack_difference,
+    tiled_int4,
     why_excluded,
 )
 
 from diffmeter.predict.quantized_memory import Format  # noqa: E402
+from diffmeter.predict.schema import VAE_DECODE, MemoryPrediction, StageMemory  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +68,8 @@ def test_settings_the_prediction_cannot_reproduce_are_excluded(figures):
     assert "not a --quantize type" in why_excluded(figures["cogvideox-5b-torchao-int4dq-a100-loaded"])
     assert "torch.compile" in why_excluded(figures["flux-torchao-fp8dq-bs16-compiled-compilevae-peak"])
     assert "not usable" in why_excluded(figures["flux-pr10009-int4wo-loaded"])
+    # the quanto blog's own rows: quantizing SD3's text_encoder_2 changed nothing, so that row is not of it
+    assert "text_encoder_2 left the memory unchanged" in why_excluded(figures["sd3-quanto-fp8-all-te-memory"])
     # compile leaves the parameters after loading as they are: that figure is predicted
     assert why_excluded(figures["flux-torchao-fp8dq-bs16-compiled-compilevae-loaded"]) == ""
 
@@ -81,3 +89,96 @@ def test_figures_are_predicted_from_their_setting_in_their_unit(figures):
     assert at_load.error > 0.3
     text = markdown(compared, [])
     assert "**2 of 2 within 5%**" in text
+
+
+def meta_t5():
+    """A small T5 encoder on meta at bfloat16, its ``wo`` (keep-in-float32) layers 2 x (64 x 128) weights."""
+    import torch
+    from transformers import T5Config, T5EncoderModel
+
+    config = T5Config(d_model=64, d_ff=128, d_kv=16, num_layers=2, num_heads=4, vocab_size=128)
+    with torch.device("meta"):
+        return T5EncoderModel(config).to(torch.bfloat16)
+
+
+def test_transformers_4_kept_t5_s_wo_whole_and_bitsandbytes_upcast_it():
+    """transformers 4.51.3 left T5's ``wo`` whole under every quantizer, in float32 under bitsandbytes'; the installed
+    5.x leaves it whole at bfloat16 under bitsandbytes and quanto and quantizes it under torchao."""
+    import torch
+
+    module, wo = meta_t5(), 2 * 64 * 128
+    assert legacy_t5(module, "bnb", "nf4", torch.bfloat16) == wo * (4 - 2)
+    assert legacy_t5(module, "bnb", "int8", torch.bfloat16) == wo * (4 - 2)
+    assert legacy_t5(module, "quanto", "int8", torch.bfloat16) == 0
+    int8_rows = 2 * 64 * (4 + 1)  # torchao 0.18's Int8Tensor: a byte per weight, a float32 scale and int8 zero per row
+    assert legacy_t5(module, "torchao", "int8wo", torch.bfloat16) == wo * 2 - (wo + int8_rows)
+
+
+def test_torchao_0_5_padded_int4_weights_to_rows_of_1024():
+    import torch
+
+    module = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 1000), torch.nn.Linear(64, 8))
+    module = module.to(device="meta", dtype=torch.bfloat16)
+
+    def tiled(out_features, in_features):  # packed two per byte, bfloat16 scale and zero per 128 of each row
+        return out_features * in_features // 2 + 2 * 2 * out_features * in_features // 128
+
+    # 512 -> 1024 columns; 1000 -> 1000 rows already a multiple of 8; 64 columns: not a group of 128, left whole
+    assert tiled_int4(module, torch.bfloat16) == tiled(1024, 1024) - tiled(1024, 512)
+
+
+def test_the_source_s_stack_applies_to_its_own_figures_only(figures):
+    quanto = figures["flux-quantblog-quanto-int8-loaded"]
+    found, _ = format_of(quanto)
+    assert stack_difference(quanto, found, spec_of(quanto)[0]) == (0, "")
+    readme = figures["flux-torchao-fp8dq-bs1-loaded"]
+    found, _ = format_of(readme)
+    assert stack_difference(readme, found, spec_of(readme)[0]) == (0, "")
+
+
+def prediction_with_decode(activation: int) -> MemoryPrediction:
+    call = StageMemory(
+        stage=VAE_DECODE,
+        component="vae",
+        batch=1,
+        resident_param_bytes=10,
+        component_param_bytes=1,
+        carried_bytes=0,
+        activation_bytes=activation,
+        peak_bytes=10 + activation,
+    )
+    return MemoryPrediction(
+        dtype="bfloat16",
+        stages=[call],
+        component_param_bytes={"vae": 1},
+        peak_bytes=10 + activation,
+        peak_stage=VAE_DECODE,
+        calls=[call],
+        decoder="vae",
+    )
+
+
+def test_the_readme_s_cogvideox_peaks_take_the_decode_of_its_diffusers(figures):
+    figure = figures["cogvideox-5b-torchao-int8wo-a100-peak"]
+    spec, _ = spec_of(figure)
+    older, why = old_decode(figure, spec, prediction_with_decode(7))
+    assert older.calls[0].activation_bytes == DECODE_2024_09["cogvideox-5b"] and "2024-09-04" in why
+    # another size than the replayed one, or another source: the prediction as it is
+    other = spec_of({**figure, "num_frames": 25})[0]
+    assert old_decode(figure, other, prediction_with_decode(7))[0].calls[0].activation_bytes == 7
+    flux = figures["flux-torchao-int8wo-bs8-peak"]
+    assert old_decode(flux, spec_of(flux)[0], prediction_with_decode(7))[1] == ""
+
+
+@pytest.mark.slow
+def test_the_replayed_decode_replaced_the_prediction_s_own():
+    """``DECODE_2024_09`` replaces the installed decode's activations, which benchmarks/replay_cogvideox_decode.py
+    measured beside it (15821568000 bytes): the prediction's figure must still be that one (else replay again)."""
+    from replay_cogvideox_decode import SETTING
+
+    from diffmeter.predict.memory import predict_memory
+    from diffmeter.spec import ProfileSpec
+
+    prediction = predict_memory(ProfileSpec(model="cogvideox-5b", batch_size=1, **SETTING), True, ())
+    decode = next(call for call in prediction.calls if call.stage == VAE_DECODE)
+    assert decode.activation_bytes == 15821568000

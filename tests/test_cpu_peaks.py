@@ -13,6 +13,7 @@ import torch
 
 from diffmeter.predict import cpu_peaks_store
 from diffmeter.predict.cpu_peaks import BUSY_CORES, cpu_name, stored_or_measured
+from diffmeter.predict.devices import this_cpu
 
 
 @pytest.fixture
@@ -34,7 +35,8 @@ def test_two_predictions_in_a_row_use_the_stored_peaks_and_remeasuring_replaces_
     first = _time(cli)
     (stored,) = peaks_dir.glob("*.json")
     record = json.loads(stored.read_text())
-    assert record["cpu"] == cpu_name() and set(record["tflops"]) == {"fp32", "bf16", "fp16"}
+    precisions = {"fp32", "bf16", "fp16"}
+    assert record["cpu"] == cpu_name() and set(record["tflops"]) == precisions | {f"conv-{p}" for p in precisions}
     measured = datetime.fromisoformat(record["measured_at"])
     assert abs((datetime.now(timezone.utc) - measured).total_seconds()) < 600
     assert f"peaks measured {measured:%Y-%m-%d}" in first["device"]
@@ -45,11 +47,17 @@ def test_two_predictions_in_a_row_use_the_stored_peaks_and_remeasuring_replaces_
     assert _time(cli) == first
 
     # planted figures (none a measurement would give) prove the next prediction reads them
-    planted = {**record, "tflops": {"fp32": 1.5, "bf16": 3.0, "fp16": 3.0}, "measured_at": "2020-01-02T03:04:05Z"}
+    planted = {
+        **record,
+        "tflops": {"fp32": 1.5, "bf16": 3.0, "fp16": 3.0, "conv-fp32": 2.5, "conv-bf16": 4.0, "conv-fp16": 4.0},
+        "measured_at": "2020-01-02T03:04:05Z",
+    }
     stored.write_text(json.dumps(planted))
     stored_or_measured.cache_clear()
     read = _time(cli)
     assert read["peak_tflops"] == 1.5 and "peaks measured 2020-01-02" in read["device"]
+    # tiny-sd's convolutions are charged the rate measured on convolutions, its matmuls the matmul peak
+    assert any("convolution at 2.5 TFLOP/s (measured on convolutions)" in line for line in read["other_peaks"])
 
     code, out, err = cli("doctor", "--remeasure-cpu", "--json")
     assert code == 0, err
@@ -60,6 +68,24 @@ def test_two_predictions_in_a_row_use_the_stored_peaks_and_remeasuring_replaces_
     assert after["peak_tflops"] == again["tflops"]["fp32"] and "2020-01-02" not in after["device"]
 
 
+def test_peaks_stored_before_convolutions_were_measured_charge_them_the_matmul_peak_and_say_so(peaks_dir, cli):
+    """A record of the layout before convolutions were measured (matmul peaks alone) is used as it is, never measured
+    again behind the user's back: its convolutions are charged the matmul peak, and the device says so."""
+    record = {
+        "cpu": cpu_name(),
+        "threads": torch.get_num_threads(),
+        "tflops": {"fp32": 1.5, "bf16": 3.0, "fp16": 3.0},
+        "bandwidth_bytes_per_s": 12.5e9,
+        "measured_at": "2020-01-02T03:04:05Z",
+    }
+    cpu_peaks_store.save(record)
+    device = this_cpu("float32")
+    assert device.tflops == {"fp32": 1.5} and "no convolution rate stored" in device.source
+    read = _time(cli)
+    assert read["peak_tflops"] == 1.5 and read["other_peaks"] == []
+    assert json.loads(next(peaks_dir.glob("*.json")).read_text()) == record
+
+
 def test_doctor_names_the_stored_peaks_with_their_date_and_never_measures(peaks_dir, cli):
     code, out, err = cli("doctor")
     assert code == 0, err
@@ -67,7 +93,7 @@ def test_doctor_names_the_stored_peaks_with_their_date_and_never_measures(peaks_
     record = {
         "cpu": cpu_name(),
         "threads": torch.get_num_threads(),
-        "tflops": {"fp32": 0.25, "bf16": 0.5, "fp16": 0.01},
+        "tflops": {"fp32": 0.25, "bf16": 0.5, "fp16": 0.01, "conv-fp32": 0.375, "conv-bf16": 0.5, "conv-fp16": 0.01},
         "bandwidth_bytes_per_s": 12.5e9,
         "others_cores": 1.4,
         "measured_at": "2026-01-02T03:04:05Z",
@@ -77,7 +103,7 @@ def test_doctor_names_the_stored_peaks_with_their_date_and_never_measures(peaks_
     text = " ".join(out.split())
     assert code == 0, err
     assert "measured 2026-01-02 03:04 UTC while other processes used 1.4 cores: may be low" in text
-    assert "fp32 250.00 GFLOP/s" in text and "copy 12.5 GB/s" in text
+    assert "fp32 250.00 GFLOP/s" in text and "conv-fp32 375.00 GFLOP/s" in text and "copy 12.5 GB/s" in text
 
 
 def test_peaks_measured_on_a_busy_machine_are_stored_and_said_wherever_they_are_named(tmp_path):

@@ -103,8 +103,8 @@ def technique_cases() -> list:
     # every attention backend, not only the matrix's variant: those whose package is here run (the rest are refused)
     backends = [Attention(Config(backend=name)) for name in backend_names()]
     for cls in REGISTRY.values():
-        if cls.name in ("gguf", "bfl", "nunchaku", "modelopt"):  # read a file or folder, or (modelopt) not installed:
-            continue  # test_a_gguf_file_loads_on_its_own_gpu, test_fake_cuda_prequantized.py
+        if cls.name in ("gguf", "bfl", "nunchaku", "autoround", "modelopt"):  # a file or folder, or not installed:
+            continue  # test_a_gguf_file_loads_on_its_own_gpu, test_fake_cuda_prequantized.py, test_autoround.py
         for variant in backends if cls is Attention else cls.variants():
             spec = OptimizationSpec(
                 name=variant.name, params={**variant.config.model_dump(mode="json"), **PARAMS.get(variant.name, {})}

@@ -21,6 +21,7 @@ def test_every_timed_rung_gets_a_range_before_it_runs():
         assert found[name].expected_s is None and found[name].verdict(1.0) == "not timed", name
         assert "compile mode=default: on a CPU inductor runs the fused operators" in found[name].untimed, name
         assert any(item.startswith("compile mode=default: on a CPU") for item in found[name].left_out), name
+    assert not any(item.startswith("deep-cache") for item in found["cache"].left_out)  # its shallow calls are timed
 
 
 def test_a_rung_whose_technique_is_not_timed_has_no_range():

@@ -7,12 +7,24 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
+from diffmeter.catalog import resolve
 from diffmeter.predict.devices import chosen_gpu
-from diffmeter.predict.offload_time import MEMORY, OFFLOADS, moved_bytes, rates, why_untimed, with_offload
+from diffmeter.predict.offload_time import (
+    MEMORY,
+    OFFLOADS,
+    call_order,
+    model_offload_moves,
+    moved_bytes,
+    rates,
+    why_untimed,
+    with_offload,
+)
 from diffmeter.predict.operators import predict_memory_and_work
 from diffmeter.predict.roofline import predict_time
 from diffmeter.spec import ProfileSpec
+from diffmeter.tiny import tiny_pipeline
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +55,55 @@ def test_model_offload_adds_its_transfers_at_the_fitted_shares_to_the_range(tiny
     )
     assert found.lower_s == pytest.approx(time.lower_s + moved / rate)  # the datasheet rate: still a lower bound
     assert found.stages == time.stages and found.energy is None and "host link" in found.energy_left_out
+
+
+@pytest.fixture(scope="module")
+def tiny_sd3():
+    memory, _ = predict_memory_and_work(ProfileSpec(model="tiny-sd3", steps=2), True, ())
+    return memory
+
+
+def test_model_offload_moves_sd3s_clip_encoders_twice_as_accelerates_chain_does(tiny_sd3):
+    """SD3 with CFG encodes the prompt through CLIP-L, CLIP-G and T5, then the negative prompt through all three
+    again: CLIP-L comes back (its hook has no predecessor), CLIP-G's hook sends it out, T5's sends CLIP-G out, and T5,
+    still on the GPU, stays: the CLIP encoders move in and out twice, T5 once."""
+    encoders = ["text_encoder", "text_encoder_2", "text_encoder_3"]
+    assert model_offload_moves(tiny_sd3) == [*encoders, *encoders[:2], "transformer", "vae"]
+    params = tiny_sd3.component_param_bytes
+    twice = 2 * (params["text_encoder"] + params["text_encoder_2"])
+    once = params["text_encoder_3"] + params["transformer"] + params["vae"]
+    assert moved_bytes(tiny_sd3, ("offload-model",)) == 2 * (twice + once)
+
+
+def test_an_image_encoding_vae_stays_on_the_gpu_through_the_denoiser_as_its_hook_follows_the_denoisers():
+    """FLUX.1 Kontext encodes its input image with the VAE before denoising, but the VAE's hook follows the
+    transformer's in ``model_cpu_offload_seq``: the transformer's hook offloads the T5 encoder, not the VAE, which
+    is still on the GPU to decode: every component moves once."""
+    spec = ProfileSpec(model="tiny-flux-kontext", steps=2, image_sizes=((32, 32),))
+    memory, _ = predict_memory_and_work(spec, True, ())
+    assert call_order(memory) == ["text_encoder", "text_encoder_2", "vae", "transformer", "vae"]
+    assert model_offload_moves(memory) == ["text_encoder", "text_encoder_2", "vae", "transformer"]
+
+
+def test_the_offload_call_order_is_the_real_sd3_pipelines(tiny_sd3):
+    """The order the moves are simulated in is the one the real pipeline calls its components in (consecutive
+    calls of one component need no move: collapsed)."""
+    pipe = tiny_pipeline(resolve("tiny-sd3"))
+    seen = []
+    names = ("text_encoder", "text_encoder_2", "text_encoder_3", "transformer")
+    handles = [getattr(pipe, n).register_forward_pre_hook(lambda *_, n=n: seen.append(n)) for n in names]
+    decode = pipe.vae.decode
+    pipe.vae.decode = lambda *args, **kwargs: (seen.append("vae"), decode(*args, **kwargs))[1]
+    with torch.no_grad():
+        pipe("a cat", num_inference_steps=2, height=32, width=32, output_type="np")
+    for handle in handles:
+        handle.remove()
+
+    def collapsed(order):
+        return [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]
+
+    assert collapsed(seen) == collapsed(call_order(tiny_sd3))
+    assert seen.count("text_encoder") == 2  # the negative prompt encoded apart: the pipeline's default guidance
 
 
 def test_group_offload_overlaps_its_transfers_with_the_compute(tiny_flux_on_l4, monkeypatch):

@@ -188,6 +188,37 @@ def test_a_call_at_another_dtype_is_charged_that_dtypes_peak_and_named_where_the
     assert predict_time(work.model_copy(update={"calls": work.calls[:1]}), without).lower_s == pytest.approx(0.02)
 
 
+def test_a_cpus_convolutions_are_charged_the_rate_measured_on_convolutions():
+    """A CPU runs float32 convolutions on oneDNN and float32 matmuls on MKL's SGEMM, at different rates (SD 1.5's
+    VAE decode measured under its bound at the matmul peak): each kind is charged its own measured rate, and the
+    prediction names it; a device without a convolution rate charges its dtype's peak."""
+    work = work_of(("convolution", 3 * 10**11, 1, 1), ("matmul", 2 * 10**11, 1, 1))
+    cpu = Device(
+        name="cpu",
+        kind="cpu",
+        memory_bytes=None,
+        bandwidth_bytes_per_s=1e30,
+        tflops={"fp32": 0.2, "conv-fp32": 0.3},
+        source="",
+    )
+    time = predict_time(work, cpu)
+    assert time.lower_s == pytest.approx(3e11 / 0.3e12 + 2e11 / 0.2e12)
+    assert time.peak_tflops == 0.2
+    assert time.other_peaks == ["x in float32: convolution at 0.3 TFLOP/s (measured on convolutions)"]
+    without = cpu.model_copy(update={"tflops": {"fp32": 0.2}})
+    assert predict_time(work, without).lower_s == pytest.approx(5e11 / 0.2e12)
+    assert predict_time(work, without).other_peaks == []
+    # the expected range applies each fraction to the peak it was fitted on: a fit without a convolution rate
+    # charged convolutions the matmul peak, so its range does too (the bound keeps the convolution rate)
+    fit = Calibration(source="t", fractions={"other": (0.5, 1.0)}, overhead_s=(0, 0), fitted_tflops={"fp32": 0.1})
+    assert predict_time(work, cpu, calibration=fit).expected_s == pytest.approx((5e11 / 0.2e12, 2 * 5e11 / 0.2e12))
+    fit.fitted_tflops = {"fp32": 0.1, "conv-fp32": 0.1}
+    assert predict_time(work, cpu, calibration=fit).expected_s == pytest.approx((time.lower_s, 2 * time.lower_s))
+    # peaks stored before convolutions were measured: no range from fractions of a rate they lack
+    unfitted = predict_time(work, without, calibration=fit)
+    assert unfitted.expected_s is None and "doctor --remeasure-cpu" in unfitted.calibration
+
+
 def test_an_operator_kept_in_float32_in_a_float16_run_is_charged_float32s_peak():
     """T5 keeps its feed-forward output ``wo`` in float32 when loaded in float16 (transformers'
     ``_keep_in_fp32_modules``, not in bfloat16): those matmuls are named float32 and charged its peak, the rest of the

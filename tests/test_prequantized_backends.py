@@ -49,7 +49,7 @@ def test_a_pre_quantized_single_file_is_asked_for_and_a_folder_is_refused_after_
     with pytest.raises(DiffmeterError, match="bfl:fp8 loads a pre-quantized single file: add --weights FILE"):
         optimization_specs(["bfl:fp8"])
     assert optimization_specs(["nunchaku:int4"])[0].params == {"type": "int4"}
-    with pytest.raises(DiffmeterError, match="one of gguf, bfl, nunchaku per run"):
+    with pytest.raises(DiffmeterError, match="one of gguf, bfl, nunchaku, autoround per run"):
         optimization_specs(["bfl:fp8", "text_encoder=gguf:Q8_0"], "x.safetensors")
 
 

@@ -229,7 +229,8 @@ def test_optimizations_lists_every_backend_with_its_cpu_and_extra():
     from diffmeter.optimize.quantization_backends import backend_rows
 
     rows = {row.name: row for row in backend_rows()}
-    assert set(rows) == {"bnb", "gguf", "torchao", "quanto", "sdnq", "nunchaku", "bfl", "modelopt"}
+    assert set(rows) == {"bnb", "gguf", "torchao", "quanto", "sdnq", "nunchaku", "bfl", "autoround", "modelopt"}
+    assert rows["autoround"].folder and rows["autoround"].not_on_cpu == {}  # auto-round's torch layers run on a CPU
     assert set(rows["nunchaku"].not_on_cpu) == {"int4", "nvfp4", "awq-int4"} and rows["bfl"].not_on_cpu == {}
     assert rows["nunchaku"].folder and rows["bfl"].single_file and not rows["modelopt"].installed
     assert set(rows["modelopt"].not_on_cpu) == set(rows["modelopt"].types)
@@ -245,6 +246,7 @@ def test_optimizations_lists_every_backend_with_its_cpu_and_extra():
         "sdnq",
         "nunchaku",
         "bfl",
+        "autoround",
         "modelopt",
     }
 

@@ -21,7 +21,8 @@ from diffmeter.loading import load_pipeline
 from diffmeter.measure.memory_timeline import storages_bytes
 from diffmeter.optimize import Target, build, check
 from diffmeter.predict.footprints import meta_module
-from diffmeter.predict.quantized_formats import footprint, gguf_file_bytes, gguf_types, quantized_bytes
+from diffmeter.predict.gguf_city96 import file_bytes as gguf_file_bytes
+from diffmeter.predict.quantized_formats import footprint, gguf_types, quantized_bytes
 from diffmeter.predict.quantized_layouts import GGUF_BLOCKS, bnb_bytes, quanto_group, shared_bytes, torchao_bytes
 from diffmeter.predict.schema import MemoryPrediction
 from diffmeter.predict.techniques import stage_peaks_under

@@ -14,23 +14,36 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffmeter.predict.operators import OperatorTally, operator_work
+from diffmeter.predict.operators import operator_work
 from diffmeter.predict.quantized_memory import Format
-from diffmeter.predict.quantized_time import Layer, activation_quantize, layer_ops, quantized_layers, quantized_work
+from diffmeter.predict.quantized_time import (
+    SYNC,
+    DequantizeTally,
+    Layer,
+    activation_quantize,
+    gguf_dequantize,
+    layer_ops,
+    narrow_bytes,
+    quantized_layers,
+    quantized_work,
+)
 from diffmeter.spec import ProfileSpec
 
 K, N, T, DTYPE = 256, 512, 64, torch.bfloat16
 
 
 def tallied(run) -> Counter:
-    """(kind, FLOPs, bytes) -> calls of every operator ``run`` dispatches that moves data."""
-    with torch.no_grad(), OperatorTally(DTYPE) as tally:
+    """(kind, FLOPs, bytes) -> calls of every operator ``run`` dispatches that moves data, passes over narrow or
+    mixed-dtype elements charged per element as the model charges them (``DequantizeTally``)."""
+    with torch.no_grad(), DequantizeTally(DTYPE) as tally:
         run()
     return Counter({(g.kind, g.flops, g.bytes): g.calls for g in tally.operators()})
 
 
 def modelled(backend: str, kind: str, layer: Layer) -> Counter:
-    return Counter((op, flops, moved) for op, flops, moved, _ in layer_ops(backend, kind, layer, T, DTYPE.itemsize))
+    """The model's operators, its synchronizing copies aside (a CPU run makes none)."""
+    ops = layer_ops(backend, kind, layer, T, DTYPE.itemsize)
+    return Counter((op, flops, moved) for op, flops, moved, _ in ops if (op, flops, moved, _) != SYNC)
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +64,72 @@ def test_gguf_operators_are_its_native_forward(kind, linear):
     layer.bias = torch.nn.Parameter(linear[0].bias.detach().clone())
     stored = N * K // block * size
     assert tallied(lambda: layer.forward_native(linear[1])) == modelled("gguf", kind, Layer(K, N, True, stored, kind))
+
+
+def test_gguf_q4_1_passes_are_charged_per_element_at_the_compute_width():
+    """Q4_1, 4 blocks of 32 weights (20 bytes each: scale d, min m, 16 bytes of nibbles), in bfloat16 (2 bytes): by
+    hand from dequantize_blocks_Q4_1 (gguf/utils.py:288-300) and the cast (:612), 128 weights each pass:
+    the shift of 64 code bytes by a 2-entry table to 128 uint8 (per output element: code, table entry, result at 2
+    bytes: 768), the mask (512), d times the nibbles (float16 d broadcast, uint8 nibbles, float16 out: 768), plus m
+    (float16 only: its counted 256 + 8 + 256 = 520), the cast to bfloat16 (512); the shift table built on the host
+    (:295): one synchronizing copy."""
+    found = gguf_dequantize("Q4_1", 64, 2, "bfloat16")
+    assert Counter((kind, moved) for kind, _, moved, _ in found.ops) == Counter(
+        {("elementwise", 768): 2, ("elementwise", 512): 1, ("elementwise", 520): 1, ("other", 512): 1, ("other", 0): 1}
+    )
+    assert found.syncs == 1 and SYNC in found.ops
+
+
+def test_gguf_q8_0_makes_no_host_copy_and_its_int8_product_is_per_element():
+    """Q8_0 (utils.py:243-247): float16 d (broadcast) times int8 codes to float16, 3 operands at 2 bytes per weight,
+    then the cast; no shift table, so no synchronizing copy."""
+    found = gguf_dequantize("Q8_0", 32, 4, "bfloat16")
+    assert sorted((kind, moved) for kind, _, moved, _ in found.ops) == [("elementwise", 768), ("other", 512)]
+    assert found.syncs == 0
+
+
+@pytest.mark.parametrize(("kind", "copies"), [("Q6_K", 2), ("Q3_K", 3), ("Q4_K", 1), ("Q5_0", 1)])
+def test_each_shift_table_built_on_the_host_is_a_synchronizing_copy(kind, copies):
+    """``torch.tensor([...], device=d.device)`` per table: Q6_K at utils.py:330 and :334, Q3_K at :397, :401, :410,
+    Q4_K at :382, Q5_0 at :277 (its ``torch.arange`` runs on the device and copies nothing)."""
+    assert gguf_dequantize(kind, 256, 2, "bfloat16").syncs == copies
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_1"])
+def test_the_host_dispatches_of_a_gguf_layer_are_its_native_forwards(kind, linear):
+    """The operators the host dispatches for one GGUF layer beyond its plain linear: those of the real
+    ``forward_native`` on CPU less ``F.linear``'s, each table built on the host (``lift_fresh``) with the copy to
+    the GPU it makes there."""
+    import gguf
+    from diffusers.quantizers.gguf.utils import GGUFLinear, GGUFParameter
+
+    quant = gguf.GGMLQuantizationType[kind]
+    block, size = gguf.GGML_QUANT_SIZES[quant]
+    layer = GGUFLinear(K, N, bias=True, compute_dtype=DTYPE)
+    layer.weight = GGUFParameter(torch.randint(0, 255, (N, K // block * size), dtype=torch.uint8), quant_type=quant)
+    layer.bias = torch.nn.Parameter(linear[0].bias.detach().clone())
+
+    def dispatched(run) -> tuple[int, int]:
+        with torch.no_grad(), DequantizeTally(DTYPE) as tally:
+            run()
+        return tally.host_counts()["dispatched"], tally.syncs
+
+    (native, syncs), (plain, _) = (
+        dispatched(lambda: layer.forward_native(linear[1])),
+        dispatched(lambda: torch.nn.functional.linear(linear[1], linear[0].weight, linear[0].bias)),
+    )
+    found = gguf_dequantize(kind, K, N, "bfloat16")
+    assert (found.dispatched, found.syncs) == (native - plain, syncs) and syncs == (kind != "Q8_0")
+
+
+def test_the_per_element_charge_leaves_compute_width_operators_as_counted():
+    """A bfloat16 add, even broadcast, is charged as the eager tally counts it; an int8 operand times a bfloat16
+    scale is not; nor is a custom (non-ATen) kernel."""
+    a, row = torch.ones(4, 8, dtype=DTYPE), torch.ones(4, 1, dtype=DTYPE)
+    add = torch.ops.aten.add.Tensor
+    assert narrow_bytes(add, [a, row], a + row, 2) is None
+    codes = torch.ones(4, 8, dtype=torch.int8)
+    assert narrow_bytes(torch.ops.aten.mul.Tensor, [row, codes], row * codes, 2) == 3 * 2 * 32
 
 
 @pytest.mark.parametrize("kind", ["int8wo", "float8wo"])
@@ -116,7 +195,8 @@ def tiny_flux():
 
 
 def test_every_quantized_layer_call_of_a_tiny_pipeline_is_replaced(tiny_flux):
-    """int8 weight-only adds one cast of each quantized weight per call (K.N int8 read, 2.K.N bfloat16 written): the
+    """int8 weight-only adds one cast of each quantized weight per call (K.N int8 elements read and written, each at the
+    compute width: 2.s.K.N bytes): the
     added bytes of that kind are exactly the quantized layers' of the transformer, times its calls."""
     from diffmeter.catalog import resolve
     from diffmeter.predict.footprints import meta_module
@@ -134,7 +214,7 @@ def test_every_quantized_layer_call_of_a_tiny_pipeline_is_replaced(tiny_flux):
         s = dtype.itemsize
         return sum(
             g.calls * c.count for c in found.calls for g in c.operators if g.kind == "other" and g.bytes > 0
-            and c.component == "transformer" and any(g.bytes == layer.k * layer.n * (1 + s) for layer in quantized)
+            and c.component == "transformer" and any(g.bytes == layer.k * layer.n * 2 * s for layer in quantized)
         )  # fmt: skip
 
     assert casts(changed) - casts(work) == len(quantized) * calls

@@ -36,6 +36,7 @@ PACKAGES = (
     ("xformers", "xformers", "pip install xformers", "attention backend xformers"),
     ("kernels", "kernels", "pip install 'diffmeter[nunchaku]'", "attention backends *_hub, --quantize nunchaku:TYPE"),
     ("accelerate", "accelerate", "pip install 'diffmeter[bfl]'", "offloading, --quantize bfl:TYPE --weights FILE"),
+    ("auto-round", "auto_round", "pip install 'diffmeter[autoround]'", "--quantize autoround:TYPE --weights DIR"),
     ("nvidia-modelopt", "modelopt", "pip install 'diffmeter[modelopt]'", "--quantize modelopt:TYPE (CUDA)"),
     ("torchvision", "torchvision", "pip install torchvision", "LPIPS in quality comparisons"),
     ("ray", "ray", "pip install 'diffmeter[ray]'", "sweeps on Ray clusters"),

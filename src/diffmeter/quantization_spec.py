@@ -117,6 +117,15 @@ BACKENDS = {
             single_file=True,
         ),
         Backend(
+            "autoround",
+            ("int2", "int3", "int4", "int8"),
+            "auto_round",
+            "autoround",
+            "Intel AutoRound folders (AutoRoundConfig in config.json): W2/W3/W4/W8A16 integer weights in groups, "
+            "unpacked and dequantized in each matmul by auto-round's torch layers; bfloat16 or float16 runs",
+            folder=True,
+        ),
+        Backend(
             "modelopt",
             ("fp8", "int8", "int4", "nf4", "nvfp4"),
             "modelopt",
@@ -187,10 +196,12 @@ def optimization_specs(values: list[str], weights: str | None = None) -> list[Op
     if weights is not None and not reading:
         raise DiffmeterError(
             f"--weights {weights}: a GGUF file is read with --quantize gguf:TYPE (its tensors' type), a BFL file with "
-            "bfl:TYPE, a Nunchaku Lite folder with nunchaku:TYPE"
+            "bfl:TYPE, a Nunchaku Lite folder with nunchaku:TYPE, an AutoRound folder with autoround:TYPE"
         )
     if len({r.backend for r in reading}) > 1:
-        raise DiffmeterError("--weights is one pre-quantized file or folder: one of gguf, bfl, nunchaku per run")
+        raise DiffmeterError(
+            "--weights is one pre-quantized file or folder: one of gguf, bfl, nunchaku, autoround per run"
+        )
     grouped: dict[str, tuple[dict, list[str]]] = {}
     for request in requests:
         name = request.backend

@@ -25,6 +25,7 @@ def keep_library_warnings_off_the_terminal() -> None:
     os.environ[QUIET_VARIABLE] = "1"
     os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("AR_LOG_LEVEL", "ERROR")  # auto-round sets its logger's level from it at import (envs.py:60)
     for name in LIBRARY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
 

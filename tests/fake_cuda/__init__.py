@@ -15,7 +15,7 @@ What it fakes
   ``.item()``, masks, ``nonzero`` and timestep lookups read what a real run reads; without one, a read
   gets a made-up answer (``MADE_UP_SCALAR``, True, every element nonzero, zeros for ``.numpy()``).
 - **``torch.cuda``**, Zeus's ``ZeusMonitor`` and CUDA generators (``shims.py``): recording stand-ins
-  (``FakeCuda.calls``); RAPL reads as absent.
+  (``FakeCuda.calls``); RAPL reads as absent; the host link probe's pinned buffer is pageable (no pinned allocator).
 
 What it checks (each a ``FakeCudaViolation`` raised where it happens, and kept in ``violations``)
 - every operator's tensor arguments on one device (0-dim CPU scalars aside; ``_to_copy``, ``copy_``,

@@ -247,6 +247,11 @@ def install(cuda, stack: contextlib.ExitStack) -> None:
     for name, shim in shims.items():
         patch(torch.cuda, name, shim)
     patch(torch, "Generator", _fake_generator_class())
+    # page-locked host memory needs a CUDA driver to lock its pages and a CPU build has no pinned allocator: the host
+    # link probe's one pinned buffer (every CUDA run) is pageable here, written as pinned pages are resident
+    from diffmeter.measure import host_link
+
+    patch(host_link, "pinned_host", lambda size: torch.zeros(size, dtype=torch.uint8))
 
     def values(self, *, force=False):
         found = cuda.shadows.get(self)

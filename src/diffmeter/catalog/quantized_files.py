@@ -45,6 +45,8 @@ class QuantizedFile(BaseModel):
     quote: str
     converter: str
     rules_modelled: bool
+    #: the converter rule set a GGUF file is predicted with (``predict.gguf_city96.RULES``)
+    rules: str = "city96"
     not_modelled: str | None = None
     note: str | None = None
 

@@ -234,7 +234,7 @@ Quantize = Annotated[
 Weights = Annotated[
     str | None,
     _optimization(
-        "GGUF or BFL file, or Nunchaku Lite folder",
+        "GGUF/BFL file, Nunchaku/AutoRound folder",
         "WEIGHTS",
         metavar="PATH",
     ),

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from diffmeter.measure.host_link import HostLink
+
 #: variables that change what a run measures
 RELEVANT_VARIABLES = (
     "CUDA_VISIBLE_DEVICES",
@@ -41,6 +43,9 @@ class Environment(BaseModel):
     variables: dict[str, str]
     diffmeter: str
     diffmeter_commit: str | None
+    #: the run's host link (copy rates between host memory and its GPU), measured once per CUDA run before loading;
+    #: None on a CPU run and in runs stored before it was measured
+    host_link: HostLink | None = None
 
 
 def collect() -> Environment:

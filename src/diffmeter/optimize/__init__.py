@@ -17,6 +17,7 @@ from diffmeter.optimize import (  # noqa: F401  (registration)
     onnxruntime,
     pyramid_attention_broadcast,
     quantize,
+    quantize_autoround,
     quantize_bfl,
     quantize_bnb,
     quantize_gguf,

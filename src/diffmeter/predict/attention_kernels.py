@@ -2,16 +2,20 @@
 of the attention operators' work, where published runs separate the kernels.
 
 The eager calibration's runs went through SDPA's own choice (flash, memory-efficient or cuDNN by torch version and
-dtype), the flash-attn package or xformers: the same FLOPs, and no published pair of runs separates their times,
-so those kernels are timed as the calibration's attention (``SAME_AS_SDPA``). PyTorch's math path materializes the
-score matrix: its two matmuls and the softmax between them write it and read it back, four passes of
-batch x heads x queries x keys values (``MATH_PASSES``) beyond the fused kernels' bytes. Any other kernel (sage,
-flex, FlashAttention-3, ...) is not modelled: ``kernel_of`` returns None and the prediction names it as left out.
+dtype), the flash-attn package or xformers: the same FLOPs and the same kernels (xformers dispatches half precision
+to FlashAttention-2 first and float32 to its cutlass kernel, which SDPA's memory-efficient kernel is), so those are
+timed as the calibration's attention (``SAME_AS_SDPA``; held out on published xformers and flash-attn runs by
+benchmarks/calibrate_techniques.py). PyTorch's math path materializes the score matrix: its two matmuls and the
+softmax between them write it and read it back, four passes of batch x heads x queries x keys values
+(``MATH_PASSES``) beyond the fused kernels' bytes. A kernel no published measurement times (sage, flex,
+FlashAttention-4, ...) is not modelled: ``kernel_of`` returns None and the prediction names it as left out with
+``why_untimed``'s reason.
 
-cuDNN's attention is the exception with a published measurement: at head dimension 128 in half precision on a Hopper
-card it runs 1.92x SDPA's flash kernel (``CUDNN_OVER_FLASH``), and from torch 2.11 SDPA picks it by default there
-(``sdpa_default``). The calibration's runs used the flash kernel (their stacks are older, or their kernel is named):
-a run on cuDNN has those attention operators' calibrated time divided by the ratio (``attention_speedup``).
+Two kernels have a published measurement against SDPA's flash kernel, at head dimension 128 in half precision on a
+Hopper card (``MEASURED``): cuDNN's attention runs 1.92x it, and from torch 2.11 SDPA picks it by default there
+(``sdpa_default``); FlashAttention-3 (diffusers' ``_flash_3`` backends) runs 1.92x it as well, in the same run. The
+calibration's runs used the flash kernel (their stacks are older, or their kernel is named): a run on either has
+those attention operators' calibrated time divided by the ratio (``attention_speedup``), nowhere else.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ MATH_PASSES = 4
 #: bytes per value of the dtypes attention runs at
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 #: kernels timed as the calibration's attention: SDPA's fused kernels, and the packages the eager runs used
-SAME_AS_SDPA = ("flash", "efficient", "cudnn", "sdpa", "xformers", "flash-attn")
+SAME_AS_SDPA = ("flash", "efficient", "cudnn", "sdpa", "xformers", "flash-attn", "flash-attn-3")
 #: diffusers' attention backends (``--opt attention:backend=NAME``) as the kernel they run
 BACKENDS = {
     "native": "sdpa",
@@ -35,14 +39,33 @@ BACKENDS = {
     "_native_cudnn": "cudnn",
     "_native_math": "math",
     "flash": "flash-attn",
+    "flash_hub": "flash-attn",
+    "flash_varlen": "flash-attn",
+    "flash_varlen_hub": "flash-attn",
+    "_flash_3": "flash-attn-3",
+    "_flash_3_hub": "flash-attn-3",
+    "_flash_varlen_3": "flash-attn-3",
+    "_flash_3_varlen_hub": "flash-attn-3",
     "xformers": "xformers",
+}
+#: why a diffusers backend's attention is not timed: no published measurement against SDPA's kernels
+UNTIMED = {
+    "sage": "SageAttention's speeds are published as plots (its README and papers), no figure against SDPA's kernel "
+    "on a named card to time it by",
+    "flex": "no published run times flex_attention against SDPA's kernels at diffusion shapes",
+    "flash_4": "no published run times FlashAttention-4 against SDPA's kernels",
+    "aiter": "AMD's aiter kernels: no AMD card's attention is calibrated",
+    "_native_npu": "Ascend NPUs are not in the GPU table",
+    "_native_xla": "XLA devices are not in the GPU table",
 }
 
 
-#: cuDNN's attention over SDPA's flash kernel (FlashAttention-2) on an H100 at FLUX's shape (batch 1, 24 heads,
-#: 4608 tokens, head dimension 128), bf16: 631.338 against 329.483 TFLOP/s (tritonbench, reported in
-#: pytorch/pytorch#142132, 2024-12-05); measured at this head dimension only
+#: cuDNN's attention and FlashAttention-3 over SDPA's flash kernel (FlashAttention-2) on an H100 at FLUX's shape
+#: (batch 1, 24 heads, 4608 tokens, head dimension 128), bf16: 631.338 (cudnn_90100) and 631.827 (flash_v3) against
+#: 329.483 TFLOP/s (sdpa), one tritonbench run reported in pytorch/pytorch#142132 (2024-12-05); measured at this head
+#: dimension only
 CUDNN_OVER_FLASH = 631.338 / 329.483
+FLASH3_OVER_FLASH = 631.827 / 329.483
 CUDNN_MEASURED_HEAD_DIMS = (128,)
 #: where SDPA prefers cuDNN: sm90 (Hopper) and sm100, when the bundled cuDNN is newer than 9.15
 #: (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp ``check_prefer_cudnn_attention``, in torch 2.10); torch
@@ -52,6 +75,12 @@ CUDNN_MEASURED_HEAD_DIMS = (128,)
 CUDNN_DEFAULT_FROM = (2, 11)
 CUDNN_TIMED_ARCHITECTURES = ("hopper",)
 HALF = ("float16", "bfloat16")
+#: kernel -> (its speed over SDPA's flash kernel, the architectures and head dimensions it was measured at): the only
+#: kernels timed apart from the calibration's (FlashAttention-3 runs on Hopper alone, so nowhere else is it asked)
+MEASURED = {
+    "cudnn": (CUDNN_OVER_FLASH, CUDNN_TIMED_ARCHITECTURES, CUDNN_MEASURED_HEAD_DIMS),
+    "flash-attn-3": (FLASH3_OVER_FLASH, ("hopper",), (128,)),
+}
 
 
 def torch_minor(version: str | None) -> tuple[int, int] | None:
@@ -88,19 +117,26 @@ def head_dim(group: OperatorGroup) -> float | None:
 
 
 def attention_speedup(kernel: str, architecture: str | None, group: OperatorGroup, dtype: str | None) -> float:
-    """How much faster ``group`` runs on ``kernel`` than on the calibration's flash kernel: ``CUDNN_OVER_FLASH``
-    for half-precision attention at a measured head dimension on a timed architecture, else 1."""
+    """How much faster ``group`` runs on ``kernel`` than on the calibration's flash kernel: the ``MEASURED`` ratio
+    for half-precision attention at its measured head dimension on its architecture, else 1."""
     dim = head_dim(group)
-    if kernel != "cudnn" or architecture not in CUDNN_TIMED_ARCHITECTURES or dtype not in HALF or dim is None:
+    if kernel not in MEASURED or dtype not in HALF or dim is None:
         return 1.0
-    return CUDNN_OVER_FLASH if round(dim) in CUDNN_MEASURED_HEAD_DIMS else 1.0
+    ratio, architectures, head_dims = MEASURED[kernel]
+    return ratio if architecture in architectures and round(dim) in head_dims else 1.0
 
 
 def kernel_of(name: str, params: dict) -> str | None:
     """The attention kernel an optimization runs (``sdpa-kernel`` or ``attention``), None where its time is not
     modelled."""
-    kernel = params.get("kernel", "flash") if name == "sdpa-kernel" else BACKENDS.get(params.get("backend", ""))
+    kernel = params.get("kernel", "flash") if name == "sdpa-kernel" else BACKENDS.get(params.get("backend", "native"))
     return kernel if kernel == "math" or kernel in SAME_AS_SDPA else None
+
+
+def why_untimed(backend: str) -> str:
+    """Why a diffusers attention backend's time is not modelled (``UNTIMED``, by the backend's family)."""
+    family = next((key for key in UNTIMED if backend.lstrip("_").startswith(key.lstrip("_"))), None)
+    return UNTIMED[family] if family else "no published runs separate this kernel's time"
 
 
 def asked_kernel(asked: list[tuple[str, dict]]) -> str | None:

@@ -8,11 +8,10 @@ times the work at the lowest and at the highest skipped share and spans the two 
 
 How many calls skip:
 - interval caches: exactly, from the config and the calls (TaylorSeer; diffusers' hooks/taylorseer_cache.py:228-235);
-- threshold caches (First-Block-Cache, cache-dit's DBCache): a share that depends on the images, taken from published
-  runs at the threshold asked (``data/cache_skips.json``, written by benchmarks/calibrate_caches.py from
-  benchmarks/published_caches.yaml): the runs at that threshold, or those at the published thresholds either side
-  of it (a higher threshold skips more); under every published threshold from none up to the lowest one's share,
-  over every one from the highest one's up to every call but those the cache always computes.
+- threshold caches (First-Block-Cache, cache-dit's DBCache): the hook's own rule run on a modelled drift of the first
+  block's residual (``cache_threshold``), whose one constant each published run reproduces (``data/cache_skips.json``,
+  written by benchmarks/calibrate_caches.py from benchmarks/published_caches.yaml); the range spans the constants of
+  every published run.
 """
 
 from __future__ import annotations
@@ -22,19 +21,27 @@ import re
 from functools import cache
 from pathlib import Path
 
+from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
+from diffmeter.predict.cache_exact import deep_cache_full, deep_cache_macs, pab_macs, pab_skippable
+from diffmeter.predict.cache_threshold import kappas_of, share_range, sigmas
 from diffmeter.predict.schema import CacheSkip, CallWork, OperatorGroup, OperatorWork, TimePrediction
 
 SKIPS = Path(__file__).parent / "data" / "cache_skips.json"
 #: the caches this module times, and their parameter the published share is keyed by (None: an exact count)
-TIMED = {"first-block-cache": "threshold", "cache-dit": "threshold", "taylorseer": None}
+TIMED = {
+    "first-block-cache": "threshold",
+    "cache-dit": "threshold",
+    "taylorseer": None,
+    "deep-cache": None,
+    "pab": None,
+}
 #: the caches that change the time, and why one not timed is not
 UNTIMED = {
     "mag-cache": "no published runs of its skipped steps were gathered",
-    "pab": "its skipped attention depends on the scheduler's timesteps, not predicted yet",
-    "faster-cache": "its skipped attention and unconditional calls depend on the scheduler's timesteps, not "
-    "predicted yet",
-    "deep-cache": "the UNet's shallow branch is not split out of the operator work yet",
+    "faster-cache": "in the calls that skip the unconditional branch it halves the denoiser's batch and approximates "
+    "attention from stored outputs (diffusers hooks/faster_cache.py:276-293, 422-438), both gated on the scheduler's "
+    "timesteps: the halved calls are not split out of the operator work yet",
 }
 CACHES = (*TIMED, *UNTIMED)
 #: the block lists diffusers' hooks cache (diffusers hooks/_common.py:24-37, first_block_cache.py:229-236)
@@ -54,11 +61,15 @@ FBC_OVERHEAD = 9
 
 #: the threshold each threshold cache runs at when none is given (optimize/first_block_cache.py, cache_dit.py)
 DEFAULT_THRESHOLD = {"first-block-cache": 0.2, "cache-dit": 0.08}
+#: PAB's timestep window when none is given (optimize/pyramid_attention_broadcast.py Config)
+PAB_WINDOW = (100, 800)
+#: cache-dit's warm-up calls when none is given (optimize/cache_dit.py Config)
+DEFAULT_WARMUP = {"cache-dit": {"warmup_steps": 8}}
 #: what benchmarks/calibrate_caches.py found, held out a source at a time (its committed output,
 #: benchmarks/results/calibration_caches.md, 2026-11-29): the claim printed beside a cached time
 HELD_OUT = (
-    "held out by source, 17 of 17 published cached runs (100%) fell inside such a range, midpoint median error "
-    "15.3%, median hi/lo 2.26 (benchmarks/results/calibration_caches.md)"
+    "held out by source, 16 of 17 published cached runs (94%) fell inside such a range, midpoint median error "
+    "8.6%, median hi/lo 2.14 (benchmarks/results/calibration_caches.md)"
 )
 
 
@@ -66,19 +77,27 @@ def label(name: str, params: dict) -> str:
     """A cache as the prediction names it: "first-block-cache threshold=0.2"."""
     if name == "taylorseer":
         return f"taylorseer interval={params.get('cache_interval', 5)}"
+    if name == "pab":
+        window = tuple(params.get("timestep_skip_range", PAB_WINDOW))
+        return f"pab range={params.get('block_skip_range', 2)} window={window}"
+    if name == "deep-cache":
+        return f"deep-cache interval={params.get('cache_interval', 3)} branch={params.get('cache_branch_id', 0)}"
     if name in DEFAULT_THRESHOLD:
         return f"{name} threshold={params.get('threshold', DEFAULT_THRESHOLD[name])}"
     return name
 
 
 def skipped_line(skip: CacheSkip) -> str:
-    """What ``profile`` prints under a cached time: the share skipped, how it was obtained, how well it held."""
+    """What ``profile`` prints under a cached time: the share skipped, how it was obtained, how well it held (the
+    held-out claim only for the threshold caches: the exact counts have none to make)."""
     low, high = skip.skipped_share
     share = f"{low:.0%}" if low == high else f"{low:.0%} to {high:.0%}"
+    own = ", and every call the cache's own compare and stored residuals" if skip.overhead else ""
+    claim = f"; {HELD_OUT}" if TIMED.get(skip.technique.split()[0]) == "threshold" else ""
     return (
         f"time with {skip.technique}: {share} of the {skip.calls} denoiser calls skipped ({skip.how}); a skipped call "
-        f"still runs {skip.kept_share:.1%} of its work, and every call the cache's own compare and stored residuals; "
-        f"memory as without (its stored activations not counted); {HELD_OUT}"
+        f"still runs {skip.kept_share:.1%} of its work{own}; memory as without (its stored activations not "
+        f"counted){claim}"
     )
 
 
@@ -99,46 +118,36 @@ def variant(technique: str, params: dict) -> str:
     return "first block"
 
 
-def threshold_share(technique: str, params: dict, rows) -> tuple[float, float, str]:
-    """(lowest, highest skipped share, how) at ``params``' threshold from the published ``rows`` of the same
-    ``variant``; with none, every threshold cache's (they all compare the relative L1 change of the first blocks'
-    residual)."""
-    threshold, kind = params["threshold"], variant(technique, params)
+def threshold_share(technique: str, params: dict, spec, rows) -> tuple[float, float, str]:
+    """(lowest, highest skipped share, how) at ``params``' threshold for ``spec``'s steps and size: the hook's rule on
+    the drift the published ``rows`` of the same ``variant`` were reproduced with (``cache_threshold``); with none,
+    every threshold cache's (they all compare the relative L1 change of the first blocks' residual)."""
+    kind = variant(technique, params)
     mine, lent = [r for r in rows if variant(r["technique"], r["params"]) == kind], ""
     if not mine:
         mine = [r for r in rows if TIMED.get(r["technique"]) == "threshold"]
         lent = f"no published runs of {kind}: those of every threshold cache, "
     if not mine:
         raise ValueError(f"no published skipped share of {technique}")
-    shares: dict[float, list[dict]] = {}
-    for row in mine:
-        shares.setdefault(row["threshold"], []).append(row)
-    below = max((t for t in shares if t <= threshold), default=None)
-    above = min((t for t in shares if t >= threshold), default=None)
-    published_at = ", ".join(str(t) for t in sorted(shares))
-    if below is None:  # a lower threshold skips no more than the lowest published one: down to none
-        low, high = [], shares[above]
-        how = f"threshold {threshold} under every published one ({published_at}): from none skipped up to {above}'s"
-    elif above is None:  # a higher one skips at least what the highest published one does
-        low, high = shares[below], []
-        how = f"threshold {threshold} over every published one ({published_at}): from {below}'s up to every call"
-    else:
-        low, high = shares[below], shares[above]
-        how = (
-            f"published at threshold {threshold}"
-            if below == above
-            else f"between the published thresholds {below} and {above} (a higher threshold skips more)"
-        )
-    used = low if low is high else low + high
-    sources = sorted({r["source"] for r in used})
-    runs = sorted({f"{r['model']} at {r['steps']} steps" for r in used if "model" in r})
-    of = f" of {', '.join(runs)}" if runs else ""
-    how = f"{lent}{how} ({len(used)} run{'s' * (len(used) != 1)}{of}: {'; '.join(sources)})"
-    return (
-        min((r["skipped_share"] for r in low), default=0.0),
-        max((r["skipped_share"] for r in high), default=1.0),
-        how,
+    kappas = [
+        kappas_of(r["skipped_share"], r["threshold"], sigmas(r["steps"], r["height"], r["width"]), always(r["params"]))
+        for r in mine
+    ]
+    span = min(k[0] for k in kappas), max(k[1] for k in kappas)
+    low, high = share_range(span, params["threshold"], sigmas(spec.steps, spec.height, spec.width), always(params))
+    sources = sorted({r["source"] for r in mine})
+    how = (
+        f"{lent}threshold {params['threshold']} at {spec.steps} steps: the hook's rule on the first block's residual "
+        f"changing by {span[0]:.2f} to {span[1]:.2f} x each step of FLUX.1's sigmas, the drift that reproduces "
+        f"the skipped calls of {len(mine)} published run{'s' * (len(mine) != 1)} ({'; '.join(sources)})"
     )
+    return low, high, how
+
+
+def always(params: dict) -> int:
+    """The first calls a threshold cache computes whatever the residual: one (no reference yet), or cache-dit's
+    warm-up steps (caching/cache_contexts/cache_context.py:313-339: calls 0 .. max_warmup_steps - 1)."""
+    return max(1, params.get("warmup_steps", 1))
 
 
 def taylorseer_computed(calls: int, interval: int, before: int) -> int:
@@ -147,11 +156,12 @@ def taylorseer_computed(calls: int, interval: int, before: int) -> int:
     return sum(1 for step in range(calls) if step < before or (step - before - 1) % interval == 0)
 
 
-def module_macs(spec, component: str) -> tuple[dict[str, int], int]:
-    """``component``'s multiply-accumulates per module (paths under it, depth 3) and in all, over a generation."""
+def module_macs(spec, component: str, depth: int = 3) -> tuple[dict[str, int], int]:
+    """``component``'s multiply-accumulates per module (paths under it, ``depth`` levels below the pipeline) and in
+    all, over a generation."""
     from diffmeter.flops.profile import profile_spec
 
-    found = next(c for c in profile_spec(spec, depth=3).components if c.name == component)
+    found = next(c for c in profile_spec(spec, depth=depth).components if c.name == component)
     prefix = component + "."
     return {k[len(prefix) :]: v for k, v in (found.modules_macs or {}).items() if k.startswith(prefix)}, found.macs
 
@@ -168,6 +178,10 @@ def skipped_macs(name: str, params: dict, modules: dict[str, int]) -> int:
     """The multiply-accumulates a skipped call leaves out."""
     if name == "taylorseer":
         return sum(v for k, v in modules.items() if any(re.fullmatch(p, k) for p in TAYLORSEER_MODULES))
+    if name == "deep-cache":
+        return deep_cache_macs(modules, params.get("cache_branch_id", 0))
+    if name == "pab":
+        return pab_macs(modules)
     blocks = sorted({b for k in modules if (b := block_of(k))}, key=lambda b: (BLOCK_LISTS.index(b[0]), b[1]))
     first, last = (1, 0) if name == "first-block-cache" else (params.get("fn", 8), params.get("bn", 0))
     middle = set(blocks[first : len(blocks) - last])
@@ -182,6 +196,8 @@ def hidden_state_bytes(call: CallWork) -> int:
 def overhead(name: str, params: dict, call: CallWork, hooked: int) -> list[OperatorGroup]:
     """The cache's own operators per call, each reading and writing hidden states (3 of them: two in, one out)."""
     state = 3 * hidden_state_bytes(call)
+    if name in ("deep-cache", "pab"):  # the stored outputs are returned as they are (extension/deepcache.py:52-53,
+        return []  # pyramid_attention_broadcast.py:170)
     if name == "taylorseer":  # per hooked module: the Taylor factors updated or the prediction summed (order+1 each)
         count = hooked * (params.get("max_order", 1) + 1)
     else:
@@ -193,12 +209,14 @@ def cache_skip(work: OperatorWork, name: str, params: dict, denoisers: tuple[str
     """What ``name`` skips in ``work``; ``rows``: the published shares (the shipped ones unless given)."""
     cached = [c for c in work.calls if c.component in denoisers]
     calls = sum(c.count for c in cached)
-    modules, total = module_macs(spec, cached[0].component)
+    modules, total = module_macs(spec, cached[0].component, 4 if name == "deep-cache" else 3)
     skipped = skipped_macs(name, params, modules)
     if not skipped:
+        blocks = (
+            "UNet down, mid and up blocks" if name == "deep-cache" else f"transformer blocks ({', '.join(BLOCK_LISTS)})"
+        )
         raise DiffmeterError(
-            f"{name}: the {cached[0].component} has none of the transformer blocks diffusers' {name} skips "
-            f"({', '.join(BLOCK_LISTS)}): drop --opt {name} for this model"
+            f"{name}: the {cached[0].component} has none of the {blocks} {name} skips: drop --opt {name} for this model"
         )
     hooked = sum(1 for k in modules if any(re.fullmatch(p, k) for p in TAYLORSEER_MODULES))
     if name == "taylorseer":
@@ -211,14 +229,30 @@ def cache_skip(work: OperatorWork, name: str, params: dict, denoisers: tuple[str
             f"computed before call {before}; diffusers hooks/taylorseer_cache.py:230-235), the hooked attention "
             "skipped in them"
         )
+    elif name == "deep-cache":
+        interval = params.get("cache_interval", 3)
+        full = deep_cache_full(calls, interval)
+        low = high = (calls - full) / calls
+        how = (
+            f"exact: {calls - full} of {calls} UNet calls run only the shallow branch "
+            f"{params.get('cache_branch_id', 0)} (one call in {interval} in full, from the first; DeepCache "
+            "extension/deepcache.py:24-33)"
+        )
+    elif name == "pab":
+        skip_range = params.get("block_skip_range", 2)
+        window = tuple(params.get("timestep_skip_range", PAB_WINDOW))
+        most = pab_skippable(calls, skip_range)
+        low, high = 0.0, most / calls
+        how = (
+            f"from none up to the {most} calls past the first whose index is not a multiple "
+            f"of {skip_range} (diffusers hooks/pyramid_attention_broadcast.py:157-170): those whose timestep is inside "
+            f"{window} reuse the hooked self-attention; the timesteps follow the scheduler's config, not predicted"
+        )
     else:
-        params = {"threshold": DEFAULT_THRESHOLD[name], **params}
-        low, high, how = threshold_share(name, params, published() if rows is None else rows)
-        always = 1 if name == "first-block-cache" else params.get("warmup_steps", 8)  # computed whatever the residual
-        most = max(0.0, (calls - always) / calls)
-        if high > most:
-            how += f"; at most {most:.0%} here: the first {always} call(s) always compute"
-        low, high = min(low, most), min(high, most)
+        params = {"threshold": DEFAULT_THRESHOLD[name], **DEFAULT_WARMUP.get(name, {}), **params}
+        if spec.steps is None or spec.height is None:
+            spec = spec.with_defaults(resolve(spec.model).defaults)
+        low, high, how = threshold_share(name, params, spec, published() if rows is None else rows)
     return CacheSkip(
         technique=label(name, params),
         components=list(denoisers),

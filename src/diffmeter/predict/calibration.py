@@ -13,6 +13,10 @@ from pydantic import BaseModel
 
 from diffmeter.predict.devices import Device
 from diffmeter.predict.host_time import HostCalibration
+from diffmeter.predict.peaks import PRECISION, conv_key
+
+#: the keys of the rates measured on convolutions, one per precision
+CONVOLUTIONS = frozenset(conv_key(precision) for precision in PRECISION.values())
 
 
 class Calibration(BaseModel):
@@ -40,6 +44,38 @@ class Calibration(BaseModel):
     #: the factor a borrowing architecture's range is widened by: the error measured when each architecture was
     #: predicted by its neighbour's fit, fitted without it (``benchmarks/calibrate_published.py``)
     borrowed_width: float | None = None
+    #: the measured peaks the fractions are of, when the fit was made (a CPU's: TFLOP/s per ``Device.tflops`` key;
+    #: its copy rate is named in ``source``): each fraction applies to the same peak measured on the machine
+    #: predicted (``fitted_units``)
+    fitted_tflops: dict[str, float] | None = None
+
+
+def fitted_units(device: Device, calibration: Calibration | None) -> Device:
+    """``device`` as ``calibration``'s fractions read it: without the rates measured on convolutions where the fit
+    had none (its convolutions were charged the matmul peak, so their fractions are of that peak)."""
+    if calibration is None or calibration.fitted_tflops is None or on_convolutions(calibration):
+        return device
+    kept = {key: rate for key, rate in device.tflops.items() if key not in CONVOLUTIONS}
+    return device if kept == device.tflops else device.model_copy(update={"tflops": kept})
+
+
+def unfitted_peak(device: Device, calibration: Calibration | None) -> str | None:
+    """Why ``calibration``'s fractions cannot apply on ``device``: they are of rates measured on convolutions, and
+    the device has a precision without one (a CPU's peaks stored before convolutions were measured); else None."""
+    if calibration is None or not on_convolutions(calibration):
+        return None
+    lacking = sorted(conv_key(p) for p in PRECISION.values() if p in device.tflops and conv_key(p) not in device.tflops)
+    if not lacking:
+        return None
+    return (
+        f"the calibration's convolution fractions are of measured convolution rates, and the stored peaks lack "
+        f"{', '.join(lacking)} (measured before convolutions were): `diffmeter doctor --remeasure-cpu` measures them"
+    )
+
+
+def on_convolutions(calibration: Calibration) -> bool:
+    """Whether ``calibration`` was fitted with convolutions charged the rate measured on them."""
+    return any(key in CONVOLUTIONS for key in calibration.fitted_tflops or {})
 
 
 def calibrations() -> dict[str, Calibration]:

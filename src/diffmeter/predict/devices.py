@@ -14,7 +14,7 @@ from importlib import resources
 from pydantic import BaseModel
 
 from diffmeter.errors import DiffmeterError
-from diffmeter.predict.peaks import PEAKS, PRECISION, VARIANTS, find_device, tokens
+from diffmeter.predict.peaks import PEAKS, PRECISION, VARIANTS, conv_key, find_device, tokens
 
 #: what a CUDA process cannot give its tensors, held back before "fits": on an H200 (driver 580, torch
 #: 2.11+cu130) the driver kept 615 MiB of nvidia-smi's total from ``cudaMemGetInfo``, and the CUDA context
@@ -259,8 +259,8 @@ def board_power() -> dict[str, dict]:
 
 
 def this_cpu(*dtypes: str) -> Device:
-    """This machine's CPU at torch's thread count: matmul peaks (of ``dtypes`` alone when given) and
-    copy rate measured, memory the system's."""
+    """This machine's CPU at torch's thread count: matmul and convolution peaks (of ``dtypes`` alone when given)
+    and copy rate measured, memory the system's."""
     import psutil
 
     from diffmeter.predict.cpu_peaks import cpu_peaks
@@ -277,8 +277,15 @@ def this_cpu(*dtypes: str) -> Device:
         memory_bytes=psutil.virtual_memory().total,
         bandwidth_bytes_per_s=peaks.bandwidth_bytes_per_s,
         tflops=peaks.tflops,
-        source=f"measured here on {peaks.measured_on}: best matmul per dtype, best copy rate from 1 MiB to 256 MiB "
-        "(predict.cpu_peaks), stored for every later prediction; `diffmeter doctor --remeasure-cpu` measures again",
+        source=f"measured here on {peaks.measured_on}: best matmul and convolution per dtype, best copy rate from "
+        "1 MiB to 256 MiB (predict.cpu_peaks), stored for every later prediction; `diffmeter doctor "
+        "--remeasure-cpu` measures again"
+        + (
+            ""
+            if conv_key("fp32") in peaks.tflops
+            else "; no convolution rate stored (measured before diffmeter "
+            "measured them): convolutions are charged the matmul peak until remeasured"
+        ),
     )
 
 

@@ -5,8 +5,13 @@ inside the expected time (``with_offload``).
 
 What each offload moves per generation (``optimize/offload.py`` applies diffusers' own):
 
-* ``offload-model`` (``enable_model_cpu_offload``): every component in once and out once (accelerate's
-  hook moves the previous model back to the CPU when the next one runs), serially with the compute.
+* ``offload-model`` (``enable_model_cpu_offload``): each component in when it is called off the GPU, out when the
+  next in the pipeline's ``model_cpu_offload_seq`` is called (accelerate 1.15 hooks.py:748-763: the previous model's
+  ``offload()`` only if it is on the GPU, ``module.to(device)`` only if the module is not), the last out at the end of
+  ``__call__`` (diffusers 0.42.1 pipeline_utils.py:1270-1292 ``maybe_free_model_hooks`` re-enables the offload,
+  whose ``self.to("cpu")`` is :1231); serially with the compute. A pipeline that encodes the negative prompt
+  through every encoder after the prompt (SD3: pipeline_stable_diffusion_3.py:436-460, then :466-510) moves every
+  encoder but the last in and out twice (``model_offload_moves``).
 * ``offload-sequential`` (``enable_sequential_cpu_offload``): every layer in at every call of its
   component (accelerate's ``AlignDevicesHook`` drops the GPU copy afterwards: nothing moves out), serially.
 * ``offload-group`` (``enable_group_offload``, leaf level, ``use_stream=True``): the same bytes in, prefetched
@@ -31,7 +36,7 @@ import math
 from importlib import resources
 
 from diffmeter import units
-from diffmeter.predict.schema import MemoryPrediction, OffloadTime, TimePrediction
+from diffmeter.predict.schema import TEXT_ENCODING, VAE_DECODE, MemoryPrediction, OffloadTime, TimePrediction
 from diffmeter.predict.techniques import stored_params
 
 OFFLOADS = ("offload-model", "offload-sequential", "offload-group")
@@ -39,12 +44,41 @@ OFFLOADS = ("offload-model", "offload-sequential", "offload-group")
 MEMORY = {"offload-model": "pageable", "offload-sequential": "pageable", "offload-group": "pinned"}
 
 
+def call_order(prediction: MemoryPrediction) -> list[str]:
+    """The components in the order one generation calls them: the text encoders a pass per prompt (the prompt
+    through each, then the negative prompt: SD3's ``encode_prompt``), then every other call in plan order."""
+    text = [call for call in prediction.calls if call.stage == TEXT_ENCODING]
+    passes = max((call.count for call in text), default=0)
+    order = [call.component for done in range(passes) for call in text if call.count > done]
+    return order + [call.component for call in prediction.calls if call.stage != TEXT_ENCODING]
+
+
+def model_offload_moves(prediction: MemoryPrediction) -> list[str]:
+    """The components model offload moves onto the GPU per generation, once per move (each comes back out once):
+    ``call_order`` through accelerate's chain, each component's predecessor the one before it in the pipeline's
+    ``model_cpu_offload_seq`` (SD3's, pipeline_stable_diffusion_3.py:186: the encoders, the denoiser, the VAE): the
+    plan's order of first calls with the decoder last (an image-to-image VAE encodes first, yet its hook follows the
+    denoiser's); an absent component is skipped, as pipeline_utils.py:1238-1255 keeps the previous hook."""
+    first = list(dict.fromkeys(call.component for call in prediction.calls))
+    decoders = [name for name in first if any(c.stage == VAE_DECODE and c.component == name for c in prediction.calls)]
+    chain = [name for name in first if name not in decoders] + decoders
+    on_gpu: set[str] = set()
+    moved = []
+    for name in call_order(prediction):
+        place = chain.index(name)
+        if place:
+            on_gpu.discard(chain[place - 1])  # the previous model's hook offloads it (a no-op when off the GPU)
+        if name not in on_gpu:
+            on_gpu.add(name)
+            moved.append(name)
+    return moved
+
+
 def moved_bytes(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> int:
-    """Bytes the setting moves between host and GPU per generation (0 without offload)."""
+    """Bytes the setting moves between host and GPU per generation, both directions (0 without offload)."""
     params = stored_params(prediction, techniques)
-    called = {call.component for call in prediction.calls}
     if "offload-model" in techniques:
-        return 2 * sum(params[name] for name in called)
+        return 2 * sum(params[name] for name in model_offload_moves(prediction))
     if "offload-sequential" in techniques or "offload-group" in techniques:
         return sum(call.count * params[call.component] for call in prediction.calls)
     return 0

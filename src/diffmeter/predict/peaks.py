@@ -313,6 +313,14 @@ MI300X = DATA_CENTER[-1]
 PEAKS = (*DATA_CENTER[:-1], *RTX, MI300X)
 
 PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8"}
+
+
+def conv_key(precision: str) -> str:
+    """The key of a precision's rate measured on convolutions ("conv-fp32", a CPU's: ``cpu_peaks``), beside its
+    matmul peak ("fp32")."""
+    return f"conv-{precision}"
+
+
 #: tokens any device name may carry without changing what it is
 NEUTRAL = frozenset({"nvidia", "tesla", "geforce", "hbm2", "hbm2e", "hbm3", "hbm3e"})
 MEMORY_SIZE = re.compile(r"(\d+)g(b)?")

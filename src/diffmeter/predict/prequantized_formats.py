@@ -1,5 +1,5 @@
-"""The stored bytes of a component loaded from a pre-quantized BFL file or Nunchaku Lite folder (diffusers 0.42.1),
-tensor by tensor, on a meta build of it (``footprints.meta_module``); the bytes of one layer are
+"""The stored bytes of a component loaded from a pre-quantized BFL file or Nunchaku Lite or AutoRound folder
+(diffusers 0.42.1), tensor by tensor, on a meta build of it (``footprints.meta_module``); the bytes of one layer are
 ``quantized_layouts.bfl_bytes`` / ``nunchaku_bytes``. Which layers are quantized is the checkpoint's:
 
 * BFL: a linear layer whose weight comes with a ``weight_scale`` (bfl_quantizer.py:63-85), replaced unless a module on
@@ -11,6 +11,9 @@ tensor by tensor, on a meta build of it (``footprints.meta_module``); the bytes 
   or nvfp4's FlashInfer GEMM (Blackwell) runs instead.
 * Nunchaku Lite: the targets its ``quantization_config`` lists, replaced by SVDQ W4A4 or AWQ W4A16 layers at the
   compute dtype (nunchaku/utils.py:379-420); the quantizer keeps nothing in float32 (no ``use_keep_in_fp32_modules``).
+* AutoRound: the layers auto-round 0.16.1's own ``convert_hf_model`` replaces, run on a copy of the meta module
+  (``autoround_tensors``); keeps nothing in float32 either (autoround_quantizer.py sets no
+  ``use_keep_in_fp32_modules``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,11 @@ from __future__ import annotations
 import torch
 
 from diffmeter.predict import quantized_layouts as layouts
+from diffmeter.quiet import quiet_import
+
+#: auto-round's layers whose buffers are counted: its torch ones, the CPU's without auto-round-lib (inference/
+#: backend.py:475-503; module docstring of optimize/quantize_autoround.py)
+AUTOROUND_TORCH = ("auto_round:torch", "auto_round:torch_zp")
 
 
 def bfl_file_types(path) -> dict[str, str]:
@@ -86,4 +94,44 @@ def nunchaku_tensors(module: torch.nn.Module, dtype: torch.dtype, config: dict):
             if id(tensor) not in seen:
                 seen.add(id(tensor))
                 found.append((prefix + local, tensor.numel() * tensor.element_size(), False, 0))
+    return found
+
+
+def autoround_tensors(module: torch.nn.Module, dtype: torch.dtype, config: dict):
+    """(name, bytes, quantized, dequantized bytes) of every parameter and buffer as diffusers loads an AutoRound folder
+    whose ``quantization_config`` is ``config``: auto-round's ``convert_hf_model`` run on a copy of ``module`` under
+    the meta device picks the layers and their backend as loading does (the ``device_map`` diffmeter passes is None:
+    "cpu"); a torch layer holds ``qweight`` (int32, in x bits / 32 rows by out), ``qzeros`` (int32, a row per group,
+    out x bits / 32 columns) and ``scales`` (a row per group by out) and its bias
+    (auto_round_extension/torch/qlinear_torch_zp.py:41-80, qlinear_torch.py:117-152), its float tensors loaded at the
+    run's dtype like every other one; each call dequantizes the weight whole at that dtype (qlinear_torch_zp.py:372,
+    qlinear_torch.py the same)."""
+    import copy
+
+    from diffusers.quantizers.quantization_config import AutoRoundConfig
+
+    with quiet_import():
+        from auto_round.inference.convert_model import convert_hf_model
+
+        converted = copy.deepcopy(module)
+        converted.register_to_config(quantization_config=AutoRoundConfig.from_dict(config))
+        with torch.device("meta"):
+            converted, used = convert_hf_model(converted, "cpu")
+    other = [name for name in used if name not in AUTOROUND_TORCH]
+    if other:
+        raise ValueError(f"auto-round picks its {', '.join(other)} layers here, whose stored layout is not predicted")
+    found, seen = [], set()
+    for owner_name, owner in converted.named_modules():
+        prefix = f"{owner_name}." if owner_name else ""
+        layer = hasattr(owner, "qweight")
+        for local, tensor in [*owner.named_parameters(recurse=False), *owner.named_buffers(recurse=False)]:
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            loaded = tensor.is_floating_point() and local not in owner._non_persistent_buffers_set
+            size = tensor.numel() * (dtype.itemsize if loaded else tensor.element_size())
+            if layer and local == "qweight":
+                found.append((prefix + local, size, True, owner.infeatures * owner.outfeatures * dtype.itemsize))
+            else:
+                found.append((prefix + local, size, False, 0))
     return found

@@ -26,7 +26,7 @@ Which tensors each backend quantizes, read from diffusers/quantizers/ (paths und
   ``nn.LayerNorm`` only with activations, nn/qlayernorm.py:37-38), each built at its own weight's dtype
   (nn/qlinear.py:41), so a float32 keep-in-float32 module (T5's ``wo`` at float16) is quantized with float32 scales.
 * GGUF: the file decides (``--weights FILE``: each tensor's stored type, read with ``gguf_types``); offline, a file
-  as ``llama-quantize`` makes it with city96's lcpp.patch (``gguf_file_types``). Tensors stored F32/F16 load at the
+  as city96's tools make it (``gguf_city96.file_types``). Tensors stored F32/F16 load at the
   run's dtype (models/model_loading_utils.py:733-747, :238-244); a quantized tensor of a keep-in-float32 module is
   dequantized to float32 (gguf/gguf_quantizer.py:124-136).
 """
@@ -38,29 +38,11 @@ from dataclasses import dataclass
 import torch
 
 from diffmeter.predict import quantized_layouts as layouts
-from diffmeter.predict.prequantized_formats import bfl_file_types, bfl_tensors, nunchaku_tensors
+from diffmeter.predict.gguf_city96 import file_types as gguf_file_types
+from diffmeter.predict.prequantized_formats import autoround_tensors, bfl_file_types, bfl_tensors, nunchaku_tensors
 
-#: city96's lcpp.patch (github.com/city96/ComfyUI-GGUF tools/lcpp.patch, ``img_tensor_get_type``): FLUX tensors kept
-#: in F32 (img_in., time_in.in_layer., vector_in.in_layer., guidance_in.in_layer., final_layer.linear.) and in F16
-#: (txt_in., the rest of time_in., vector_in., guidance_in., final_layer.), in diffusers' names
-GGUF_FLUX_F32 = (
-    "x_embedder.",
-    "time_text_embed.timestep_embedder.linear_1.",
-    "time_text_embed.text_embedder.linear_1.",
-    "time_text_embed.guidance_embedder.linear_1.",
-    "proj_out.",
-)
-GGUF_FLUX_F16 = ("context_embedder.", "time_text_embed.", "norm_out.")
-#: lcpp.patch: FLUX's fused attention qkv ("attn.qkv.weight"; diffusers splits it into these) in a _M mix
-GGUF_FLUX_QKV = (".attn.to_q.", ".attn.to_k.", ".attn.to_v.", ".attn.add_q_proj.", ".attn.add_k_proj.")
-GGUF_FLUX_QKV += (".attn.add_v_proj.",)
-GGUF_QKV_MIX = {"Q3_K_M": "Q4_K", "Q4_K_M": "Q5_K", "Q5_K_M": "Q6_K"}
-#: lcpp.patch: an attention ``to_v`` in a mix (other families)
-GGUF_TO_V_MIX = {"Q2_K": "Q3_K", "Q4_K_M": "Q6_K", "Q5_K_M": "Q6_K"}
 #: the backends predicted when applied to a loaded module, and the module kinds each quantizes then
 AFTER_LOADING = {"torchao": torch.nn.Linear, "quanto": (torch.nn.Linear, torch.nn.Conv2d)}
-#: ComfyUI-GGUF tools/convert.py QUANTIZATION_THRESHOLD: tensors this small (or 1-D) stay F32
-GGUF_THRESHOLD = 1024
 
 
 @dataclass(frozen=True)
@@ -126,6 +108,10 @@ def stored_tensors(
         if gguf is None:
             raise ValueError("the layers a Nunchaku Lite folder quantizes are its config's targets: give --weights DIR")
         return [Stored(*found) for found in nunchaku_tensors(module, dtype, gguf)]
+    if backend == "autoround":  # ``gguf``: an AutoRound folder's quantization_config
+        if gguf is None:
+            raise ValueError("the layers an AutoRound folder quantizes are its config's: give --weights DIR")
+        return [Stored(*found) for found in autoround_tensors(module, dtype, gguf)]
     patterns = None if after_loading else transformers_skips(module)
     skip = keep_fp32(module) if patterns is None and not after_loading else []
     kinds = AFTER_LOADING[backend] if after_loading else torch.nn.Linear
@@ -234,58 +220,12 @@ def _quanto_skips(module_name: str, skip: list[str]) -> bool:
     return module_name.rpartition(".")[2] in skip
 
 
-def gguf_file_types(module: torch.nn.Module, kind: str) -> dict[str, str]:
-    """Each tensor's type in a GGUF file of ``module`` as city96's tools make one (ComfyUI-GGUF tools/convert.py to
-    BF16, then ``llama-quantize`` with tools/lcpp.patch's ``img_tensor_get_type``), under diffusers' names: 1-D
-    tensors and those of at most 1024 elements F32 (convert.py); FLUX's input embedders and final layer F32, its text,
-    time, vector and guidance embedders' second layers and the final modulation F16 (lcpp.patch); in a _M mix FLUX's
-    double-block attention q/k/v (one fused ``attn.qkv`` in the file) a type up, another family's ``to_v`` too; a
-    K-quant whose rows do not split into 256 weights F16 (lcpp.patch's fallback); every other ``nn.Linear`` weight in
-    ``kind``'s base type (Q4_K for Q4_K_S; a bare Q4_K is that type throughout); other tensors (convolutions, tables)
-    F16 here: a GGUF layer diffusers dequantizes is a linear one (gguf/utils.py:137-167)."""
-    base = layouts.gguf_base(kind)
-    flux = type(module).__name__ == "FluxTransformer2DModel"
-    linears = {
-        f"{name}.weight" if name else "weight" for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)
-    }
-    whole = "BF16" if kind == "BF16" else "F16"
-    types = {}
-    for name, tensor in module.state_dict(keep_vars=True).items():
-        if tensor.dim() < 2 or tensor.numel() <= GGUF_THRESHOLD:
-            types[name] = "F32"
-            continue
-        if flux and any(name.startswith(key) for key in GGUF_FLUX_F32):
-            types[name] = "F32"
-            continue
-        if name not in linears or (flux and any(name.startswith(key) for key in GGUF_FLUX_F16)):
-            types[name] = whole
-            continue
-        chosen = base
-        if flux and name.startswith("transformer_blocks.") and any(key in name for key in GGUF_FLUX_QKV):
-            chosen = GGUF_QKV_MIX.get(kind, base)
-        elif not flux and name.endswith(".to_v.weight"):
-            chosen = GGUF_TO_V_MIX.get(kind, base)
-        types[name] = chosen if layouts.gguf_fits(tensor.shape[-1], chosen) else "F16"
-    return types
-
-
-def gguf_file_bytes(module: torch.nn.Module, kind: str) -> int:
-    """The tensor data of such a file (``gguf_file_types``; its header of names and shapes, and the alignment of each
-    tensor to 32 bytes, left out: kilobytes)."""
-    types = gguf_file_types(module, kind)
-    whole = {"F32": 4, "F16": 2}
-    return sum(
-        tensor.numel() * whole[types[name]] if types[name] in whole else layouts.gguf_bytes(tensor.shape, types[name])
-        for name, tensor in module.state_dict(keep_vars=True).items()
-    )
-
-
 def checkpoint_types(backend: str, path) -> dict:
-    """What a pre-quantized checkpoint says of its tensors: a GGUF or BFL file's types per tensor, a Nunchaku Lite
-    folder's ``quantization_config``."""
+    """What a pre-quantized checkpoint says of its tensors: a GGUF or BFL file's types per tensor, a Nunchaku Lite or
+    AutoRound folder's ``quantization_config``."""
     if backend == "bfl":
         return bfl_file_types(path)
-    if backend == "nunchaku":
+    if backend in ("nunchaku", "autoround"):
         import json
         from pathlib import Path
 

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from diffmeter.errors import DiffmeterError
 from diffmeter.predict.attention_kernels import attention_speedup, installed_torch, sdpa_default
 from diffmeter.predict.cache_time import time_range
-from diffmeter.predict.calibration import Calibration, calibration_for
+from diffmeter.predict.calibration import Calibration, calibration_for, fitted_units, unfitted_peak
 from diffmeter.predict.devices import Device, uncalibrated
 from diffmeter.predict.energy import predict_energy, why_no_energy
 from diffmeter.predict.host_time import host_stage_s
+from diffmeter.predict.peaks import PRECISION, conv_key
 from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork, StageTime, TimePrediction
 from diffmeter.stages import STAGES
 
@@ -75,8 +76,12 @@ class FlopRates:
 
 
 def kind_peak(device: Device, dtype: str, kind: str, fp32_math: Mapping[str, str] = BENCH_FP32) -> float | None:
-    """The dense peak (TFLOP/s) of an operator of ``kind`` at ``dtype``: float32 matmuls and convolutions at the
-    TF32 peak where ``fp32_math`` runs them so ("tf32") and the card has one, else the dtype's."""
+    """The dense peak (TFLOP/s) of an operator of ``kind`` at ``dtype``: convolutions at the rate measured on
+    convolutions where the device has one (a CPU: oneDNN's kernels, not MKL's SGEMM, ``cpu_peaks``); float32 matmuls
+    and convolutions at the TF32 peak where ``fp32_math`` runs them so ("tf32") and the card has one, else the
+    dtype's."""
+    if kind == "convolution" and (measured := device.tflops.get(conv_key(PRECISION.get(dtype, dtype)))):
+        return measured
     if dtype == "float32" and kind in TF32_KINDS and fp32_math.get(kind) == "tf32" and "tf32" in device.tflops:
         return device.tflops["tf32"]
     return device.peak_tflops(dtype)
@@ -116,6 +121,8 @@ def other_peaks(device: Device, work: OperatorWork, fp32_math: Mapping[str, str]
         peak = kind_peak(device, dtype, kind, fp32_math)
         if dtype != work.dtype or peak != title:
             mode = " (TF32)" if peak != device.peak_tflops(dtype) else ""
+            if kind == "convolution" and peak == device.tflops.get(conv_key(PRECISION.get(dtype, dtype))):
+                mode = " (measured on convolutions)"
             found[component, dtype].append(f"{kind} at {peak:,.4g} TFLOP/s{mode}")
     return [f"{component} in {dtype}: {', '.join(kinds)}" for (component, dtype), kinds in found.items()]
 
@@ -248,8 +255,11 @@ def predict_time(
         raise DiffmeterError(lacking)
     rates = flop_rates(device, work, fp32_math)
     calibration = calibration or calibration_for(device)
+    if unfitted := unfitted_peak(device, calibration):
+        calibration = None
     hosts = host_stage_s(work, calibration.host) if calibration and calibration.host else {}
-    bounds = lower_bounds(work, rates, device.bandwidth_bytes_per_s, device.l2_bytes, kernel)
+    fitted = flop_rates(fitted_units(device, calibration), work, fp32_math)  # the peaks the fractions are of
+    bounds = lower_bounds(work, fitted, device.bandwidth_bytes_per_s, device.l2_bytes, kernel)
     both = stage_bounds(work, weights or {}, rates, device.bandwidth_bytes_per_s, device.l2_bytes)
     stages = []
     for stage in STAGES:
@@ -308,7 +318,7 @@ def predict_time(
         l2_bytes=device.l2_bytes,
         calibration=calibration.source
         if calibration
-        else f"no expected range: {uncalibrated(device)}; the lower bound is shown",
+        else f"no expected range: {unfitted or uncalibrated(device)}; the lower bound is shown",
     )
 
 

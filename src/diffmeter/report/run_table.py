@@ -8,6 +8,7 @@ from rich.text import Text
 
 from diffmeter import units
 from diffmeter.errors import DiffmeterError
+from diffmeter.measure.host_link import link_line
 from diffmeter.report.layout import Column, FittedTable
 from diffmeter.report.prediction_lines import prediction_lines
 from diffmeter.runs import speedups
@@ -137,6 +138,8 @@ def _facts(result: BenchResult) -> Text:
     if result.optimizations:
         applied = ", ".join(f"{o.label} ({'lossless' if o.lossless else 'lossy'})" for o in result.optimizations)
         lines.append(f"optimizations: {applied}")
+    if link := host_link_line(result):
+        lines.append(link)
     if result.speedup is not None:
         lines.append(speedup_line(result))
     if result.quality is not None:
@@ -152,6 +155,13 @@ def _facts(result: BenchResult) -> Text:
         )
     lines += [f"note: {note}" for note in result.notes]
     return Text("\n".join(lines))
+
+
+def host_link_line(result: BenchResult) -> str | None:
+    """An offloaded run's host link (the copy rates its time depends on); None for a run that offloads nothing."""
+    if not any(o.name == "offload" for o in result.optimizations):
+        return None
+    return link_line(result.environment.host_link, result.spec.device.startswith("cuda"))
 
 
 def cold_start(summary) -> str:

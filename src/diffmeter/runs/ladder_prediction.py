@@ -54,22 +54,24 @@ def predict_rungs(rungs: list) -> list[RungPrediction]:
         fp32 = dict(bench_fp32_math(run.spec.tf32)) if cuda else None  # as bench's lifecycle records it
         prediction, note = predict_or_note(run.spec, applied(run.optimizations), fp32)
         time = prediction.time if prediction else None
-        if time is None or time.expected_s is None:
-            if note or time is not None:
-                why = note or time.calibration
-            else:
-                why = next((n for n in prediction.notes if n.startswith("no time")), "no time predicted")
-            found.append(RungPrediction(rung.name, lower_s=time.lower_s if time else None, untimed=why))
-            continue
-        left_out = list(prediction.time_left_out)
+        left_out = tuple(prediction.time_left_out) if prediction else ()
+        timed = time is not None and time.expected_s is not None
+        if left_out:  # the technique first: a rung it leaves out has no range on any machine
+            why = f"the expected time leaves out {'; '.join(left_out)}"
+        elif timed:
+            why = None
+        elif note or time is not None:
+            why = note or time.calibration
+        else:
+            why = next((n for n in prediction.notes if n.startswith("no time")), "no time predicted")
         found.append(
             RungPrediction(
                 rung.name,
-                expected_s=None if left_out else time.expected_s,
-                lower_s=time.lower_s,
-                untimed=f"the expected time leaves out {'; '.join(left_out)}" if left_out else None,
-                left_out=tuple(left_out),
-                calibration=time.calibration,
+                expected_s=time.expected_s if timed and not left_out else None,
+                lower_s=time.lower_s if time else None,
+                untimed=why,
+                left_out=left_out,
+                calibration=time.calibration if timed else None,
             )
         )
     return found

@@ -28,6 +28,8 @@ from diffmeter.measure.clock import clock_for, device_scope
 from diffmeter.measure.compilation import watch_compilation
 from diffmeter.measure.conditions import ConditionsMonitor
 from diffmeter.measure.energy import Energy, EnergyMeter
+from diffmeter.measure.host_link import link_line
+from diffmeter.measure.host_link import measure as measure_link
 from diffmeter.measure.memory import loaded_bytes, out_of_memory, read_peaks, release, reset_peaks
 from diffmeter.measure.stage_memory import StagePeaks
 from diffmeter.measure.stages import StageTimer
@@ -117,6 +119,7 @@ class MeasuredRun:
         self.log.info("weights: %s", run.source.describe())
         try:
             with device_scope(device), _strict_fp32(device):
+                self.link()
                 self.load()
                 self.apply()
                 with self.timer:
@@ -139,6 +142,13 @@ class MeasuredRun:
                 optimization.restore(self.pipe, run.target)
         self.base["notes"] += measurement_notes(summary, self.shape_warmups)
         return BenchResult(status="complete", summary=summary, **self.figures, **self.base)
+
+    def link(self) -> None:
+        """The host link's copy rates, once per CUDA run, before anything loads (stored with the environment)."""
+        environment = self.base["environment"]
+        if self.device.type == "cuda":
+            environment.host_link = measure_link(self.device)
+        self.log.info(link_line(environment.host_link, self.device.type == "cuda"))
 
     def load(self) -> None:
         """The pipeline, on the run's device (on the CPU when a technique places it, and the components a

@@ -4,7 +4,7 @@
 
 Every duration is in seconds (``_s``), memory in bytes, energy in joules (``_j``),
 power in watts (``_w``), throughput in TFLOP/s (10^12 floating-point operations per
-second, 2 per multiply-accumulate).
+second, 2 per multiply-accumulate), host-link copy rates in GB/s (``_gb_s``, 10^9 bytes per second).
 """
 
 from __future__ import annotations

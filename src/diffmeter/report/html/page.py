@@ -11,6 +11,7 @@ from diffmeter.report import outputs
 from diffmeter.report.html import figures as plots
 from diffmeter.report.html.gallery import gallery_html
 from diffmeter.report.html.study import WEIGHTS_LABELS, Run, Study
+from diffmeter.report.run_table import host_link_line
 from diffmeter.report.speedup_text import noise_lines, speedup_cell
 
 #: (column of `diffmeter table`, header, how to show a value)
@@ -168,9 +169,16 @@ def _summary(runs: list[Run]) -> str:
         css = ' class="failed"' if run.result.status != "complete" else ""
         rows.append(f'<tr{css} title="{error or html.escape(run.row["folder"], quote=True)}">{"".join(cells)}</tr>')
     noisy = "".join(f"<li>{html.escape(line)}</li>" for line in noise_lines([run.row for run in runs]))
+    links = [(run.row["folder"], line) for run in runs if (line := host_link_line(run.result))]
+    linked = "".join(f"<li>{html.escape(folder)}: {html.escape(line)}</li>" for folder, line in sorted(links))
     return (
         f'<table class="summary"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
         + (f'<p class="caption">Noisy timings (marked "(noisy)"):</p><ul class="caption">{noisy}</ul>' if noisy else "")
+        + (
+            f'<p class="caption">Offloaded runs, timed over their host link:</p><ul class="caption">{linked}</ul>'
+            if linked
+            else ""
+        )
         + '<p class="caption">Click a header to sort. Times are medians over the measured calls; speed-up per '
         f"{word} against the unoptimized run of the same settings (a ladder's rungs: against the ladder's baseline), "
         "the Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney interval, within noise "
