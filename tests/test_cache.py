@@ -60,8 +60,6 @@ def test_no_module_a_cached_answer_may_run_imports_what_the_fingerprint_leaves_o
     """The fits are left out of the fingerprint: safe only while no other module imports them (by any import
     form, at any depth), and only the calibration module (through roofline) reads the calibration they write, after
     the cache."""
-    import ast
-
     from diffmeter import cache
 
     package = Path(cache.__file__).parent
@@ -70,16 +68,8 @@ def test_no_module_a_cached_answer_may_run_imports_what_the_fingerprint_leaves_o
     importers = {}
     for source in package.rglob("*.py"):
         module = str(source.relative_to(package)).removesuffix(".py").replace("/", ".")
-        for node in ast.walk(ast.parse(source.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-            for name in names:
-                for target in left_out:
-                    if name == f"diffmeter.{target}" and module not in left_out:
-                        importers.setdefault(target, []).append(module)
+        for target in imported_modules(package, module) & left_out if module not in left_out else ():
+            importers.setdefault(target, []).append(module)
     assert importers == {}
     readers = [s.relative_to(package) for s in package.rglob("*.py") if "efficiency.json" in s.read_text()]
     assert sorted(map(str, readers)) == [
