@@ -7,11 +7,14 @@ device (``cannot_run``); ``loading`` applies the configs as users do (``Pipeline
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, ClassVar
 
 from diffmeter.optimize.base import Optimization, Target
 from diffmeter.pipelines import component_class
 from diffmeter.quantization_spec import BACKENDS, DENOISER
+from diffmeter.quantized_loading import Folder
 
 
 class QuantizeAtLoad(Optimization):
@@ -74,3 +77,32 @@ class QuantizeAtLoad(Optimization):
     def label(self) -> str:
         components = "" if not self.config.components else "-" + "+".join(self.config.components)
         return f"{self.name}-{self.config.type}{components}"
+
+
+class QuantizedFolder(QuantizeAtLoad):
+    """A backend whose component comes from a folder saved quantized (``--weights DIR``): diffusers reads the
+    folder's ``quantization_config`` from its config.json and loads it as it is."""
+
+    #: how a refusal names such a folder ("an AutoRound folder"), and what makes one ("auto-round's export")
+    folder: ClassVar[str] = ""
+    made_by: ClassVar[str] = ""
+
+    def folder_config(self, target: Target) -> tuple[Path, dict] | str:
+        """The folder and its ``quantization_config``, or why it cannot be this run's: none given, several
+        components asked for, no readable config.json."""
+        if self.config.file is None:
+            return f"{self.name} reads a pre-quantized component folder ({self.made_by}): add --weights DIR"
+        if len(self.components(target)) != 1:
+            return f"{self.folder} holds one component: name one (NAME={self.name}:TYPE)"
+        path = Path(self.config.file).expanduser()
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError):
+            return f"{path} is no component folder with a config.json"
+        return path, config.get("quantization_config") or {}
+
+    def config_for(self, target: Target, transformers: bool):
+        return Folder(Path(self.config.file).expanduser())
+
+    def label(self) -> str:
+        return f"{super().label()}-{Path(self.config.file or 'none').name}"

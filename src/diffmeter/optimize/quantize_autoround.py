@@ -15,17 +15,14 @@ float32)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from diffmeter.optimize.base import Target
-from diffmeter.optimize.quantize_at_load import QuantizeAtLoad
+from diffmeter.optimize.quantize_at_load import QuantizedFolder
 from diffmeter.optimize.registry import register
 from diffmeter.quantization_spec import BACKENDS
-from diffmeter.quantized_loading import Folder
 
 #: the dtypes auto-round's torch layers compute in (inference/backend.py:479, :494 ``compute_dtype``)
 COMPUTE_DTYPES = ("bfloat16", "float16")
@@ -51,12 +48,13 @@ def folder_type(config: dict) -> str | None:
 
 
 @register
-class AutoRound(QuantizeAtLoad):
+class AutoRound(QuantizedFolder):
     name = "autoround"
     summary = BACKENDS["autoround"].summary
     Config = Config
     package = ("auto_round", "autoround")
     one_byte_types = BACKENDS["autoround"].types
+    folder, made_by = "an AutoRound folder", "auto-round's export"
 
     def supports(self, target: Target) -> str | None:
         reason = self.folder_refusal(target)
@@ -71,16 +69,10 @@ class AutoRound(QuantizeAtLoad):
 
     def folder_refusal(self, target: Target) -> str | None:
         """Why the folder cannot be this run's: none given, not a folder, not AutoRound's, another type."""
-        if self.config.file is None:
-            return "autoround reads a pre-quantized component folder (auto-round's export): add --weights DIR"
-        if len(self.components(target)) != 1:
-            return "an AutoRound folder holds one component: name one (NAME=autoround:TYPE)"
-        path = Path(self.config.file).expanduser()
-        try:
-            config = json.loads((path / "config.json").read_text())
-        except (OSError, ValueError):
-            return f"{path} is no component folder with a config.json"
-        quantization = config.get("quantization_config") or {}
+        found_folder = self.folder_config(target)
+        if isinstance(found_folder, str):
+            return found_folder
+        path, quantization = found_folder
         if quantization.get("quant_method") != "auto-round":
             return f"{path}/config.json holds no AutoRound quantization_config (quant_method auto-round)"
         found = folder_type(quantization)
@@ -92,9 +84,3 @@ class AutoRound(QuantizeAtLoad):
                 f"{path.name} holds AutoRound {found} weights, not {self.config.type}: say --quantize autoround:{found}"
             )
         return None
-
-    def config_for(self, target: Target, transformers: bool):
-        return Folder(Path(self.config.file).expanduser())
-
-    def label(self) -> str:
-        return f"{super().label()}-{Path(self.config.file or 'none').name}"

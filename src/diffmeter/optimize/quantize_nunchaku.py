@@ -11,19 +11,16 @@ only with ``DIFFUSERS_TRUST_REMOTE_KERNELS=true`` (utils.py:116-120)."""
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict
 
 from diffmeter.optimize.base import Target
-from diffmeter.optimize.quantize_at_load import QuantizeAtLoad
+from diffmeter.optimize.quantize_at_load import QuantizedFolder
 from diffmeter.optimize.registry import register
 from diffmeter.quantization_spec import BACKENDS
-from diffmeter.quantized_loading import Folder
 
 #: the environment variable diffusers reads before it downloads the kernels (utils/constants.py:63-65)
 TRUST = "DIFFUSERS_TRUST_REMOTE_KERNELS"
@@ -49,12 +46,13 @@ def folder_type(config: dict) -> str | None:
 
 
 @register
-class Nunchaku(QuantizeAtLoad):
+class Nunchaku(QuantizedFolder):
     name = "nunchaku"
     summary = BACKENDS["nunchaku"].summary
     Config = Config
     package = ("kernels", "nunchaku")
     one_byte_types = BACKENDS["nunchaku"].types
+    folder, made_by = "a Nunchaku Lite folder", "diffuse-compressor's"
 
     def cannot_run(self, target: Target) -> str | None:
         if target.device.type != "cuda":
@@ -87,24 +85,13 @@ class Nunchaku(QuantizeAtLoad):
 
     def folder_refusal(self, target: Target) -> str | None:
         """Why the folder cannot be this run's: none given, not a folder, not Nunchaku Lite, another type."""
-        if self.config.file is None:
-            return "nunchaku reads a pre-quantized component folder (diffuse-compressor's): add --weights DIR"
-        if len(self.components(target)) != 1:
-            return "a Nunchaku Lite folder holds one component: name one (NAME=nunchaku:TYPE)"
-        path = Path(self.config.file).expanduser()
-        try:
-            config = json.loads((path / "config.json").read_text())
-        except (OSError, ValueError):
-            return f"{path} is no component folder with a config.json"
-        found = folder_type(config.get("quantization_config") or {})
+        found_folder = self.folder_config(target)
+        if isinstance(found_folder, str):
+            return found_folder
+        path, quantization = found_folder
+        found = folder_type(quantization)
         if found is None:
             return f"{path}/config.json holds no Nunchaku Lite quantization_config (quant_method nunchaku_lite)"
         if found != self.config.type:
             return f"{path.name} holds nunchaku {found} layers, not {self.config.type}: say --quantize nunchaku:{found}"
         return None
-
-    def config_for(self, target: Target, transformers: bool):
-        return Folder(Path(self.config.file).expanduser())
-
-    def label(self) -> str:
-        return f"{super().label()}-{Path(self.config.file or 'none').name}"
