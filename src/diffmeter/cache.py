@@ -69,29 +69,44 @@ def home() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "diffmeter"
 
 
-@cache
 def fingerprint(counts_only: bool = False) -> str:
     """The library versions and a hash of every file of diffmeter itself: its code and the data its answers read
     (the catalog, the GPU figures, the memory checks; not ``UNCACHED``, nor ``TIME_ONLY`` for ``counts_only``)."""
-    digest = hashlib.sha256()
+    return fingerprints()[counts_only]
+
+
+@cache
+def fingerprints() -> tuple[str, str]:
+    """``fingerprint``'s two keys, every answer's and the counts', from one reading of the package's files."""
+    versions = hashlib.sha256()
     for library in LIBRARIES:
         try:
-            digest.update(f"{library}={metadata.version(library)};".encode())
+            versions.update(f"{library}={metadata.version(library)};".encode())
         except metadata.PackageNotFoundError:
-            digest.update(f"{library}=none;".encode())
-    left_out = UNCACHED + TIME_ONLY if counts_only else UNCACHED
-    digest.update(package_digest(Path(__file__).parent, left_out).encode())
-    return digest.hexdigest()
+            versions.update(f"{library}=none;".encode())
+    found = []
+    for files in package_digests(Path(__file__).parent, UNCACHED, UNCACHED + TIME_ONLY):
+        digest = versions.copy()
+        digest.update(files.encode())
+        found.append(digest.hexdigest())
+    return found[0], found[1]
 
 
 def package_digest(package: Path, left_out: tuple[str, ...] = UNCACHED) -> str:
     """A hash of the package's files, names and contents, ``left_out`` left out."""
-    digest = hashlib.sha256()
+    return package_digests(package, left_out)[0]
+
+
+def package_digests(package: Path, *left_outs: tuple[str, ...]) -> list[str]:
+    """``package_digest`` for each of ``left_outs``, every file read once."""
+    digests = [hashlib.sha256() for _ in left_outs]
     for source in package_files(package):
-        if source not in left_out:
-            digest.update(source.encode())
-            digest.update((package / source).read_bytes())
-    return digest.hexdigest()
+        content = (package / source).read_bytes()
+        for digest, left_out in zip(digests, left_outs, strict=True):
+            if source not in left_out:
+                digest.update(source.encode())
+                digest.update(content)
+    return [digest.hexdigest() for digest in digests]
 
 
 def package_files(package: Path) -> list[str]:
