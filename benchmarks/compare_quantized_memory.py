@@ -356,7 +356,7 @@ def markdown(compared: list[Compared], excluded: list[tuple[dict, str]]) -> str:
         "The prediction counts allocated bytes; a peak read with max_memory_reserved adds the caching allocator's "
         "cached blocks, simulated (benchmarks/reserved_memory.py; after loading not simulated)",
         "",
-        "| figure | quantized as | what | setting | published | predicted | error | as GB | counter | installed "
+        "| figure | quantized as | what | setting | published | predicted (GiB) | error | as GB | counter | installed "
         "| source's stack |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
