@@ -53,11 +53,9 @@ def test_an_offloaded_cuda_run_stores_its_host_link_and_names_it(tmp_path, cli):
     assert link is not None and link.device == "cuda:1" and link.copy_bytes == host_link.COPY_BYTES
     for name in RATES:
         assert math.isfinite(getattr(link, name)) and getattr(link, name) > 0, name
-    # every copy waited for on the run's own GPU; the fault count is stored (that a fresh buffer faults is
-    # test_a_fresh_buffer_has_never_touched_pages: here the fake's device-to-host copy writes from its CPU shadow,
-    # and after other fake-CUDA tests in the same process it was seen writing none of the fresh pages)
+    # every copy waited for on the run's own GPU; the fresh D2H copies wrote into pages never touched before
     assert {call.device for call in cuda.calls if call.name == "synchronize"} == {1}
-    assert isinstance(link.d2h_fresh_page_faults, int)
+    assert link.d2h_fresh_page_faults >= host_link.REPEATS * FEWEST_FAULTS
     stored = json.loads((folder / "results.json").read_text())["environment"]["host_link"]
     assert set(RATES) <= set(stored)
     assert "host link of cuda:1: H2D pageable fresh" in (folder / "bench.log").read_text()
