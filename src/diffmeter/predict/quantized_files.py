@@ -1,7 +1,8 @@
 """The predicted size of a published quantized file of a catalog model (``catalog.quantized_files``), from the catalog's
 config alone: a GGUF file's tensor data as city96's tools lay it out (``gguf_city96.file_bytes``, the rule set the
 file names), a bitsandbytes checkpoint as diffusers' ``save_pretrained`` writes a component its quantizer loaded
-(``rules: diffusers-bnb``), each shard of a sharded one included."""
+(``rules: diffusers-bnb``), each shard of a sharded one included, nunchaku's 2024 SVDQuant files as its engine loads
+them (``svdquant_files``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from diffmeter.catalog import resolve
 from diffmeter.catalog.quantized_files import QuantizedFile
+from diffmeter.predict import svdquant_files
 from diffmeter.predict.footprints import meta_module
 from diffmeter.predict.gguf_city96 import file_bytes
 from diffmeter.predict.quantized_formats import stored_tensors
@@ -28,6 +30,9 @@ def predicted_bytes(files: list[QuantizedFile]) -> list[int | None]:
     built: dict[tuple[str, str], torch.nn.Module] = {}
     found = []
     for file in files:
+        if file.rules in svdquant_files.RULES:  # nunchaku's own 2024 layout, tensor by tensor
+            found.append(svdquant_files.file_bytes(resolve(file.model).components[file.component], file.rules))
+            continue
         if file.format != "gguf" and file.rules != "diffusers-bnb":
             found.append(None)
             continue

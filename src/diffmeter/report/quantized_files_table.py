@@ -54,7 +54,8 @@ def files_table(model: str, files: list[QuantizedFile], predicted: list[int | No
         "Rules: whether the converter's per-tensor types are modelled (then within 0.5%, held by the tests); not "
         f"modelled: {said} "
         "Published: the Hugging Face commit page's exact bytes (B) or its file list's rounded decimal GB (10^9 "
-        "bytes); error 0 inside a rounded figure's range. Predicted: the tensor data (header left out). Sources: "
+        "bytes); error 0 inside a rounded figure's range. Predicted: the tensor data (header left out; an SVDQuant "
+        "safetensors file's counted). Sources: "
         "benchmarks/published_quantized.yaml."
     )
     return table
