@@ -8,6 +8,7 @@ import json
 from decimal import Decimal
 from functools import cache
 from importlib import resources
+from typing import Literal
 
 from pydantic import BaseModel
 
@@ -49,6 +50,10 @@ class QuantizedFile(BaseModel):
     rules: str = "city96"
     not_modelled: str | None = None
     note: str | None = None
+    #: a single file written from catalog components (``predict.checkpoint_files``): component -> how it is stored
+    parts: dict[str, str] | None = None
+    #: "bytes": one predicted size; "range": the bytes over the per-tensor choices its source does not publish
+    predicted_as: Literal["bytes", "range"] = "bytes"
 
 
 @cache

@@ -92,19 +92,25 @@ def _quantized_files(name: str, as_json: bool) -> None:
         console.print(f"{entry.name}: no published quantized file is listed (catalog/data/quantized/files.json)")
         return
     load_libraries()
+    from diffmeter.predict.checkpoint_files import predicted_ranges, range_errors, verdict
     from diffmeter.predict.quantized_files import error, predicted_bytes
     from diffmeter.report.quantized_files_table import files_table
 
     predicted = predicted_bytes(files)
     errors = [None if size is None else error(size, file) for file, size in zip(files, predicted, strict=True)]
+    ranges = predicted_ranges(files)
+    range_error = [
+        None if found is None else range_errors(found, file) for file, found in zip(files, ranges, strict=True)
+    ]
     if as_json:
         rows = [
             {**file.model_dump(), "predicted_bytes": size, "error": found}
-            for file, size, found in zip(files, predicted, errors, strict=True)
+            | ({} if span is None else {"predicted_bytes_range": span, "error_range": ends, "verdict": verdict(ends)})
+            for file, size, found, span, ends in zip(files, predicted, errors, ranges, range_error, strict=True)
         ]
         print(json.dumps({"model": entry.name, "files": rows}, indent=2))
         return
-    console.print(files_table(entry.name, files, predicted, errors))
+    console.print(files_table(entry.name, files, predicted, errors, ranges, range_error))
 
 
 def _controlnets(as_json: bool) -> None:

@@ -3,6 +3,8 @@ size predicted from the catalog's config (``predict.quantized_files``)."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from rich.markup import escape
 
 from diffmeter.catalog.quantized_files import UNITS, QuantizedFile
@@ -23,9 +25,29 @@ def predicted_text(predicted: int | None, file: QuantizedFile) -> str:
     return f"{predicted:,} B" if unit == "B" else f"{predicted / UNITS[unit]:.3f} {unit}"
 
 
-def files_table(model: str, files: list[QuantizedFile], predicted: list[int | None], errors) -> FittedTable:
-    """A row per file: where it is, its type, the published and predicted sizes, the error and whether the
-    converter's rules are modelled (the 0.5% the tests hold)."""
+def range_text(span: tuple[int, int], file: QuantizedFile) -> str:
+    """A predicted range in the published figure's unit, to one digit past the figure (two at least): the ends that
+    digit tells apart, one figure where it does not."""
+    unit = file.size.unit.split()[0]
+    digits = max(2, 1 - Decimal(str(file.size.value)).as_tuple().exponent)
+    low, high = (f"{end / UNITS[unit]:.{digits}f}" for end in span)
+    return f"{low} {unit}" if low == high else f"{low}-{high} {unit}"
+
+
+def range_error_text(ends: tuple[float, float]) -> str:
+    """Each end's error, one figure where both agree."""
+    low, high = (f"{end:+.2%}" for end in ends)
+    return low if low == high else f"{low} to {high}"
+
+
+def files_table(
+    model: str, files: list[QuantizedFile], predicted: list[int | None], errors, ranges=None, range_errors=None
+) -> FittedTable:
+    """A row per file: where it is, its type, the published and predicted sizes (a range where the file's source
+    leaves per-tensor choices unpublished), the error and whether the converter's rules are modelled (the 0.5% the
+    tests hold)."""
+    ranges = ranges or [None] * len(files)
+    range_errors = range_errors or [None] * len(files)
     table = FittedTable(
         escape(f"{model}: quantized files as published, and as predicted from the catalog's config"),
         [
@@ -39,14 +61,14 @@ def files_table(model: str, files: list[QuantizedFile], predicted: list[int | No
         ],
     )
     reasons = list(dict.fromkeys(file.not_modelled for file in files if not file.rules_modelled))
-    for file, size, found in zip(files, predicted, errors, strict=True):
+    for file, size, found, span, ends in zip(files, predicted, errors, ranges, range_errors, strict=True):
         table.add_row(
             escape(f"{file.repo}/{file.file}"),
-            file.component,
+            ", ".join(file.parts) if file.parts else file.component,
             escape(file.quant_type),
             published_text(file),
-            predicted_text(size, file),
-            "-" if found is None else f"{found:+.2%}",
+            predicted_text(size, file) if span is None else range_text(span, file),
+            range_error_text(ends) if ends is not None else "-" if found is None else f"{found:+.2%}",
             "modelled" if file.rules_modelled else f"not modelled ({reasons.index(file.not_modelled) + 1})",
         )
     said = " ".join(f"({number}) {escape(reason)}." for number, reason in enumerate(reasons, 1))
@@ -55,7 +77,8 @@ def files_table(model: str, files: list[QuantizedFile], predicted: list[int | No
         f"modelled: {said} "
         "Published: the Hugging Face commit page's exact bytes (B) or its file list's rounded decimal GB (10^9 "
         "bytes); error 0 inside a rounded figure's range. Predicted: the tensor data (header left out; an SVDQuant "
-        "safetensors file's counted). Sources: "
+        "safetensors file's counted); a range (low-high) spans the per-tensor widths the file's source does not "
+        "publish, with each end's error. Sources: "
         "benchmarks/published_quantized.yaml."
     )
     return table
