@@ -15,11 +15,14 @@ and its BF16 row (31.447) is the torchao README's 31.438 GiB of ``memory_allocat
 blog's unquantized rows equal the predicted parameters in GiB within 0.8% (docs/prediction-vs-published.md). The
 reading as decimal GB is shown beside it. The prediction counts allocated bytes; a peak a source reads with
 ``max_memory_reserved`` also holds the caching allocator's cached blocks, simulated on the generation's traced
-allocations (``reserved_memory``; the blocks loading leaves cached are not, so a reserved figure after loading is
-compared with the allocated bytes).
+allocations (``reserved_memory``). The blocks loading leaves cached are simulated where loading is replayed: a
+pipeline quanto quantized at load, whose ``pipe.to('cuda')`` rebuilds its weights on the GPU (``quanto_loading``),
+its generation continuing on the same allocator; other backends' reserved figures after loading are compared with the
+allocated bytes.
 
-Where a source ran older libraries, fixed by its own words or its date, what they did differently is read from their
-code at that version and added (``stack_difference``, ``old_decode``), its effect shown apart ('installed').
+Where a source ran older libraries or its code set something other than it names, fixed by its own words or its date,
+what they did differently is read from their code at that version and added (``source_stacks``, ``old_decode``), its
+effect shown apart ('installed').
 
 Writes benchmarks/results/quantized_memory_published.md. Run from the repo root (fake-tensor runs, cached on disk;
 minutes cold):
@@ -29,13 +32,13 @@ minutes cold):
 from __future__ import annotations
 
 import importlib.metadata
-import re
 import statistics
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+import quanto_loading
 import replay_cogvideox_decode
 import reserved_memory
 import yaml
@@ -44,11 +47,9 @@ from calibrate_quantized import named_format
 from published_comparison import GB, GIB, UNITS, settings
 from rich.console import Console
 from rich.table import Table
+from source_stacks import SEPTEMBER_2024, source_kinds, stack_difference
 
-from diffmeter.predict import quantized_layouts as layouts
-from diffmeter.predict.footprints import meta_module
-from diffmeter.predict.memory import DTYPES, predict_memory, settled_plan
-from diffmeter.predict.quantized_formats import stored_tensors
+from diffmeter.predict.memory import predict_memory
 from diffmeter.predict.quantized_memory import Format, with_formats
 from diffmeter.predict.schema import VAE_DECODE, MemoryPrediction
 from diffmeter.predict.techniques import peak_under, stored_params
@@ -72,11 +73,16 @@ MISSES = {
         "after the call); peak minus loaded is 3.9-5.2 GiB in every row where the allocated peak grows 2.38: the "
         "caching allocator's cached blocks, simulated on the generation's allocations (2.21 GiB; diffmeter's H200 "
         "run of FLUX.1-dev at 1024 px held 2.22 GiB reserved beyond allocated: results/reserved_memory_h200.md). "
-        "Quanto int4 is not explained (-16.8% after loading, 2.06 GiB; -8.4% at the peak): quanto int8 and float8 of "
-        "the same table are within 2.2%, 0.2.7's int4 layout holds the same bytes on CUDA (tinygemm); its repacking "
-        "on `.to('cuda')` allocates int32 transients (optimum/quanto/tensor/weights/tinygemm/packed.py:54-59) that a "
-        "reserved counter would keep as cached blocks, which the generation then reuses (the peak misses by 0.7 GiB "
-        "less), but loading's allocations are not simulated."
+        "Quanto at load (int4, int8): `pipe.to('cuda')` moves weights diffusers and transformers quantized on the CPU "
+        "and 0.2.7 rebuilds each int4 one for tinygemm on the GPU (unpacked to a byte per weight, then int32 "
+        "temporaries of 4 and 2 bytes per weight: tensor/weights/tinygemm/packed.py:54-59); replayed through the "
+        "caching allocator (benchmarks/quanto_loading.py), the blocks loading leaves cached are 0.39 GiB (int4) and "
+        "0.35 GiB (int8), and the generation continues on them. Quanto int4's main cause is the post's code: its INT8 "
+        "example passes `weights_dtype` to `TransformersQuantoConfig`, which reads `weights` (default int8) and drops "
+        "the rest, so written alike for INT4 (that code is not shown) T5 ran in int8, 1.58 GiB over int4 "
+        "(``source_kinds``). Int4 after "
+        "loading: -16.8% before, -13.4% with the replay alone, -3.9% with T5 int8 alone, -0.7% with both; its peak "
+        "-8.4% before, +0.3% now. The float8 rows (quanto 0.2.4 applied after loading) are not replayed."
     ),
     "diffusers-torchao README": (
         "Run on 'the PyTorch nightly, updated diffusers and torchao codebases' (its Environment section), the "
@@ -92,12 +98,6 @@ MISSES = {
         "text_encoder_2 changed nothing (its note in the yaml)."
     ),
 }
-#: sources run on transformers 4.x, as their date says (no version stated): "Exploring Quantization Backends" is of
-#: 2025-05-21 (huggingface/blog PR #2852), before transformers 5.0; its T5 is read under 4.51.3's rules (``legacy_t5``)
-TRANSFORMERS_4 = ("Exploring Quantization Backends",)
-#: "We always default to using the PyTorch nightly, updated diffusers and torchao codebases" (the diffusers-torchao
-#: README's Environment section); its CogVideoX table was added 2024-09-04 (commit 18855c8): the mains of then
-SEPTEMBER_2024 = "diffusers-torchao README"
 #: CogVideoX's VAE decode activations at replay_cogvideox_decode.SETTING on diffusers 2ee3215949 (main of 2024-09-04),
 #: bytes, replayed by benchmarks/replay_cogvideox_decode.py (the installed 0.42.1's, replayed alike: 15821568000, the
 #: prediction's own figure)
@@ -124,6 +124,8 @@ class Compared:
     stack: str = ""
     #: of ``predicted_bytes``, the caching allocator's cached blocks a reserved peak holds (``reserved_memory``)
     cached_bytes: int = 0
+    #: whether loading's allocations were replayed too (``quanto_loading``)
+    loading_replayed: bool = False
 
     @property
     def per_unit(self) -> int:
@@ -184,61 +186,6 @@ def spec_of(figure: dict) -> tuple[ProfileSpec, tuple[str, ...]]:
     return ProfileSpec(model=figure["model"], batch_size=values.pop("batch_size", 1), **values), tuple(assumed)
 
 
-def legacy_t5(module, backend: str, kind: str, dtype) -> int:
-    """The bytes a transformers model quantized at load held under transformers 4.51.3, less what the installed one
-    stores: 4.51.3 put its ``_keep_in_fp32_modules`` (T5's ``wo``) in every quantizer's ``modules_to_not_convert``
-    (quantizers/base.py:261-277, called by quantizer_bnb_4bit.py:298-300, quantizer_bnb_8bit.py:255-257,
-    quantizer_torchao.py:185-187 and its ``key + "."`` skip at :203, quantizer_quanto.py:184-186), so they stay whole,
-    and upcast them to float32 under a quantizer with ``use_keep_in_fp32_modules`` (bitsandbytes':
-    quantizer_bnb_4bit.py:58, quantizer_bnb_8bit.py:55; modeling_utils.py:4360-4366 builds the pattern, :698 casts);
-    the installed 5.x upcasts only at float16 (modeling_utils.py:3851-3852) and its torchao quantizes ``wo``."""
-    keep = module._keep_in_fp32_modules or ()
-    if not keep:
-        return 0
-    pattern = re.compile("|".join(rf"((^|\.){name}($|\.))" for name in keep))  # modeling_utils.py:4364-4366
-    installed = {t.name: t.bytes for t in stored_tensors(module, backend, kind, dtype)}
-    size = 4 if backend == "bnb" else dtype.itemsize
-    return sum(
-        tensor.numel() * size - installed[name] for name, tensor in module.named_parameters() if pattern.search(name)
-    )
-
-
-def tiled_int4(module, dtype) -> int:
-    """torchao of September 2024's int4 weights (v0.5.0, tagged 2024-09-09, as main of 2024-09-04) less the installed
-    ``Int4Tensor``'s: ``int4_weight_only``'s ``TensorCoreTiledLayoutType`` padded each weight to in_features a
-    multiple of 1024 and out_features of 8 (torchao/dtypes/affine_quantized_tensor.py:477-488) before choosing its
-    scales and zero points (``from_hp_to_intx``, :257-279), so the packed weight and the bfloat16 scale and zero per
-    128 (quantization/quant_api.py:509-553) are of the padded shape; 0.18's Int4Tensor pads nothing."""
-    extra = 0
-    for stored in stored_tensors(module, "torchao", "int4wo", dtype, after_loading=True):
-        if stored.quantized:
-            out_features, in_features = module.get_parameter(stored.name).shape
-            padded = layouts.torchao_bytes("int4wo", -(-out_features // 8) * 8, -(-in_features // 1024) * 1024, dtype)
-            extra += padded - stored.bytes
-    return extra
-
-
-def stack_difference(figure: dict, found: Format, spec: ProfileSpec) -> tuple[int, str]:
-    """Bytes the source's own (older) libraries held resident beyond the installed ones', and which rule."""
-    import transformers
-
-    older = figure["source"].startswith(TRANSFORMERS_4) and not found.after_loading
-    tiled = figure["source"].startswith(SEPTEMBER_2024) and (found.backend, found.type) == ("torchao", "int4wo")
-    if not (older or tiled):
-        return 0, ""
-    entry, settled, _ = settled_plan(spec)
-    total = 0
-    for name in found.components:
-        dtype = DTYPES[settled.dtype_of(name)]
-        module = meta_module(entry.components[name], dtype)
-        if older and isinstance(module, transformers.PreTrainedModel):
-            total += legacy_t5(module, found.backend, found.type, dtype)
-        if tiled:
-            total += tiled_int4(module, dtype)
-    rule = "transformers 4.51.3: T5's wo whole" if older else "torchao 0.5: int4 padded"
-    return total, rule if total else ""
-
-
 def old_decode(figure: dict, spec: ProfileSpec, prediction: MemoryPrediction) -> tuple[MemoryPrediction, str]:
     """The prediction with the VAE decode's activations as the source's diffusers ran it, where replayed."""
     replayed = DECODE_2024_09.get(figure["model"]) if figure["source"].startswith(SEPTEMBER_2024) else None
@@ -271,10 +218,14 @@ def predict(figure: dict) -> Compared:
     name += " after loading" if found.after_loading else " at load"
     extra, stack = stack_difference(figure, found, spec)  # resident from loading on: the peak holds it too
     stack = "; ".join(part for part in (stack, decoded) if part)
-    cached = (
-        reserved_slack(spec) if figure["compare_to"] == "peak" and RESERVED in figure["published"]["measures"] else 0
-    )
-    return Compared(figure, name, predicted + extra + cached, assumed, predicted + extra - installed, stack, cached)
+    reserved = RESERVED in figure["published"]["measures"]
+    replayed = reserved and found.backend == "quanto" and not found.after_loading
+    if replayed:  # pipe.to('cuda') replayed: the blocks loading leaves cached, and the generation after it
+        cached = quanto_cached(spec, source_kinds(figure, found, spec), figure["compare_to"] == "peak")
+    else:
+        cached = reserved_slack(spec) if figure["compare_to"] == "peak" and reserved else 0
+    total = predicted + extra + cached
+    return Compared(figure, name, total, assumed, predicted + extra - installed, stack, cached, replayed)
 
 
 def reserved_slack(spec: ProfileSpec) -> int:
@@ -284,6 +235,21 @@ def reserved_slack(spec: ProfileSpec) -> int:
     if key not in SLACKS:
         allocator = reserved_memory.generation(spec)
         SLACKS[key] = allocator.peak_reserved - allocator.peak_allocated
+    return SLACKS[key]
+
+
+def quanto_cached(spec: ProfileSpec, kinds: dict[str, str], peak: bool) -> int:
+    """What a reserved counter holds beyond the allocated bytes of a pipeline quanto quantized at load as ``kinds``:
+    ``pipe.to('cuda')`` replayed (``quanto_loading``), after it (the reserved bytes less those kept) or, ``peak``, at
+    the peak of one generation continuing on the same allocator (reserved less allocated peak)."""
+    key = repr((spec, sorted(kinds.items()), peak))
+    if key not in SLACKS:
+        allocator, kept = quanto_loading.loaded(spec, kinds)
+        if peak:
+            allocator = reserved_memory.generation(spec, allocator=allocator)
+            SLACKS[key] = allocator.peak_reserved - allocator.peak_allocated
+        else:
+            SLACKS[key] = allocator.peak_reserved - kept
     return SLACKS[key]
 
 
@@ -307,7 +273,7 @@ def counter_note(compared: Compared) -> str:
     measures = compared.figure["published"]["measures"]
     if RESERVED in measures:
         cached = f": +{compared.cached_bytes / GIB:.2f} GiB cached blocks simulated" if compared.cached_bytes else ""
-        return "reserved" + cached
+        return "reserved" + cached + (", loading replayed" if compared.loading_replayed else "")
     return "allocated" if "memory_allocated" in measures else "not stated"
 
 
@@ -348,13 +314,15 @@ def markdown(compared: list[Compared], excluded: list[tuple[dict, str]]) -> str:
         f"- **{within} of {len(compared)} within {WITHIN:.0%}**; median absolute error **{median:.1%}** (on the "
         f"installed libraries alone, without the sources' older libraries' differences: {as_installed} within, "
         f"median {median_installed:.1%})",
-        "- 'source's stack': what the source's own, older libraries did differently, read from their code at the "
-        "version the source's date or its own words fix (below); 'installed': the prediction on the libraries above",
+        "- 'source's stack': what the source's own, older libraries (or its own code) did differently, read from "
+        "their code at the version the source's date or its own words fix (below); 'installed': the prediction on "
+        "the libraries above",
         "- unit: a figure in GiB is compared in GiB; 'GB (not stated)' is read as GiB (the sources divide by "
         "1024**3; see the script's docstring), its reading as decimal GB shown beside it",
         "- 'parameters': the parameters and buffers resident after loading; 'peak': the whole generation's peak. "
         "The prediction counts allocated bytes; a peak read with max_memory_reserved adds the caching allocator's "
-        "cached blocks, simulated (benchmarks/reserved_memory.py; after loading not simulated)",
+        "cached blocks, simulated (benchmarks/reserved_memory.py); after loading, quanto's at-load rows replay "
+        "pipe.to('cuda') (benchmarks/quanto_loading.py), the others' loading is not simulated",
         "",
         "| figure | quantized as | what | setting | published | predicted (GiB) | error | as GB | counter | installed "
         "| source's stack |",

@@ -149,16 +149,16 @@ class Traced(TorchDispatchMode):
             self.allocator.release(key)
 
 
-def generation(spec, steps: int = 2, generations: int = 1) -> Allocator:
+def generation(spec, steps: int = 2, generations: int = 1, allocator: Allocator | None = None) -> Allocator:
     """The allocator after ``generations`` generations at ``spec`` (its plan, as ``predict.memory`` runs it),
     parameters left out: text encoders (outputs kept to the generation's end), ``steps`` denoising steps, the VAE
-    decode."""
+    decode; ``allocator``: one that loading left (its blocks live and cached), continued."""
     from diffmeter.predict.fake_run import fake_run
     from diffmeter.predict.memory import DTYPES, cast_floating, fake_module, settled_plan
     from diffmeter.stages import DENOISER, TEXT_ENCODER
 
     entry, spec, plan = settled_plan(spec)
-    allocator, modules = Allocator(), {}
+    allocator, modules = Allocator() if allocator is None else allocator, {}
     for _ in range(generations):
         kept = []
         for call in plan:

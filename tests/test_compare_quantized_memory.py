@@ -16,15 +16,13 @@ from compare_quantized_memory import (  # noqa: E402
     QUANTIZED,
     compare,
     format_of,
-    legacy_t5,
     markdown,
     old_decode,
     predict,
     spec_of,
-    stack_difference,
-    tiled_int4,
     why_excluded,
 )
+from source_stacks import legacy_t5, source_kinds, stack_difference, tiled_int4  # noqa: E402
 
 from diffmeter.predict.quantized_memory import Format  # noqa: E402
 from diffmeter.predict.schema import VAE_DECODE, MemoryPrediction, StageMemory  # noqa: E402
@@ -134,6 +132,36 @@ def test_the_source_s_stack_applies_to_its_own_figures_only(figures):
     readme = figures["flux-torchao-fp8dq-bs1-loaded"]
     found, _ = format_of(readme)
     assert stack_difference(readme, found, spec_of(readme)[0]) == (0, "")
+
+
+def test_transformers_quanto_config_drops_weights_dtype_so_the_post_s_t5_ran_in_int8(figures):
+    """The post writes ``TransformersQuantoConfig(weights_dtype=...)``; transformers' config reads ``weights``."""
+    import torch
+    from diffusers import QuantoConfig as DiffusersQuantoConfig
+    from transformers import QuantoConfig as TransformersQuantoConfig
+
+    assert TransformersQuantoConfig(weights_dtype="int4").weights == "int8"
+    assert DiffusersQuantoConfig(weights_dtype="int4").weights_dtype == "int4"
+    int4 = figures["flux-quantblog-quanto-int4-loaded"]
+    found, _ = format_of(int4)
+    spec = spec_of(int4)[0]
+    assert source_kinds(int4, found, spec) == {"transformer": "int4", "text_encoder_2": "int8"}
+    extra, rule = stack_difference(int4, found, spec)
+    assert extra > 2**30 and rule == "transformers' QuantoConfig(weights_dtype=...): text_encoder_2 int8"
+    # what the figure's settings say is the rule's trigger: named otherwise, or quantized after loading, no change
+    assert (
+        source_kinds({**int4, "settings_from": "QuantoConfig(weights='int4')"}, found, spec)["text_encoder_2"] == "int4"
+    )
+    float8 = figures["flux-quantblog-quanto-float8-loaded"]
+    assert set(source_kinds(float8, format_of(float8)[0], spec_of(float8)[0]).values()) == {"float8"}
+    # the bytes: a 128 x 256 bfloat16 layer as int8 (a byte per weight, a scale per row) less as int4 (tinygemm:
+    # half a byte per weight, a scale and a shift per 128)
+    from source_stacks import kind_difference
+
+    layer = torch.nn.Linear(256, 128).to(device="meta", dtype=torch.bfloat16)
+    assert kind_difference(layer, Format("quanto", "int4"), "int8", torch.bfloat16) == (
+        (128 * 256 + 128 * 2) - (128 * 256 // 2 + 2 * (128 * 256 // 128) * 2)
+    )
 
 
 def prediction_with_decode(activation: int) -> MemoryPrediction:
