@@ -163,10 +163,11 @@ def test_every_listed_gguf_file_is_predicted_and_those_whose_rules_are_modelled_
             if file.rules_modelled:
                 assert abs(error(size, file)) < 0.005, (file.file, error(size, file))
                 modelled[file.model] = modelled.get(file.model, 0) + 1
-    # city96's FLUX.1, FLUX.2 (Q4_0, Q5_0, Q5_1), Qwen-Image, HiDream, Wan 2.1 and SD3.5 Large files, orabazes' FLUX.2,
-    # QuantStack's Qwen-Image, diffusers' and sayakpaul's bitsandbytes FLUX.1-dev checkpoints (the int8 one's shards)
-    assert modelled == {"flux-dev": 15, "flux-schnell": 11, "flux2-dev": 6, "qwen-image": 11, "hidream-i1-full": 8,
-                        "hidream-i1-dev": 4, "wan21-t2v-14b": 10, "sd35-large": 1}  # fmt: skip
+    # city96's FLUX.1, FLUX.2 (all but Q2_K), Qwen-Image, HiDream, Wan 2.1 and SD3.5 Large files, orabazes' FLUX.2,
+    # QuantStack's Qwen-Image, a Wan 2.2 file from an F16 checkpoint, diffusers' and sayakpaul's bitsandbytes FLUX.1-dev
+    # checkpoints (the int8 one's shards)
+    assert modelled == {"flux-dev": 15, "flux-schnell": 11, "flux2-dev": 12, "qwen-image": 11, "hidream-i1-full": 8,
+                        "hidream-i1-dev": 4, "wan21-t2v-14b": 10, "wan22-t2v-a14b": 1, "sd35-large": 1}  # fmt: skip
 
 
 def test_models_model_lists_its_files_with_predictions(cli):

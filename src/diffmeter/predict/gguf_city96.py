@@ -7,12 +7,13 @@ imported; shapes come from a meta build of the catalog's config.
 What every file gets (convert.py ``handle_tensors``; llama.cpp b3962 ``llama_model_quantize_internal``):
 
 * a 1-D tensor, one of at most 1024 elements (``QUANTIZATION_THRESHOLD``) or one the architecture's ``keys_hiprec``
-  names: F32; a tensor of more than 4 dimensions is split off and added back in F32 (``fix_5d_tensors.py``);
+  names: F32 from an F32 or BF16 source, kept F16 from an F16 one (convert.py:308, ``if old_dtype in (torch.float32,
+  torch.bfloat16)``); a tensor of more than 4 dimensions is split off and added back in F32 (``fix_5d_tensors.py``:60);
 * a tensor the architecture's filter keeps, one of 3 or 4 dimensions (``quantize &= ggml_n_dims(tensor) == 2``) or a
   parameter that is not a linear weight: the source's 16-bit type, unquantized;
 * every other 2-D weight: the file's type, a type up where ``img_tensor_get_type`` raises it (attention values,
-  fused q/k/v, the feed-forward's down projection, Qwen-Image's first and last blocks), F16 where a K-quant's rows do
-  not split into blocks of 256 (its fallback).
+  fused q/k/v, the feed-forward's down projection, Qwen-Image's first and last blocks, FLUX.2's edge blocks), F16
+  where a K-quant's rows do not split into blocks of 256 (its fallback).
 
 The reference checkpoints name tensors otherwise (FLUX's ``double_blocks.N.img_attn.qkv``, Wan's ``blocks.N.ffn.2``,
 SD3's ``joint_blocks.N.x_block.attn.qkv``): each rule below is the patch's, written for the diffusers names of the
@@ -74,11 +75,18 @@ ARCHS = {
         f32=r"^(x_embedder|time_text_embed\.(timestep|text|guidance)_embedder\.linear_1|proj_out)\.",
         qkv=FLUX_QKV,
     ),
-    # LLM_ARCH_FLUX with FLUX.2's filter (commit ec7506d): its modulations kept too
+    # LLM_ARCH_FLUX with FLUX.2's filter (commit ec7506d): its modulations kept too. Edge blocks: city96's FLUX.2 files
+    # (README: "As with Qwen-Image, Q5_K_M, Q4_K_M, Q3_K_M, Q3_K_S and Q2_K have some extra logic as to which blocks
+    # to keep in high precision"; in no published lcpp.patch) raise 2 double and 6 single blocks whole to Qwen-Image's
+    # EDGE_MIX types: the only block counts that give the Q3_K_S (+4420) and Q4_K_M (+3776 units of 6144^2/256 bytes)
+    # files, and then Q3_K_M and Q5_K_M (+4012 each) to the byte. Which blocks is not in the sizes (every double block
+    # has the same bytes, every single block too): the first and last of each stack, as Qwen-Image's rule, is a guess.
+    # The Q2_K file raises 8 single-block equivalents, not 10: its branch is not known (the catalog says why)
     "Flux2Transformer2DModel": Arch(
         keep=r"^(context_embedder|x_embedder|time_guidance_embed|proj_out|norm_out|double_stream_modulation_"
         r"(img|txt)|single_stream_modulation)\.",
         qkv=FLUX_QKV,
+        edge=r"^(transformer_blocks\.(0|7)|single_transformer_blocks\.(0|1|2|45|46|47))\.",
     ),
     # LLM_ARCH_QWEN_IMAGE (diffusers' names are the reference's): img_in, txt_in, time_text_embed, proj_out, norm_out
     # kept; blocks 0 and 59 raised ("this should be dynamic": Qwen-Image's 60 blocks)
@@ -118,15 +126,19 @@ OTHER = Arch(v=r"\.(to_v|add_v_proj)\.weight$", ffn=r"\.ff\.net\.2\.weight$")
 
 @dataclass(frozen=True)
 class Rules:
-    """A rule set: the architectures' rules, and the type a kept tensor has in the base file ``llama-quantize`` read
-    (BF16/F16 from convert.py; F32 from an F32 base file, which llama.cpp copies as it is)."""
+    """A rule set: the architectures' rules, the type a kept tensor has in the base file ``llama-quantize`` read
+    (BF16/F16 from convert.py; F32 from an F32 base file, which llama.cpp copies as it is), and whether convert.py
+    wrote the 1-D, small and ``keys_hiprec`` tensors F32 (an F32 or BF16 source) or left them F16 (an F16 source)."""
 
     archs: dict[str, Arch]
     kept: str = "F16"
+    small_f32: bool = True
 
 
-#: the rule sets by name: the published one; the same tools before FLUX.2's modulation filter (the parent of commit
-#: ec7506d, 2025-11-27), whose FLUX.2 files quantize the modulations; files quantized from an F32 base file
+#: the rule sets by name: the published one (with FLUX.2's edge blocks, which city96's own files show); the same
+#: tools before FLUX.2's modulation filter (the parent of commit ec7506d, 2025-11-27), whose FLUX.2 files quantize the
+#: modulations and raise no edge block; files quantized from an F32 base file; files converted from an F16 checkpoint
+#: (the Wan 2.2 re-upload in the catalog is that layout plus its header, to the byte)
 RULES = {
     "city96": Rules(ARCHS),
     "city96-before-ec7506d": Rules(
@@ -138,6 +150,7 @@ RULES = {
         }
     ),
     "city96-f32-base": Rules(ARCHS, kept="F32"),
+    "city96-f16-source": Rules(ARCHS, small_f32=False),
 }
 
 
@@ -157,7 +170,8 @@ def file_types(module: torch.nn.Module, kind: str, rules: str = "city96") -> dic
     values = 0
     types = {}
     for name, tensor in module.state_dict(keep_vars=True).items():
-        if tensor.dim() < 2 or tensor.numel() <= THRESHOLD or tensor.dim() > 4 or _matches(arch.f32, name):
+        small = tensor.dim() < 2 or tensor.numel() <= THRESHOLD or _matches(arch.f32, name)
+        if tensor.dim() > 4 or (small and RULES[rules].small_f32):
             types[name] = "F32"
             continue
         if name not in linears or _matches(arch.keep, name):
