@@ -40,7 +40,10 @@ def setting(profile) -> str:
     if profile.num_frames:
         size += f", {profile.num_frames} frames"
     guidance = f"CFG {profile.guidance_scale:g}" if profile.cfg else "no CFG"
-    return f"{size}, {profile.steps} steps, {guidance}"
+    steps = f"{profile.steps} steps"
+    if profile.denoiser_steps not in (None, profile.steps):  # the scheduler's timesteps (SD 1.5's PNDM: steps + 1)
+        steps += f" ({profile.denoiser_steps} denoiser steps)"
+    return f"{size}, {steps}, {guidance}"
 
 
 def defaults_row(profile) -> str:

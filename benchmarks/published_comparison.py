@@ -46,6 +46,7 @@ SETTINGS = (
     "guidance_scale",
     "max_sequence_length",
     "resolution_binning",
+    "scheduler",  # a sampler the source swapped in (families/schedule.py SAMPLERS); absent: the pipeline's own
 )
 GIB, GB = 2**30, 10**9
 #: a published unit -> bytes per unit, and whether the source states it

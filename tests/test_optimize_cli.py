@@ -98,6 +98,7 @@ def test_optimizations_lists_the_registry_and_why_not(cli):
         "scheduler-dpm++2m",
         "scheduler-dpm++2m-karras",
         "scheduler-euler",
+        "scheduler-euler-ancestral",
         "scheduler-unipc",
     ]
     code, out, _ = cli("optimizations", "tiny-flux", "--device", "cpu")

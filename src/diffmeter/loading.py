@@ -173,7 +173,7 @@ def random_pipeline(
         with default_dtype((own or {}).get(name, dtype)):
             parts[name] = build_random(component, torch.device("cpu") if name in held else device, seed)
     runtime = dict(template.extra["runtime"])
-    if isinstance(entry.extra.get("scheduler"), dict):  # the entry ships its own (Wan 2.2's experts switch on it)
+    if isinstance(entry.extra.get("scheduler"), dict):  # the entry's own: SD 1.5's PNDM makes steps + 1 UNet calls
         runtime["scheduler"] = entry.extra["scheduler"]
     return assemble(entry.pipeline_class, parts, runtime, entry.extra.get("pipeline_init", {}))
 

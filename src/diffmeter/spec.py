@@ -123,6 +123,9 @@ class ProfileSpec:
     control_guidance_start: float | None = None
     control_guidance_end: float | None = None
     controlnet_conditioning_scale: float | None = None
+    #: the sampler a run swaps in for the pipeline's scheduler (``--opt scheduler:name=...``, a name of
+    #: ``families.schedule.SAMPLERS``): its timesteps are the denoiser steps; None: the pipeline's own scheduler
+    scheduler: str | None = None
     #: no size was asked: ``with_defaults`` filled it from the model's defaults, and a pipeline that sizes its output
     #: by its input images (FLUX.2, Qwen-Image-Edit) does so (``ImageConditioned.size_from_images``)
     size_from_defaults: bool = False

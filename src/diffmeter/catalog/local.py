@@ -85,7 +85,8 @@ def entry_from_directory(root: Path, known: tuple[PipelineEntry, ...], repo_id: 
         components[name] = ComponentEntry(class_name=spec[1], config=config)
     template, same_model = _same_family(known, family, repo_id or index.get("_name_or_path"))
     extra = {**(template.extra if template else {}), "pipeline_init": init}
-    extra.pop("scheduler", None)  # the folder's own scheduler, never the template's
+    extra.pop("scheduler", None)  # the folder's own scheduler, never the template's (nor what it says of its own)
+    extra.pop("scheduler_note", None)
     if "processor" in extra:  # the folder's own vision processor bounds (Qwen-Image-Edit), where it has them
         extra["processor"] = _processor_bounds(root / "processor" / "preprocessor_config.json", extra["processor"])
     if CONTROLNET in components:  # a saved ControlNet pipeline: its ControlNet is the folder's own

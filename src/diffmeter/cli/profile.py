@@ -116,6 +116,14 @@ def profile(
         int | None, typer.Option(help="real negative-prompt tokens (Lumina-Image-2.0)", rich_help_panel=GENERATION)
     ] = None,
     max_sequence_length: MaxSequenceLength = None,
+    scheduler: Annotated[
+        str | None,
+        typer.Option(
+            help="count the generation with this sampler in place of the pipeline's scheduler, as bench's "
+            "--opt scheduler:name=NAME runs it (its timesteps are the denoiser steps)",
+            rich_help_panel=GENERATION,
+        ),
+    ] = None,
     instruction_tokens: Annotated[
         int | None,
         typer.Option(help="SANA: complex human instruction tokens (0: none)", rich_help_panel=GENERATION),
@@ -159,6 +167,22 @@ def profile(
     from diffmeter.spec import ProfileSpec, asked_images, parse_component_dtypes
 
     names = list(models or [])
+    if scheduler is not None:
+        from diffmeter.families.schedule import SAMPLERS  # the families load torch: only when a sampler is asked
+
+        if scheduler not in SAMPLERS:
+            raise DiffmeterError(
+                f"--scheduler {scheduler!r} is not a sampler diffmeter swaps in: {', '.join(SAMPLERS)}"
+            )
+        from diffmeter.catalog import resolve
+        from diffmeter.families import get_family
+
+        for name in names:  # refused as bench refuses it (optimize/scheduler.py: flow models take flow samplers)
+            flow = get_family(resolve(name).family).flow_matching
+            if SAMPLERS[scheduler][2] != flow:
+                fitting = ", ".join(n for n, (_, _, is_flow) in SAMPLERS.items() if is_flow == flow)
+                kind = "is a flow model" if flow else "predicts noise, not a flow"
+                raise DiffmeterError(f"--scheduler {scheduler}: {name} {kind}; use {fitting}")
     if all_models and names:
         raise DiffmeterError(f"--all profiles every catalog model: drop {' '.join(names)}, or drop --all")
     if all_models:
@@ -203,6 +227,7 @@ def profile(
             instruction_tokens=instruction_tokens,
             glyph_text=glyph_text,
             max_sequence_length=max_sequence_length,
+            scheduler=scheduler,
             resolution_binning=None if resolution_binning else False,
         )
         for name, (h, w), n in itertools.product(names, sizes(height, width), numbers(steps, "--steps"))

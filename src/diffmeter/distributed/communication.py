@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from diffmeter.families import schedule
 from diffmeter.runs.parallel_records import Communication
 
 ALL_TO_ALL = "all_to_all_single"
@@ -115,7 +116,7 @@ def offline(entry, family, profile_spec, ulysses: int, ring: int, cfg: int = 1) 
             output = model(**inputs)
     prediction = output[0] if isinstance(output, tuple | list) else output
     per_image = prediction.numel() // call.batch * prediction.element_size()
-    per_step = sum(c.count for c in calls) / profile_spec.steps
+    per_step = sum(c.count for c in calls) / schedule.denoiser_steps(entry, profile_spec)  # the scheduler's steps
     cfg_bytes = (cfg - 1) * profile_spec.batch_size * per_image
     return Communication(
         ulysses_degree=ulysses,

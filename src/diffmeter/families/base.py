@@ -18,7 +18,7 @@ import torch
 from diffmeter.catalog.controlnets import CONTROLNET
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
-from diffmeter.families import binning, lora
+from diffmeter.families import binning, lora, schedule
 from diffmeter.spec import ProfileSpec
 from diffmeter.stages import DENOISER, IMAGE_ENCODER, TEXT_ENCODER, VAE_DECODER  # noqa: F401 (re-exported)
 
@@ -334,7 +334,7 @@ class Family:
         return (*self.denoisers(entry), *((CONTROLNET,) if CONTROLNET in entry.components else ()))
 
     def denoiser_calls(self, shapes: Shapes) -> list[Call]:
-        steps, batch = shapes.spec.steps, shapes.spec.batch_size
+        steps, batch = schedule.denoiser_steps(shapes.entry, shapes.spec), shapes.spec.batch_size
         mode = self.cfg_of(shapes)
         if mode == "never":
             count, call_batch, note = steps, batch, "no CFG"

@@ -15,7 +15,7 @@ import torch
 from diffmeter.catalog import ComponentEntry, entry_of
 from diffmeter.catalog.controlnets import controlnet_of
 from diffmeter.errors import DiffmeterError
-from diffmeter.families import DENOISER, Call, get_family
+from diffmeter.families import DENOISER, Call, get_family, schedule
 from diffmeter.families.images import image_sized
 from diffmeter.flops.cached import cached_params, cached_profile, remember_params, remember_profile
 from diffmeter.flops.counter import KINDS, FlopCounts, call_signature, count_flops
@@ -137,6 +137,7 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
             ) from None
 
     denoiser_macs = sum(c.macs for c in components if c.role == DENOISER)
+    denoiser_steps = schedule.denoiser_steps(entry, spec)  # what bench times as steps: one per scheduler.step
     total_macs = sum(c.macs for c in components)
     for component in components:
         component.share = component.macs / total_macs if total_macs else 0.0
@@ -156,6 +157,8 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
         requested_images=list(spec.image_sizes) if list(spec.image_sizes) != shapes.images else None,
         controlnet=(controlnet_of(entry) or {}).get("id"),
         steps=spec.steps,
+        denoiser_steps=denoiser_steps,
+        scheduler=schedule.described(entry, spec.steps, spec.scheduler),
         batch_size=spec.batch_size,
         guidance_scale=spec.guidance_scale,
         true_cfg_scale=spec.true_cfg_scale,
@@ -163,7 +166,7 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
         dtype=spec.dtype,
         component_dtypes=dict(spec.component_dtypes),
         components=components,
-        denoiser_macs_per_step=denoiser_macs // spec.steps,
+        denoiser_macs_per_step=denoiser_macs // denoiser_steps,
         total_macs=total_macs,
         total_flops=2 * total_macs,
         params=params,

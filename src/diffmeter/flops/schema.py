@@ -71,6 +71,10 @@ class Profile(BaseModel):
     #: the ControlNet steering the denoiser (its hub id; its calls are the ``controlnet`` rows); None: none
     controlnet: str | None = None
     steps: int
+    #: the denoiser loop's iterations: the timesteps the pipeline's scheduler gives at ``steps`` (PNDM: steps + 1)
+    denoiser_steps: int | None = None
+    #: the scheduler that sets them, and how many (``families.schedule.described``)
+    scheduler: str | None = None
     batch_size: int
     guidance_scale: float
     #: components at another dtype than ``dtype`` (a float32 VAE under a bfloat16 pipeline)

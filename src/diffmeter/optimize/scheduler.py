@@ -10,27 +10,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from diffmeter.families.schedule import SAMPLERS as SCHEDULERS
 from diffmeter.optimize.base import Optimization, Target
 from diffmeter.optimize.registry import register
-
-#: name -> (diffusers class, config overrides, for flow-matching models)
-SCHEDULERS = {
-    "ddim": ("DDIMScheduler", {}, False),
-    "dpm++2m": ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver++", "solver_order": 2}, False),
-    "dpm++2m-karras": (
-        "DPMSolverMultistepScheduler",
-        {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True},
-        False,
-    ),
-    "euler": ("EulerDiscreteScheduler", {}, False),
-    "unipc": ("UniPCMultistepScheduler", {}, False),
-    "flow-euler": ("FlowMatchEulerDiscreteScheduler", {}, True),
-}
 
 
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: Literal["ddim", "dpm++2m", "dpm++2m-karras", "euler", "unipc", "flow-euler"]
+    name: Literal["ddim", "dpm++2m", "dpm++2m-karras", "euler", "euler-ancestral", "unipc", "flow-euler"]
 
 
 @register
@@ -39,7 +26,7 @@ class Scheduler(Optimization):
     kind = "scheduler"
     lossless = False
     exclusive = True
-    summary = "another sampler: ddim, dpm++2m, dpm++2m-karras, euler, unipc, flow-euler"
+    summary = f"another sampler: {', '.join(SCHEDULERS)}"
     Config = Config
 
     def supports(self, target: Target) -> str | None:

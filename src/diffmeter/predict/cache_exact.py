@@ -22,11 +22,11 @@ import re
 WRAPPED = re.compile(r"(down|up)_blocks\.(\d+)\.(resnets|attentions|downsamplers|upsamplers)\.(\d+)(\..*)?")
 
 
-def deep_cache_full(calls: int, interval: int) -> int:
+def deep_cache_full(places: list[int], interval: int) -> int:
     """The UNet calls DeepCache runs in full: the calls whose index from the first is a multiple of ``interval``
-    (extension/deepcache.py:29; the index is the timestep's place in the scheduler's timesteps, :41, one call a step
-    for a scheduler that never repeats a timestep)."""
-    return sum(1 for call in range(calls) if call % interval == 0)
+    (extension/deepcache.py:29); the index is the timestep's first place in the scheduler's timesteps (:41,
+    ``families.schedule.first_places``, one per call), so a repeated timestep (PNDM's) repeats its index."""
+    return sum(1 for place in places if (place - places[0]) % interval == 0)
 
 
 def layers(modules: dict[str, int]) -> dict[tuple[str, int], int]:

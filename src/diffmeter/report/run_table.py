@@ -54,7 +54,8 @@ def run_table(result: BenchResult) -> Group:
     for name, stats in summary.stages_s.items():
         if stats.max == 0 and not summary.flops.get(name):
             continue  # a stage this pipeline does not have (DiT encodes no text)
-        label = STAGE_LABELS[name] + (f" ({units.steps(spec.steps)})" if name == "denoising" else "")
+        steps = (result.profile.denoiser_steps if result.profile else None) or spec.steps  # PNDM: --steps + 1
+        label = STAGE_LABELS[name] + (f" ({units.steps(steps)})" if name == "denoising" else "")
         share = f"{100 * stats.mean / total_mean:.1f}%"  # means add up, as the stages of every call do
         table.add_row(label, *_stats_cells(stats), share, *_compute(summary, name))
         if name == "denoising":

@@ -37,6 +37,8 @@ def _setting(profile: Profile) -> str:
     if profile.controlnet:
         images += f", ControlNet {profile.controlnet}"
     steps = units.steps(profile.steps)
+    if profile.denoiser_steps not in (None, profile.steps):
+        steps += f" ({profile.denoiser_steps} denoiser steps)"
     return f"{size(profile)}{images}, {steps}, batch {profile.batch_size}, {guidance}, {dtype}"
 
 
@@ -98,6 +100,7 @@ def profile_table(profile: Profile) -> FittedTable:
         [
             f"parameters: {units.gib(profile.param_bytes)} at {profile.dtype}. "
             "1 MAC = 1 multiply-add = 2 FLOPs. Calls include classifier-free guidance as the pipeline runs it.",
+            *([f"scheduler: {escape(profile.scheduler)}"] if profile.scheduler else []),
             *(f"note: {escape(note)}" for note in profile.notes),
         ]
     )

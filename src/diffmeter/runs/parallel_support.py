@@ -9,6 +9,7 @@ import re
 import torch
 
 from diffmeter.errors import DiffmeterError
+from diffmeter.families import schedule
 from diffmeter.flops.profile import meta_inputs
 from diffmeter.pipelines import build_component
 
@@ -99,7 +100,7 @@ def guided_mode(spec, target) -> str | None:
     family, entry = target.family, target.entry
     profile = spec.profile_spec().with_defaults(entry.defaults)
     calls = [call for call in family.plan(family.shapes(entry, profile)) if call.component in family.denoisers(entry)]
-    per_step = sum(call.count for call in calls) / profile.steps
+    per_step = sum(call.count for call in calls) / schedule.denoiser_steps(entry, profile)  # PNDM: steps + 1
     batches = {call.batch for call in calls}
     if per_step == 1 and batches == {2 * spec.batch_size}:
         return "batched"

@@ -44,9 +44,9 @@ def prepare(
     ``check_memory`` is False (a launcher: each rank checks its own GPU). Raises DiffmeterError with the reason."""
     entry = entry_of(spec)
     spec = spec.settle(entry, here=here)
+    optimizations = build(spec.optimizations)  # each technique's parameters first: a sampler's name sets the count
     profile = profile_spec(spec.profile_spec())  # also checks sizes against the model
     target = Target(entry, get_family(entry.family), torch.device(spec.device), spec.dtype, spec.steps)
-    optimizations = build(spec.optimizations)
     check(optimizations, target)
     if spec.world_size > 1 or spec.engine != "diffusers" or spec.pipefusion_degree > 1:
         check_parallel(spec, target, optimizations, here)

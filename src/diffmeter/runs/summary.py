@@ -35,7 +35,7 @@ def summarize_run(
     stages = {name: Stats.of([getattr(it.stages, f"{name}_s") for it in iterations]) for name in (*STAGES, "other")}
     step = Stats.of([s for it in iterations for s in it.stages.steps_s] or [0.0])
     flops = {stage: _flops(profile, role) for role, stage in STAGE_OF_ROLE.items()}
-    flops.update(step=flops["denoising"] // spec.steps, total=profile.total_flops)
+    flops.update(step=flops["denoising"] // (profile.denoiser_steps or spec.steps), total=profile.total_flops)
     seconds = {name: stats.median for name, stats in stages.items()}
     seconds.update(step=step.median, total=statistics.median(totals))
     achieved = {name: flops[name] / seconds[name] / 1e12 for name in flops if seconds[name] > 0 and flops[name]}
