@@ -222,7 +222,9 @@ CacheThreshold = Annotated[float | None, _optimization("threshold of the cache",
 CacheInterval = Annotated[int | None, _optimization("interval / skip range of the cache", "CACHE_INTERVAL")]
 Scheduler = Annotated[
     str | None,
-    _optimization("ddim, dpm++2m, dpm++2m-karras, euler, euler-ancestral, unipc, flow-euler", "SCHEDULER", metavar="NAME"),
+    _optimization(
+        "ddim, dpm++2m, dpm++2m-karras, euler, euler-ancestral, unipc, flow-euler", "SCHEDULER", metavar="NAME"
+    ),
 ]
 Offload = Annotated[str | None, _optimization("CPU offload: model, sequential, group", "OFFLOAD", metavar="KIND")]
 VaeTiling = Annotated[bool, _optimization("decode in tiles (lower peak memory)", "VAE_TILING")]
