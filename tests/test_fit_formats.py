@@ -103,6 +103,13 @@ def test_fit_json_lists_formats_with_their_time_note_and_quality(cli):
     assert quantized and all(row["quality"] == "not measured" and row["lower_s"] is None for row in quantized)
 
 
+def test_fit_takes_component_dtypes_as_the_leaderboard_settles_them(cli):
+    """A spec's component dtypes are (name, dtype) pairs: Wan's and SANA's catalog defaults keep the VAE in float32,
+    and `fit --all` (the leaderboard) crashed on them with a traceback."""
+    code, out, err = cli("fit", "tiny-flux", "--gpu", "RTX 4070", "--component-dtype", "vae=float32", "--json")
+    assert code == 0 and "Traceback" not in err and json.loads(out)["fits"], err
+
+
 @pytest.mark.slow
 def test_fit_flux_dev_on_a_12_gb_card_says_why_bf16_does_not_fit(cli):
     code, out, _ = cli("fit", "flux-dev", "--gpu", "RTX 4070")

@@ -46,7 +46,7 @@ def with_fit_formats(prediction: MemoryPrediction, spec) -> MemoryPrediction:
     key = {
         "entry": entry_of(spec).model_dump(mode="json"),
         "dtype": spec.dtype,
-        "component_dtypes": sorted((spec.component_dtypes or {}).items()),
+        "component_dtypes": sorted(spec.component_dtypes),  # (name, dtype) pairs (ProfileSpec)
         "formats": [technique(*found) for found in FIT_FORMATS],
     }
     stored = cache.load("fit-formats", key)
