@@ -163,6 +163,7 @@ def fit(
     entry = entry_of(spec)
     from diffmeter.predict.cached import cached_memory_and_work
     from diffmeter.predict.fit_formats import with_fit_formats
+    from diffmeter.predict.quantized_kernels import of_architecture
     from diffmeter.predict.techniques import fitting
     from diffmeter.runs.fit_speedups import SettingWork, is_speedup, ranked, timed, with_speedups
     from diffmeter.runs.fitting import (
@@ -186,7 +187,7 @@ def fit(
         found = predict_memory_and_work(spec, on_cuda)  # one fake run for the memory and the time
     prediction, work = found
     if on_cuda:  # the --quantize BACKEND:TYPE formats fit offers on the denoisers (bench runs them on CUDA)
-        prediction = with_fit_formats(prediction, spec)
+        prediction = with_fit_formats(prediction, spec, of_architecture(target.architecture))  # quanto's kernels
     held = CUDA_HOLDBACK_BYTES if target.kind == "cuda" else 0  # the CPU's memory keeps no CUDA context
     usable = target.memory_bytes - held
     # fp8 weights need FP8 tensor cores: a table GPU says whether it has them; a bare --memory is not refused

@@ -86,6 +86,7 @@ def print_predicted(
         summarize,
         with_communication,
     )
+    from diffmeter.predict.quantized_kernels import of_architecture
     from diffmeter.predict.quantized_memory import split_values, with_formats
     from diffmeter.predict.quantized_time import HELD_OUT as QUANTIZED_HELD_OUT
     from diffmeter.predict.quantized_time import needs_fp8, quantized_work, why_not_modelled
@@ -137,7 +138,10 @@ def print_predicted(
     one_gpu = predicted[0][0]
     if parallel:  # one GPU's share of every denoiser call, counted as diffusers splits it
         predicted, ranks, received = per_gpu(specs[0], predicted[0], parallel, on_cuda)
-    memories = [with_formats(memory, spec, formats) for (memory, _), spec in zip(predicted, specs, strict=True)]
+    kernels = of_architecture(chosen.architecture) if chosen else None  # this CPU: the prediction's own (on_cuda)
+    memories = [
+        with_formats(memory, spec, formats, kernels=kernels) for (memory, _), spec in zip(predicted, specs, strict=True)
+    ]
     if timed_formats:  # the quantized layers' matmuls as each backend runs them (predict.quantized_time)
         predicted = [
             (memory, quantized_work(work, spec, timed_formats))
@@ -175,7 +179,10 @@ def print_predicted(
     group = None
     if parallel:
         link = gpu_link(chosen, parallel[0] * parallel[1] * parallel[2] * parallel[3])
-        peaks = (peak_under(with_formats(one_gpu, specs[0], formats), techniques), peak_under(memories[0], techniques))
+        peaks = (
+            peak_under(with_formats(one_gpu, specs[0], formats, kernels=kernels), techniques),
+            peak_under(memories[0], techniques),
+        )
         fit = communication_fit()
         group = summarize(parallel, peaks, ranks, link, received, assumptions(*parallel[1:]), fit)
         if times[0] and group.communication_s is not None:

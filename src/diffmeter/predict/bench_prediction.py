@@ -20,6 +20,7 @@ from diffmeter.predict.offload_time import offload_of, with_offload
 from diffmeter.predict.offload_time import why_untimed as why_offload_untimed
 from diffmeter.predict.operators import operator_work, predict_memory_and_work
 from diffmeter.predict.peaks import find_device
+from diffmeter.predict.quantized_kernels import of_device
 from diffmeter.predict.quantized_memory import PREDICTED, Format, technique, with_formats
 from diffmeter.predict.roofline import BENCH_FP32, missing_figures, predict_time
 from diffmeter.predict.schema import RunPrediction
@@ -68,7 +69,8 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
     techniques = [t for o in optimizations if (t := memory_technique(o.name, o.params))]
     modes = tuple(t for t in techniques if t in VAE_MODES)
     memory, work = predict_memory_and_work(profile_spec, on_cuda=device.type == "cuda", vae_modes=modes)
-    memory = with_formats(memory, profile_spec, [applied_format(o) for o in optimizations if o.name in PREDICTED])
+    applied = [applied_format(o) for o in optimizations if o.name in PREDICTED]
+    memory = with_formats(memory, profile_spec, applied, kernels=of_device(device))  # quanto's kernel is the device's
     if modes:
         work = operator_work(profile_spec, modes)
     work, _, time_untimed = timed_work(

@@ -38,9 +38,10 @@ def label(name: str) -> str:
     return f"{backend}:{kind}"
 
 
-def with_fit_formats(prediction: MemoryPrediction, spec) -> MemoryPrediction:
+def with_fit_formats(prediction: MemoryPrediction, spec, kernels: str | None = None) -> MemoryPrediction:
     """``prediction`` (of ``spec``) with every ``FIT_FORMATS`` format's stored bytes on the denoisers; one the
-    pipeline's layers cannot take (``quantized_formats`` raises: SDNQ on a transformers model) is left out."""
+    pipeline's layers cannot take (``quantized_formats`` raises: SDNQ on a transformers model) is left out;
+    ``kernels``: the device they run on (``quantized_kernels``; None: ``with_formats``' default)."""
     from diffmeter.catalog import entry_of
 
     key = {
@@ -48,10 +49,12 @@ def with_fit_formats(prediction: MemoryPrediction, spec) -> MemoryPrediction:
         "dtype": spec.dtype,
         "component_dtypes": sorted(spec.component_dtypes),  # (name, dtype) pairs (ProfileSpec)
         "formats": [technique(*found) for found in FIT_FORMATS],
+        "on_cuda": prediction.on_cuda,
+        "kernels": kernels,
     }
     stored = cache.load("fit-formats", key)
     if stored is None:
-        stored = _computed(prediction, spec)
+        stored = _computed(prediction, spec, kernels)
         cache.store("fit-formats", key, stored)
     return prediction.model_copy(
         update={
@@ -61,7 +64,7 @@ def with_fit_formats(prediction: MemoryPrediction, spec) -> MemoryPrediction:
     )
 
 
-def _computed(prediction: MemoryPrediction, spec) -> dict:
+def _computed(prediction: MemoryPrediction, spec, kernels: str | None) -> dict:
     from diffmeter.errors import DiffmeterError
     from diffmeter.predict.quantized_memory import Format, with_formats
     from diffmeter.quiet import quiet_import
@@ -70,7 +73,7 @@ def _computed(prediction: MemoryPrediction, spec) -> dict:
     with quiet_import():  # SDNQ and bitsandbytes say which kernels they lack at import
         for backend, kind in FIT_FORMATS:
             try:
-                made = with_formats(prediction, spec, [Format(backend, kind)], built)
+                made = with_formats(prediction, spec, [Format(backend, kind)], built, kernels)
             except DiffmeterError:
                 continue
             name = technique(backend, kind)

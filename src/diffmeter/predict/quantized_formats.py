@@ -40,6 +40,7 @@ import torch
 from diffmeter.predict import quantized_layouts as layouts
 from diffmeter.predict.gguf_city96 import file_types as gguf_file_types
 from diffmeter.predict.prequantized_formats import autoround_tensors, bfl_file_types, bfl_tensors, nunchaku_tensors
+from diffmeter.predict.quantized_kernels import SM80, quanto_in_flight, torchao_in_flight
 
 #: the backends predicted when applied to a loaded module, and the module kinds each quantizes then
 AFTER_LOADING = {"torchao": torch.nn.Linear, "quanto": (torch.nn.Linear, torch.nn.Conv2d)}
@@ -52,7 +53,8 @@ class Stored:
     name: str
     bytes: int
     quantized: bool
-    #: the bytes of the layer's weight dequantized at the compute dtype while it runs (0: none materialized)
+    #: the bytes the layer allocates for its weight while it runs, its weight dequantized at the compute dtype and
+    #: what that takes (0: its kernel multiplies the stored weight; quanto's: ``quantized_kernels``)
     dequantized: int = 0
 
 
@@ -94,10 +96,12 @@ def stored_tensors(
     dtype: torch.dtype,
     gguf: dict | None = None,
     after_loading: bool = False,
+    kernels: str = SM80,
 ):
     """Every parameter and buffer of ``module`` (on meta, as loaded at ``dtype``) as ``backend``:``kind`` stores it,
     tied tensors once; ``gguf``: a GGUF file's type per tensor name (else ``gguf_file_types``); ``after_loading``:
-    quantized on the loaded module (torchao ``quantize_``, quanto ``quantize``), not at load."""
+    quantized on the loaded module (torchao ``quantize_``, quanto ``quantize``), not at load; ``kernels``: the device
+    it runs on (``quantized_kernels``)."""
     if after_loading and backend not in AFTER_LOADING:
         raise ValueError(f"{backend} after loading: only {' and '.join(AFTER_LOADING)} are predicted so")
     if backend == "sdnq":
@@ -136,7 +140,7 @@ def stored_tensors(
             is_weight = owner_name in linears and local == "weight" and name not in skipped
             # quantized after loading, a layer is built at its own weight's dtype (quanto nn/qlinear.py:41)
             at = tensor.dtype if after_loading else dtype
-            found.append(_stored(name, tensor, is_weight, backend, kind, at, skip, gguf))
+            found.append(_stored(name, tensor, is_weight, backend, kind, at, skip, gguf, kernels))
         quantized = owner_name in linears and f"{prefix}weight" not in skipped
         if backend == "quanto" and quantized and not _quanto_skips(owner_name, skip):
             # QLinear's activation scales, scalars at the dtype the layer was built at (qmodule.py:139-141): the
@@ -147,7 +151,7 @@ def stored_tensors(
     return found
 
 
-def _stored(name, tensor, is_linear_weight, backend, kind, dtype, skip, gguf) -> Stored:
+def _stored(name, tensor, is_linear_weight, backend, kind, dtype, skip, gguf, kernels) -> Stored:
     whole = Stored(name, tensor.numel() * tensor.element_size(), False)
     if backend == "gguf":
         stored = gguf.get(name, "F32")
@@ -165,14 +169,14 @@ def _stored(name, tensor, is_linear_weight, backend, kind, dtype, skip, gguf) ->
             return whole
         # at the dtype QLinear was built at, the run's, even in a keep-in-float32 module (quanto/utils.py:31-37)
         size = layouts.quanto_bytes(kind, out_features, in_features, dtype)
-        return Stored(name, size, True, tensor.numel() * dtype.itemsize)
+        return Stored(name, size, True, quanto_in_flight(kind, tensor.shape, dtype, kernels))
     if skipped_by_path(name, skip):
         return whole
     if backend == "torchao":
         size = layouts.torchao_bytes(kind, out_features, in_features, tensor.dtype)
         if size is None:  # torchao's handler returns the weight as it was
             return whole
-        return Stored(name, size, True, tensor.numel() * dtype.itemsize if kind == "float8wo" else 0)
+        return Stored(name, size, True, torchao_in_flight(kind, tensor.numel(), dtype))
     if backend == "bnb":
         size = layouts.bnb_bytes(kind, out_features, in_features)
         return Stored(name, size, True, tensor.numel() * dtype.itemsize if kind != "int8" else 0)
@@ -247,14 +251,15 @@ def footprint(
     dtype: torch.dtype,
     gguf: dict | None = None,
     after_loading: bool = False,
+    kernels: str = SM80,
 ):
     """Parameter and buffer bytes of ``module`` as the backend stores it (with its format's shared tables), and the
-    largest weight it dequantizes whole while its layer runs (0: none), read where each does: diffusers
+    most a layer allocates for its weight while it runs on ``kernels`` (0: none), read where each does: diffusers
     gguf/utils.py:611-612 (``GGUFLinear.forward_native``), bitsandbytes autograd/_functions.py:446 (``MatMul4Bit``:
-    NF4/FP4; LLM.int8() multiplies int8), optimum/quanto library/qbytes_mm.py:25-33 (the scaled weight, then a matmul),
-    torchao float8_tensor.py:465 (float8 weight-only), sdnq layers/linear/forward.py:26-27; torchao's int8 per row,
-    int4 and float8 dynamic activations run fused kernels."""
-    tensors = stored_tensors(module, backend, kind, dtype, gguf, after_loading)
+    NF4/FP4; LLM.int8() multiplies int8), optimum-quanto per device and dtype and torchao's weight-only
+    casts (``quantized_kernels``), sdnq layers/linear/forward.py:26-27; torchao's int4 and float8 dynamic activations
+    run fused kernels."""
+    tensors = stored_tensors(module, backend, kind, dtype, gguf, after_loading, kernels)
     shared = layouts.shared_bytes(backend, kind) if any(t.quantized for t in tensors) else 0
     return sum(t.bytes for t in tensors) + shared, max((t.dequantized for t in tensors), default=0)
 

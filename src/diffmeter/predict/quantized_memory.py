@@ -12,6 +12,7 @@ from diffmeter.families import get_family
 from diffmeter.predict.footprints import meta_module
 from diffmeter.predict.memory import DTYPES, settled_plan
 from diffmeter.predict.quantized_formats import checkpoint_types, footprint
+from diffmeter.predict.quantized_kernels import CPU, SM80
 from diffmeter.predict.schema import MemoryPrediction
 from diffmeter.quantization_spec import BACKENDS, DENOISER, parse
 
@@ -60,12 +61,14 @@ def split_values(values) -> tuple[list[str], list[Format]]:
 
 
 def with_formats(
-    prediction: MemoryPrediction, spec, formats: list[Format], built: dict | None = None
+    prediction: MemoryPrediction, spec, formats: list[Format], built: dict | None = None, kernels: str | None = None
 ) -> MemoryPrediction:
     """``prediction`` (of ``spec``) with each format's stored bytes and dequantized weight per component; ``built``:
-    the components already built on meta, by name (filled here: one build for several formats)."""
+    the components already built on meta, by name (filled here: one build for several formats); ``kernels``: the
+    device the layers run on (``quantized_kernels``; None: this CPU for a CPU prediction, else a current NVIDIA GPU)."""
     if not formats:
         return prediction
+    kernels = kernels or (SM80 if prediction.on_cuda else CPU)
     built = {} if built is None else built
     entry, settled, _ = settled_plan(spec)
     denoisers = [name for name in get_family(entry.family).denoisers(entry) if name in entry.components]
@@ -89,7 +92,7 @@ def with_formats(
                 types = None  # a file under the original checkpoint's names (city96's): its type per tensor as made
             try:
                 sizes[name], flights[name] = footprint(
-                    module, found.backend, found.type, dtype, types, found.after_loading
+                    module, found.backend, found.type, dtype, types, found.after_loading, kernels
                 )
             except ValueError as error:
                 raise DiffmeterError(

@@ -55,7 +55,8 @@ class MemoryPrediction(BaseModel):
     #: ``--quantize BACKEND:TYPE`` technique ("quantize-bnb-nf4") -> the components it quantizes, as it stores them
     #: (``predict.quantized_memory``)
     quantized_bytes: dict[str, dict[str, int]] = {}
-    #: such a technique -> per component: the largest weight it dequantizes whole while a layer runs (0: none)
+    #: such a technique -> per component: the most a layer allocates for its weight while it runs, on the device the
+    #: prediction is for (its weight dequantized and what that takes; 0: none, ``predict.quantized_kernels``)
     dequantized_bytes: dict[str, dict[str, int]] = {}
     #: the text encoders fp8-text-encoder stores in float8, and their parameters then
     large_text_encoders: list[str] = []
