@@ -40,6 +40,8 @@ def setting(profile) -> str:
     if profile.num_frames:
         size += f", {profile.num_frames} frames"
     guidance = f"CFG {profile.guidance_scale:g}" if profile.cfg else "no CFG"
+    if profile.cfg and profile.cfg_trunc_ratio is not None:  # Lumina 2's card: CFG on the first steps only
+        guidance += f" (cfg_trunc_ratio {profile.cfg_trunc_ratio:g})"
     steps = f"{profile.steps} steps"
     if profile.denoiser_steps not in (None, profile.steps):  # the scheduler's timesteps (SD 1.5's PNDM: steps + 1)
         steps += f" ({profile.denoiser_steps} denoiser steps)"

@@ -12,7 +12,7 @@ from diffmeter.families import get_family
 
 #: no such folder: ``derive`` then reads the pipeline class alone (no tokenizer configs, no template entry)
 NO_FOLDER = Path("/nonexistent")
-FIELDS = ("steps", "guidance_scale", "height", "width", "num_frames")
+FIELDS = ("steps", "guidance_scale", "height", "width", "num_frames", "max_sequence_length", "cfg_trunc_ratio")
 
 
 def numbers(text: str) -> set[float]:
@@ -45,16 +45,19 @@ def test_the_dtype_is_the_one_its_source_loads(entry):
 
 
 @pytest.mark.parametrize("entry", REAL, ids=lambda e: e.name)
-def test_the_sequence_encoder_is_padded_as_the_pipeline_pads_it_when_called(entry):
-    """bench passes ``max_sequence_length`` only when asked (runs/workload.py), so the length profile counts with no
-    flag must be the one the pipeline's ``__call__`` pads to, or the two count different prompts."""
+def test_the_sequence_encoder_is_padded_as_bench_calls_the_pipeline(entry):
+    """bench passes ``max_sequence_length`` where the model card does (``defaults.max_sequence_length``, which
+    ``test_a_default_the_pipeline_does_not_give_is_stated_by_its_source`` holds to its source) or the user asks
+    (runs/workload.py), else the pipeline's ``__call__`` pads to its own: the length the entry records for its
+    sequence encoder must be that one, or profile and bench count different prompts."""
     sequence_encoder = get_family(entry.family).sequence_encoder
     _, lengths = derive(entry, NO_FOLDER, None)
     if sequence_encoder is None or sequence_encoder not in lengths:
         pytest.skip(f"{entry.pipeline_class} has no max_sequence_length for its sequence encoder")
-    assert entry.text_max_length[sequence_encoder] == lengths[sequence_encoder], (
-        f"{entry.name}: {entry.text_max_length[sequence_encoder]} tokens, {entry.pipeline_class} pads to "
-        f"{lengths[sequence_encoder]}"
+    passed = entry.defaults.max_sequence_length or lengths[sequence_encoder]
+    assert entry.text_max_length[sequence_encoder] == passed, (
+        f"{entry.name}: {entry.text_max_length[sequence_encoder]} tokens, bench's {entry.pipeline_class} call pads "
+        f"to {passed}"
     )
 
 

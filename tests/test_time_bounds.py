@@ -19,7 +19,18 @@ from diffmeter.predict.vae_decode import VAE_MODES
 from diffmeter.spec import ProfileSpec
 
 FIGURES = Path(__file__).parents[1] / "benchmarks" / "published_figures.yaml"
-SETTINGS = ("dtype", "height", "width", "steps", "batch_size", "num_frames", "guidance_scale")
+#: each run's settings, counted as it ran (max_sequence_length and cfg_trunc_ratio where it differs from the entry's)
+SETTINGS = (
+    "dtype",
+    "height",
+    "width",
+    "steps",
+    "batch_size",
+    "num_frames",
+    "guidance_scale",
+    "max_sequence_length",
+    "cfg_trunc_ratio",
+)
 #: techniques that change the operators a run dispatches: the eager bound is of the plain eager operators
 NOT_EAGER = {"compile"}
 

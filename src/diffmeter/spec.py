@@ -104,7 +104,12 @@ class ProfileSpec:
     #: HunyuanImage 2.1 runs only then); None: assumed they do (an upper bound). Set from the real prompts by bench.
     glyph_text: bool | None = None
     resolution_binning: bool | None = None
+    #: the sequence encoder's tokens (the pipeline's ``max_sequence_length``); None: the model card's, else the
+    #: pipeline's
     max_sequence_length: int | None = None
+    #: Lumina2Pipeline's ``cfg_trunc_ratio``: the unconditional call runs on the steps with (i + 1) / steps at most
+    #: this; None: the model card's (Lumina-Image-2.0: 0.25), else the pipeline's 1.0
+    cfg_trunc_ratio: float | None = None
     #: the input images' sizes, (height, width) each, in the pipeline's order (an edit's source image, reference
     #: images); None: the catalog call's (an edit or image-to-video checkpoint's default image, else none); empty:
     #: none (text-to-image, ``--no-image``). Each output of a batch has its own input images.
@@ -146,6 +151,8 @@ class ProfileSpec:
             resolution_binning=defaults.resolution_binning
             if self.resolution_binning is None
             else self.resolution_binning,
+            max_sequence_length=self.max_sequence_length or defaults.max_sequence_length,
+            cfg_trunc_ratio=defaults.cfg_trunc_ratio if self.cfg_trunc_ratio is None else self.cfg_trunc_ratio,
             image_sizes=tuple(tuple(size) for size in defaults.image_sizes)
             if self.image_sizes is None
             else self.image_sizes,
@@ -182,6 +189,10 @@ class ProfileSpec:
                 raise DiffmeterError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
         if self.guidance_scale is not None and self.guidance_scale < 0:
             raise DiffmeterError(f"--guidance-scale must be 0 or more, got {self.guidance_scale:g}")
+        if self.cfg_trunc_ratio is not None and not 0 <= self.cfg_trunc_ratio <= 1:
+            raise DiffmeterError(
+                f"--cfg-trunc-ratio is the fraction of the steps that run CFG, 0 to 1; got {self.cfg_trunc_ratio:g}"
+            )
         if self.true_cfg_scale is not None and self.true_cfg_scale <= 1:
             raise DiffmeterError(
                 f"--true-cfg-scale must be above 1 (1 or less runs no true CFG: leave it out), "

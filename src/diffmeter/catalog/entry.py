@@ -25,6 +25,12 @@ class Defaults(BaseModel):
     #: the input image an image-to-video or editing checkpoint is run on without ``--image-size`` ((height, width):
     #: its model card's, or one its pipeline resizes any image to); empty: text alone
     image_sizes: list[tuple[int, int]] = []
+    #: the sequence encoder's ``max_sequence_length`` where the model card passes one (FLUX.1-schnell's 256; bench
+    #: passes it too, and ``text_max_length`` records it); None: the pipeline's own
+    max_sequence_length: int | None = None
+    #: Lumina2Pipeline's ``cfg_trunc_ratio`` where the model card passes one: the unconditional call runs only on
+    #: the first steps; None: the pipeline's 1.0 (every step)
+    cfg_trunc_ratio: float | None = None
 
 
 class ComponentEntry(BaseModel):

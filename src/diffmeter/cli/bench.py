@@ -79,6 +79,7 @@ def bench(
     fuse_lora: o.FuseLora = False,
     num_frames: o.NumFrames = None,
     max_sequence_length: o.MaxSequenceLength = None,
+    cfg_trunc_ratio: o.CfgTruncRatio = None,
     resolution_binning: o.ResolutionBinning = True,
     seed: o.Seed = 0,
     dtype: Annotated[
@@ -262,6 +263,7 @@ def _bench_spec(values: dict):
         fuse_lora=values["fuse_lora"],
         num_frames=values["num_frames"],
         max_sequence_length=values["max_sequence_length"],
+        cfg_trunc_ratio=values["cfg_trunc_ratio"],
         resolution_binning=None if values["resolution_binning"] else False,
         seed=values["seed"],
         dtype=values["dtype"],

@@ -126,7 +126,15 @@ NumFrames = Annotated[
 ]
 MaxSequenceLength = Annotated[
     int | None,
-    typer.Option(help="T5/Gemma/UMT5 encoder tokens (max_sequence_length)", rich_help_panel=GENERATION),
+    typer.Option(help="T5/Gemma/UMT5 tokens (max_sequence_length)", rich_help_panel=GENERATION),
+]
+CfgTruncRatio = Annotated[
+    float | None,
+    typer.Option(
+        metavar="R",
+        help="Lumina 2: CFG on this share of the steps",
+        rich_help_panel=GENERATION,
+    ),
 ]
 ResolutionBinning = Annotated[
     bool,

@@ -15,6 +15,7 @@ from diffmeter.cli.options import (
     AsJson,
     BatchSize,
     CfgDegree,
+    CfgTruncRatio,
     ComponentDtype,
     ControlGuidanceEnd,
     ControlGuidanceStart,
@@ -124,6 +125,7 @@ def profile(
             rich_help_panel=GENERATION,
         ),
     ] = None,
+    cfg_trunc_ratio: CfgTruncRatio = None,
     instruction_tokens: Annotated[
         int | None,
         typer.Option(help="SANA: complex human instruction tokens (0: none)", rich_help_panel=GENERATION),
@@ -228,6 +230,7 @@ def profile(
             glyph_text=glyph_text,
             max_sequence_length=max_sequence_length,
             scheduler=scheduler,
+            cfg_trunc_ratio=cfg_trunc_ratio,
             resolution_binning=None if resolution_binning else False,
         )
         for name, (h, w), n in itertools.product(names, sizes(height, width), numbers(steps, "--steps"))

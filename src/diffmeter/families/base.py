@@ -18,7 +18,7 @@ import torch
 from diffmeter.catalog.controlnets import CONTROLNET
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
-from diffmeter.families import binning, lora, schedule
+from diffmeter.families import binning, call_options, lora, schedule
 from diffmeter.spec import ProfileSpec
 from diffmeter.stages import DENOISER, IMAGE_ENCODER, TEXT_ENCODER, VAE_DECODER  # noqa: F401 (re-exported)
 
@@ -95,6 +95,7 @@ class Family:
     encodes_negative: ClassVar[bool] = True
     #: the pipeline takes ``true_cfg_scale`` beside an embedded guidance (FLUX.1)
     true_cfg: ClassVar[bool] = False
+    truncates_cfg: ClassVar[bool] = False  #: it takes ``cfg_trunc_ratio``: CFG on the first steps only (Lumina 2)
     is_video: ClassVar[bool] = False
     #: input images the pipeline takes (``--image-size``): 0 for text-to-image, None where it sets no limit
     max_images: ClassVar[int | None] = 0
@@ -214,11 +215,7 @@ class Family:
     def shapes(self, entry: PipelineEntry, spec: ProfileSpec) -> Shapes:
         notes = []
         spec.check_components(entry.name, list(entry.components))
-        if spec.true_cfg_scale is not None and not self.true_cfg:
-            raise DiffmeterError(
-                f"--true-cfg-scale is FLUX.1's true CFG beside its embedded guidance; {entry.name} guides with "
-                "--guidance-scale alone: drop --true-cfg-scale"
-            )
+        call_options.refuse_unsupported(self, entry, spec)
         if not self.is_video and spec.num_frames is not None:
             raise DiffmeterError(f"{entry.name} makes images; --num-frames is for video models (Wan, LTX...): drop it")
         if spec.prompt_tokens is not None and not self.reads_prompt_tokens:

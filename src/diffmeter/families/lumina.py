@@ -68,6 +68,7 @@ class Lumina2(Family):
     text_encoders = ("text_encoder",)
     sequence_encoder = "text_encoder"
     cfg_mode = "separate"
+    truncates_cfg = True
 
     def prompt_settings(self, pipe, prompts: list[str]) -> dict[str, int]:
         """The pipeline prefixes its system prompt; the default negative prompt is empty."""
@@ -78,7 +79,8 @@ class Lumina2(Family):
         }
 
     def denoiser_calls(self, shapes: Shapes) -> list[Call]:
-        """The joint sequence is as long as each prompt's real tokens, so cond and uncond differ."""
+        """The joint sequence is as long as each prompt's real tokens, so cond and uncond differ; the uncond call
+        runs on the steps ``cfg_trunc_ratio`` leaves guided (``guided_steps``)."""
         steps, batch = shapes.spec.steps, shapes.spec.batch_size
         padded = shapes.text_tokens["text_encoder"]
         prompt = min(shapes.spec.prompt_tokens or padded, padded)
@@ -87,22 +89,28 @@ class Lumina2(Family):
                 f"the joint sequence holds each prompt's real tokens; assumed all {padded} for the prompt "
                 "and 1 (<bos>) for the default empty negative prompt"
             )
-        lengths = [("cond", prompt)]
-        if shapes.cfg:
+        lengths = [("cond", prompt, steps)]
+        guided = guided_steps(steps, shapes.spec.cfg_trunc_ratio)
+        if shapes.cfg and guided < steps:
+            shapes.note(
+                f"CFG on the first {guided} of {steps} steps: cfg_trunc_ratio {shapes.spec.cfg_trunc_ratio:g} skips "
+                "the unconditional call after them (--cfg-trunc-ratio 1 guides every step)"
+            )
+        if shapes.cfg and guided:
             # the default negative prompt is "" without the system prompt: just <bos>
-            lengths.append(("uncond", min(shapes.spec.negative_prompt_tokens or 1, padded)))
+            lengths.append(("uncond", min(shapes.spec.negative_prompt_tokens or 1, padded), guided))
         return [
             Call(
                 self.denoiser,
                 DENOISER,
                 batch,
-                steps,
+                count,
                 self._builder(shapes, batch),
                 note=f"{label}: {tokens} caption tokens",
                 prepare=_caption_lengths(batch, padded, tokens),
                 reads_values=True,
             )
-            for label, tokens in lengths
+            for label, tokens, count in lengths
         ]
 
     def _builder(self, shapes: Shapes, batch: int):
@@ -120,6 +128,15 @@ class Lumina2(Family):
             }
 
         return build
+
+
+def guided_steps(steps: int, cfg_trunc_ratio: float | None) -> int:
+    """The steps Lumina2Pipeline runs its unconditional call on: step i skips it once ``(i + 1) / steps >
+    cfg_trunc_ratio`` (pipeline_lumina2.py:671 and 687, diffusers 0.42.1; None: its default 1.0, every step). The
+    float comparison is the pipeline's own. ``cfg_normalization`` only rescales the guided prediction by norms
+    (lines 698-701): elementwise work, no matmul."""
+    ratio = 1.0 if cfg_trunc_ratio is None else cfg_trunc_ratio
+    return sum(1 for i in range(steps) if not (i + 1) / steps > ratio)
 
 
 def _caption_lengths(batch: int, padded: int, tokens: int):

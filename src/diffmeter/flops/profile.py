@@ -162,6 +162,7 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
         batch_size=spec.batch_size,
         guidance_scale=spec.guidance_scale,
         true_cfg_scale=spec.true_cfg_scale,
+        cfg_trunc_ratio=spec.cfg_trunc_ratio,
         cfg=family.guided(shapes),
         dtype=spec.dtype,
         component_dtypes=dict(spec.component_dtypes),

@@ -81,6 +81,8 @@ class Profile(BaseModel):
     component_dtypes: dict[str, str] = {}
     #: FLUX.1's true CFG scale when it runs (a second, unconditional denoiser call per step); None: off
     true_cfg_scale: float | None = None
+    #: Lumina 2's cfg_trunc_ratio: the unconditional call runs on the first steps only (None: every guided step)
+    cfg_trunc_ratio: float | None = None
     cfg: bool
     dtype: str
     components: list[ComponentProfile]

@@ -86,6 +86,12 @@ def check_cfg_parallel(spec, target) -> None:
     if spec.tp_degree > 1:
         raise DiffmeterError("--cfg-degree with --tp-degree is not supported yet: pair it with --ulysses-degree")
     if guided_mode(spec, target) is None:
+        settled = spec.profile_spec().with_defaults(target.entry.defaults)
+        if target.family.truncates_cfg and settled.guidance_scale > 1 and settled.cfg_trunc_ratio:
+            raise DiffmeterError(
+                f"--cfg-degree 2 splits each step's two calls, but {target.entry.name} runs the unconditional one on "
+                "the first steps only (cfg_trunc_ratio): add --cfg-trunc-ratio 1 to guide every step, or drop it"
+            )
         hint = "; its true CFG (--true-cfg-scale) has two" if target.family.true_cfg else ""
         raise DiffmeterError(
             f"--cfg-degree 2 splits a guided step's conditional and unconditional halves, but {target.entry.name} "

@@ -34,6 +34,8 @@ class BenchSpec(BaseModel):
     true_cfg_scale: float | None = None
     num_frames: int | None = None
     max_sequence_length: int | None = None
+    #: Lumina2Pipeline's ``cfg_trunc_ratio`` (CFG on the first steps only); None: the model card's, else the pipeline's
+    cfg_trunc_ratio: float | None = None
     resolution_binning: bool | None = None
     #: input images' sizes, (height, width) each, in the pipeline's order: each output gets its own, seeded noise
     #: (seed + n, as its generator) unless ``images`` names the files; settled from the files when they are given
@@ -168,6 +170,8 @@ class BenchSpec(BaseModel):
                 "guidance_scale": profile.guidance_scale,
                 "num_frames": profile.num_frames,
                 "resolution_binning": profile.resolution_binning,
+                "max_sequence_length": profile.max_sequence_length,
+                "cfg_trunc_ratio": profile.cfg_trunc_ratio,
                 "dtype": profile.dtype,
                 "component_dtypes": {n: d for n, d in profile.component_dtypes if d != profile.dtype},
                 "device": str(device),
@@ -195,6 +199,7 @@ class BenchSpec(BaseModel):
             dtype=self.dtype,
             component_dtypes=tuple(sorted(self.component_dtypes.items())),
             max_sequence_length=self.max_sequence_length,
+            cfg_trunc_ratio=self.cfg_trunc_ratio,
             resolution_binning=self.resolution_binning,
             controlnet=self.controlnet,
             # a swapped sampler's timesteps are the run's denoiser steps (optimize/scheduler.py)

@@ -57,6 +57,7 @@ def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | t
         spec.device.replace(":", ""),
         *(["random-weights"] if spec.random_weights else []),
         *([f"max-sequence-length-{spec.max_sequence_length}"] if spec.max_sequence_length else []),
+        *([f"cfg-trunc-{spec.cfg_trunc_ratio:g}"] if spec.cfg_trunc_ratio is not None else []),
         *(["no-binning"] if spec.resolution_binning is False else []),
         *_prompts(spec),
         *parallel_parts(spec),

@@ -88,8 +88,10 @@ class Workload:
                     arguments[option] = getattr(spec, option)
         if self.family.is_video:
             arguments["num_frames"] = spec.num_frames
-        if spec.max_sequence_length is not None:
+        if spec.max_sequence_length is not None:  # settled: the model card's where not asked (FLUX.1-schnell: 256)
             arguments["max_sequence_length"] = spec.max_sequence_length
+        if spec.cfg_trunc_ratio is not None:  # settled: the model card's where not asked (Lumina-Image-2.0: 0.25)
+            arguments["cfg_trunc_ratio"] = spec.cfg_trunc_ratio
         if "use_resolution_binning" in accepted:
             arguments["use_resolution_binning"] = spec.resolution_binning
         arguments = {name: value for name, value in arguments.items() if name in accepted}
