@@ -164,6 +164,12 @@ def test_no_count_or_memory_prediction_runs_or_reads_what_its_key_leaves_out():
     assert {"predict.operators", "predict.compiled_time", "families.flux"} <= reached  # the walk follows imports
     time_modules = {name.removesuffix(".py").replace("/", ".") for name in cache.TIME_ONLY if name.endswith(".py")}
     assert time_modules and not time_modules & reached
+    above = [module for module in reached if any(module.startswith(f"{layer[:-1]}.") for layer in cache.ABOVE_COUNTS)]
+    assert not above, above  # a layer above the counts keyed out of them is imported by a count
+    for layer in cache.ABOVE_COUNTS:  # and its data files are read by its own modules only
+        for data in (f for f in (package / layer).rglob("*") if f.is_file() and f.suffix not in (".py", ".pyc")):
+            readers = {str(s.relative_to(package)) for s in package.rglob("*.py") if data.name in s.read_text()}
+            assert all(r.startswith(cache.ABOVE_COUNTS) for r in readers), (data, readers)
     for data in (name for name in cache.TIME_ONLY if not name.endswith(".py")):
         readers = {str(s.relative_to(package)) for s in package.rglob("*.py") if Path(data).name in s.read_text()}
         assert readers and readers <= set(cache.TIME_ONLY) | {"cache.py"}, data
@@ -185,3 +191,11 @@ def test_a_change_to_the_time_keeps_counts_and_changes_every_other_answer(tmp_pa
     assert cache.package_digest(tmp_path) != everything
     (tmp_path / "predict" / "operators.py").write_text("y = 2")
     assert cache.package_digest(tmp_path, cache.UNCACHED + cache.TIME_ONLY) != counts
+    keyed_out = cache.UNCACHED + cache.TIME_ONLY + cache.ABOVE_COUNTS
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "profile.py").write_text("z = 1")
+    counts = cache.package_digest(tmp_path, keyed_out)
+    (tmp_path / "cli" / "profile.py").write_text("z = 2")  # a layer above the counts: counts kept
+    assert cache.package_digest(tmp_path, keyed_out) == counts
+    (tmp_path / "client.py").write_text("w = 1")  # a file whose name only begins like a layer's is counted
+    assert cache.package_digest(tmp_path, keyed_out) != counts
