@@ -51,9 +51,10 @@ TIME_ONLY = (
     "predict/roofline.py",
     "predict/timed_techniques.py",
 )
-#: the layers above the counts (each a folder of the package): the CLI, the runs, the sweeps and the reports read
-#: counts and never make one (the same test walks the imports), so editing them keeps every cached count
-ABOVE_COUNTS = ("cli/", "report/", "runs/", "sweep/")
+#: the layers above the counts (each a folder of the package): the techniques, measuring, runs, several GPUs, sweeps,
+#: reports and the CLI read counts and never make one (the same test walks the imports), so editing them keeps every
+#: cached count
+ABOVE_COUNTS = ("optimize/", "measure/", "runs/", "distributed/", "sweep/", "report/", "cli/")
 #: the cached answers that are operator counts and memory predictions, never a time
 COUNT_KINDS = ("memory", "operators")
 
