@@ -20,8 +20,8 @@ TIME_ONLY = ("compile", "sdpa-kernel", "attention", *CACHES)
 #: what the held-out test of these techniques found (benchmarks/calibrate_techniques.py, its committed output
 #: benchmarks/results/calibration_techniques.md, 2026-11-29): the claim printed beside such a time
 HELD_OUT = (
-    "held out by source, 48 of 105 published runs (46%) fell inside such a range, midpoint median error 23.7%: "
-    "compile's default mode 39%, reduce-overhead 56%, attention without SDPA 50%, xformers and flash-attn 41%; the "
+    "held out by source, 49 of 105 published runs (47%) fell inside such a range, midpoint median error 23.2%: "
+    "compile's default mode 39%, reduce-overhead 52%, attention without SDPA 50%, xformers and flash-attn 48%; the "
     "misses predicted too fast, on A100, A10, V100, T4, H100 PCIe and 300 W Ada cards, whose eager columns miss "
     "alike (benchmarks/results/calibration_techniques.md)"
 )
