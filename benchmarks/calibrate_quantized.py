@@ -15,6 +15,7 @@ eager fit per held-out source; the fake-tensor runs are cached on disk):
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 from datetime import datetime, timezone
@@ -25,10 +26,10 @@ from calibrate_techniques import TARGET, gpu_for, section
 from published_comparison import load_figures, settings
 from published_runs import published_run, run_of, source_of
 
-from diffmeter.predict.fit_holdout import HeldOut
+from diffmeter.predict.fit_holdout import HeldOut, summary
 from diffmeter.predict.fit_published import PublishedRun, fit
 from diffmeter.predict.quantized_memory import Format
-from diffmeter.predict.quantized_time import quantized_work, why_not_modelled
+from diffmeter.predict.quantized_time import HELD_OUT, quantized_work, why_not_modelled
 from diffmeter.spec import ProfileSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,6 +157,30 @@ def slowdown_section(held, keys: dict[str, tuple]) -> list[str]:
     ]
 
 
+def figures(held: list[HeldOut]) -> dict:
+    """What ``profile --gpu`` quotes of held-out runs: how many, inside, the midpoint's median error, the misses
+    predicted too fast (published slower than the range's top)."""
+    return {
+        "runs": len(held),
+        "inside": int(sum(h.inside for h in held)),
+        "median_error": float(summary(held)["median_error"]),
+        "too_fast": int(sum(h.run.published_s > h.high for h in held)),
+    }
+
+
+def write_claims(held: list[tuple[str, HeldOut]], when: str) -> None:
+    """Each format's held-out figures and all quantized runs' into the shipped data (``quantized_time.HELD_OUT``)."""
+    quantized = [(name, h) for name, h in held if not name.startswith("unquantized")]
+    found = {
+        "written_by": f"benchmarks/calibrate_quantized.py, {when}",
+        "all": figures([h for _, h in quantized]),
+        "formats": {
+            name: figures([h for n, h in quantized if n == name]) for name in sorted({n for n, _ in quantized})
+        },
+    }
+    HELD_OUT.write_text(json.dumps(found, indent=1) + "\n")
+
+
 def main() -> int:
     figures = [f for f in yaml.safe_load(QUANTIZED.read_text())["figures"] if f["kind"] == "latency"]
     quantized, left_out, keys = [], [], {}
@@ -194,6 +219,7 @@ def main() -> int:
     lines += slowdown_section(held, keys)
     lines += ["## Left out", "", *(left_out or ["none"]), ""]
     OUT.write_text("\n".join(lines))
+    write_claims(held, when)
     print("\n".join(lines))
     return 0
 

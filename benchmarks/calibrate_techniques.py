@@ -75,6 +75,12 @@ def gpu_for(found, architecture: str):
     return found.gpus[lender] if lender else None
 
 
+def eager_runs() -> list[PublishedRun]:
+    """Every usable published eager latency, as the eager calibration is fitted on."""
+    runs = [published_run(figure)[0] for figure in load_figures() if figure["kind"] == "latency"]
+    return [run for run in runs if run is not None]
+
+
 def held_out(
     eager: list[PublishedRun], optimized: list[tuple[str, PublishedRun]]
 ) -> list[tuple[str, HeldOut, HeldOut]]:
@@ -119,13 +125,10 @@ def section(technique: str, held: list[HeldOut]) -> list[str]:
 
 
 def main() -> int:
-    eager, optimized, left_out = [], [], []
+    eager, optimized, left_out = eager_runs(), [], []
     for figure in load_figures():
         if figure["kind"] != "latency":
             continue
-        run, _ = published_run(figure)
-        if run is not None:
-            eager.append(run)
         chosen = technique_of(figure)
         if chosen is None:
             continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -231,3 +232,23 @@ def test_pab_reuses_attention_in_the_calls_and_work_diffusers_hook_skips(window,
     assert sorted(set(macs)) == sorted({full, light} if reused else {full})
     assert macs.count(light) == reused  # tiny-flux's timesteps 1000, 875, ..., 125: calls 3, 5, 7 in (100, 800)
     assert skip.skipped_share == (0.0, 4 / 8) and skip.overhead == []  # calls 1, 3, 5, 7 may reuse
+
+
+def test_each_cached_source_names_the_eager_run_whose_harness_its_held_out_refit_leaves_out():
+    """calibrate_caches.py refits the eager calibration without the harness of each source's ``eager_figure``: that
+    figure is the same generation on the same GPU, from the same repository, so the refit holds nothing of it."""
+    import yaml
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from published_comparison import load_figures
+
+    figures = {figure["id"]: figure for figure in load_figures()}
+    cached = yaml.safe_load((Path(__file__).parents[1] / "benchmarks" / "published_caches.yaml").read_text())
+    for source in cached["sources"]:
+        eager = figures[source["eager_figure"]]
+        assert eager["kind"] == "latency" and eager["usable"] and not eager["techniques"]
+        assert [eager[k] for k in ("model", "gpu", "height", "width", "steps", "dtype")] == [
+            source[k] for k in ("model", "gpu", "height", "width", "steps", "dtype")
+        ]
+        repository = "/".join(source["source"]["url"].split("/")[3:5])
+        assert f"github.com/{repository}/" in eager["source"]["url"]

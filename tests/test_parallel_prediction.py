@@ -22,6 +22,7 @@ from diffmeter.predict.parallel import (
     gpu_link,
     per_gpu_memory,
     per_gpu_work,
+    range_claim,
     stored_communication_fit,
     with_communication,
 )
@@ -327,3 +328,19 @@ def test_each_tensor_parallel_ranks_predicted_weights_are_what_a_gloo_rank_holds
             assert stage.peak_bytes == pytest.approx(rank["stages"][stage.stage], rel=0.02), stage.stage
         assert rank["calls"] == {"all_reduce": sum(c.collectives["all_reduce"] * c.count for c in calls)}
         assert rank["bytes"] == sum(c.received_bytes * c.count for c in calls)
+
+
+def test_a_groups_range_quotes_its_own_held_out_figure_not_one_gpus(cli):
+    """The multi-GPU range's claim is the held-out test of multi-GPU runs (parallel_communication.json's
+    ``claim``, with its misses' direction), not the single-GPU eager calibration's it is built on."""
+    claim = stored_communication_fit().claim
+    assert "published multi-GPU runs" in claim and "misses predicted too fast" in claim
+    code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100 sxm", "--json")
+    one = json.loads(out)["time"]["calibration"]
+    code, out, err = cli("profile", "tiny-flux", "--gpu", "h100 sxm", "--ulysses-degree", "2", "--json")
+    assert code == 0, err
+    time = json.loads(out)["time"]
+    assert time["expected_s"] and time["calibration"] == range_claim() == claim and one not in time["calibration"]
+    code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100 sxm", "--ulysses-degree", "2")
+    said = " ".join(out.split())
+    assert code == 0 and f"Expected: {claim}" in said and one not in said

@@ -4,12 +4,12 @@ changes them without the claim fails here."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
-import pytest
-
 from diffmeter.predict.quantized_time import HELD_OUT as QUANTIZED
+from diffmeter.predict.quantized_time import held_out_claim
 from diffmeter.predict.timed_techniques import HELD_OUT as TECHNIQUES
 
 RESULTS = Path(__file__).parents[1] / "benchmarks" / "results"
@@ -23,16 +23,43 @@ def held_out(page: str, section: str) -> tuple[str, str, str]:
     return found.groups()
 
 
-@pytest.mark.parametrize(
-    ("claim", "page", "section"),
-    [(QUANTIZED, "calibration_quantized.md", "all quantized runs"), (TECHNIQUES, "calibration_techniques.md", "all")],
-)
-def test_the_printed_claim_is_the_committed_held_out_figure(claim, page, section):
-    inside, runs, error = held_out(page, section)
-    assert f"{runs} published" in claim and f"({inside})" in claim and f"median error {error}" in claim
-    assert page in claim
+def test_the_printed_claim_is_the_committed_held_out_figure():
+    inside, runs, error = held_out("calibration_techniques.md", "all")
+    assert f"{runs} published" in TECHNIQUES and f"({inside})" in TECHNIQUES
+    assert f"median error {error}" in TECHNIQUES and "calibration_techniques.md" in TECHNIQUES
 
 
-def test_a_quantized_time_says_what_its_held_out_test_found(cli):
+def test_each_quantized_format_claims_its_own_committed_held_out_figure():
+    """The shipped per-format figures are the committed page's sections, every one of them."""
+    stored = json.loads(QUANTIZED.read_text())
+    sections = [("all quantized runs", stored["all"])] + list(stored["formats"].items())
+    text = (RESULTS / "calibration_quantized.md").read_text()
+    assert set(stored["formats"]) == set(re.findall(r"^## ([a-z]+:[\w-]+): ", text, re.M))
+    for section, figures in sections:
+        inside, runs, error = held_out("calibration_quantized.md", section)
+        assert (
+            runs == f"{figures['inside']} of {figures['runs']}"
+            and inside == f"{figures['inside'] / figures['runs']:.0%}"
+        )
+        assert error == f"{figures['median_error']:.1%}"
+
+
+def test_a_quantized_time_says_its_own_formats_held_out_figure(cli):
+    """A format with published runs quotes its own; one without says so before quoting all quantized runs'."""
+    stored = json.loads(QUANTIZED.read_text())
+    mine = stored["formats"]["quanto:int8"]
     code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--quantize", "quanto:int8")
-    assert code == 0 and QUANTIZED.split(";")[0] in " ".join(out.split())
+    said = " ".join(out.split())
+    assert (
+        code == 0 and f"quanto:int8: its published runs held out by source, {mine['inside']} of {mine['runs']}" in said
+    )
+    assert f"all {stored['all']['runs']} published quantized runs" not in said
+    assert "float8dq-row" not in stored["formats"]
+    code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--quantize", "torchao:float8dq-row")
+    said = " ".join(out.split())
+    assert code == 0 and "torchao:float8dq-row: no published run of this format; all " in said
+    every = stored["all"]
+    assert f"all {every['runs']} published quantized runs: held out by source, {every['inside']} of" in said
+    assert held_out_claim(["torchao:float8dq-row"]) in said
+    code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--quantize", "torchao:float8dq-row", "--json")
+    assert code == 0 and json.loads(out)["quantized_time_held_out"] == held_out_claim(["torchao:float8dq-row"])

@@ -26,6 +26,7 @@ from diffmeter.predict.quantized_time import (
     narrow_bytes,
     quantized_layers,
     quantized_work,
+    why_not_modelled,
 )
 from diffmeter.spec import ProfileSpec
 
@@ -257,7 +258,9 @@ def test_profile_times_a_modelled_format_and_leaves_out_the_others(cli):
     operators = [sum(stage["operators"] for stage in p["time"]["stages"]) for p in (plain, found)]
     assert operators[1] > operators[0] and found["time"]["expected_s"][0] > plain["time"]["expected_s"][0]
     code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--quantize", "bnb:int8", "--json")
-    assert code == 0 and json.loads(out)["time_left_out"] == ["quantize-bnb-int8"]
+    found = json.loads(out)
+    assert code == 0 and found["time_left_out"] == ["quantize-bnb-int8: " + why_not_modelled("bnb", "int8")]
+    assert found["time"] is None and "can make the run faster" in found["no_time"]
 
 
 def test_a_float8_format_on_a_card_without_fp8_is_one_line(cli):

@@ -43,6 +43,7 @@ TIME_ONLY = (
     "predict/calibration.py",
     "predict/data/cache_skips.json",
     "predict/data/parallel_communication.json",
+    "predict/data/quantized_held_out.json",
     "predict/energy.py",
     "predict/host_time.py",
     "predict/offload_time.py",

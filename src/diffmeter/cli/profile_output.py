@@ -88,12 +88,11 @@ def print_predicted(
     )
     from diffmeter.predict.quantized_kernels import of_architecture
     from diffmeter.predict.quantized_memory import split_values, with_formats
-    from diffmeter.predict.quantized_time import HELD_OUT as QUANTIZED_HELD_OUT
-    from diffmeter.predict.quantized_time import needs_fp8, quantized_work, why_not_modelled
+    from diffmeter.predict.quantized_time import held_out_claim, needs_fp8, quantized_work, why_not_modelled
     from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
     from diffmeter.predict.techniques import peak_under
     from diffmeter.predict.timed_techniques import HELD_OUT as TECHNIQUES_HELD_OUT
-    from diffmeter.predict.timed_techniques import TIME_ONLY, timed_work
+    from diffmeter.predict.timed_techniques import TIME_ONLY, timed_work, without_untimed
     from diffmeter.predict.vae_decode import VAE_MODES
 
     legacy, formats = split_values(flags.get("quantize"))  # BACKEND:TYPE formats: their stored bytes, no file needed
@@ -175,7 +174,24 @@ def print_predicted(
         link = (chosen.host_link, chosen.host_link_bytes_per_s)
         times = [time and with_offload(time, m, techniques, *link) for time, m in zip(times, memories, strict=True)]
     timed = VAE_MODES + tuple(f.technique for f in timed_formats) + ((offload,) if offload and not offload_gap else ())
-    untimed = [offload_gap if t == offload else t for t in techniques if t not in timed] + time_untimed  # left out
+    # ("label: why", whether it can make the run faster) of each technique the time leaves out; an offload's gap
+    # already reads "offload-model: why", and its transfers can only slow the run
+    left_out = [
+        (offload_gap, False) if t == offload else (f"{t}: {untimed_format(t, formats)}", True)
+        for t in techniques
+        if t not in timed
+    ] + [(said, True) for said in time_untimed]  # compile, attention kernels, caches: all speed-ups
+    untimed = [said for said, _ in left_out]
+    withheld = [None if time is None else without_untimed(time, left_out) for time in times]
+    why_none = [
+        f"{'; '.join(untimed)}: left out of the time; it can make the run faster than the bounds of the pipeline "
+        "without it (other kernels, fewer bytes or calls), so no range, bound or energy is given"
+        if time is not None and kept is None
+        else None
+        for time, kept in zip(times, withheld, strict=True)
+    ]
+    missing = [lacking or why for lacking, why in zip(missing, why_none, strict=True)]
+    times = withheld
     group = None
     if parallel:
         link = gpu_link(chosen, parallel[0] * parallel[1] * parallel[2] * parallel[3])
@@ -197,11 +213,16 @@ def print_predicted(
                 "time_techniques": time_techniques,  # timed, memory as without them (compile, attention kernels)
                 "peak_memory_bytes": peak_under(memory, techniques),
                 "time": time.model_dump(mode="json") if time else None,
-                # not in the time
-                "time_left_out": (untimed + parallel_left_out(group, NOT_CALIBRATED, LEFT_OUT)) if time else [],
+                "no_time": lacking,  # why "time" is None
+                # each timed quantized format's own held-out figure (quantized_time.held_out_claim)
+                "quantized_time_held_out": held_out_claim([f"{f.backend}:{f.type}" for f in timed_formats])
+                if time and timed_formats
+                else None,
+                # not in the time, "label: why" each
+                "time_left_out": untimed + (parallel_left_out(group, NOT_CALIBRATED, LEFT_OUT) if time else []),
                 **({"parallel": group.model_dump(mode="json")} if group else {}),
             }
-            for found, memory, time in zip(results, memories, times, strict=True)
+            for found, memory, time, lacking in zip(results, memories, times, missing, strict=True)
         ]
         print(json.dumps(payloads[0] if len(payloads) == 1 else {"profiles": payloads}, indent=2))
         return
@@ -220,13 +241,13 @@ def print_predicted(
                 markup=False,
             )
         if time and timed_formats:
-            named = ", ".join(f"{f.backend}:{f.type}" for f in timed_formats)
-            said = f"quantized layers timed as {named} runs them in eager mode; {QUANTIZED_HELD_OUT}"
+            named = [f"{f.backend}:{f.type}" for f in timed_formats]
+            said = f"quantized layers timed as {', '.join(named)} runs them in eager mode; {held_out_claim(named)}"
             console.print(said, markup=False)
         if time and time.offload:
             console.print(offload_line(time.offload), markup=False)
         if time and untimed:
-            console.print(f"time predicted without {', '.join(untimed)} (not modelled in time yet)", markup=False)
+            console.print(f"time bounds without {'; '.join(untimed)}", markup=False)
         if time and time.cache:  # a cache: its skipped share, how it was obtained, how well it held
             console.print(skipped_line(time.cache), markup=False)
         if time and (others := [t for t in time_techniques if not time.cache or t != time.cache.technique]):
@@ -235,6 +256,18 @@ def print_predicted(
                 + TECHNIQUES_HELD_OUT,
                 markup=False,
             )
+
+
+def untimed_format(technique: str, formats) -> str:
+    """Why a memory technique's time is not modelled: a ``--quantize BACKEND:TYPE`` format's own reason (on this
+    CPU none is timed), else none has been modelled."""
+    from diffmeter.predict.quantized_time import why_not_modelled
+
+    found = next((f for f in formats if f.technique == technique), None)
+    if found is None:
+        return "not modelled in time yet"
+    why = why_not_modelled(found.backend, found.type)
+    return why or "quantized layers are timed on a CUDA GPU, not on this CPU"
 
 
 def refuse_without_fp8(found, chosen) -> None:

@@ -65,6 +65,9 @@ class CommunicationFit(BaseModel):
     held_out: str = ""
     #: whether the prediction uses it: only where, held out a source at a time, it does better than the datasheet
     used: bool = False
+    #: the held-out figure of the multi-GPU range the prediction gives (this fit's where used, else the datasheet
+    #: rate's), with its misses' direction: what ``profile --gpu`` prints as the range's calibration
+    claim: str = ""
 
 
 def stored_communication_fit() -> CommunicationFit | None:
@@ -231,11 +234,20 @@ def per_gpu_work(work: OperatorWork, denoisers: list[str], ranks: list[RankCall]
     return work.model_copy(update={"calls": calls})
 
 
+def range_claim() -> str:
+    """What the multi-GPU range's held-out test found (``CommunicationFit.claim``), or that none was made."""
+    fit = stored_communication_fit()
+    if fit is None or not fit.claim:
+        return "the multi-GPU range: no held-out test on published multi-GPU runs (benchmarks/calibrate_parallel.py)"
+    return fit.claim
+
+
 def with_communication(time: TimePrediction, seconds: float, host_seconds: float = 0.0) -> TimePrediction:
     """``time`` (one rank's work) with ``seconds`` of communication in its denoising stage: on the GPU's side (the
     stream waits for each collective; the host issues on), and ``host_seconds`` of the host's issuing them on its
     side, so the stage takes the longer of the GPU's time and communication and the host's; the lower bound with
-    the communication too; the energy left out (one card's board power does not price a group)."""
+    the communication too; the energy left out (one card's board power does not price a group); the range's
+    calibration its own held-out figure (``range_claim``), not the single GPU's."""
 
     def plus(stage: StageTime) -> StageTime:
         if stage.stage not in STAGES_OF_DENOISING:
@@ -262,6 +274,7 @@ def with_communication(time: TimePrediction, seconds: float, host_seconds: float
             "stages": stages,
             "lower_s": time.lower_s + seconds,
             "expected_s": expected,
+            "calibration": range_claim() if expected else time.calibration,
             "energy": None,
             "energy_left_out": "several GPUs: the energy of a group is not predicted",
         }

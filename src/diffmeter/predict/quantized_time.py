@@ -48,8 +48,10 @@ torchao int4 and quanto int4 (packed int4 kernels whose eager speed the publishe
 from __future__ import annotations
 
 import functools
+import json
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -83,13 +85,32 @@ FP8 = "float8_e4m3fn"
 #: bitsandbytes' stored NF4/FP4 code table (``quantized_layouts.bnb_bytes``), which ``dequantize_4bit`` does not read
 BNB_CODE = 16 * 4
 
-#: what the held-out test of these formats found (benchmarks/calibrate_quantized.py, its committed output
-#: benchmarks/results/calibration_quantized.md, 2026-11-29): the claim printed beside a quantized time
-HELD_OUT = (
-    "held out by source, 20 of 27 published quantized runs (74%) fell inside such a range, midpoint median error "
-    "12.2%; GGUF Q2_K ran 20% slower, quanto's batch-1 PixArt and SD3 runs about 23% (as their source's unquantized "
-    "ones do) (benchmarks/results/calibration_quantized.md)"
-)
+#: what the held-out test of these formats found, per format and for all (benchmarks/calibrate_quantized.py writes
+#: it beside benchmarks/results/calibration_quantized.md): the claim printed beside a quantized time
+HELD_OUT = Path(__file__).parent / "data" / "quantized_held_out.json"
+
+
+def held_out_claim(names: list[str]) -> str:
+    """The held-out figure of each quantized format in ``names`` ("gguf:Q4_K_S"): its own published runs' where
+    there are any, else that there are none, with every quantized run's."""
+    found = json.loads(HELD_OUT.read_text())
+
+    def said(stats: dict) -> str:
+        misses = stats["runs"] - stats["inside"]
+        where = f"; the misses predicted too fast {stats['too_fast']}, too slow {misses - stats['too_fast']}"
+        return (
+            f"held out by source, {stats['inside']} of {stats['runs']} ({stats['inside'] / stats['runs']:.0%}) inside "
+            f"such a range, midpoint median error {stats['median_error']:.1%}{where if misses else ''}"
+        )
+
+    every = f"all {found['all']['runs']} published quantized runs: {said(found['all'])}"
+    claims = [
+        f"{name}: its published runs {said(found['formats'][name])}"
+        if name in found["formats"]
+        else f"{name}: no published run of this format; {every}"
+        for name in names
+    ]
+    return "; ".join(claims) + " (benchmarks/results/calibration_quantized.md)"
 
 
 def why_not_modelled(backend: str, kind: str) -> str | None:

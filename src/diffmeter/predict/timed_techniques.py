@@ -84,3 +84,21 @@ def timed_work(
             work = with_kernel(work, kernel_of(name, params), None if name == "sdpa-kernel" else denoisers)
         timed.append(label(name, params))
     return work, timed, untimed
+
+
+def without_untimed(time, left_out: list[tuple[str, bool]]):
+    """``time`` as far as it holds with techniques left out of it (``left_out``: "label: why" and whether the
+    technique can make the run faster): unchanged without any; None where one can make it faster (its lower and
+    ideal bounds no longer bound the run); else (it can only slow the run: an offload's untimed transfers) its bounds
+    kept, with no expected range and no energy, which would be the pipeline's without it."""
+    if not left_out or time is None:
+        return time
+    if any(faster for _, faster in left_out):
+        return None
+    names = ", ".join(said.split(": ")[0] for said, _ in left_out)
+    gone = f"no expected range: {names} left out of the time (its bounds still hold: it can only slow the run)"
+    stages = [stage.model_copy(update={"expected_s": None, "gpu_s": None, "host_s": None}) for stage in time.stages]
+    return time.model_copy(
+        update={"stages": stages, "expected_s": None, "outside_stages_s": None, "busy_share": None, "energy": None,
+                "energy_left_out": gone, "calibration": gone}
+    )  # fmt: skip
