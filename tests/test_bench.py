@@ -340,7 +340,9 @@ def test_compare_baseline_reports_the_speed_up_with_its_interval(tmp_path):
     rule = speedups.between(baseline, result)  # what every command shows for the pair
     assert (speedup.factor, speedup.ci_low, speedup.ci_high) == (rule.estimate, rule.low, rule.high)
     assert speedup.ci_low <= speedup.factor <= speedup.ci_high and speedup.ci_level >= 0.9
-    assert speedup.within_noise == (speedup.ci_low <= 1 <= speedup.ci_high)
+    # the verdict and the words every table prints for the pair, noise note included ("within noise (...) (noisy)")
+    assert (speedup.verdict, speedup.text, speedup.noise) == (rule.verdict, rule.text(), rule.notes)
+    assert speedup.within_noise == (rule.verdict == "within noise")
     assert not any("reused" in note for note in result.notes)  # measured just now, beside it
     again, _ = bench(
         BenchSpec(

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from diffusers.hooks import FirstBlockCacheConfig
 from tiny_runs import tiny_call, token_settings
 
 from diffmeter.catalog import resolve
 from diffmeter.flops.counter import count_flops
 from diffmeter.predict.cache_threshold import kappas_of, sigmas, skipped
 from diffmeter.predict.cache_time import HELD_OUT, cache_skip, module_macs, taylorseer_computed, threshold_share
+from diffmeter.predict.cache_time import label as cache_time_label
 from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.operators import predict_memory_and_work
 from diffmeter.predict.roofline import predict_time
@@ -160,9 +162,26 @@ def test_profile_gives_a_cached_range_and_says_how_its_share_was_obtained(cli):
     assert cache["how"].startswith("threshold 0.6 at 8 steps: the hook's rule") and cache["calls"] == STEPS
     assert found["time"]["expected_s"][1] < plain["time"]["expected_s"][1]
     code, out, _ = cli(*asked, "--opt", "first-block-cache")
-    assert code == 0 and "of the 8 denoiser calls skipped (threshold 0.2 at 8 steps" in " ".join(out.split())
+    default = FirstBlockCacheConfig().threshold  # what diffusers runs when none is given
+    assert code == 0 and f"of the 8 denoiser calls skipped (threshold {default} at 8 steps" in " ".join(out.split())
     code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--opt", "faster-cache", "--json")
     assert code == 0 and json.loads(out)["time_left_out"][0].startswith("faster-cache: in the calls that skip the")
+
+
+def test_the_threshold_caches_default_to_their_librarys_own_threshold():
+    """A cache asked for by name runs, and is predicted, at the threshold its library runs when given none."""
+    from cache_dit import DBCacheConfig
+
+    from diffmeter.optimize import OptimizationSpec, build
+
+    library = {
+        "first-block-cache": FirstBlockCacheConfig().threshold,
+        "cache-dit": DBCacheConfig().residual_diff_threshold,
+    }
+    for name, threshold in library.items():
+        (built,) = build([OptimizationSpec(name=name)])
+        assert built.config.threshold == threshold
+        assert cache_time_label(name, {}) == f"{name} threshold={threshold}"
 
 
 def test_the_printed_claim_is_the_committed_held_out_figure():

@@ -103,7 +103,8 @@ def test_profile_all_leaves_out_the_models_that_refuse_the_settings(cli, monkeyp
         (["profile", "flux-dev", "--guidance-scale", "-1"], "--guidance-scale must be 0 or more, got -1"),
         (["bench", "tiny-sd", "--guidance-scale", "-1"], "--guidance-scale must be 0 or more, got -1"),
         (["bench", "tiny-sd", "--seed", "-1"], "--seed must be 0 or more"),
-        (["fit", "tiny-sd", "--memory", "24XB"], "--memory takes a positive size such as 24GB (read as GiB)"),
+        (["fit", "tiny-sd", "--memory", "24XB"], "such as 24GB or 24GiB (GB read as GiB), or 23034MiB or 23034MB"),
+        (["fit", "tiny-sd", "--memory", "12MB"], "0.0117 GiB is not more than the 1.28 GiB CUDA's context"),
         (["fit", "tiny-sd", "--memory", "-5GB"], "--memory takes a positive size"),
         (["fit", "tiny-sd", "--memory", "0"], "--memory takes a positive size"),
     ],
@@ -112,6 +113,16 @@ def test_bad_input_is_one_line_and_exit_2(cli, args, message):
     code, out, err = cli(*args)
     assert code == 2 and message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("size", "name"), [("23034MiB", "--memory 23034MiB"), ("23034MB", "--memory 23034MB, read as MiB")]
+)
+def test_fit_takes_the_memory_in_mib_as_nvidia_smi_prints_it(cli, size, name):
+    code, out, err = cli("fit", "tiny-flux", "--memory", size, "--steps", "2", "--json")
+    assert code == 0, err
+    found = json.loads(out)
+    assert found["memory_bytes"] == 23034 * 2**20 and found["device"] == name
 
 
 def test_local_directory_without_index_exits_2(cli, tmp_path):

@@ -21,7 +21,7 @@ from diffmeter.predict.offload_time import moved_bytes
 from diffmeter.predict.operators import predict_memory_and_work
 from diffmeter.predict.quantized_files import error, predicted_bytes
 from diffmeter.predict.quantized_formats import quantized_bytes
-from diffmeter.predict.techniques import fitting, peak_under, settings
+from diffmeter.predict.techniques import OFFLOADS, fitting, peak_under, settings
 from diffmeter.runs.fitting import format_times, lower_times, plain_time, refusals, time_note
 from diffmeter.spec import ProfileSpec
 
@@ -101,6 +101,21 @@ def test_fit_json_lists_formats_with_their_time_note_and_quality(cli):
     fits = json.loads(out)["fits"]
     quantized = [row for row in fits if any(t.startswith("quantize-") for t in row["techniques"])]
     assert quantized and all(row["quality"] == "not measured" and row["lower_s"] is None for row in quantized)
+
+
+def test_fit_without_a_card_says_how_it_orders_and_drops_the_empty_time_column(cli):
+    """No GPU named, no time: the rows are in the settings' order (least offload first), which the table says, and
+    the time column, every cell of it empty, is not shown."""
+    asked = ("fit", "tiny-flux", "--memory", "1.2835GB", "--steps", "2")
+    code, out, err = cli(*asked)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "setting (least offload first)" in out and "fastest" not in out and "time >=" not in out
+    assert "Order: no time without the card's figures, so not by speed: by offload (none, model, group" in text
+    code, out, _ = cli(*asked, "--json")
+    rows = [row["techniques"] for row in json.loads(out)["fits"]]
+    offloads = [OFFLOADS.index(next((t for t in row if t.startswith("offload-")), "none")) for row in rows]
+    assert len(set(offloads)) > 1 and offloads == sorted(offloads)
 
 
 def test_fit_takes_component_dtypes_as_the_leaderboard_settles_them(cli):

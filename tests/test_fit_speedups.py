@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from diffusers.hooks import FirstBlockCacheConfig
 
+from diffmeter.optimize import OptimizationSpec, build
+from diffmeter.optimize.options import parse_opt
 from diffmeter.predict.compiled_time import compiled_work
 from diffmeter.predict.devices import named_gpu
 from diffmeter.predict.operators import predict_memory_and_work
@@ -47,7 +50,26 @@ def test_fit_offers_compile_and_the_cache_and_ranks_by_expected_time(cli):
     refused = [tuple(r["techniques"]) for r in json.loads(out)["refused_by_bench"]]
     assert ("compile-reduce-overhead", "first-block-cache") not in found and not refused  # bench refuses the pair
     code, out, _ = cli("fit", "tiny-flux", "--gpu", "h100", "--steps", "2")
-    assert code == 0 and "setting (by expected time)" in out and "compile-reduce-overhead" in out
+    assert code == 0 and "setting (by expected time)" in out and "compile:mode=reduce-overhead" in out
+
+
+def test_fit_names_each_speed_up_with_the_parameters_bench_runs_it_with(cli):
+    """The cache's threshold (diffusers' own default) and compile's mode, in the table and in --json as bench's
+    --opt takes them."""
+    threshold = FirstBlockCacheConfig().threshold
+    code, out, err = cli("fit", "tiny-flux", "--gpu", "h100", "--json", "--steps", "2")
+    assert code == 0, err
+    asked = {tuple(row["techniques"]): [parse_opt(o) for o in row["optimizations"]] for row in json.loads(out)["fits"]}
+    assert asked[()] == []
+    assert asked[("compile-reduce-overhead",)] == [OptimizationSpec(name="compile", params={"mode": "reduce-overhead"})]
+    assert asked[("compile", "first-block-cache")] == [
+        OptimizationSpec(name="compile", params={"mode": "default"}),
+        OptimizationSpec(name="first-block-cache", params={"threshold": threshold}),
+    ]
+    (compiled, cached) = build(asked[("compile", "first-block-cache")])  # bench takes them, as its defaults
+    assert compiled.config == type(compiled.config)() and cached.config == type(cached.config)()
+    code, out, _ = cli("fit", "tiny-flux", "--gpu", "h100", "--steps", "2")
+    assert code == 0 and f"compile:mode=default + first-block-cache:threshold={threshold}" in " ".join(out.split())
 
 
 def test_a_compiled_settings_time_is_profiles(tiny):

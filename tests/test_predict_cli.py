@@ -30,6 +30,8 @@ def test_profile_json_holds_the_memory_prediction(cli):
 def test_a_generation_larger_than_the_card_does_not_fit(cli):
     code, out, _ = cli("profile", "tiny-sd", "--gpu-spec", "0.004GB")  # ~4.3 MB: tiny SD peaks at ~7.7 MB
     assert code == 0 and "does not fit" in out
+    # the command that lists what does fit, with this model and card filled in
+    assert "`diffmeter fit tiny-sd --gpu-spec 0.004GB` lists the memory settings that do" in " ".join(out.split())
 
 
 def test_named_gpus_come_from_the_datasheet_table():

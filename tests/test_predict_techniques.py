@@ -91,9 +91,11 @@ def test_fit_holds_back_the_cuda_context_and_lists_settings_and_json(cli):
     assert code == 0 and data["fits"][0]["techniques"] == ["offload-model"]
     assert data["held_back_bytes"] == CUDA_HOLDBACK_BYTES and data["fits"][0]["lower_s"] is None  # no GPU named
     assert data["memory_checked"].startswith("checked: the tiny flux pipeline")  # the family's check, as in the table
-    # 4 MiB more than tiny-flux needs, without the hold-back: nothing fits
-    code, out, _ = cli("fit", "tiny-flux", "--memory", "0.005GB", "--json")
-    assert code == 0 and json.loads(out)["fits"] == []
+    # 4 MiB more than tiny-flux needs, without the hold-back: less than the hold-back itself, refused in one line
+    # (the table said "-1.27 GiB left"), as a mistyped unit is ("12MB" for 12GB)
+    code, _, err = cli("fit", "tiny-flux", "--memory", "0.005GB", "--json")
+    assert code == 2 and "is not more than the 1.28 GiB CUDA's context and libraries hold back" in err
+    assert len(err.strip().splitlines()) == 1
     code, out, _ = cli("fit", "tiny-flux", "--memory", "80GB")
     assert code == 0 and "as is" in out and "1.28 GiB held back" in out
 

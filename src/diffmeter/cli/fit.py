@@ -1,4 +1,4 @@
-"""`diffmeter fit`: which memory settings let a generation fit a GPU, likely fastest first (``predict/``)."""
+"""`diffmeter fit`: which memory settings let a generation fit a GPU, by predicted time where known (``predict/``)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from diffmeter.cli.options import (
 )
 from diffmeter.errors import DiffmeterError
 from diffmeter.quiet import load_libraries
+from diffmeter.units import gib
 
 #: the settings the table lists without --all-settings
 TOP = 12
@@ -61,7 +62,8 @@ def fit(
     memory: Annotated[
         str | None,
         typer.Option(
-            metavar="SIZE", help='GPU memory to fit in, e.g. "22.5GB" (read as GiB: nvidia-smi\'s 23034MiB is 22.5GB)'
+            metavar="SIZE",
+            help='GPU memory to fit in, e.g. "22.5GB" (read as GiB: nvidia-smi\'s 23034MiB is 22.5GB) or "23034MiB"',
         ),
     ] = None,
     gpu: GpuName = None,
@@ -145,6 +147,13 @@ def fit(
             if gpu_spec
             else f"{target.name} comes in several memory sizes: add --memory (e.g. --memory 32GB)"
         )
+    held = CUDA_HOLDBACK_BYTES if target.kind == "cuda" else 0  # the CPU's memory keeps no CUDA context
+    usable = target.memory_bytes - held
+    if usable <= 0:
+        raise DiffmeterError(
+            f"{target.name}: {gib(target.memory_bytes)} is not more than the {gib(held)} CUDA's context and "
+            "libraries hold back; give the card's whole memory, such as --memory 12GB"
+        )
     spec = ProfileSpec(
         model=model,
         height=height,
@@ -165,7 +174,7 @@ def fit(
     from diffmeter.predict.fit_formats import with_fit_formats
     from diffmeter.predict.quantized_kernels import of_architecture
     from diffmeter.predict.techniques import fitting
-    from diffmeter.runs.fit_speedups import SettingWork, is_speedup, ranked, timed, with_speedups
+    from diffmeter.runs.fit_speedups import SettingWork, is_speedup, optimization, ranked, timed, with_speedups
     from diffmeter.runs.fitting import (
         format_times,
         lower_times,
@@ -188,8 +197,6 @@ def fit(
     prediction, work = found
     if on_cuda:  # the --quantize BACKEND:TYPE formats fit offers on the denoisers (bench runs them on CUDA)
         prediction = with_fit_formats(prediction, spec, of_architecture(target.architecture))  # quanto's kernels
-    held = CUDA_HOLDBACK_BYTES if target.kind == "cuda" else 0  # the CPU's memory keeps no CUDA context
-    usable = target.memory_bytes - held
     # fp8 weights need FP8 tensor cores: a table GPU says whether it has them; a bare --memory is not refused
     fp8 = gpu is None or "fp8" in target.tflops
     settled = spec.with_defaults(entry.defaults)
@@ -223,6 +230,7 @@ def fit(
             "fits": [
                 {
                     "techniques": list(chosen),
+                    "optimizations": [optimization(t) for t in chosen if is_speedup(t)],  # as bench's --opt
                     "peak_bytes": peak,
                     "lower_s": time,
                     "expected_s": expected.get(chosen),  # the calibrated range with every technique of it
@@ -257,13 +265,20 @@ def fit(
 
 
 def _memory(text: str) -> str:
-    """``--memory``: a positive size in GB (read as GiB) or GiB, such as 24GB; one clear line otherwise."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(gb|gib|g)?\s*", text, re.IGNORECASE)
+    """``--memory``: a positive size in GB or GiB (GB read as GiB), or MB or MiB as nvidia-smi prints it (MB read as
+    MiB), such as 24GB or 23034MiB, as the GiB figure ``spec_gpu`` takes; one clear line otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(gb|gib|g|mb|mib|m)?\s*", text, re.IGNORECASE)
     if match is None or float(match.group(1)) <= 0:
-        raise DiffmeterError(f"--memory takes a positive size such as 24GB (read as GiB); got '{text}'")
-    return f"{match.group(1)}GB"
+        raise DiffmeterError(
+            f"--memory takes a positive size such as 24GB or 24GiB (GB read as GiB), or 23034MiB or 23034MB as "
+            f"nvidia-smi prints it (MB read as MiB); got '{text}'"
+        )
+    mebibytes = (match.group(2) or "g").lower().startswith("m")
+    return f"{float(match.group(1)) / 1024:.12f}GB" if mebibytes else f"{match.group(1)}GB"
 
 
 def _memory_name(text: str) -> str:
-    """How ``--memory`` is named where a GPU's name goes: the figure as given, and how a GB figure was read."""
-    return f"--memory {text.strip()}" + ("" if text.strip().lower().endswith("gib") else ", read as GiB")
+    """How ``--memory`` is named where a GPU's name goes: the figure as given, and how a GB or MB figure was read."""
+    unit = text.strip().lower().rstrip("i b")
+    read = "" if text.strip().lower().endswith("ib") else ", read as MiB" if unit.endswith("m") else ", read as GiB"
+    return f"--memory {text.strip()}{read}"

@@ -4,6 +4,7 @@ and with --gpu/--gpu-spec the predicted memory and time."""
 from __future__ import annotations
 
 import json
+import shlex
 
 from diffmeter.cli.app import console, note
 from diffmeter.errors import DiffmeterError
@@ -230,7 +231,8 @@ def print_predicted(
         print_profile(found, spec)
         if group:
             console.print(parallel_line(group), highlight=False, markup=False)
-        console.print(memory_table(memory, chosen, techniques))
+        card = f"--gpu {shlex.quote(gpu)}" if gpu else f"--gpu-spec {shlex.quote(gpu_spec or '')}"
+        console.print(memory_table(memory, chosen, techniques, f"diffmeter fit {shlex.quote(spec.model)} {card}"))
         console.print(time_table(time) if time else f"no time prediction: {lacking}", markup=False)
         if time and time.expected_s:
             console.print(energy_line(time, "video" if found.num_frames else "image"), markup=False)

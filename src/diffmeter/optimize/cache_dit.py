@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from diffmeter.optimize.base import Optimization, Target
 from diffmeter.optimize.registry import register
+from diffmeter.predict.cache_threshold import DEFAULT_THRESHOLD
 from diffmeter.quiet import quiet_import
 
 
@@ -14,7 +15,7 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
     fn: int = Field(8, ge=1)
     bn: int = Field(0, ge=0)
-    threshold: float = Field(0.08, gt=0)
+    threshold: float = Field(DEFAULT_THRESHOLD["cache-dit"], gt=0)
     warmup_steps: int = Field(8, ge=0)
 
 

@@ -7,12 +7,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from diffmeter.optimize.hook_cache import HookCache
 from diffmeter.optimize.registry import register
+from diffmeter.predict.cache_threshold import DEFAULT_THRESHOLD
 
 
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    #: relative change of the first block's residual below which the rest is skipped
-    threshold: float = Field(0.2, gt=0)
+    #: relative change of the first block's residual below which the rest is skipped; diffusers' own default
+    threshold: float = Field(DEFAULT_THRESHOLD["first-block-cache"], gt=0)
 
 
 @register

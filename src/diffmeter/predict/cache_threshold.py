@@ -20,6 +20,11 @@ import math
 
 #: FLUX.1's dynamic shift: calculate_shift's defaults, FluxPipeline's fallback (pipeline_flux.py:73-79, 827-833)
 BASE_TOKENS, MAX_TOKENS, BASE_SHIFT, MAX_SHIFT = 256, 4096, 0.5, 1.15
+#: the threshold each threshold cache runs at when none is given, the library's own default: diffusers 0.42.1
+#: FirstBlockCacheConfig.threshold (hooks/first_block_cache.py:48) and cache-dit 1.5.3's DBCacheConfig
+#: .residual_diff_threshold (caching/cache_contexts/cache_config.py:37); optimize/first_block_cache.py and
+#: cache_dit.py default to these
+DEFAULT_THRESHOLD = {"first-block-cache": 0.05, "cache-dit": 0.08}
 #: the kappa grid searched: relative residual change per unit of sigma, log-spaced
 GRID = tuple(0.2 * 1.01**k for k in range(700))
 

@@ -25,7 +25,7 @@ from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import schedule
 from diffmeter.predict.cache_exact import deep_cache_full, deep_cache_macs, pab_macs, pab_skippable
-from diffmeter.predict.cache_threshold import kappas_of, share_range, sigmas
+from diffmeter.predict.cache_threshold import DEFAULT_THRESHOLD, kappas_of, share_range, sigmas
 from diffmeter.predict.schema import CacheSkip, CallWork, OperatorGroup, OperatorWork, TimePrediction
 
 SKIPS = Path(__file__).parent / "data" / "cache_skips.json"
@@ -60,8 +60,6 @@ TAYLORSEER_MODULES = (
 FBC_OVERHEAD = 9
 
 
-#: the threshold each threshold cache runs at when none is given (optimize/first_block_cache.py, cache_dit.py)
-DEFAULT_THRESHOLD = {"first-block-cache": 0.2, "cache-dit": 0.08}
 #: PAB's timestep window when none is given (optimize/pyramid_attention_broadcast.py Config)
 PAB_WINDOW = (100, 800)
 #: cache-dit's warm-up calls when none is given (optimize/cache_dit.py Config)
@@ -77,7 +75,7 @@ HELD_OUT = (
 
 
 def label(name: str, params: dict) -> str:
-    """A cache as the prediction names it: "first-block-cache threshold=0.2"."""
+    """A cache as the prediction names it: "first-block-cache threshold=0.05"."""
     if name == "taylorseer":
         return f"taylorseer interval={params.get('cache_interval', 5)}"
     if name == "pab":

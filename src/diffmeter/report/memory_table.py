@@ -11,9 +11,12 @@ from diffmeter.report.layout import Column, FittedTable
 from diffmeter.units import gib
 
 
-def memory_table(prediction: MemoryPrediction, gpu: Device | None, techniques: tuple[str, ...] = ()) -> FittedTable:
+def memory_table(
+    prediction: MemoryPrediction, gpu: Device | None, techniques: tuple[str, ...] = (), fit_command: str = ""
+) -> FittedTable:
     """A row per stage with every component loaded; then the whole generation (under ``techniques``, the names
-    ``predict.techniques`` models them by) and whether it fits ``gpu``."""
+    ``predict.techniques`` models them by) and whether it fits ``gpu``; ``fit_command``: the ``diffmeter fit`` line
+    for this model and card, offered when it does not fit."""
     from diffmeter.predict.techniques import peak_under
 
     title = f"predicted peak memory ({prediction.dtype}, every component loaded)"
@@ -58,7 +61,8 @@ def memory_table(prediction: MemoryPrediction, gpu: Device | None, techniques: t
             style=None if fits else "red",
         )
         if not fits:  # what would: offloading, quantization, VAE modes, each predicted
-            table.caption = "does not fit: `diffmeter fit MODEL --gpu NAME` lists the memory settings that do"
+            command = fit_command or "diffmeter fit MODEL --gpu NAME"
+            table.caption = f"does not fit: `{escape(command)}` lists the memory settings that do"
     if prediction.checked:
         table.caption = "\n".join(filter(None, (escape(prediction.checked), table.caption)))
     return table
@@ -76,15 +80,16 @@ def fit_table(
     per_row: tuple[dict, dict, dict, dict] = ({}, {}, {}, {}),
     fitting: int | None = None,
 ) -> FittedTable:
-    """The settings that fit once ``held_back`` bytes are kept for CUDA, with their lower bounds of time, fastest
-    first where every time is known, and ``untimed``: why a setting has none; a line if none fits, and
+    """The settings that fit once ``held_back`` bytes are kept for CUDA, with their lower bounds of time (no column
+    where none has one), ranked by time where known, else in ``predict.techniques.settings``' order, and ``untimed``:
+    why a setting has none; a line if none fits, and
     ``next_step``: what to do then; ``per_row``: each setting's quality cost, why its time is the unquantized
     pipeline's (``runs.fitting.time_note``), its expected range (the rows ranked by it) and why a row has none
     (``unranked``); ``fitting``: how many settings fit (``rows`` may be the first of them)."""
     qualities, notes, expected, unranked = per_row
 
-    timed = all(time is not None for _, _, time in rows) and bool(rows)
-    order = "by expected time" if expected else "fastest first" if timed else "likely fastest first"
+    some = any(time is not None for _, _, time in rows)  # no time at all: no column for it
+    order = "by expected time" if expected else "by time's lower bound" if some else "least offload first"
     held = f", {gib(held_back)} held back for CUDA" if held_back else ""
     table = FittedTable(
         escape(
@@ -95,7 +100,7 @@ def fit_table(
             Column(f"setting ({order})", justify="left"),
             Column("predicted peak"),
             Column("left", drop=1),
-            Column("time >= s/generation", drop=0),
+            *([Column("time >= s/generation", drop=0)] if some else []),
             *([Column("expected s", drop=4)] if expected else []),  # only a setting that moves no weights has one
             Column("quality", drop=2),
         ],
@@ -107,9 +112,10 @@ def fit_table(
         ranged = f"{expected[chosen][0]:,.2f}-{expected[chosen][1]:,.2f}" if expected.get(chosen) else "-"
         quality = qualities.get(chosen, "-")
         ranged = [ranged] if expected else []
-        table.add_row(escape(setting_text(chosen)), gib(peak), gib(usable - peak), shown, *ranged, quality)
+        shown = [shown] if some else []
+        table.add_row(escape(setting_text(chosen)), gib(peak), gib(usable - peak), *shown, *ranged, quality)
     if not rows:
-        table.add_row("nothing fits, even with sequential offload", "", "", "", *[""] * bool(expected), "", style="red")
+        table.add_row("nothing fits, even with sequential offload", *[""] * (len(table.columns) - 1), style="red")
     link = f" over its {gpu.host_link}" if gpu.host_link else ""
     lines = [escape(next_step)] if next_step else []
     if prediction.peak_bytes > usable:
@@ -125,7 +131,13 @@ def fit_table(
             f"Held back: {gib(held_back)} for the CUDA context and libraries (measured on an H200, "
             "docs/memory-prediction.md)."
         )
-    if any(time is not None for _, _, time in rows):
+    if rows and not some:
+        lines.append(
+            "Order: no time without the card's figures, so not by speed: by offload (none, model, group, sequential: "
+            "each moves more weights per generation), unquantized before quantized, fewer techniques first, then "
+            "the formats in fit's list order (predict/fit_formats.py FIT_FORMATS)."
+        )
+    if some:
         lines.append(
             f"Time: a lower bound, the roofline plus offloading's weight transfers{link} at its standard rate."
         )
@@ -163,8 +175,15 @@ def fit_table(
 
 
 def setting_text(chosen: tuple[str, ...]) -> str:
-    """A setting as the table shows it: a ``--quantize BACKEND:TYPE`` format as that value (``gguf:Q4_K_S``)."""
+    """A setting as the table shows it: a ``--quantize BACKEND:TYPE`` format as that value (``gguf:Q4_K_S``), a
+    speed-up as bench's ``--opt`` takes it, with its parameters (``first-block-cache:threshold=0.05``)."""
     from diffmeter.predict.fit_formats import label
+    from diffmeter.runs.fit_speedups import is_speedup, optimization
 
-    legacy = ("quantize-int8", "quantize-fp8")
-    return " + ".join(label(t) if t.startswith("quantize-") and t not in legacy else t for t in chosen) or "as is"
+    def named(technique: str) -> str:
+        if is_speedup(technique):
+            return optimization(technique)
+        legacy = technique in ("quantize-int8", "quantize-fp8")
+        return label(technique) if technique.startswith("quantize-") and not legacy else technique
+
+    return " + ".join(map(named, chosen)) or "as is"

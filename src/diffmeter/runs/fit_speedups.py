@@ -1,20 +1,24 @@
 """The speed-ups ``fit`` and the leaderboard combine with each memory setting that fits, the way bench can:
-torch.compile in its default mode and with CUDA graphs (reduce-overhead), a first-block cache at its default
-threshold, compile with the cache. Each setting is timed as ``profile --gpu --opt`` times it: the setting's operator
-work (a timed quantized format's layers, a tiled or sliced decode's operators) through
-``timed_techniques.timed_work``, the calibrated range (``roofline.predict_time``) and offloading's transfers at their
-fitted rates (``offload_time``); settings are ranked by that range's midpoint. A setting with a technique whose time
-is not modelled has no range, says why, and is not ranked: it follows the ranked ones, by its lower bound."""
+torch.compile in its default mode and with CUDA graphs (reduce-overhead), a first-block cache at diffusers' default
+threshold, compile with the cache, each named with its parameters (``optimization``). Each setting is timed as
+``profile --gpu --opt`` times it: the setting's operator work (a timed quantized format's layers, a tiled or sliced
+decode's operators) through ``timed_techniques.timed_work``, the calibrated range (``roofline.predict_time``) and
+offloading's transfers at their fitted rates (``offload_time``); settings are ranked by that range's midpoint. A
+setting with a technique whose time is not modelled has no range, says why, and is not ranked: it follows the ranked
+ones, by its lower bound."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: the speed-ups offered, as a setting names them, and the optimization each is (bench's ``--opt NAME:PARAMS``)
+from diffmeter.predict.cache_threshold import DEFAULT_THRESHOLD
+
+#: the speed-ups offered, as a setting names them, and the optimization each is (bench's ``--opt NAME:PARAMS``),
+#: its parameters as bench runs it by default (optimize/compile.py's and optimize/first_block_cache.py's Config)
 SPEEDUPS = {
-    "compile": ("compile", {}),
+    "compile": ("compile", {"mode": "default"}),
     "compile-reduce-overhead": ("compile", {"mode": "reduce-overhead"}),
-    "first-block-cache": ("first-block-cache", {}),
+    "first-block-cache": ("first-block-cache", {"threshold": DEFAULT_THRESHOLD["first-block-cache"]}),
 }
 #: what each memory setting is offered with (bench refuses CUDA graphs with a cache: ``optimize.compile``)
 COMBINATIONS = (
@@ -46,6 +50,12 @@ def with_speedups(fits: list[tuple[tuple[str, ...], int]]) -> list[tuple[tuple[s
 
 def is_speedup(technique: str) -> bool:
     return technique in SPEEDUPS
+
+
+def optimization(technique: str) -> str:
+    """A speed-up as bench's ``--opt`` takes it, its parameters named: ``first-block-cache:threshold=0.05``."""
+    name, params = SPEEDUPS[technique]
+    return ":".join([name, ",".join(f"{key}={value}" for key, value in params.items())])
 
 
 def asked(chosen: tuple[str, ...]) -> list[tuple[str, dict]]:

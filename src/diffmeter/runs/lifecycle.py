@@ -296,10 +296,7 @@ class MeasuredRun:
             return
         stored, folder = earlier
         result.quality = baseline.compare_with_baseline(result, self.staging, stored, folder)
-        rule = speedups.between(stored, result)
-        result.speedup = Speedup(
-            baseline=str(folder), factor=rule.estimate, ci_low=rule.low, ci_high=rule.high, ci_level=rule.coverage
-        )
+        result.speedup = Speedup.of(speedups.between(stored, result), str(folder))
         result.notes += baseline.notes(stored, folder, self.began)
 
     def predict(self, result: BenchResult) -> None:

@@ -21,6 +21,8 @@ from diffmeter.measure.energy import Energy
 from diffmeter.measure.environment import Environment
 from diffmeter.measure.memory import PeakMemory
 from diffmeter.measure.quality_schema import Quality
+from diffmeter.measure.speedup import Speedup as Rule
+from diffmeter.measure.speedup import Verdict
 from diffmeter.measure.stats import Stats
 from diffmeter.measure.trace import TraceSummary
 from diffmeter.predict.peaks import Peak
@@ -86,10 +88,31 @@ class Speedup(BaseModel):
     ci_high: float
     #: the probability the interval covers the true factor
     ci_level: float
+    #: the rule's verdict, the figure as every table words it ("within noise (0.49-1.71x) (noisy)",
+    #: ``measure.speedup.Speedup.text``) and why either run's timings are noisy; None and [] in runs stored before
+    verdict: Verdict | None = None
+    text: str | None = None
+    noise: list[str] = []
+
+    @classmethod
+    def of(cls, rule: Rule, baseline: str) -> Speedup:
+        """The record of ``rule`` (``runs.speedups.between``'s) against the run stored in ``baseline``."""
+        return cls(
+            baseline=baseline,
+            factor=rule.estimate,
+            ci_low=rule.low,
+            ci_high=rule.high,
+            ci_level=rule.coverage,
+            verdict=rule.verdict,
+            text=rule.text(),
+            noise=rule.notes,
+        )
 
     @property
     def within_noise(self) -> bool:
-        return self.ci_low <= 1.0 <= self.ci_high
+        """The verdict's (the interval holds 1x, or the estimate is within the least effect of it); in a run stored
+        without one, whether the interval holds 1x."""
+        return self.verdict == "within noise" if self.verdict else self.ci_low <= 1.0 <= self.ci_high
 
 
 class AppliedOptimization(BaseModel):
