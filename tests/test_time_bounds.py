@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,19 +19,10 @@ from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork
 from diffmeter.predict.vae_decode import VAE_MODES
 from diffmeter.spec import ProfileSpec
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+from published_comparison import settings  # noqa: E402
+
 FIGURES = Path(__file__).parents[1] / "benchmarks" / "published_figures.yaml"
-#: each run's settings, counted as it ran (max_sequence_length and cfg_trunc_ratio where it differs from the entry's)
-SETTINGS = (
-    "dtype",
-    "height",
-    "width",
-    "steps",
-    "batch_size",
-    "num_frames",
-    "guidance_scale",
-    "max_sequence_length",
-    "cfg_trunc_ratio",
-)
 #: techniques that change the operators a run dispatches: the eager bound is of the plain eager operators
 NOT_EAGER = {"compile"}
 
@@ -50,10 +42,9 @@ def latency_figures() -> list[dict]:
 
 
 def spec_of(figure: dict) -> ProfileSpec:
-    chosen = {}
-    for key in SETTINGS:
-        value = figure.get(key)
-        chosen[key] = figure["predict_with"][key] if value == "not stated" else value
+    """The run as the calibrations count it (``published_comparison.settings``: its sampler, sequence length and CFG
+    truncation where it ran with its own)."""
+    chosen, _ = settings(figure)
     return ProfileSpec(model=figure["model"], **{k: v for k, v in chosen.items() if v is not None})
 
 
