@@ -70,7 +70,7 @@ def test_an_unknown_gpus_suggestions_are_options_of_the_command(cli, command):
 
 
 def test_nothing_fits_names_the_least_peak_what_lowers_it_and_the_smallest_card(cli):
-    code, out, err = cli("fit", "tiny-flux", "--memory", "0.005GB", "--json")
+    code, out, err = cli("fit", "tiny-flux", "--memory", "1.28GB", "--json")
     found = json.loads(out)
     assert code == 0, err
     assert found["fits"] == []
@@ -83,12 +83,12 @@ def test_nothing_fits_names_the_least_peak_what_lowers_it_and_the_smallest_card(
     assert f"{units.gib(least + CUDA_HOLDBACK_BYTES)} of GPU memory" in step
     assert "a smaller size (--height/--width, 32x32 px now)" in step and "--num-frames" not in step
     assert f"the smallest card of the table it fits is the {smallest.name}" in step
-    code, out, _ = cli("fit", "tiny-flux", "--memory", "0.005GB")
+    code, out, _ = cli("fit", "tiny-flux", "--memory", "1.28GB")
     assert "Nothing fits: the least any setting reaches" in " ".join(out.split())
 
 
 def test_nothing_fits_for_a_video_names_fewer_frames(cli):
-    code, out, err = cli("fit", "tiny-wan", "--memory", "0.005GB", "--steps", "1", "--json")
+    code, out, err = cli("fit", "tiny-wan", "--memory", "1.28GB", "--steps", "1", "--json")
     assert code == 0, err
     assert (
         "fewer frames (--num-frames, 9 now) or a smaller size (--height/--width, 16x16 px now)"

@@ -13,15 +13,8 @@ import torch
 from fake_cuda import FakeCuda, unavailable_reason
 
 from diffmeter.predict.footprints import meta_module
-from diffmeter.predict.quantized_kernels import (
-    CPU,
-    OTHER_GPU,
-    SM80,
-    of_architecture,
-    of_device,
-    quanto_in_flight,
-    torchao_in_flight,
-)
+from diffmeter.predict.kernel_kinds import CPU, OTHER_GPU, SM80, of_architecture
+from diffmeter.predict.quantized_kernels import of_device, quanto_in_flight, torchao_in_flight
 
 SHAPES = [(384, 256), (384, 96), (112, 384), (128, 512)]  # groups of 128; rows of 96; 112 outputs; AWQ's 128
 

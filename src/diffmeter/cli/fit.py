@@ -172,7 +172,7 @@ def fit(
     entry = entry_of(spec)
     from diffmeter.predict.cached import cached_memory_and_work
     from diffmeter.predict.fit_formats import with_fit_formats
-    from diffmeter.predict.quantized_kernels import of_architecture
+    from diffmeter.predict.kernel_kinds import of_architecture
     from diffmeter.predict.techniques import fitting
     from diffmeter.runs.fit_speedups import SettingWork, is_speedup, optimization, ranked, timed, with_speedups
     from diffmeter.runs.fitting import (

@@ -76,6 +76,7 @@ def print_predicted(
     from diffmeter.predict.attention_kernels import asked_kernel
     from diffmeter.predict.bench_prediction import memory_technique
     from diffmeter.predict.cache_time import skipped_line
+    from diffmeter.predict.kernel_kinds import of_architecture
     from diffmeter.predict.offload_time import offload_line, offload_of, with_offload
     from diffmeter.predict.offload_time import why_untimed as why_offload_untimed
     from diffmeter.predict.operators import operator_work, predict_memory_and_work
@@ -87,7 +88,6 @@ def print_predicted(
         summarize,
         with_communication,
     )
-    from diffmeter.predict.quantized_kernels import of_architecture
     from diffmeter.predict.quantized_memory import split_values, with_formats
     from diffmeter.predict.quantized_time import held_out_claim, needs_fp8, quantized_work, why_not_modelled
     from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time

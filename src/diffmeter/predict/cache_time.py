@@ -23,7 +23,6 @@ from pathlib import Path
 
 from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
-from diffmeter.families import schedule
 from diffmeter.predict.cache_exact import deep_cache_full, deep_cache_macs, pab_macs, pab_skippable
 from diffmeter.predict.cache_threshold import DEFAULT_THRESHOLD, kappas_of, share_range, sigmas
 from diffmeter.predict.schema import CacheSkip, CallWork, OperatorGroup, OperatorWork, TimePrediction
@@ -233,6 +232,8 @@ def cache_skip(work: OperatorWork, name: str, params: dict, denoisers: tuple[str
     elif name == "deep-cache":
         interval = params.get("cache_interval", 3)
         settled = spec if spec.steps is not None else spec.with_defaults(resolve(spec.model).defaults)
+        from diffmeter.families import schedule  # the families load torch: a cached fit reads this module without
+
         places = schedule.first_places(resolve(spec.model), settled.steps, settled.scheduler)  # a UNet call each
         full = deep_cache_full([place for place in places for _ in range(calls // len(places))], interval)
         low = high = (calls - full) / calls

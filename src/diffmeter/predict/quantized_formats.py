@@ -39,8 +39,9 @@ import torch
 
 from diffmeter.predict import quantized_layouts as layouts
 from diffmeter.predict.gguf_city96 import file_types as gguf_file_types
+from diffmeter.predict.kernel_kinds import SM80
 from diffmeter.predict.prequantized_formats import autoround_tensors, bfl_file_types, bfl_tensors, nunchaku_tensors
-from diffmeter.predict.quantized_kernels import SM80, quanto_in_flight, torchao_in_flight
+from diffmeter.predict.quantized_kernels import quanto_in_flight, torchao_in_flight
 
 #: the backends predicted when applied to a loaded module, and the module kinds each quantizes then
 AFTER_LOADING = {"torchao": torch.nn.Linear, "quanto": (torch.nn.Linear, torch.nn.Conv2d)}

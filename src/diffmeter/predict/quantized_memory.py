@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 from diffmeter.predict.footprints import meta_module
+from diffmeter.predict.kernel_kinds import CPU, SM80
 from diffmeter.predict.memory import DTYPES, settled_plan
 from diffmeter.predict.quantized_formats import checkpoint_types, footprint
-from diffmeter.predict.quantized_kernels import CPU, SM80
 from diffmeter.predict.schema import MemoryPrediction
 from diffmeter.quantization_spec import BACKENDS, DENOISER, parse
 
