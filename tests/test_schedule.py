@@ -140,6 +140,10 @@ def test_profile_counts_a_sampler_swapped_in_and_refuses_one_that_does_not_fit(c
     assert code == 0 and json.loads(out)["denoiser_steps"] == 8  # PNDM's 9 by default
     assert "EulerAncestralDiscreteScheduler" in json.loads(out)["scheduler"]
     code, _, err = cli("profile", "flux-dev", "--scheduler", "ddim")
-    assert code != 0 and "flux-dev is a flow model; use flow-euler" in err and "Traceback" not in err
+    assert (
+        code != 0
+        and "ddim is not a flow-matching sampler, and flux-dev is a flow model: use flow-euler" in err
+        and "Traceback" not in err
+    )
     code, _, err = cli("profile", "sd15", "--scheduler", "heun")
     assert code != 0 and "not a sampler diffmeter swaps in" in err

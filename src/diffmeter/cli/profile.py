@@ -170,7 +170,7 @@ def profile(
 
     names = list(models or [])
     if scheduler is not None:
-        from diffmeter.families.schedule import SAMPLERS  # the families load torch: only when a sampler is asked
+        from diffmeter.families.schedule import SAMPLERS, sampler_refusal  # the families load torch: asked only
 
         if scheduler not in SAMPLERS:
             raise DiffmeterError(
@@ -179,12 +179,9 @@ def profile(
         from diffmeter.catalog import resolve
         from diffmeter.families import get_family
 
-        for name in names:  # refused as bench refuses it (optimize/scheduler.py: flow models take flow samplers)
-            flow = get_family(resolve(name).family).flow_matching
-            if SAMPLERS[scheduler][2] != flow:
-                fitting = ", ".join(n for n, (_, _, is_flow) in SAMPLERS.items() if is_flow == flow)
-                kind = "is a flow model" if flow else "predicts noise, not a flow"
-                raise DiffmeterError(f"--scheduler {scheduler}: {name} {kind}; use {fitting}")
+        for name in names:  # refused as bench refuses it (optimize/scheduler.py)
+            if why := sampler_refusal(scheduler, name, get_family(resolve(name).family).flow_matching):
+                raise DiffmeterError(f"--scheduler: {why}")
     if all_models and names:
         raise DiffmeterError(f"--all profiles every catalog model: drop {' '.join(names)}, or drop --all")
     if all_models:

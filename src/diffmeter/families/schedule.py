@@ -32,6 +32,17 @@ SAMPLERS = {
 }
 
 
+def sampler_refusal(sampler: str, model: str, flow: bool) -> str | None:
+    """Why ``sampler`` cannot drive ``model`` (``flow``: a flow-matching model, which takes flow-matching samplers
+    only; the others none of them), or None where it can. bench's and profile's one rule."""
+    if SAMPLERS[sampler][2] == flow:
+        return None
+    if flow:
+        fitting = ", ".join(name for name, (_, _, is_flow) in SAMPLERS.items() if is_flow)
+        return f"{sampler} is not a flow-matching sampler, and {model} is a flow model: use {fitting}"
+    return f"{sampler} is a flow-matching sampler; {model} predicts noise, not a flow"
+
+
 def scheduler_of(entry: PipelineEntry, sampler: str | None = None) -> dict[str, Any] | None:
     """The scheduler the pipeline builds, ``{"class", "config"}``: a catalog entry's shipped ``extra.scheduler``, a
     local folder's own scheduler_config.json (``catalog/local.py``), a tiny entry's runtime one; None when unknown.

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from diffmeter.families.schedule import SAMPLERS as SCHEDULERS
+from diffmeter.families.schedule import sampler_refusal
 from diffmeter.optimize.base import Optimization, Target
 from diffmeter.optimize.registry import register
 
@@ -30,16 +31,7 @@ class Scheduler(Optimization):
     Config = Config
 
     def supports(self, target: Target) -> str | None:
-        flow = SCHEDULERS[self.config.name][2]
-        if flow and not target.is_flow:
-            return f"{self.config.name} is a flow-matching sampler; {target.entry.name} predicts noise, not a flow"
-        if not flow and target.is_flow:
-            fitting = ", ".join(name for name, (_, _, is_flow) in SCHEDULERS.items() if is_flow)
-            return (
-                f"{self.config.name} is not a flow-matching sampler, and {target.entry.name} is a flow model: "
-                f"use {fitting}"
-            )
-        return None
+        return sampler_refusal(self.config.name, target.entry.name, target.is_flow)
 
     @classmethod
     def variants(cls) -> list[Optimization]:
