@@ -39,11 +39,9 @@ from __future__ import annotations
 
 import torch
 
-from diffmeter.catalog import resolve
 from diffmeter.catalog.quantized_files import QuantizedFile
 from diffmeter.predict import quantized_layouts as layouts
-from diffmeter.predict.footprints import meta_module
-from diffmeter.predict.quantized_files import error
+from diffmeter.predict.quantized_files import component_module, error
 
 #: the bytes per value of each cast
 WIDTH = {"float8_e4m3fn": 1, "float8_e4m3fn-scaled": 1, "float16": 2, "bfloat16": 2}
@@ -73,8 +71,7 @@ def part_range(module: torch.nn.Module, stored: str, stated: bool = False) -> tu
 
 
 def predicted_ranges(files: list[QuantizedFile]) -> list[tuple[int, int] | None]:
-    """Each file's predicted (low, high) bytes, None for a file not predicted here; each component built once."""
-    built: dict[tuple[str, str], torch.nn.Module] = {}
+    """Each file's predicted (low, high) bytes, None for a file not predicted here."""
     found = []
     for file in files:
         if file.rules not in RULES or not file.parts:
@@ -82,10 +79,7 @@ def predicted_ranges(files: list[QuantizedFile]) -> list[tuple[int, int] | None]
             continue
         low = high = 0
         for component, stored in file.parts.items():
-            key = (file.model, component)
-            if key not in built:
-                built[key] = meta_module(resolve(file.model).components[component], torch.bfloat16)
-            part = part_range(built[key], stored, stated=file.rules == "forge-bnb")
+            part = part_range(component_module(file.model, component), stored, stated=file.rules == "forge-bnb")
             low, high = low + part[0], high + part[1]
         found.append((low, high))
     return found

@@ -6,6 +6,7 @@ them (``svdquant_files``)."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 import torch
@@ -24,10 +25,15 @@ MAX_SHARD = "10GB"
 SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.")
 
 
+@functools.cache
+def component_module(model: str, component: str) -> torch.nn.Module:
+    """A catalog model's component built on meta at bfloat16, once per process for every file predicted from it (a
+    file's bytes follow the types its converter writes, not the dtype the module is built at)."""
+    return meta_module(resolve(model).components[component], torch.bfloat16)
+
+
 def predicted_bytes(files: list[QuantizedFile]) -> list[int | None]:
-    """Each file's predicted bytes (None: a format whose layout is not predicted from the config); each component
-    built on meta once."""
-    built: dict[tuple[str, str], torch.nn.Module] = {}
+    """Each file's predicted bytes (None: a format whose layout is not predicted from the config)."""
     found = []
     for file in files:
         if file.rules in svdquant_files.RULES:  # nunchaku's own 2024 layout, tensor by tensor
@@ -36,13 +42,11 @@ def predicted_bytes(files: list[QuantizedFile]) -> list[int | None]:
         if file.format != "gguf" and file.rules != "diffusers-bnb":
             found.append(None)
             continue
-        key = (file.model, file.component)
-        if key not in built:  # the dtype does not change a GGUF file's bytes: its types do
-            built[key] = meta_module(resolve(file.model).components[file.component], torch.bfloat16)
+        module = component_module(file.model, file.component)
         if file.format == "gguf":
-            found.append(file_bytes(built[key], file.quant_type, file.rules))
+            found.append(file_bytes(module, file.quant_type, file.rules))
         else:
-            found.append(bnb_file_bytes(built[key], file))
+            found.append(bnb_file_bytes(module, file))
     return found
 
 
