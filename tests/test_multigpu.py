@@ -169,6 +169,16 @@ def test_offline_ulysses_volume_matches_its_closed_form(cli):
     assert split["flops_per_step_per_gpu"] * 2 == split["flops_per_step"]
 
 
+def test_offline_ulysses_volume_counts_the_text_tokens_asked(cli):
+    """--max-sequence-length reaches the offline count: tiny-flux with 16 text tokens (its default 32) sends 64 + 16
+    tokens through each all-to-all; the output projection's all-gather (image tokens only) is unchanged."""
+    code, out, _ = cli("profile", "tiny-flux", "--ulysses-degree", "2", "--max-sequence-length", "16", "--json")
+    split = json.loads(out)["context_parallel_per_gpu_step"]
+    tokens, channels, blocks, fp32 = 64 + 16, 2 * 16, 1 + 1, 4
+    per_block = 4 * (tokens // 2) * channels // 2 * fp32
+    assert code == 0 and split["bytes_received_per_step_per_gpu"] == blocks * per_block + 32 * 16 * fp32
+
+
 def test_profile_refuses_a_split_the_model_cannot_take(cli):
     code, _, err = cli("profile", "tiny-sd", "--ulysses-degree", "2")
     assert code == 2 and "no context-parallel plan" in err and len(err.strip().splitlines()) == 1

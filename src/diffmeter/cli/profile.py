@@ -261,7 +261,7 @@ def profile(
         load_libraries()
         from diffmeter.distributed.communication import per_gpu_step
 
-        split = per_gpu_step(results[0], ulysses_degree, ring_degree, cfg_degree)  # tp: refused above
+        split = per_gpu_step(results[0], specs[0], ulysses_degree, ring_degree, cfg_degree)  # tp: refused above
     flags = dict(
         offload=offload,
         vae_tiling=vae_tiling,

@@ -183,9 +183,10 @@ def parallel_spec(profile, ulysses: int, ring: int, cfg: int, optimizations=(), 
     )
 
 
-def per_gpu_step(profile, ulysses: int, ring: int, cfg: int = 1) -> dict:
-    """One denoising step on one GPU of a context- and/or CFG-parallel group: its share of the compute (FLOPs)
-    and the bytes it receives, both offline. Raises DiffmeterError where the split cannot run."""
+def per_gpu_step(profile, asked, ulysses: int, ring: int, cfg: int = 1) -> dict:
+    """One denoising step on one GPU of a context- and/or CFG-parallel group: its share of the compute (FLOPs) of
+    ``profile``, and the bytes it receives in the run ``asked`` (the ``ProfileSpec`` counted, every setting as given:
+    the text tokens, the images, the sizes), both offline. Raises DiffmeterError where the split cannot run."""
     from diffmeter.catalog import resolve
     from diffmeter.errors import DiffmeterError
     from diffmeter.families import get_family
@@ -200,13 +201,14 @@ def per_gpu_step(profile, ulysses: int, ring: int, cfg: int = 1) -> dict:
         )
     entry = resolve(profile.model)
     family = get_family(entry.family)
-    spec = parallel_spec(profile, ulysses, 1, cfg)
+    settled = asked.with_defaults(entry.defaults)
+    spec = parallel_spec(settled, ulysses, 1, cfg, max_sequence_length=settled.max_sequence_length)
     target = Target(entry, family, torch.device("cpu"), profile.dtype, profile.steps)
     if ulysses > 1:
         check_context_parallel(spec, target)
     if cfg > 1:
         check_cfg_parallel(spec, target)
-    moved = offline(entry, family, spec.profile_spec().with_defaults(entry.defaults), ulysses, ring, cfg)
+    moved = offline(entry, family, settled, ulysses, ring, cfg)
     return {
         "ulysses_degree": ulysses,
         "ring_degree": ring,
