@@ -100,3 +100,15 @@ def test_profile_counts_cfg_parallelism_per_gpu(cli):
     assert split["bytes_received_per_step_per_gpu"] == split["cfg_bytes_per_step"] == 4 * 16 * 16 * 4
     code, _, err = cli("profile", "tiny-flux", "--cfg-degree", "2")
     assert code == 2 and "no half to split" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "model, extra", [("tiny-lumina2", ("--cfg-trunc-ratio", "1")), ("tiny-hunyuanimage", ())], ids=str
+)
+def test_offline_cfg_count_runs_a_denoiser_that_needs_its_meta_preparation(cli, model, extra):
+    """Lumina 2 reads its caption lengths and HunyuanImage its masks as values: the offline count prepares them on
+    meta as the MACs count does (``Call.prepare``); it raised "Cannot copy out of meta tensor"."""
+    code, out, err = cli("profile", model, "--cfg-degree", "2", *extra, "--json")
+    assert code == 0, err
+    split = json.loads(out)["context_parallel_per_gpu_step"]
+    assert split["bytes_received_per_step_per_gpu"] == split["cfg_bytes_per_step"] > 0
