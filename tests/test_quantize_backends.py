@@ -70,6 +70,33 @@ def test_fp8dq_is_refused_on_this_cpu_in_one_line_with_torchaos_rule(cli, tmp_pa
     assert "compute capability 8.9+" in said[0] and "on cpu" in said[0] and "torchao:int8wo" in said[0]
 
 
+@pytest.mark.parametrize("rows", [8, 16])
+def test_quanto_int4_at_bfloat16_packs_only_rows_of_16_on_a_cpu(rows):
+    """The rule quanto's int4 refusal states, on the real library: a bfloat16 weight in groups of 128 is packed for
+    tinygemm, which this CPU does for 16 output rows and raises for 8."""
+    from optimum.quanto import freeze, qint4, quantize
+
+    model = torch.nn.Sequential(torch.nn.Linear(256, rows, dtype=torch.bfloat16))
+    quantize(model, weights=qint4)
+    if rows % 16:
+        with pytest.raises(RuntimeError, match="dividable by 16"):
+            freeze(model)
+    else:
+        freeze(model)
+        assert type(model[0].qweight).__name__ == "TinyGemmWeightQBitsTensor"
+
+
+def test_quanto_int4_at_bfloat16_is_refused_on_a_cpu_naming_the_layer(cli, tmp_path):
+    """tiny-sana's timestep embedder has 8 output rows: one line before loading, the layer and the fix named."""
+    code, out, err = cli(
+        "bench", "tiny-sana", "--quantize", "quanto:int4", "--dtype", "bfloat16", "--steps", "1", "--out", tmp_path
+    )
+    said = (out + err).strip().splitlines()
+    assert code != 0 and len(said) == 1 and "Traceback" not in out + err
+    assert "transformer.time_embed.emb.timestep_embedder.linear_1 has 8" in said[0] and "--dtype float32" in said[0]
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize(
     ("values", "weights", "says"),
     [
