@@ -17,9 +17,8 @@ from diffmeter.predict.quantized_layouts import quanto_group
 from diffmeter.quantization_spec import BACKENDS
 from diffmeter.quiet import quiet_import
 
-
-#: torch's CPU packing of a weight for tinygemm takes output rows in multiples of this (``_weight_int4pack_mm_for_cpu``'s
-#: ``_convert_weight_to_int4pack_cpu``: "expect N to be dividable by 16")
+#: torch's CPU packing of a weight for tinygemm takes output rows in multiples of this
+#: (``_convert_weight_to_int4pack_cpu``: "expect N to be dividable by 16")
 TINYGEMM_CPU_ROWS = 16
 
 
