@@ -3,6 +3,8 @@ parameters, and the energy per output a prediction carries (``predict/energy.py`
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from diffmeter.predict.calibration import Calibration, calibration_for
@@ -38,6 +40,23 @@ def test_the_fit_recovers_the_power_busy_and_waiting_for_the_host():
     found = fit_power(runs, [run.run.published_s for run in runs], busy)
     assert (found.fraction, found.idle) == pytest.approx((0.9, 0.25)) and found.width == pytest.approx(1.0)
     assert found.midpoint(runs[0], runs[0].run.published_s, 0.3) == pytest.approx(runs[0].published_j)
+
+
+def test_an_idle_power_the_data_put_below_zero_is_fitted_at_zero_with_the_busy_share_refitted():
+    """Runs drawing 0.9 x TDP x busy share squared: unbounded least squares puts the waiting share below zero. The fit
+    is the least-squares answer with it at zero (the busy share refitted alone), not the unbounded busy share with
+    the waiting one clamped: no busy share gives these runs smaller squared relative errors."""
+    busy = [0.3, 0.5, 0.7, 1.0, 1.0, 0.4, 0.9, 1.0, 0.6]
+    runs = [made(index, 0.9 * share**2) for index, share in enumerate(busy)]
+    times = [run.run.published_s for run in runs]
+    found = fit_power(runs, times, busy)
+
+    def squared(fraction: float) -> float:
+        trial = dataclasses.replace(found, fraction=fraction)
+        return sum((trial.midpoint(r, t, b) / r.published_j - 1) ** 2 for r, t, b in zip(runs, times, busy))
+
+    assert found.idle == pytest.approx(0.0, abs=1e-12) and 0 < found.fraction < 0.9
+    assert squared(found.fraction) <= min(squared(found.fraction * (1 + d)) for d in (-0.01, 0.01))
 
 
 def test_a_time_predicted_too_short_gives_too_little_energy_as_a_user_would_see():

@@ -4,7 +4,7 @@ image or video beside their latency; diffmeter's own H200 runs store Zeus's).
 
 Model, per architecture: energy per output = TDP x (idle + (busy - idle) x b) x the run's predicted time (the time
 fit's midpoint) / outputs, b the share of that time the GPU is busy (``fit_published.Fit.busy_share``): a GPU
-waiting for its host draws less. busy and idle fitted by least squares on relative errors, so a fit that gets the
+waiting for its host draws less. busy and idle fitted by least squares on relative errors, neither negative, so a fit that gets the
 time wrong gets the energy wrong with it, as a user's prediction would; idle only where some runs wait for their
 host (else one share for all). The range: the midpoint times [1 / w, w], w the smallest factor that holds
 ``fit_published.COVERAGE`` of the fitted runs. Validation leaves one model out at a time: its runs' energy against
@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import lsq_linear
 
 from diffmeter.predict.fit_published import PublishedRun, covering, fit
 
@@ -54,12 +55,12 @@ def fit_power(runs: list[EnergyRun], times: list[float], busy: list[float] | Non
     busy = busy or [1.0] * len(runs)
     scale = np.array([run.tdp_w * time / run.outputs / run.published_j for run, time in zip(runs, times, strict=True)])
     shares = np.array(busy)
-    if max(1 - shares) >= LEAST_IDLE_SHARE:
+    fraction, idle = float(scale.sum() / (scale * scale).sum()), None  # one share, busy or waiting
+    if max(1 - shares) >= LEAST_IDLE_SHARE:  # both shares, neither negative (bounded least squares, not a clamp)
         matrix = np.column_stack([scale * shares, scale * (1 - shares)])
-        (fraction, idle), *_ = np.linalg.lstsq(matrix, np.ones(len(runs)), rcond=None)
-        idle = float(min(max(idle, 0.0), fraction))
-    else:
-        fraction, idle = float(scale.sum() / (scale * scale).sum()), None
+        busy_share, idle_share = lsq_linear(matrix, np.ones(len(runs)), bounds=(0.0, np.inf)).x
+        if idle_share <= busy_share:  # a GPU waiting draws no more than a busy one; else the one share stands
+            fraction, idle = float(busy_share), float(idle_share)
     found = PowerFit(float(fraction), idle, 1.0)
     ratios = [found.midpoint(run, t, b) / run.published_j for run, t, b in zip(runs, times, busy, strict=True)]
     return PowerFit(found.fraction, found.idle, covering(ratios))
