@@ -53,7 +53,8 @@ def test_an_idle_power_the_data_put_below_zero_is_fitted_at_zero_with_the_busy_s
 
     def squared(fraction: float) -> float:
         trial = dataclasses.replace(found, fraction=fraction)
-        return sum((trial.midpoint(r, t, b) / r.published_j - 1) ** 2 for r, t, b in zip(runs, times, busy))
+        rows = zip(runs, times, busy, strict=True)
+        return sum((trial.midpoint(r, t, b) / r.published_j - 1) ** 2 for r, t, b in rows)
 
     assert found.idle == pytest.approx(0.0, abs=1e-12) and 0 < found.fraction < 0.9
     assert squared(found.fraction) <= min(squared(found.fraction * (1 + d)) for d in (-0.01, 0.01))

@@ -4,9 +4,9 @@ image or video beside their latency; diffmeter's own H200 runs store Zeus's).
 
 Model, per architecture: energy per output = TDP x (idle + (busy - idle) x b) x the run's predicted time (the time
 fit's midpoint) / outputs, b the share of that time the GPU is busy (``fit_published.Fit.busy_share``): a GPU
-waiting for its host draws less. busy and idle fitted by least squares on relative errors, neither negative, so a fit that gets the
-time wrong gets the energy wrong with it, as a user's prediction would; idle only where some runs wait for their
-host (else one share for all). The range: the midpoint times [1 / w, w], w the smallest factor that holds
+waiting for its host draws less. busy and idle fitted by least squares on relative errors, neither negative, so a
+fit that gets the time wrong gets the energy wrong with it, as a user's prediction would; idle only where some runs
+wait for their host (else one share for all). The range: the midpoint times [1 / w, w], w the smallest factor that holds
 ``fit_published.COVERAGE`` of the fitted runs. Validation leaves one model out at a time: its runs' energy against
 the time and the power fitted without them.
 """
