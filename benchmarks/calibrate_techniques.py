@@ -8,8 +8,9 @@ without SDPA's fused kernel (``attention: eager`` in the figure's stack: PyTorch
 materialized), attention through xformers or the flash-attn package (timed as SDPA's flash kernel: the same kernels),
 and a kernel with a measured ratio over it (cuDNN, FlashAttention-3: ``attention_kernels.MEASURED``). Writes
 benchmarks/results/calibration_techniques.md: per technique, every held-out run and its coverage, midpoint median
-error and range width hi/lo (issue 46's target: >= 80%, <= 15%, <= 1.6). Run from the repo root (a few minutes:
-the eager fit per held-out source; the fake-tensor runs are cached on disk):
+error and range width hi/lo (issue 46's target: >= 80%, <= 15%, <= 1.6), and the speed-up over the same source's
+eager run predicted against the published one (the technique's modelled effect apart from the harness's speed). Run
+from the repo root (a few minutes: the eager fit per held-out source; the fake-tensor runs are cached on disk):
     python benchmarks/calibrate_techniques.py
 """
 
@@ -22,8 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from calibrate_published import held_rows
-from published_comparison import load_figures
-from published_runs import published_run, run_of
+from published_comparison import load_figures, settings
+from published_runs import published_run, run_of, source_of
 
 from diffmeter.catalog import resolve
 from diffmeter.families import get_family
@@ -105,6 +106,60 @@ def held_out(
     return found
 
 
+def same_run(figure: dict) -> tuple:
+    """What makes two figures of one source the same generation on the same card: the harness, model, GPU and the
+    settings predicted with, and what the published time covers."""
+    chosen, _ = settings(figure)
+    return (source_of(figure), figure["model"], figure["gpu"], figure.get("covers"), tuple(sorted(chosen.items())))
+
+
+def speedups(eager: list[PublishedRun], optimized: list[tuple[str, PublishedRun]], references: dict[str, str]):
+    """Each optimized run with a published eager run of its source at the same settings (``references``: its id to
+    the eager run's): (technique, run, reference, published speed-up, predicted one), both runs predicted by the fit
+    without their source, so the predicted speed-up is the technique's modelled effect alone, held out."""
+    by_id = {run.id: run for run in eager}
+    found = []
+    for source in sorted({run.source for _, run in optimized if run.id in references}):
+        fitted = fit([run for run in eager if run.source != source])
+        for technique, run in optimized:
+            if run.source != source or run.id not in references:
+                continue
+            gpu = gpu_for(fitted, run.architecture)
+            reference = by_id[references[run.id]]
+            predicted = fitted.midpoint(reference, gpu) / fitted.midpoint(run, gpu)
+            found.append((technique, run, reference, reference.published_s / run.published_s, predicted))
+    return found
+
+
+def speedup_section(found: list) -> list[str]:
+    """Per technique, the predicted speed-up against the published one; and every run."""
+    lines = [
+        "## The speed-up over the same source's eager run",
+        "",
+        "Each optimized run whose source published the eager (SDPA) run at the same settings: the speed-up "
+        "(eager / optimized time) the model predicts, both runs held out with their source, against the published "
+        "one. What the technique's modelled effect gets right apart from the harness's own speed, which the "
+        "eager range carries (a source slower than the fit is slower in both runs).",
+        "",
+        "| technique | runs | sources | speed-up median error | signed |",
+        "|---|---|---|---|---|",
+    ]
+    for technique in sorted({t for t, *_ in found}) + ["all techniques"]:
+        mine = [f for f in found if technique in (f[0], "all techniques")]
+        errors = [predicted / published - 1 for *_, published, predicted in mine]
+        lines.append(
+            f"| {technique} | {len(mine)} | {len({f[1].source for f in mine})} | "
+            f"{statistics.median(abs(e) for e in errors):.1%} | {statistics.median(errors):+.1%} |"
+        )
+    lines += ["", "| run | technique | eager run | published speed-up | predicted | error |", "|---" * 6 + "|"]
+    for technique, run, reference, published, predicted in found:
+        lines.append(
+            f"| {run.id} | {technique} | {reference.id} | {published:.2f}x | {predicted:.2f}x | "
+            f"{predicted / published - 1:+.1%} |"
+        )
+    return [*lines, ""]
+
+
 def section(technique: str, held: list[HeldOut]) -> list[str]:
     stats = summary(held)
     met = (
@@ -126,7 +181,11 @@ def section(technique: str, held: list[HeldOut]) -> list[str]:
 
 def main() -> int:
     eager, optimized, left_out = eager_runs(), [], []
-    for figure in load_figures():
+    figures = load_figures()
+    eager_ids = {run.id for run in eager}
+    eager_of = {same_run(f): f["id"] for f in figures if f["id"] in eager_ids}
+    references = {}
+    for figure in figures:
         if figure["kind"] != "latency":
             continue
         chosen = technique_of(figure)
@@ -138,6 +197,8 @@ def main() -> int:
             left_out.append(f"- {figure['id']} ({technique}): {why}")
             continue
         optimized.append((technique, run))
+        if (reference := eager_of.get(same_run(figure))) is not None:
+            references[run.id] = reference
         print(figure["id"], technique, run.architecture, run.published_s, flush=True)
     held = held_out(eager, optimized)
     when = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
@@ -164,6 +225,7 @@ def main() -> int:
     ]
     for technique in sorted({name for name, _, _ in held}):
         lines += section(f"{technique}, with a factor", [h for name, _, h in held if name == technique])
+    lines += speedup_section(speedups(eager, optimized, references))
     lines += ["## Left out", "", *(left_out or ["none"]), ""]
     OUT.write_text("\n".join(lines))
     print("\n".join(lines))

@@ -156,6 +156,15 @@ def test_an_architecture_one_source_measured_alone_is_held_out_a_model_at_a_time
     assert len(held) == len(runs)
 
 
+def test_an_architecture_one_source_measured_in_one_model_has_nothing_left_to_hold_out_against():
+    """Volta measured by one source in one model (the diffusers page's V100 rows): held out, no run of it is left to
+    fit, so its runs are not predicted (they raised KeyError); every other run is, as before."""
+    runs = [made(MADE, f"s{i % 3}", i) for i in range(24)]
+    runs += [made(MADE, "only", 5 * i, architecture="volta") for i in range(4)]
+    held = leave_one_out(runs)
+    assert len(held) == 24 and all(h.run.architecture == "hopper" for h in held)
+
+
 def test_the_shipped_calibration_gives_the_fits_range():
     """The calibration ``as_calibration`` ships, applied as ``roofline.predict_time`` applies it (each stage the longer
     of the GPU's range and the host's, plus the call's own), gives the fit's range of every run."""

@@ -52,8 +52,10 @@ def leave_one_out(runs: list[PublishedRun], eras: bool = False) -> list[HeldOut]
         others = [run for run in runs if not in_group(run, by, name)]
         if not held:
             continue
-        fitted = fit(others, eras)
-        found += [HeldOut(run, fitted.midpoint(run), *fitted.range(run)) for run in held]
+        fitted = fit(others, eras)  # an architecture one source measured in one model alone: nothing left to fit
+        found += [
+            HeldOut(run, fitted.midpoint(run), *fitted.range(run)) for run in held if run.architecture in fitted.gpus
+        ]
     return found
 
 
