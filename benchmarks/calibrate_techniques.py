@@ -113,6 +113,11 @@ def same_run(figure: dict) -> tuple:
     return (source_of(figure), figure["model"], figure["gpu"], figure.get("covers"), tuple(sorted(chosen.items())))
 
 
+def is_reference(figure: dict) -> bool:
+    """An eager run with no technique, its attention through SDPA (stated or not): what a speed-up is read against."""
+    return not figure["techniques"] and (figure.get("stack") or {}).get("attention", "sdpa") == "sdpa"
+
+
 def speedups(eager: list[PublishedRun], optimized: list[tuple[str, PublishedRun]], references: dict[str, str]):
     """Each optimized run with a published eager run of its source at the same settings (``references``: its id to
     the eager run's): (technique, run, reference, published speed-up, predicted one), both runs predicted by the fit
@@ -183,7 +188,7 @@ def main() -> int:
     eager, optimized, left_out = eager_runs(), [], []
     figures = load_figures()
     eager_ids = {run.id for run in eager}
-    eager_of = {same_run(f): f["id"] for f in figures if f["id"] in eager_ids}
+    eager_of = {same_run(f): f["id"] for f in figures if f["id"] in eager_ids and is_reference(f)}
     references = {}
     for figure in figures:
         if figure["kind"] != "latency":

@@ -5,6 +5,7 @@ its converter's per-tensor rules (``rules_modelled``; ``not_modelled`` says why 
 from __future__ import annotations
 
 import json
+import math
 from decimal import Decimal
 from functools import cache
 from importlib import resources
@@ -29,6 +30,18 @@ class PublishedSize(BaseModel):
             return int(self.value), int(self.value)
         half = Decimal(10) ** Decimal(str(self.value)).as_tuple().exponent / 2
         return int((Decimal(str(self.value)) - half) * scale), int((Decimal(str(self.value)) + half) * scale)
+
+    def gib_decimals(self) -> int:
+        """The decimals of the GiB figure, no more precise than the published one: two for exact bytes, else as many
+        significant digits as the figure shows (23.8 GB: 22.2 GiB; 12 GB: 11 GiB; 128 MB: 0.119 GiB)."""
+        if UNITS[self.unit.split()[0]] == 1:
+            return 2
+        shown = len(Decimal(str(self.value)).as_tuple().digits)
+        return max(0, shown - 1 - math.floor(math.log10(self.value * UNITS[self.unit.split()[0]] / 2**30)))
+
+    def gib(self) -> float:
+        """The size in GiB (2^30 bytes, as GPU memory is counted), rounded to ``gib_decimals``."""
+        return round(self.value * UNITS[self.unit.split()[0]] / 2**30, self.gib_decimals())
 
 
 class QuantizedFile(BaseModel):

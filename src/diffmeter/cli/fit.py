@@ -213,6 +213,7 @@ def fit(
     timings = {chosen: timed(setting_work, chosen, target, tf32) for chosen, _ in fits} if speeds else {}
     expected = {chosen: found.time.expected_s for chosen, found in timings.items() if found.time}
     unranked = {chosen: found.why for chosen, found in timings.items() if found.why}
+    skips = {chosen: found.time.cache for chosen, found in timings.items() if found.time and found.time.cache}
     lower = {c: found.time.lower_s if found.time else times.get(c) for c, found in timings.items()} or times
     rows = ranked([(chosen, peak, lower.get(chosen)) for chosen, peak in fits], timings)
     untimed = (
@@ -235,6 +236,8 @@ def fit(
                     "lower_s": time,
                     "expected_s": expected.get(chosen),  # the calibrated range with every technique of it
                     "not_ranked": unranked.get(chosen),  # why it has no expected range: a technique not timed
+                    "cache_skipped_share": skips[chosen].skipped_share if chosen in skips else None,  # of the calls
+                    "cache_extrapolated": skips[chosen].extrapolated if chosen in skips else None,  # why, or None
                     "time_note": notes[chosen],  # a quantization whose time is not modelled
                     "quality": qualities[chosen],
                 }
@@ -260,6 +263,7 @@ def fit(
         nothing,
         (qualities, notes, expected, unranked),
         len(rows),
+        skips,
     )
     console.print(table)
 

@@ -104,7 +104,8 @@ def _quantized_files(name: str, as_json: bool) -> None:
     ]
     if as_json:
         rows = [
-            {**file.model_dump(), "predicted_bytes": size, "error": found}
+            {**file.model_dump(), "size_gib": file.size.gib(), "size_bytes": file.size.byte_range()}
+            | {"predicted_bytes": size, "error": found}
             | ({} if span is None else {"predicted_bytes_range": span, "error_range": ends, "verdict": verdict(ends)})
             for file, size, found, span, ends in zip(files, predicted, errors, ranges, range_error, strict=True)
         ]

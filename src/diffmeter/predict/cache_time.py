@@ -90,12 +90,11 @@ def label(name: str, params: dict) -> str:
 def skipped_line(skip: CacheSkip) -> str:
     """What ``profile`` prints under a cached time: the share skipped, how it was obtained, how well it held (the
     held-out claim only for the threshold caches: the exact counts have none to make)."""
-    low, high = skip.skipped_share
-    share = f"{low:.0%}" if low == high else f"{low:.0%} to {high:.0%}"
     own = ", and every call the cache's own compare and stored residuals" if skip.overhead else ""
     claim = f"; {HELD_OUT}" if TIMED.get(skip.technique.split()[0]) == "threshold" else ""
+    how = f"{skip.extrapolated}; {skip.how}" if skip.extrapolated else skip.how
     return (
-        f"time with {skip.technique}: {share} of the {skip.calls} denoiser calls skipped ({skip.how}); a skipped call "
+        f"time with {skip.technique}: {skip.share_text()} skipped ({how}); a skipped call "
         f"still runs {skip.kept_share:.1%} of its work{own}; memory as without (its stored activations not "
         f"counted){claim}"
     )
@@ -122,13 +121,7 @@ def threshold_share(technique: str, params: dict, spec, rows) -> tuple[float, fl
     """(lowest, highest skipped share, how) at ``params``' threshold for ``spec``'s steps and size: the hook's rule on
     the drift the published ``rows`` of the same ``variant`` were reproduced with (``cache_threshold``); with none,
     every threshold cache's (they all compare the relative L1 change of the first blocks' residual)."""
-    kind = variant(technique, params)
-    mine, lent = [r for r in rows if variant(r["technique"], r["params"]) == kind], ""
-    if not mine:
-        mine = [r for r in rows if TIMED.get(r["technique"]) == "threshold"]
-        lent = f"no published runs of {kind}: those of every threshold cache, "
-    if not mine:
-        raise ValueError(f"no published skipped share of {technique}")
+    mine, lent = drift_rows(technique, params, rows)
     kappas = [
         kappas_of(r["skipped_share"], r["threshold"], sigmas(r["steps"], r["height"], r["width"]), always(r["params"]))
         for r in mine
@@ -142,6 +135,30 @@ def threshold_share(technique: str, params: dict, spec, rows) -> tuple[float, fl
         f"the skipped calls of {len(mine)} published run{'s' * (len(mine) != 1)} ({'; '.join(sources)})"
     )
     return low, high, how
+
+
+def drift_rows(technique: str, params: dict, rows) -> tuple[list[dict], str]:
+    """The published ``rows`` a threshold cache's share is predicted from: those of the same ``variant``, else every
+    threshold cache's, with a phrase saying so."""
+    kind = variant(technique, params)
+    mine = [r for r in rows if variant(r["technique"], r["params"]) == kind]
+    if mine:
+        return mine, ""
+    mine = [r for r in rows if TIMED.get(r["technique"]) == "threshold"]
+    if not mine:
+        raise ValueError(f"no published skipped share of {technique}")
+    return mine, f"no published runs of {kind}: those of every threshold cache, "
+
+
+def extrapolated(technique: str, params: dict, rows) -> str | None:
+    """Why the skipped share at ``params``' threshold is extrapolated: the threshold below or above those of the
+    published runs it is predicted from (``drift_rows``); None inside them."""
+    published = [r["threshold"] for r in drift_rows(technique, params, rows)[0]]
+    low, high, threshold = min(published), max(published), params["threshold"]
+    if low <= threshold <= high:
+        return None
+    side = "below" if threshold < low else "above"
+    return f"skipped share extrapolated: threshold {threshold:g} {side} the published {low:g}-{high:g}"
 
 
 def always(params: dict) -> int:
@@ -219,6 +236,7 @@ def cache_skip(work: OperatorWork, name: str, params: dict, denoisers: tuple[str
             f"{name}: the {cached[0].component} has none of the {blocks} {name} skips: drop --opt {name} for this model"
         )
     hooked = sum(1 for k in modules if any(re.fullmatch(p, k) for p in TAYLORSEER_MODULES))
+    outside = None  # an exact count, or a threshold inside the published runs'
     if name == "taylorseer":
         interval, before = params.get("cache_interval", 5), params.get("disable_cache_before_step", 3)
         computed = taylorseer_computed(calls, interval, before)
@@ -256,7 +274,9 @@ def cache_skip(work: OperatorWork, name: str, params: dict, denoisers: tuple[str
         params = {"threshold": DEFAULT_THRESHOLD[name], **DEFAULT_WARMUP.get(name, {}), **params}
         if spec.steps is None or spec.height is None:
             spec = spec.with_defaults(resolve(spec.model).defaults)
-        low, high, how = threshold_share(name, params, spec, published() if rows is None else rows)
+        rows = published() if rows is None else rows
+        low, high, how = threshold_share(name, params, spec, rows)
+        outside = extrapolated(name, params, rows)
     return CacheSkip(
         technique=label(name, params),
         components=list(denoisers),
@@ -265,6 +285,7 @@ def cache_skip(work: OperatorWork, name: str, params: dict, denoisers: tuple[str
         kept_share=1 - skipped / total if total else 1.0,
         overhead=overhead(name, params, cached[0], hooked),
         how=how,
+        extrapolated=outside,
     )
 
 

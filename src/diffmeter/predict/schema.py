@@ -120,6 +120,14 @@ class CacheSkip(BaseModel):
     #: what the cache adds per call (the residual compare, the activations it stores or adds back), as operators
     overhead: list[OperatorGroup] = []
     how: str
+    #: why the share is extrapolated (a threshold outside those of the published runs it comes from), or None
+    extrapolated: str | None = None
+
+    def share_text(self) -> str:
+        """The skipped share as the outputs print it: "29% to 46% of the 28 denoiser calls"."""
+        low, high = self.skipped_share
+        share = f"{low:.0%}" if low == high else f"{low:.0%} to {high:.0%}"
+        return f"{share} of the {self.calls} denoiser calls"
 
 
 class OperatorWork(BaseModel):

@@ -70,6 +70,17 @@ def _range(pair: tuple[float, float] | None, show) -> str:
     return f"{show(pair[0])} to {show(pair[1])}" if pair else "-"
 
 
+def _cache_note() -> str:
+    """Why the cache's time rests on an extrapolated skipped share, where it does (its threshold outside the
+    published runs'), as a clause."""
+    from diffmeter.predict.cache_time import extrapolated, published
+    from diffmeter.runs.fit_speedups import SPEEDUPS
+
+    name, params = SPEEDUPS["first-block-cache"]
+    said = extrapolated(name, params, published())
+    return f" (at threshold {params['threshold']:g}, diffusers' default: {said})" if said else ""
+
+
 def leaderboard_csv(cells: list[Cell]) -> str:
     """One row per model and GPU; bytes, seconds per generation, joules per output (image or video)."""
     out = io.StringIO()
@@ -130,7 +141,8 @@ def leaderboard_html(cells: list[Cell], left_out: list[str]) -> str:
         "(coverage and error in the notes). Energy: that expected time's geometric midpoint at the average board "
         "power fitted on published runs' energy, as a share of the card's TDP, widened by the spread that fit "
         "left. Fastest predicted setting: among the settings that fit, with torch.compile (default, reduce-overhead) "
-        "and a first-block cache where bench accepts them, the least expected time with every technique in it "
+        f"and a first-block cache where bench accepts them{_cache_note()}, the least expected time with every "
+        "technique in it "
         "(their held-out tests: benchmarks/results/calibration_*.md); a setting whose time is not modelled is not "
         "a candidate, and a cache's image quality is not measured.</p>"
         f'<table class="summary"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'

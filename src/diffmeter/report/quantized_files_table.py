@@ -12,9 +12,11 @@ from diffmeter.report.layout import Column, FittedTable
 
 
 def published_text(file: QuantizedFile) -> str:
-    """The size in its source's unit: exact bytes, or the Hub's rounded decimal figure."""
+    """The size in GiB, then in brackets as its source publishes it: exact bytes, or the Hub's rounded decimal
+    figure ("22.2 GiB (23.8 GB)")."""
     unit = file.size.unit.split()[0]
-    return f"{int(file.size.value):,} B" if unit == "B" else f"{file.size.value:g} {unit}"
+    published = f"{int(file.size.value):,} B" if unit == "B" else f"{file.size.value:g} {unit}"
+    return f"{file.size.gib():,.{file.size.gib_decimals()}f} GiB ({published})"
 
 
 def predicted_text(predicted: int | None, file: QuantizedFile) -> str:
@@ -75,8 +77,10 @@ def files_table(
     table.caption = (
         "Rules: whether the converter's per-tensor types are modelled (then within 0.5%, held by the tests); not "
         f"modelled: {said} "
-        "Published: the Hugging Face commit page's exact bytes (B) or its file list's rounded decimal GB (10^9 "
-        "bytes); error 0 inside a rounded figure's range. Predicted: the tensor data (header left out; an SVDQuant "
+        "Published: the size in GiB (2^30 bytes, as GPU memory is counted; to the published figure's precision), "
+        "then as published: the Hugging Face commit page's exact bytes (B) or its file list's rounded decimal GB "
+        "(10^9 bytes); error 0 inside a rounded figure's range. Predicted: in the published figure's unit, the "
+        "tensor data (header left out; an SVDQuant "
         "safetensors file's counted); a range (low-high) spans the per-tensor widths the file's source does not "
         "publish, with each end's error. Sources: "
         "benchmarks/published_quantized.yaml."
