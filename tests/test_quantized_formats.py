@@ -187,9 +187,10 @@ def test_published_gguf_files_of_flux_are_predicted_within_half_a_percent():
 
 def test_profile_predicts_a_backend_with_the_bytes_a_real_load_has(cli):
     """``profile --gpu`` on tiny-flux with quanto int8: the transformer's predicted bytes are those of the transformer
-    loaded quantized; every stage's peak is the plain one's less the bytes saved, the denoising step's plus the
-    largest linear weight quanto dequantizes in its matmul (optimum/quanto library/qbytes_mm.py); the time leaves the
-    technique out."""
+    loaded quantized; every stage's peak is the plain one's less the bytes saved, the denoising step's with a linear
+    weight quanto dequantizes in its matmul (optimum/quanto library/qbytes_mm.py) where that layer runs: less than the
+    largest one on top of the step's peak, which tiny-flux's largest layers (its timestep and guidance embedders' first)
+    do not run at (tests/test_quantized_peaks.py holds the figure to real runs); the time leaves the technique out."""
     code, out, err = cli("profile", "tiny-flux", "--gpu", "h100", "--quantize", "quanto:int8", "--json")
     assert code == 0, err
     found = json.loads(out)
@@ -204,11 +205,11 @@ def test_profile_predicts_a_backend_with_the_bytes_a_real_load_has(cli):
     saved = plain["component_param_bytes"]["transformer"] - storages_bytes([module])
     largest = max(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
     in_flight = largest * getattr(torch, dtype).itemsize
-    expected = {
-        s["stage"]: s["peak_bytes"] - saved + in_flight * (s["stage"] == "denoising step") for s in plain["stages"]
-    }
+    expected = {s["stage"]: s["peak_bytes"] - saved for s in plain["stages"]}
     stages = stage_peaks_under(MemoryPrediction(**found["memory"]), (technique,))
-    assert saved > 0 and stages == expected and found["peak_memory_bytes"] == max(expected.values())
+    step, plain_step = stages.pop("denoising step"), expected.pop("denoising step")
+    assert saved > 0 and stages == expected and plain_step <= step < plain_step + in_flight
+    assert found["peak_memory_bytes"] == max(step, *stages.values())
 
 
 def test_profile_refuses_sdnq_on_a_transformers_model_in_one_line(cli):

@@ -41,11 +41,18 @@ def forward_peak(layer: torch.nn.Module, rows: int = 2) -> tuple[int, int]:
         if event.typed[0] == _EventType.Allocation:
             gemm = event.parent is not None and event.parent.name in GEMM_KERNELS
             events.append((event.start_time_ns, event.typed[1].alloc_size, event.typed[1].ptr, gemm))
-    scratch = {ptr for _, size, ptr, gemm in events if gemm and size > 0}
-    scratch -= {ptr for _, size, ptr, gemm in events if not gemm and size < 0}  # freed outside it: its output
+    events.sort(key=lambda item: item[0])
+    opened, scratch = {}, set()  # an allocation and its own free, both inside a GEMM (an address is reused later)
+    for index, (_, size, ptr, gemm) in enumerate(events):
+        if size > 0:
+            opened[ptr] = (index, gemm)
+        elif ptr in opened:
+            start, made_in_gemm = opened.pop(ptr)
+            if made_in_gemm and gemm:
+                scratch.update((start, index))
     live = peak = 0
-    for _, size, ptr, _ in sorted(events, key=lambda item: item[0]):
-        live += 0 if ptr in scratch else size
+    for index, (_, size, _, _) in enumerate(events):
+        live += 0 if index in scratch else size
         peak = max(peak, live)
     return peak, rows * weight.shape[0] * weight.dtype.itemsize
 
@@ -164,3 +171,67 @@ def test_profile_drops_the_copy_tinygemm_does_not_make_on_an_sm80_gpu(cli):
     eligible = [s for s in shapes if s[1] == 256]
     assert eligible and found["t4"] == max(s.numel() * 3 for s in shapes)  # a byte unpacked, two at bfloat16
     assert found["h100"] == max(s.numel() * 3 for s in shapes if s[1] != 256) < found["t4"]
+
+
+def fake_levels(layer: torch.nn.Module, rows: int) -> dict:
+    """``layer_levels.LayerLevels`` of ``layer`` (its meta copy on fake tensors) on ``rows`` inputs: its input held
+    outside, as ``forward_peak`` holds it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from diffmeter.predict.layer_levels import LayerLevels
+    from diffmeter.predict.memory import PeakTracker, fake_copy
+
+    module = fake_copy(layer.to("meta"))
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+        inputs = torch.empty(rows, module[0].weight.shape[1], dtype=module[0].weight.dtype)
+        tracker = PeakTracker()
+        tracker.track_external(module, inputs)
+        levels = LayerLevels(tracker)
+        unhook = levels.hooked(module)
+        with tracker:
+            module(inputs)
+        unhook()
+    return levels.levels
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("backend", "kind"), [("quanto", "int8"), ("quanto", "int4"), ("quanto", "float8"), ("torchao", "int8wo")]
+)
+@pytest.mark.parametrize("rows", [2, 512])  # the weight's copies outweigh the output; the output outweighs them
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_quantized_layer_peaks_where_its_copies_and_outputs_say(backend, kind, rows, bias, dtype):
+    """A real quantized layer on this CPU peaks at what ``layer_levels.in_flight_peak`` adds to its plain layer's
+    levels on fake tensors: its weight's copies before the matmul, the dequantized weight beside the output, or two
+    outputs where the bias (quanto) or the scales (torchao int8wo) are applied out of place; with a long input the
+    outputs, not the weight, set the peak."""
+    from diffmeter.predict.layer_levels import in_flight_peak
+    from diffmeter.predict.quantized_formats import layer_footprint
+
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(384, 112, bias=bias, dtype=dtype))
+    plain, _ = forward_peak(layer, rows)
+    meta = torch.nn.Sequential(torch.nn.Linear(384, 112, bias=bias, dtype=dtype, device="meta"))
+    copies = layer_footprint(meta, backend, kind, dtype, after_loading=True, kernels=CPU)[2]
+    if backend == "quanto":
+        from optimum.quanto import freeze, qfloat8, qint4, qint8, quantize
+
+        quantize(layer, weights={"int8": qint8, "int4": qint4, "float8": qfloat8}[kind])
+        freeze(layer)
+    else:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+        quantize_(layer, Int8WeightOnlyConfig())
+    peak, _ = forward_peak(layer, rows)
+    assert peak == in_flight_peak(fake_levels(meta, rows), copies, plain)
+
+
+def test_a_quanto_convolution_holds_one_output_on_any_device():
+    """quanto dequantizes a convolution's weight and calls ``F.conv2d`` with the bias (tensor/qtensor.py ``qfallback``):
+    one output, on a GPU whose linear layers would take Marlin's fp8 GEMM too (its shape test is for 2-D weights)."""
+    from diffmeter.predict.quantized_kernels import quanto_outputs
+
+    for kernels in (CPU, SM80, OTHER_GPU):
+        assert quanto_outputs("float8", torch.Size((128, 64, 3, 3)), torch.bfloat16, kernels, bias=True) == 1
+    assert quanto_outputs("float8", torch.Size((128, 128)), torch.bfloat16, SM80, bias=True) == 1  # Marlin: no bias
+    assert quanto_outputs("float8", torch.Size((128, 128)), torch.bfloat16, CPU, bias=True) == 2

@@ -165,6 +165,7 @@ def rank_calls(
             found.append(
                 RankCall(
                     activation_bytes=memory.activation_bytes,
+                    layer_levels=memory.layer_levels,
                     operators=tally.operators(),
                     count=count,
                     received_bytes=sum(by_kind.values()),

@@ -60,6 +60,7 @@ def with_fit_formats(prediction: MemoryPrediction, spec, kernels: str | None = N
         update={
             "quantized_bytes": {**prediction.quantized_bytes, **stored["quantized_bytes"]},
             "dequantized_bytes": {**prediction.dequantized_bytes, **stored["dequantized_bytes"]},
+            "dequantized_layers": {**prediction.dequantized_layers, **stored["dequantized_layers"]},
         }
     )
 
@@ -69,7 +70,7 @@ def _computed(prediction: MemoryPrediction, spec, kernels: str | None) -> dict:
     from diffmeter.predict.quantized_memory import Format, with_formats
     from diffmeter.quiet import quiet_import
 
-    found, built = {"quantized_bytes": {}, "dequantized_bytes": {}}, {}
+    found, built = {"quantized_bytes": {}, "dequantized_bytes": {}, "dequantized_layers": {}}, {}
     with quiet_import():  # SDNQ and bitsandbytes say which kernels they lack at import
         for backend, kind in FIT_FORMATS:
             try:
@@ -79,6 +80,7 @@ def _computed(prediction: MemoryPrediction, spec, kernels: str | None) -> dict:
             name = technique(backend, kind)
             found["quantized_bytes"][name] = made.quantized_bytes[name]
             found["dequantized_bytes"][name] = made.dequantized_bytes[name]
+            found["dequantized_layers"][name] = made.dequantized_layers[name]
     return found
 
 

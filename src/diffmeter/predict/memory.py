@@ -41,6 +41,7 @@ from diffmeter.predict.footprints import (
     quantized_bytes,
     weight_read_bytes,
 )
+from diffmeter.predict.layer_levels import LayerLevels
 from diffmeter.predict.memory_checks import memory_check
 from diffmeter.predict.replay import module_list_blocks, replayed_calls
 from diffmeter.predict.schema import (
@@ -74,6 +75,8 @@ class CallMemory:
     activation_bytes: int
     #: what the call returns (held by the pipeline afterwards)
     output_bytes: int
+    #: per weight shape, its layers' highest activations as they start, with their output and with two outputs
+    layer_levels: dict[str, tuple[int, int, int]]
 
 
 class PeakTracker(MemTracker):
@@ -106,6 +109,10 @@ class PeakTracker(MemTracker):
 
     def current_total(self) -> int:
         return self._curr_mem_snap.get(CPU, {}).get(TOTAL, 0)
+
+    def current(self) -> dict:
+        """Live bytes now, per category (MemTracker's ``_MemRefType``) and ``TOTAL``."""
+        return self._curr_mem_snap.get(CPU, {})
 
     def apply(self, effect: dict) -> None:
         current = self._curr_mem_snap.get(CPU, {})
@@ -174,6 +181,7 @@ def track_call(
     decoders and encoders, whose blocks may carry state between calls (as the FLOPs counter does); a decoder's
     units are its decode of one slice and its run on one tile (``decode_units``)."""
     handle = call.prepare(module) if call.prepare else None
+    unhook = None
     try:
         with fake_run(call.reads_values):
             with torch.device("cpu"):
@@ -181,7 +189,9 @@ def track_call(
             tracker = PeakTracker()
             tracker.track_external(module, *(leaf for leaf in tree_leaves(inputs) if isinstance(leaf, torch.Tensor)))
             convolutions = ConvolutionCopies(tracker) if on_cuda else contextlib.nullcontext()
-            recorders = [tracker, *([convolutions] if on_cuda else []), *([also] if also else [])]
+            layers = LayerLevels(tracker, convolutions if on_cuda else None)
+            unhook = layers.hooked(module)
+            recorders = [tracker, *([convolutions] if on_cuda else []), *([also] if also else []), layers]
             live = tracker.current_total
             units = module_list_blocks(module) if call.role not in VAE_ROLES else []
             units = decode_units(module) if call.role == VAE_DECODER else units
@@ -190,6 +200,8 @@ def track_call(
                 output = getattr(module, call.method)(**inputs)
             peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
     finally:
+        if unhook is not None:
+            unhook()
         if handle is not None:
             handle.remove()
     by_kind = {str(kind.value) if hasattr(kind, "value") else str(kind): size for kind, size in peak.items()}
@@ -199,6 +211,7 @@ def track_call(
         input_bytes=by_kind["Other"],
         activation_bytes=by_kind["Activation"] + by_kind["Temp"] + during_convolution,
         output_bytes=storage_bytes(_tensors_of(tree_leaves(call.kept(output) if call.kept else output))),
+        layer_levels=layers.levels,
     )
 
 
@@ -307,6 +320,7 @@ def predict_tracked(
                 carried_bytes=carried,
                 activation_bytes=memory.activation_bytes,
                 peak_bytes=held + carried + memory.activation_bytes,
+                layer_levels=memory.layer_levels,
             )
         )
         if call.role == VAE_DECODER and call.component == family.decoder:  # not LTX-2's audio decoder

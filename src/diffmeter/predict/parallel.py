@@ -113,6 +113,8 @@ class RankCall(BaseModel):
     collectives: dict[str, int] = {}
     #: the bytes received per call in each kind of collective (they sum to ``received_bytes``)
     received_by_collective: dict[str, int] = {}
+    #: its layers' activation levels (``StageMemory.layer_levels``), where a quantized layer's copies add
+    layer_levels: dict[str, tuple[int, int, int]] = {}
     #: under tensor parallelism: the parameters and buffers of its denoiser this rank holds (its shard); None: whole
     param_bytes: int | None = None
 
@@ -198,7 +200,12 @@ def per_gpu_memory(memory: MemoryPrediction, ranks: list[RankCall]) -> MemoryPre
         call = calls[index]
         peak = call.resident_param_bytes + call.carried_bytes + rank.activation_bytes
         calls[index] = call.model_copy(
-            update={"activation_bytes": rank.activation_bytes, "count": rank.count, "peak_bytes": peak}
+            update={
+                "activation_bytes": rank.activation_bytes,
+                "layer_levels": rank.layer_levels,
+                "count": rank.count,
+                "peak_bytes": peak,
+            }
         )
     stages = {}
     for call in calls:

@@ -40,8 +40,9 @@ import torch
 from diffmeter.predict import quantized_layouts as layouts
 from diffmeter.predict.gguf_city96 import file_types as gguf_file_types
 from diffmeter.predict.kernel_kinds import SM80
+from diffmeter.predict.layer_levels import UNPLACED, layer_key
 from diffmeter.predict.prequantized_formats import autoround_tensors, bfl_file_types, bfl_tensors, nunchaku_tensors
-from diffmeter.predict.quantized_kernels import quanto_in_flight, torchao_in_flight
+from diffmeter.predict.quantized_kernels import quanto_in_flight, quanto_outputs, torchao_in_flight, torchao_outputs
 
 #: the backends predicted when applied to a loaded module, and the module kinds each quantizes then
 AFTER_LOADING = {"torchao": torch.nn.Linear, "quanto": (torch.nn.Linear, torch.nn.Conv2d)}
@@ -57,6 +58,13 @@ class Stored:
     #: the bytes the layer allocates for its weight while it runs, its weight dequantized at the compute dtype and
     #: what that takes (0: its kernel multiplies the stored weight; quanto's: ``quantized_kernels``)
     dequantized: int = 0
+    #: of those, what stays live beside the layer's output: its weight dequantized, the promotion temporaries and
+    #: intermediate casts freed before the matmul (``quantized_kernels``); None: all of them
+    held: int | None = None
+    #: output-sized tensors the layer holds at once after its matmul (2: a bias or scale applied out of place), where
+    #: an unquantized layer holds its output alone; and the bytes live beside those outputs (a scale cast)
+    outputs: int = 1
+    beside_outputs: int = 0
 
 
 def keep_fp32(module: torch.nn.Module) -> list[str]:
@@ -141,7 +149,8 @@ def stored_tensors(
             is_weight = owner_name in linears and local == "weight" and name not in skipped
             # quantized after loading, a layer is built at its own weight's dtype (quanto nn/qlinear.py:41)
             at = tensor.dtype if after_loading else dtype
-            found.append(_stored(name, tensor, is_weight, backend, kind, at, skip, gguf, kernels))
+            bias = getattr(owner, "bias", None) is not None
+            found.append(_stored(name, tensor, is_weight, backend, kind, at, skip, gguf, kernels, bias))
         quantized = owner_name in linears and f"{prefix}weight" not in skipped
         if backend == "quanto" and quantized and not _quanto_skips(owner_name, skip):
             # QLinear's activation scales, scalars at the dtype the layer was built at (qmodule.py:139-141): the
@@ -152,7 +161,7 @@ def stored_tensors(
     return found
 
 
-def _stored(name, tensor, is_linear_weight, backend, kind, dtype, skip, gguf, kernels) -> Stored:
+def _stored(name, tensor, is_linear_weight, backend, kind, dtype, skip, gguf, kernels, bias) -> Stored:
     whole = Stored(name, tensor.numel() * tensor.element_size(), False)
     if backend == "gguf":
         stored = gguf.get(name, "F32")
@@ -170,14 +179,18 @@ def _stored(name, tensor, is_linear_weight, backend, kind, dtype, skip, gguf, ke
             return whole
         # at the dtype QLinear was built at, the run's, even in a keep-in-float32 module (quanto/utils.py:31-37)
         size = layouts.quanto_bytes(kind, out_features, in_features, dtype)
-        return Stored(name, size, True, quanto_in_flight(kind, tensor.shape, dtype, kernels))
+        in_flight = quanto_in_flight(kind, tensor.shape, dtype, kernels)
+        held = tensor.numel() * dtype.itemsize if in_flight else 0  # the dequantized weight (qbytes_mm.py:25-33)
+        return Stored(name, size, True, in_flight, held, quanto_outputs(kind, tensor.shape, dtype, kernels, bias))
     if skipped_by_path(name, skip):
         return whole
     if backend == "torchao":
         size = layouts.torchao_bytes(kind, out_features, in_features, tensor.dtype)
         if size is None:  # torchao's handler returns the weight as it was
             return whole
-        return Stored(name, size, True, torchao_in_flight(kind, tensor.numel(), dtype))
+        in_flight = torchao_in_flight(kind, tensor.numel(), dtype)
+        held = tensor.numel() * dtype.itemsize if in_flight else 0  # the weight at the activations' dtype
+        return Stored(name, size, True, in_flight, held, *torchao_outputs(kind, out_features, dtype, bias))
     if backend == "bnb":
         size = layouts.bnb_bytes(kind, out_features, in_features)
         return Stored(name, size, True, tensor.numel() * dtype.itemsize if kind != "int8" else 0)
@@ -260,9 +273,36 @@ def footprint(
     NF4/FP4; LLM.int8() multiplies int8), optimum-quanto per device and dtype and torchao's weight-only
     casts (``quantized_kernels``), sdnq layers/linear/forward.py:26-27; torchao's int4 and float8 dynamic activations
     run fused kernels."""
+    return layer_footprint(module, backend, kind, dtype, gguf, after_loading, kernels)[:2]
+
+
+def layer_footprint(
+    module: torch.nn.Module,
+    backend: str,
+    kind: str,
+    dtype: torch.dtype,
+    gguf: dict | None = None,
+    after_loading: bool = False,
+    kernels: str = SM80,
+):
+    """``footprint``'s two figures and, per layer key (``layer_levels.layer_key``: its weight's shape), the most a layer
+    of it allocates for its weight while it runs, what of that stays live beside its output, how many outputs it
+    holds at once and what beside them (``Stored``; the highest of each over the layers of that key; a tensor whose
+    layer is not found by its name under ``UNPLACED``)."""
     tensors = stored_tensors(module, backend, kind, dtype, gguf, after_loading, kernels)
     shared = layouts.shared_bytes(backend, kind) if any(t.quantized for t in tensors) else 0
-    return sum(t.bytes for t in tensors) + shared, max((t.dequantized for t in tensors), default=0)
+    copies: dict[str, tuple[int, int, int, int]] = {}
+    for tensor in tensors:
+        if tensor.dequantized or tensor.outputs > 1:
+            try:
+                key = layer_key(module.get_submodule(tensor.name.rpartition(".")[0])) or UNPLACED
+            except AttributeError:
+                key = UNPLACED
+            held = tensor.dequantized if tensor.held is None else tensor.held
+            found = (tensor.dequantized, held, tensor.outputs, tensor.beside_outputs)
+            copies[key] = tuple(map(max, copies.get(key, found), found))
+    most = max((t.dequantized for t in tensors), default=0)
+    return sum(t.bytes for t in tensors) + shared, most, copies
 
 
 def quantized_bytes(module: torch.nn.Module, backend: str, kind: str, dtype: torch.dtype, gguf: dict | None = None):

@@ -90,3 +90,25 @@ def marlin_fp8(out_features: int, in_features: int) -> bool:
         and out_features >= 64
         and ((in_features % 64 == 0 and out_features % 128 == 0) or (in_features % 128 == 0 and out_features % 64 == 0))
     )
+
+
+def quanto_outputs(kind: str, shape: torch.Size, dtype: torch.dtype, kernels: str, bias: bool) -> int:
+    """Output-sized tensors a quanto layer holds at once: 2 for a linear layer with a bias, which each of quanto's
+    linear functions adds out of place after its matmul (``output = output + bias``: tensor/function.py:44-46,
+    tensor/weights/qbytes.py:80-81, tinygemm/qbits.py:60-61, awq/qbits.py:68-69, marlin/int4/qbits.py:67-68), but
+    Marlin's fp8 one, which adds none (marlin/fp8/qbits.py:30-51); 1 for a convolution (``qfallback``'s
+    ``F.conv2d`` with the bias)."""
+    if len(shape) != 2 or not bias:
+        return 1
+    marlin = kind == "float8" and kernels == SM80 and dtype in (torch.float16, torch.bfloat16) and marlin_fp8(*shape)
+    return 1 if marlin else 2
+
+
+def torchao_outputs(kind: str, rows: int, dtype: torch.dtype, bias: bool) -> tuple[int, int]:
+    """Output-sized tensors a torchao weight-only layer of ``rows`` output rows holds at once, and the bytes beside
+    them: int8wo scales its matmul's output out of place (``y = m * scale``, quantize_/workflows/int8/int8_tensor.py:
+    351-353; the bias added in place, :356-357) with its float32 scales cast to the output's dtype beside them (:353);
+    float8wo adds its bias out of place (``out + bias``, float8/float8_tensor.py:465-467); 1 otherwise (not read)."""
+    if kind == "int8wo":
+        return 2, rows * dtype.itemsize if dtype != torch.float32 else 0
+    return (2 if kind == "float8wo" and bias else 1), 0

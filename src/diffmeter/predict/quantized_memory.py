@@ -1,7 +1,7 @@
 """A memory prediction with ``--quantize [NAME=]BACKEND:TYPE`` formats: each named component's weights as the backend
-stores them (``quantized_formats``) and the largest weight it dequantizes whole while a layer runs, added to that
-component's calls (``techniques.stage_peaks_under``). The technique is named ``quantize-BACKEND-TYPE``; the time is
-not modelled for it (``profile``'s ``time_left_out``)."""
+stores them (``quantized_formats``) and, per layer shape, what a quantized layer allocates while it runs (its weight
+dequantized, a second output), added where such a layer runs in that component's calls
+(``techniques.stage_peaks_under``, ``layer_levels``). The technique is named ``quantize-BACKEND-TYPE``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from diffmeter.families import get_family
 from diffmeter.predict.footprints import meta_module
 from diffmeter.predict.kernel_kinds import CPU, SM80
 from diffmeter.predict.memory import DTYPES, settled_plan
-from diffmeter.predict.quantized_formats import checkpoint_types, footprint
+from diffmeter.predict.quantized_formats import checkpoint_types, layer_footprint
 from diffmeter.predict.schema import MemoryPrediction
 from diffmeter.quantization_spec import BACKENDS, DENOISER, parse
 
@@ -73,6 +73,7 @@ def with_formats(
     entry, settled, _ = settled_plan(spec)
     denoisers = [name for name in get_family(entry.family).denoisers(entry) if name in entry.components]
     stored, dequantized = dict(prediction.quantized_bytes), dict(prediction.dequantized_bytes)
+    layers = dict(prediction.dequantized_layers)
     for found in formats:
         names = [n for name in found.components for n in (denoisers if name == DENOISER else [name])]
         unknown = [name for name in names if name not in entry.components]
@@ -82,7 +83,7 @@ def with_formats(
                 f"components: {', '.join(entry.components)}"
             )
         types = checkpoint_types(found.backend, found.file) if found.file else None
-        sizes, flights = {}, {}
+        sizes, flights, copies = {}, {}, {}
         for name in names:
             dtype = DTYPES[settled.dtype_of(name)]
             module = (
@@ -91,7 +92,7 @@ def with_formats(
             if found.backend == "gguf" and types is not None and not types.keys() & module.state_dict().keys():
                 types = None  # a file under the original checkpoint's names (city96's): its type per tensor as made
             try:
-                sizes[name], flights[name] = footprint(
+                sizes[name], flights[name], copies[name] = layer_footprint(
                     module, found.backend, found.type, dtype, types, found.after_loading, kernels
                 )
             except ValueError as error:
@@ -100,4 +101,6 @@ def with_formats(
                 ) from None
         stored[found.technique] = {**stored.get(found.technique, {}), **sizes}  # one type on several components
         dequantized[found.technique] = {**dequantized.get(found.technique, {}), **flights}
-    return prediction.model_copy(update={"quantized_bytes": stored, "dequantized_bytes": dequantized})
+        layers[found.technique] = {**layers.get(found.technique, {}), **copies}
+    update = {"quantized_bytes": stored, "dequantized_bytes": dequantized, "dequantized_layers": layers}
+    return prediction.model_copy(update=update)

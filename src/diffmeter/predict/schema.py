@@ -29,6 +29,9 @@ class StageMemory(BaseModel):
     #: tensors the call itself allocated that are live at its peak (activations, temporaries, outputs)
     activation_bytes: int
     peak_bytes: int
+    #: per weight shape ("3072x3072"), the highest activations as a layer of it starts, with its output and with two
+    #: outputs (``predict.layer_levels``): where a quantized layer's own allocations add to them
+    layer_levels: dict[str, tuple[int, int, int]] = {}
 
 
 class MemoryPrediction(BaseModel):
@@ -58,6 +61,10 @@ class MemoryPrediction(BaseModel):
     #: such a technique -> per component: the most a layer allocates for its weight while it runs, on the device the
     #: prediction is for (its weight dequantized and what that takes; 0: none, ``predict.quantized_kernels``)
     dequantized_bytes: dict[str, dict[str, int]] = {}
+    #: such a technique -> per component -> per weight shape: the most a layer of it allocates for its weight while it
+    #: runs, what of that stays live beside its output, the outputs it holds at once and the bytes beside them
+    #: (``Stored``); what ``stage_peaks_under`` adds where the call's layers of that shape run (``layer_levels``)
+    dequantized_layers: dict[str, dict[str, dict[str, tuple[int, int, int, int]]]] = {}
     #: the text encoders fp8-text-encoder stores in float8, and their parameters then
     large_text_encoders: list[str] = []
     fp8_storage_bytes: dict[str, int] = {}

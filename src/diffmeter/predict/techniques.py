@@ -15,8 +15,9 @@ activations stay on the device in every case):
   weight stored in one byte per element plus a float32 scale per output row (int8 also an int8 zero
   point per row): torchao's ``Int8Tensor`` / ``Float8Tensor`` layouts, held to torchao by the tests.
 * ``quantize-BACKEND-TYPE`` (``--quantize [NAME=]BACKEND:TYPE``, at load): the named components as the backend
-  stores them, and the largest weight it dequantizes whole while a layer runs added to their calls
-  (``predict.quantized_memory``, ``predict.quantized_formats``).
+  stores them, and what a quantized layer allocates itself (its weight dequantized, a second output) added where
+  that layer runs in their calls (``predict.quantized_memory``, ``predict.quantized_formats``,
+  ``predict.layer_levels``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import itertools
 
 from diffmeter.predict.fit_formats import offered
+from diffmeter.predict.layer_levels import in_flight_peak
 from diffmeter.predict.schema import VAE_DECODE, MemoryPrediction
 
 #: fastest first: what each costs in time, as its mechanism says (no roofline yet): quantized weights
@@ -80,8 +82,13 @@ def stage_peaks_under(prediction: MemoryPrediction, techniques: tuple[str, ...])
             resident = largest * call.component_param_bytes // loaded if loaded else largest
         else:
             resident = sum(params.values()) + cast
-        activations = call.activation_bytes + max(  # a layer's weight dequantized while it runs
-            (prediction.dequantized_bytes[t].get(call.component, 0) for t in formats(prediction, techniques)), default=0
+        activations = max(  # a layer's weight dequantized while it runs, where its layers run (layer_levels)
+            [call.activation_bytes]
+            + [
+                in_flight_peak(call.layer_levels, copies, call.activation_bytes)
+                for t in formats(prediction, techniques)
+                if (copies := prediction.dequantized_layers[t].get(call.component))
+            ]
         )
         if call.stage == VAE_DECODE and call.component == prediction.decoder:
             for mode in ("vae-tiling", "vae-slicing"):
