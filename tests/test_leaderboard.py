@@ -4,17 +4,24 @@ models predicted on real table GPUs, the page sorted in a real browser, the CSV 
 from __future__ import annotations
 
 import csv
+import html
 import io
+import re
 
 import pytest
 from browser import browser_tools
+from diffusers.hooks import FirstBlockCacheConfig
+from rich.console import Console
 
 from diffmeter.catalog import resolve
+from diffmeter.optimize import OptimizationSpec
+from diffmeter.optimize.options import memory_setting_specs, parse_opt
 from diffmeter.predict.devices import named_gpu
 from diffmeter.predict.operators import operator_work, predict_memory_and_work
 from diffmeter.predict.roofline import predict_time
+from diffmeter.quantization_spec import optimization_specs as quantization_specs
 from diffmeter.report.leaderboard import leaderboard_csv, leaderboard_html, summary_table
-from diffmeter.runs.leaderboard import model_cells
+from diffmeter.runs.leaderboard import Cell, model_cells
 from diffmeter.spec import ProfileSpec
 
 GPUS = ("H100 SXM", "L4", "T4")
@@ -61,7 +68,55 @@ def test_each_card_gets_its_fastest_predicted_setting_with_the_speed_ups(cells):
     assert flux.fastest and flux.fastest_s and flux.fastest_s[0] < flux.fastest_s[1]
     assert "fp8-text-encoder" not in flux.fastest  # its time is not modelled: never ranked
     row = next(r for r in csv.DictReader(io.StringIO(leaderboard_csv(cells))) if r["model"] == "sd15")
-    assert row["fastest"] == "+".join(sd15.fastest) and float(row["fastest_low_s"]) == sd15.fastest_s[0]
+    assert row["fastest"].startswith("compile:mode=") and float(row["fastest_low_s"]) == sd15.fastest_s[0]
+
+
+def test_the_fastest_setting_is_named_with_every_parameter_as_bench_takes_it():
+    """The fastest cell names its quantized format as --quantize takes it and each speed-up as --opt takes it, with
+    the parameters bench runs (the cache's threshold: diffusers' own default), in the page, the CSV and the one-GPU
+    table; before, "quantize-torchao-int8wo + compile + first-block-cache" named no threshold nor mode."""
+    threshold = FirstBlockCacheConfig().threshold
+    board = Cell(
+        model="flux-dev",
+        gpu="L4",
+        architecture="ada",
+        memory_bytes=24 * 2**30,
+        fits=True,
+        setting=["offload-model"],
+        peak_bytes=20 * 2**30,
+        plain_peak_bytes=34 * 2**30,
+        fastest=["quantize-torchao-int8wo", "offload-model", "compile", "first-block-cache"],
+        fastest_s=(20.0, 30.0),
+    )
+    named = f"torchao:int8wo + offload-model + compile:mode=default + first-block-cache:threshold={threshold}"
+    assert next(csv.DictReader(io.StringIO(leaderboard_csv([board]))))["fastest"] == named
+    assert html.escape(named) in leaderboard_html([board], [])
+    shown = Console(width=400, record=True)
+    shown.print(summary_table([board]))
+    assert named in shown.export_text()
+    quantize, offload, *speedups = named.split(" + ")
+    assert quantization_specs([quantize]) == memory_setting_specs(("quantize-torchao-int8wo",))  # --quantize's value
+    asked = [parse_opt(text) for text in speedups]  # --opt's values, bench's defaults
+    assert asked == [
+        OptimizationSpec(name="compile", params={"mode": "default"}),
+        OptimizationSpec(name="first-block-cache", params={"threshold": threshold}),
+    ]
+
+
+def test_the_summary_per_gpu_shows_each_cards_memory_in_gib():
+    """The table committed in benchmarks/results/leaderboard_summary.md: once "85.52 GB" for an H100 SXM, whose
+    driver reports 81559 MiB (data/gpu_memory.json), 79.65 GiB."""
+    gpus = [named_gpu("H100 SXM"), named_gpu("L4")]
+    board = [
+        Cell(model="sd15", gpu=g.name, architecture=g.architecture, memory_bytes=g.memory_bytes, fits=True, setting=[],
+             plain_peak_bytes=2**31)
+        for g in gpus
+    ]  # fmt: skip
+    shown = Console(width=200, record=True)
+    shown.print(summary_table(board))
+    text = shown.export_text()
+    assert gpus[0].memory_bytes == 81559 * 2**20 and "│ H100 SXM │ 79.65 GiB │" in " ".join(text.split())
+    assert not re.findall(r"\d\s?GB\b", text)
 
 
 def test_a_card_without_a_vendor_tdp_or_a_dtype_peak_says_so(cells):

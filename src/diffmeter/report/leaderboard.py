@@ -11,6 +11,7 @@ from rich.table import Table
 
 from diffmeter import __version__, units
 from diffmeter.report.html.page import SORT_SCRIPT, STYLE
+from diffmeter.runs.fit_speedups import setting_name
 from diffmeter.runs.leaderboard import Cell
 
 #: (header, the value sorted on, the text shown)
@@ -43,9 +44,10 @@ def _setting(cell: Cell) -> str:
 
 
 def _fastest(cell: Cell) -> str:
+    """The fastest predicted setting as ``fit MODEL --gpu CARD`` names it, every technique with its parameters."""
     if cell.fastest is None:
         return "-"
-    return " + ".join(cell.fastest) or "plain"
+    return setting_name(tuple(cell.fastest)) or "plain"
 
 
 def _least(cell: Cell) -> str:
@@ -98,7 +100,7 @@ def leaderboard_csv(cells: list[Cell]) -> str:
                 "expected_high_s": expected[1],
                 "energy_low_j": energy[0],
                 "energy_high_j": energy[1],
-                "fastest": "" if cell.fastest is None else "+".join(cell.fastest) or "plain",
+                "fastest": "" if cell.fastest is None else _fastest(cell),
                 "fastest_low_s": cell.fastest_s[0] if cell.fastest_s else None,
                 "fastest_high_s": cell.fastest_s[1] if cell.fastest_s else None,
                 "notes": " | ".join(cell.notes),

@@ -183,13 +183,6 @@ def fit_table(
 def setting_text(chosen: tuple[str, ...]) -> str:
     """A setting as the table shows it: a ``--quantize BACKEND:TYPE`` format as that value (``gguf:Q4_K_S``), a
     speed-up as bench's ``--opt`` takes it, with its parameters (``first-block-cache:threshold=0.05``)."""
-    from diffmeter.predict.fit_formats import label
-    from diffmeter.runs.fit_speedups import is_speedup, optimization
+    from diffmeter.runs.fit_speedups import setting_name
 
-    def named(technique: str) -> str:
-        if is_speedup(technique):
-            return optimization(technique)
-        legacy = technique in ("quantize-int8", "quantize-fp8")
-        return label(technique) if technique.startswith("quantize-") and not legacy else technique
-
-    return " + ".join(map(named, chosen)) or "as is"
+    return setting_name(chosen) or "as is"

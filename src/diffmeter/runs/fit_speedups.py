@@ -58,6 +58,21 @@ def optimization(technique: str) -> str:
     return ":".join([name, ",".join(f"{key}={value}" for key, value in params.items())])
 
 
+def setting_name(chosen: tuple[str, ...]) -> str:
+    """A setting as ``fit`` names it, every technique with its parameters: a ``--quantize BACKEND:TYPE`` format as
+    that value (``gguf:Q4_K_S``), a speed-up as bench's ``--opt`` takes it (``first-block-cache:threshold=0.05``),
+    joined by " + "; "" for the plain pipeline."""
+    from diffmeter.predict.fit_formats import label
+
+    def named(technique: str) -> str:
+        if is_speedup(technique):
+            return optimization(technique)
+        legacy = technique in ("quantize-int8", "quantize-fp8")
+        return label(technique) if technique.startswith("quantize-") and not legacy else technique
+
+    return " + ".join(map(named, chosen))
+
+
 def asked(chosen: tuple[str, ...]) -> list[tuple[str, dict]]:
     """The setting's speed-ups as (optimization name, params), as ``timed_work`` takes them."""
     return [SPEEDUPS[t] for t in chosen if t in SPEEDUPS]

@@ -127,7 +127,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
 def fastest(cell: Cell, setting_work, fits, gpu: Device, entry, spec) -> None:
     """``cell``'s fastest predicted setting: ``fits`` (the memory settings bench runs that fit) with every speed-up
     bench accepts, the least expected midpoint (``fit_speedups``)."""
-    from diffmeter.runs.fit_speedups import timed, with_speedups
+    from diffmeter.runs.fit_speedups import setting_name, timed, with_speedups
     from diffmeter.runs.fitting import runnable
 
     speedy, _ = runnable(with_speedups(fits), entry, spec)
@@ -138,7 +138,7 @@ def fastest(cell: Cell, setting_work, fits, gpu: Device, entry, spec) -> None:
         return
     _, chosen, best = ranked[0]
     cell.fastest, cell.fastest_s = list(chosen), best.time.expected_s
-    cell.notes.append(f"fastest: {' + '.join(chosen) or 'plain'}, expected time with its techniques (fit_speedups)")
+    cell.notes.append(f"fastest: {setting_name(chosen) or 'plain'}, expected time with its techniques (fit_speedups)")
 
 
 def _counted(spec, decode_modes: tuple[str, ...]):
