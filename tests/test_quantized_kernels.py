@@ -205,7 +205,7 @@ def test_a_quantized_layer_peaks_where_its_copies_and_outputs_say(backend, kind,
     levels on fake tensors: its weight's copies before the matmul, the dequantized weight beside the output, or two
     outputs where the bias (quanto) or the scales (torchao int8wo) are applied out of place; with a long input the
     outputs, not the weight, set the peak."""
-    from diffmeter.predict.layer_levels import in_flight_peak
+    from diffmeter.predict.in_flight import in_flight_peak
     from diffmeter.predict.quantized_formats import layer_footprint
 
     torch.manual_seed(0)

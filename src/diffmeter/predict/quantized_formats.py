@@ -39,8 +39,9 @@ import torch
 
 from diffmeter.predict import quantized_layouts as layouts
 from diffmeter.predict.gguf_city96 import file_types as gguf_file_types
+from diffmeter.predict.in_flight import UNPLACED
 from diffmeter.predict.kernel_kinds import SM80
-from diffmeter.predict.layer_levels import UNPLACED, layer_key
+from diffmeter.predict.layer_levels import layer_key
 from diffmeter.predict.prequantized_formats import autoround_tensors, bfl_file_types, bfl_tensors, nunchaku_tensors
 from diffmeter.predict.quantized_kernels import quanto_in_flight, quanto_outputs, torchao_in_flight, torchao_outputs
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 
 from diffmeter.predict.fit_formats import offered
-from diffmeter.predict.layer_levels import in_flight_peak
+from diffmeter.predict.in_flight import in_flight_peak
 from diffmeter.predict.schema import VAE_DECODE, MemoryPrediction
 
 #: fastest first: what each costs in time, as its mechanism says (no roofline yet): quantized weights
