@@ -123,7 +123,7 @@ def threshold_share(technique: str, params: dict, spec, rows) -> tuple[float, fl
     every threshold cache's (they all compare the relative L1 change of the first blocks' residual)."""
     mine, lent = drift_rows(technique, params, rows)
     kappas = [
-        kappas_of(r["skipped_share"], r["threshold"], sigmas(r["steps"], r["height"], r["width"]), always(r["params"]))
+        row_kappas(r["skipped_share"], r["threshold"], r["steps"], r["height"], r["width"], always(r["params"]))
         for r in mine
     ]
     span = min(k[0] for k in kappas), max(k[1] for k in kappas)
@@ -135,6 +135,13 @@ def threshold_share(technique: str, params: dict, spec, rows) -> tuple[float, fl
         f"the skipped calls of {len(mine)} published run{'s' * (len(mine) != 1)} ({'; '.join(sources)})"
     )
     return low, high, how
+
+
+@cache
+def row_kappas(share: float, threshold: float, steps: int, height: int, width: int, first: int) -> tuple[float, float]:
+    """A published run's drift constants (``kappas_of``), once per process: every setting on every GPU reads the same
+    rows (``fit --all`` spent half its warm time recomputing them)."""
+    return kappas_of(share, threshold, sigmas(steps, height, width), first)
 
 
 def drift_rows(technique: str, params: dict, rows) -> tuple[list[dict], str]:
