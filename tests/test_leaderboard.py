@@ -193,3 +193,19 @@ def test_a_model_that_fits_only_with_a_tiled_decode_gets_the_tiled_decodes_expec
     assert found.lower_s == tiled.lower_s and found.expected_s == tiled.expected_s
     assert tiled.lower_s > predict_time(plain, named_gpu("L4"), weights=memory.weight_read_bytes).lower_s
     assert "time: the VAE decode as vae-tiling runs it" in found.notes
+
+
+def test_each_card_gets_the_quantized_bytes_its_kernels_make_as_fit_computes_them():
+    """quanto int4 runs tinygemm on an sm_80+ card (no dequantized copy) and dequantizes each weight on a T4: the
+    leaderboard's formats for each card are `fit --gpu`'s, not one kind's for every card (it used sm_80's for all)."""
+    from diffmeter.predict.fit_formats import with_fit_formats
+    from diffmeter.predict.kernel_kinds import OTHER_GPU, SM80
+    from diffmeter.runs.leaderboard import card_formats
+
+    spec = ProfileSpec(model="sd15").with_defaults(resolve("sd15").defaults)
+    prediction, _ = predict_memory_and_work(spec)
+    t4, h100 = (card_formats(prediction, spec, named_gpu(name)) for name in ("T4", "H100 SXM"))
+    int4 = "quantize-quanto-int4"
+    assert t4.dequantized_bytes[int4] == with_fit_formats(prediction, spec, OTHER_GPU).dequantized_bytes[int4]
+    assert h100.dequantized_bytes[int4] == with_fit_formats(prediction, spec, SM80).dequantized_bytes[int4]
+    assert sum(t4.dequantized_bytes[int4].values()) > sum(h100.dequantized_bytes[int4].values())

@@ -59,7 +59,8 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
     """One model's cells on ``gpus``: one fake run of its generation at the catalog defaults (or its answer from
     the disk cache, without torch), then per GPU."""
     from diffmeter.predict.cached import cached_memory_and_work, cached_work
-    from diffmeter.predict.fit_formats import least_quantization, with_fit_formats
+    from diffmeter.predict.fit_formats import least_quantization
+    from diffmeter.predict.kernel_kinds import of_architecture
     from diffmeter.predict.roofline import missing_figures
     from diffmeter.predict.techniques import fitting, peak_under
     from diffmeter.predict.vae_decode import VAE_MODES
@@ -73,13 +74,16 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
 
         found = predict_memory_and_work(spec)
     prediction, work = found
-    quantized = with_fit_formats(prediction, spec)
     plain = peak_under(prediction, ())
     output = "video" if spec.num_frames else "image"
     memory_note = f"memory: {prediction.checked}" if prediction.checked else "memory: tracked on fake tensors"
-    cells, decoded = [], {}
-    setting_work = SettingWork(work, quantized, spec, tuple(prediction.denoisers))  # shared by every GPU
+    cells, decoded, by_kernels = [], {}, {}
     for gpu in gpus:
+        kernels = of_architecture(gpu.architecture)
+        if kernels not in by_kernels:  # shared by every GPU whose quantized kernels are of the kind
+            formatted = card_formats(prediction, spec, gpu)
+            by_kernels[kernels] = formatted, SettingWork(work, formatted, spec, tuple(prediction.denoisers))
+        quantized, setting_work = by_kernels[kernels]
         usable = gpu.memory_bytes - CUDA_HOLDBACK_BYTES
         found, _ = runnable(fitting(prediction, usable, fp8="fp8" in gpu.tflops), entry, spec)
         time = plain_time(work, prediction, gpu, spec.batch_size)
@@ -122,6 +126,16 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
                 fastest(cell, setting_work, formats, gpu, entry, spec)
         cells.append(cell)
     return cells
+
+
+def card_formats(prediction, spec, gpu: Device):
+    """``prediction`` with the quantized formats' bytes as ``fit --gpu`` computes them for ``gpu``: with the kernels
+    the backends pick on its architecture (``kernel_kinds.of_architecture``: quanto's tinygemm on sm_80 and later,
+    its dequantized copy on a T4 or V100)."""
+    from diffmeter.predict.fit_formats import with_fit_formats
+    from diffmeter.predict.kernel_kinds import of_architecture
+
+    return with_fit_formats(prediction, spec, of_architecture(gpu.architecture))
 
 
 def fastest(cell: Cell, setting_work, fits, gpu: Device, entry, spec) -> None:
