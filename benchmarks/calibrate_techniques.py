@@ -82,16 +82,21 @@ def eager_runs() -> list[PublishedRun]:
     return [run for run in runs if run is not None]
 
 
+def fits_without(eager: list[PublishedRun], sources) -> dict:
+    """Per source, the eager fit of every other source's runs: what each held-out test below predicts it with."""
+    return {source: fit([run for run in eager if run.source != source]) for source in sorted(set(sources))}
+
+
 def held_out(
-    eager: list[PublishedRun], optimized: list[tuple[str, PublishedRun]]
+    eager: list[PublishedRun], optimized: list[tuple[str, PublishedRun]], fits: dict | None = None
 ) -> list[tuple[str, HeldOut, HeldOut]]:
-    """Each optimized run predicted by the eager fit of every source but its own: as the transform gives it, and
-    times one factor per technique, the geometric mean of published / predicted over the other sources' runs of
-    the technique (predicted by the same fit): what a factor fitted per mode would give, nothing of the source in
-    it."""
+    """Each optimized run predicted by the eager fit of every source but its own (``fits``, else fitted here): as
+    the transform gives it, and times one factor per technique, the geometric mean of published / predicted over the
+    other sources' runs of the technique (predicted by the same fit): what a factor fitted per mode would give,
+    nothing of the source in it."""
     found = []
-    for source in sorted({run.source for _, run in optimized}):
-        fitted = fit([run for run in eager if run.source != source])
+    fits = fits or fits_without(eager, (run.source for _, run in optimized))
+    for source, fitted in fits.items():
         predicted = [
             (technique, run, HeldOut(run, fitted.midpoint(run, gpu), *fitted.range(run, gpu)))
             for technique, run in optimized
@@ -118,14 +123,15 @@ def is_reference(figure: dict) -> bool:
     return not figure["techniques"] and (figure.get("stack") or {}).get("attention", "sdpa") == "sdpa"
 
 
-def speedups(eager: list[PublishedRun], optimized: list[tuple[str, PublishedRun]], references: dict[str, str]):
+def speedups(eager: list[PublishedRun], optimized: list[tuple[str, PublishedRun]], references: dict[str, str], fits):
     """Each optimized run with a published eager run of its source at the same settings (``references``: its id to
     the eager run's): (technique, run, reference, published speed-up, predicted one), both runs predicted by the fit
-    without their source, so the predicted speed-up is the technique's modelled effect alone, held out."""
+    without their source (``fits``, ``fits_without``), so the predicted speed-up is the technique's modelled effect
+    alone, held out."""
     by_id = {run.id: run for run in eager}
     found = []
     for source in sorted({run.source for _, run in optimized if run.id in references}):
-        fitted = fit([run for run in eager if run.source != source])
+        fitted = fits[source]
         for technique, run in optimized:
             if run.source != source or run.id not in references:
                 continue
@@ -205,7 +211,8 @@ def main() -> int:
         if (reference := eager_of.get(same_run(figure))) is not None:
             references[run.id] = reference
         print(figure["id"], technique, run.architecture, run.published_s, flush=True)
-    held = held_out(eager, optimized)
+    fits = fits_without(eager, (run.source for _, run in optimized))  # one eager fit per held-out source, for both
+    held = held_out(eager, optimized, fits)
     when = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
     lines = [
         "# The expected time of optimized runs, validated on published runs",
@@ -230,7 +237,7 @@ def main() -> int:
     ]
     for technique in sorted({name for name, _, _ in held}):
         lines += section(f"{technique}, with a factor", [h for name, _, h in held if name == technique])
-    lines += speedup_section(speedups(eager, optimized, references))
+    lines += speedup_section(speedups(eager, optimized, references, fits))
     lines += ["## Left out", "", *(left_out or ["none"]), ""]
     OUT.write_text("\n".join(lines))
     print("\n".join(lines))

@@ -75,7 +75,7 @@ def test_an_autoround_folder_loads_with_auto_rounds_layers_and_its_bytes_predict
     }
     assert {m.bits for m in layers} == {bits}
     module = meta_module(t.entry.components[component], getattr(torch, dtype))
-    stored, dequantized = footprint(
+    stored, dequantized, _ = footprint(
         module, "autoround", f"int{bits}", getattr(torch, dtype), checkpoint_types("autoround", folder)
     )
     assert storages_bytes([loaded]) == stored

@@ -206,13 +206,13 @@ def test_a_quantized_layer_peaks_where_its_copies_and_outputs_say(backend, kind,
     outputs where the bias (quanto) or the scales (torchao int8wo) are applied out of place; with a long input the
     outputs, not the weight, set the peak."""
     from diffmeter.predict.in_flight import in_flight_peak
-    from diffmeter.predict.quantized_formats import layer_footprint
+    from diffmeter.predict.quantized_formats import footprint
 
     torch.manual_seed(0)
     layer = torch.nn.Sequential(torch.nn.Linear(384, 112, bias=bias, dtype=dtype))
     plain, _ = forward_peak(layer, rows)
     meta = torch.nn.Sequential(torch.nn.Linear(384, 112, bias=bias, dtype=dtype, device="meta"))
-    copies = layer_footprint(meta, backend, kind, dtype, after_loading=True, kernels=CPU)[2]
+    copies = footprint(meta, backend, kind, dtype, after_loading=True, kernels=CPU)[2]
     if backend == "quanto":
         from optimum.quanto import freeze, qfloat8, qint4, qint8, quantize
 

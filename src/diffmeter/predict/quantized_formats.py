@@ -268,28 +268,15 @@ def footprint(
     after_loading: bool = False,
     kernels: str = SM80,
 ):
-    """Parameter and buffer bytes of ``module`` as the backend stores it (with its format's shared tables), and the
-    most a layer allocates for its weight while it runs on ``kernels`` (0: none), read where each does: diffusers
-    gguf/utils.py:611-612 (``GGUFLinear.forward_native``), bitsandbytes autograd/_functions.py:446 (``MatMul4Bit``:
-    NF4/FP4; LLM.int8() multiplies int8), optimum-quanto per device and dtype and torchao's weight-only
-    casts (``quantized_kernels``), sdnq layers/linear/forward.py:26-27; torchao's int4 and float8 dynamic activations
-    run fused kernels."""
-    return layer_footprint(module, backend, kind, dtype, gguf, after_loading, kernels)[:2]
-
-
-def layer_footprint(
-    module: torch.nn.Module,
-    backend: str,
-    kind: str,
-    dtype: torch.dtype,
-    gguf: dict | None = None,
-    after_loading: bool = False,
-    kernels: str = SM80,
-):
-    """``footprint``'s two figures and, per layer key (``layer_levels.layer_key``: its weight's shape), the most a layer
-    of it allocates for its weight while it runs, what of that stays live beside its output, how many outputs it
-    holds at once and what beside them (``Stored``; the highest of each over the layers of that key; a tensor whose
-    layer is not found by its name under ``UNPLACED``)."""
+    """Parameter and buffer bytes of ``module`` as the backend stores it (with its format's shared tables), the most
+    a layer allocates for its weight while it runs on ``kernels`` (0: none), and, per layer key
+    (``layer_levels.layer_key``: its weight's shape), the most a layer of it allocates for its weight while it runs,
+    what of that stays live beside its output, how many outputs it holds at once and what beside them (``Stored``;
+    the highest of each over the layers of that key; a tensor whose layer is not found by its name under
+    ``UNPLACED``). Read where each allocates: diffusers gguf/utils.py:611-612 (``GGUFLinear.forward_native``),
+    bitsandbytes autograd/_functions.py:446 (``MatMul4Bit``: NF4/FP4; LLM.int8() multiplies int8), optimum-quanto
+    per device and dtype and torchao's weight-only casts (``quantized_kernels``), sdnq layers/linear/forward.py:26-27;
+    torchao's int4 and float8 dynamic activations run fused kernels."""
     tensors = stored_tensors(module, backend, kind, dtype, gguf, after_loading, kernels)
     shared = layouts.shared_bytes(backend, kind) if any(t.quantized for t in tensors) else 0
     copies: dict[str, tuple[int, int, int, int]] = {}

@@ -12,7 +12,7 @@ from diffmeter.families import get_family
 from diffmeter.predict.footprints import meta_module
 from diffmeter.predict.kernel_kinds import CPU, SM80
 from diffmeter.predict.memory import DTYPES, settled_plan
-from diffmeter.predict.quantized_formats import checkpoint_types, layer_footprint
+from diffmeter.predict.quantized_formats import checkpoint_types, footprint
 from diffmeter.predict.schema import MemoryPrediction
 from diffmeter.quantization_spec import BACKENDS, DENOISER, parse
 
@@ -92,7 +92,7 @@ def with_formats(
             if found.backend == "gguf" and types is not None and not types.keys() & module.state_dict().keys():
                 types = None  # a file under the original checkpoint's names (city96's): its type per tensor as made
             try:
-                sizes[name], flights[name], copies[name] = layer_footprint(
+                sizes[name], flights[name], copies[name] = footprint(
                     module, found.backend, found.type, dtype, types, found.after_loading, kernels
                 )
             except ValueError as error:
