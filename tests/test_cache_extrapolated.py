@@ -17,13 +17,22 @@ from diffmeter.spec import ProfileSpec
 DEFAULT = FirstBlockCacheConfig().threshold  # what diffusers runs when none is given
 
 
-def runs(*thresholds: float) -> list[dict]:
-    """Published First-Block-Cache runs of FLUX.1 at 1024x1024, 28 steps, at ``thresholds``."""
+def runs(*thresholds: float, model="flux-dev", steps=28, size=1024) -> list[dict]:
+    """Published First-Block-Cache runs (FLUX.1-dev at 1024x1024, 28 steps unless given) at ``thresholds``."""
     return [
         {"technique": "first-block-cache", "params": {"threshold": t}, "threshold": t, "skipped_share": 0.5,
-         "source": "a", "steps": 28, "height": 1024, "width": 1024}
+         "source": "a", "model": model, "steps": steps, "height": size, "width": size}
         for t in thresholds
     ]  # fmt: skip
+
+
+def tiny(steps: int) -> str:
+    """What is extrapolated in tiny-flux's settings, unlike every published run's (FLUX.1-dev, 28 steps, 1024x1024)."""
+    settings = f"{steps} steps, the published 28; 32x32 px, the published 1024x1024"
+    return f"model tiny-flux, the published runs' flux-dev; {settings}"
+
+
+TINY = tiny(8)
 
 
 def shipped_range() -> tuple[float, float]:
@@ -49,16 +58,19 @@ def test_the_cached_work_carries_it_from_the_rows_it_was_predicted_with():
     spec = ProfileSpec(model="tiny-flux", steps=8)
     memory, work = predict_memory_and_work(spec, True, ())
     denoisers = tuple(memory.denoisers)
-    inside = cache_skip(work, "first-block-cache", {"threshold": 0.15}, denoisers, spec, runs(0.1, 0.2))
-    outside = cache_skip(work, "first-block-cache", {"threshold": 0.15}, denoisers, spec, runs(0.2, 0.4))
+    alike = {"model": "tiny-flux", "steps": 8, "size": 32}  # published runs of the asked model, steps and size
+    inside = cache_skip(work, "first-block-cache", {"threshold": 0.15}, denoisers, spec, runs(0.1, 0.2, **alike))
+    outside = cache_skip(work, "first-block-cache", {"threshold": 0.15}, denoisers, spec, runs(0.2, 0.4, **alike))
     assert inside.extrapolated is None
     assert outside.extrapolated == "skipped share extrapolated: threshold 0.15 below the published 0.2-0.4"
+    flux = cache_skip(work, "first-block-cache", {"threshold": 0.15}, denoisers, spec, runs(0.1, 0.2))
+    assert flux.extrapolated == f"skipped share extrapolated: {TINY}"  # inside the thresholds, not the settings
     low, high = shipped_range()
     assert DEFAULT < low  # diffusers' default is under every published run's threshold
     default = cache_skip(work, "first-block-cache", {}, denoisers, spec)  # the shipped runs, diffusers' default
     assert (
         default.extrapolated
-        == f"skipped share extrapolated: threshold {DEFAULT:g} below the published {low:g}-{high:g}"
+        == f"skipped share extrapolated: threshold {DEFAULT:g} below the published {low:g}-{high:g}; {TINY}"
     )
 
 
@@ -71,11 +83,9 @@ def test_profile_says_it_in_the_text_and_the_json_only_outside(cli):
         said = json.loads(out)["time"]["cache"]["extrapolated"]
         code, out, _ = cli(*asked, "--opt", f"first-block-cache:threshold={threshold}")
         text = " ".join(out.split())
-        if side is None:
-            assert said is None and "extrapolated" not in text
-        else:
-            expected = f"skipped share extrapolated: threshold {threshold:g} {side} the published {low:g}-{high:g}"
-            assert said == expected and f"denoiser calls skipped ({expected}; threshold" in text
+        outside = [f"threshold {threshold:g} {side} the published {low:g}-{high:g}"] if side else []
+        expected = f"skipped share extrapolated: {'; '.join([*outside, TINY])}"  # tiny-flux is never published
+        assert said == expected and f"denoiser calls skipped ({expected}; threshold" in text
 
 
 def test_fit_says_it_for_its_cached_settings(cli):
@@ -83,7 +93,7 @@ def test_fit_says_it_for_its_cached_settings(cli):
     code, out, err = cli("fit", "tiny-flux", "--gpu", "h100", "--json", "--steps", "2")
     assert code == 0, err
     found = {tuple(row["techniques"]): row for row in json.loads(out)["fits"]}
-    expected = f"skipped share extrapolated: threshold {DEFAULT:g} below the published {low:g}-{high:g}"
+    expected = f"skipped share extrapolated: threshold {DEFAULT:g} below the published {low:g}-{high:g}; {tiny(2)}"
     for chosen, row in found.items():
         cached = "first-block-cache" in chosen
         assert row["cache_extrapolated"] == (expected if cached else None)
@@ -101,7 +111,7 @@ def test_a_bench_run_stores_it_and_show_prints_it(cli, tmp_path):
     assert code == 0, err
     (folder,) = tmp_path.iterdir()
     result = read_result(folder)
-    expected = f"skipped share extrapolated: threshold {threshold:g} below the published {low:g}-{high:g}"
+    expected = f"skipped share extrapolated: threshold {threshold:g} below the published {low:g}-{high:g}; {tiny(2)}"
     assert result.prediction.time.cache.extrapolated == expected
     code, out, _ = cli("show", folder)
     assert code == 0 and f"denoiser calls ({expected})" in " ".join(out.split())
@@ -118,6 +128,8 @@ def test_the_leaderboard_page_says_its_cache_threshold_is_extrapolated():
 
     low, high = shipped_range()
     said = f"skipped share extrapolated: threshold {DEFAULT:g} below the published {low:g}-{high:g}"
-    assert f"a first-block cache where bench accepts them (at threshold {DEFAULT:g}, diffusers' default: {said})" in (
-        leaderboard_html([], [])
+    runs = "the published runs are flux-dev at 28 steps, 1024x1024 px: other models, steps and sizes extrapolated"
+    assert (
+        f"a first-block cache where bench accepts them (at threshold {DEFAULT:g}, diffusers' default: {said}; {runs})"
+        in leaderboard_html([], [])
     )

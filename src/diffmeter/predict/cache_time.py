@@ -157,15 +157,41 @@ def drift_rows(technique: str, params: dict, rows) -> tuple[list[dict], str]:
     return mine, f"no published runs of {kind}: those of every threshold cache, "
 
 
-def extrapolated(technique: str, params: dict, rows) -> str | None:
-    """Why the skipped share at ``params``' threshold is extrapolated: the threshold below or above those of the
-    published runs it is predicted from (``drift_rows``); None inside them."""
-    published = [r["threshold"] for r in drift_rows(technique, params, rows)[0]]
+def extrapolated(technique: str, params: dict, rows, spec=None) -> str | None:
+    """Why the skipped share is extrapolated from the published runs it is predicted from (``drift_rows``): the
+    threshold below or above theirs and, given the asked ``spec``, its model, steps or size unlike any of theirs (the
+    drift constants are read on those runs' denoiser and schedule); None inside them."""
+    mine = drift_rows(technique, params, rows)[0]
+    published = [r["threshold"] for r in mine]
     low, high, threshold = min(published), max(published), params["threshold"]
-    if low <= threshold <= high:
-        return None
-    side = "below" if threshold < low else "above"
-    return f"skipped share extrapolated: threshold {threshold:g} {side} the published {low:g}-{high:g}"
+    outside = []
+    if not low <= threshold <= high:
+        side = "below" if threshold < low else "above"
+        outside.append(f"threshold {threshold:g} {side} the published {low:g}-{high:g}")
+    if spec is not None:
+        models = sorted({r["model"] for r in mine if r.get("model")})
+        if models and spec.model not in models:
+            outside.append(f"model {spec.model}, the published runs' {', '.join(models)}")
+        steps = sorted({r["steps"] for r in mine})
+        if not steps[0] <= spec.steps <= steps[-1]:
+            outside.append(f"{spec.steps} steps, the published {span(steps)}")
+        sizes = sorted({(r["height"], r["width"]) for r in mine})
+        if (spec.height, spec.width) not in sizes:
+            outside.append(f"{spec.height}x{spec.width} px, the published {', '.join(f'{h}x{w}' for h, w in sizes)}")
+    return f"skipped share extrapolated: {'; '.join(outside)}" if outside else None
+
+
+def published_settings(technique: str, params: dict, rows) -> str:
+    """The models, steps and sizes of the published runs the share is predicted from, as a phrase."""
+    mine = drift_rows(technique, params, rows)[0]
+    models = ", ".join(sorted({r["model"] for r in mine if r.get("model")}))
+    sizes = ", ".join(f"{h}x{w}" for h, w in sorted({(r["height"], r["width"]) for r in mine}))
+    return f"{models} at {span(sorted({r['steps'] for r in mine}))} steps, {sizes} px"
+
+
+def span(values: list[int]) -> str:
+    """``[28]`` as "28", ``[20, 28, 50]`` as "20-50"."""
+    return f"{values[0]}" if values[0] == values[-1] else f"{values[0]}-{values[-1]}"
 
 
 def always(params: dict) -> int:
@@ -283,7 +309,7 @@ def cache_skip(work: OperatorWork, name: str, params: dict, denoisers: tuple[str
             spec = spec.with_defaults(resolve(spec.model).defaults)
         rows = published() if rows is None else rows
         low, high, how = threshold_share(name, params, spec, rows)
-        outside = extrapolated(name, params, rows)
+        outside = extrapolated(name, params, rows, spec)
     return CacheSkip(
         technique=label(name, params),
         components=list(denoisers),

@@ -73,14 +73,16 @@ def _range(pair: tuple[float, float] | None, show) -> str:
 
 
 def _cache_note() -> str:
-    """Why the cache's time rests on an extrapolated skipped share, where it does (its threshold outside the
-    published runs'), as a clause."""
-    from diffmeter.predict.cache_time import extrapolated, published
+    """Why the cache's time rests on an extrapolated skipped share (its threshold outside the published runs', and
+    every other model, step count and size than theirs), as a clause."""
+    from diffmeter.predict.cache_time import extrapolated, published, published_settings
     from diffmeter.runs.fit_speedups import SPEEDUPS
 
     name, params = SPEEDUPS["first-block-cache"]
     said = extrapolated(name, params, published())
-    return f" (at threshold {params['threshold']:g}, diffusers' default: {said})" if said else ""
+    runs = f"the published runs are {published_settings(name, params, published())}: other models, steps and sizes"
+    threshold = f"at threshold {params['threshold']:g}, diffusers' default: {said}; " if said else ""
+    return f" ({threshold}{runs} extrapolated)"
 
 
 def leaderboard_csv(cells: list[Cell]) -> str:
