@@ -170,6 +170,8 @@ def _stored(name, tensor, is_linear_weight, backend, kind, dtype, skip, gguf, ke
             return whole
         if any(part in skip for part in name.split(".")):  # dequantized to float32 (gguf_quantizer.py:124-136)
             return Stored(name, tensor.numel() * 4, False)
+        # one output: the bias goes into F.linear with the dequantized weight, or is added in place after CUDA's
+        # fused kernel (diffusers quantizers/gguf/utils.py:611-624)
         return Stored(name, layouts.gguf_bytes(tensor.shape, stored), True, tensor.numel() * dtype.itemsize)
     if not is_linear_weight:
         return whole
@@ -194,6 +196,8 @@ def _stored(name, tensor, is_linear_weight, backend, kind, dtype, skip, gguf, ke
         return Stored(name, size, True, in_flight, held, *torchao_outputs(kind, out_features, dtype, bias))
     if backend == "bnb":
         size = layouts.bnb_bytes(kind, out_features, in_features)
+        # one output: bitsandbytes passes the bias into F.linear or adds it in place (nn/modules.py:637 ->
+        # autograd/_functions.py:424-425, 447; int8: :265)
         return Stored(name, size, True, tensor.numel() * dtype.itemsize if kind != "int8" else 0)
     raise ValueError(f"{backend}:{kind}: its stored layout is not predicted")
 
@@ -204,8 +208,9 @@ def sdnq_tensors(module: torch.nn.Module, kind: str, dtype: torch.dtype) -> list
     sdnq/utils.py:254-290, common.py), a weight quantized only if no key matches it and its layer is large enough
     (``check_quant_is_allowed``: 16384 weights, 32 channels), its type raised where the table says, and the tensors
     ``sdnq_quantize_layer_weight`` returns with ``SDNQConfig``'s defaults (groups, packing, float32 scales and zero
-    points: sdnq/quantizer.py:90-355). Its linear layers dequantize the weight whole and multiply
-    (sdnq/layers/linear/forward.py:26-27). A transformers model's own skip keys (``tie_weights``) are not read."""
+    points: sdnq/quantizer.py:90-355). Its linear layers dequantize the weight whole and multiply,
+    the bias inside ``F.linear`` (one output: sdnq/layers/linear/forward.py:26-27). A transformers model's own skip
+    keys (``tie_weights``) are not read."""
     import transformers
 
     if isinstance(module, transformers.PreTrainedModel):
