@@ -32,7 +32,7 @@ def optimizations(
     load_libraries()
     import diffmeter.optimize  # noqa: F401  (registers the techniques)
     from diffmeter.catalog import all_entries, resolve
-    from diffmeter.optimize.matrix import compatibility
+    from diffmeter.optimize.matrix import compatibility, family_compatibility
     from diffmeter.report.optimizations_table import matrix_table, model_table
     from diffmeter.runs.spec import resolve_device
 
@@ -48,8 +48,8 @@ def optimizations(
     families = {}
     for entry in all_entries():
         if entry.origin == "catalog":
-            families.setdefault(entry.family, entry)
-    columns = {family: compatibility(entry, target_device) for family, entry in families.items()}
+            families.setdefault(entry.family, []).append(entry)
+    columns = {family: family_compatibility(entries, target_device) for family, entries in families.items()}
     names = [row.name for row in next(iter(columns.values()))]
     matrix = {name: [next(r for r in rows if r.name == name) for rows in columns.values()] for name in names}
     if as_json:
@@ -59,7 +59,7 @@ def optimizations(
         }
         print(json.dumps(payload, indent=2))
     else:
-        title = f"optimizations x families on {target_device.type} (one catalog model per family)"
+        title = f"optimizations x families on {target_device.type} (a family where any of its catalog models takes it)"
         console.print(matrix_table(title, list(columns), matrix))
         from diffmeter.optimize.quantization_backends import backend_rows
         from diffmeter.report.quantization_table import backends_table

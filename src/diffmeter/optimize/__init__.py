@@ -28,6 +28,7 @@ from diffmeter.optimize import (  # noqa: F401  (registration)
     quantize_torchao,
     scheduler,
     sdpa_kernel,
+    sea_cache,
     taylorseer_cache,
     tensorrt,
     tf32,

@@ -42,6 +42,9 @@ class Target:
     steps: int
     #: components the run loaded on the CPU for the technique that places them on ``device`` (``holds_back``)
     held: tuple[str, ...] = ()
+    #: the run hands the pipeline input images (a family may then run another pipeline class: Wan's image-to-video
+    #: through ``from_pipe``, ``Family.conditioned_pipeline``)
+    images: bool = False
 
     @cached_property
     def denoiser_class(self) -> type:

@@ -1,5 +1,5 @@
 """The shared part of the caches diffusers ships as hooks (First-Block-Cache, PAB,
-FasterCache, TaylorSeer, MagCache): they attach to denoisers built on ``CacheMixin``."""
+FasterCache, TaylorSeer, MagCache, SeaCache): they attach to denoisers built on ``CacheMixin``."""
 
 from __future__ import annotations
 

@@ -23,6 +23,8 @@ class Compatibility(BaseModel):
     #: the variants that apply, when the technique has several (schedulers)
     variants: list[str] = []
     reason: str | None = None
+    #: in a family's row, the family's models it applies to where that is not all of them (``family_compatibility``)
+    models: list[str] = []
 
 
 def compatibility(entry: PipelineEntry, device: torch.device, dtype: str | None = None) -> list[Compatibility]:
@@ -46,4 +48,17 @@ def compatibility(entry: PipelineEntry, device: torch.device, dtype: str | None 
                 reason=None if fitting else next(iter(reasons.values())),
             )
         )
+    return rows
+
+
+def family_compatibility(entries: list[PipelineEntry], device: torch.device) -> list[Compatibility]:
+    """One row per technique over a family's models: the first model's row it applies to (else the first model's),
+    naming in ``models`` those it applies to when some do not (SeaCache: Wan's text-to-video models, not its
+    image-to-video ones)."""
+    per_model = [compatibility(entry, device) for entry in entries]
+    rows = []
+    for cells in zip(*per_model, strict=True):
+        fits = [entry.name for entry, cell in zip(entries, cells, strict=True) if cell.applies]
+        first = next((cell for cell in cells if cell.applies), cells[0])
+        rows.append(first.model_copy(update={"models": fits if len(fits) < len(entries) else []}))
     return rows

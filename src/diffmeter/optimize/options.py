@@ -15,7 +15,12 @@ from diffmeter.optimize.base import OptimizationSpec
 from diffmeter.quantization_spec import optimization_specs as quantization_specs
 
 #: which parameter --cache-threshold and --cache-interval set, per cache
-CACHE_THRESHOLD = {"first-block-cache": "threshold", "mag-cache": "threshold", "cache-dit": "threshold"}
+CACHE_THRESHOLD = {
+    "first-block-cache": "threshold",
+    "mag-cache": "threshold",
+    "cache-dit": "threshold",
+    "sea-cache": "threshold",
+}
 CACHE_INTERVAL = {
     "taylorseer": "cache_interval",
     "deep-cache": "cache_interval",

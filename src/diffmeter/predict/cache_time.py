@@ -39,6 +39,8 @@ TIMED = {
 #: the caches that change the time, and why one not timed is not
 UNTIMED = {
     "mag-cache": "no published runs of its skipped steps were gathered",
+    "sea-cache": "its skipped calls follow the drift of its spectral indicator of the latents (diffusers "
+    "hooks/sea_cache.py:182-245), for which no published runs were gathered",
     "faster-cache": "in the calls that skip the unconditional branch it halves the denoiser's batch and approximates "
     "attention from stored outputs (diffusers hooks/faster_cache.py:276-293, 422-438), both gated on the scheduler's "
     "timesteps: the halved calls are not split out of the operator work yet",

@@ -48,7 +48,11 @@ def matrix_table(title: str, columns: list[str], rows: dict[str, list[Compatibil
         caption="`diffmeter optimizations MODEL` says why a technique does not apply",
     )
     for name, cells in rows.items():
-        fits = [column for column, cell in zip(columns, cells, strict=True) if cell.applies]
+        fits = [
+            f"{column} ({', '.join(cell.models)})" if cell.models else column
+            for column, cell in zip(columns, cells, strict=True)
+            if cell.applies
+        ]
         misses = [column for column, cell in zip(columns, cells, strict=True) if not cell.applies]
         table.add_row(name, ", ".join(fits) or "[dim]none here[/]", ", ".join(misses) or "-")
     return table

@@ -46,7 +46,14 @@ def prepare(
     spec = spec.settle(entry, here=here)
     optimizations = build(spec.optimizations)  # each technique's parameters first: a sampler's name sets the count
     profile = profile_spec(spec.profile_spec())  # also checks sizes against the model
-    target = Target(entry, get_family(entry.family), torch.device(spec.device), spec.dtype, spec.steps)
+    target = Target(
+        entry,
+        get_family(entry.family),
+        torch.device(spec.device),
+        spec.dtype,
+        spec.steps,
+        images=bool(spec.image_sizes),
+    )
     check(optimizations, target)
     if spec.world_size > 1 or spec.engine != "diffusers" or spec.pipefusion_degree > 1:
         check_parallel(spec, target, optimizations, here)
