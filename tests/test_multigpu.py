@@ -19,7 +19,11 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.execute import bench
 from diffmeter.runs.prepared import prepare
 from diffmeter.runs.spec import BenchSpec
+from diffmeter.runs.speedups import between
 from diffmeter.runs.storage import RESULTS, read_result
+
+#: how a scaling record names its two runs in the noise notes it carries
+NAMES = ("one-device run", "this run")
 
 
 @pytest.mark.parametrize(
@@ -129,6 +133,28 @@ def _median_s_per_image(result, stage: str | None = None) -> float:
     )
 
 
+def test_a_scaling_ratio_two_noisy_runs_do_not_support_reads_within_noise():
+    """The one-device run's calls and the parallel run's overlap: the ratio of their medians (1.22x) is shown
+    with the speed-up rule's verdict on the same calls, within noise, as every other speed-up is."""
+    from diffmeter.distributed.scaling import line
+    from diffmeter.measure.speedup import estimate
+    from diffmeter.runs.parallel_records import Scaling, ScalingRule, StageScaling
+
+    one, two = [1.0, 1.3, 0.7, 1.1, 0.95], [0.9, 0.6, 1.2, 0.8, 0.78]
+    rule = ScalingRule(**estimate(one, two).model_dump())
+    ratio = statistics.median(one) / statistics.median(two)
+    stage = StageScaling(
+        one_device_s_per_image=statistics.median(one),
+        parallel_s_per_image=statistics.median(two),
+        speedup=ratio,
+        efficiency=ratio / 2,
+        rule=rule,
+    )
+    text = line(Scaling(processes=2, one_device_run="single", call=stage, denoising=stage))
+    assert rule.verdict == "within noise" and f"{ratio:.2f}x = {ratio / 2:.0%} of 2 processes" in text
+    assert f"by the speed-up rule: whole call {rule.text()}, denoising {rule.text()}" in text
+
+
 @pytest.mark.slow
 def test_data_parallel_2_gives_every_image_of_one_process_and_its_scaling(cli, tmp_path):
     _, single = bench(cpu_spec(iterations=4), out=tmp_path)
@@ -147,11 +173,19 @@ def test_data_parallel_2_gives_every_image_of_one_process_and_its_scaling(cli, t
         one, two = _median_s_per_image(reference, field), _median_s_per_image(stored, field)
         assert (figures.one_device_s_per_image, figures.parallel_s_per_image) == (one, two)
         assert figures.speedup == one / two and figures.efficiency == one / two / 2
+        rule = between(reference, stored, stage.removesuffix("_s") if field else "call", names=NAMES)
+        assert figures.rule.model_dump() == rule.model_dump()  # the factor's support, by the one speed-up rule
     code, out, _ = cli("show", folder)
     assert code == 0 and f"{scaling.call.speedup:.2f}x = {scaling.call.efficiency:.0%} of 2 processes" in out
+    assert f"by the speed-up rule: whole call {scaling.call.rule.text()}" in " ".join(out.split())
     code, out, _ = cli("table", tmp_path, "--json")
     rows = {row["parallel"]: row for row in json.loads(out)}
     assert code == 0 and rows["data-parallel-2"]["scaling_efficiency"] == pytest.approx(scaling.call.efficiency)
+    assert rows["data-parallel-2"]["scaling_verdict"] == scaling.call.rule.verdict
+    code, _, _ = cli("report", tmp_path, "--out", tmp_path / "report.html")
+    page = (tmp_path / "report.html").read_text()  # the two runs' rows told apart by how they ran
+    assert code == 0 and "<th>parallel</th>" in page
+    assert ">data-parallel-2</td>" in page and ">one process</td>" in page
     assert rows["data-parallel-2"]["processes"] == 2 and rows[""]["scaling_efficiency"] is None
     assert rows["data-parallel-2"]["s_per_image"] == pytest.approx(stored.summary.latency_s.median / 2)  # 2 per call
 

@@ -237,3 +237,22 @@ def test_the_verdict_needs_the_interval_and_the_effect(times, factor, expected):
 def test_within_noise_shows_no_factor():
     found = Speedup(estimate=1.3, low=0.9, high=1.8, coverage=0.95, verdict=verdict(1.3, 0.9, 1.8))
     assert found.verdict == "within noise" and found.text() == "within noise (0.90-1.80x)"
+
+
+def test_one_call_has_no_interval_so_it_is_noisy_and_supports_no_factor(tmp_path):
+    """One measured call: its median's "interval" is the call itself (0% coverage), which read as known to +-0% (no
+    noise note) and, set against another one-call run, as "2.00x faster (2.00-2.00x)"; and a claim on where that
+    interval lies against a predicted range."""
+    from diffmeter.report.prediction_lines import against_expected
+
+    result, folder = bench(BenchSpec(**{**FAST, "iterations": 1}), out=tmp_path)
+    latency = result.summary.latency_s
+    assert latency.n == 1 and latency.ci_level == 0 and latency.ci_low == latency.ci_high
+    (note,) = [note for note in result.notes if note.startswith("noisy:")]
+    assert "one measured call" in note and note in speedups.noise_notes(storage.read_result(folder))
+    claim = against_expected(result, (latency.median / 8, latency.median / 4))
+    assert claim.endswith("; one measured call: no interval") and "wholly" not in claim
+    found = estimate([1.0], [0.5])  # one call each: a twice as fast candidate, by its one pair
+    assert found.coverage == 0 and found.estimate == 2.0
+    assert found.verdict == "within noise" and found.text() == "within noise (one call each: no interval)"
+    assert estimate([1.0, 1.01], [0.5, 0.505]).verdict == "faster"  # two calls each: an interval, at 67%

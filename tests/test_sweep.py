@@ -238,6 +238,38 @@ def test_a_cell_killed_by_a_signal_is_stored_failed_and_the_sweep_goes_on(tmp_pa
     assert sorted(run["status"] for run in stored(out).values()) == ["complete", "failed"]
 
 
+@pytest.mark.slow
+def test_a_cell_killed_mid_run_keeps_its_log_and_its_failure_quotes_it(tmp_path):
+    """A cell killed while measuring logged what it did to bench.log in its staged folder: its stored failure
+    quotes that log's last lines and keeps the whole log, which storing the failure would remove."""
+    out = tmp_path / "out"
+    sweep = SweepFile(name="killed", axes={"model": ["tiny-sd"]}, fixed={**FAST, "iterations": 100000})
+    killed = []
+
+    def kill_measuring_cell():
+        while not killed:
+            for log in out.glob(".*.partial-*/bench.log"):
+                if "first call" in log.read_text():
+                    (cell,) = [c for c in psutil.Process().children(recursive=True) if is_cell_of(c.cmdline(), out)]
+                    cell.send_signal(signal.SIGKILL)
+                    killed.append(log.read_text())
+                    return
+            time.sleep(0.05)
+
+    threading.Thread(target=kill_measuring_cell, daemon=True).start()
+    record = run_sweep(sweep, out, LocalExecutor(out, slots=[None]))
+    (cell,) = record.cells
+    assert killed and cell.status == "failed" and "killed by SIGKILL" in cell.reason
+    assert "the last lines of its bench.log:" in cell.reason and "first call" in cell.reason
+    (folder,) = out.glob("model-*")
+    assert read_result(folder).error == cell.reason and (folder / "bench.log").read_text().startswith(killed[0])
+    assert not list(out.glob(".*.partial-*"))
+    (stored_cell,) = json.loads((out / "sweep-killed.json").read_text())["cells"]  # its compute named as a count
+    assert (
+        "tflops" not in stored_cell and stored_cell["tflops_per_call"] == read_result(folder).profile.total_flops / 1e12
+    )
+
+
 def is_cell_of(cmdline: list[str], out: Path) -> bool:
     """Whether a process is a cell of the sweep writing to ``out`` (other tests' sweeps may run beside this one)."""
     return "diffmeter.sweep.cell" in cmdline and str(out) in cmdline

@@ -15,9 +15,10 @@ from pathlib import Path
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.runs import storage
-from diffmeter.runs.parallel_records import Scaling, StageScaling
+from diffmeter.runs.parallel_records import Scaling, ScalingRule, StageScaling
 from diffmeter.runs.results import BenchResult
 from diffmeter.runs.spec import BenchSpec
+from diffmeter.runs.speedups import between
 
 #: a one-device run measured further apart than this ran under conditions that may differ
 APART_S = 3600
@@ -61,7 +62,7 @@ def against_one_device(result: BenchResult, out: str | Path, name: str) -> Scali
     if elsewhere:
         return Scaling(processes=processes, one_device_run=name, reason=elsewhere)
     stages = {
-        label: _stage(median_s_per_image(single, field), median_s_per_image(result, field), processes)
+        label: _stage(single, result, field, processes)
         for label, field in (("call", None), ("denoising", "denoising_s"))
     }
     apart = abs(datetime.fromisoformat(result.created_utc) - datetime.fromisoformat(single.created_utc))
@@ -74,13 +75,17 @@ def against_one_device(result: BenchResult, out: str | Path, name: str) -> Scali
     )
 
 
-def _stage(one_device: float, parallel: float, processes: int) -> StageScaling:
+def _stage(single: BenchResult, result: BenchResult, field: str | None, processes: int) -> StageScaling:
+    one_device, parallel = median_s_per_image(single, field), median_s_per_image(result, field)
     speedup = one_device / parallel
+    stage = "call" if field is None else field.removesuffix("_s")
+    rule = between(single, result, stage, names=("one-device run", "this run"))
     return StageScaling(
         one_device_s_per_image=one_device,
         parallel_s_per_image=parallel,
         speedup=speedup,
         efficiency=speedup / processes,
+        rule=ScalingRule(**rule.model_dump()) if rule is not None else None,
     )
 
 
@@ -106,6 +111,8 @@ def line(scaling: Scaling) -> str:
         f"{call.speedup:.2f}x = {call.efficiency:.0%} of "
         f"{scaling.processes} processes; denoising {denoising.speedup:.2f}x = {denoising.efficiency:.0%} (medians)"
     )
+    if call.rule is not None and denoising.rule is not None:  # the factors' support, as every speed-up is shown
+        text += f"; by the speed-up rule: whole call {call.rule.text()}, denoising {denoising.rule.text()}"
     if scaling.measured_apart:
         text += f"; the one-device run was measured {scaling.one_device_created_utc}, over an hour apart"
     return text

@@ -55,7 +55,10 @@ class Speedup(BaseModel):
 
     def interval_text(self) -> str:
         """The interval as times faster ("0.90-1.20x"), or as times slower for a slower verdict ("1.96-100x"):
-        the inverse of each end, low and high swapped, so a factor never reads as a fraction."""
+        the inverse of each end, low and high swapped, so a factor never reads as a fraction; from one call each,
+        no interval."""
+        if self.coverage == 0:
+            return "one call each: no interval"
         if self.verdict == "slower":
             return f"{factor_text(1 / self.high)}-{factor_text(1 / self.low)}x"
         return f"{factor_text(self.low)}-{factor_text(self.high)}x"
@@ -101,7 +104,9 @@ def estimate(
         low=low,
         high=high,
         coverage=coverage,
-        verdict=verdict(factor, low, high, criteria.min_effect),
+        # one call each: the one pair's ratio, an "interval" that covers the true factor with probability 0, supports
+        # no factor
+        verdict=verdict(factor, low, high, criteria.min_effect) if coverage > 0 else "within noise",
         notes=list(notes),
     )
 

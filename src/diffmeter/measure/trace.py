@@ -100,14 +100,15 @@ def trace_call(timer: StageTimer, call, folder: Path, device: torch.device) -> T
     timer.listener = ranges
     profiler = profile(activities=activities, record_shapes=True, profile_memory=True)
     try:
-        with native_stderr_to(folder / PROFILER_LOG):  # the profiler's native start and stop lines
+        # the profiler's native start and stop lines, and what c10 warns while it records the call (CPUAllocator.cpp:
+        # "Memory block of unknown size was allocated before the profiling started", freeing a tensor made before it)
+        with native_stderr_to(folder / PROFILER_LOG):
             profiler.__enter__()
-        try:
-            timer.begin()
-            call()
-            times = timer.end()
-        finally:
-            with native_stderr_to(folder / PROFILER_LOG):
+            try:
+                timer.begin()
+                call()
+                times = timer.end()
+            finally:
                 profiler.__exit__(None, None, None)
     finally:
         timer.listener = None

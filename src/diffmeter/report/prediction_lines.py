@@ -100,6 +100,8 @@ def against_expected(result: BenchResult, expected_s: tuple[float, float] | None
         place = f", outside the expected range (below it by {100 * (1 - latency.median / low):.0f}%)"
     else:
         place = ", inside the expected range"
+    if latency.ci_level == 0:
+        return f"{place}; one measured call: no interval"
     if latency.ci_low > high:
         lies = "lies wholly above the range"
     elif latency.ci_high < low:

@@ -30,7 +30,8 @@ def _scaling(row) -> str:
     """A parallel run's speed-up over its one-device run, and that as a share of the processes."""
     if not _present(row["scaling_speedup"]):
         return "-" if row["processes"] == 1 else f"{row['processes']} proc."
-    return f"{row['scaling_speedup']:.2f}x = {row['scaling_efficiency']:.0%} of {row['processes']}"
+    text = f"{row['scaling_speedup']:.2f}x = {row['scaling_efficiency']:.0%} of {row['processes']}"
+    return text + (" (within noise)" if row["scaling_verdict"] == "within noise" else "")
 
 
 def results_table(frame, title: str) -> FittedTable:
@@ -97,7 +98,8 @@ def results_table(frame, title: str) -> FittedTable:
         "within noise when that holds 1x or the estimate is within 5% of it; (noisy): the run's (or its baseline's) "
         "timings were "
         f"noisy, as noted below; scaling: a parallel run's s / {word} speed-up over the one-device run of the same "
-        "spec and its share of the processes (scaling efficiency)"
+        "spec (ratio of medians) and its share of the processes (scaling efficiency), (within noise) when the "
+        "speed-up rule's interval on the same two runs holds 1x"
     ]
     captions += [escape(line) for line in [outputs.explained(word), *noise_lines(records)] if line]
     if marked:

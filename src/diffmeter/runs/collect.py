@@ -68,6 +68,8 @@ COLUMNS: dict[str, str] = {
     "joined by ' | '",
     "scaling_speedup": "parallel runs: the one-device run's median s/image (same spec, same folder) / this run's",
     "scaling_efficiency": "scaling_speedup / processes (empty: no one-device run of the same spec stored beside it)",
+    "scaling_verdict": "the speed-up rule's verdict on the same two runs (faster | slower | within noise: its "
+    "interval holds 1x or its estimate is within 5% of it); empty in runs stored before it",
     "iterations": "measured calls",
     "created_utc": "when the run was stored",
 }
@@ -193,6 +195,7 @@ def row(result: BenchResult, folder: str) -> dict[str, Any]:
     scaling = result.parallel.scaling if result.parallel is not None else None
     if scaling is not None and scaling.call is not None:
         values.update(scaling_speedup=scaling.call.speedup, scaling_efficiency=scaling.call.efficiency)
+        values["scaling_verdict"] = scaling.call.rule.verdict if scaling.call.rule is not None else None
     values["noise"] = NOTES_JOINER.join(speedups.noise_notes(result)) if result.status == "complete" else None
     return values
 

@@ -6,6 +6,7 @@ from pydantic import BaseModel
 
 from diffmeter.measure.energy import Energy
 from diffmeter.measure.memory import PeakMemory
+from diffmeter.measure.speedup import Speedup
 from diffmeter.measure.stats import Stats
 from diffmeter.runs.iteration import Iteration
 
@@ -48,6 +49,10 @@ class RankRecord(BaseModel):
     iterations: list[Iteration] = []
 
 
+class ScalingRule(Speedup):
+    """The speed-up rule's figure (``measure.speedup.Speedup``) for a parallel run against its one-device run."""
+
+
 class StageScaling(BaseModel):
     """One stage (the whole call, or denoising) against the one-device run: medians over the measured
     calls of each call's seconds per image made."""
@@ -58,6 +63,9 @@ class StageScaling(BaseModel):
     speedup: float
     #: speedup / processes (for data parallelism: the images/s ratio over the degree)
     efficiency: float
+    #: the same two runs by the rule every speed-up is shown with (``runs.speedups.between``: the Hodges-Lehmann
+    #: estimate, its interval, the verdict and either run's noise notes); None in runs stored before
+    rule: ScalingRule | None = None
 
 
 class Scaling(BaseModel):

@@ -81,7 +81,12 @@ def measurement_notes(summary: Summary, shape_warmups: int) -> list[str]:
     recompilation inside measured calls, MFU above 100%, extra warm-up calls."""
     notes = []
     latency = summary.latency_s
-    if latency.relative_ci > NOISY:
+    if latency.ci_level == 0:  # one call: its "interval" is the call itself, which covers the median with probability 0
+        notes.append(
+            f"noisy: one measured call ({units.seconds(latency.median)}): its median has no interval, so how well it "
+            "is known is unknown; do not compare it: measure at least 6 calls (--iterations 6) for a 95% interval"
+        )
+    elif latency.relative_ci > NOISY:
         interval = f"{units.seconds(latency.ci_low)} - {units.seconds(latency.ci_high)}"
         notes.append(
             f"noisy: the median latency {units.seconds(latency.median)} is only known to within {interval} "

@@ -28,8 +28,8 @@ class CellRecord(BaseModel):
     folder: str | None = None
     reason: str | None = None
     seconds: float | None = None
-    #: offline compute of one pipeline call, TFLOPs
-    tflops: float | None = None
+    #: offline compute of one pipeline call, in TFLOPs (10^12 FLOPs, not a rate), as the dry run's JSON names it
+    tflops_per_call: float | None = None
     #: batch_size "auto": the largest batch that fit, and the batches tried
     largest_batch: int | None = None
     batches_tried: list[int] = []

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from diffmeter.errors import DiffmeterError, DoesNotFit
 from diffmeter.runs.prepared import PreparedRun, prepare, store_failure
-from diffmeter.runs.storage import RESULTS
+from diffmeter.runs.storage import LOG, RESULTS
 from diffmeter.sweep import record as rec
 from diffmeter.sweep.file import Cell, SweepFile, expand
-from diffmeter.sweep.local import Job, Outcome
+from diffmeter.sweep.local import Job, Outcome, tail
 from diffmeter.sweep.plan import DONE, FAILED, REFUSED, TO_RUN, PlannedCell, plan, stored_result
 
 #: the exit code of a cell stopped by Ctrl-C
@@ -78,7 +78,7 @@ def _initial(cell: PlannedCell) -> rec.CellRecord:
         status=status,
         folder=cell.run.name if cell.run else None,
         reason=cell.reason,
-        tflops=cell.tflops,
+        tflops_per_call=cell.tflops,
     )
 
 
@@ -164,9 +164,21 @@ def settle_outcome(
         why = f"the cell's process was killed by {_signal_name(-outcome.code)}"
     else:
         why = f"the cell's process exited with code {outcome.code} without a result"
-    error = f"{why} after {outcome.seconds:.1f} s on {outcome.where}; its last output:\n{outcome.tail}".rstrip()
-    store_failure(run, out, error)
+    staged = _staged_log(out, run.name)
+    said = [f"its last output:\n{outcome.tail}"] if outcome.tail.strip() else []
+    if staged is not None and tail(staged):
+        said.append(f"the last lines of its {LOG}:\n{tail(staged)}")
+    error = f"{why} after {outcome.seconds:.1f} s on {outcome.where}; " + ("\n".join(said) or "it printed nothing")
+    logs = {LOG: staged.read_text(encoding="utf-8", errors="replace")} if staged is not None else None
+    store_failure(run, out, error, logs)
     return rec.FAILED, error
+
+
+def _staged_log(out: Path, name: str) -> Path | None:
+    """The log a cell that died was writing in its staged run folder (``storage.RunDirectory``), which storing
+    its failure removes; the newest, should an earlier death have left one too."""
+    logs = sorted(Path(out).glob(f".{name}.partial-*/{LOG}"), key=lambda path: path.stat().st_mtime_ns)
+    return logs[-1] if logs else None
 
 
 def _signal_name(number: int) -> str:

@@ -26,6 +26,7 @@ SUMMARY = (
     ("dtype", "dtype", str),
     ("hardware", "hardware", str),
     ("optimizations", "optimizations", lambda v: v or "none"),
+    ("parallel", "parallel", lambda v: v or "one process"),  # shown where a run used several
     ("status", "status", str),
     ("s_per_image", "time / {word} (median)", units.seconds),
     ("images_per_s", "{word}s / s (mean)", lambda v: f"{v:.3g}"),  # outputs.rate: "videos" beside images
@@ -146,7 +147,10 @@ def _header(study: Study) -> str:
 def _summary(runs: list[Run]) -> str:
     word = outputs.noun([run.row for run in runs])  # image, video, or output where both are there
     videos = any(outputs.is_video(run.row) for run in runs)
-    columns = [column for column in SUMMARY if column[0] != "frames" or videos]  # no empty frames column
+    parallel = any(run.row["processes"] > 1 for run in runs)
+    hidden = {"frames"} if not videos else set()
+    hidden |= {"parallel"} if not parallel else set()
+    columns = [column for column in SUMMARY if column[0] not in hidden]  # no empty frames or parallel column
     head = "".join(f"<th>{html.escape(header.format(word=word))}</th>" for _, header, _ in columns)
     rows = []
     for run in sorted(runs, key=lambda run: run.row["folder"]):
