@@ -64,17 +64,18 @@ def test_compile_fuses_the_denoisers_chains_and_leaves_the_library_kernels(work)
         assert before.fused_chains < sum(g.calls for g in fused_before)
         assert abs(kernels - before.fused_chains) <= len(FUSED_KINDS)  # each kind's share rounded
         moved = [sum(g.bytes * g.calls for g in groups) for groups in (fused_before, fused_after)]
-        per_operator = moved[0] / sum(g.calls for g in fused_before)
         reread = sum(g.bytes * g.calls for g in fused_before if g.kind == "normalization") / 2  # inputs read again
-        assert moved[1] == pytest.approx(kernels * per_operator + reread, rel=0.05) and moved[1] < moved[0]
+        assert 0 < before.fused_bytes < moved[0]
+        assert moved[1] == pytest.approx(before.fused_bytes + reread, rel=0.01) and moved[1] < moved[0]
         assert after.dispatched == sum(g.calls for g in after.operators) and after.modules == 1
     graphs = compiled_work(work, ("transformer",), "reduce-overhead")
     assert {c.dispatched for c in graphs.calls if c.component == "transformer"} == {1}
 
 
 def test_a_compiled_normalization_reads_its_input_again():
-    """Two layer norms and two adds between two matmuls, one chain: inductor's one kernel moves an average
-    operator's bytes and reads each normalization's input (half its 200 counted bytes) once more."""
+    """Two layer norms and two adds between two matmuls, one chain counted before its fused bytes were: inductor's
+    one kernel moves an average operator's bytes and reads each normalization's input (half its 200 counted bytes)
+    once more."""
     norm = OperatorGroup(kind="normalization", flops=0, bytes=200, calls=2, dtype="bfloat16")
     add = OperatorGroup(kind="elementwise", flops=0, bytes=200, calls=2, dtype="bfloat16")
     matmul = OperatorGroup(kind="matmul", flops=10**6, bytes=300, calls=2, dtype="bfloat16")
@@ -91,6 +92,107 @@ def test_a_compiled_normalization_reads_its_input_again():
     assert fused["matmul"] == matmul
     assert (fused["normalization"].calls, fused["normalization"].bytes) == (1, 200 + 2 * 100)
     assert (fused["elementwise"].calls, fused["elementwise"].bytes) == (1, 200)  # no reduction: nothing read again
+
+
+def test_the_counted_fused_bytes_are_shared_by_the_kinds_eager_bytes():
+    """The same chain with its fused bytes counted (500): the normalizations get 400 / 800 of them, the adds the
+    rest, and the normalizations their inputs read again."""
+    norm = OperatorGroup(kind="normalization", flops=0, bytes=200, calls=2, dtype="bfloat16")
+    add = OperatorGroup(kind="elementwise", flops=0, bytes=200, calls=2, dtype="bfloat16")
+    call = CallWork(
+        component="transformer",
+        stage="denoising",
+        count=1,
+        operators=[norm, add],
+        dispatched=4,
+        modules=1,
+        fused_chains=1,
+        fused_bytes=500,
+    )
+    fused = {g.kind: g for g in fused_call(call)}
+    assert (fused["normalization"].calls, fused["normalization"].bytes) == (1, 250 + 2 * 100)
+    assert (fused["elementwise"].calls, fused["elementwise"].bytes) == (1, 250)
+
+
+def test_a_cached_calls_share_keeps_its_share_of_the_fused_bytes():
+    """A cache running half of a call's blocks (``cache_time.scaled``) halves its chains and their fused bytes, so
+    compiling the cached call charges half the fused traffic."""
+    from diffmeter.predict.cache_time import scaled
+
+    add = OperatorGroup(kind="elementwise", flops=0, bytes=200, calls=4, dtype="bfloat16")
+    call = CallWork(
+        component="transformer",
+        stage="denoising",
+        count=1,
+        operators=[add],
+        dispatched=4,
+        modules=1,
+        fused_chains=4,
+        fused_bytes=600,
+    )
+    half = scaled(call, 0.5, 1)
+    assert (half.fused_chains, half.fused_bytes) == (2, 300)
+    assert sum(g.bytes * g.calls for g in fused_call(half)) == 300
+
+
+def counted(block: torch.nn.Module, *inputs: torch.Tensor, keep: bool = True) -> int:
+    """The fused bytes of one call of ``block`` on real tensors, its output kept (returned) or dropped."""
+    with torch.no_grad(), OperatorTally(torch.float32) as tally:
+        output = block(*inputs)
+        if not keep:
+            del output
+    return tally.host_counts()["fused_bytes"]
+
+
+def test_a_chain_reads_what_it_takes_from_outside_once_and_writes_what_is_used_outside():
+    """``Block`` on 2 x 8 float32 (64 bytes a tensor): the first chain reads the first linear's output and x and
+    writes y, which the second linear reads; the second reads that linear's output and writes the result, counted
+    only where the call returns it. gelu's output, used only inside its chain, is never written."""
+    block, x = Block(), torch.randn(2, 8)
+    assert counted(block, x) == 3 * 64 + 2 * 64
+    assert counted(block, x, keep=False) == 3 * 64 + 64
+
+
+class Shared(torch.nn.Module):
+    """A chain reading one tensor twice and two views of another; its result read by two later chains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8, bias=False)
+
+    def forward(self, x, w):
+        h = self.linear(x)
+        y = (h * h + w[:, :4].sum() + w[:, 4:].sum()) * 3  # h read twice, w through two halves, one chain
+        z = self.linear(y)
+        return torch.relu(z + y), y.exp()  # y read by the linear and the next chain: written once
+
+
+def test_views_of_one_storage_and_repeated_reads_are_read_once_and_a_result_written_once():
+    """x, w, h, y, z and both outputs are 2 x 8 float32 (64 bytes). Chain 1 reads h once and w's two halves (32
+    bytes each), writes y once (read by the linear and the next chain); chain 2 (relu and exp: no library kernel
+    between them) reads z and y once and writes both outputs. The sums' scalars and the products stay inside."""
+    block, x, w = Shared(), torch.randn(2, 8), torch.randn(2, 8)
+    assert counted(block, x, w) == 64 + 2 * 32 + 64 + (64 + 64 + 64) + 64
+
+
+def test_replayed_blocks_give_the_full_runs_fused_bytes_within_two_percent():
+    """The fake-tensor count with repeated blocks replayed against every block run (replay's rebuilt outputs are
+    written once read, as the recorded ones are: fused_bytes.FusedBytes): FLUX.1-dev's 57 blocks and SD 1.5's UNet at
+    256 px (measured: -1.1% and +0.3%)."""
+    from diffmeter.predict.memory import DTYPES, fake_module, settled_plan, track_call
+
+    for model, component in (("flux-dev", "transformer"), ("sd15", "unet")):
+        entry, spec, plan = settled_plan(ProfileSpec(model=model, steps=1, height=256, width=256))
+        call = next(c for c in plan if c.component == component and c.count)
+        dtype = DTYPES[spec.dtype_of(component)]
+        found = []
+        for replay in (False, True):
+            tally = OperatorTally()
+            track_call(
+                fake_module(entry.components[component], dtype), call, dtype, on_cuda=True, also=tally, replay=replay
+            )
+            found.append(tally.fused_bytes)
+        assert found[1] == pytest.approx(found[0], rel=0.02), model
 
 
 def test_regional_compilation_is_named_not_timed_as_the_whole_denoiser():
@@ -156,6 +258,30 @@ def test_a_techniques_factor_comes_from_the_other_sources_runs_alone():
     for run in compiled[:2]:
         plain, factored = found[run[1].id]
         assert factored.midpoint == pytest.approx(k * plain.midpoint) and k > 1.2
+
+
+#: how far the fused bytes compile is charged (counted dataflow, normalizations' inputs read again) may be from
+#: inductor's own estimate of its generated kernels on this CPU (measured: tiny FLUX -3.9%, tiny SD -14.0%; the
+#: rule before the count: -61.4% and -30.0%)
+INDUCTOR_TOLERANCE = 0.2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("model", "component", "config"),
+    # tiny SD without the channels-last layout inductor always picks for convolutions on a CPU (torch 2.13
+    # torch/_inductor/graph.py:766-776): its conversion kernels are not the chains' work (with it: -43%)
+    [("tiny-flux", "transformer", {}), ("tiny-sd", "unet", {"layout_optimization": False})],
+)
+def test_the_fused_bytes_are_inductors_own_estimate(model, component, config):
+    """The denoiser's call built with random weights, its operators counted, then compiled by inductor on this CPU
+    (about a minute each): the bytes charged for its fused kernels within ``INDUCTOR_TOLERANCE`` of inductor's
+    estimate (tests/inductor_bytes.py), and nearer to it than one eager operator's average per kernel."""
+    from inductor_bytes import fused_bytes_against_inductor
+
+    found = fused_bytes_against_inductor(model, component, config)
+    assert found.new_rule == pytest.approx(found.inductor, rel=INDUCTOR_TOLERANCE), found
+    assert abs(found.new_rule - found.inductor) < abs(found.old_rule - found.inductor), found
 
 
 @pytest.mark.slow

@@ -40,14 +40,14 @@ def test_the_host_issues_every_dispatched_operator_views_too_and_every_module_ca
     stacked = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8))
     with torch.no_grad(), OperatorTally() as counted:
         linear(x)
-    assert counted.host_counts() == {"dispatched": 2, "modules": 1, "fused_chains": 0}  # one matmul: no chain
+    assert counted.host_counts() == {"dispatched": 2, "modules": 1, "fused_chains": 0, "fused_bytes": 0}  # no chain
     assert sum(g.calls for g in counted.operators()) == 1
     with torch.no_grad(), OperatorTally() as counted:
         stacked(x)
-    assert counted.host_counts() == {"dispatched": 4, "modules": 3, "fused_chains": 0}
+    assert counted.host_counts() == {"dispatched": 4, "modules": 3, "fused_chains": 0, "fused_bytes": 0}
     with OperatorTally() as counted:
         torch.ops.prim.device(x)
-    assert counted.host_counts() == {"dispatched": 0, "modules": 0, "fused_chains": 0}
+    assert counted.host_counts() == {"dispatched": 0, "modules": 0, "fused_chains": 0, "fused_bytes": 0}
 
 
 def test_an_operator_moves_its_inputs_and_outputs_and_views_move_nothing():

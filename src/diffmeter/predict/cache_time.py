@@ -334,6 +334,7 @@ def scaled(call: CallWork, share: float, count: int) -> CallWork:
             "dispatched": round(call.dispatched * share),
             "modules": round(call.modules * share),
             "fused_chains": None if call.fused_chains is None else round(call.fused_chains * share),
+            "fused_bytes": None if call.fused_bytes is None else round(call.fused_bytes * share),
         }
     )
 

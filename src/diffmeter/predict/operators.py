@@ -3,8 +3,9 @@ plan that ``memory`` tracks: per operator its kind (named as ``--trace`` names t
 flop_counter's formulas, attention's fused kernels included) and bytes moved, the bytes of its tensor
 inputs read plus its outputs written. Views, allocations and queries (a tensor's device) move nothing and
 are left out of the operators, but counted beside them with the module calls: the host issues every one of
-them (``CallWork.dispatched``, ``CallWork.modules``). The roofline time (``roofline``) is computed from these
-figures for any device."""
+them (``CallWork.dispatched``, ``CallWork.modules``), with the chains of fusible operators and the bytes they move
+once each is fused (``CallWork.fused_chains``, ``fused_bytes``). The roofline time (``roofline``) is computed from
+these figures for any device."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from diffmeter.flops.counter import FORMULAS
 from diffmeter.flops.kinds import kind_of
 from diffmeter.predict.cached import cache_key, cached_memory, cached_work, work_key
 from diffmeter.predict.compiled_time import EXTERN_KINDS
+from diffmeter.predict.fused_bytes import FusedBytes
 from diffmeter.predict.memory import (
     DTYPES,
     fake_module,
@@ -95,6 +97,8 @@ class OperatorTally(TorchDispatchMode):
         self.groups: Counter[tuple[str, int, int, int, str | None]] = Counter()
         self.chained = False  # whether the last operator that moves data was a fusible one (a chain is open)
         self.firsts: list[bool | None] = []  # per block being recorded: whether its first operator is a library one
+        self.flow = FusedBytes()  # the bytes the chains move once fused
+        self.fused_bytes: int | None = None  # their total, once the call ends
         self.hook = None
 
     def __enter__(self):
@@ -103,6 +107,7 @@ class OperatorTally(TorchDispatchMode):
 
     def __exit__(self, *exc):
         self.hook.remove()
+        self.fused_bytes = self.flow.finish()  # the call's outputs are still alive here
         return super().__exit__(*exc)
 
     def count_module(self, module, args) -> None:
@@ -121,6 +126,8 @@ class OperatorTally(TorchDispatchMode):
             # a replayed block's outputs allocated again are the replay's, not the model's
             issued = not REBUILDING.get() and any(isinstance(t, torch.Tensor) for t in tree_leaves(out))
             self.groups[NO_TRAFFIC_KEY] += issued
+            if REBUILDING.get() and func._schema.name in NO_TRAFFIC:
+                self.flow.allocated(out)
             return
         packet = func._overloadpacket
         flops = int(FORMULAS[packet](*args, **kwargs, out_val=out)) if packet in FORMULAS else 0
@@ -136,31 +143,41 @@ class OperatorTally(TorchDispatchMode):
         kind = kind_of(func._schema.name)
         self.groups[(kind, flops, total, attention_scores(func, args), dtype)] += 1
         library = kind in EXTERN_KINDS
+        tensors = (
+            [t for t in inputs if isinstance(t, torch.Tensor)],
+            [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)],
+        )
+        if library:
+            self.flow.library(*tensors)
+        else:
+            self.flow.fused(*tensors, extra_read=tensor_bytes(out) if packet is torch.ops.aten.embedding else 0)
         self.groups[CHAIN_KEY] += library and self.chained  # a library kernel ends the open chain
         self.chained = not library
         if self.firsts and self.firsts[-1] is None:  # the blocks begun since the last operator: this is their first
             self.firsts = [library if first is None else first for first in self.firsts]
 
     # a replay recorder (``replay.Recorder``): the operators a block ran
-    def begin(self) -> tuple[Counter, bool]:
+    def begin(self) -> tuple[Counter, bool, tuple]:
         self.firsts.append(None)
-        return Counter(self.groups), self.chained
+        return Counter(self.groups), self.chained, self.flow.begin()
 
-    def end(self, begun: tuple[Counter, bool]) -> tuple[Counter, bool, bool | None]:
-        """The block's operators, whether its first one is a library kernel, and whether it ended inside a chain
-        (None: it ran none): a chain the block's first operator ends is the context's, counted on replay."""
-        counts, entered = begun
+    def end(self, begun: tuple[Counter, bool, tuple]) -> tuple[Counter, bool, bool | None, tuple]:
+        """The block's operators, whether its first one is a library kernel, whether it ended inside a chain
+        (None: it ran none), and its fused bytes (``FusedBytes.end``): a chain the block's first operator ends is
+        the context's, counted on replay."""
+        counts, entered, flow = begun
         first = self.firsts.pop()
         effect = self.groups - counts
         if first and entered:
             effect[CHAIN_KEY] -= 1
-        return effect, bool(first), None if first is None else self.chained
+        return effect, bool(first), None if first is None else self.chained, self.flow.end(flow)
 
-    def apply(self, effect: tuple[Counter, bool, bool | None]) -> None:
-        counts, first, chained = effect
+    def apply(self, effect: tuple[Counter, bool, bool | None, tuple]) -> None:
+        counts, first, chained, flow = effect
         self.groups.update(counts)
         self.groups[CHAIN_KEY] += first and self.chained
         self.chained = self.chained if chained is None else chained
+        self.flow.apply(flow)
 
     def host_counts(self) -> dict[str, int]:
         """What the host issues per call: every dispatched operator (those that move nothing too) and the module
@@ -170,6 +187,7 @@ class OperatorTally(TorchDispatchMode):
             "dispatched": sum(counts.values()) - counts[MODULE_KEY] - counts[CHAIN_KEY],
             "modules": counts[MODULE_KEY],
             "fused_chains": counts[CHAIN_KEY] + self.chained,  # and the chain still open at the end
+            "fused_bytes": self.fused_bytes,
         }
 
     def operators(self) -> list[OperatorGroup]:

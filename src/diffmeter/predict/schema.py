@@ -110,6 +110,9 @@ class CallWork(BaseModel):
     #: chains of fusible operators (``compiled_time.FUSED_KINDS``) between library kernels, in the order they run:
     #: the kernels inductor makes of them (``compiled_time``); None: counted before diffmeter counted them
     fused_chains: int | None = None
+    #: the bytes those chains move once each is one kernel (``fused_bytes``: what each reads from outside it and
+    #: writes for use outside it, once); None: counted before diffmeter counted them
+    fused_bytes: int | None = None
 
 
 class CacheSkip(BaseModel):
