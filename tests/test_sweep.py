@@ -313,6 +313,8 @@ def test_killing_the_sweep_at_a_random_moment_loses_and_duplicates_nothing(tmp_p
     assert sorted(run["spec"]["steps"] for run in runs.values()) == [1, 2, 3]  # each cell once
     assert {name: (out / name / RESULTS).read_bytes() for name in survivors} == survivors  # kept, not rerun
     assert not [path for path in out.iterdir() if ".partial-" in path.name]
+    # the killed cell's spec file, left by the sweep killed before removing it, was its rerun's and is gone
+    assert not list((out / ".sweep" / "logs").glob("*.json"))
     record = json.loads((out / "sweep-command-line.json").read_text())
     assert sorted(cell["status"] for cell in record["cells"]) == sorted(
         ["skipped"] * len(survivors) + ["done"] * (3 - len(survivors))

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -109,12 +108,14 @@ class LocalExecutor:
         if slot is not None:
             env["CUDA_VISIBLE_DEVICES"] = slot
         env.setdefault("PYTHONUNBUFFERED", "1")
-        with tempfile.NamedTemporaryFile("w", suffix=".json", dir=logs, delete=False) as handle:
-            handle.write(job.spec.model_dump_json())
+        # named by the cell: a sweep killed before removing it leaves one its rerun overwrites, not a new one each time
+        spec_path = logs / f"{job.name[:200]}.spec.json"
+        spec_path.write_text(job.spec.model_dump_json(), encoding="utf-8")
         start = time.perf_counter()
         try:
             with open(log_path, "w", encoding="utf-8") as log:
-                command = [sys.executable, "-m", "diffmeter.sweep.cell", handle.name, str(self.out), str(os.getpid())]
+                command = [sys.executable, "-m", "diffmeter.sweep.cell", str(spec_path), str(self.out)]
+                command.append(str(os.getpid()))
                 process = subprocess.Popen(
                     command,
                     stdout=log,
@@ -135,7 +136,7 @@ class LocalExecutor:
                     with self._lock:
                         self._live.pop(process.pid, None)
         finally:
-            Path(handle.name).unlink(missing_ok=True)
+            spec_path.unlink(missing_ok=True)
         return Outcome(code, tail(log_path), time.perf_counter() - start)
 
     def stop(self, grace_s: float = 20.0) -> None:
@@ -150,6 +151,15 @@ class LocalExecutor:
                 process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 _kill_group(process, signal.SIGKILL)
+
+
+def clear_left_specs(out: Path) -> None:
+    """Remove the cell spec files a sweep killed outright (SIGKILL, power loss) left in ``out``'s logs: called with
+    the folder held (``record.exclusive``), when no cell of it runs; ``tmp*.json``: those named before cells named
+    them."""
+    logs = out / ".sweep" / "logs"
+    for left in [*logs.glob("*.spec.json"), *logs.glob("tmp*.json")]:
+        left.unlink(missing_ok=True)
 
 
 def _kill_group(process: subprocess.Popen, sig: int) -> None:

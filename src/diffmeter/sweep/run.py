@@ -14,7 +14,7 @@ from diffmeter.runs.prepared import PreparedRun, prepare, store_failure
 from diffmeter.runs.storage import LOG, RESULTS
 from diffmeter.sweep import record as rec
 from diffmeter.sweep.file import Cell, SweepFile, expand
-from diffmeter.sweep.local import Job, Outcome, tail
+from diffmeter.sweep.local import Job, Outcome, clear_left_specs, tail
 from diffmeter.sweep.plan import DONE, FAILED, REFUSED, TO_RUN, PlannedCell, plan, stored_result
 
 #: the exit code of a cell stopped by Ctrl-C
@@ -48,6 +48,7 @@ def run_sweep(
     callbacks = callbacks or Callbacks()
     out.mkdir(parents=True, exist_ok=True)
     with rec.exclusive(out):
+        clear_left_specs(out)
         planned = plan(expand(sweep), out, retry_failed, here)
         record = rec.SweepRecord(
             name=sweep.name or "sweep",
