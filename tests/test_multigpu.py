@@ -17,6 +17,7 @@ from parallel_runs import assert_same_images, cpu_spec, with_a_rank_fault
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.execute import bench
+from diffmeter.report.prediction_lines import prediction_lines
 from diffmeter.runs.prepared import prepare
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.speedups import between
@@ -124,6 +125,19 @@ def test_ulysses_2_gives_the_one_process_images_and_rank_0_writes_once(model, se
     ] * 2
     scaling = result.parallel.scaling  # the one-device run is under another --out
     assert scaling.call is None and scaling.denoising is None and scaling.processes == 2
+    # the stored prediction is one GPU's of the group, counted by rank 0 before it joined
+    predicted, alone = result.prediction, reference.prediction
+    assert predicted is not None and not [note for note in result.notes if note.startswith("no prediction")]
+    assert predicted.parallel.gpus == 2 and predicted.parallel.ulysses_degree == 2
+    assert predicted.parallel.one_gpu_peak_memory_bytes == alone.peak_memory_bytes
+    assert predicted.parallel.per_gpu_peak_memory_bytes == predicted.peak_memory_bytes <= alone.peak_memory_bytes
+    assert predicted.parallel.bytes_received_per_gpu > 0
+    group, one = (next(s for s in p.time.stages if s.stage == "denoising") for p in (predicted, alone))
+    assert group.lower_s < one.lower_s  # half the denoiser's work each
+    # a CPU has no link figure: the communication is named as left out, not silently missing
+    assert any(said.startswith("multi-GPU communication: no link figure") for said in predicted.time_left_out)
+    said = " ".join(prediction_lines(result))
+    assert "predicted for one GPU of 2 (ulysses 2 x ring 1 x CFG 1)" in said and "not timed (no link figure)" in said
     assert f"no one-device run of the same spec under {tmp_path / 'two'}" in scaling.reason
 
 

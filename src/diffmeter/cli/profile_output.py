@@ -71,6 +71,7 @@ def print_predicted(
     if others := other_cards(gpu):
         note(others, as_json)
     load_libraries()
+    from diffmeter.distributed.group_prediction import RankSplit
     from diffmeter.optimize import build
     from diffmeter.optimize.options import from_flags
     from diffmeter.predict.attention_kernels import asked_kernel
@@ -80,14 +81,6 @@ def print_predicted(
     from diffmeter.predict.offload_time import offload_line, offload_of, with_offload
     from diffmeter.predict.offload_time import why_untimed as why_offload_untimed
     from diffmeter.predict.operators import operator_work, predict_memory_and_work
-    from diffmeter.predict.parallel import (
-        LEFT_OUT,
-        NOT_CALIBRATED,
-        communication_fit,
-        gpu_link,
-        summarize,
-        with_communication,
-    )
     from diffmeter.predict.quantized_memory import split_values, with_formats
     from diffmeter.predict.quantized_time import held_out_claim, needs_fp8, quantized_work, why_not_modelled
     from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
@@ -136,8 +129,9 @@ def print_predicted(
     if modes:  # the decode's operators as the tiled or sliced decode runs them
         predicted = [(memory, operator_work(spec, modes)) for (memory, _), spec in zip(predicted, specs, strict=True)]
     one_gpu = predicted[0][0]
-    if parallel:  # one GPU's share of every denoiser call, counted as diffusers splits it
-        predicted, ranks, received = per_gpu(specs[0], predicted[0], parallel, on_cuda)
+    split = RankSplit(specs[0], parallel, on_cuda) if parallel else None
+    if split:  # one GPU's share of every denoiser call, counted as diffusers splits it
+        predicted = [split.split(*predicted[0])]
     kernels = of_architecture(chosen.architecture) if chosen else None  # this CPU: the prediction's own (on_cuda)
     memories = [
         with_formats(memory, spec, formats, kernels=kernels) for (memory, _), spec in zip(predicted, specs, strict=True)
@@ -193,17 +187,14 @@ def print_predicted(
     ]
     missing = [lacking or why for lacking, why in zip(missing, why_none, strict=True)]
     times = withheld
-    group = None
-    if parallel:
-        link = gpu_link(chosen, parallel[0] * parallel[1] * parallel[2] * parallel[3])
+    group, parallel_untimed = None, []
+    if split:
         peaks = (
             peak_under(with_formats(one_gpu, specs[0], formats, kernels=kernels), techniques),
             peak_under(memories[0], techniques),
         )
-        fit = communication_fit()
-        group = summarize(parallel, peaks, ranks, link, received, assumptions(*parallel[1:]), fit)
-        if times[0] and group.communication_s is not None:
-            times = [with_communication(times[0], group.communication_s, group.communication_host_s)]
+        time, group, parallel_untimed = split.communicate(times[0], chosen, peaks)
+        times = [time]
     if as_json:
         payloads = [
             {
@@ -220,7 +211,7 @@ def print_predicted(
                 if time and timed_formats
                 else None,
                 # not in the time, "label: why" each
-                "time_left_out": untimed + (parallel_left_out(group, NOT_CALIBRATED, LEFT_OUT) if time else []),
+                "time_left_out": untimed + (parallel_untimed if time else []),
                 **({"parallel": group.model_dump(mode="json")} if group else {}),
             }
             for found, memory, time, lacking in zip(results, memories, times, missing, strict=True)
@@ -279,44 +270,6 @@ def refuse_without_fp8(found, chosen) -> None:
             f"--quantize {found.backend}:{found.type} runs its matmuls on FP8 tensor cores (CUDA, compute capability "
             f"8.9 and up), which the {chosen.name} lacks (no fp8 peak in the table): use torchao:int8wo"
         )
-
-
-def assumptions(ring: int, cfg: int, tp: int = 1) -> tuple[str, ...]:
-    """What the parallel prediction assumes beyond diffusers' own split."""
-    found = ["every rank runs the text encoders and the VAE decode whole, as diffusers' pipelines do"]
-    if tp > 1:
-        found.append(
-            "tensor parallel: each rank holds its shard of the denoiser's planned layers (_tp_plan) and all-reduces "
-            "each row-wise layer's output, timed as a ring all-reduce (2 (N - 1) / N of the output received)"
-        )
-    if ring > 1:
-        found.append(
-            "ring attention with PyTorch's flash kernel (it returns the log-sum-exp ring needs; bench: --opt "
-            "attention:backend=flash)"
-        )
-    if cfg > 1:
-        found.append(
-            "CFG parallel: a rank runs half of each batched call, or one call of each guided pair (the time is the "
-            "two ranks' mean where the pair's calls differ, as a prompt and a negative prompt of other lengths do)"
-        )
-    return tuple(found)
-
-
-def parallel_left_out(group, not_calibrated: str, left_out: str) -> list[str]:
-    """What a parallel group's time leaves out: always ``left_out``, and ``not_calibrated`` without the fit."""
-    if group is None:
-        return []
-    return [left_out] if group.communication_calibrated else [not_calibrated, left_out]
-
-
-def per_gpu(spec, predicted, parallel: tuple[int, int, int, int], on_cuda: bool):
-    """One GPU's (memory, work) of a parallel group, its denoiser calls, and what it receives beside them."""
-    from diffmeter.distributed.rank_prediction import rank_calls
-    from diffmeter.predict.parallel import per_gpu_memory, per_gpu_work
-
-    memory, work = predicted
-    ranks, received = rank_calls(spec, *parallel, on_cuda=on_cuda)
-    return [(per_gpu_memory(memory, ranks), per_gpu_work(work, memory.denoisers, ranks))], ranks, received
 
 
 def parallel_line(group) -> str:

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from diffmeter.distributed import communication, context_parallel, scaling
 from diffmeter.distributed.cfg_parallel import CfgParallel
+from diffmeter.distributed.group_prediction import bench_split
 from diffmeter.distributed.group_result import RANKS, group_result
 from diffmeter.distributed.place import Place
 from diffmeter.errors import DiffmeterError
@@ -58,6 +59,8 @@ class RankGroup:
     mesh: object = None
     #: what the collectives moved in the first denoiser call (communication.count_first_call)
     measured: dict = dataclasses.field(default_factory=dict)
+    #: rank 0's split for the stored prediction, or why none (``group_prediction.bench_split``)
+    split: tuple = (None, None)
 
     def join(self, run: PreparedRun) -> None:
         """Count the offline communication (rank 0, over a fake group: before joining), then join."""
@@ -79,6 +82,8 @@ class RankGroup:
                 run.entry, run.target.family, spec.profile_spec().with_defaults(run.entry.defaults),
                 spec.ulysses_degree, spec.ring_degree, spec.cfg_degree,
             )  # fmt: skip
+        if place.rank == 0 and spec.predict:  # counted over its own fake group: before joining the real one
+            self.split = bench_split(spec, place.device.type == "cuda")
         dist.init_process_group(self.parallel.backend, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
         degrees = (spec.data_parallel, spec.cfg_degree, spec.ring_degree, spec.ulysses_degree, spec.tp_degree)
         self.mesh = context_parallel.device_mesh(place.device, *degrees)
@@ -158,6 +163,9 @@ class RankGroup:
             single = scaling.one_device_name(spec, run.entry, [o.label() for o in run.optimizations])
             merged.parallel.scaling = scaling.against_one_device(merged, self.out, single)
         return merged
+
+    def prediction_split(self) -> tuple[object | None, str | None]:
+        return self.split
 
     def abandon(self, reason: str) -> None:
         """Record why this rank failed where the launcher reads it (under torchrun, rank 0 stores it itself),

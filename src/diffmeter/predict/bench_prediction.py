@@ -11,6 +11,8 @@ hidden.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from diffmeter.errors import DiffmeterError
@@ -23,7 +25,13 @@ from diffmeter.predict.peaks import find_device
 from diffmeter.predict.quantized_kernels import of_device
 from diffmeter.predict.quantized_memory import PREDICTED, Format, technique, with_formats
 from diffmeter.predict.roofline import BENCH_FP32, missing_figures, predict_time
-from diffmeter.predict.schema import RunPrediction
+from diffmeter.predict.schema import (
+    MemoryPrediction,
+    OperatorWork,
+    ParallelPrediction,
+    RunPrediction,
+    TimePrediction,
+)
 from diffmeter.predict.techniques import stage_peaks_under
 from diffmeter.predict.timed_techniques import TIME_ONLY, timed_work
 from diffmeter.predict.vae_decode import VAE_MODES
@@ -61,18 +69,37 @@ def run_device(device: torch.device, *dtypes: str) -> Device | None:
     return of_row(row) if row is not None else None
 
 
-def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPrediction:
-    """``spec``: the settled BenchSpec; ``optimizations``: the applied ones (``AppliedOptimization``)."""
+class GroupSplit(Protocol):
+    """One GPU of a parallel run's group, as the prediction takes it (``distributed.group_prediction``)."""
+
+    def split(self, memory: MemoryPrediction, work: OperatorWork) -> tuple[MemoryPrediction, OperatorWork]:
+        """One GPU's memory and work: each denoiser call replaced by the rank's."""
+
+    def communicate(
+        self, time: TimePrediction | None, device: Device, peaks: tuple[int, int]
+    ) -> tuple[TimePrediction | None, ParallelPrediction, list[str]]:
+        """The time with the group's communication, the group's figures (``peaks``: one GPU's alone, each GPU's of
+        the group) and what the time leaves out."""
+
+
+def predict_run(
+    spec, optimizations: list, fp32_precision: dict | None, group: GroupSplit | None = None
+) -> RunPrediction:
+    """``spec``: the settled BenchSpec; ``optimizations``: the applied ones (``AppliedOptimization``); ``group``: a
+    parallel run's (its memory and time one GPU's, with the communication)."""
     device = torch.device(spec.device)
     notes = []
     profile_spec = spec.profile_spec()
     techniques = [t for o in optimizations if (t := memory_technique(o.name, o.params))]
     modes = tuple(t for t in techniques if t in VAE_MODES)
     memory, work = predict_memory_and_work(profile_spec, on_cuda=device.type == "cuda", vae_modes=modes)
-    applied = [applied_format(o) for o in optimizations if o.name in PREDICTED]
-    memory = with_formats(memory, profile_spec, applied, kernels=of_device(device))  # quanto's kernel is the device's
     if modes:
         work = operator_work(profile_spec, modes)
+    applied = [applied_format(o) for o in optimizations if o.name in PREDICTED]
+    one_gpu = with_formats(memory, profile_spec, applied, kernels=of_device(device))  # quanto's kernel: the device's
+    if group is not None:
+        memory, work = group.split(memory, work)
+    memory = with_formats(memory, profile_spec, applied, kernels=of_device(device)) if group else one_gpu
     work, _, time_untimed = timed_work(
         work, [(o.name, o.params) for o in optimizations], tuple(memory.denoisers), profile_spec, device.type == "cpu"
     )
@@ -105,6 +132,11 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
             offloads = {o.label for o in optimizations if o.name == "offload"}
             untimed = [label for label in untimed if label not in offloads]
     stages = stage_peaks_under(memory, tuple(techniques))  # the whole peak is the largest stage's (peak_under)
+    parallel = None
+    if group is not None and figures is not None:
+        alone = max(stage_peaks_under(one_gpu, tuple(techniques)).values(), default=0)
+        time, parallel, left_out = group.communicate(time, figures, (alone, max(stages.values(), default=0)))
+        untimed += left_out if time is not None else []
     return RunPrediction(
         device=name,
         peak_memory_bytes=max(stages.values(), default=0),
@@ -113,14 +145,17 @@ def predict_run(spec, optimizations: list, fp32_precision: dict | None) -> RunPr
         time=time,
         time_left_out=untimed if time is not None else [],
         notes=notes,
+        parallel=parallel,
     )
 
 
-def predict_or_note(spec, optimizations: list, fp32_precision: dict | None) -> tuple[RunPrediction | None, str | None]:
+def predict_or_note(
+    spec, optimizations: list, fp32_precision: dict | None, group: GroupSplit | None = None
+) -> tuple[RunPrediction | None, str | None]:
     """The prediction, or None and why it could not be made: a measured run is never lost to its prediction,
     whatever goes wrong in it."""
     try:
-        return predict_run(spec, optimizations, fp32_precision), None
+        return predict_run(spec, optimizations, fp32_precision, group), None
     except DiffmeterError as error:
         return None, f"no prediction: {error}"
     except Exception as error:  # noqa: BLE001 - an unforeseen failure is recorded, the measurements kept

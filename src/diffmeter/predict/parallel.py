@@ -23,9 +23,11 @@ from diffmeter.predict.roofline import at_least, overlapped
 from diffmeter.predict.schema import (
     DENOISING_STEP,
     CallWork,
+    Link,
     MemoryPrediction,
     OperatorGroup,
     OperatorWork,
+    ParallelPrediction,
     StageTime,
     TimePrediction,
 )
@@ -117,39 +119,6 @@ class RankCall(BaseModel):
     layer_levels: dict[str, tuple[int, int, int]] = {}
     #: under tensor parallelism: the parameters and buffers of its denoiser this rank holds (its shard); None: whole
     param_bytes: int | None = None
-
-
-class Link(BaseModel):
-    """The GPU-to-GPU link the ranks' collectives cross: its name, rate per direction (bytes/s) and source."""
-
-    name: str
-    bytes_per_s: float
-    source: str
-
-
-class ParallelPrediction(BaseModel):
-    """What one GPU of the group holds and receives, and what the time assumes (bytes, seconds)."""
-
-    ulysses_degree: int
-    ring_degree: int
-    cfg_degree: int
-    tp_degree: int = 1
-    gpus: int
-    #: the same generation on one GPU, for comparison
-    one_gpu_peak_memory_bytes: int
-    per_gpu_peak_memory_bytes: int
-    bytes_received_per_gpu: int
-    collectives_per_generation: int
-    link: Link | None
-    #: per kind of collective: bytes received and calls per generation
-    received_by_collective: dict[str, int] = {}
-    calls_by_collective: dict[str, int] = {}
-    #: the communication's time over ``link``, added to the denoising stage (None: no link known)
-    communication_s: float | None
-    #: the host's time issuing the collectives, added to the denoising stage's host side
-    communication_host_s: float = 0.0
-    communication_calibrated: bool = False
-    assumptions: list[str] = []
 
 
 def gpu_link(device: Device, gpus: int) -> Link | None:

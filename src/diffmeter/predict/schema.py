@@ -255,6 +255,39 @@ class TimePrediction(BaseModel):
     )
 
 
+class Link(BaseModel):
+    """The GPU-to-GPU link the ranks' collectives cross: its name, rate per direction (bytes/s) and source."""
+
+    name: str
+    bytes_per_s: float
+    source: str
+
+
+class ParallelPrediction(BaseModel):
+    """What one GPU of the group holds and receives, and what the time assumes (bytes, seconds)."""
+
+    ulysses_degree: int
+    ring_degree: int
+    cfg_degree: int
+    tp_degree: int = 1
+    gpus: int
+    #: the same generation on one GPU, for comparison
+    one_gpu_peak_memory_bytes: int
+    per_gpu_peak_memory_bytes: int
+    bytes_received_per_gpu: int
+    collectives_per_generation: int
+    link: Link | None
+    #: per kind of collective: bytes received and calls per generation
+    received_by_collective: dict[str, int] = {}
+    calls_by_collective: dict[str, int] = {}
+    #: the communication's time over ``link``, added to the denoising stage (None: no link known)
+    communication_s: float | None
+    #: the host's time issuing the collectives, added to the denoising stage's host side
+    communication_host_s: float = 0.0
+    communication_calibrated: bool = False
+    assumptions: list[str] = []
+
+
 class RunPrediction(BaseModel):
     """What ``bench`` stores beside its measurements: the offline prediction for the run's settings
     on the device it ran on (bytes, seconds per call)."""
@@ -270,3 +303,5 @@ class RunPrediction(BaseModel):
     time_left_out: list[str] = []
     #: what the prediction leaves out of this run (techniques it does not model), or why a part is missing
     notes: list[str] = []
+    #: a parallel run's group (``predict.parallel.summarize``): the memory and time above are one GPU's of it
+    parallel: ParallelPrediction | None = None

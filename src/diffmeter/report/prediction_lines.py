@@ -26,6 +26,23 @@ def stage_memory(result: BenchResult) -> list[str]:
     ]
 
 
+def group_line(group) -> str:
+    """What a parallel run's prediction is of: one GPU of the group, and what it receives."""
+    degrees = f"ulysses {group.ulysses_degree} x ring {group.ring_degree} x CFG {group.cfg_degree}"
+    degrees += f" x tensor parallel {group.tp_degree}" if group.tp_degree > 1 else ""
+    over = (
+        f"{group.communication_s:.3g} s over {group.link.name}"
+        if group.communication_s is not None and group.link
+        else "not timed (no link figure)"
+    )
+    return (
+        f"predicted for one GPU of {group.gpus} ({degrees}): peak {units.gib(group.per_gpu_peak_memory_bytes)} "
+        f"(one GPU alone {units.gib(group.one_gpu_peak_memory_bytes)}); it receives "
+        f"{units.gib(group.bytes_received_per_gpu)} per generation in {group.collectives_per_generation:,} "
+        f"collectives, communication {over}"
+    )
+
+
 def prediction_lines(result: BenchResult) -> list[str]:
     prediction = result.prediction
     if prediction is None or result.summary is None:
@@ -44,6 +61,8 @@ def prediction_lines(result: BenchResult) -> list[str]:
         stages = stage_memory(result)
         if stages:
             lines.append("predicted vs CUDA max allocated per stage: " + "; ".join(stages))
+    if (group := prediction.parallel) is not None:
+        lines.append(group_line(group))
     time = prediction.time
     if time is not None:
         measured = result.summary.latency_s.median

@@ -49,6 +49,10 @@ class Group(Protocol):
     def abandon(self, reason: str) -> None:
         """A process failed (``reason``): stop every process of the group (raises) or, alone, return."""
 
+    def prediction_split(self) -> tuple[object | None, str | None]:
+        """How the stored prediction takes the group (``predict.bench_prediction.GroupSplit``), or why it cannot:
+        (None, None) alone, the whole run being one process's."""
+
 
 class Alone:
     """A run in one process: it opens its own folder, generates every batch and stores what it measured."""
@@ -84,6 +88,9 @@ class Alone:
 
     def abandon(self, reason: str) -> None:
         pass
+
+    def prediction_split(self) -> tuple[object | None, str | None]:
+        return None, None
 
 
 ALONE = Alone()

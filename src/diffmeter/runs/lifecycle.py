@@ -306,10 +306,9 @@ class MeasuredRun:
         spec = result.spec
         if not spec.predict:
             return
-        if spec.world_size > 1:
-            note = "no prediction: the offline prediction models one process; a parallel run's is not modelled yet"
-        else:
-            result.prediction, note = predict_or_note(spec, result.optimizations, result.fp32_precision)
+        split, note = self.group.prediction_split()  # a group's: one GPU of it, with its communication
+        if note is None:
+            result.prediction, note = predict_or_note(spec, result.optimizations, result.fp32_precision, split)
         if note:
             self.log.warning(note)
             result.notes.append(note)
