@@ -94,3 +94,51 @@ def test_a_setting_whose_time_is_not_modelled_says_why_and_follows_the_ranked(ti
     order = [row[0] for row in ranked(rows, times)]
     assert order == [("compile",), (), ("fp8-text-encoder",)]  # the smallest lower bound, yet not ranked
     assert Timed(why="x").midpoint is None
+
+
+def test_fit_quotes_the_held_out_figure_of_every_range_it_shows_as_profile_does(cli):
+    """Every expected range fit printed came with no held-out figure (profile --gpu prints each beside its time):
+    the eager calibration's, compile's and the cache's, in the table and in --json."""
+    code, out, err = cli("fit", "tiny-flux", "--gpu", "h100", "--json", "--steps", "2")
+    assert code == 0, err
+    claims = json.loads(out)["held_out"]
+    code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--steps", "2", "--json", "--opt", "compile")
+    eager = json.loads(out)["time"]["calibration"]
+    assert eager.count("held out a source at a time: ") == 1  # profile's claim, quoted from there on
+    assert claims[0] == f"the eager range: {eager[eager.index('held out a source at a time: ') :]}"
+    assert [claim.split(": ")[0] for claim in claims[1:]] == ["compile", "first-block-cache"]
+    assert "calibration_techniques.md" in claims[1] and "calibration_caches.md" in claims[2]
+    code, out, _ = cli("fit", "tiny-flux", "--gpu", "h100", "--steps", "2")
+    said = " ".join(out.split())
+    assert code == 0 and "Held out: the eager range: held out a source at a time: " in said
+
+
+def test_an_untimed_offloads_bound_holds_the_settings_speed_ups_as_profile_bounds_it(cli):
+    """Group offload has no fitted link rate: fit bounded "offload-group + compile" (and + first-block-cache) by the
+    plain pipeline's compute, which compile's fusion and a cache's skipped calls beat (flux-dev on an RTX 4070:
+    84.05 s for group offload with the cache); now by the setting's own work, as `profile --gpu` bounds it."""
+    card = "2GB,5TFLOPS,0.1TB/s,arch=ampere,link=32GB/s"  # sd15 needs offload; compute outlasts the transfers
+    code, out, err = cli("fit", "sd15", "--gpu-spec", card, "--steps", "4", "--all-settings", "--json")
+    assert code == 0, err
+    found = {tuple(row["techniques"]): row for row in json.loads(out)["fits"]}
+    compiled, plain = found[("offload-group", "compile")], found[("offload-group",)]
+    assert compiled["expected_s"] is None and "offload-group: " in compiled["not_ranked"]
+    code, out, _ = cli("profile", "sd15", "--gpu-spec", card, "--steps", "4", "--offload", "group", "--opt", "compile",
+                       "--json")  # fmt: skip
+    assert code == 0 and compiled["lower_s"] == json.loads(out)["time"]["lower_s"] < plain["lower_s"]
+
+
+def test_a_cached_setting_with_an_untimed_offload_is_bounded_by_its_compute(tiny):
+    """A skipped call onloads only the blocks it runs: the transfers of every call would overstate the bound."""
+    from diffmeter.predict.offload_time import lower_s
+    from diffmeter.runs.fitting import plain_time
+
+    _, memory, _, setting_work = tiny
+    gpu = named_gpu("RTX 4070")
+    chosen = ("offload-group", "first-block-cache")
+    found = timed(setting_work, chosen, gpu)
+    cached, _ = setting_work.of(chosen)
+    assert found.time is None and found.why.startswith("offload-group: ")
+    compute = plain_time(cached, memory, gpu).lower_s
+    with_transfers = lower_s(compute, memory, chosen, gpu.host_link_bytes_per_s)  # tiny: the transfers outlast it
+    assert found.lower == compute < with_transfers

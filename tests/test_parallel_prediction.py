@@ -105,6 +105,18 @@ def test_cfg_parallel_halves_the_batched_call_and_receives_the_other_half():
     assert rank.received_bytes == prediction and rank.activation_bytes < held.activation_bytes
 
 
+def test_a_cfg_parallel_gpus_memory_row_names_its_half_of_the_batch(cli):
+    """Each GPU runs batch 1 of the CFG-doubled batch 2: its denoising row said "batch 2" beside batch 1's
+    activations."""
+    asked = ("profile", "tiny-sd", "--gpu", "a100", "--json")
+    alone, split = (json.loads(cli(*asked, *extra)[1]) for extra in ((), ("--cfg-degree", "2")))
+    batches = [
+        next(s["batch"] for s in found["memory"]["stages"] if s["stage"] == "denoising step")
+        for found in (alone, split)
+    ]
+    assert batches == [2, 1]
+
+
 def test_the_link_is_nvlink_where_the_table_has_it_else_pcie():
     a100, l40s, a40 = named_gpu("a100"), named_gpu("l40s"), named_gpu("a40")
     assert gpu_link(a100, 4).bytes_per_s == nvlinks()[a100.name]["gb_s"] / 2 * 1e9  # both directions summed there

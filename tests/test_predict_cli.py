@@ -71,6 +71,10 @@ def test_gpu_spec_reads_text_and_json():
         (["--gpu", "h100", "--gpu-spec", "80GB"], "pick one"),
         (["--gpu-spec", "80 parsecs"], "--gpu-spec takes"),
         (["--gpu", "h100", "--csv"], "use --json"),
+        # a JSON figure that is no number raised a traceback; an unknown key and 0GB passed silently
+        (["--gpu-spec", '{"memory_gib": 24, "tflops": "x"}'], "--gpu-spec's TFLOPS must be a positive number"),
+        (["--gpu-spec", '{"memory_gib": 24, "tflop": 100}'], "'tflop': not one of its keys"),
+        (["--gpu-spec", "0GB,100TFLOPS,1TB/s"], "--gpu-spec's memory must be a positive number; got 0.0"),
     ],
 )
 def test_bad_gpu_input_is_one_line(cli, args, message):
@@ -116,6 +120,9 @@ def test_profile_gpu_with_benchs_technique_flags_predicts_what_bench_stores(cli,
     assert code == 0 and found["time_techniques"] == [] and found["time_left_out"][0].startswith("compile mode=default")
     code, _, err = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "fuse-qkv")
     assert code == 2 and "fuse-qkv: the prediction models offload" in err
+    assert "first-block-cache" in err and "--tf32" not in err  # the caches it times are named among those it models
+    code, _, err = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "tf32")
+    assert code == 2 and "float32 on TF32 is --tf32" in err
 
 
 def test_a_float32_run_is_timed_as_bench_runs_it_on_tf32_or_strictly_with_no_tf32(cli):

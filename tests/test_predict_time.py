@@ -242,6 +242,18 @@ def test_an_operator_kept_in_float32_in_a_float16_run_is_charged_float32s_peak()
     assert any(line.startswith("text_encoder in float32: matmul at") for line in predict_time(work, card).other_peaks)
 
 
+def test_the_shipped_cpu_calibration_quotes_its_held_out_figure_as_committed():
+    """A CPU's expected range printed no held-out figure at all: the committed leave-one-run-out table's verdicts."""
+    from pathlib import Path
+
+    report = Path(__file__).parents[1] / "benchmarks" / "results" / "roofline_cpu.md"
+    rows = [line.split(" | ") for line in report.read_text().splitlines() if line.endswith(("| yes |", "| NO |"))]
+    wholes = [row[-1] == "yes |" for row in rows if "**three stages**" in row]
+    stages = [row[-1] == "yes |" for row in rows if "**three stages**" not in row]
+    said = f"{sum(wholes)} of {len(wholes)} generations inside their range ({sum(stages)} of {len(stages)} stages)"
+    assert len(wholes) == 4 and f"held out a run at a time: {said}" in calibrations()["cpu"].source
+
+
 def test_the_shipped_cpu_calibration_names_its_source():
     shipped = calibrations()["cpu"]
     assert "benchmarks/roofline_cpu.py" in shipped.source

@@ -61,6 +61,15 @@ def test_a_videos_frames_are_said_beside_its_pixel_size_not_inside_it():
     assert "f px" not in title
 
 
+def test_the_summary_rows_say_a_scheduler_calls_the_denoiser_more_than_once_per_step():
+    """SD 1.5's PNDM makes --steps 10 eleven denoiser calls: a row showing only "10" beside the MACs per step left
+    its total unexplained (11 x per step, not 10 x)."""
+    found = profile("sd15", steps=10)
+    assert found.denoiser_steps == 11
+    (row,) = summary_table([found]).rows
+    assert row.cells[2] == "10 (11 denoiser steps)"
+
+
 def test_the_total_row_splits_the_whole_generation_by_kind():
     """The total row's kind column holds the whole generation's matmul / convolution / attention shares (the
     components' MACs of each kind summed), its FLOPs beside its MACs."""

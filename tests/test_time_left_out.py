@@ -7,6 +7,10 @@ import json
 
 import pytest
 
+from diffmeter.predict.offload_time import moved_bytes
+from diffmeter.predict.operators import predict_memory_and_work
+from diffmeter.spec import ProfileSpec
+
 INT4 = "its packed int4 kernels run far from any bound in eager mode"
 
 
@@ -48,4 +52,27 @@ def test_an_untimed_offload_keeps_the_bounds_and_drops_the_range_and_energy(cli)
     assert "it can only slow the run" in time["calibration"] and found["no_time"] is None
     code, out, _ = cli(*asked)
     said = " ".join(out.split())
-    assert code == 0 and "time bounds without offload-model: " in said and " J per " not in said
+    assert code == 0 and "no expected range without offload-model: " in said and " J per " not in said
+
+
+@pytest.mark.parametrize("mode", ["sequential", "group"])
+def test_an_untimed_offload_bounds_the_time_by_its_transfers_as_fit_does(cli, mode):
+    """No achieved link rate fitted for the mode: no range, but its transfers at the datasheet rate still bound the
+    generation, as `fit` bounds the same setting (offload_time.lower_s); the lower bound ignored them before."""
+    asked = ("profile", "tiny-flux", "--gpu", "RTX 4070", "--steps", "3", "--json")
+    plain, offloaded = (json.loads(cli(*asked, *extra)[1]) for extra in ((), ("--offload", mode)))
+    technique = f"offload-{mode}"
+    assert offloaded["time"]["expected_s"] is None and offloaded["time_left_out"][0].startswith(f"{technique}: ")
+    memory, _ = predict_memory_and_work(ProfileSpec(model="tiny-flux", steps=3), True, ())
+    transfers = moved_bytes(memory, (technique,)) / 32e9  # the RTX 4070's PCIe Gen4 x16, per direction
+    compute = plain["time"]["lower_s"]
+    bound = max(compute, transfers) if mode == "group" else compute + transfers
+    assert transfers > compute > 0 and offloaded["time"]["lower_s"] == pytest.approx(bound, rel=1e-9)
+    assert f"{technique}'s " in offloaded["time"]["calibration"]
+
+
+def test_an_untimed_offload_with_a_cache_is_bounded_by_the_cached_compute_alone(cli):
+    """A skipped call onloads only what it runs, so every call's transfers would overstate the bound: none added."""
+    asked = ("profile", "tiny-flux", "--gpu", "RTX 4070", "--steps", "3", "--opt", "first-block-cache", "--json")
+    cached, offloaded = (json.loads(cli(*asked, *extra)[1]) for extra in ((), ("--offload", "group")))
+    assert offloaded["time"]["expected_s"] is None and offloaded["time"]["lower_s"] == cached["time"]["lower_s"]

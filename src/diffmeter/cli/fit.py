@@ -177,6 +177,7 @@ def fit(
     from diffmeter.runs.fit_speedups import SettingWork, is_speedup, optimization, ranked, timed, with_speedups
     from diffmeter.runs.fitting import (
         format_times,
+        held_out_claims,
         lower_times,
         next_step,
         plain_time,
@@ -214,7 +215,10 @@ def fit(
     expected = {chosen: found.time.expected_s for chosen, found in timings.items() if found.time}
     unranked = {chosen: found.why for chosen, found in timings.items() if found.why}
     skips = {chosen: found.time.cache for chosen, found in timings.items() if found.time and found.time.cache}
-    lower = {c: found.time.lower_s if found.time else times.get(c) for c, found in timings.items()} or times
+    lower = {
+        c: found.time.lower_s if found.time else found.lower if found.lower is not None else times.get(c)
+        for c, found in timings.items()
+    } or times
     rows = ranked([(chosen, peak, lower.get(chosen)) for chosen, peak in fits], timings)
     untimed = (
         why_untimed(plain, target, work, tf32, bool(gpu or gpu_spec)) if any(t is None for *_, t in rows) else None
@@ -247,6 +251,8 @@ def fit(
             "refused_by_bench": [{"techniques": list(chosen), "reason": reason} for chosen, reason in refused],
             "memory_checked": prediction.checked,
             "time_left_out": untimed,  # why a setting has no lower_s
+            # the held-out figure of each expected range given (the eager calibration's, each technique's)
+            "held_out": held_out_claims(plain, [c for c, *_ in rows if expected.get(c)]) if expected else None,
             "next_step": nothing,  # what to do when nothing fits
         }
         print(json.dumps(payload, indent=2))
@@ -264,6 +270,7 @@ def fit(
         (qualities, notes, expected, unranked),
         len(rows),
         skips,
+        held_out_claims(plain, [chosen for chosen, _, _ in shown if expected.get(chosen)]) if expected else None,
     )
     console.print(table)
 

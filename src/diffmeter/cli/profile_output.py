@@ -76,9 +76,9 @@ def print_predicted(
     from diffmeter.optimize.options import from_flags
     from diffmeter.predict.attention_kernels import asked_kernel
     from diffmeter.predict.bench_prediction import memory_technique
-    from diffmeter.predict.cache_time import skipped_line
+    from diffmeter.predict.cache_time import CACHES, skipped_line
     from diffmeter.predict.kernel_kinds import of_architecture
-    from diffmeter.predict.offload_time import offload_line, offload_of, with_offload
+    from diffmeter.predict.offload_time import offload_line, offload_of, with_offload, with_transfer_bound
     from diffmeter.predict.offload_time import why_untimed as why_offload_untimed
     from diffmeter.predict.operators import operator_work, predict_memory_and_work
     from diffmeter.predict.quantized_memory import split_values, with_formats
@@ -96,7 +96,8 @@ def print_predicted(
     if unmodelled:
         raise DiffmeterError(
             f"{', '.join(unmodelled)}: the prediction models offload, VAE tiling and slicing, quantize, the fp8 text "
-            "encoder, compile and the attention kernels; drop the others here"
+            f"encoder, compile, the attention kernels and the denoiser caches ({', '.join(CACHES)}); drop the others "
+            "here" + ("; float32 on TF32 is --tf32 (the default)" if "tf32" in unmodelled else "")
         )
     techniques = tuple(memory_technique(o.name, o.params) for o in asked if o.name not in TIME_ONLY)
     techniques += tuple({f.technique: 0 for f in formats})
@@ -187,6 +188,12 @@ def print_predicted(
     ]
     missing = [lacking or why for lacking, why in zip(missing, why_none, strict=True)]
     times = withheld
+    # no range, but its transfers still bound it; not with a cache: a skipped call onloads only what it runs
+    if offload and offload_gap and chosen.host_link_bytes_per_s and not any(o.name in CACHES for o in asked):
+        link = (chosen.host_link, chosen.host_link_bytes_per_s)
+        times = [
+            time and with_transfer_bound(time, m, techniques, *link) for time, m in zip(times, memories, strict=True)
+        ]
     group, parallel_untimed = None, []
     if split:
         peaks = (
@@ -240,7 +247,7 @@ def print_predicted(
         if time and time.offload:
             console.print(offload_line(time.offload), markup=False)
         if time and untimed:
-            console.print(f"time bounds without {'; '.join(untimed)}", markup=False)
+            console.print(f"no expected range without {'; '.join(untimed)}", markup=False)
         if time and time.cache:  # a cache: its skipped share, how it was obtained, how well it held
             console.print(skipped_line(time.cache), markup=False)
         if time and (others := [t for t in time_techniques if not time.cache or t != time.cache.technique]):

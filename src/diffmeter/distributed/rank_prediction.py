@@ -172,6 +172,7 @@ def rank_calls(
                     collectives=collectives,
                     received_by_collective=by_kind,
                     param_bytes=held_bytes(model) if tp > 1 else None,
+                    batch=call.batch // cfg if mode == BATCHED else call.batch,  # CfgParallel splits the batch
                     **tally.host_counts(),
                 )
             )

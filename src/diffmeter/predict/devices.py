@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import math
 import re
 import statistics
 from importlib import resources
@@ -289,6 +290,10 @@ def this_cpu(*dtypes: str) -> Device:
     )
 
 
+#: the keys a JSON ``--gpu-spec`` takes
+SPEC_KEYS = ("memory_gib", "memory_gb", "tflops", "bandwidth_gb_s", "tdp_w", "architecture", "host_link_gb_s")
+
+
 def spec_gpu(text: str) -> Device:
     """A GPU from "80GB,989TFLOPS,3.35TB/s,700W,arch=hopper,link=64GB/s" (any order, any subset; GB read as GiB,
     as on datasheets; the architecture picks the expected range's calibration, the TDP the energy's, the host link's
@@ -302,6 +307,8 @@ def spec_gpu(text: str) -> Device:
     if text.strip().startswith("{"):
         try:
             data = json.loads(text)
+            if unknown := sorted(set(data) - set(SPEC_KEYS)):
+                raise DiffmeterError(f"{usage}; {', '.join(map(repr, unknown))}: not one of its keys")
             memory = data.get("memory_gib", data.get("memory_gb"))
             tflops, bandwidth = data.get("tflops"), data.get("bandwidth_gb_s")
             tdp, architecture, link = data.get("tdp_w"), data.get("architecture"), data.get("host_link_gb_s")
@@ -330,6 +337,11 @@ def spec_gpu(text: str) -> Device:
                 bandwidth = rate
     if memory is None and tflops is None and bandwidth is None:
         raise DiffmeterError(f"{usage}; got '{text}'")
+    figures = {"memory": memory, "TFLOPS": tflops, "bandwidth": bandwidth, "TDP": tdp, "host link": link}
+    for label, value in figures.items():  # 0GB read as no memory at all, a JSON string failed deep inside
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if value is not None and not (number and 0 < value < math.inf):
+            raise DiffmeterError(f"--gpu-spec's {label} must be a positive number; got {value!r}")
     if architecture is not None and architecture not in ARCHITECTURES:
         raise DiffmeterError(f"--gpu-spec's arch= takes {'|'.join(ARCHITECTURES)}; got '{architecture}'")
     return Device(

@@ -159,6 +159,21 @@ def with_offload(
     )
 
 
+def with_transfer_bound(
+    time: TimePrediction, prediction: MemoryPrediction, techniques: tuple[str, ...], link: str | None, link_rate: float
+) -> TimePrediction:
+    """``time`` of a setting whose offload has no fitted link rate (no expected range): its lower bound still holds
+    the transfers at ``link_rate``, the datasheet's (``lower_s``), as ``fit`` bounds the same setting."""
+    mode, moved = offload_of(techniques), moved_bytes(prediction, techniques)
+    how = "the longer of them and the compute" if mode == "offload-group" else "added to the compute"
+    said = (
+        f"; the whole generation's lower bound holds {mode}'s {units.gib(moved)} moved per generation at the "
+        f"{link or 'host link'}'s datasheet {link_rate / 1e9:g} GB/s ({how})"
+    )
+    bound = lower_s(time.lower_s, prediction, techniques, link_rate)
+    return time.model_copy(update={"lower_s": bound, "calibration": time.calibration + said})
+
+
 def offload_line(offload: OffloadTime) -> str:
     """What the expected time holds of an offload's transfers, in one line."""
     low, high = offload.achieved_share

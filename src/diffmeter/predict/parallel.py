@@ -119,6 +119,8 @@ class RankCall(BaseModel):
     layer_levels: dict[str, tuple[int, int, int]] = {}
     #: under tensor parallelism: the parameters and buffers of its denoiser this rank holds (its shard); None: whole
     param_bytes: int | None = None
+    #: the batch this rank's call runs (batched CFG parallel: its half of the CFG-doubled batch); None: the call's
+    batch: int | None = None
 
 
 def gpu_link(device: Device, gpus: int) -> Link | None:
@@ -173,6 +175,7 @@ def per_gpu_memory(memory: MemoryPrediction, ranks: list[RankCall]) -> MemoryPre
                 "activation_bytes": rank.activation_bytes,
                 "layer_levels": rank.layer_levels,
                 "count": rank.count,
+                "batch": rank.batch or call.batch,
                 "peak_bytes": peak,
             }
         )

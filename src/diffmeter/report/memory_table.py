@@ -80,6 +80,7 @@ def fit_table(
     per_row: tuple[dict, dict, dict, dict] = ({}, {}, {}, {}),
     fitting: int | None = None,
     skips: dict | None = None,
+    claims: list[str] | None = None,
 ) -> FittedTable:
     """The settings that fit once ``held_back`` bytes are kept for CUDA, with their lower bounds of time (no column
     where none has one), ranked by time where known, else in ``predict.techniques.settings``' order, and ``untimed``:
@@ -87,7 +88,8 @@ def fit_table(
     ``next_step``: what to do then; ``per_row``: each setting's quality cost, why its time is the unquantized
     pipeline's (``runs.fitting.time_note``), its expected range (the rows ranked by it) and why a row has none
     (``unranked``); ``fitting``: how many settings fit (``rows`` may be the first of them); ``skips``: a cached
-    setting's skipped calls (``CacheSkip``), said once per cache shown."""
+    setting's skipped calls (``CacheSkip``), said once per cache shown; ``claims``: the held-out figure of each
+    expected range shown (``runs.fitting.held_out_claims``)."""
     qualities, notes, expected, unranked = per_row
 
     some = any(time is not None for _, _, time in rows)  # no time at all: no column for it
@@ -156,6 +158,8 @@ def fit_table(
             "first-block-cache keep their memory setting's peak (CUDA graphs' pool and the cache's kept activations "
             "not counted); each technique's time is held out alone on published runs, their combinations are not."
         )
+        if claims:
+            lines.append(escape(f"Held out: {'; '.join(claims)}."))
     cached = [skip for chosen, _, _ in rows if (skip := (skips or {}).get(chosen))]
     for said in sorted({(s.technique, s.share_text(), s.extrapolated) for s in cached}, key=str):
         extrapolated = f" ({said[2]})" if said[2] else ""  # the expected range spans the share: say how it was had

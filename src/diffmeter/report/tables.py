@@ -36,10 +36,13 @@ def _setting(profile: Profile) -> str:
         )
     if profile.controlnet:
         images += f", ControlNet {profile.controlnet}"
-    steps = units.steps(profile.steps)
-    if profile.denoiser_steps not in (None, profile.steps):
-        steps += f" ({profile.denoiser_steps} denoiser steps)"
+    steps = units.steps(profile.steps) + _denoiser_steps(profile)
     return f"{size(profile)}{images}, {steps}, batch {profile.batch_size}, {guidance}, {dtype}"
+
+
+def _denoiser_steps(profile: Profile) -> str:
+    """ " (21 denoiser steps)" where the scheduler calls the denoiser other than once per step (PNDM, Heun)."""
+    return f" ({profile.denoiser_steps} denoiser steps)" if profile.denoiser_steps not in (None, profile.steps) else ""
 
 
 def profile_table(profile: Profile) -> FittedTable:
@@ -148,7 +151,7 @@ def summary_table(profiles: list[Profile]) -> FittedTable:
             escape(p.name),
             size(p, unit=""),
             *([images] if conditioned else []),
-            str(p.steps),
+            f"{p.steps}{_denoiser_steps(p)}",
             "yes" if p.cfg else "no",
             units.macs(p.denoiser_macs_per_step),
             units.macs(by_role[TEXT_ENCODER]),

@@ -36,6 +36,9 @@ class Timed:
 
     time: object | None = None
     why: str | None = None
+    #: a lower bound where there is no range: an offload with no fitted link rate, the setting's own work (its
+    #: speed-ups in it) timed with the transfers at the datasheet rate
+    lower: float | None = None
 
     @property
     def midpoint(self) -> float | None:
@@ -142,15 +145,32 @@ def timed(setting_work: SettingWork, chosen: tuple[str, ...], gpu, tf32: bool = 
     work, why = setting_work.of(chosen)
     if work is None:
         return Timed(why=why)
-    if why := offload_untimed(chosen, gpu.host_link_bytes_per_s):
-        return Timed(why=why)
     prediction = setting_work.prediction
+    if why := offload_untimed(chosen, gpu.host_link_bytes_per_s):
+        return Timed(why=why, lower=untimed_offload_lower(work, prediction, chosen, gpu, outputs, tf32))
     time = plain_time(work, prediction, gpu, outputs, tf32)
     if time is None or time.expected_s is None:
         return Timed(why=f"no calibrated range for the {gpu.name}")
     if offload_of(chosen):
         time = with_offload(time, prediction, chosen, gpu.host_link, gpu.host_link_bytes_per_s)
     return Timed(time=time)
+
+
+def untimed_offload_lower(work, prediction, chosen: tuple[str, ...], gpu, outputs: int, tf32: bool) -> float | None:
+    """The lower bound of a setting whose offload has no fitted link rate: its work's (a cache's skipped calls and
+    compile's fusion in it), plus the transfers at the datasheet rate, but for a cache: a skipped call onloads only
+    the blocks it runs (group and sequential offload load each layer as it is called), so only the compute bounds
+    it; None without the card's host link or figures."""
+    from diffmeter.predict.cache_time import CACHES
+    from diffmeter.predict.offload_time import lower_s
+    from diffmeter.runs.fitting import plain_time
+
+    time = plain_time(work, prediction, gpu, outputs, tf32) if gpu.host_link_bytes_per_s else None
+    if time is None:
+        return None
+    if any(SPEEDUPS[t][0] in CACHES for t in chosen if is_speedup(t)):
+        return time.lower_s
+    return lower_s(time.lower_s, prediction, chosen, gpu.host_link_bytes_per_s)
 
 
 def ranked(rows: list, times: dict[tuple[str, ...], Timed]) -> list:

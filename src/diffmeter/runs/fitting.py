@@ -204,3 +204,24 @@ def next_step(prediction, entry, spec, fp8: bool, cards: list) -> str:
         f"{gib(peak + CUDA_HOLDBACK_BYTES)} of GPU memory with CUDA's share; {' or '.join(lower)} lowers it; "
         f"{larger}."
     )
+
+
+def held_out_claims(plain, ranged: list[tuple[str, ...]]) -> list[str]:
+    """The held-out figure of every expected range ``fit`` shows, as ``profile --gpu`` prints each beside its time:
+    the eager calibration's, and each technique's in the settings ``ranged`` (those shown with a range)."""
+    from diffmeter.predict.cache_time import HELD_OUT as CACHED
+    from diffmeter.predict.offload_time import rates
+    from diffmeter.predict.quantized_time import held_out_claim
+    from diffmeter.predict.timed_techniques import HELD_OUT as TECHNIQUES
+
+    said = plain.calibration
+    claims = [f"the eager range: {said[said.find('held out') :] if 'held out' in said else said}"]
+    used = {technique for chosen in ranged for technique in chosen}
+    if used & {"compile", "compile-reduce-overhead"}:
+        claims.append(f"compile: {TECHNIQUES}")
+    if "first-block-cache" in used:
+        claims.append(f"first-block-cache: {CACHED}")
+    if formats := sorted({label(t) for t in used if t.startswith("quantize-") and not label(t).endswith(":")}):
+        claims.append(held_out_claim(formats))
+    claims += [f"{mode}: {rates()[mode]['calibration']}" for mode in sorted(used & set(rates()))]
+    return claims
