@@ -63,3 +63,15 @@ def test_a_quantized_time_says_its_own_formats_held_out_figure(cli):
     assert held_out_claim(["torchao:float8dq-row"]) in said
     code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--quantize", "torchao:float8dq-row", "--json")
     assert code == 0 and json.loads(out)["quantized_time_held_out"] == held_out_claim(["torchao:float8dq-row"])
+
+
+def test_formats_without_published_runs_share_one_clause():
+    """Several formats with no published run are named together before all quantized runs' figure, said once."""
+    stored = json.loads(QUANTIZED.read_text())
+    asked = ("torchao:float8dq-row", "gguf:Q4_K_S", "gguf:Q6_K")
+    unpublished = [name for name in asked if name not in stored["formats"]]
+    assert len(unpublished) >= 2
+    said = held_out_claim([*unpublished, "quanto:int8"])
+    assert said.count(f"all {stored['all']['runs']} published quantized runs") == 1
+    assert f"{', '.join(unpublished)}: no published run of these formats; all " in said
+    assert said.startswith("quanto:int8: its published runs held out by source")

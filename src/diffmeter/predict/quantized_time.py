@@ -103,13 +103,14 @@ def held_out_claim(names: list[str]) -> str:
             f"such a range, midpoint median error {stats['median_error']:.1%}{where if misses else ''}"
         )
 
-    every = f"all {found['all']['runs']} published quantized runs: {said(found['all'])}"
-    claims = [
-        f"{name}: its published runs {said(found['formats'][name])}"
-        if name in found["formats"]
-        else f"{name}: no published run of this format; {every}"
-        for name in names
-    ]
+    formats = found["formats"]
+    claims = [f"{name}: its published runs {said(formats[name])}" for name in names if name in formats]
+    if unpublished := [name for name in names if name not in formats]:  # said once for all of them
+        which = "these formats" if len(unpublished) > 1 else "this format"
+        claims.append(
+            f"{', '.join(unpublished)}: no published run of {which}; all {found['all']['runs']} published quantized "
+            f"runs: {said(found['all'])}"
+        )
     return "; ".join(claims) + " (benchmarks/results/calibration_quantized.md)"
 
 
