@@ -1,9 +1,14 @@
 """Fit the multi-GPU communication's cost on published runs and test it held out a source at a time.
 
-Each run of benchmarks/published_parallel.yaml not marked `excluded` is asked of `diffmeter profile MODEL --gpu GPU
---json` with its degrees: one GPU's share of the work (counted as diffusers splits it), the bytes it receives and
-the calls it makes per kind of collective, and the link between the cards (NVLink or PCIe, with its source). The
-communication is then priced by three physical parameters (``predict.parallel.CommunicationFit``):
+Each run of benchmarks/published_parallel.yaml not marked `excluded` is predicted as `diffmeter profile MODEL --gpu GPU
+--json` with its degrees would (``published_groups.CountedRun``, in this process): one GPU's share of the work
+(counted as diffusers splits it), the bytes it receives and the calls it makes per kind of collective, and the link
+between the cards (NVLink or PCIe, with its source). Its compute is timed by the eager calibration refitted without
+its source (every published eager run of the harness its source's ``eager_source`` names left out, as
+benchmarks/calibrate_techniques.py and calibrate_caches.py do: xDiT's and cache-dit's one-GPU rows are in the shipped
+fit), one refit per held-out source; the shipped calibration's figures (what `profile` prints) are kept for the fit
+on every source and an in-sample row. The communication is then priced by three physical parameters
+(``predict.parallel.CommunicationFit``):
 
 - ``bandwidth_fraction``: the share of the link's datasheet rate per direction the collectives achieve;
 - ``latency_s``: what each collective costs whatever its size (launch, the ranks waiting on each other);
@@ -15,14 +20,14 @@ communication is then priced by three physical parameters (``predict.parallel.Co
 and added to the denoising stage as ``predict.parallel.with_communication`` adds it (the stage the longer of the
 GPU's time with the communication and the host's with its issue). The parameters are fitted by a grid search
 minimising the squared log error of the range's midpoint; held out a source at a time, each source's runs are
-predicted by the fit on the others. The fit on every source is written to
-src/diffmeter/predict/data/parallel_communication.json (profile --gpu uses it only where, held out a source at a
-time, it does better than the datasheet rate alone: `used`), the report to
-benchmarks/results/calibration_parallel.md and every run, excluded ones with their reason, to
+predicted by the fit on the others, every run's compute (the others' too) timed by the eager fit without that
+source. The fit on every source is written to src/diffmeter/predict/data/parallel_communication.json (profile
+--gpu uses it only where, held out a source at a time, it does better than the datasheet rate alone: `used`), the
+report to benchmarks/results/calibration_parallel.md and every run, excluded ones with their reason, to
 benchmarks/results/calibration_parallel.json.
 
-Run from the repo root:  python benchmarks/calibrate_parallel.py   (about a minute per run, cold; --reuse refits the
-counted figures stored in calibration_parallel.json without asking profile again)
+Run from the repo root:  python benchmarks/calibrate_parallel.py   (about a minute per run and ten for the eager runs,
+cold; --reuse refits the figures stored in calibration_parallel.json without counting again)
 """
 
 from __future__ import annotations
@@ -31,12 +36,13 @@ import itertools
 import json
 import math
 import statistics
-import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
+from calibrate_techniques import eager_runs, fits_without
+from published_groups import CountedRun, without
 
 from diffmeter.predict.parallel import COMMUNICATION_FIT, CommunicationFit, Link, communication_seconds
 
@@ -51,39 +57,6 @@ LATENCIES = [0, 5e-6, 10e-6, 20e-6, 40e-6, 60e-6, 80e-6, 100e-6, 150e-6, 200e-6,
 OVERLAPS = [round(0.1 * k, 1) for k in range(10)]
 HOST_COSTS = [0, 25e-6, 50e-6, 100e-6, 150e-6, 200e-6, 300e-6, 400e-6, 500e-6, 600e-6, 800e-6, 1000e-6]
 DATASHEET = None  # the uncalibrated model: the datasheet rate, no latency, no overlap
-
-
-def ask(run: dict) -> dict:
-    """`profile --gpu --json` for one run."""
-    command = ["diffmeter", "profile", run["model"], "--gpu", run["gpu"], "--steps", str(run["steps"]),
-               "--height", str(run["height"]), "--width", str(run["width"]), "--json"]  # fmt: skip
-    for flag in ("ulysses", "ring", "cfg", "tp"):
-        if run.get(flag, 1) > 1:
-            command += [f"--{flag}-degree", str(run[flag])]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-    if done.returncode:
-        raise SystemExit(f"{run['id']}: {' '.join(command)} failed: {done.stderr.strip().splitlines()[-1]}")
-    return json.loads(done.stdout)
-
-
-def base(found: dict) -> dict:
-    """What a run's prediction is without its communication: the denoising stage's GPU, host and lower bound, the
-    whole generation's range, and the communication's figures to price."""
-    time, group = found["time"], found.get("parallel")
-    (stage,) = [s for s in time["stages"] if s["stage"] == "denoising"]
-    reported = (group or {}).get("communication_s") or 0.0
-    issued = (group or {}).get("communication_host_s") or 0.0
-    gpu, host = stage["gpu_s"] or stage["expected_s"], stage["host_s"]
-    return {
-        "gpu": (gpu[0] - reported, gpu[1] - reported),
-        "host": (host[0] - issued, host[1] - issued) if host else None,
-        "lower": stage["lower_s"] - reported,
-        "stage": tuple(stage["expected_s"]),
-        "total": tuple(time["expected_s"]),
-        "received": (group or {}).get("received_by_collective", {}),
-        "calls": (group or {}).get("calls_by_collective", {}),
-        "link": group["link"] if group and group.get("link") else None,
-    }
 
 
 def predicted(figures: dict, fit: CommunicationFit | None) -> tuple[float, float]:
@@ -101,14 +74,20 @@ def error(rng: tuple[float, float], seconds: float) -> float:
     return math.sqrt(rng[0] * rng[1]) / seconds - 1  # the range's midpoint (geometric) against the published
 
 
-def fitted(rows: list[dict]) -> CommunicationFit:
-    """The grid point with the least squared log error of the midpoints over ``rows`` (ties: the datasheet's side)."""
+def figures_of(run: dict, harness: str | None) -> dict:
+    """The run's figures with its compute timed by the eager fit without ``harness`` (None: the shipped fit)."""
+    return run["figures"] if harness is None else run["figures_without"][harness]
+
+
+def fitted(rows: list[dict], harness: str | None = None) -> CommunicationFit:
+    """The grid point with the least squared log error of the midpoints over ``rows``, their compute timed by the
+    eager fit without ``harness`` (``figures_of``; ties: the datasheet's side)."""
     best, chosen = math.inf, None
     grid = itertools.product(reversed(FRACTIONS), LATENCIES, OVERLAPS, HOST_COSTS)
     for fraction, latency, overlap, host in grid:
         fit = CommunicationFit(bandwidth_fraction=fraction, latency_s=latency, ring_overlap=overlap,
                                host_s_per_collective=host)  # fmt: skip
-        loss = sum(math.log1p(error(predicted(row["figures"], fit), row["seconds"])) ** 2 for row in rows)
+        loss = sum(math.log1p(error(predicted(figures_of(row, harness), fit), row["seconds"])) ** 2 for row in rows)
         if loss < best - 1e-12:
             best, chosen = loss, fit
     return chosen
@@ -134,7 +113,12 @@ def claim(parallel: list[dict], used: bool) -> str:
     found = summary(parallel, key)
     misses = [run for run in parallel if not run[key][0] <= run["seconds"] <= run[key][1]]
     fast = sum(run["seconds"] > run[key][1] for run in misses)
-    how = "the communication fit, held out a source at a time" if used else "the link's datasheet rate, no fit on them"
+    how = (
+        "the communication fit, held out a source at a time"
+        if used
+        else "the link's datasheet rate, no fit on them; each run's compute by the eager calibration refitted without "
+        "its source"
+    )
     return (
         f"the multi-GPU range ({how}): {found['inside']} of {found['runs']} published multi-GPU runs "
         f"({found['coverage']:.0%}) inside, midpoint median error {found['median_error']:.1%}; "
@@ -143,32 +127,59 @@ def claim(parallel: list[dict], used: bool) -> str:
     )
 
 
+def counted(asked: list[dict], stored: dict[str, dict], eager_of=eager_runs) -> None:
+    """Each run's figures (``figures``: under the shipped eager calibration; ``figures_without``: under the one
+    refitted without each source's harness, ``eager_of()``'s runs of every other harness), counted once per run, the
+    eager fit made once per harness; or the ones ``stored`` (--reuse)."""
+    harnesses = sorted({run["harness"] for run in asked})
+    eager, fits = None, {}
+    for number, run in enumerate(asked, 1):
+        print(f"[{number}/{len(asked)}] {run['id']}", file=sys.stderr, flush=True)
+        kept = stored.get(run["id"], {})
+        if kept.get("figures") and set(kept.get("figures_without") or {}) == set(harnesses):
+            run["figures"], run["figures_without"] = kept["figures"], kept["figures_without"]
+            continue
+        if eager is None:  # every published eager run, and their fit without each harness
+            eager = eager_of()
+            if missing := set(harnesses) - {r.source for r in eager}:
+                raise SystemExit(f"eager_source {', '.join(sorted(missing))}: no published eager run of that harness")
+            fits = fits_without(eager, harnesses)
+        found = CountedRun(run)
+        run["figures"] = found.figures(None)
+        run["figures_without"] = {
+            harness: found.figures(
+                without(fits[harness], [r for r in eager if r.source != harness], found.device.architecture, harness)
+            )
+            for harness in harnesses
+        }
+
+
 def main() -> None:
     data = yaml.safe_load(PUBLISHED.read_text())
     runs = data["runs"]
     asked = [run for run in runs if not run.get("excluded")]
-    stored = {row["id"]: row.get("figures") for row in json.loads(RUNS.read_text())} if "--reuse" in sys.argv else {}
-    for number, run in enumerate(asked, 1):
-        print(f"[{number}/{len(asked)}] {run['id']}", file=sys.stderr, flush=True)
-        run["figures"] = stored.get(run["id"]) or base(ask(run))
-        run["source_name"] = run["source"]["title"]
+    stored = {row["id"]: row for row in json.loads(RUNS.read_text())} if "--reuse" in sys.argv else {}
+    for run in asked:
+        run["source_name"], run["harness"] = run["source"]["title"], run["source"]["eager_source"]
+    counted(asked, stored)
     write_runs(runs)  # the counted figures kept before fitting: --reuse refits them
     parallel = [run for run in asked if run["figures"]["link"] is not None]
-    for run in parallel:
-        run["datasheet"] = predicted(run["figures"], DATASHEET)
-    sources = sorted({run["source_name"] for run in parallel})
-    for source in sources:
-        fit = fitted([run for run in parallel if run["source_name"] != source])
+    for run in parallel:  # the datasheet rate on the compute held out with the run's source, and on the shipped
+        run["datasheet"] = predicted(figures_of(run, run["harness"]), DATASHEET)
+        run["shipped_datasheet"] = predicted(run["figures"], DATASHEET)
+    for harness in sorted({run["harness"] for run in parallel}):
+        fit = fitted([run for run in parallel if run["harness"] != harness], harness)
         for run in parallel:
-            if run["source_name"] == source:
-                run["held_out"], run["held_out_fit"] = predicted(run["figures"], fit), fit.model_dump()
+            if run["harness"] == harness:
+                run["held_out"], run["held_out_fit"] = predicted(figures_of(run, harness), fit), fit.model_dump()
     for run in parallel:  # a run at a time, for comparison: what its own source's other runs add
-        run["run_held_out"] = predicted(run["figures"], fitted([other for other in parallel if other is not run]))
+        others = [other for other in parallel if other is not run]
+        run["run_held_out"] = predicted(figures_of(run, run["harness"]), fitted(others, run["harness"]))
     whole = fitted(parallel)
     for run in parallel:
         run["in_sample"] = predicted(run["figures"], whole)
-    keys = ("datasheet", "held_out", "run_held_out", "in_sample")
-    before, held, alone, within = (summary(parallel, key) for key in keys)
+    keys = ("datasheet", "held_out", "run_held_out", "in_sample", "shipped_datasheet")
+    before, held, alone, within, shipped = (summary(parallel, key) for key in keys)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     said = (
         f"held out a source at a time: {held['inside']} of {held['runs']} published multi-GPU runs inside their "
@@ -181,7 +192,7 @@ def main() -> None:
     whole = whole.model_copy(update={"held_out": said, "used": used, "claim": claim(parallel, used)})
     COMMUNICATION_FIT.write_text(whole.model_dump_json(indent=2) + "\n")
     write_runs(runs)
-    write_report(runs, parallel, (before, held, alone, within), whole, stamp)
+    write_report(runs, parallel, (before, held, alone, within, shipped), whole, stamp)
     print(REPORT.read_text())
 
 
@@ -198,12 +209,13 @@ def write_runs(runs: list[dict]) -> None:
 
 def host_range(run: dict) -> str:
     """The host's issue time of the denoising stage predicted for diffusers' layers, before the communication."""
-    host = run["figures"]["host"]
+    host = figures_of(run, run["harness"])["host"]
     return f"{host[0]:.2f}-{host[1]:.2f} s" if host else "-"
 
 
 def by_source(parallel: list[dict]) -> list[str]:
-    """The datasheet rate's coverage per source (nothing in it is fitted on these runs)."""
+    """The datasheet rate's coverage per source (nothing in it fitted on the source's runs: no communication fit,
+    the eager calibration refitted without the source)."""
     lines = []
     for source in sorted({run["source_name"] for run in parallel}):
         mine = summary([run for run in parallel if run["source_name"] == source], "datasheet")
@@ -215,18 +227,23 @@ def by_source(parallel: list[dict]) -> list[str]:
 
 
 def write_report(runs, parallel, stats, whole: CommunicationFit, stamp: str) -> None:
-    before, held, alone, within = stats
+    before, held, alone, within, shipped = stats
     lines = [
         "# Multi-GPU communication calibrated on published runs",
         "",
         f"`python benchmarks/calibrate_parallel.py`, {stamp}. Runs: benchmarks/published_parallel.yaml; every run "
-        "with its figures and each excluded run's reason (`excluded`): calibration_parallel.json.",
+        "with its figures and each excluded run's reason (`excluded`): calibration_parallel.json. Each run's compute "
+        "is timed by the eager calibration refitted without its source (every published eager run of the harness the "
+        "source's `eager_source` names left out: xDiT's and cache-dit's one-GPU rows are in the shipped fit), and "
+        "each held-out communication fit is made on the other sources' runs timed by that same refit; the in-sample "
+        "rows time every run by the shipped calibration, as `profile --gpu` does.",
         "",
         "| | runs | inside their range | midpoint median error | hi/lo (median) |",
         "|---|---|---|---|---|",
     ]
     named = [("datasheet rate (before)", before), ("held out a source at a time", held),
-             ("held out a run at a time", alone), ("in sample (the fit on every source)", within)]  # fmt: skip
+             ("held out a run at a time", alone), ("in sample (the fit on every source)", within),
+             ("datasheet rate, in sample (the shipped eager calibration)", shipped)]  # fmt: skip
     for name, found in named:
         lines.append(
             f"| {name} | {found['runs']} | {found['inside']} ({found['coverage']:.0%}) | {found['median_error']:.1%} | "
@@ -264,7 +281,8 @@ def write_report(runs, parallel, stats, whole: CommunicationFit, stamp: str) -> 
         "they cannot test it: held out, a fit on them cannot raise the xDiT rows, and a fit on xDiT "
         "alone is tested by nothing. The term stays out, and the datasheet rate stays the prediction.",
         "",
-        "| run | GPUs | published | datasheet rate | host (diffusers' layers) | held out (fit: fraction, latency, "
+        "| run | GPUs | published | datasheet rate (eager fit without the source) | host (diffusers' layers) | "
+        "held out (fit: fraction, latency, "
         "overlap, host) | inside | error |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -282,11 +300,13 @@ def write_report(runs, parallel, stats, whole: CommunicationFit, stamp: str) -> 
         )
     ones = [run for run in runs if "figures" in run and run not in parallel]
     if ones:
-        lines += ["", "One GPU, the same sources (no communication: the eager range of calibrate_published.py):", ""]
+        lines += ["", "One GPU, the same sources (no communication: the eager range, refitted without the source; in "
+                  "sample, the shipped calibration's of calibrate_published.py):", ""]  # fmt: skip
         for run in ones:
-            rng = run["figures"]["total"]
+            rng, own = figures_of(run, run["harness"])["total"], run["figures"]["total"]
             lines.append(f"- {run['id']}: {run['seconds']:g} s published, {rng[0]:.2f}-{rng[1]:.2f} s predicted "
-                         f"({error(rng, run['seconds']):+.1%})")  # fmt: skip
+                         f"({error(rng, run['seconds']):+.1%}); in sample {own[0]:.2f}-{own[1]:.2f} s "
+                         f"({error(own, run['seconds']):+.1%})")  # fmt: skip
     lines += ["", "Excluded (not predicted, not counted):", ""]
     lines += [f"- {run['id']}: {run['excluded']}" for run in runs if run.get("excluded")]
     REPORT.write_text("\n".join(lines) + "\n")
