@@ -253,3 +253,42 @@ def test_a_stack_is_put_in_its_torch_era_and_an_unstated_one_in_none():
         REFERENCE_ERA,
     ]
     assert era_of({}) == era_of({"attention": "sdpa"}) == ""
+
+
+def test_a_borrowed_range_is_tested_widened_as_a_card_gets_it_and_never_by_its_own_runs():
+    """``widened_test``: each borrowing architecture's runs under its lender's calibration, fitted without them and
+    widened by ``calibration.borrowed`` by a factor measured without them: scaling the architecture's published
+    times moves none of its ranges (the in-sample factor, ``borrowed_test`` of every architecture, does move), and
+    each range holds the unwidened one about the same midpoint."""
+    from diffmeter.predict.fit_holdout import borrowed_test, borrowed_width, calibrated_range, widened_test
+
+    def made_runs(blackwell_scale: float) -> list[PublishedRun]:
+        runs = [made(MADE, f"s{i % 3}", i) for i in range(24)]
+        runs += [made({**MADE, "matmul": 1.4}, f"s{i % 3}", i + 1, architecture="blackwell") for i in range(24)]
+        runs += [
+            made({g: 1.3 * a for g, a in MADE.items()}, f"s{i % 3}", i + 2, architecture="ampere") for i in range(24)
+        ]
+        return [
+            dataclasses.replace(run, published_s=run.published_s * blackwell_scale)
+            if run.architecture == "blackwell"
+            else run
+            for run in runs
+        ]
+
+    shipped = {"hopper", "blackwell", "ampere"}
+    runs, slower = made_runs(1.0), made_runs(1.5)
+    held, moved = widened_test(runs, shipped), widened_test(slower, shipped)
+    assert {h.run.architecture for h in held} == {"blackwell", "ampere"}  # hopper has no neighbour to borrow
+    for a, b in zip(held, moved, strict=True):
+        if a.run.architecture == "blackwell":
+            assert (a.low, a.high) == pytest.approx((b.low, b.high), rel=1e-9)
+    in_sample = [borrowed_width(borrowed_test(r, shipped), 1.0) for r in (runs, slower)]
+    assert in_sample[0] != pytest.approx(in_sample[1], rel=1e-3)
+    plain = {h.run.id + h.run.architecture: h for h in borrowed_test(runs, shipped)}
+    for h in held:
+        unwidened = plain[h.run.id + h.run.architecture]
+        assert h.low <= unwidened.low * (1 + 1e-9) and h.high >= unwidened.high * (1 - 1e-9)
+    found = fit(runs)  # the range a calibration gives a run is the fit's, as ``roofline.predict_time`` applies it
+    calibration = as_calibration(found, "hopper", "test", runs)
+    hopper = [run for run in runs if run.architecture == "hopper"]
+    assert calibrated_range(hopper[1], calibration) == pytest.approx(found.range(hopper[1]), rel=1e-6)

@@ -75,3 +75,36 @@ def test_formats_without_published_runs_share_one_clause():
     assert said.count(f"all {stored['all']['runs']} published quantized runs") == 1
     assert f"{', '.join(unpublished)}: no published run of these formats; all " in said
     assert said.startswith("quanto:int8: its published runs held out by source")
+
+
+def test_a_borrowed_calibration_claims_the_widened_held_out_figure_not_its_lenders(cli):
+    """A T4 (Turing: no fit of its own) is timed with Ampere's calibration widened: it printed Ampere's own held-out
+    figure. It claims the committed held-out test of a borrowed, widened range instead, in `profile --gpu`, `fit`
+    and (through the same calibration) a bench run's stored prediction."""
+    from diffmeter.predict.calibration import calibration_for, calibrations
+    from diffmeter.predict.devices import named_gpu
+
+    ampere = calibrations()["cuda:ampere"]
+    claim, lenders = ampere.borrowed_held_out, ampere.held_out
+    assert ampere.source.endswith(f"; {lenders}") and claim and lenders not in claim
+    inside, runs, error = held_out("calibration_published.md", "Each architecture predicted by its neighbour's calibr")
+    assert f": {runs} runs ({inside}) inside their range, midpoint median error {error}," in claim
+    own = ampere.borrowed_held_out_by["turing"]  # Turing's own runs in that test, as the page's row has them
+    row = re.search(
+        r"^\| turing \| (\d+) \| (\d+%) \| ([\d.]+%) \|", (RESULTS / "calibration_published.md").read_text(), re.M
+    )
+    assert (
+        own.startswith(f"turing's own {row[1]} runs in that test: ")
+        and f"({row[2]}), midpoint median error {row[3]}" in own
+    )
+    t4 = calibration_for(named_gpu("T4"))
+    assert t4.held_out == f"{claim}; {own}" and t4.source.endswith(t4.held_out) and lenders not in t4.source
+    assert "borrowed for turing (T4) from ampere" in t4.source
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "t4", "--json")
+    said = json.loads(out)["time"]["calibration"]
+    assert code == 0 and claim in said and lenders not in said
+    code, out, _ = cli("fit", "tiny-sd", "--gpu", "t4", "--json", "--steps", "2")
+    eager = json.loads(out)["held_out"][0]
+    assert code == 0 and eager.startswith("the eager range: ") and claim in eager and lenders not in eager
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "a100")  # Ampere's own card keeps Ampere's own figure
+    assert code == 0 and lenders in " ".join(out.split()) and claim not in " ".join(out.split())

@@ -41,9 +41,17 @@ class Calibration(BaseModel):
     idle_power_fraction: float | None = None
     #: the host's cost of issuing the work (CUDA calibrations: ``host_time``); None: no host term (a CPU)
     host: HostCalibration | None = None
+    #: the held-out figure of this calibration's own range, as its ``source`` ends with it
+    held_out: str | None = None
     #: the factor a borrowing architecture's range is widened by: the error measured when each architecture was
     #: predicted by its neighbour's fit, fitted without it (``benchmarks/calibrate_published.py``)
     borrowed_width: float | None = None
+    #: the held-out figure of a borrowed range, widened as ``borrowed`` widens it: what a borrower's source claims
+    #: in place of ``held_out`` (``fit_holdout.widened_test``)
+    borrowed_held_out: str | None = None
+    #: that test's figure on one architecture's own runs, per architecture that has published runs: a borrower of
+    #: that architecture says it beside the pooled one
+    borrowed_held_out_by: dict[str, str] | None = None
     #: the measured peaks the fractions are of, when the fit was made (a CPU's: TFLOP/s per ``Device.tflops`` key;
     #: its copy rate is named in ``source``): each fraction applies to the same peak measured on the machine
     #: predicted (``fitted_units``)
@@ -115,24 +123,34 @@ def calibration_for(device: Device) -> Calibration | None:
     if (own := shipped.get(f"cuda:{device.architecture}")) is not None:
         return own
     lender = next((a for a in neighbours_of(device.architecture) if f"cuda:{a}" in shipped), None)
-    return borrowed(shipped[f"cuda:{lender}"], device, lender) if lender else None
+    return borrowed(shipped[f"cuda:{lender}"], lender, device.architecture, device.name) if lender else None
 
 
-def borrowed(found: Calibration, device: Device, lender: str) -> Calibration:
-    """``lender``'s calibration for ``device``, its range widened by the error measured when each architecture was
-    predicted by its neighbour's fit (``Calibration.borrowed_width``), said in its source."""
+def borrowed(found: Calibration, lender: str, architecture: str | None, card: str = "") -> Calibration:
+    """``lender``'s calibration for ``architecture`` (on ``card``), its range widened by the error measured when
+    each architecture was predicted by its neighbour's fit (``Calibration.borrowed_width``), said in its source with
+    the held-out figure of such a widened range (``borrowed_held_out``, and the architecture's own runs' where it has
+    some, ``borrowed_held_out_by``) in place of the lender's own."""
+    borrower = f"{architecture} ({card})" if card else str(architecture)
     width = found.borrowed_width or 1.0
 
     def wider(pair):
         return (pair[0] / width, pair[1] * width)
 
-    source = f"{found.source}; borrowed for {device.architecture} ({device.name}) from {lender}" + (
+    fitted = found.source.removesuffix(f"; {found.held_out}") if found.held_out else found.source
+    source = f"{fitted}; borrowed for {borrower} from {lender}" + (
         f", its range widened {width:.2f}x (the error of an architecture predicted by its neighbour's fit)"
         if found.borrowed_width
         else ""
     )
+    claim = found.borrowed_held_out
+    if claim and (own := (found.borrowed_held_out_by or {}).get(architecture)):
+        claim = f"{claim}; {own}"
+    if claim:  # in place of the lender's own figure
+        source += f"; {claim}"
     update = {
         "source": source,
+        "held_out": claim,
         "fractions": {kind: wider(pair) for kind, pair in found.fractions.items()},
         "overhead_s": wider(found.overhead_s),
         "score_s": wider(found.score_s) if found.score_s else None,

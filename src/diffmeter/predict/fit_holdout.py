@@ -1,12 +1,17 @@
 """The held-out test of the published fit (``fit_published``): each source's runs, or an architecture's model where
-one source measured it alone, predicted by the fit of every other run; and the summary every claim quotes."""
+one source measured it alone, predicted by the fit of every other run; an architecture's runs predicted by its
+neighbour's fit, fitted without it, as borrowed and widened (``calibration.borrowed``); and the summary every claim
+quotes."""
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
 
-from diffmeter.predict.fit_published import PublishedRun, fit
+from diffmeter.predict.calibration import Calibration, borrowed
+from diffmeter.predict.fit_published import LEAST_INSIDE, PublishedRun, as_calibration, covering, fit, lender_of
+from diffmeter.predict.host_time import ISSUED
+from diffmeter.predict.roofline import at_least, expected_s, overlapped
 
 
 @dataclass(frozen=True)
@@ -67,3 +72,74 @@ def summary(held: list) -> dict[str, float]:
         "median_error": statistics.median(abs(h.error) for h in held),
         "median_width": statistics.median(h.high / h.low for h in held),
     }
+
+
+def borrowed_test(runs: list[PublishedRun], shipped: set[str], without: frozenset[str] = frozenset()) -> list[HeldOut]:
+    """Each architecture (but those ``without``) with a neighbour in ``shipped`` to borrow, its runs predicted by that
+    neighbour's GPU fit, unwidened, fitted without the architecture's runs (and ``without``'s): the error a card
+    without a fit of its own sees."""
+    held = []
+    for architecture in sorted({run.architecture for run in runs} - without):
+        lender = lender_of(architecture, shipped - without - {architecture})
+        if lender is None:
+            continue
+        others = fit([run for run in runs if run.architecture not in without | {architecture}])
+        gpu = others.gpus[lender]
+        held += [
+            HeldOut(run, others.midpoint(run, gpu), *others.range(run, gpu))
+            for run in runs
+            if run.architecture == architecture
+        ]
+    return held
+
+
+def borrowed_width(held: list[HeldOut], width: float) -> float:
+    """The factor a borrowed range (the lender's factor ``width``) is widened by: to hold ``LEAST_INSIDE`` of the
+    ``borrowed_test`` runs ``held``, never narrowed."""
+    return max(1.0, covering([h.midpoint / h.run.published_s for h in held], LEAST_INSIDE) / width)
+
+
+def calibrated_range(run: PublishedRun, calibration: Calibration) -> tuple[float, float]:
+    """``run``'s expected range under ``calibration`` as ``roofline.predict_time`` computes it: per stage the GPU's
+    range (``expected_s``) and the host's, the longer at each end (``overlapped``), never under the stage's eager
+    bound (``at_least``), plus the pipeline call's own."""
+    low = high = 0.0
+    host = calibration.host
+    for stage in run.stages.values():
+        kinds = {kind: [seconds, 1] for kind, seconds in stage.bounds.items()}
+        gpu = expected_s(kinds, stage.kernels, calibration, stage.scores)
+        issued = (
+            tuple(
+                sum(getattr(host, term)[end] * getattr(stage, count) for term, count in ISSUED.items())
+                for end in (0, 1)
+            )
+            if host
+            else None
+        )
+        stage_low, stage_high = at_least(overlapped(gpu, issued), sum(stage.bounds.values()))
+        low, high = low + stage_low, high + stage_high
+    if host and run.whole_call:
+        low, high = low + host.call_s[0], high + host.call_s[1]
+    return low, high
+
+
+def widened_test(runs: list[PublishedRun], shipped: set[str]) -> list[HeldOut]:
+    """What a card that borrows sees, held out: each architecture with a neighbour in ``shipped``, its runs under
+    that neighbour's calibration fitted without them, widened by ``calibration.borrowed`` by a factor measured
+    without them too (``borrowed_test`` of the other architectures, each fitted without both); the midpoint is the
+    range's geometric middle."""
+    held = []
+    for architecture in sorted({run.architecture for run in runs}):
+        lender = lender_of(architecture, shipped - {architecture})
+        if lender is None:
+            continue
+        others = [run for run in runs if run.architecture != architecture]
+        found = fit(others)
+        width = borrowed_width(borrowed_test(runs, shipped, frozenset({architecture})), found.gpus[lender].width)
+        lent = as_calibration(found, lender, "", others).model_copy(update={"borrowed_width": width})
+        calibration = borrowed(lent, lender, architecture)
+        for run in runs:
+            if run.architecture == architecture:
+                low, high = calibrated_range(run, calibration)
+                held.append(HeldOut(run, (low * high) ** 0.5, low, high))
+    return held
