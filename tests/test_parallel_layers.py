@@ -1,6 +1,7 @@
 """The parallel layers composed on one model, over gloo on CPU: CFG parallelism (the two halves of each guided
 step on two ranks; for pipelines that batch CFG and for those that call the denoiser twice, FLUX.1's true CFG
-included; alone and with Ulysses) and tensor parallelism (each rank holding a shard of the denoiser)."""
+included; alone and with Ulysses) and tensor parallelism (each rank holding a shard of the denoiser); the
+communication counted offline (`profile --ulysses-degree`/`--cfg-degree`) against closed forms."""
 
 import json
 import subprocess
@@ -112,3 +113,31 @@ def test_offline_cfg_count_runs_a_denoiser_that_needs_its_meta_preparation(cli, 
     assert code == 0, err
     split = json.loads(out)["context_parallel_per_gpu_step"]
     assert split["bytes_received_per_step_per_gpu"] == split["cfg_bytes_per_step"] > 0
+
+
+def test_offline_ulysses_volume_matches_its_closed_form(cli):
+    """tiny-flux, 32 px, float32, Ulysses 2: each of its 1 + 1 blocks sends Q, K, V and the attention
+    output through an all-to-all (each rank keeps half of its 48 of 64 + 32 tokens x 2 heads x 16
+    channels), and the output projection's all-gather receives the other rank's 32 tokens x 16 channels."""
+    code, out, _ = cli("profile", "tiny-flux", "--ulysses-degree", "2", "--json")
+    split = json.loads(out)["context_parallel_per_gpu_step"]
+    tokens, channels, blocks, fp32 = 64 + 32, 2 * 16, 1 + 1, 4
+    per_block = 4 * (tokens // 2) * channels // 2 * fp32
+    assert code == 0 and split["bytes_received_per_step_per_gpu"] == blocks * per_block + 32 * 16 * fp32
+    assert split["collectives_per_denoiser_call"] == {"all_to_all_single": 8, "all_gather_into_tensor": 1}
+    assert split["flops_per_step_per_gpu"] * 2 == split["flops_per_step"]
+
+
+def test_offline_ulysses_volume_counts_the_text_tokens_asked(cli):
+    """--max-sequence-length reaches the offline count: tiny-flux with 16 text tokens (its default 32) sends 64 + 16
+    tokens through each all-to-all; the output projection's all-gather (image tokens only) is unchanged."""
+    code, out, _ = cli("profile", "tiny-flux", "--ulysses-degree", "2", "--max-sequence-length", "16", "--json")
+    split = json.loads(out)["context_parallel_per_gpu_step"]
+    tokens, channels, blocks, fp32 = 64 + 16, 2 * 16, 1 + 1, 4
+    per_block = 4 * (tokens // 2) * channels // 2 * fp32
+    assert code == 0 and split["bytes_received_per_step_per_gpu"] == blocks * per_block + 32 * 16 * fp32
+
+
+def test_profile_refuses_a_split_the_model_cannot_take(cli):
+    code, _, err = cli("profile", "tiny-sd", "--ulysses-degree", "2")
+    assert code == 2 and "no context-parallel plan" in err and len(err.strip().splitlines()) == 1

@@ -1,8 +1,7 @@
 """`diffmeter sweep`: expansion, refusals, the dry run, cells in their own processes (a cell that
 raises, one killed by a signal, one past its timeout), resume after the sweep is killed, the
-batch-size search, and the Ray executor on a local instance."""
+batch-size search (the Ray executor: test_sweep_ray.py)."""
 
-import importlib.util
 import json
 import random
 import signal
@@ -275,16 +274,6 @@ def is_cell_of(cmdline: list[str], out: Path) -> bool:
     return "diffmeter.sweep.cell" in cmdline and str(out) in cmdline
 
 
-def is_ray_cell(cmdline: list[str]) -> bool:
-    """Whether a process is a cell a Ray worker started: its out is the worker's scratch folder
-    (``ray_executor.run_on_node``); a local sweep's cell of another test beside this one has its parent in the
-    xdist worker, which must not be killed."""
-    if "diffmeter.sweep.cell" not in cmdline:
-        return False
-    _, out, _ = cmdline[cmdline.index("diffmeter.sweep.cell") + 1 :]  # NAME OUT PARENT_PID (sweep/cell.py)
-    return Path(out).name.startswith("diffmeter-cell-")
-
-
 @pytest.mark.slow
 def test_killing_the_sweep_at_a_random_moment_loses_and_duplicates_nothing(tmp_path):
     out = tmp_path / "out"
@@ -371,54 +360,6 @@ def test_batch_size_auto_doubles_until_out_of_memory_and_records_the_largest_tha
     limited = SweepFile(name="cap", axes={"model": ["tiny-sd"], "batch_size": ["auto"]}, fixed=FAST, batch_limit=2)
     (capped,) = run_sweep(limited, out, InProcessExecutor(out, fits=64)).cells
     assert capped.largest_batch == 2 and "raise batch_limit" in capped.reason
-
-
-@pytest.mark.slow
-def test_the_ray_executor_runs_cells_as_tasks_and_ships_results_back(tmp_path):
-    if importlib.util.find_spec("ray") is None:
-        pytest.skip("Ray is not installed (pip install 'diffmeter[ray]')")
-    from diffmeter.sweep.ray_executor import RayExecutor  # imports Ray past amdsmi's import-time failure
-
-    broken = corrupt_folder(tmp_path)
-    out = tmp_path / "out"
-    sweep = SweepFile(name="cluster", axes={"model": ["tiny-sd", str(broken)]}, fixed=FAST)
-    try:
-        executor = RayExecutor(out, "auto", num_cpus=2)
-        record = run_sweep(sweep, out, executor, here=False)
-        assert [cell.status for cell in record.cells] == ["done", "failed"]
-        assert "Ray cluster" in record.executor and all("pid" in cell.where for cell in record.cells)
-        runs = stored(out)
-        assert sorted(run["status"] for run in runs.values()) == ["complete", "failed"]
-        (complete,) = [name for name, run in runs.items() if run["status"] == "complete"]
-        assert read_result(out / complete).summary.iterations == 1 and (out / complete / "bench.log").is_file()
-        resumed = run_sweep(sweep, out, executor, here=False)
-        assert [cell.status for cell in resumed.cells] == ["skipped", "failed"]
-
-        killed = []
-
-        def kill_the_worker_once():  # a lost node, as far as one machine can show it: its worker dies mid-cell
-            deadline = time.monotonic() + 300
-            while not killed and time.monotonic() < deadline:
-                for process in psutil.process_iter(["cmdline"]):
-                    if is_ray_cell(process.info["cmdline"] or []):
-                        worker = process.parent()
-                        worker.kill()
-                        killed.append(worker.pid)
-                        return
-                time.sleep(0.05)
-
-        threading.Thread(target=kill_the_worker_once, daemon=True).start()
-        lost = SweepFile(name="lost", axes={"model": ["tiny-sd"], "steps": [2]}, fixed=FAST)
-        (cell,) = run_sweep(lost, out, executor, here=False).cells
-        assert killed and cell.status == "done" and str(killed[0]) not in cell.where  # rerun by another worker
-    finally:
-        sys.modules["ray"].shutdown()
-
-
-def test_ray_missing_is_one_line_naming_the_extra(tmp_path, cli, monkeypatch):
-    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
-    code, _, err = cli("sweep", "--model", "tiny-sd", "--steps", "1", "--out", tmp_path, "--ray", "auto")
-    assert code == 2 and "pip install 'diffmeter[ray]'" in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_sweep_whose_every_cell_is_refused_fails_and_suggests_nothing(tmp_path, cli):

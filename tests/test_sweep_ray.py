@@ -1,0 +1,74 @@
+"""`diffmeter sweep --ray`: cells as Ray tasks on a local instance, results shipped back, a lost worker's cell rerun,
+and Ray missing named as its extra."""
+
+import importlib.util
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from test_sweep import FAST, corrupt_folder, stored
+
+from diffmeter.runs.storage import read_result
+from diffmeter.sweep.file import SweepFile
+from diffmeter.sweep.run import run_sweep
+
+
+def is_ray_cell(cmdline: list[str]) -> bool:
+    """Whether a process is a cell a Ray worker started: its out is the worker's scratch folder
+    (``ray_executor.run_on_node``); a local sweep's cell of another test beside this one has its parent in the
+    xdist worker, which must not be killed."""
+    if "diffmeter.sweep.cell" not in cmdline:
+        return False
+    _, out, _ = cmdline[cmdline.index("diffmeter.sweep.cell") + 1 :]  # NAME OUT PARENT_PID (sweep/cell.py)
+    return Path(out).name.startswith("diffmeter-cell-")
+
+
+@pytest.mark.slow
+def test_the_ray_executor_runs_cells_as_tasks_and_ships_results_back(tmp_path):
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed (pip install 'diffmeter[ray]')")
+    from diffmeter.sweep.ray_executor import RayExecutor  # imports Ray past amdsmi's import-time failure
+
+    broken = corrupt_folder(tmp_path)
+    out = tmp_path / "out"
+    sweep = SweepFile(name="cluster", axes={"model": ["tiny-sd", str(broken)]}, fixed=FAST)
+    try:
+        executor = RayExecutor(out, "auto", num_cpus=2)
+        record = run_sweep(sweep, out, executor, here=False)
+        assert [cell.status for cell in record.cells] == ["done", "failed"]
+        assert "Ray cluster" in record.executor and all("pid" in cell.where for cell in record.cells)
+        runs = stored(out)
+        assert sorted(run["status"] for run in runs.values()) == ["complete", "failed"]
+        (complete,) = [name for name, run in runs.items() if run["status"] == "complete"]
+        assert read_result(out / complete).summary.iterations == 1 and (out / complete / "bench.log").is_file()
+        resumed = run_sweep(sweep, out, executor, here=False)
+        assert [cell.status for cell in resumed.cells] == ["skipped", "failed"]
+
+        killed = []
+
+        def kill_the_worker_once():  # a lost node, as far as one machine can show it: its worker dies mid-cell
+            deadline = time.monotonic() + 300
+            while not killed and time.monotonic() < deadline:
+                for process in psutil.process_iter(["cmdline"]):
+                    if is_ray_cell(process.info["cmdline"] or []):
+                        worker = process.parent()
+                        worker.kill()
+                        killed.append(worker.pid)
+                        return
+                time.sleep(0.05)
+
+        threading.Thread(target=kill_the_worker_once, daemon=True).start()
+        lost = SweepFile(name="lost", axes={"model": ["tiny-sd"], "steps": [2]}, fixed=FAST)
+        (cell,) = run_sweep(lost, out, executor, here=False).cells
+        assert killed and cell.status == "done" and str(killed[0]) not in cell.where  # rerun by another worker
+    finally:
+        sys.modules["ray"].shutdown()
+
+
+def test_ray_missing_is_one_line_naming_the_extra(tmp_path, cli, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    code, _, err = cli("sweep", "--model", "tiny-sd", "--steps", "1", "--out", tmp_path, "--ray", "auto")
+    assert code == 2 and "pip install 'diffmeter[ray]'" in err and len(err.strip().splitlines()) == 1
