@@ -284,8 +284,7 @@ def parallel_line(group) -> str:
     from diffmeter import units
     from diffmeter.predict.parallel import communication_fit
 
-    degrees = f"ulysses {group.ulysses_degree} x ring {group.ring_degree} x CFG {group.cfg_degree}"
-    degrees += f" x tensor parallel {group.tp_degree}" if group.tp_degree > 1 else ""
+    degrees = group.degrees_text()
     fit = communication_fit()
     how = (
         f"calibrated on published multi-GPU runs: {fit.held_out}"

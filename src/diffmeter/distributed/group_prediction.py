@@ -8,7 +8,7 @@ from __future__ import annotations
 from math import prod
 
 from diffmeter.distributed.rank_prediction import rank_calls
-from diffmeter.errors import DiffmeterError
+from diffmeter.predict.bench_prediction import no_prediction
 from diffmeter.predict.parallel import (
     LEFT_OUT,
     NOT_CALIBRATED,
@@ -44,8 +44,6 @@ def assumptions(ring: int, cfg: int, tp: int = 1) -> tuple[str, ...]:
 
 def parallel_left_out(group) -> list[str]:
     """What a parallel group's time leaves out: always ``LEFT_OUT``, and ``NOT_CALIBRATED`` without the fit."""
-    if group is None:
-        return []
     return [LEFT_OUT] if group.communication_calibrated else [NOT_CALIBRATED, LEFT_OUT]
 
 
@@ -86,8 +84,5 @@ def bench_split(spec, on_cuda: bool) -> tuple[RankSplit | None, str | None]:
         return None, "no prediction: a data-parallel group (each rank its own batches) is not modelled yet"
     try:
         return RankSplit(spec.profile_spec(), degrees, on_cuda), None
-    except DiffmeterError as error:
-        return None, f"no prediction: {error}"
     except Exception as error:  # noqa: BLE001 - the measured run goes on whatever the count meets
-        first = (str(error).strip().splitlines() or [""])[0]
-        return None, f"no prediction: {type(error).__name__}: {first}"
+        return None, no_prediction(error)

@@ -156,8 +156,13 @@ def predict_or_note(
     whatever goes wrong in it."""
     try:
         return predict_run(spec, optimizations, fp32_precision, group), None
-    except DiffmeterError as error:
-        return None, f"no prediction: {error}"
     except Exception as error:  # noqa: BLE001 - an unforeseen failure is recorded, the measurements kept
-        first = (str(error).strip().splitlines() or [""])[0]
-        return None, f"no prediction: {type(error).__name__}: {first}"
+        return None, no_prediction(error)
+
+
+def no_prediction(error: Exception) -> str:
+    """Why a run stores no prediction: a DiffmeterError's own line, else the error's type and first line."""
+    if isinstance(error, DiffmeterError):
+        return f"no prediction: {error}"
+    first = (str(error).strip().splitlines() or [""])[0]
+    return f"no prediction: {type(error).__name__}: {first}"

@@ -171,13 +171,11 @@ def extrapolated(technique: str, params: dict, rows, spec=None) -> str | None:
         side = "below" if threshold < low else "above"
         outside.append(f"threshold {threshold:g} {side} the published {low:g}-{high:g}")
     if spec is not None:
-        models = sorted({r["model"] for r in mine if r.get("model")})
+        models, steps, sizes = settings_of(mine)
         if models and spec.model not in models:
             outside.append(f"model {spec.model}, the published runs' {', '.join(models)}")
-        steps = sorted({r["steps"] for r in mine})
         if not steps[0] <= spec.steps <= steps[-1]:
             outside.append(f"{spec.steps} steps, the published {span(steps)}")
-        sizes = sorted({(r["height"], r["width"]) for r in mine})
         if (spec.height, spec.width) not in sizes:
             outside.append(f"{spec.height}x{spec.width} px, the published {', '.join(f'{h}x{w}' for h, w in sizes)}")
     return f"skipped share extrapolated: {'; '.join(outside)}" if outside else None
@@ -185,10 +183,14 @@ def extrapolated(technique: str, params: dict, rows, spec=None) -> str | None:
 
 def published_settings(technique: str, params: dict, rows) -> str:
     """The models, steps and sizes of the published runs the share is predicted from, as a phrase."""
-    mine = drift_rows(technique, params, rows)[0]
-    models = ", ".join(sorted({r["model"] for r in mine if r.get("model")}))
-    sizes = ", ".join(f"{h}x{w}" for h, w in sorted({(r["height"], r["width"]) for r in mine}))
-    return f"{models} at {span(sorted({r['steps'] for r in mine}))} steps, {sizes} px"
+    models, steps, sizes = settings_of(drift_rows(technique, params, rows)[0])
+    return f"{', '.join(models)} at {span(steps)} steps, {', '.join(f'{h}x{w}' for h, w in sizes)} px"
+
+
+def settings_of(rows) -> tuple[list[str], list[int], list[tuple[int, int]]]:
+    """The models (where named), step counts and (height, width) sizes of published ``rows``, each sorted."""
+    models = sorted({r["model"] for r in rows if r.get("model")})
+    return models, sorted({r["steps"] for r in rows}), sorted({(r["height"], r["width"]) for r in rows})
 
 
 def span(values: list[int]) -> str:

@@ -287,6 +287,11 @@ class ParallelPrediction(BaseModel):
     communication_calibrated: bool = False
     assumptions: list[str] = []
 
+    def degrees_text(self) -> str:
+        """ "ulysses 2 x ring 1 x CFG 1", with " x tensor parallel T" under tensor parallelism."""
+        degrees = f"ulysses {self.ulysses_degree} x ring {self.ring_degree} x CFG {self.cfg_degree}"
+        return degrees + (f" x tensor parallel {self.tp_degree}" if self.tp_degree > 1 else "")
+
 
 class RunPrediction(BaseModel):
     """What ``bench`` stores beside its measurements: the offline prediction for the run's settings

@@ -28,8 +28,7 @@ def stage_memory(result: BenchResult) -> list[str]:
 
 def group_line(group) -> str:
     """What a parallel run's prediction is of: one GPU of the group, and what it receives."""
-    degrees = f"ulysses {group.ulysses_degree} x ring {group.ring_degree} x CFG {group.cfg_degree}"
-    degrees += f" x tensor parallel {group.tp_degree}" if group.tp_degree > 1 else ""
+    degrees = group.degrees_text()
     over = (
         f"{group.communication_s:.3g} s over {group.link.name}"
         if group.communication_s is not None and group.link
