@@ -271,9 +271,14 @@ def run_rung(ladder, chunk, rung, current, below, cpu, out, journal, say):
 def stopped(journal: Journal, head: dict, group, started: float, why: str) -> None:
     """A rung stopped by its chunk's time limit, with its run's bench.log where the run had begun (kept beside)."""
     seconds = time.perf_counter() - started
-    kept = getattr(group, "copy", None)
-    log = {"log": str(kept)} if kept is not None and kept.exists() else {}
-    journal.add(head | {"status": "stopped", "seconds": seconds, "reason": f"{why} after {seconds:.0f} s"} | log)
+    reason, kept = f"{why} after {seconds:.0f} s", getattr(group, "copy", None)
+    if group.stored():  # the stop came while the run closed: its folder holds it, bench.log included
+        kept.unlink(missing_ok=True)
+        reason += ", after its run was stored (its figures not recorded: a resume runs it again)"
+        found = {"folder": str(group.final)}
+    else:
+        found = {"log": str(kept)} if kept is not None and kept.exists() else {}
+    journal.add(head | {"status": "stopped", "seconds": seconds, "reason": reason} | found)
 
 
 def figures(result, folder: Path, below, prediction: RungPrediction) -> dict:

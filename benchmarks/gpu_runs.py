@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from diffmeter.execute import bench as bench_group
 from diffmeter.runs.group import Alone
 from diffmeter.runs.lifecycle import MeasuredRun
 from diffmeter.runs.spec import BenchSpec
+from diffmeter.runs.storage import RESULTS as RESULTS_JSON
 from diffmeter.runs.storage import add_log_file
 
 CUDA = torch.cuda.is_available()
@@ -81,8 +83,16 @@ class KeptLog(Alone):
     limit's SIGTERM) or refused discards its staged folder, and that copy stays; a stored run's is removed."""
 
     def open(self, directory, requests):
+        self.final, self.opened = directory.final, time.time()
         self.copy = directory.final.parent / f"{directory.final.name}.log"
         return super().open(directory, requests)
+
+    def stored(self) -> bool:
+        """Whether this run stored its results (a stop can come after that, while the run closes its log)."""
+        if getattr(self, "final", None) is None:  # stopped before its folder was opened
+            return False
+        results = self.final / RESULTS_JSON
+        return results.exists() and results.stat().st_mtime >= self.opened - 1
 
     def copy_log(self, log) -> None:
         add_log_file(log, self.copy)

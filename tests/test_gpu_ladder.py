@@ -40,6 +40,8 @@ def test_the_self_test_climbs_tiny_flux_resumes_a_stopped_chunk_and_reruns_nothi
     for line in first:  # a rung stopped inside its run keeps that run's bench.log beside the run folders
         if line["kind"] == "rung" and line["status"] == "stopped" and "log" in line:
             assert "interrupted" in Path(line["log"]).read_text()
+        elif line["kind"] == "rung" and line["status"] == "stopped" and "folder" in line:  # stopped as it closed
+            assert "after its run was stored" in line["reason"] and (Path(line["folder"]) / "results.json").exists()
     finished = {line["rung"] for line in first if line["kind"] == "rung" and line["status"] == "complete"}
 
     resumed = ladder(tmp_path)
@@ -75,3 +77,24 @@ def test_the_self_test_climbs_tiny_flux_resumes_a_stopped_chunk_and_reruns_nothi
         and "chunk flux-2: finished" in again.stdout
     )
     assert records(tmp_path) == before  # nothing ran, nothing recorded
+
+
+def test_a_stop_that_comes_after_the_run_stored_names_its_folder_and_one_before_keeps_the_log(tmp_path):
+    from gpu_ladder_rungs import Journal, stopped
+    from gpu_runs import KeptLog
+
+    from diffmeter.runs.lifecycle import MeasuredRun
+    from diffmeter.runs.spec import BenchSpec
+
+    spec = BenchSpec(model="tiny-flux", device="cpu", steps=2, warmup=1, iterations=1, predict=False)
+    journal, head = Journal(tmp_path / "journal.jsonl"), {"kind": "rung", "rung": "eager"}
+    group = KeptLog()
+    _, folder = MeasuredRun(spec, tmp_path / "runs", force=True, group=group).run()
+    stopped(journal, head, group, 0.0, "signal 15")  # the stop arrives as the run closes, after it stored
+    assert journal.lines[-1]["folder"] == str(folder) and "log" not in journal.lines[-1]
+    assert "after its run was stored" in journal.lines[-1]["reason"] and not group.copy.exists()
+
+    group.opened += 60  # a later run into the same folder, stopped before it stored: the old results are not its own
+    group.copy.write_text("interrupted\n")
+    stopped(journal, head, group, 0.0, "signal 15")
+    assert journal.lines[-1]["log"] == str(group.copy) and "folder" not in journal.lines[-1]
