@@ -93,7 +93,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, tmp_path, monkeypa
     ("variable", "value", "message"),
     [
         ("DIFFMETER_COMPILE", "bogus", "DIFFMETER_COMPILE=bogus: compile: bad parameter mode"),
-        ("DIFFMETER_CACHE", "nonsense", "DIFFMETER_CACHE=nonsense: unknown optimization 'nonsense'"),
+        ("DIFFMETER_CACHE", "nonsense", "DIFFMETER_CACHE=nonsense: --cache nonsense: not a cache; the caches: "),
     ],
 )
 def test_a_refused_technique_set_by_a_variable_names_the_variable(cli, tmp_path, monkeypatch, variable, value, message):

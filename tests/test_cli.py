@@ -25,6 +25,16 @@ def test_profile_scaling_table_in_json_and_csv(cli):
     assert all(int(r["flops"]) == 2 * int(r["macs"]) for r in rows)
 
 
+def test_profile_csv_holds_the_denoiser_steps_its_table_shows(cli):
+    """SD 1.5's PNDM calls the denoiser once more than its steps: the table said so, the CSV had the steps alone."""
+    code, out, _ = cli("profile", "sd15", "--height", "64", "--steps", "2", "--json")
+    counted = json.loads(out)
+    code, out, _ = cli("profile", "sd15", "--height", "64", "--steps", "2", "--csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and counted["denoiser_steps"] != counted["steps"]
+    assert {(int(r["steps"]), int(r["denoiser_steps"])) for r in rows} == {(2, counted["denoiser_steps"])}
+
+
 def test_profile_table_names_units(cli):
     code, out, _ = cli("profile", "tiny-flux", "--depth", "1")
     assert code == 0 and "MACs" in out and "FLOPs" in out and "  .transformer_blocks" in out
@@ -84,6 +94,13 @@ def test_profile_all_leaves_out_the_models_that_refuse_the_settings(cli, monkeyp
         (["bench", "tiny-sd", "--steps", "abc"], "Invalid value for '--steps'"),
         (["bench", "tiny-sd", "--cache", "pab", "--cache", "taylorseer"], "--cache is given twice"),
         (["profile", "sd15", "--json", "--csv"], "pick one"),
+        # counted first, then refused without naming the flag; a bad format now first, in bench's words
+        (["profile", "tiny-flux", "--quantize", "bnb:nf4"], "--quantize bnb:nf4: techniques are predicted with --gpu"),
+        (["profile", "tiny-flux", "--quantize", "foo"], "--quantize 'foo': write BACKEND:TYPE"),
+        # --no-image on a text-to-image model passed silently; refused as --image-size is
+        (["profile", "tiny-sd", "--no-image"], "tiny-sd (StableDiffusionPipeline) generates from text alone and"),
+        (["bench", "tiny-sd", "--no-image"], "takes no input image: drop --no-image"),
+        (["fit", "tiny-sd", "--no-image", "--memory", "24GB"], "takes no input image: drop --no-image"),
         (["profile", "sd15", "--all"], "--all profiles every catalog model: drop sd15"),
         (["profile", "sd15", "--num-frames", "9"], "--num-frames is for video models"),
         (["profile", "flux-dev", "--prompt-tokens", "20"], "flux-dev pads every prompt to one length"),

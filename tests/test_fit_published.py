@@ -255,6 +255,19 @@ def test_a_stack_is_put_in_its_torch_era_and_an_unstated_one_in_none():
     assert era_of({}) == era_of({"attention": "sdpa"}) == ""
 
 
+def test_the_published_range_adds_the_pipeline_calls_own_work_only_to_a_time_of_the_whole_call():
+    """``calibrated_range`` ranges a run by ``roofline.predict_time``'s rule (``stage_range``, ``whole_range``): a
+    published time of the denoising alone holds no pipeline call's work outside the stages."""
+    from diffmeter.predict.fit_holdout import calibrated_range
+
+    runs = [made(MADE, f"s{i % 3}", i) for i in range(24)]
+    calibration = as_calibration(fit(runs), "hopper", "test", runs)
+    whole = calibrated_range(runs[1], calibration)
+    alone = calibrated_range(dataclasses.replace(runs[1], whole_call=False), calibration)
+    call = calibration.host.call_s
+    assert whole == pytest.approx((alone[0] + call[0], alone[1] + call[1]), rel=1e-12) and call[0] > 0
+
+
 def test_a_borrowed_range_is_tested_widened_as_a_card_gets_it_and_never_by_its_own_runs():
     """``widened_test``: each borrowing architecture's runs under its lender's calibration, fitted without them and
     widened by ``calibration.borrowed`` by a factor measured without them: scaling the architecture's published

@@ -15,11 +15,14 @@ from diffmeter.predict.offload_time import (
     MEMORY,
     OFFLOADS,
     call_order,
+    lower_s,
     model_offload_moves,
     moved_bytes,
     rates,
+    untimed_lower_s,
     why_untimed,
     with_offload,
+    with_transfer_bound,
 )
 from diffmeter.predict.operators import predict_memory_and_work
 from diffmeter.predict.roofline import predict_time
@@ -114,6 +117,17 @@ def test_group_offload_overlaps_its_transfers_with_the_compute(tiny_flux_on_l4, 
     found = with_offload(time, memory, ("offload-group",), gpu.host_link, gpu.host_link_bytes_per_s)
     slow = moved_bytes(memory, ("offload-group",)) / (gpu.host_link_bytes_per_s * 1e-6)
     assert found.offload.overlapped and found.expected_s == (max(time.expected_s[0], found.offload.transfer_s[0]), slow)
+
+
+def test_an_untimed_offloads_transfers_bound_a_setting_unless_a_cache_is_in_it(tiny_flux_on_l4):
+    """One rule for profile and fit (they decided it apart): a skipped call onloads only the blocks it runs."""
+    memory, time, gpu = tiny_flux_on_l4
+    chosen, rate = ("offload-group",), gpu.host_link_bytes_per_s
+    with_transfers = lower_s(time.lower_s, memory, chosen, rate)
+    assert untimed_lower_s(time.lower_s, memory, chosen, rate, ["compile"]) == with_transfers > time.lower_s
+    assert untimed_lower_s(time.lower_s, memory, chosen, rate, ["compile", "first-block-cache"]) == time.lower_s
+    assert with_transfer_bound(time, memory, chosen, gpu.host_link, rate, ("taylorseer",)) is time
+    assert with_transfer_bound(time, memory, chosen, gpu.host_link, rate).lower_s == with_transfers
 
 
 def test_a_mode_without_published_runs_or_a_card_without_a_link_is_left_out_with_why():

@@ -63,6 +63,9 @@ def test_lossless_technique_gives_identical_images_and_reuses_the_stored_baselin
         (["--compile-fullgraph"], "need --compile MODE"),
         (["--tf32"], "TF32 is an NVIDIA tensor-core mode"),
         (["--scheduler", "ddim", "--opt", "scheduler:name=euler"], "scheduler is asked for twice"),
+        # --cache took any technique's name (compile ran as one); now the registry's caches only
+        (["--cache", "compile"], "--cache compile: not a cache; the caches: "),
+        (["--cache", "sea-cache"], "sea-cache cannot be used with tiny-sd"),  # reached the model's check
     ],
 )
 def test_refusals_come_before_anything_is_loaded_or_written(cli, tmp_path, args, message):
@@ -103,6 +106,20 @@ def test_optimizations_lists_the_registry_and_why_not(cli):
     ]
     code, out, _ = cli("optimizations", "tiny-flux", "--device", "cpu")
     assert code == 0 and "first-block-cache" in out and "offloading moves weights" in out
+
+
+def test_a_wrong_cache_name_lists_the_registrys_caches(cli, tmp_path):
+    @register
+    class Skipping(Optimization):  # a cache registered at runtime is one --cache takes, with no list edited
+        name, kind, lossless, summary = "test-skipping", "cache", False, "skips everything"
+
+    try:
+        code, _, err = cli("bench", "tiny-sd", "--cache", "nope", "--out", tmp_path)
+        named = err.split("the caches: ")[1].split(" (")[0].split(", ")
+        assert code == 2 and {"sea-cache", "test-skipping", "deep-cache"} <= set(named)
+        assert "compile" not in named and "offload" not in named
+    finally:
+        del REGISTRY["test-skipping"]
 
 
 def test_the_matrix_is_computed_from_the_registry(cli):

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from diffmeter.errors import DiffmeterError
+from diffmeter.optimization_spec import OptimizationSpec
 from diffmeter.predict.devices import named_gpu, other_cards, spec_gpu
 from diffmeter.predict.peaks import PEAKS
 
@@ -80,6 +81,42 @@ def test_gpu_spec_reads_text_and_json():
 def test_bad_gpu_input_is_one_line(cli, args, message):
     code, _, err = cli("profile", "tiny-sd", *args)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("model", "flags", "message"),
+    [  # profile predicted sea-cache on a UNet and refused deep-cache in words of its own; bench's line now
+        ("tiny-sd", ["--opt", "sea-cache"], "sea-cache cannot be used with tiny-sd: UNet2DConditionModel has no"),
+        ("tiny-flux", ["--opt", "deep-cache"], "deep-cache cannot be used with tiny-flux: DeepCache caches Stable"),
+        ("tiny-sd", ["--fp8-text-encoder"], "fp8-text-encoder cannot be used with tiny-sd"),
+        ("tiny-flux", ["--opt", "pab", "--opt", "taylorseer"], "pab and taylorseer are both cache techniques"),
+    ],
+)
+def test_a_technique_bench_refuses_for_the_model_profile_refuses_in_the_same_line(cli, model, flags, message):
+    code, _, err = cli("profile", model, "--gpu", "h100", *flags)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_backend_whose_package_is_missing_here_is_still_predicted(cli):
+    """The predicted run's machine may have flash-attn: only what bench refuses for the model is refused."""
+    from diffmeter.optimize import Target, build, check
+    from diffmeter.optimize.base import importable
+
+    code, out, err = cli(
+        "profile", "tiny-flux", "--gpu", "h100", "--dtype", "bfloat16", "--opt", "attention:backend=flash"
+    )
+    assert code == 0, err
+    if not importable("flash_attn"):  # bench here: refused for the package alone, as would apply once installed
+        import torch
+
+        from diffmeter.catalog import resolve
+        from diffmeter.errors import MissingPackage
+        from diffmeter.families import get_family
+
+        entry = resolve("tiny-flux")
+        target = Target(entry, get_family(entry.family), torch.device("cuda"), "bfloat16", 2)
+        with pytest.raises(MissingPackage, match="attention would apply to tiny-flux, but Flash Attention"):
+            check(build([OptimizationSpec(name="attention", params={"backend": "flash"})]), target)
 
 
 def test_unknown_gpu_lists_the_table():

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from diffmeter import units
 from diffmeter.catalog import resolve
 from diffmeter.families import get_family
 from diffmeter.loading import load_pipeline
@@ -98,6 +99,16 @@ def test_fit_holds_back_the_cuda_context_and_lists_settings_and_json(cli):
     assert len(err.strip().splitlines()) == 1
     code, out, _ = cli("fit", "tiny-flux", "--memory", "80GB")
     assert code == 0 and "as is" in out and "1.28 GiB held back" in out
+
+
+def test_fit_shows_a_tiny_models_time_with_its_digits(cli):
+    """tiny-sd's bound on an H100 is a few microseconds: its column read 0.00 s/generation."""
+    code, out, _ = cli("fit", "tiny-sd", "--gpu", "h100", "--json")
+    fits = json.loads(out)["fits"]
+    code, table, _ = cli("fit", "tiny-sd", "--gpu", "h100")
+    assert code == 0 and all(0 < row["lower_s"] < 1e-3 for row in fits)
+    assert all(units.figure(row["lower_s"]) in table for row in fits) and " 0.00 " not in table
+    assert all(f"{units.figure(row['expected_s'][0])}-{units.figure(row['expected_s'][1])}" in table for row in fits)
 
 
 def test_fit_on_a_named_gpu_orders_settings_by_their_expected_time(cli):

@@ -83,6 +83,40 @@ def test_a_160_column_table_keeps_the_quality_of_an_optimization_and_drops_empty
     assert "J / image" not in shown and "MFU" not in shown  # a CPU study: no energy, no peak for MFU
 
 
+@pytest.mark.parametrize(("seconds", "said"), [(0.4, True), (0.5, False), (0.502, False)])
+def test_a_scaling_efficiency_over_100_percent_is_said_to_be_usually_noise_or_cache_effects(seconds, said):
+    """2.5x on 2 processes read "125% of 2 processes" with no word on it; 1.99x (100% to the percent) needs none."""
+    from diffmeter.distributed.scaling import line
+    from diffmeter.runs.parallel_records import SUPERLINEAR, Scaling, StageScaling
+
+    speedup = 1.0 / seconds
+    stage = StageScaling(
+        one_device_s_per_image=1.0, parallel_s_per_image=seconds, speedup=speedup, efficiency=speedup / 2
+    )
+    text = line(Scaling(processes=2, one_device_run="single", call=stage, denoising=stage))
+    assert f"{speedup:.2f}x = {speedup / 2:.0%} of 2 processes" in text and (SUPERLINEAR in text) == said
+
+
+def test_the_table_marks_a_superlinear_scaling_and_says_why_below(runs):
+    from rich.console import Console
+
+    from diffmeter.report.results_table import results_table
+    from diffmeter.runs.parallel_records import SUPERLINEAR
+
+    frame = diffmeter.load_results(runs / "study")
+    frame = frame[frame.status == "complete"].reset_index(drop=True)
+    parallel = {"processes": 2, "scaling_speedup": 2.5, "scaling_efficiency": 1.25, "scaling_verdict": "faster"}
+    for column, value in parallel.items():
+        frame.loc[0, column] = value
+    console = Console(width=400, record=True)
+    console.print(results_table(frame, "study"))
+    text = " ".join(console.export_text().split())
+    assert "2.50x = 125% of 2 (superlinear)" in text and SUPERLINEAR in text
+    frame.loc[0, "scaling_efficiency"] = 0.9
+    console.print(results_table(frame, "study"))
+    assert console.export_text().count("superlinear") == 0
+
+
 def test_a_baseline_is_never_compared_and_never_chosen_among_several_apart(runs, tmp_path):
     """A second unoptimized run of the same settings in another folder (another session) is its own baseline,
     not "faster" than the first; with two candidates apart, a run stored in a third folder gets no speed-up

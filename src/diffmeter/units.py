@@ -33,13 +33,17 @@ def flop_rate(value: float) -> str:
 
 
 def gib(value: float) -> str:
-    """Bytes as GiB (2**30 bytes, as nvidia-smi's MiB and torch count): 2 decimals from 1 GiB, 3 significant digits
-    below, so a small figure never reads 0.00 GiB ("0.0123 GiB")."""
-    amount = value / 2**30
-    rounded = float(f"{amount:.3g}")  # 0.9996 rounds to 1.00, 0.09996 to 0.100
+    """Bytes as GiB (2**30 bytes, as nvidia-smi's MiB and torch count), as ``figure`` writes them ("0.0123 GiB")."""
+    return f"{figure(value / 2**30)} GiB"
+
+
+def figure(value: float) -> str:
+    """2 decimals from 1, 3 significant digits below, so a small figure never reads 0.00 ("0.0123"); the caller
+    names the unit."""
+    rounded = float(f"{value:.3g}")  # 0.9996 rounds to 1.00, 0.09996 to 0.100
     if rounded == 0 or abs(rounded) >= 1:
-        return f"{amount:,.2f} GiB"
-    return f"{amount:.{2 - math.floor(math.log10(abs(rounded)))}f} GiB"
+        return f"{value:,.2f}"
+    return f"{value:.{2 - math.floor(math.log10(abs(rounded)))}f}"
 
 
 def params(value: float) -> str:

@@ -170,6 +170,11 @@ def fit(
         component_dtypes=parse_component_dtypes(component_dtype),
     )
     entry = entry_of(spec)
+    if no_image:
+        from diffmeter.families import get_family
+        from diffmeter.families.images import refuse_no_image
+
+        refuse_no_image(get_family(entry.family), entry)
     from diffmeter.predict.cached import cached_memory_and_work
     from diffmeter.predict.fit_formats import with_fit_formats
     from diffmeter.predict.kernel_kinds import of_architecture

@@ -222,9 +222,7 @@ SdpaKernel = Annotated[
 FuseQkv = Annotated[bool, _optimization("fuse the Q/K/V projections into one matmul", "FUSE_QKV")]
 Cache = Annotated[
     str | None,
-    _optimization(
-        "first-block-cache, pab, faster-cache, taylorseer, mag-cache, deep-cache, cache-dit", "CACHE", metavar="NAME"
-    ),
+    _optimization("a denoiser cache by name (diffmeter optimizations lists them)", "CACHE", metavar="NAME"),
 ]
 CacheThreshold = Annotated[float | None, _optimization("threshold of the cache", "CACHE_THRESHOLD", metavar="X")]
 CacheInterval = Annotated[int | None, _optimization("interval / skip range of the cache", "CACHE_INTERVAL")]

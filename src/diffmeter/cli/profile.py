@@ -194,6 +194,15 @@ def profile(
         raise DiffmeterError(f"--depth must be 0 or more, got {depth}")
     if jobs < 0:
         raise DiffmeterError(f"--jobs must be 0 (one per CPU) or more, got {jobs}")
+    flags = dict(
+        offload=offload,
+        vae_tiling=vae_tiling,
+        vae_slicing=vae_slicing,
+        quantize=quantize,
+        fp8_text_encoder=fp8_text_encoder,
+        opt=opt,
+    )
+    refuse_without_gpu(flags, bool(gpu or gpu_spec), tf32, torch_version)  # before any counting
     from diffmeter.predict.devices import is_this_cpu
 
     if dtype is None and is_this_cpu(gpu):
@@ -234,6 +243,8 @@ def profile(
     ]
     if all_models:
         specs = runnable(specs, as_json or as_csv)
+    elif no_image:
+        refuse_no_image(specs)
     results = [cached_profile(spec, depth) for spec in specs]  # answered before: no library to load
     missing = [spec for spec, found in zip(specs, results, strict=True) if found is None]
     if missing:
@@ -262,25 +273,6 @@ def profile(
         from diffmeter.distributed.communication import per_gpu_step
 
         split = per_gpu_step(results[0], specs[0], ulysses_degree, ring_degree, cfg_degree)  # tp: refused above
-    flags = dict(
-        offload=offload,
-        vae_tiling=vae_tiling,
-        vae_slicing=vae_slicing,
-        quantize=quantize,
-        fp8_text_encoder=fp8_text_encoder,
-        opt=opt,
-    )
-    if torch_version is not None and not (gpu or gpu_spec):
-        raise DiffmeterError("--torch-version changes the predicted time, not the count: add --gpu NAME")
-    if torch_version is not None and torch_minor(torch_version) is None:
-        raise DiffmeterError(f"--torch-version {torch_version!r} is not a torch version: give it as 2.11 or 2.11.0")
-    if not tf32 and not (gpu or gpu_spec):
-        raise DiffmeterError("--no-tf32 changes the predicted time, not the count: add --gpu NAME (or --gpu-spec)")
-    if any(flags.values()) and not (gpu or gpu_spec):
-        raise DiffmeterError(
-            "techniques are predicted with --gpu NAME (or --gpu-spec): their memory, and a tiled decode's operators "
-            "in the time; the MACs table counts the plain run"
-        )
     if gpu or gpu_spec:
         print_predicted(specs, results, gpu, gpu_spec, as_json, as_csv, flags, tf32, parallel, torch_version)
     elif as_json:
@@ -296,6 +288,46 @@ def profile(
             console.print(split_line(split), highlight=False, markup=False)
     else:
         console.print(summary_table(results))
+
+
+def refuse_without_gpu(flags: dict, gpu: bool, tf32: bool, torch_version: str | None) -> None:
+    """What only a prediction reads (bench's technique flags, --no-tf32, --torch-version) refused without --gpu,
+    naming the flags given."""
+    if torch_version is not None and not gpu:
+        raise DiffmeterError("--torch-version changes the predicted time, not the count: add --gpu NAME")
+    if torch_version is not None and torch_minor(torch_version) is None:
+        raise DiffmeterError(f"--torch-version {torch_version!r} is not a torch version: give it as 2.11 or 2.11.0")
+    if not tf32 and not gpu:
+        raise DiffmeterError("--no-tf32 changes the predicted time, not the count: add --gpu NAME (or --gpu-spec)")
+    from diffmeter.quantization_spec import parse
+
+    for value in flags["quantize"] or []:
+        parse(value)  # a format bench would not take is named first, in bench's words
+    given = [flag_text(name, value) for name, value in flags.items() if value]
+    if given and not gpu:
+        raise DiffmeterError(
+            f"{' '.join(given)}: techniques are predicted with --gpu NAME (or --gpu-spec): their memory, and a tiled "
+            "decode's operators in the time; the MACs table counts the plain run"
+        )
+
+
+def flag_text(name: str, value) -> str:
+    """An option as it was given: ``--quantize bnb:nf4``, ``--vae-tiling``, ``--opt a --opt b``."""
+    flag = "--" + name.replace("_", "-")
+    if value is True:
+        return flag
+    return " ".join(f"{flag} {item}" for item in (value if isinstance(value, list) else [value]))
+
+
+def refuse_no_image(specs: list) -> None:
+    """``--no-image`` on a model that takes no input image: refused as ``--image-size`` is, and as bench refuses it."""
+    from diffmeter.catalog import entry_of
+    from diffmeter.families import get_family
+    from diffmeter.families.images import refuse_no_image as refuse
+
+    for spec in specs:
+        entry = entry_of(spec)
+        refuse(get_family(entry.family), entry)
 
 
 def runnable(specs: list, machine_readable: bool) -> list:

@@ -91,7 +91,7 @@ def print_predicted(
 
     legacy, formats = split_values(flags.get("quantize"))  # BACKEND:TYPE formats: their stored bytes, no file needed
     asked = from_flags(**{**flags, "quantize": legacy})
-    build(asked)  # each technique's parameters checked as bench checks them: an unknown offload mode is refused
+    refuse_inapplicable(build(asked), specs, results)  # parameters, then the model: as bench checks them
     unmodelled = [o.name for o in asked if memory_technique(o.name, o.params) is None and o.name not in TIME_ONLY]
     if unmodelled:
         raise DiffmeterError(
@@ -188,11 +188,11 @@ def print_predicted(
     ]
     missing = [lacking or why for lacking, why in zip(missing, why_none, strict=True)]
     times = withheld
-    # no range, but its transfers still bound it; not with a cache: a skipped call onloads only what it runs
-    if offload and offload_gap and chosen.host_link_bytes_per_s and not any(o.name in CACHES for o in asked):
-        link = (chosen.host_link, chosen.host_link_bytes_per_s)
+    if offload and offload_gap and chosen.host_link_bytes_per_s:  # no range, but its transfers may still bound it
+        link, names = (chosen.host_link, chosen.host_link_bytes_per_s), tuple(o.name for o in asked)
         times = [
-            time and with_transfer_bound(time, m, techniques, *link) for time, m in zip(times, memories, strict=True)
+            time and with_transfer_bound(time, m, techniques, *link, names)
+            for time, m in zip(times, memories, strict=True)
         ]
     group, parallel_untimed = None, []
     if split:
@@ -256,6 +256,31 @@ def print_predicted(
                 + TECHNIQUES_HELD_OUT,
                 markup=False,
             )
+
+
+def refuse_inapplicable(built: list, specs, results) -> None:
+    """Each technique refused where bench refuses it for the model (``optimize.check`` on a CUDA GPU: DeepCache
+    without a UNet, a diffusers cache hook without a CacheMixin denoiser, clashing pairs), in bench's one line; a
+    package missing here is not refused: the predicted run's machine may have it."""
+    from contextlib import suppress
+
+    import torch
+
+    from diffmeter.catalog import entry_of
+    from diffmeter.errors import MissingPackage
+    from diffmeter.families import get_family
+    from diffmeter.optimize import Target, check
+
+    for spec, found in zip(specs, results, strict=True):
+        entry = entry_of(spec)
+        images = bool(found.input_images)
+        target = Target(entry, get_family(entry.family), torch.device("cuda"), found.dtype, found.steps, images=images)
+        try:
+            check(built, target)
+        except MissingPackage:  # the others are still refused as bench refuses them
+            for one in built:
+                with suppress(MissingPackage):
+                    check([one], target)
 
 
 def untimed_format(technique: str, formats) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.runs import storage
-from diffmeter.runs.parallel_records import Scaling, ScalingRule, StageScaling
+from diffmeter.runs.parallel_records import SUPERLINEAR, Scaling, ScalingRule, StageScaling, superlinear
 from diffmeter.runs.results import BenchResult
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.speedups import between
@@ -115,4 +115,6 @@ def line(scaling: Scaling) -> str:
         text += f"; by the speed-up rule: whole call {call.rule.text()}, denoising {denoising.rule.text()}"
     if scaling.measured_apart:
         text += f"; the one-device run was measured {scaling.one_device_created_utc}, over an hour apart"
+    if superlinear(call.efficiency) or superlinear(denoising.efficiency):
+        text += f"; {SUPERLINEAR}"
     return text

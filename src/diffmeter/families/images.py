@@ -142,3 +142,13 @@ def image_sized(family: Family, entry, spec) -> tuple[int, int, str] | None:
     if CONTROLNET in entry.components:
         return family.size_from_control_image(entry, spec)
     return family.size_from_images(entry, spec) if isinstance(family, ImageConditioned) else None
+
+
+def refuse_no_image(family: Family, entry) -> None:
+    """``--no-image`` refused, as ``--image-size`` is (``Family.input_images``), where the checkpoint takes no input
+    image and runs no ControlNet (whose control image it leaves to the output size)."""
+    takes = isinstance(family, ImageConditioned) and family.takes_images(entry)
+    if not takes and CONTROLNET not in entry.components:
+        raise DiffmeterError(
+            f"{entry.name} ({entry.pipeline_class}) generates from text alone and takes no input image: drop --no-image"
+        )

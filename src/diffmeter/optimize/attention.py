@@ -85,13 +85,7 @@ class Attention(Optimization):
                 f"{target.denoiser_class.__name__} calls scaled_dot_product_attention directly, not through "
                 "diffusers' attention dispatcher; use sdpa-kernel to pick the SDPA kernel"
             )
-        from diffusers.models.attention_dispatch import AttentionBackendName, _check_attention_backend_requirements
-
         backend = self.config.backend
-        try:
-            _check_attention_backend_requirements(AttentionBackendName(backend))
-        except (RuntimeError, ImportError) as error:
-            return str(error).splitlines()[0]
         if backend not in ANY_DEVICE and target.device.type != "cuda":
             return f"the {backend} backend is for CUDA GPUs; this run is on {target.device.type}"
         accepted = dtypes_accepted(backend)
@@ -105,6 +99,19 @@ class Attention(Optimization):
                 "use native or xformers"
             )
         return None
+
+    def refusal(self, target: Target) -> tuple[str | None, bool]:
+        """Not applying first (``supports``), then the backend's package by diffusers' own requirement check: a
+        backend whose package is missing here would apply once installed (``profile --gpu`` predicts it)."""
+        from diffusers.models.attention_dispatch import AttentionBackendName, _check_attention_backend_requirements
+
+        if reason := self.supports(target):
+            return reason, False
+        try:
+            _check_attention_backend_requirements(AttentionBackendName(self.config.backend))
+        except (RuntimeError, ImportError) as error:
+            return str(error).splitlines()[0], True
+        return None, False
 
     def apply(self, pipe, target: Target) -> None:
         from diffusers.models.attention_dispatch import _AttentionBackendRegistry

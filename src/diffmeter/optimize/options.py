@@ -12,6 +12,7 @@ from typing import Any
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.optimize.base import OptimizationSpec
+from diffmeter.optimize.registry import REGISTRY
 from diffmeter.quantization_spec import optimization_specs as quantization_specs
 
 #: which parameter --cache-threshold and --cache-interval set, per cache
@@ -76,6 +77,7 @@ def from_flags(
     if fuse_qkv:
         specs.append(OptimizationSpec(name="fuse-qkv"))
     if cache is not None:
+        refuse_unknown_cache(cache)
         specs.append(OptimizationSpec(name=cache, params=_cache_params(cache, cache_threshold, cache_interval)))
     elif cache_threshold is not None or cache_interval is not None:
         raise DiffmeterError("--cache-threshold and --cache-interval need --cache NAME")
@@ -93,6 +95,18 @@ def from_flags(
         specs.append(OptimizationSpec(name="fp8-text-encoder"))
     specs += [parse_opt(text) for text in opt or []]
     return specs
+
+
+def caches() -> list[str]:
+    """The registry's caches (techniques of kind "cache"), by name: what ``--cache`` takes."""
+    return sorted(name for name, cls in REGISTRY.items() if cls.kind == "cache")
+
+
+def refuse_unknown_cache(name: str) -> None:
+    if name not in caches():
+        raise DiffmeterError(
+            f"--cache {name}: not a cache; the caches: {', '.join(caches())} (any technique: --opt NAME)"
+        )
 
 
 def _cache_params(cache: str, threshold: float | None, interval: int | None) -> dict[str, Any]:

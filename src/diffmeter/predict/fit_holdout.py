@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from diffmeter.predict.calibration import Calibration, borrowed
 from diffmeter.predict.fit_published import LEAST_INSIDE, PublishedRun, as_calibration, covering, fit, lender_of
-from diffmeter.predict.host_time import ISSUED
-from diffmeter.predict.roofline import at_least, expected_s, overlapped
+from diffmeter.predict.host_time import ISSUED, issue_s
+from diffmeter.predict.roofline import stage_range, whole_range
 
 
 @dataclass(frozen=True)
@@ -100,27 +100,15 @@ def borrowed_width(held: list[HeldOut], width: float) -> float:
 
 
 def calibrated_range(run: PublishedRun, calibration: Calibration) -> tuple[float, float]:
-    """``run``'s expected range under ``calibration`` as ``roofline.predict_time`` computes it: per stage the GPU's
-    range (``expected_s``) and the host's, the longer at each end (``overlapped``), never under the stage's eager
-    bound (``at_least``), plus the pipeline call's own."""
-    low = high = 0.0
-    host = calibration.host
+    """``run``'s expected range under ``calibration`` by ``roofline.predict_time``'s own rule (``stage_range``,
+    ``whole_range``), from the run's stages as the fit sees them."""
+    ranges = []
     for stage in run.stages.values():
         kinds = {kind: [seconds, 1] for kind, seconds in stage.bounds.items()}
-        gpu = expected_s(kinds, stage.kernels, calibration, stage.scores)
-        issued = (
-            tuple(
-                sum(getattr(host, term)[end] * getattr(stage, count) for term, count in ISSUED.items())
-                for end in (0, 1)
-            )
-            if host
-            else None
-        )
-        stage_low, stage_high = at_least(overlapped(gpu, issued), sum(stage.bounds.values()))
-        low, high = low + stage_low, high + stage_high
-    if host and run.whole_call:
-        low, high = low + host.call_s[0], high + host.call_s[1]
-    return low, high
+        counts = {count: getattr(stage, count) for count in ISSUED.values()}
+        host = issue_s(counts, calibration.host) if calibration.host else None
+        ranges.append(stage_range(kinds, stage.kernels, calibration, stage.scores, host, sum(stage.bounds.values()))[1])
+    return whole_range(ranges, calibration, run.whole_call)
 
 
 def widened_test(runs: list[PublishedRun], shipped: set[str]) -> list[HeldOut]:

@@ -10,6 +10,7 @@ runs (``fit_published``, ``data/efficiency.json``'s "host")."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 
 from pydantic import BaseModel
 
@@ -41,9 +42,11 @@ def host_counts(work: OperatorWork) -> dict[str, dict[str, int]]:
     return dict(found)
 
 
+def issue_s(counts: Mapping[str, int], host: HostCalibration) -> tuple[float, float]:
+    """The (low, high) seconds the host takes to issue ``counts`` (``host_counts``' of a stage)."""
+    return tuple(sum(counts[count] * getattr(host, term)[end] for term, count in ISSUED.items()) for end in (0, 1))
+
+
 def host_stage_s(work: OperatorWork, host: HostCalibration) -> dict[str, tuple[float, float]]:
     """Per stage, the (low, high) seconds the host takes to issue one generation's work."""
-    return {
-        stage: tuple(sum(counts[count] * getattr(host, term)[end] for term, count in ISSUED.items()) for end in (0, 1))
-        for stage, counts in host_counts(work).items()
-    }
+    return {stage: issue_s(counts, host) for stage, counts in host_counts(work).items()}

@@ -36,6 +36,7 @@ import math
 from importlib import resources
 
 from diffmeter import units
+from diffmeter.predict.cache_time import CACHES
 from diffmeter.predict.schema import TEXT_ENCODING, VAE_DECODE, MemoryPrediction, OffloadTime, TimePrediction
 from diffmeter.predict.techniques import stored_params
 
@@ -93,6 +94,21 @@ def lower_s(
     moved = moved_bytes(prediction, techniques)
     transfer = moved / link_bytes_per_s if moved else 0.0
     return max(compute_s, transfer) if "offload-group" in techniques else compute_s + transfer
+
+
+def transfers_bound(names) -> bool:
+    """Whether an offload's transfers at the datasheet rate bound a setting whose offload has no fitted rate: not
+    with a cache among ``names`` (its techniques' registry names): a skipped call onloads only the blocks it runs
+    (group and sequential offload load each layer as it is called)."""
+    return not any(name in CACHES for name in names)
+
+
+def untimed_lower_s(
+    compute_s: float, prediction: MemoryPrediction, techniques: tuple[str, ...], link_bytes_per_s: float, names
+) -> float:
+    """The lower bound of a setting whose offload has no fitted link rate: ``compute_s`` with the transfers at
+    ``link_bytes_per_s`` (``lower_s``) where they bound it (``transfers_bound``), else ``compute_s``."""
+    return lower_s(compute_s, prediction, techniques, link_bytes_per_s) if transfers_bound(names) else compute_s
 
 
 @functools.cache
@@ -160,17 +176,25 @@ def with_offload(
 
 
 def with_transfer_bound(
-    time: TimePrediction, prediction: MemoryPrediction, techniques: tuple[str, ...], link: str | None, link_rate: float
+    time: TimePrediction,
+    prediction: MemoryPrediction,
+    techniques: tuple[str, ...],
+    link: str | None,
+    link_rate: float,
+    names: tuple[str, ...] = (),
 ) -> TimePrediction:
     """``time`` of a setting whose offload has no fitted link rate (no expected range): its lower bound still holds
-    the transfers at ``link_rate``, the datasheet's (``lower_s``), as ``fit`` bounds the same setting."""
+    the transfers at ``link_rate``, the datasheet's, as ``fit`` bounds the same setting (``untimed_lower_s``), unless
+    a cache is among ``names``, the run's techniques' registry names (``transfers_bound``): then ``time`` as it is."""
+    if not transfers_bound(names):
+        return time
+    bound = untimed_lower_s(time.lower_s, prediction, techniques, link_rate, names)
     mode, moved = offload_of(techniques), moved_bytes(prediction, techniques)
     how = "the longer of them and the compute" if mode == "offload-group" else "added to the compute"
     said = (
         f"; the whole generation's lower bound holds {mode}'s {units.gib(moved)} moved per generation at the "
         f"{link or 'host link'}'s datasheet {link_rate / 1e9:g} GB/s ({how})"
     )
-    bound = lower_s(time.lower_s, prediction, techniques, link_rate)
     return time.model_copy(update={"lower_s": bound, "calibration": time.calibration + said})
 
 

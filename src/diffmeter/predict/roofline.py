@@ -269,9 +269,11 @@ def predict_time(
         flops = sum(g.flops * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
         moved = sum(g.bytes * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
         operators = int(sum(count for _, count in kinds.values()))
-        scores = stage_scores(work, stage, kernel)
-        gpu = expected_s(kinds, operators, calibration, scores) if calibration else None
         host = hosts.get(stage)
+        scores = stage_scores(work, stage, kernel)
+        gpu, expected = (
+            stage_range(kinds, operators, calibration, scores, host, both[stage][0]) if calibration else 2 * (None,)
+        )
         stages.append(
             StageTime(
                 stage=stage,
@@ -279,18 +281,15 @@ def predict_time(
                 flops=flops,
                 bytes=moved,
                 lower_s=both[stage][0],
-                expected_s=at_least(overlapped(gpu, host), both[stage][0]) if gpu else None,
+                expected_s=expected,
                 gpu_s=gpu if host else None,
                 host_s=host,
                 ideal_s=both[stage][1] if weights is not None else None,
             )
         )
-    expected = [stage.expected_s for stage in stages]
     lower, operators = sum(stage.lower_s for stage in stages), sum(stage.operators for stage in stages)
     call = calibration.host.call_s if calibration and calibration.host else None
-    whole = (sum(e[0] for e in expected), sum(e[1] for e in expected)) if calibration else None
-    if whole and call:
-        whole = (whole[0] + call[0], whole[1] + call[1])
+    whole = whole_range([stage.expected_s for stage in stages], calibration) if calibration else None
     launch_bound = outside(calibration, lower / operators) if calibration and operators else None
     busy, host_bound = host_share(stages, whole)
     return TimePrediction(
@@ -320,6 +319,25 @@ def predict_time(
         if calibration
         else f"no expected range: {unfitted or uncalibrated(device)}; the lower bound is shown",
     )
+
+
+def stage_range(
+    kinds: dict[str, list[float]], operators: int, calibration: Calibration, scores: float,
+    host: tuple[float, float] | None, lower: float,
+) -> tuple[tuple[float, float], tuple[float, float]]:  # fmt: skip
+    """A stage's (GPU range, expected range): the GPU's (``expected_s``), then the longer of it and the host's issue
+    time ``host`` at each end (``overlapped``), never under the stage's eager bound ``lower`` (``at_least``)."""
+    gpu = expected_s(kinds, operators, calibration, scores)
+    return gpu, at_least(overlapped(gpu, host), lower)
+
+
+def whole_range(stages: list[tuple[float, float]], calibration: Calibration, whole: bool = True) -> tuple[float, float]:
+    """A generation's expected range: its stages' summed, plus the pipeline call's own host work where the calibration
+    has it and the time covers the ``whole`` call (a published figure of the denoising alone does not)."""
+    low, high = sum(stage[0] for stage in stages), sum(stage[1] for stage in stages)
+    if calibration.host and whole:
+        low, high = low + calibration.host.call_s[0], high + calibration.host.call_s[1]
+    return low, high
 
 
 def overlapped(gpu: tuple[float, float], host: tuple[float, float] | None) -> tuple[float, float]:

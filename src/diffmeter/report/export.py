@@ -15,6 +15,7 @@ COLUMNS = (
     "width",
     "num_frames",
     "steps",
+    "denoiser_steps",
     "batch_size",
     "guidance_scale",
     "cfg",
@@ -52,6 +53,7 @@ def profiles_csv(profiles: list[Profile]) -> str:
                 "width": p.width,
                 "num_frames": p.num_frames or "",
                 "steps": p.steps,
+                "denoiser_steps": p.denoiser_steps,  # the table's "(21 denoiser steps)": PNDM at 20 steps
                 "batch_size": p.batch_size,
                 "guidance_scale": p.guidance_scale,
                 "cfg": p.cfg,

@@ -8,7 +8,7 @@ from rich.markup import escape
 from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, Device
 from diffmeter.predict.schema import MemoryPrediction
 from diffmeter.report.layout import Column, FittedTable
-from diffmeter.units import gib
+from diffmeter.units import figure, gib
 
 
 def memory_table(
@@ -111,9 +111,9 @@ def fit_table(
     )
     usable = gpu.memory_bytes - held_back
     for chosen, peak, time in rows:
-        shown = f"{time:,.2f}" if time is not None else "-"
+        shown = figure(time) if time is not None else "-"  # a tiny model's 0.0042 s never reads 0.00
         shown += " unquantized" if time is not None and notes.get(chosen) else ""
-        ranged = f"{expected[chosen][0]:,.2f}-{expected[chosen][1]:,.2f}" if expected.get(chosen) else "-"
+        ranged = f"{figure(expected[chosen][0])}-{figure(expected[chosen][1])}" if expected.get(chosen) else "-"
         quality = qualities.get(chosen, "-")
         ranged = [ranged] if expected else []
         shown = [shown] if some else []

@@ -10,6 +10,7 @@ from diffmeter import units
 from diffmeter.report import outputs
 from diffmeter.report.layout import Column, FittedTable
 from diffmeter.report.speedup_text import noise_lines, speedup_cell
+from diffmeter.runs.parallel_records import SUPERLINEAR, superlinear
 
 
 def _present(value) -> bool:
@@ -31,6 +32,7 @@ def _scaling(row) -> str:
     if not _present(row["scaling_speedup"]):
         return "-" if row["processes"] == 1 else f"{row['processes']} proc."
     text = f"{row['scaling_speedup']:.2f}x = {row['scaling_efficiency']:.0%} of {row['processes']}"
+    text += " (superlinear)" if superlinear(row["scaling_efficiency"]) else ""
     return text + (" (within noise)" if row["scaling_verdict"] == "within noise" else "")
 
 
@@ -102,6 +104,8 @@ def results_table(frame, title: str) -> FittedTable:
         "speed-up rule's interval on the same two runs holds 1x"
     ]
     captions += [escape(line) for line in [outputs.explained(word), *noise_lines(records)] if line]
+    if any(_present(row["scaling_efficiency"]) and superlinear(row["scaling_efficiency"]) for row in records):
+        captions.append(escape(SUPERLINEAR))
     if marked:
         captions.append("(tiny) and (random weights): timings of test or random-weight pipelines, not of the model")
     table.caption = "\n".join(captions)

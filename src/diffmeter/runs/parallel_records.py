@@ -53,6 +53,18 @@ class ScalingRule(Speedup):
     """The speed-up rule's figure (``measure.speedup.Speedup``) for a parallel run against its one-device run."""
 
 
+#: why a scaling efficiency over 100% is not taken at its word, said wherever one is shown
+SUPERLINEAR = (
+    "superlinear: over 100% of the processes, which is usually noise or cache effects (each process's share of the "
+    "work fitting caches the one-device run's did not), not a gain the parallelism itself makes"
+)
+
+
+def superlinear(efficiency: float) -> bool:
+    """Whether a scaling efficiency reads over 100% as shown (to the percent)."""
+    return round(efficiency * 100) > 100
+
+
 class StageScaling(BaseModel):
     """One stage (the whole call, or denoising) against the one-device run: medians over the measured
     calls of each call's seconds per image made."""

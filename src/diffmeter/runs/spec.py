@@ -144,9 +144,11 @@ class BenchSpec(BaseModel):
         )
         profile.check_components(entry.name, list(entry.components))  # before those equal to dtype are dropped
         from diffmeter.families import get_family
-        from diffmeter.families.images import image_sized
+        from diffmeter.families.images import image_sized, refuse_no_image
 
         family = get_family(entry.family)
+        if self.no_image:
+            refuse_no_image(family, entry)
         height, width = (image_sized(family, entry, profile) or (profile.height, profile.width))[:2]
         if not family.bins(entry, profile):
             height, width, _ = family.pipeline_size(entry, height, width)
