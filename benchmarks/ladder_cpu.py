@@ -26,6 +26,7 @@ import io
 import json
 import os
 import platform
+import re
 import tempfile
 import time
 import warnings
@@ -204,20 +205,32 @@ def _prediction_section(predictions: list[RungPrediction], measured: dict, spec:
         lines.append(_recheck(predictions[0], ladder.baseline_recheck_s))
     stored = _stored_differs(predictions, ladder_folders)
     lines += [f"- bench's stored prediction (results.json, made after each run): {stored}"]
-    sources = sorted({p.calibration for p in predictions if p.calibration})
+    sources = list(dict.fromkeys(fit for p in predictions if p.calibration for fit in _fits(p.calibration)))
     fitted = f"{spec.model} {spec.height}px"
     lines += [f"- expected range's achieved fractions: {source}" for source in sources]
     if any(source.startswith("benchmarks/roofline_cpu.py") for source in sources):
         lines.append(
-            "- the fit's own held-out check (each of its runs predicted from the others' fractions): "
+            "- the float32 fit's own held-out check (each of its runs predicted from the others' fractions): "
             "benchmarks/results/roofline_cpu.md"
         )
-    if any(fitted in source for source in sources):
+    if any(fitted in source for source in sources if source.startswith("benchmarks/roofline_cpu.py")):
         lines.append(
-            f"- not held out: the float32 fractions were fitted on runs that include {fitted} (fewer steps, another "
-            "day), the model and size of every rung here; no fraction was fitted on this ladder's runs"
+            "- not held out: the float32 eager fractions (the baseline and scheduler rungs, the compile rung's eager "
+            f"text encoder and VAE decode) were fitted on runs that include {fitted} (4 steps, roofline_cpu.py's own "
+            "run), the model and size of every rung here; no fraction was fitted on this ladder's runs"
+        )
+    if any(source.startswith("benchmarks/roofline_cpu_variants.py") for source in sources):
+        lines.append(
+            "- held out: the bfloat16 and compiled fractions (the compile rung's UNet, every call of the half and "
+            f"cache rungs) were fitted on runs without {fitted} (benchmarks/results/roofline_cpu_variants.md): those "
+            "rungs are their held-out check, their ranges written before the ladder ran and not changed after"
         )
     return lines
+
+
+def _fits(calibration: str) -> list[str]:
+    """The sources of the fits a rung's range used (``Calibration.source_for`` joins them)."""
+    return re.split(r"; (?=benchmarks/)", calibration)
 
 
 def _steps(ladder) -> str:

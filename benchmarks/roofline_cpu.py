@@ -115,7 +115,8 @@ def main() -> None:
     bandwidth = device.bandwidth_bytes_per_s
     from diffmeter.measure.calibrate import MIN_SHARE, calibrate
     from diffmeter.measure.conditions import BUSY_CORES
-    from diffmeter.predict.roofline import expected_s, flop_rates, lower_bounds
+    from diffmeter.predict.expected_range import expected_s
+    from diffmeter.predict.roofline import flop_rates, lower_bounds
 
     lowers = [lower_bounds(case["work"], flop_rates(device, case["work"]), bandwidth) for case in cases]
     source = (
@@ -226,7 +227,8 @@ def main() -> None:
     OUT.write_text("\n".join(lines) + "\n")
     if write:
         stored = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else {}
-        stored["cpu"] = shipped.model_dump(mode="json")
+        kept = stored.get("cpu", {}).get("variants")  # the bfloat16 and compiled fits (roofline_cpu_variants.py)
+        stored["cpu"] = shipped.model_dump(mode="json") | ({"variants": kept} if kept else {})
         CALIBRATION.write_text(json.dumps(stored, indent=2) + "\n")
 
 

@@ -223,8 +223,11 @@ def test_profile_times_compile_and_names_what_it_cannot(cli):
     assert operators[1]["denoising"] < operators[0]["denoising"]
     assert operators[1]["vae_decode"] == operators[0]["vae_decode"]  # the denoiser alone compiled
     assert found["peak_memory_bytes"] == plain["peak_memory_bytes"]
-    code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--opt", "attention:backend=sage", "--json")
+    sage = ("profile", "tiny-flux", "--gpu", "h100", "--opt", "attention:backend=sage", "--json")
+    code, out, _ = cli(*sage, "--dtype", "bfloat16")
     assert code == 0 and json.loads(out)["time_left_out"][0].startswith("attention sage: ")
+    code, _, err = cli(*sage)  # refused as bench refuses it: sage takes 16-bit inputs
+    assert code == 2 and "the sage backend takes bfloat16 or float16 only" in err
 
 
 def test_a_held_out_sources_eager_runs_never_reach_its_prediction():

@@ -9,6 +9,7 @@ import pytest
 
 from diffmeter.predict.calibration import calibration_for
 from diffmeter.predict.devices import named_gpu
+from diffmeter.predict.expected_range import expected_s
 from diffmeter.predict.fit_holdout import leave_one_out, summary
 from diffmeter.predict.fit_published import (
     BARE_MATMUL_FRACTION,
@@ -24,7 +25,6 @@ from diffmeter.predict.fit_published import (
     era_of,
     fit,
 )
-from diffmeter.predict.roofline import expected_s
 
 SCORE_S, GAP_S = 0.8e-12, 2e-6  # seconds per attention score, per kernel
 HOST = HostFit(op_s=4e-6, module_s=25e-6, step_s=0.4e-3, call_s=0.012)

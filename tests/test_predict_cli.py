@@ -152,9 +152,12 @@ def test_profile_gpu_with_benchs_technique_flags_predicts_what_bench_stores(cli,
     assert result.prediction.peak_memory_bytes == predicted["peak_memory_bytes"] <= predicted["memory"]["peak_bytes"]
     code, out, _ = cli("profile", "tiny-sd3", "--gpu", "h100", "--opt", "compile", "--json")  # timed, memory as eager
     assert code == 0 and json.loads(out)["time_techniques"] == ["compile mode=default"]
-    code, out, _ = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "compile", "--json")  # inductor's C++ loops
+    code, out, _ = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "compile", "--json")  # the CPU's compiled fit
     found = json.loads(out)
-    assert code == 0 and found["time_techniques"] == [] and found["time_left_out"][0].startswith("compile mode=default")
+    assert code == 0 and found["time_techniques"] == ["compile mode=default"] and found["time_left_out"] == []
+    code, out, _ = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "compile:mode=max-autotune", "--json")
+    found = json.loads(out)  # inductor's C++ loops were fitted in mode=default alone
+    assert code == 0 and found["time_techniques"] == [] and "only mode=default was fitted" in found["time_left_out"][0]
     code, _, err = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "fuse-qkv")
     assert code == 2 and "fuse-qkv: the prediction models offload" in err
     assert "first-block-cache" in err and "--tf32" not in err  # the caches it times are named among those it models

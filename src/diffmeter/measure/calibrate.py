@@ -22,6 +22,8 @@ from diffmeter.predict.roofline import STAGES
 
 #: a kind below this share of the run's time gives no sample (too little time to divide by)
 MIN_SHARE = 0.01
+#: the key of kinds ``pooled`` into one
+POOL = "pooled"
 
 
 class StageMeasurement(BaseModel):
@@ -49,6 +51,24 @@ def stage_measurements(result) -> dict[str, StageMeasurement]:
             outside_s=sum(row.self_s for row in stage.rows if row.name == OUTSIDE) * scale,
         )
     return found
+
+
+def pooled(
+    measured: dict[str, StageMeasurement], lower: dict[str, dict[str, list[float]]], kinds: tuple[str, ...]
+) -> tuple[dict[str, StageMeasurement], dict[str, dict[str, list[float]]]]:
+    """``measured`` and ``lower`` with ``kinds`` as one kind (``POOL``), where a trace cannot tell them apart: a
+    compiled call's generated loops, which the CPU profiler sees as one ``CompiledFxGraph`` call."""
+    merged_lower = {}
+    for stage, found in lower.items():
+        kept = {kind: list(pair) for kind, pair in found.items() if kind not in kinds}
+        merged = [sum(found[k][0] for k in kinds if k in found), sum(found[k][1] for k in kinds if k in found)]
+        merged_lower[stage] = {**kept, POOL: merged} if merged[1] else kept
+    merged_measured = {}
+    for stage, found in measured.items():
+        times = {kind: s for kind, s in found.kinds_s.items() if kind not in kinds}
+        times[POOL] = sum(s for kind, s in found.kinds_s.items() if kind in kinds)
+        merged_measured[stage] = found.model_copy(update={"kinds_s": times})
+    return merged_measured, merged_lower
 
 
 def samples(

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from diffmeter.predict.devices import Device
 from diffmeter.predict.host_time import HostCalibration
 from diffmeter.predict.peaks import PRECISION, conv_key
+from diffmeter.predict.schema import CallWork, OperatorWork
 
 #: the keys of the rates measured on convolutions, one per precision
 CONVOLUTIONS = frozenset(conv_key(precision) for precision in PRECISION.values())
@@ -56,6 +57,48 @@ class Calibration(BaseModel):
     #: its copy rate is named in ``source``): each fraction applies to the same peak measured on the machine
     #: predicted (``fitted_units``)
     fitted_tflops: dict[str, float] | None = None
+    #: fits of their own for calls the fractions above were not fitted on, by ``variant_name`` ("bfloat16",
+    #: "compiled", "compiled bfloat16"): a CPU's (``benchmarks/roofline_cpu_variants.py``); with them, a call of a
+    #: variant without a fit gets no range. None (CUDA): these fractions price every call, any dtype, compiled or not
+    variants: dict[str, Calibration] | None = None
+
+    def missing_for(self, work: OperatorWork) -> str | None:
+        """Why this calibration cannot price ``work``: calls of a variant it has no fit for; None where it can."""
+        if self.variants is None:
+            return None
+        missing = sorted(v for v in variants_of(work) if v and v not in self.variants)
+        if not missing:
+            return None
+        return (
+            f"the calibration has no fit for {' or '.join(missing)} calls (fitted: float32 eager, "
+            f"{', '.join(self.variants)}: benchmarks/roofline_cpu_variants.py)"
+        )
+
+    def fits_for(self, work: OperatorWork) -> list[tuple[Calibration, list[CallWork]]]:
+        """``work``'s calls with the fit that prices each: all under this one where it has no variants, else each
+        variant's calls under its own fit (``missing_for`` says where one lacks)."""
+        if self.variants is None:
+            return [(self, list(work.calls))]
+        return [(self.variants[name] if name else self, calls) for name, calls in variants_of(work).items()]
+
+    def source_for(self, work: OperatorWork) -> str:
+        """The sources of the fits that price ``work``: this one's, or each variant's it uses."""
+        return "; ".join(dict.fromkeys(fit.source for fit, _ in self.fits_for(work)))
+
+
+def variant_name(dtype: str, compiled: bool) -> str:
+    """The fit a call at ``dtype`` (``compiled``: torch.compile's code) needs from a calibration with variants:
+    "" (float32 eager: the calibration's own fractions), "bfloat16", "compiled", "compiled bfloat16"."""
+    return " ".join((["compiled"] if compiled else []) + ([dtype] if dtype != "float32" else []))
+
+
+def variants_of(work: OperatorWork) -> dict[str, list[CallWork]]:
+    """``work``'s calls by ``variant_name``, each at its call's dtype (an operator kept at another dtype inside a
+    call, T5's float32 ``wo``, is priced with its call)."""
+    found: dict[str, list[CallWork]] = {}
+    for call in work.calls:
+        found.setdefault(variant_name(call.dtype or work.dtype, call.compiled), []).append(call)
+    return found
 
 
 def fitted_units(device: Device, calibration: Calibration | None) -> Device:

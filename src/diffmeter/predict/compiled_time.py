@@ -100,7 +100,7 @@ def compiled_call(call: CallWork, mode: str) -> CallWork:
         dispatched = 1
     else:  # the compiled code launches every kernel itself
         dispatched = sum(g.calls for g in operators)
-    return call.model_copy(update={"operators": operators, "dispatched": dispatched, "modules": 1})
+    return call.model_copy(update={"operators": operators, "dispatched": dispatched, "modules": 1, "compiled": True})
 
 
 def compiled_work(work: OperatorWork, components: tuple[str, ...], mode: str = "default") -> OperatorWork:

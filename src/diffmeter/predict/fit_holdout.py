@@ -9,9 +9,9 @@ import statistics
 from dataclasses import dataclass
 
 from diffmeter.predict.calibration import Calibration, borrowed
+from diffmeter.predict.expected_range import expected_s, stage_range, whole_range
 from diffmeter.predict.fit_published import LEAST_INSIDE, PublishedRun, as_calibration, covering, fit, lender_of
 from diffmeter.predict.host_time import ISSUED, issue_s
-from diffmeter.predict.roofline import stage_range, whole_range
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,8 @@ def calibrated_range(run: PublishedRun, calibration: Calibration) -> tuple[float
         kinds = {kind: [seconds, 1] for kind, seconds in stage.bounds.items()}
         counts = {count: getattr(stage, count) for count in ISSUED.values()}
         host = issue_s(counts, calibration.host) if calibration.host else None
-        ranges.append(stage_range(kinds, stage.kernels, calibration, stage.scores, host, sum(stage.bounds.values()))[1])
+        gpu = expected_s(kinds, stage.kernels, calibration, stage.scores)
+        ranges.append(stage_range(gpu, host, sum(stage.bounds.values())))
     return whole_range(ranges, calibration, run.whole_call)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from diffmeter.predict.devices import Device, nvlinks
-from diffmeter.predict.roofline import at_least, overlapped
+from diffmeter.predict.expected_range import at_least, overlapped
 from diffmeter.predict.schema import (
     DENOISING_STEP,
     CallWork,

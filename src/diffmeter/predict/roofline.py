@@ -16,7 +16,7 @@ it that kind achieves, plus a cost per attention score (its softmax exponential 
 a few TFLOP/s on an H100 against the tensor cores' hundreds: attention with a small head dimension is slower per
 FLOP than its FLOPs say; attention on a faster kernel than the calibration's, cuDNN's on Hopper, divided by its
 measured ratio, ``attention_kernels``), plus a fixed cost per operator (launch, dispatch, Python), all as ranges
-calibrated on measured runs (``data/efficiency.json``, written by ``benchmarks/roofline_cpu.py`` for
+calibrated on measured runs (``expected_range``; ``data/efficiency.json``, written by ``benchmarks/roofline_cpu.py`` for
 CPUs and ``benchmarks/calibrate_published.py``, from published runs, per GPU architecture). A device class without a
 calibration gets the lower bound alone, and says so.
 """
@@ -33,6 +33,7 @@ from diffmeter.predict.cache_time import time_range
 from diffmeter.predict.calibration import Calibration, calibration_for, fitted_units, unfitted_peak
 from diffmeter.predict.devices import Device, uncalibrated
 from diffmeter.predict.energy import predict_energy, why_no_energy
+from diffmeter.predict.expected_range import expected_s, host_share, outside, stage_range, whole_range
 from diffmeter.predict.host_time import host_stage_s
 from diffmeter.predict.peaks import PRECISION, conv_key
 from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork, StageTime, TimePrediction
@@ -255,11 +256,11 @@ def predict_time(
         raise DiffmeterError(lacking)
     rates = flop_rates(device, work, fp32_math)
     calibration = calibration or calibration_for(device)
-    if unfitted := unfitted_peak(device, calibration):
+    if unfitted := unfitted_peak(device, calibration) or (calibration and calibration.missing_for(work)):
         calibration = None
     hosts = host_stage_s(work, calibration.host) if calibration and calibration.host else {}
-    fitted = flop_rates(fitted_units(device, calibration), work, fp32_math)  # the peaks the fractions are of
-    bounds = lower_bounds(work, fitted, device.bandwidth_bytes_per_s, device.l2_bytes, kernel)
+    bounds = lower_bounds(work, rates, device.bandwidth_bytes_per_s, device.l2_bytes)
+    ranges = expected_ranges(work, device, calibration, kernel, fp32_math) if calibration else {}
     both = stage_bounds(work, weights or {}, rates, device.bandwidth_bytes_per_s, device.l2_bytes)
     stages = []
     for stage in STAGES:
@@ -269,11 +270,9 @@ def predict_time(
         flops = sum(g.flops * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
         moved = sum(g.bytes * g.calls * c.count for c in work.calls if c.stage == stage for g in c.operators)
         operators = int(sum(count for _, count in kinds.values()))
+        gpu = ranges.get(stage)
         host = hosts.get(stage)
-        scores = stage_scores(work, stage, kernel)
-        gpu, expected = (
-            stage_range(kinds, operators, calibration, scores, host, both[stage][0]) if calibration else 2 * (None,)
-        )
+        expected = stage_range(gpu, host, both[stage][0]) if gpu else None
         stages.append(
             StageTime(
                 stage=stage,
@@ -315,81 +314,25 @@ def predict_time(
         energy_left_out=why_no_energy(device, calibration),
         ideal_s=sum(both[stage.stage][1] for stage in stages) if weights is not None else None,
         l2_bytes=device.l2_bytes,
-        calibration=calibration.source
+        calibration=calibration.source_for(work)
         if calibration
         else f"no expected range: {unfitted or uncalibrated(device)}; the lower bound is shown",
     )
 
 
-def stage_range(
-    kinds: dict[str, list[float]], operators: int, calibration: Calibration, scores: float,
-    host: tuple[float, float] | None, lower: float,
-) -> tuple[tuple[float, float], tuple[float, float]]:  # fmt: skip
-    """A stage's (GPU range, expected range): the GPU's (``expected_s``), then the longer of it and the host's issue
-    time ``host`` at each end (``overlapped``), never under the stage's eager bound ``lower`` (``at_least``)."""
-    gpu = expected_s(kinds, operators, calibration, scores)
-    return gpu, at_least(overlapped(gpu, host), lower)
-
-
-def whole_range(stages: list[tuple[float, float]], calibration: Calibration, whole: bool = True) -> tuple[float, float]:
-    """A generation's expected range: its stages' summed, plus the pipeline call's own host work where the calibration
-    has it and the time covers the ``whole`` call (a published figure of the denoising alone does not)."""
-    low, high = sum(stage[0] for stage in stages), sum(stage[1] for stage in stages)
-    if calibration.host and whole:
-        low, high = low + calibration.host.call_s[0], high + calibration.host.call_s[1]
-    return low, high
-
-
-def overlapped(gpu: tuple[float, float], host: tuple[float, float] | None) -> tuple[float, float]:
-    """A stage's range: the longer of the GPU's and the host's time at each end (CUDA's launch is asynchronous)."""
-    return gpu if host is None else (max(gpu[0], host[0]), max(gpu[1], host[1]))
-
-
-def host_share(stages: list[StageTime], whole: tuple[float, float] | None) -> tuple[float | None, str | None]:
-    """The share of the expected time the GPU is busy (midpoints), and why the run is host-bound where the host's
-    issue time is the longer in the stages that make most of it; (None, None) without a host term."""
-    timed = [stage for stage in stages if stage.gpu_s and stage.host_s]
-    if not timed or not whole:
-        return None, None
-    middle = (whole[0] * whole[1]) ** 0.5
-    gpu = sum((stage.gpu_s[0] * stage.gpu_s[1]) ** 0.5 for stage in timed)
-    host = sum((stage.host_s[0] * stage.host_s[1]) ** 0.5 for stage in timed)
-    busy = min(1.0, gpu / middle)
-    if host <= gpu:
-        return busy, None
-    return busy, (
-        f"host-bound: the host takes {host:.3g} s to issue the work (dispatched operators, module calls, steps) "
-        f"against the GPU's {gpu:.3g} s, so the GPU is busy about {busy:.0%} of the time; a faster host, CUDA graphs "
-        "or torch.compile shorten it, a faster GPU does not"
-    )
-
-
-def outside(calibration: Calibration, bound_per_operator_s: float) -> str | None:
-    """Why the expected range may not hold for a run whose operators are smaller than any the fit saw, or None."""
-    least = calibration.least_bound_per_operator_s
-    if least is None or bound_per_operator_s >= least:
-        return None
-    return (
-        f"outside the fitted runs: {bound_per_operator_s * 1e6:.1f} us of eager bound per operator, under the "
-        f"{least * 1e6:.1f} us of every run the range was fitted on: no fitted run had operators so small, so its "
-        "launches and its host may cost more than the fit says"
-    )
-
-
-def at_least(expected: tuple[float, float], lower: float) -> tuple[float, float]:
-    """An expected range never under the eager bound (no eager run is faster)."""
-    return max(expected[0], lower), max(expected[1], lower)
-
-
-def expected_s(
-    kinds: dict[str, list[float]], operators: int, calibration: Calibration, scores: int = 0
-) -> tuple[float, float]:
-    """A stage's expected range: each kind's lower bound over its highest and lowest achieved fraction
-    (a kind not calibrated takes "other"'s), plus the cost of its attention ``scores`` and the overhead per
-    operator."""
-    low, high = (scores * calibration.score_s[0], scores * calibration.score_s[1]) if calibration.score_s else (0, 0)
-    for kind, (seconds, _) in kinds.items():
-        fractions = calibration.fractions.get(kind, calibration.fractions["other"])
-        low += seconds / fractions[1]
-        high += seconds / fractions[0]
-    return low + operators * calibration.overhead_s[0], high + operators * calibration.overhead_s[1]
+def expected_ranges(
+    work: OperatorWork, device: Device, calibration: Calibration, kernel: Speedup, fp32_math: Mapping[str, str]
+) -> dict[str, tuple[float, float]]:
+    """Per stage, the range ``calibration`` expects of ``work`` (``expected_s``), each call priced by the fit of its
+    variant (``Calibration.fits_for``: a CPU's bfloat16 and compiled calls by their own), each fit's fractions of
+    the peaks it was fitted on (``fitted_units``)."""
+    found: dict[str, tuple[float, float]] = {}
+    for fit, calls in calibration.fits_for(work):
+        part = work.model_copy(update={"calls": calls})
+        rates = flop_rates(fitted_units(device, fit), part, fp32_math)
+        for stage, kinds in lower_bounds(part, rates, device.bandwidth_bytes_per_s, device.l2_bytes, kernel).items():
+            operators = int(sum(count for _, count in kinds.values()))
+            low, high = expected_s(kinds, operators, fit, stage_scores(part, stage, kernel))
+            before = found.get(stage, (0.0, 0.0))
+            found[stage] = (before[0] + low, before[1] + high)
+    return found

@@ -113,6 +113,8 @@ class CallWork(BaseModel):
     #: the bytes those chains move once each is one kernel (``fused_bytes``: what each reads from outside it and
     #: writes for use outside it, once); None: counted before diffmeter counted them
     fused_bytes: int | None = None
+    #: run as torch.compile's generated code (``compiled_time``): a calibration with a compiled fit prices it so
+    compiled: bool = False
 
 
 class CacheSkip(BaseModel):

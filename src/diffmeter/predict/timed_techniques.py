@@ -38,13 +38,10 @@ def label(name: str, params: dict) -> str:
     return f"{name} {value}"
 
 
-#: why compile is not timed on a CPU: inductor's fusion is modelled with the eager kinds' achieved fractions, which
-#: holds on CUDA (calibration_techniques.md) and not on a CPU, where inductor writes its own C++ loops for the fused
-#: operators and puts every convolution in channels-last (torch/_inductor/graph.py ``decide_layout_opt``)
-CPU_COMPILE = (
-    "on a CPU inductor runs the fused operators as its own C++ loops (convolutions channels-last), whose rate no CPU "
-    "run has been fitted on; the fusion model is calibrated on published CUDA runs"
-)
+#: the one mode the CPU calibration's compiled fits were made with (benchmarks/roofline_cpu_variants.py): on a CPU
+#: inductor runs the fused operators as its own C++ loops (convolutions channels-last, torch/_inductor/graph.py
+#: ``decide_layout_opt``), priced by those fits (``Calibration.variants``); the CUDA-graph modes' replay is no CPU's
+CPU_COMPILE_MODE = "default"
 
 
 def why_untimed(name: str, params: dict, on_cpu: bool = False) -> str | None:
@@ -55,7 +52,10 @@ def why_untimed(name: str, params: dict, on_cpu: bool = False) -> str | None:
             return f"the {backend} backend (inductor's fusion is what is modelled)"
         if params.get("regional"):  # the repeated blocks compiled, each its own graph; the rest of the call eager
             return "regional compilation (the whole denoiser compiled is what is modelled)"
-        return CPU_COMPILE if on_cpu else None
+        mode = params.get("mode", "default")
+        if on_cpu and mode != CPU_COMPILE_MODE:
+            return f"on a CPU only mode={CPU_COMPILE_MODE} was fitted (benchmarks/roofline_cpu_variants.py)"
+        return None
     if name in CACHES:
         return cache_untimed(name)
     if kernel_of(name, params) is None:
