@@ -51,6 +51,7 @@ from diffmeter.runs.storage import read_result  # noqa: E402
 
 HERE = Path(__file__).parent / "results"
 RUNS = HERE / "ladder_cpu_runs"
+CALIBRATION_FILE = HERE.parent.parent / "src" / "diffmeter" / "predict" / "data" / "efficiency.json"
 
 
 def main() -> None:
@@ -103,6 +104,27 @@ def main() -> None:
     (HERE / "ladder_cpu.json").write_text(ladder.model_dump_json(indent=2) + "\n")
     rows = [{**vars(p), "measured_s": measured.get(p.rung), "verdict": p.verdict(measured.get(p.rung))} for p in ranges]
     (HERE / "predicted_ladder_cpu.json").write_text(json.dumps(rows, indent=2) + "\n")
+    record_held_out(rows)
+
+
+def record_held_out(rows: list[dict]) -> None:
+    """Each CPU variant fit's held-out figure, this ladder's verdicts on the rungs it priced (none of its runs is in
+    that fit), written into the shipped calibration: its range then says how it held wherever it is shown."""
+    stored = json.loads(CALIBRATION_FILE.read_text())
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    for variant in stored["cpu"].get("variants", {}).values():
+        fitted = variant["source"].removesuffix(f"; {variant.get('held_out')}")
+        priced = [row for row in rows if row["calibration"] and fitted in row["calibration"] and row["measured_s"]]
+        if not priced:
+            continue
+        inside = sum(row["verdict"] == "inside" for row in priced)
+        verdicts = ", ".join(f"{row['rung']} {row['verdict'].removeprefix('outside: ')}" for row in priced)
+        variant["held_out"] = (
+            f"held out on the CPU ladder (SD 1.5, 256 px, {when}, benchmarks/results/ladder_cpu.md): {inside} of "
+            f"{len(priced)} rungs inside ({verdicts})"
+        )
+        variant["source"] = f"{fitted}; {variant['held_out']}"
+    CALIBRATION_FILE.write_text(json.dumps(stored, indent=2) + "\n")
 
 
 def _compile_effect(ladder) -> str:
