@@ -9,6 +9,7 @@ chains inductor fuses."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -50,6 +51,26 @@ def generated_bytes(graphs: list[dict]) -> int:
     )
 
 
+@contextlib.contextmanager
+def inductor_metrics(**config):
+    """Inductor's metrics of every graph compiled inside (``Metrics.graphs``), with its ``config`` patched and its
+    caches off (a cached graph is not counted again)."""
+    logger = logging.getLogger("torch._inductor.compile_fx.__inductor_metrics")
+    metrics, propagate = Metrics(), logger.propagate
+    try:
+        torch._logging.set_logs(inductor_metrics=True)
+        logger.addHandler(metrics)
+        logger.propagate = False
+        with torch._inductor.config.patch(force_disable_caches=True, **config):
+            torch._dynamo.reset()
+            yield metrics
+    finally:
+        logger.removeHandler(metrics)
+        logger.propagate = propagate
+        torch._logging.set_logs()
+        torch._dynamo.reset()
+
+
 def fused_bytes_against_inductor(model: str, component: str, config: dict | None = None, **settings) -> Bytes:
     """``model``'s first call of ``component`` at ``settings`` in float32: counted eagerly, then compiled (with
     inductor's ``config`` patched)."""
@@ -59,26 +80,14 @@ def fused_bytes_against_inductor(model: str, component: str, config: dict | None
     module = build_component(entry.components[component], "cpu").to(DTYPES["float32"])
     inputs = cast_floating(call.build(torch.device("cpu")), torch.float32)
     handle = call.prepare(module) if call.prepare else None
-    logger = logging.getLogger("torch._inductor.compile_fx.__inductor_metrics")
-    metrics, propagate = Metrics(), logger.propagate
     try:
         with torch.no_grad():
             with OperatorTally(torch.float32) as tally:
                 output = getattr(module, call.method)(**inputs)
             del output
-            torch._logging.set_logs(inductor_metrics=True)
-            logger.addHandler(metrics)
-            logger.propagate = False
-            with torch._inductor.config.patch(
-                force_disable_caches=True, **(config or {})
-            ):  # a cached graph is not counted again
-                torch._dynamo.reset()
+            with inductor_metrics(**(config or {})) as metrics:
                 torch.compile(getattr(module, call.method))(**inputs)
     finally:
-        logger.removeHandler(metrics)
-        logger.propagate = propagate
-        torch._logging.set_logs()
-        torch._dynamo.reset()
         if handle is not None:
             handle.remove()
     work = CallWork(stage="denoising", component=component, count=1, operators=tally.operators(), **tally.host_counts())

@@ -3,6 +3,7 @@ running diffusers' own context parallelism and diffmeter's CFG layer on fake ten
 (no GPU: the fake group stands in for NCCL), held to rules derived apart from that run."""
 
 import json
+from math import prod
 
 import pytest
 
@@ -103,6 +104,34 @@ def test_cfg_parallel_halves_the_batched_call_and_receives_the_other_half():
     assert extra == 0 and rank.collectives == {"all_gather": 1}
     prediction = 4 * 16 * 16 * FP32  # one image's noise prediction: 4 latent channels at 32 px / 2 (two VAE levels)
     assert rank.received_bytes == prediction and rank.activation_bytes < held.activation_bytes
+
+
+@pytest.mark.parametrize(
+    ("spec", "degrees"),
+    [
+        (FLUX, (2, 1, 1, 1)),
+        (FLUX, (1, 2, 1, 1)),
+        (FLUX, (1, 1, 1, 2)),
+        (ProfileSpec(model="tiny-sd", dtype="float32"), (1, 1, 2, 1)),
+    ],
+)
+def test_a_ranks_compiled_call_moves_its_own_fused_bytes(spec, degrees):
+    """A rank's fusible chains and their fused bytes are counted in its own fake run and replace one GPU's: at least
+    1/N of them (every rank runs at least its share of the activations, the weights whole) and fewer; compiled, its
+    fused kernels move fewer bytes than one GPU's."""
+    from diffmeter.predict.compiled_time import FUSED_KINDS, compiled_call
+
+    memory, work, single, _ = _single(spec)
+    (rank,), _ = rank_calls(spec, *degrees)
+    gpus = prod(degrees)
+    assert rank.fused_chains and single.fused_bytes / gpus < rank.fused_bytes < single.fused_bytes
+    (mine,) = [c for c in per_gpu_work(work, memory.denoisers, [rank]).calls if c.stage == "denoising"]
+    assert (mine.fused_chains, mine.fused_bytes) == (rank.fused_chains, rank.fused_bytes)
+
+    def fused(call):
+        return sum(g.bytes * g.calls for g in compiled_call(call, "default").operators if g.kind in FUSED_KINDS)
+
+    assert fused(mine) < fused(single)
 
 
 def test_a_cfg_parallel_gpus_memory_row_names_its_half_of_the_batch(cli):

@@ -223,6 +223,88 @@ def test_every_quantized_layer_call_of_a_tiny_pipeline_is_replaced(tiny_flux):
     assert flops[0] == flops[1]  # weight-only: the same matmuls, in bfloat16
 
 
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K", "Q6_K"])
+def test_a_gguf_dequantization_fused_reads_its_stored_weight_once_and_writes_it_once(kind):
+    """The dataflow over the dequantization's operators: the packed blocks read once, the compute-dtype weight
+    written once for the matmul, its intermediates in registers; beside them only the shift tables built from host
+    data (a few bytes)."""
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
+    found = gguf_dequantize(kind, K, N, "bfloat16")
+    assert found.fused == pytest.approx(N * K // block * size + DTYPE.itemsize * K * N, abs=16)
+
+
+@pytest.mark.parametrize(
+    ("backend", "kind"), [("gguf", "Q8_0"), ("torchao", "float8wo"), ("bnb", "nf4"), ("quanto", "int8")]
+)
+def test_a_compiled_quantized_call_reads_each_stored_weight_and_writes_its_dequantized_copy(tiny_flux, backend, kind):
+    """Each quantized layer's call adds a kernel to the denoiser call's fused chains, moving at least the stored
+    weight (bitsandbytes' code table aside: its kernel has its own) and its dequantized copy, at most three passes
+    over it (quanto int8's, per element at the compute width); torchao int8 weight-only, which inductor turns into
+    one int8 matmul, none."""
+    from diffmeter.catalog import resolve
+    from diffmeter.predict.footprints import meta_module
+    from diffmeter.predict.quantized_time import BNB_CODE
+
+    spec, work = tiny_flux
+    dtype, s = getattr(torch, work.dtype), getattr(torch, work.dtype).itemsize
+    module = meta_module(resolve("tiny-flux").components["transformer"], dtype)
+    layers = [layer for found in quantized_layers(module, backend, kind, dtype).values() for layer in found if layer]
+
+    def transformer(quantized: tuple[str, str] | None = None):
+        found = quantized_work(work, spec, [Format(*quantized, ("transformer",))]) if quantized else work
+        return next(c for c in found.calls if c.component == "transformer")
+
+    before, after, untouched = transformer(), transformer((backend, kind)), transformer(("torchao", "int8wo"))
+    replaced = after.fused_chains - before.fused_chains  # the quantized layers' calls, a kernel each
+    least = min(layer.stored - BNB_CODE * (backend == "bnb") + s * layer.k * layer.n for layer in layers)
+    most = max(layer.stored + 3 * s * layer.k * layer.n for layer in layers)
+    assert replaced > 0 and replaced * least <= after.fused_bytes - before.fused_bytes <= replaced * most
+    assert (untouched.fused_bytes, untouched.fused_chains) == (before.fused_bytes, before.fused_chains)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("backend", "kind"), [("gguf", "Q8_0"), ("torchao", "float8wo"), ("torchao", "int8wo")])
+def test_a_compiled_dequantization_moves_what_inductor_generates(backend, kind, linear):
+    """One quantized linear compiled by inductor on this CPU (about 20 s each): the bytes its generated kernels move
+    by inductor's own estimate (tests/inductor_bytes.py) against what the model adds to the fused chains
+    (``fused_dequantize``; measured: GGUF Q8_0 -3.9%, the scales' copy its dtype view needs; torchao float8 0.0%);
+    torchao int8 weight-only: an int8 matmul, no generated kernel writing a dequantized copy. No bias: alone, its add
+    would be a kernel of its own, where in a model it joins the chain after the layer."""
+    from inductor_bytes import generated_bytes, inductor_metrics
+    from torch._inductor.utils import run_and_get_code
+
+    from diffmeter.predict.quantized_time import fused_dequantize
+
+    model = torch.nn.Sequential(torch.nn.Linear(K, N, bias=False).to(DTYPE))
+    model[0].weight = linear[0].weight
+    stored, gguf_type = K * N + 4 * N, None
+    if backend == "gguf":
+        import gguf
+        from diffusers.quantizers.gguf.utils import GGUFLinear, GGUFParameter
+
+        quant = gguf.GGMLQuantizationType[kind]
+        data = torch.from_numpy(gguf.quantize(linear[0].weight.detach().float().numpy(), quant))
+        model[0] = GGUFLinear(K, N, bias=False, compute_dtype=DTYPE)
+        model[0].weight = GGUFParameter(data, quant_type=quant)
+        stored, gguf_type = data.numel(), kind
+    else:
+        from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+
+        quantize_(model, Int8WeightOnlyConfig() if kind == "int8wo" else Float8WeightOnlyConfig())
+    with torch.no_grad(), inductor_metrics() as metrics:
+        _, code = run_and_get_code(torch.compile(model), linear[1])
+    generated = generated_bytes(metrics.graphs)
+    layer = Layer(K, N, False, stored, gguf_type)
+    moved, _ = fused_dequantize(backend, kind, layer, layer_ops(backend, kind, layer, T, DTYPE.itemsize), 2)
+    if kind == "int8wo":
+        assert moved == 0 and "_weight_int8pack_mm" in "".join(code)
+        assert generated < DTYPE.itemsize * K * N  # less than writing a dequantized copy alone
+    else:
+        assert moved == pytest.approx(generated, rel=0.1)
+
+
 def test_the_held_out_source_is_never_in_the_fit():
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
     from calibrate_quantized import held_out

@@ -102,9 +102,10 @@ def test_profile_says_which_stack_its_range_is_for_and_takes_the_users(cli):
     assert code == 0 and json.loads(out)["time"]["stack"] == "torch 2.11, SDPA on cudnn"
     code, out, _ = cli("profile", "tiny-sd", "--gpu", "a100", "--torch-version", "2.11", "--json")
     assert code == 0 and json.loads(out)["time"]["stack"] == "torch 2.11, SDPA on flash"
-    code, out, _ = cli(
-        "profile", "tiny-sd", "--gpu", "h100", "--torch-version", "2.11", "--opt", "sdpa-kernel:kernel=flash", "--json"
-    )
+    flash = ("profile", "tiny-sd", "--gpu", "h100", "--torch-version", "2.11", "--opt", "sdpa-kernel:kernel=flash")
+    code, out, _ = cli(*flash, "--dtype", "float16", "--json")
     assert code == 0 and json.loads(out)["time"]["stack"] == "torch 2.11, SDPA on flash"
+    code, _, err = cli(*flash)  # refused as bench refuses it: flash takes 16-bit inputs
+    assert code == 2 and "the flash SDPA kernel takes float16/bfloat16 inputs only" in err
     code, _, err = cli("profile", "tiny-sd", "--gpu", "h100", "--torch-version", "two")
     assert code == 2 and "is not a torch version" in err and "Traceback" not in err

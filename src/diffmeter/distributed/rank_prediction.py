@@ -42,7 +42,10 @@ COLLECTIVES = ("_c10d_functional", "c10d")
 
 class RankTally(OperatorTally):
     """The operator tally with collectives kept apart: the bytes this rank receives in each, under keys the
-    replay of repeated blocks replays with the rest (``collectives_received``); ``operators`` leaves them out."""
+    replay of repeated blocks replays with the rest (``collectives_received``); ``operators`` leaves them out. A
+    collective ends the open chain of fusible operators and reads what it sends from memory, as a library kernel
+    does: inductor lowers each to an extern kernel of its own (torch 2.13 torch/_inductor/comm_lowering.py,
+    ``ir._CollectiveKernel``), which no generated kernel fuses."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if DTensor in types:  # a sharded layer's operator: counted on the rank's own shards, as it runs there
@@ -53,7 +56,9 @@ class RankTally(OperatorTally):
             return super().__torch_dispatch__(func, types, args, kwargs)
         found = received(func, args)
         self.groups[(f"collective {found[0] if found else func._opname}", 0, found[1] if found else 0, 0, None)] += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        self.chain_step(True, (args, kwargs or {}), out)  # a library kernel to inductor (comm_lowering.py)
+        return out
 
     def operators(self):
         return [group for group in super().operators() if not group.kind.startswith("collective ")]

@@ -54,7 +54,7 @@ REDUCTION_KINDS = ("normalization",)
 
 def fused_kernels(call: CallWork) -> tuple[int, int]:
     """(eager operators of the fused kinds, kernels inductor makes of them) in one call: a kernel per chain, or,
-    for a call whose chains were not counted (a parallel rank's), at most one per gap between library kernels."""
+    for a call counted without its chains, at most one per gap between library kernels."""
     eager = sum(g.calls for g in call.operators if g.kind in FUSED_KINDS)
     extern = sum(g.calls for g in call.operators if g.kind in EXTERN_KINDS)
     chains = call.fused_chains if call.fused_chains is not None else extern + 1

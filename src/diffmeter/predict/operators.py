@@ -142,15 +142,20 @@ class OperatorTally(TorchDispatchMode):
         dtype = operand_dtype(args, self.dtype) if flops else None
         kind = kind_of(func._schema.name)
         self.groups[(kind, flops, total, attention_scores(func, args), dtype)] += 1
-        library = kind in EXTERN_KINDS
+        extra = tensor_bytes(out) if packet is torch.ops.aten.embedding else 0
+        self.chain_step(kind in EXTERN_KINDS, inputs, out, extra)
+
+    def chain_step(self, library: bool, inputs, out, extra_read: int = 0) -> None:
+        """One operator that moves data, a library kernel or a fusible one, in the chains and their fused bytes:
+        its tensor ``inputs`` and outputs ``out``; ``extra_read``: bytes it reads beside them (an embedding's rows)."""
         tensors = (
-            [t for t in inputs if isinstance(t, torch.Tensor)],
+            [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)],
             [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)],
         )
         if library:
             self.flow.library(*tensors)
         else:
-            self.flow.fused(*tensors, extra_read=tensor_bytes(out) if packet is torch.ops.aten.embedding else 0)
+            self.flow.fused(*tensors, extra_read=extra_read)
         self.groups[CHAIN_KEY] += library and self.chained  # a library kernel ends the open chain
         self.chained = not library
         if self.firsts and self.firsts[-1] is None:  # the blocks begun since the last operator: this is their first

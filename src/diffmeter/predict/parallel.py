@@ -121,6 +121,9 @@ class RankCall(BaseModel):
     param_bytes: int | None = None
     #: the batch this rank's call runs (batched CFG parallel: its half of the CFG-doubled batch); None: the call's
     batch: int | None = None
+    #: the chains of fusible operators it runs and the bytes they move once each is one kernel (``CallWork``'s)
+    fused_chains: int | None = None
+    fused_bytes: int | None = None
 
 
 def gpu_link(device: Device, gpus: int) -> Link | None:
@@ -202,14 +205,15 @@ def per_gpu_memory(memory: MemoryPrediction, ranks: list[RankCall]) -> MemoryPre
 
 
 def per_gpu_work(work: OperatorWork, denoisers: list[str], ranks: list[RankCall]) -> OperatorWork:
-    """``work`` as one rank runs it: each denoiser call's operators and counts its rank's."""
+    """``work`` as one rank runs it: each denoiser call's operators, counts, fused chains and bytes its rank's."""
     calls: list[CallWork] = list(work.calls)
     indexes = _denoiser_indexes(calls, denoisers)
     if len(indexes) != len(ranks):
         raise ValueError(f"{len(ranks)} rank calls for {len(indexes)} denoiser calls")
     for index, rank in zip(indexes, ranks, strict=True):
         update = {"operators": rank.operators, "count": rank.count, "dispatched": rank.dispatched}
-        calls[index] = calls[index].model_copy(update={**update, "modules": rank.modules})
+        fused = {"fused_chains": rank.fused_chains, "fused_bytes": rank.fused_bytes}
+        calls[index] = calls[index].model_copy(update={**update, "modules": rank.modules, **fused})
     return work.model_copy(update={"calls": calls})
 
 

@@ -236,17 +236,18 @@ class DequantizeTally(OperatorTally):
         name = func._schema.name.removeprefix("aten::").strip("_")
         kind = "elementwise" if name.startswith(BITWISE) else kind_of(func._schema.name)
         self.groups[(kind, 0, charged, 0, None)] += 1
-        self.chained = True  # a pointwise operator: fusible, as the tally's own bookkeeping has it
+        self.chain_step(False, inputs, out)  # a pointwise operator: fusible
 
 
 @dataclass(frozen=True)
 class Dequantized:
     """One call's GGUF dequantization: its operators (``SYNC`` per synchronizing copy), the operators the host
-    dispatches (views too), and its synchronizing copies."""
+    dispatches (views too), its synchronizing copies, and the bytes it moves fused into one kernel (``fused``)."""
 
     ops: tuple[Op, ...]
     dispatched: int
     syncs: int
+    fused: int = 0
 
 
 @functools.lru_cache(maxsize=256)
@@ -265,10 +266,12 @@ def gguf_dequantize(kind: str, k: int, n: int, dtype: str) -> Dequantized:
         stored = torch.empty((n, k // block * size), dtype=torch.uint8)
         with DequantizeTally(compute) as tally:  # dequantize_gguf_tensor's views (:535-538), then the type's blocks
             blocks = stored.view(torch.uint8).reshape((n * k // block, size))
-            dequant = dequantize_functions[quant](blocks, block, size).reshape(n, k)
-            dequant.to(compute)
+            # alive as the call ends, the weight is written once (for the matmul), its intermediates never
+            weight = dequantize_functions[quant](blocks, block, size).reshape(n, k).to(compute)
     ops = tuple((g.kind, g.flops, g.bytes, g.dtype) for g in tally.operators() for _ in range(g.calls))
-    return Dequantized((*ops, *[SYNC] * tally.syncs), tally.host_counts()["dispatched"], tally.syncs)
+    del weight
+    counted = tally.host_counts()
+    return Dequantized((*ops, *[SYNC] * tally.syncs), counted["dispatched"], tally.syncs, counted["fused_bytes"])
 
 
 def quantized_layers(module: torch.nn.Module, backend: str, kind: str, dtype: torch.dtype) -> dict[tuple, list]:
@@ -299,6 +302,29 @@ def added_dispatches(backend: str, layer: Layer, ops: list[Op], s: int) -> int:
     return len(ops) - 1
 
 
+def fused_dequantize(backend: str, kind: str, layer: Layer, ops: list[Op], s: int) -> tuple[int, int]:
+    """(bytes, kernels) one call of ``layer`` adds to its compiled call's fused chains (``CallWork.fused_bytes``,
+    ``fused_chains``; inductor on this CPU, tiny linears, graph.count_bytes, 2026-11-30): GGUF's dequantization and
+    torchao's float8 weight's fuse into one kernel reading the stored weight once and writing it dequantized once for
+    the matmul (measured: float8 exactly; GGUF Q8_0 4% more, its scales copied in a kernel of their own; Q4_K 29%
+    more, cause not traced). On CUDA too outside max-autotune, whose Triton matmul templates alone take a prologue
+    (torch 2.13 torch/_inductor/utils.py:2089, ``use_triton_template``): not modelled. bitsandbytes'
+    ``dequantize_4bit`` and quanto's ``qbytes_mm`` are torch.library custom ops inductor does not enter: their passes
+    as eager. Left as they are: torchao int8 weight-only, whose cast, matmul and scaling inductor rewrites into
+    ``_weight_int8pack_mm`` reading the int8 weight (measured; its pattern admits CUDA: torch/_inductor/fx_passes/
+    quantization.py:1152-1170), no dequantized copy, but its matmul still charged the compute-width weight; float8
+    activation quantization (fusible passes over the activation, not measured); a bias added after the matmul, which
+    the next chain reads (n elements)."""
+    if backend == "gguf":
+        return gguf_dequantize(layer.gguf, layer.k, layer.n, {2: "bfloat16", 4: "float32"}[s]).fused, 1
+    if backend == "torchao" and kind == "float8wo":
+        return layer.stored + s * layer.k * layer.n, 1
+    if backend in ("bnb", "quanto"):
+        before = ops[: [op[0] for op in ops].index("matmul")]
+        return sum(op[2] for op in before), len(before)
+    return 0, 0
+
+
 def match(group: OperatorGroup, s: int, shapes) -> tuple[tuple, int] | None:
     """The (in, out, bias) of the linear layers a matmul ``group`` is, and their tokens, where its FLOPs and bytes
     are exactly such a layer's (2.T.K.N FLOPs; s.(T.K + K.N + T.N + bias N) bytes)."""
@@ -314,8 +340,9 @@ def match(group: OperatorGroup, s: int, shapes) -> tuple[tuple, int] | None:
 
 def rewrite_call(call: CallWork, backend: str, kind: str, layers: dict[tuple, list], s: int) -> CallWork:
     """``call`` with each matmul group of quantized layers replaced by their operators (their share of the group's
-    calls: the layers of that shape the backend quantizes, each type of a GGUF mix in proportion)."""
-    operators, extra = [], 0
+    calls: the layers of that shape the backend quantizes, each type of a GGUF mix in proportion), its fused chains
+    with what their dequantization adds compiled (``fused_dequantize``)."""
+    operators, extra, fused, kernels = [], 0, 0, 0
     for group in call.operators:
         found = match(group, s, layers) if group.dtype is None else None
         if found is None:
@@ -336,9 +363,14 @@ def rewrite_call(call: CallWork, backend: str, kind: str, layers: dict[tuple, li
             for op_kind, flops, moved, dtype in ops:
                 operators.append(OperatorGroup(kind=op_kind, flops=flops, bytes=moved, calls=calls, dtype=dtype))
             extra += calls * added_dispatches(backend, layer, ops, s)
+            moved, made = fused_dequantize(backend, kind, layer, ops, s)
+            fused, kernels = fused + calls * moved, kernels + calls * made
         if left:
             operators.append(group.model_copy(update={"calls": left}))
-    return call.model_copy(update={"operators": operators, "dispatched": call.dispatched + extra})
+    update = {"operators": operators, "dispatched": call.dispatched + extra}
+    if call.fused_bytes is not None and call.fused_chains is not None:
+        update |= {"fused_bytes": call.fused_bytes + fused, "fused_chains": call.fused_chains + kernels}
+    return call.model_copy(update=update)
 
 
 def quantized_work(work: OperatorWork, spec, formats) -> OperatorWork:
