@@ -262,12 +262,9 @@ def refuse_inapplicable(built: list, specs, results) -> None:
     """Each technique refused where bench refuses it for the model (``optimize.check`` on a CUDA GPU: DeepCache
     without a UNet, a diffusers cache hook without a CacheMixin denoiser, clashing pairs), in bench's one line; a
     package missing here is not refused: the predicted run's machine may have it."""
-    from contextlib import suppress
-
     import torch
 
     from diffmeter.catalog import entry_of
-    from diffmeter.errors import MissingPackage
     from diffmeter.families import get_family
     from diffmeter.optimize import Target, check
 
@@ -275,12 +272,7 @@ def refuse_inapplicable(built: list, specs, results) -> None:
         entry = entry_of(spec)
         images = bool(found.input_images)
         target = Target(entry, get_family(entry.family), torch.device("cuda"), found.dtype, found.steps, images=images)
-        try:
-            check(built, target)
-        except MissingPackage:  # the others are still refused as bench refuses them
-            for one in built:
-                with suppress(MissingPackage):
-                    check([one], target)
+        check(built, target, missing_ok=True)
 
 
 def untimed_format(technique: str, formats) -> str:

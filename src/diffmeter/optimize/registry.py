@@ -43,8 +43,9 @@ def build(specs: list[OptimizationSpec]) -> list[Optimization]:
     return sorted(built, key=lambda optimization: ORDER.index(optimization.kind))
 
 
-def check(optimizations: list[Optimization], target: Target) -> None:
-    """Refuse a missing package, an unsupported model or a clashing pair, with the reason."""
+def check(optimizations: list[Optimization], target: Target, missing_ok: bool = False) -> None:
+    """Refuse a missing package, an unsupported model or a clashing pair, with the reason; ``missing_ok``: a package
+    missing here is not refused (a run predicted for a machine that may have it)."""
     seen: dict[str, str] = {}
     for optimization in optimizations:
         if optimization.name in seen.values():
@@ -55,6 +56,8 @@ def check(optimizations: list[Optimization], target: Target) -> None:
             )
         seen[optimization.kind if optimization.exclusive else optimization.name] = optimization.name
         reason, missing = optimization.refusal(target)
+        if missing and missing_ok:
+            continue
         if missing:
             raise MissingPackage(f"{optimization.name} would apply to {target.entry.name}, but {reason}")
         if reason:
