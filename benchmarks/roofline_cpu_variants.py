@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from roofline_cpu import fitted_device
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "roofline_cpu_variants.md"
 CALIBRATION = ROOT / "src" / "diffmeter" / "predict" / "data" / "efficiency.json"
@@ -90,7 +92,6 @@ def main() -> None:
     from diffmeter.measure.conditions import BUSY_CORES
     from diffmeter.predict.compiled_time import FUSED_KINDS
     from diffmeter.predict.cpu_peaks import cpu_name, measure_cpu_peaks
-    from diffmeter.predict.devices import Device
     from diffmeter.predict.expected_range import expected_s
     from diffmeter.predict.roofline import flop_rates, lower_bounds
 
@@ -101,10 +102,8 @@ def main() -> None:
         name: [run_case(model, size, steps, *how) for model, size, steps in CASES] for name, how in VARIANTS.items()
     }
     after = measure_cpu_peaks(("fp32", "bf16"), budget_s=1.0)
-    tflops = {key: max(before.tflops[key], after.tflops[key]) for key in before.tflops}
-    bandwidth = max(before.bandwidth_bytes_per_s, after.bandwidth_bytes_per_s)
-    device = Device(name="this CPU", kind="cpu", memory_bytes=None, bandwidth_bytes_per_s=bandwidth, tflops=tflops,
-                    source="measured before and after the runs")  # fmt: skip
+    device = fitted_device(before, after)
+    tflops, bandwidth = device.tflops, device.bandwidth_bytes_per_s
     today = time.strftime("%Y-%m-%d")
     fits, lines, failures = {}, [], 0
     for name, runs in cases.items():
