@@ -188,7 +188,7 @@ def with_transfer_bound(
     a cache is among ``names``, the run's techniques' registry names (``transfers_bound``): then ``time`` as it is."""
     if not transfers_bound(names):
         return time
-    bound = untimed_lower_s(time.lower_s, prediction, techniques, link_rate, names)
+    bound = lower_s(time.lower_s, prediction, techniques, link_rate)
     mode, moved = offload_of(techniques), moved_bytes(prediction, techniques)
     how = "the longer of them and the compute" if mode == "offload-group" else "added to the compute"
     said = (
