@@ -130,15 +130,18 @@ def test_profile_gpu_with_benchs_technique_flags_predicts_what_bench_stores(cli,
     from diffmeter.runs.lifecycle import bench
     from diffmeter.runs.spec import BenchSpec
 
-    code, out, _ = cli("profile", "tiny-sd3", "--gpu", "cpu", "--vae-tiling", "--offload", "model", "--json")
+    spec = ["--gpu-spec", "80GB,100TFLOPS,2TB/s"]  # a GPU given by its figures: no host link among them
+    code, out, _ = cli("profile", "tiny-sd3", *spec, "--vae-tiling", "--offload", "model", "--json")
     assert code == 0
     predicted = json.loads(out)
     assert predicted["memory_techniques"] == ["offload-model", "vae-tiling"]
-    # the time is the pipeline's without offload (no host link on a CPU): a field a program reads, with why
+    # the time is the pipeline's without offload (no host link): a field a program reads, with why
     assert predicted["time"] is not None and predicted["time"]["offload"] is None
     assert predicted["time_left_out"] == [
         "offload-model: no host link figure for this device (predict/data/host_links.json)"
     ]
+    code, _, err = cli("profile", "tiny-sd3", "--gpu", "cpu", "--offload", "model")  # as bench refuses it on a CPU
+    assert code == 2 and "offload cannot be used with tiny-sd3: offloading moves weights between the CPU and a" in err
     code, out, _ = cli("profile", "tiny-sd3", "--gpu", "cpu", "--vae-tiling", "--json")
     predicted = json.loads(out)
     result, _ = bench(
@@ -155,14 +158,19 @@ def test_profile_gpu_with_benchs_technique_flags_predicts_what_bench_stores(cli,
     code, out, _ = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "compile", "--json")  # the CPU's compiled fit
     found = json.loads(out)
     assert code == 0 and found["time_techniques"] == ["compile mode=default"] and found["time_left_out"] == []
-    code, out, _ = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "compile:mode=max-autotune", "--json")
+    mode = "compile:mode=max-autotune-no-cudagraphs"
+    code, out, _ = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", mode, "--json")
     found = json.loads(out)  # inductor's C++ loops were fitted in mode=default alone
     assert code == 0 and found["time_techniques"] == [] and "only mode=default was fitted" in found["time_left_out"][0]
+    code, _, err = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "compile:mode=max-autotune")  # as bench
+    assert code == 2 and "max-autotune records CUDA graphs; this run is on cpu" in err
     code, _, err = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "fuse-qkv")
     assert code == 2 and "fuse-qkv: the prediction models offload" in err
     assert "first-block-cache" in err and "--tf32" not in err  # the caches it times are named among those it models
-    code, _, err = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "tf32")
+    code, _, err = cli("profile", "tiny-sd3", "--gpu", "h100", "--opt", "tf32")
     assert code == 2 and "float32 on TF32 is --tf32" in err
+    code, _, err = cli("profile", "tiny-sd3", "--gpu", "cpu", "--opt", "tf32")  # bench's refusal on a CPU first
+    assert code == 2 and "tf32 cannot be used with tiny-sd3: TF32 is an NVIDIA tensor-core mode; this run is on" in err
 
 
 def test_a_float32_run_is_timed_as_bench_runs_it_on_tf32_or_strictly_with_no_tf32(cli):

@@ -91,7 +91,7 @@ def print_predicted(
 
     legacy, formats = split_values(flags.get("quantize"))  # BACKEND:TYPE formats: their stored bytes, no file needed
     asked = from_flags(**{**flags, "quantize": legacy})
-    refuse_inapplicable(build(asked), specs, results)  # parameters, then the model: as bench checks them
+    refuse_inapplicable(build(asked), specs, results, on_cpu=is_this_cpu(gpu))  # parameters, then the model
     unmodelled = [o.name for o in asked if memory_technique(o.name, o.params) is None and o.name not in TIME_ONLY]
     if unmodelled:
         raise DiffmeterError(
@@ -258,10 +258,11 @@ def print_predicted(
             )
 
 
-def refuse_inapplicable(built: list, specs, results) -> None:
-    """Each technique refused where bench refuses it for the model (``optimize.check`` on a CUDA GPU: DeepCache
-    without a UNet, a diffusers cache hook without a CacheMixin denoiser, clashing pairs), in bench's one line; a
-    package missing here is not refused: the predicted run's machine may have it."""
+def refuse_inapplicable(built: list, specs, results, on_cpu: bool = False) -> None:
+    """Each technique refused where bench refuses it for the model (``optimize.check`` on a CUDA GPU, or on this
+    CPU for ``--gpu cpu``: DeepCache without a UNet, a diffusers cache hook without a CacheMixin denoiser, offload
+    or a CUDA-only kernel on a CPU, clashing pairs), in bench's one line; a package missing here is not refused: the
+    predicted run's machine may have it."""
     import torch
 
     from diffmeter.catalog import entry_of
@@ -271,7 +272,8 @@ def refuse_inapplicable(built: list, specs, results) -> None:
     for spec, found in zip(specs, results, strict=True):
         entry = entry_of(spec)
         images = bool(found.input_images)
-        target = Target(entry, get_family(entry.family), torch.device("cuda"), found.dtype, found.steps, images=images)
+        device = torch.device("cpu" if on_cpu else "cuda")
+        target = Target(entry, get_family(entry.family), device, found.dtype, found.steps, images=images)
         check(built, target, missing_ok=True)
 
 
