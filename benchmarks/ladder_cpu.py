@@ -43,6 +43,7 @@ from rich.console import Console  # noqa: E402
 
 from diffmeter import units  # noqa: E402
 from diffmeter.measure.conditions import BUSY_CORES  # noqa: E402
+from diffmeter.predict.cpu_peaks import remeasure  # noqa: E402
 from diffmeter.report.ladder_table import ladder_table  # noqa: E402
 from diffmeter.runs.ladder import climb, plan  # noqa: E402
 from diffmeter.runs.ladder_prediction import RungPrediction, predict_rungs  # noqa: E402
@@ -64,6 +65,7 @@ def main() -> None:
     start = time.perf_counter()
     load = os.getloadavg()[0]
     rungs = plan(spec, ("scheduler", "compile", "half", "attention", "cache"), fast_steps=10, compile_mode="default")
+    peaks = remeasure()  # the shared host's speed moves: the fractions apply to its peaks now, as they were fitted
     ranges = predict_rungs(rungs)  # before anything is loaded or measured
     print("\n".join(["predicted before the ladder runs:", *(_predicted(p) for p in ranges)]), flush=True)
     ladder = climb(rungs, RUNS)
@@ -82,6 +84,8 @@ def main() -> None:
             f"- 256x256, batch 1, guidance 7.5, 1 warm-up + 2 measured calls per rung; "
             f"1-minute load average at start {load:.2f}, at the end {load_end:.2f} (2 cores, shared with other "
             f"work); whole ladder {minutes:.1f} min; inductor started from an empty cache",
+            f"- this CPU's peaks measured again before the predictions (as `diffmeter doctor --remeasure-cpu`; the "
+            f"fits' fractions are of peaks measured beside their runs): {_peaks_of(peaks)}",
             "",
             "```",
             "\n".join(line.rstrip() for line in buffer.getvalue().rstrip().splitlines()),
@@ -155,6 +159,12 @@ def _peaks() -> str:
         f"matmuls measured at {bf16:,.0f} GFLOP/s in bfloat16, {fp32:,.0f} GFLOP/s in float32; float32 "
         f"convolutions at {conv:,.0f} GFLOP/s"
     )
+
+
+def _peaks_of(peaks) -> str:
+    rates = ", ".join(f"{kind} {tflops * 1e3:,.0f}" for kind, tflops in sorted(peaks.tflops.items()))
+    busy = f" (other processes used {peaks.others_cores:.1f} cores meanwhile)" if peaks.busy else ""
+    return f"{rates} GFLOP/s, copy {peaks.bandwidth_bytes_per_s / 1e9:,.0f} GB/s{busy}"
 
 
 def _bf16_units() -> str:

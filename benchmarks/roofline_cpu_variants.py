@@ -12,10 +12,11 @@ beside the float32 eager fit ``benchmarks/roofline_cpu.py`` ships (kept as it is
    inside one traced ``CompiledFxGraph`` call, so the trace cannot tell elementwise from normalization work there
    (``calibrate.pooled``).
 4. Held out: SD 1.5 at 256 px is in none of these runs; ``benchmarks/ladder_cpu.py`` (its compile, half and cache
-   rungs) is the held-out check. Each case is also predicted from the other case's fit (two cases: a range of one
-   run's fractions, narrow by construction).
+   rungs) is the held-out check. SD 2.1 base at 256 px, a sister UNet (SD 1.5's channels and resolutions, its own
+   attention heads, cross-attention width and linear projections), and SD 1.5 at 320 px give the fit UNet calls
+   near the ladder's size. Each case is also predicted from the other cases' fit (left out one at a time).
 
-Run from the repo root:  python benchmarks/roofline_cpu_variants.py [--no-write-calibration]  (about 12 minutes on
+Run from the repo root:  python benchmarks/roofline_cpu_variants.py [--no-write-calibration]  (about 22 minutes on
 2 cores). Each case's measurements are kept in $ROOFLINE_RUNS/variants/*.json and reused (delete them to rerun).
 Writes benchmarks/results/roofline_cpu_variants.md and the "cpu" calibration's ``variants``.
 """
@@ -35,8 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "roofline_cpu_variants.md"
 CALIBRATION = ROOT / "src" / "diffmeter" / "predict" / "data" / "efficiency.json"
 RUNS = Path(os.environ.get("ROOFLINE_RUNS", "/work/scratch/roofline_runs")) / "variants"
-#: (model, px, steps): a UNet and a DiT pipeline; SD 1.5 at 256 px (the ladder's) kept out
-CASES = [("sd15", 384, 3), ("dit-xl-2-256", 256, 4)]
+#: (model, px, steps): UNet and DiT pipelines at several sizes; SD 1.5 at 256 px (the ladder's) kept out
+CASES = [("sd15", 384, 3), ("dit-xl-2-256", 256, 4), ("sd21-base", 256, 3), ("sd15", 320, 3)]
 #: variant (``calibration.variant_name``) -> (dtype, compiled)
 VARIANTS = {"bfloat16": ("bfloat16", False), "compiled": ("float32", True), "compiled bfloat16": ("bfloat16", True)}
 
@@ -132,7 +133,7 @@ def main() -> None:
         fits[name] = fit.model_copy(update={"fitted_tflops": tflops})
         lines += _variant_section(name, runs, samples, fit, compiled)
         for index, (case, (measured, lower)) in enumerate(zip(runs, samples, strict=True)):
-            other = calibrate([s for i, s in enumerate(samples) if i != index], "the other case")
+            other = calibrate([s for i, s in enumerate(samples) if i != index], "the other cases")
             if compiled:
                 other = other.model_copy(update={"fractions": _spread(other.fractions, FUSED_KINDS)})
             low = high = total = 0.0
@@ -143,7 +144,7 @@ def main() -> None:
             inside = low <= total <= high
             failures += not inside
             lines.append(
-                f"- {case['model']} {case['size']}px predicted from the other case's fit: {low:,.2f}-{high:,.2f} s, "
+                f"- {case['model']} {case['size']}px predicted from the other cases' fit: {low:,.2f}-{high:,.2f} s, "
                 f"measured {total:,.2f} s: {'inside' if inside else 'outside'}"
             )
         lines.append("")
@@ -162,9 +163,8 @@ def main() -> None:
         "",
         "Held out: SD 1.5 at 256 px (the CPU ladder's model and size) is in none of these runs; "
         "benchmarks/results/ladder_cpu.md predicts its compile, half and cache rungs from this fit before they run.",
-        "Each case predicted from the other's fit (below each table) says little: one run's fractions make a range of "
-        'no width, and a kind that run lacks takes its "other" fraction (DiT-XL/2\'s transformer has no '
-        "convolutions, so SD 1.5's UNet is priced at the fused loops' rate).",
+        "Each case predicted from the other cases' fit (below each table, left out one at a time): the range of "
+        "their fractions per kind.",
         "",
     ]
     busy = [c for runs in cases.values() for c in runs if (c["other_cores"] or 0.0) > BUSY_CORES]
