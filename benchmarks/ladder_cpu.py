@@ -67,8 +67,10 @@ def main() -> None:
     rungs = plan(spec, ("scheduler", "compile", "half", "attention", "cache"), fast_steps=10, compile_mode="default")
     peaks = remeasure()  # the shared host's speed moves: the fractions apply to its peaks now, as they were fitted
     ranges = predict_rungs(rungs)  # before anything is loaded or measured
+    predicted_at = datetime.now(timezone.utc)
     print("\n".join(["predicted before the ladder runs:", *(_predicted(p) for p in ranges)]), flush=True)
     ladder = climb(rungs, RUNS)
+    verdicts = _verdicts(ranges, ladder, predicted_at)
     minutes = (time.perf_counter() - start) / 60
     load_end = os.getloadavg()[0]
     measured = {row.rung: row.latency_s for row in ladder.rows}
@@ -93,7 +95,7 @@ def main() -> None:
             "",
             "Each rung against the one above it (latency ratio, > 1 is faster): " + _steps(ladder) + ".",
             "",
-            *_prediction_section(ranges, measured, spec, ladder),
+            *_prediction_section(ranges, measured, spec, ladder, verdicts),
             "",
             f"Reading it: on this 2-core CPU, torch.compile {_compile_effect(ladder)}, and every change of dtype",
             f"recompiles (the cold start of the half and cache rungs); bfloat16 is fast because {_bf16_units()}",
@@ -106,7 +108,7 @@ def main() -> None:
     print(report)
     (HERE / "ladder_cpu.md").write_text(report)
     (HERE / "ladder_cpu.json").write_text(ladder.model_dump_json(indent=2) + "\n")
-    rows = [{**vars(p), "measured_s": measured.get(p.rung), "verdict": p.verdict(measured.get(p.rung))} for p in ranges]
+    rows = [{**vars(p), "measured_s": measured.get(p.rung), "verdict": verdicts[p.rung]} for p in ranges]
     (HERE / "predicted_ladder_cpu.json").write_text(json.dumps(rows, indent=2) + "\n")
     record_held_out(rows)
 
@@ -118,7 +120,11 @@ def record_held_out(rows: list[dict]) -> None:
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     for variant in stored["cpu"].get("variants", {}).values():
         fitted = variant["source"].removesuffix(f"; {variant.get('held_out')}")
-        priced = [row for row in rows if row["calibration"] and fitted in row["calibration"] and row["measured_s"]]
+        priced = [
+            row
+            for row in rows
+            if row["calibration"] and fitted in row["calibration"] and row["verdict"].startswith(("inside", "outside"))
+        ]
         if not priced:
             continue
         inside = sum(row["verdict"] == "inside" for row in priced)
@@ -209,7 +215,25 @@ def _stored_differs(predictions: list[RungPrediction], folders: dict) -> str:
     return "differs: " + "; ".join(differ) if differ else "the same range for every timed rung"
 
 
-def _prediction_section(predictions: list[RungPrediction], measured: dict, spec: BenchSpec, ladder) -> list[str]:
+def _verdicts(predictions: list[RungPrediction], ladder, predicted_at: datetime) -> dict[str, str]:
+    """Each rung's verdict; a rung reused from a run stored before these predictions were made is no check of them."""
+    measured = {row.rung: row for row in ladder.rows if row.latency_s}
+    found = {}
+    for p in predictions:
+        row = measured.get(p.rung)
+        earlier = row is not None and row.measured_utc and datetime.fromisoformat(row.measured_utc) < predicted_at
+        found[p.rung] = (
+            f"reused: measured before this prediction ({row.measured_utc[:16]} UTC), no check of it; delete "
+            f"{RUNS.name}/ to measure it again"
+            if earlier
+            else p.verdict(row.latency_s if row else None)
+        )
+    return found
+
+
+def _prediction_section(
+    predictions: list[RungPrediction], measured: dict, spec: BenchSpec, ladder, verdicts: dict[str, str]
+) -> list[str]:
     """Each rung's range, predicted before the ladder ran, beside its measured median, and where the ranges'
     fitted figures come from (held out or not)."""
     others = {row.rung: row.conditions.other_processes_cores for row in ladder.rows if row.conditions}
@@ -226,7 +250,7 @@ def _prediction_section(predictions: list[RungPrediction], measured: dict, spec:
         lines.append(
             f"| {p.rung} | {_range(p)} | {units.seconds(p.lower_s) if p.lower_s is not None else '-'} | "
             f"{f'{seconds:.2f} s' if seconds is not None else '-'} | "
-            f"{f'{other.mean:.1f} (up to {other.max:.1f})' if other else '-'} | {p.verdict(seconds)}"
+            f"{f'{other.mean:.1f} (up to {other.max:.1f})' if other else '-'} | {verdicts[p.rung]}"
             + (f": {', '.join(item.split(': ')[0] for item in p.left_out)}" if p.left_out else "")
             + (f" ({p.untimed})" if p.untimed and not p.left_out else "")
             + " |"

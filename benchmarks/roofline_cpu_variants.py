@@ -4,7 +4,8 @@ beside the float32 eager fit ``benchmarks/roofline_cpu.py`` ships (kept as it is
 
 1. This CPU's float32 and bfloat16 peaks (``predict.cpu_peaks``: matmul, convolution, copy) before and after the runs;
    the higher of each is the one the fractions are of, as ``roofline_cpu.py`` does for float32.
-2. Each case (random weights at real size, 2 threads, one warm-up, 2 measured calls, ``--trace``) in each variant:
+2. Each case (random weights at real size, 2 threads, one warm-up, 2 measured calls, ``--trace``) in each variant,
+   in ``PASSES`` passes minutes apart:
    bfloat16 eager, compiled float32, compiled bfloat16 (the denoiser compiled, as ``--optimize compile`` does).
 3. Fit per variant (``measure.calibrate.calibrate``: lowest and highest fraction per kind over the runs): bfloat16
    eager on every stage of its runs; a compiled variant on the denoising stage alone (the compiled calls), against
@@ -16,7 +17,7 @@ beside the float32 eager fit ``benchmarks/roofline_cpu.py`` ships (kept as it is
    attention heads, cross-attention width and linear projections), and SD 1.5 at 320 px give the fit UNet calls
    near the ladder's size. Each case is also predicted from the other cases' fit (left out one at a time).
 
-Run from the repo root:  python benchmarks/roofline_cpu_variants.py [--no-write-calibration]  (about 22 minutes on
+Run from the repo root:  python benchmarks/roofline_cpu_variants.py [--no-write-calibration]  (about 40 minutes on
 2 cores). Each case's measurements are kept in $ROOFLINE_RUNS/variants/*.json and reused (delete them to rerun).
 Writes benchmarks/results/roofline_cpu_variants.md and the "cpu" calibration's ``variants``.
 """
@@ -38,13 +39,18 @@ CALIBRATION = ROOT / "src" / "diffmeter" / "predict" / "data" / "efficiency.json
 RUNS = Path(os.environ.get("ROOFLINE_RUNS", "/work/scratch/roofline_runs")) / "variants"
 #: (model, px, steps): UNet and DiT pipelines at several sizes; SD 1.5 at 256 px (the ladder's) kept out
 CASES = [("sd15", 384, 3), ("dit-xl-2-256", 256, 4), ("sd21-base", 256, 3), ("sd15", 320, 3)]
+#: each case measured in this many passes, every case's first before any second (about 10 minutes apart): this shared
+#: host's speed drifts by a quarter over such spans (SD 2.1 base at 256 px, compiled bfloat16: denoising 2.60 s, then
+#: 3.22 s 25 minutes later, its peaks measured within 4%), and the fit's range holds every pass
+PASSES = 2
 #: variant (``calibration.variant_name``) -> (dtype, compiled)
 VARIANTS = {"bfloat16": ("bfloat16", False), "compiled": ("float32", True), "compiled bfloat16": ("bfloat16", True)}
 
 
-def run_case(model: str, size: int, steps: int, dtype: str, compiled: bool) -> dict:
-    """One traced run's measurements (stored as JSON, reused when present)."""
-    stored = RUNS / f"{model}-{size}-{steps}-{dtype}-{'compiled' if compiled else 'eager'}.json"
+def run_case(model: str, size: int, steps: int, dtype: str, compiled: bool, passed: int) -> dict:
+    """One traced run's measurements in pass ``passed`` (stored as JSON, reused when present)."""
+    again = f"-pass{passed}" if passed > 1 else ""
+    stored = RUNS / f"{model}-{size}-{steps}-{dtype}-{'compiled' if compiled else 'eager'}{again}.json"
     if stored.exists():
         return json.loads(stored.read_text())
     from diffmeter.measure.calibrate import stage_measurements
@@ -61,7 +67,8 @@ def run_case(model: str, size: int, steps: int, dtype: str, compiled: bool) -> d
     result, _ = bench(spec, out=folder, force=True)
     others = result.summary.conditions.other_processes_cores if result.summary.conditions else None
     found = {
-        "model": model, "size": size, "steps": steps, "dtype": dtype, "compiled": compiled,
+        "model": model, "size": size, "steps": steps, "dtype": dtype, "compiled": compiled, "pass": passed,
+        "measured_utc": time.strftime("%H:%M", time.gmtime()),
         "latency_s": result.summary.latency_s.median, "other_cores": others.mean if others else None,
         "load_average": load, "stages": {k: v.model_dump() for k, v in stage_measurements(result).items()},
     }  # fmt: skip
@@ -92,19 +99,29 @@ def main() -> None:
     from diffmeter.measure.calibrate import StageMeasurement, calibrate, pooled
     from diffmeter.measure.conditions import BUSY_CORES
     from diffmeter.predict.compiled_time import FUSED_KINDS
-    from diffmeter.predict.cpu_peaks import cpu_name, measure_cpu_peaks
+    from diffmeter.predict.cpu_peaks import CpuPeaks, cpu_name, measure_cpu_peaks
     from diffmeter.predict.expected_range import expected_s
     from diffmeter.predict.roofline import flop_rates, lower_bounds
 
     RUNS.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    before = measure_cpu_peaks(("fp32", "bf16"), budget_s=1.0)
-    cases = {
-        name: [run_case(model, size, steps, *how) for model, size, steps in CASES] for name, how in VARIANTS.items()
-    }
-    after = measure_cpu_peaks(("fp32", "bf16"), budget_s=1.0)
-    device = fitted_device(before, after)
-    tflops, bandwidth = device.tflops, device.bandwidth_bytes_per_s
+    cases, peaks = {name: [] for name in VARIANTS}, []
+    for passed in range(1, PASSES + 1):  # each pass's runs against the peaks measured beside them
+        stored = RUNS / f"peaks-pass{passed}.json"
+        known = (
+            {k: CpuPeaks.model_validate(v) for k, v in json.loads(stored.read_text()).items()}
+            if stored.exists()
+            else {}
+        )
+        before = known.get("before") or measure_cpu_peaks(("fp32", "bf16"), budget_s=1.0)
+        for name, how in VARIANTS.items():
+            cases[name] += [run_case(model, size, steps, *how, passed) for model, size, steps in CASES]
+        after = known.get("after") or measure_cpu_peaks(("fp32", "bf16"), budget_s=1.0)
+        stored.write_text(
+            json.dumps({"before": before.model_dump(mode="json"), "after": after.model_dump(mode="json")})
+        )
+        peaks.append((before, after))
+    devices = [fitted_device(before, after) for before, after in peaks]
     today = time.strftime("%Y-%m-%d")
     fits, lines, failures = {}, [], 0
     for name, runs in cases.items():
@@ -112,8 +129,8 @@ def main() -> None:
         samples = []
         for case in runs:
             measured = {k: StageMeasurement(**v) for k, v in case["stages"].items()}
-            work = work_of(case)
-            lower = lower_bounds(work, flop_rates(device, work), bandwidth)
+            work, device = work_of(case), devices[case.get("pass", 1) - 1]
+            lower = lower_bounds(work, flop_rates(device, work), device.bandwidth_bytes_per_s)
             if compiled:  # the compiled calls alone, their generated loops' kinds as one
                 measured, lower = pooled({"denoising": measured["denoising"]}, {"denoising": lower["denoising"]},
                                          FUSED_KINDS)  # fmt: skip
@@ -121,19 +138,21 @@ def main() -> None:
         where = "the denoising stage (the compiled UNet or transformer)" if compiled else "every stage"
         source = (
             f"benchmarks/roofline_cpu_variants.py on {cpu_name()} (2 threads, {name}, inductor mode=default where "
-            f"compiled): {len(runs)} real-size random-weight runs ({', '.join(f'{m} {s}px' for m, s, _ in CASES)}), "
-            f"{where}, {today}; fractions of {tflops['bf16'] * 1e3:,.0f} GFLOP/s bfloat16 and "
-            f"{tflops['fp32'] * 1e3:,.0f} GFLOP/s float32 matmul, {tflops['conv-bf16'] * 1e3:,.0f} and "
-            f"{tflops['conv-fp32'] * 1e3:,.0f} GFLOP/s convolution, {bandwidth / 1e9:,.0f} GB/s copy measured then; "
+            f"compiled): {len(runs)} real-size random-weight runs ({', '.join(f'{m} {s}px' for m, s, _ in CASES)}, "
+            f"each in {PASSES} passes minutes apart), "
+            f"{where}, {today}; fractions of the peaks measured beside each pass ("
+            + "; ".join(f"pass {i}: {_rates(d)}" for i, d in enumerate(devices, 1))
+            + "); "
             "held out: SD 1.5 at 256 px is in no run of this fit, benchmarks/results/ladder_cpu.md is its check"
         )
         fit = calibrate(samples, source)
         if compiled:
             fit = fit.model_copy(update={"fractions": _spread(fit.fractions, FUSED_KINDS)})
-        fits[name] = fit.model_copy(update={"fitted_tflops": tflops})
+        fits[name] = fit.model_copy(update={"fitted_tflops": devices[0].tflops})  # which peaks were measured
         lines += _variant_section(name, runs, samples, fit, compiled)
         for index, (case, (measured, lower)) in enumerate(zip(runs, samples, strict=True)):
-            other = calibrate([s for i, s in enumerate(samples) if i != index], "the other cases")
+            same = index % len(CASES)  # the case left out in every pass
+            other = calibrate([s for i, s in enumerate(samples) if i % len(CASES) != same], "the other cases")
             if compiled:
                 other = other.model_copy(update={"fractions": _spread(other.fractions, FUSED_KINDS)})
             low = high = total = 0.0
@@ -144,7 +163,7 @@ def main() -> None:
             inside = low <= total <= high
             failures += not inside
             lines.append(
-                f"- {case['model']} {case['size']}px predicted from the other cases' fit: {low:,.2f}-{high:,.2f} s, "
+                f"- {_label(case)} predicted from the other cases' fit: {low:,.2f}-{high:,.2f} s, "
                 f"measured {total:,.2f} s: {'inside' if inside else 'outside'}"
             )
         lines.append("")
@@ -156,15 +175,20 @@ def main() -> None:
         "`--optimize compile` (inductor, mode=default, the denoiser). The float32 eager fit "
         "(benchmarks/results/roofline_cpu.md) is kept as it is.",
         "",
-        "Peaks measured before / after the runs (GFLOP/s; GB/s): "
-        + ", ".join(f"{k} {before.tflops[k] * 1e3:,.1f} / {after.tflops[k] * 1e3:,.1f}" for k in before.tflops)
-        + f", copy {before.bandwidth_bytes_per_s / 1e9:,.1f} / {after.bandwidth_bytes_per_s / 1e9:,.1f}; the higher "
-        "of each is the one the fractions are of.",
+        "Peaks measured before / after each pass's runs (GFLOP/s; GB/s): "
+        + "; ".join(
+            f"pass {i} ({b.measured_at:%H:%M} to {a.measured_at:%H:%M} UTC) "
+            + ", ".join(f"{k} {b.tflops[k] * 1e3:,.1f} / {a.tflops[k] * 1e3:,.1f}" for k in b.tflops)
+            + f", copy {b.bandwidth_bytes_per_s / 1e9:,.1f} / {a.bandwidth_bytes_per_s / 1e9:,.1f}"
+            for i, (b, a) in enumerate(peaks, 1)
+        )
+        + "; the higher of each is the one its pass's fractions are of.",
         "",
         "Held out: SD 1.5 at 256 px (the CPU ladder's model and size) is in none of these runs; "
         "benchmarks/results/ladder_cpu.md predicts its compile, half and cache rungs from this fit before they run.",
-        "Each case predicted from the other cases' fit (below each table, left out one at a time): the range of "
-        "their fractions per kind.",
+        f"Each case measured in {PASSES} passes, every case's first before any second: the range holds the host's "
+        "drift between them. Each run predicted from the other cases' fit (below each table, a case left out in "
+        "every pass): the range of their fractions per kind.",
         "",
     ]
     busy = [c for runs in cases.values() for c in runs if (c["other_cores"] or 0.0) > BUSY_CORES]
@@ -174,7 +198,7 @@ def main() -> None:
     ]
     report = "\n".join(head + lines + tail) + "\n"
     print(report)
-    if busy or before.busy or after.busy:
+    if busy or any(b.busy or a.busy for b, a in peaks):
         print(f"NOTHING written: other processes used more than {BUSY_CORES} cores; rerun on a quiet machine.")
         return
     OUT.write_text(report)
@@ -182,6 +206,20 @@ def main() -> None:
         stored = json.loads(CALIBRATION.read_text())
         stored["cpu"]["variants"] = {name: fit.model_dump(mode="json", exclude_none=True) for name, fit in fits.items()}
         CALIBRATION.write_text(json.dumps(stored, indent=2) + "\n")
+
+
+def _rates(device) -> str:
+    t = device.tflops
+    return (
+        f"{t['bf16'] * 1e3:,.0f} GFLOP/s bfloat16 and {t['fp32'] * 1e3:,.0f} float32 matmul, "
+        f"{t['conv-bf16'] * 1e3:,.0f} and {t['conv-fp32'] * 1e3:,.0f} convolution, "
+        f"{device.bandwidth_bytes_per_s / 1e9:,.0f} GB/s copy"
+    )
+
+
+def _label(case: dict) -> str:
+    passed = case.get("pass", 1)
+    return f"{case['model']} {case['size']}px, pass {passed}" + (f" ({case['measured_utc']} UTC)" if passed > 1 else "")
 
 
 def _spread(fractions: dict, kinds: tuple[str, ...]) -> dict:
@@ -201,7 +239,7 @@ def _variant_section(name, runs, samples, fit, compiled) -> list[str]:
         stages = ", ".join(f"{stage} {m.median_s:,.2f} s" for stage, m in measured.items())
         kinds = ", ".join(f"{kind} {value:.3f}" for kind, value in sorted(found.items()))
         rows.append(
-            f"| {case['model']} {case['size']}px, {case['steps']} steps | {case['latency_s']:,.2f} s | {stages} | "
+            f"| {_label(case)}, {case['steps']} steps | {case['latency_s']:,.2f} s | {stages} | "
             f"{kinds} | {(outside or 0) * 1e6:,.1f} µs | {case['other_cores'] or 0:.1f} | {case['load_average']:.2f} |"
         )
     pooled_note = " (the fused kinds pooled: elementwise, normalization, other)" if compiled else ""
