@@ -173,6 +173,17 @@ def test_profile_gpu_with_benchs_technique_flags_predicts_what_bench_stores(cli,
     assert code == 2 and "tf32 cannot be used with tiny-sd3: TF32 is an NVIDIA tensor-core mode; this run is on" in err
 
 
+def test_a_quantization_format_bench_cannot_run_on_a_cpu_is_refused_for_this_cpu(cli):
+    """``--gpu cpu`` predicts this CPU's run: a format whose backend runs only on CUDA is refused in bench's line (its
+    ``cannot_run``), one that runs here is predicted, and the same CUDA-only format is predicted for a GPU."""
+    code, _, err = cli("profile", "tiny-flux", "--gpu", "cpu", "--quantize", "bnb:nf4")
+    assert code == 2 and "bnb cannot be used with tiny-flux: diffusers quantizes with bitsandbytes only on a GPU" in err
+    code, out, _ = cli("profile", "tiny-flux", "--gpu", "cpu", "--quantize", "quanto:int8", "--json")
+    assert code == 0 and json.loads(out)["memory_techniques"] == ["quantize-quanto-int8"]
+    code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--quantize", "bnb:nf4", "--json")
+    assert code == 0 and json.loads(out)["memory_techniques"] == ["quantize-bnb-nf4"]
+
+
 def test_a_float32_run_is_timed_as_bench_runs_it_on_tf32_or_strictly_with_no_tf32(cli):
     """bench on CUDA runs float32 matmuls and convolutions on TF32 unless --no-tf32: profile and fit time them the
     same way, and say so (the title's peak is TF32's; attention, at float32's peak, is named apart)."""

@@ -91,7 +91,7 @@ def print_predicted(
 
     legacy, formats = split_values(flags.get("quantize"))  # BACKEND:TYPE formats: their stored bytes, no file needed
     asked = from_flags(**{**flags, "quantize": legacy})
-    refuse_inapplicable(build(asked), specs, results, on_cpu=is_this_cpu(gpu))  # parameters, then the model
+    refuse_inapplicable(build(asked), specs, results, formats, on_cpu=is_this_cpu(gpu))  # as bench checks them
     unmodelled = [o.name for o in asked if memory_technique(o.name, o.params) is None and o.name not in TIME_ONLY]
     if unmodelled:
         raise DiffmeterError(
@@ -258,16 +258,18 @@ def print_predicted(
             )
 
 
-def refuse_inapplicable(built: list, specs, results, on_cpu: bool = False) -> None:
+def refuse_inapplicable(built: list, specs, results, formats=(), on_cpu: bool = False) -> None:
     """Each technique refused where bench refuses it for the model (``optimize.check`` on a CUDA GPU, or on this
     CPU for ``--gpu cpu``: DeepCache without a UNet, a diffusers cache hook without a CacheMixin denoiser, offload
-    or a CUDA-only kernel on a CPU, clashing pairs), in bench's one line; a package missing here is not refused: the
-    predicted run's machine may have it."""
+    or a CUDA-only kernel on a CPU, clashing pairs), in bench's one line; on this CPU also a ``--quantize
+    BACKEND:TYPE`` format its backend cannot run there (its ``cannot_run``, as bench and ``diffmeter optimizations``
+    ask it). A package missing here is not refused: the predicted run's machine may have it."""
     import torch
 
     from diffmeter.catalog import entry_of
     from diffmeter.families import get_family
-    from diffmeter.optimize import Target, check
+    from diffmeter.optimize import REGISTRY, Target, check
+    from diffmeter.quantization_spec import DENOISER
 
     for spec, found in zip(specs, results, strict=True):
         entry = entry_of(spec)
@@ -275,6 +277,12 @@ def refuse_inapplicable(built: list, specs, results, on_cpu: bool = False) -> No
         device = torch.device("cpu" if on_cpu else "cuda")
         target = Target(entry, get_family(entry.family), device, found.dtype, found.steps, images=images)
         check(built, target, missing_ok=True)
+        for found_format in formats if on_cpu else ():
+            technique = REGISTRY[found_format.backend]
+            named = [name for name in found_format.components if name != DENOISER]
+            reason = technique(technique.Config(type=found_format.type, components=named)).cannot_run(target)
+            if reason:
+                raise DiffmeterError(f"{technique.name} cannot be used with {entry.name}: {reason}")
 
 
 def untimed_format(technique: str, formats) -> str:

@@ -152,9 +152,10 @@ def stored_or_measured(cpu: str, threads: int) -> CpuPeaks:
     return _read(cpu, threads) or _measure_and_store()
 
 
-def remeasure() -> CpuPeaks:
-    """Measure this CPU's peaks now and replace the stored ones (``diffmeter doctor --remeasure-cpu``)."""
-    found = _measure_and_store()
+def remeasure(budget_s: float = 0.3) -> CpuPeaks:
+    """Measure this CPU's peaks now and replace the stored ones (``diffmeter doctor --remeasure-cpu``); ``budget_s``:
+    seconds of repetitions per shape (``measure_cpu_peaks``)."""
+    found = _measure_and_store(budget_s)
     stored_or_measured.cache_clear()
     return found
 
@@ -173,8 +174,8 @@ def _read(cpu: str, threads: int) -> CpuPeaks | None:
     return found if found is not None and set(DTYPES) <= set(found.tflops) else None
 
 
-def _measure_and_store() -> CpuPeaks:
-    found = measure_cpu_peaks()
+def _measure_and_store(budget_s: float = 0.3) -> CpuPeaks:
+    found = measure_cpu_peaks(budget_s=budget_s)
     cpu_peaks_store.save(found.model_dump(mode="json"))
     return found
 
