@@ -65,9 +65,9 @@ def main() -> None:
     start = time.perf_counter()
     load = os.getloadavg()[0]
     rungs = plan(spec, ("scheduler", "compile", "half", "attention", "cache"), fast_steps=10, compile_mode="default")
-    peaks = remeasure()  # the shared host's speed moves: the fractions apply to its peaks now, as they were fitted
+    peaks = remeasure(budget_s=1.0)  # the host's speed moves: the fractions apply to its peaks now, as fitted
     ranges = predict_rungs(rungs)  # before anything is loaded or measured
-    predicted_at = datetime.now(timezone.utc)
+    predicted_at = datetime.now(timezone.utc).replace(microsecond=0)  # as a run's stored time (whole seconds)
     print("\n".join(["predicted before the ladder runs:", *(_predicted(p) for p in ranges)]), flush=True)
     ladder = climb(rungs, RUNS)
     verdicts = _verdicts(ranges, ladder, predicted_at)
@@ -86,8 +86,9 @@ def main() -> None:
             f"- 256x256, batch 1, guidance 7.5, 1 warm-up + 2 measured calls per rung; "
             f"1-minute load average at start {load:.2f}, at the end {load_end:.2f} (2 cores, shared with other "
             f"work); whole ladder {minutes:.1f} min; inductor started from an empty cache",
-            f"- this CPU's peaks measured again before the predictions (as `diffmeter doctor --remeasure-cpu`; the "
-            f"fits' fractions are of peaks measured beside their runs): {_peaks_of(peaks)}",
+            f"- this CPU's peaks measured again before the predictions (as `diffmeter doctor --remeasure-cpu`, 1 s "
+            "per shape; the fits' fractions are of the higher of the peaks measured before and after their runs): "
+            f"{_peaks_of(peaks)}",
             "",
             "```",
             "\n".join(line.rstrip() for line in buffer.getvalue().rstrip().splitlines()),

@@ -39,18 +39,22 @@ CALIBRATION = ROOT / "src" / "diffmeter" / "predict" / "data" / "efficiency.json
 RUNS = Path(os.environ.get("ROOFLINE_RUNS", "/work/scratch/roofline_runs")) / "variants"
 #: (model, px, steps): UNet and DiT pipelines at several sizes; SD 1.5 at 256 px (the ladder's) kept out
 CASES = [("sd15", 384, 3), ("dit-xl-2-256", 256, 4), ("sd21-base", 256, 3), ("sd15", 320, 3)]
-#: each case measured in this many passes, every case's first before any second (about 10 minutes apart): this shared
-#: host's speed drifts by a quarter over such spans (SD 2.1 base at 256 px, compiled bfloat16: denoising 2.60 s, then
-#: 3.22 s 25 minutes later, its peaks measured within 4%), and the fit's range holds every pass
+#: each case measured in this many passes, every case's first before any second (minutes apart): this shared host's
+#: speed drifts more than its measured peaks over such spans (SD 2.1 base at 256 px, compiled bfloat16: denoising 2.60
+#: s in the first pass, 3.00 s half an hour later, its pass's peaks 8% lower), and the fit's range holds every pass
 PASSES = 2
 #: variant (``calibration.variant_name``) -> (dtype, compiled)
 VARIANTS = {"bfloat16": ("bfloat16", False), "compiled": ("float32", True), "compiled bfloat16": ("bfloat16", True)}
 
 
+def stored_run(model: str, size: int, steps: int, dtype: str, compiled: bool, passed: int) -> Path:
+    again = f"-pass{passed}" if passed > 1 else ""
+    return RUNS / f"{model}-{size}-{steps}-{dtype}-{'compiled' if compiled else 'eager'}{again}.json"
+
+
 def run_case(model: str, size: int, steps: int, dtype: str, compiled: bool, passed: int) -> dict:
     """One traced run's measurements in pass ``passed`` (stored as JSON, reused when present)."""
-    again = f"-pass{passed}" if passed > 1 else ""
-    stored = RUNS / f"{model}-{size}-{steps}-{dtype}-{'compiled' if compiled else 'eager'}{again}.json"
+    stored = stored_run(model, size, steps, dtype, compiled, passed)
     if stored.exists():
         return json.loads(stored.read_text())
     from diffmeter.measure.calibrate import stage_measurements
@@ -106,21 +110,21 @@ def main() -> None:
     RUNS.mkdir(parents=True, exist_ok=True)
     started = time.time()
     cases, peaks = {name: [] for name in VARIANTS}, []
+    notes = []
     for passed in range(1, PASSES + 1):  # each pass's runs against the peaks measured beside them
         stored = RUNS / f"peaks-pass{passed}.json"
-        known = (
-            {k: CpuPeaks.model_validate(v) for k, v in json.loads(stored.read_text()).items()}
-            if stored.exists()
-            else {}
-        )
-        before = known.get("before") or measure_cpu_peaks(("fp32", "bf16"), budget_s=1.0)
+        runs = [stored_run(m, s, n, *how, passed) for how in VARIANTS.values() for m, s, n in CASES]
+        record = json.loads(stored.read_text()) if stored.exists() else {}
+        if not (record.get("after") and all(run.exists() for run in runs)):  # any run measured now: peaks now too
+            record = {"before": measure_cpu_peaks(("fp32", "bf16"), budget_s=1.0).model_dump(mode="json")}
+            stored.write_text(json.dumps(record))
         for name, how in VARIANTS.items():
             cases[name] += [run_case(model, size, steps, *how, passed) for model, size, steps in CASES]
-        after = known.get("after") or measure_cpu_peaks(("fp32", "bf16"), budget_s=1.0)
-        stored.write_text(
-            json.dumps({"before": before.model_dump(mode="json"), "after": after.model_dump(mode="json")})
-        )
-        peaks.append((before, after))
+        if "after" not in record:
+            record["after"] = measure_cpu_peaks(("fp32", "bf16"), budget_s=1.0).model_dump(mode="json")
+            stored.write_text(json.dumps(record))
+        peaks.append((CpuPeaks.model_validate(record["before"]), CpuPeaks.model_validate(record["after"])))
+        notes += [f"pass {passed}'s peaks: {record['note']}"] if record.get("note") else []
     devices = [fitted_device(before, after) for before, after in peaks]
     today = time.strftime("%Y-%m-%d")
     fits, lines, failures = {}, [], 0
@@ -182,7 +186,8 @@ def main() -> None:
             + f", copy {b.bandwidth_bytes_per_s / 1e9:,.1f} / {a.bandwidth_bytes_per_s / 1e9:,.1f}"
             for i, (b, a) in enumerate(peaks, 1)
         )
-        + "; the higher of each is the one its pass's fractions are of.",
+        + "; the higher of each is the one its pass's fractions are of."
+        + "".join(f" {note}." for note in notes),
         "",
         "Held out: SD 1.5 at 256 px (the CPU ladder's model and size) is in none of these runs; "
         "benchmarks/results/ladder_cpu.md predicts its compile, half and cache rungs from this fit before they run.",
