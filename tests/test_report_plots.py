@@ -12,6 +12,7 @@ from diffmeter.report.html.scaling_plots import scaling
 from diffmeter.report.html.study import read_study
 from diffmeter.report.html.time_plots import middle_call, stage_shares, time_breakdown
 from diffmeter.report.html.tradeoff_plots import tradeoffs
+from diffmeter.report.speedup_text import speedup_tick
 from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
 
@@ -65,6 +66,21 @@ def test_log_axes_are_labelled_in_full_with_units():
     assert narrow["ticktext"] == ["310.00 ms", "350.00 ms"]  # within one step: its ends, never a bare "3"
     assert log_ticks([1.619, 1.624], units.seconds)["ticktext"] == ["1.619 s"]  # ends that would overlap: one
     assert log_ticks([0.0, -1.0]) == {}
+
+
+def test_a_speed_up_axis_says_slower_as_the_tables_do_never_a_fraction():
+    """Ticks of the trade-off plot's speed-up axis: a factor below 1x reads as times slower, as every table says it."""
+    ticks = log_ticks([0.0898, 2.4], speedup_tick)
+    assert ticks["ticktext"] == [
+        "20.0x slower",
+        "10.0x slower",
+        "5.00x slower",
+        "2.00x slower",
+        "1.00x",
+        "2.00x",
+        "5.00x",
+    ]
+    assert [speedup_tick(v) for v in (1 / 11.1, 1.0, 1.5)] == ["11.1x slower", "1.00x", "1.50x"]
 
 
 def test_compute_is_in_the_unit_that_reads_1_to_999(study, tmp_path):

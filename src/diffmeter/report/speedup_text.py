@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from diffmeter.measure.speedup import Speedup
+from diffmeter.measure.speedup import Speedup, factor_text
 from diffmeter.runs.collect import NOTES_JOINER
 
 
@@ -54,3 +54,9 @@ def noise_lines(rows: list[dict[str, Any]]) -> list[str]:
 def _notes(row: dict[str, Any], column: str) -> list[str]:
     value = row.get(column)
     return [note for note in value.split(NOTES_JOINER) if note] if isinstance(value, str) else []
+
+
+def speedup_tick(value: float) -> str:
+    """A speed-up axis's tick as the tables say a factor: "2.00x" at or above 1x, "11.1x slower" below, never a
+    fraction ("0.09x")."""
+    return f"{factor_text(value)}x" if value >= 1 else f"{factor_text(1 / value)}x slower"

@@ -10,7 +10,7 @@ from plotly.subplots import make_subplots
 from diffmeter import units
 from diffmeter.report.html.plot_style import Colors, Figure, explain, layout, log_ticks, measured
 from diffmeter.report.html.study import Run, Study
-from diffmeter.report.speedup_text import row_speedup
+from diffmeter.report.speedup_text import row_speedup, speedup_tick
 
 
 def tradeoffs(study: Study) -> list[Figure]:
@@ -150,7 +150,7 @@ def quality(judged: list[Run]) -> Figure:
     for col in (1, 2):
         figure.update_xaxes(
             title_text="speed-up over the unoptimized run (log)",
-            **log_ticks(ends, lambda v: f"{v:.3g}x"),
+            **log_ticks(ends, speedup_tick),
             row=1,
             col=col,
         )
