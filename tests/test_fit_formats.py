@@ -72,6 +72,20 @@ def test_benchs_own_check_lets_the_formats_through_on_cuda():
     assert refusals(chosen, entry, spec) == []
 
 
+def test_on_this_cpu_bench_refuses_offloading_and_cuda_only_formats_and_fit_says_so(cli):
+    """``fit --gpu cpu`` fits this CPU's run: bench refuses offloading and bitsandbytes there, so fit leaves them out
+    with bench's reason; torchao int8 runs there; the run is float32, as bench runs on a CPU."""
+    entry = resolve("tiny-flux")
+    spec = ProfileSpec(model="tiny-flux").with_defaults(entry.defaults)
+    chosen = [("offload-model",), ("quantize-bnb-nf4",), ("quantize-int8",)]
+    refused = dict(refusals(chosen, entry, spec, "cpu"))
+    assert set(refused) == {("offload-model",), ("quantize-bnb-nf4",)}
+    assert "offloading moves weights between the CPU and a GPU; this run is on cpu" in refused[("offload-model",)]
+    assert "bitsandbytes only on a GPU" in refused[("quantize-bnb-nf4",)]
+    code, out, _ = cli("fit", "tiny-flux", "--gpu", "cpu", "--json")
+    assert code == 0 and json.loads(out)["settings"]["dtype"] == "float32"
+
+
 def test_a_format_whose_time_is_modelled_is_timed_as_profile_times_it_and_the_others_say_why_not(flux_and_work):
     """NF4 and GGUF through predict.quantized_time (the quantized layers' matmuls as the backend runs them), as
     `profile --gpu --quantize` does; quanto int4 is not modelled: its row keeps the unquantized bound and says so."""

@@ -148,6 +148,8 @@ def fit(
             else f"{target.name} comes in several memory sizes: add --memory (e.g. --memory 32GB)"
         )
     held = CUDA_HOLDBACK_BYTES if target.kind == "cuda" else 0  # the CPU's memory keeps no CUDA context
+    if dtype is None and target.kind == "cpu":
+        dtype = "float32"  # what bench runs on a CPU (runs/spec.py: settle), as profile --gpu cpu predicts it
     usable = target.memory_bytes - held
     if usable <= 0:
         raise DiffmeterError(
@@ -209,7 +211,7 @@ def fit(
     plain = plain_time(work, prediction, target, tf32=tf32)
     speeds = bool(plain and on_cuda)  # compile and a cache are offered where they can be timed: a named CUDA GPU
     memory_fits = fitting(prediction, usable, fp8=fp8)
-    fits, refused = runnable(with_speedups(memory_fits) if speeds else memory_fits, entry, settled)
+    fits, refused = runnable(with_speedups(memory_fits) if speeds else memory_fits, entry, settled, target.kind)
     refused = [(chosen, why) for chosen, why in refused if not any(is_speedup(t) for t in chosen)]  # not offered
     formats = format_times(work, prediction, spec, target, tf32, [c for c, _ in fits]) if speeds else {}
     times = lower_times(plain, prediction, target, [chosen for chosen, _ in fits], formats)

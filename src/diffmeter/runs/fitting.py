@@ -8,10 +8,11 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.predict.fit_formats import NEEDS_FP8, label
 
 
-def runnable(fits, entry, spec):
-    """(the settings bench runs on a CUDA GPU, [(setting, why bench refuses it)]): the same checks bench makes
-    before loading anything (``optimize.registry.check``); a missing package is kept, since installing it is the
-    user's choice. Remembered on disk with the prediction (a check may import a component's class: seconds)."""
+def runnable(fits, entry, spec, device: str = "cuda"):
+    """(the settings bench runs on ``device``, a CUDA GPU or this CPU, [(setting, why bench refuses it)]): the same
+    checks bench makes before loading anything (``optimize.registry.check``: offloading and CUDA-only formats refused
+    on a CPU); a missing package is kept, since installing it is the user's choice. Remembered on disk with the
+    prediction (a check may import a component's class: seconds)."""
     from diffmeter import cache
 
     key = {
@@ -19,17 +20,19 @@ def runnable(fits, entry, spec):
         "dtype": spec.dtype,
         "steps": spec.steps,
         "settings": [list(chosen) for chosen, _ in fits],
+        **({} if device == "cuda" else {"device": device}),  # CUDA's answers as stored before devices were asked
     }
     stored = cache.load("runnable", key)
     if stored is None:
-        stored = [[list(chosen), why] for chosen, why in refusals([chosen for chosen, _ in fits], entry, spec)]
+        settings = [chosen for chosen, _ in fits]
+        stored = [[list(chosen), why] for chosen, why in refusals(settings, entry, spec, device)]
         cache.store("runnable", key, stored)
     refused = [(tuple(chosen), why) for chosen, why in stored]
     said = {chosen for chosen, _ in refused}
     return [(chosen, peak) for chosen, peak in fits if tuple(chosen) not in said], refused
 
 
-def refusals(settings, entry, spec) -> list[tuple[tuple[str, ...], str]]:
+def refusals(settings, entry, spec, device: str = "cuda") -> list[tuple[tuple[str, ...], str]]:
     """A GGUF format is checked without its file (the download the user picks: ``diffmeter models MODEL`` lists the
     published ones); bench checks the file's tensor type when it runs."""
     import torch
@@ -41,7 +44,7 @@ def refusals(settings, entry, spec) -> list[tuple[tuple[str, ...], str]]:
     from diffmeter.optimize.options import memory_setting_specs
     from diffmeter.quiet import quiet_import
 
-    target = Target(entry, get_family(entry.family), torch.device("cuda"), spec.dtype, spec.steps)
+    target = Target(entry, get_family(entry.family), torch.device(device), spec.dtype, spec.steps)
     refused = []
     with quiet_import():  # a backend's check imports it: SDNQ and bitsandbytes say which kernels they lack
         for chosen in settings:
