@@ -8,6 +8,9 @@ from diffmeter.errors import DiffmeterError
 
 #: the short dtype names users type, and the torch names diffmeter stores
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+#: the dtype a run on a CPU takes when none is asked: half precision there is slow and partly unsupported, and a
+#: model card's dtype means a GPU (bench's ``BenchSpec.settle``, and profile and fit predicting ``--gpu cpu``)
+CPU_DTYPE = "float32"
 
 
 def normalize_dtype(name: str | None) -> str | None:

@@ -166,7 +166,7 @@ def profile(
     from diffmeter.lora_file import lora_fields
     from diffmeter.report.export import profiles_csv
     from diffmeter.report.tables import summary_table
-    from diffmeter.spec import ProfileSpec, asked_images, parse_component_dtypes
+    from diffmeter.spec import CPU_DTYPE, ProfileSpec, asked_images, parse_component_dtypes
 
     names = list(models or [])
     if scheduler is not None:
@@ -206,7 +206,7 @@ def profile(
     from diffmeter.predict.devices import is_this_cpu
 
     if dtype is None and is_this_cpu(gpu):
-        dtype = "float32"  # what bench runs on a CPU (runs/spec.py: settle); the catalog's dtype is for a GPU
+        dtype = CPU_DTYPE  # what bench runs on a CPU
     adapters = {}
     for name in names:
         adapters[name], lora_notes = lora_fields(name, lora_rank, lora_targets, lora, fuse_lora)

@@ -271,10 +271,10 @@ def refuse_inapplicable(built: list, specs, results, formats=(), on_cpu: bool = 
     from diffmeter.optimize import REGISTRY, Target, check
     from diffmeter.quantization_spec import DENOISER
 
+    device = torch.device("cpu" if on_cpu else "cuda")
     for spec, found in zip(specs, results, strict=True):
         entry = entry_of(spec)
         images = bool(found.input_images)
-        device = torch.device("cpu" if on_cpu else "cuda")
         target = Target(entry, get_family(entry.family), device, found.dtype, found.steps, images=images)
         check(built, target, missing_ok=True)
         for found_format in formats if on_cpu else ():

@@ -10,7 +10,7 @@ from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
 from diffmeter.lora_file import lora_fields
 from diffmeter.optimization_spec import OptimizationSpec
-from diffmeter.spec import ProfileSpec, image_sizes_of, normalize_dtype, sizes_text
+from diffmeter.spec import CPU_DTYPE, ProfileSpec, image_sizes_of, normalize_dtype, sizes_text
 
 if TYPE_CHECKING:
     import torch
@@ -134,8 +134,7 @@ class BenchSpec(BaseModel):
         device = resolve_device(self.device) if here else _named_device(self.device)
         dtype = normalize_dtype(self.dtype)
         if dtype is None:
-            # half precision on CPU is slow and partly unsupported; the model card means a GPU
-            dtype = entry.defaults.dtype if device.type == "cuda" else "float32"
+            dtype = entry.defaults.dtype if device.type == "cuda" else CPU_DTYPE
         image_sizes = image_sizes_of_files(self.images, self.image_sizes)
         profile = (
             self.model_copy(update={"dtype": dtype, "image_sizes": image_sizes})
