@@ -247,6 +247,20 @@ def test_a_stored_baseline_with_other_prompts_is_not_reused(cli, tmp_path):
     assert stored(optimized)["quality"]["baseline"] == str(blue)
 
 
+def test_a_stored_baseline_short_of_images_is_kept_unless_forced(cli, tmp_path):
+    assert cli("bench", "tiny-sd", *QUICK, "--out", tmp_path)[0] == 0
+    (base,) = tmp_path.iterdir()
+    before = (base / RESULTS).read_bytes()
+    more = ("--steps", "3", "--iterations", "2", "-q", "--fuse-qkv", "--compare-baseline", "--out", tmp_path)
+    code, _, err = cli("bench", "tiny-sd", *more)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "holds 1 of the 2 images" in err and "--force" in err
+    assert (base / RESULTS).read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [base.name]
+    code, _, err = cli("bench", "tiny-sd", *more, "--force")
+    assert code == 0, err
+    assert len(stored(base)["iterations"]) == 2  # measured again, as asked
+
+
 def test_install_hints_keep_their_extra_and_the_header_names_the_device(cli, monkeypatch, tmp_path):
     import importlib.util
 

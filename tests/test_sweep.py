@@ -191,6 +191,27 @@ def test_a_cell_past_its_timeout_is_stopped_and_stored_failed(tmp_path):
     assert run["status"] == "failed" and "stopped at the sweep's per-cell timeout" in run["error"]
 
 
+def test_a_cell_whose_baseline_failed_is_failed_with_its_reason_not_run(tmp_path):
+    """A cell comparing against a baseline that failed would measure that baseline again inside its own cell
+    (a new user's sweep spent its timeout so): it is stored failed, quoting the baseline, and never started."""
+    ran = []
+
+    class BaselineCrashes(LocalExecutor):
+        def run_cell(self, job, slot):
+            ran.append(job.name)
+            return Outcome(1, "RuntimeError: the baseline's loader broke", 0.1)
+
+    out = tmp_path / "out"
+    fixed = {**FAST, "save_images": True, "compare_baseline": True}
+    sweep = SweepFile(name="base", axes={"model": ["tiny-sd"], "optimizations": [[], ["fuse-qkv"]]}, fixed=fixed)
+    record = run_sweep(sweep, out, BaselineCrashes(out, slots=[None]))
+    assert len(ran) == 1 and "opt-" not in ran[0]  # the baseline ran; the cell needing it did not
+    optimized = next(cell for cell in record.cells if cell.values["optimizations"])
+    assert optimized.status == "failed" and f"its baseline {ran[0]} did not complete" in optimized.reason
+    assert "exited with code 1" in optimized.reason and "--retry-failed" in optimized.reason
+    assert stored(out)[optimized.folder]["error"] == optimized.reason
+
+
 def test_no_cell_starts_after_an_interrupt(tmp_path):
     """A Ctrl-C while a cell runs (here: raised by ``finished``, as the sweep's main thread gets it) stops the
     sweep: the worker that freed up started the next cell at once, which then ran to the end beside an

@@ -107,7 +107,7 @@ class MeasuredRun:
         self.began = datetime.now(timezone.utc).replace(microsecond=0)  # a baseline stored before it was reused
         if not (spec.compare_baseline and self.run_.optimizations):
             return None
-        return stored_or_run(spec.baseline(), self.out, self.progress)
+        return stored_or_run(spec.baseline(), self.out, self.progress, replace=self.force)
 
     def measure(self) -> BenchResult:
         """Load, apply, warm up, measure, summarize; running out of memory is a failed result."""
@@ -336,10 +336,11 @@ def bench(spec: BenchSpec, out: str | Path = "results", force: bool = False, pro
     return MeasuredRun(spec, out, force, progress).run()
 
 
-def stored_or_run(spec: BenchSpec, out, progress=None, rerun: bool = False):
-    """The complete result of ``spec`` stored in ``out`` when it holds every image the spec
-    asks for (same seed and prompt or class); otherwise run it, replacing what is there.
-    Returns (result, folder)."""
+def stored_or_run(spec: BenchSpec, out, progress=None, rerun: bool = False, replace: bool = False):
+    """The complete result of ``spec`` stored in ``out`` when it holds every image the spec asks for (same seed
+    and prompt or class); otherwise run it: ``rerun`` always, replacing what is there; a stored result that does
+    not serve (failed, or short of images) only with ``replace`` (``--force``), else refused in one line, so no
+    stored run is lost unasked. Returns (result, folder)."""
     entry = entry_of(spec)
     settled = spec.settle(entry)
     folder = Path(out).expanduser() / run_name(settled, entry, build(settled.optimizations))
@@ -355,6 +356,13 @@ def stored_or_run(spec: BenchSpec, out, progress=None, rerun: bool = False):
         }
         if stored.status == "complete" and wanted <= held:
             return stored, folder
+        if not replace:
+            why = (
+                f"a failed result ({(stored.error or 'no reason stored').splitlines()[0]})"
+                if stored.status != "complete"
+                else f"{len(wanted & held)} of the {len(wanted)} images (seed and prompt) this run needs"
+            )
+            raise DiffmeterError(f"the stored run {folder} holds {why}: pass --force to measure it again, replacing it")
     return bench(spec, out=out, force=True, progress=progress)
 
 

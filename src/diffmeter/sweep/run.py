@@ -63,8 +63,8 @@ def run_sweep(
             if cell.status != rec.PENDING:
                 callbacks.finished(cell)
         baselines, rest = _phases(planned, record, out, here)
-        for phase in (baselines, rest):
-            _run_phase(phase, executor, out, record, callbacks)
+        _run_phase(baselines, executor, out, record, callbacks)
+        _run_phase(_with_baseline(rest, out, record, callbacks), executor, out, record, callbacks)
         for index, cell in enumerate(planned):
             if cell.status == TO_RUN and cell.cell.batch_auto:
                 _search_batch(cell.cell, record.cells[index], executor, out, record, callbacks, here, retry_failed)
@@ -104,6 +104,26 @@ def _phases(planned: list[PlannedCell], record: rec.SweepRecord, out: Path, here
         elif stored_result(out / baseline.name)[0] != "complete":
             first.setdefault(baseline.name, _Work(_job(baseline), baseline))
     return list(first.values()), list(work.values())
+
+
+def _with_baseline(phase: list[_Work], out: Path, record: rec.SweepRecord, callbacks: Callbacks) -> list[_Work]:
+    """The work whose baseline (``--compare-baseline``) is stored complete, or that needs none; a cell whose
+    baseline failed is failed with the baseline's reason, stored, not run (it would measure that baseline again
+    inside its own cell); ``--retry-failed`` reruns both."""
+    ready = []
+    for work in phase:
+        status, error = stored_result(out / work.job.baseline) if work.job.baseline else ("complete", None)
+        if status == "complete":
+            ready.append(work)
+            continue
+        first = (error or "no result stored").splitlines()[0]
+        reason = f"its baseline {work.job.baseline} did not complete ({first}): rerun with --retry-failed"
+        store_failure(work.run, out, reason)
+        for cell in work.records:
+            cell.status, cell.reason = rec.FAILED, reason
+            callbacks.finished(cell)
+    rec.save(record, out)
+    return ready
 
 
 def _job(run: PreparedRun) -> Job:
