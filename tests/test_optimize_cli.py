@@ -62,6 +62,9 @@ def test_lossless_technique_gives_identical_images_and_reuses_the_stored_baselin
         (["--scheduler", "heun"], "scheduler: bad parameter name"),
         (["--compile-fullgraph"], "need --compile MODE"),
         (["--tf32"], "TF32 is an NVIDIA tensor-core mode"),
+        # by name on a CPU: its own reason, not a --no-tf32 nobody passed
+        (["--opt", "tf32"], "TF32 is an NVIDIA tensor-core mode"),
+        (["--opt", "tf32", "--no-tf32"], "--no-tf32 contradicts the tf32 optimization"),
         (["--scheduler", "ddim", "--opt", "scheduler:name=euler"], "scheduler is asked for twice"),
         # --cache took any technique's name (compile ran as one); now the registry's caches only
         (["--cache", "compile"], "--cache compile: not a cache; the caches: "),

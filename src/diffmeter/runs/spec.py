@@ -155,7 +155,8 @@ class BenchSpec(BaseModel):
             height, width = family.binned_size(entry, height, width)
         optimizations = list(self.optimizations)
         names = [o.name for o in optimizations]
-        tf32 = device.type == "cuda" if self.tf32 is None else self.tf32
+        # unset: on CUDA, or where the tf32 technique is asked by name (a CPU then refuses it with its reason)
+        tf32 = (device.type == "cuda" or "tf32" in names) if self.tf32 is None else self.tf32
         if tf32 and "tf32" not in names:
             optimizations.append(OptimizationSpec(name="tf32"))
         if not tf32 and "tf32" in names:
