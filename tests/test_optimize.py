@@ -157,6 +157,25 @@ def test_schedulers_run_the_steps_asked_for(scheduler):
     assert len(times.stages.steps_s) == 5
 
 
+def test_a_scheduler_swap_keeps_the_schedule_the_pipeline_patched():
+    """tiny-sd's DDIM config sets nothing; StableDiffusionPipeline sets clip_sample=False and steps_offset=1 on it,
+    which ``from_config`` drops as defaults: "ddim" over DDIM gave other images (PSNR 14 dB, a new user's sweep).
+    Swapped for the same sampler, the images are the same ones."""
+    import numpy as np
+    import torch
+
+    t = target("tiny-sd", 3)
+    images = []
+    for swap in (False, True):
+        pipe = tiny_pipeline(t.entry)
+        if swap:
+            one("scheduler", t, name="ddim").apply(pipe, t)
+            assert pipe.scheduler.config.clip_sample is False and pipe.scheduler.config.steps_offset == 1
+        generator = torch.Generator().manual_seed(0)
+        images.append(pipe("a cat", num_inference_steps=3, height=32, width=32, output_type="np", generator=generator))
+    np.testing.assert_array_equal(images[0].images, images[1].images)
+
+
 REFUSALS = [
     ("tiny-flux", [("scheduler", {"name": "ddim"})], "is a flow model: use flow-euler"),
     ("tiny-sd", [("scheduler", {"name": "flow-euler"})], "predicts noise, not a flow"),

@@ -41,7 +41,27 @@ class Scheduler(Optimization):
         import diffusers
 
         class_name, overrides, _ = SCHEDULERS[self.config.name]
-        pipe.scheduler = getattr(diffusers, class_name).from_config(pipe.scheduler.config, **overrides)
+        new = getattr(diffusers, class_name)
+        kept = {**patched_values(pipe.scheduler, new), **overrides}
+        pipe.scheduler = new.from_config(pipe.scheduler.config, **kept)
 
     def label(self) -> str:
         return f"scheduler-{self.config.name}"
+
+
+def patched_values(scheduler, new_class) -> dict:
+    """The old scheduler's values its config marks as defaults (``_use_default_values``, which ``from_config``
+    drops: diffusers/configuration_utils.py:491-492) but that differ from its class's defaults: set after
+    loading, as StableDiffusionPipeline's ``__init__`` sets ``clip_sample=False`` and ``steps_offset=1`` on a
+    config that lacks them (pipeline_stable_diffusion.py:214-239); kept where ``new_class`` takes them, so the
+    swap keeps the schedule the pipeline ran."""
+    import inspect
+
+    config = dict(scheduler.config)
+    defaults = {k: p.default for k, p in inspect.signature(type(scheduler).__init__).parameters.items()}
+    taken = inspect.signature(new_class.__init__).parameters
+    return {
+        key: config[key]
+        for key in config.get("_use_default_values", [])
+        if key in config and key in taken and key in defaults and config[key] != defaults[key]
+    }
