@@ -170,7 +170,8 @@ def test_bad_leaderboard_input_is_one_line_and_exit_2(cli, tmp_path):
     for args, said in (
         (("fit", "sd15", "--all"), "drop MODEL"),
         (("fit", "sd15", "--gpu", "h100", "--csv", tmp_path / "x.csv"), "add --all"),
-        (("fit", "--all", "--html", tmp_path / "missing" / "page.html"), "no folder"),
+        (("fit", "--all", "--html", tmp_path / "missing" / "page.html"), "missing does not exist"),
+        (("fit", "--all", "--html", tmp_path), "is a folder: name a file in it"),
         (("fit", "--all", "--gpu", "v100 sxm2"), "no single memory size"),
         (("fit", "--all", "--steps", "4", "--dtype", "fp16"), "drop --steps, --dtype"),
     ):

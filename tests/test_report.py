@@ -182,6 +182,8 @@ def test_report_refuses_bad_input_in_one_line(cli, tmp_path, report_file):
     assert code == 2 and "exists; pass --force" in err and report_file.read_bytes() == before
     code, _, err = cli("report", tmp_path / "missing")
     assert code == 2 and "is not a folder" in err
+    code, _, err = cli("report", empty, "-o", tmp_path, "--force")  # a folder, even forced: one line
+    assert code == 2 and "is a folder: name a file in it" in err and len(err.strip().splitlines()) == 1
 
 
 def _baseline_and_cached(study):

@@ -176,6 +176,15 @@ def test_bad_table_options_are_one_line(runs, cli, args, message):
     assert code == 2 and message in " ".join(err.split()) and len(err.strip().splitlines()) == 1
 
 
+def test_a_csv_path_that_cannot_be_a_file_is_one_line(runs, cli, tmp_path):
+    """A folder, or a path under a file: one line each (both were tracebacks for a new user)."""
+    (tmp_path / "afile").write_text("")
+    for path, said in ((tmp_path, "is a folder: name a file in it"), (tmp_path / "afile" / "x.csv", "afile is not")):
+        code, _, err = cli("table", runs, "--csv", path)
+        assert code == 2 and said in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert (tmp_path / "afile").read_text() == "" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
 def test_a_folder_without_runs_says_so(cli, tmp_path):
     code, _, err = cli("table", tmp_path)
     assert code == 2 and "no stored runs" in err

@@ -23,6 +23,7 @@ def leaderboard(
     from diffmeter.report.leaderboard import leaderboard_csv, leaderboard_html
     from diffmeter.runs import prediction_times
     from diffmeter.runs.leaderboard import model_cells, table_gpus, uncached
+    from diffmeter.runs.storage import writable, write_text
 
     gpus = [chosen_gpu(gpu, gpu_spec)] if gpu or gpu_spec else table_gpus()
     if not gpus[0].memory_bytes:
@@ -31,9 +32,8 @@ def leaderboard(
             if gpu_spec
             else f"{gpus[0].name} has no single memory size in the table: nothing can be said to fit it"
         )
-    for path in (html_path, csv_path):
-        if path is not None and not path.parent.is_dir():
-            raise DiffmeterError(f"cannot write {path}: no folder {path.parent}")
+    html_path = writable(html_path or "leaderboard.html")  # before the predictions, which take minutes
+    csv_path = writable(csv_path) if csv_path is not None else None
     left_out = [] if gpu or gpu_spec else _left_out({device.name for device in gpus})
     names = [entry.name for entry in all_entries() if not entry.is_tiny]
     missing = uncached(names)
@@ -53,10 +53,9 @@ def leaderboard(
                 known[name] = time.perf_counter() - start
                 timed.add(name)
                 prediction_times.remember(name, known[name])
-    html_path = html_path or Path("leaderboard.html")
-    html_path.write_text(leaderboard_html(cells, left_out))
+    write_text(html_path, leaderboard_html(cells, left_out))
     if csv_path is not None:
-        csv_path.write_text(leaderboard_csv(cells))
+        write_text(csv_path, leaderboard_csv(cells))
     if as_json:
         print(json.dumps({"cells": [cell.model_dump(mode="json") for cell in cells], "left_out": left_out}, indent=1))
         return

@@ -248,6 +248,7 @@ def table(
     """Every stored run under DIR as one table: settings, s/image, stage shares, memory, energy, MFU, quality."""
     from diffmeter.report.results_table import results_table
     from diffmeter.runs.collect import filtered, load_results, to_json
+    from diffmeter.runs.storage import write_file  # atomically: never half a table
 
     skipped: list[str] = []
     frame = filtered(load_results(directory, skipped), where, sort)
@@ -255,14 +256,14 @@ def table(
         console.print(line, markup=False, highlight=False)
     written = []
     if csv:
-        _write(Path(csv), lambda path: frame.to_csv(path, index=False))
+        write_file(Path(csv), lambda path: frame.to_csv(path, index=False))
         written.append(csv)
     if parquet:
         try:
             import pyarrow  # noqa: F401
         except ImportError:
             raise DiffmeterError("--parquet needs pyarrow: pip install 'diffmeter[parquet]' (or use --csv)") from None
-        _write(Path(parquet), lambda path: frame.to_parquet(path, index=False))
+        write_file(Path(parquet), lambda path: frame.to_parquet(path, index=False))
         written.append(parquet)
     if as_json:
         print(to_json(frame))
@@ -272,13 +273,3 @@ def table(
         console.print(results_table(frame, f"{len(frame)} runs under {directory}"))
     for path in written:
         console.print(f"{len(frame)} rows written to {path}", markup=False, highlight=False)
-
-
-def _write(path: Path, write) -> None:
-    """Atomically (never half a table), as an ordinary file."""
-    from diffmeter.runs.storage import write_file
-
-    path = path.expanduser()
-    if path.parent and not path.parent.exists():
-        raise DiffmeterError(f"cannot write {path}: no folder {path.parent}")
-    write_file(path, write)

@@ -208,9 +208,21 @@ def write_text(path: Path, text: str) -> None:
     write_file(path, write)
 
 
+def writable(path: str | Path) -> Path:
+    """``path`` (``~`` expanded) if a file can be written there; else one line saying why and what to do."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise DiffmeterError(f"{path} is a folder: name a file in it")
+    if not path.parent.is_dir():
+        problem = "is not a folder" if path.parent.exists() else "does not exist"
+        raise DiffmeterError(f"cannot write {path}: {path.parent} {problem}; name a file in an existing folder")
+    return path
+
+
 def write_file(path: Path, write) -> None:
     """``write(temporary path)`` into a temporary file in the same folder, renamed over ``path``: never half a
     file; the file gets the permissions of an ordinary one (mkstemp makes it private)."""
+    path = writable(path)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(descriptor)
     try:

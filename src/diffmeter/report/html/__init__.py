@@ -26,13 +26,11 @@ def write_report(
         raise MissingPackage("the report draws its plots with Plotly: pip install 'diffmeter[report]'") from None
     from diffmeter.report.html.page import render
     from diffmeter.report.html.study import read_study
-    from diffmeter.runs.storage import write_text
+    from diffmeter.runs.storage import writable, write_text
 
-    out = Path(out).expanduser()
+    out = writable(out)
     if out.exists() and not force:
         raise DiffmeterError(f"{out} exists; pass --force to replace it, or -o another file")
-    if not out.parent.is_dir():
-        raise DiffmeterError(f"{out.parent} is not a folder; create it or -o a file in an existing folder")
     if images_per_run < 0:
         raise DiffmeterError(f"--images must be 0 or more, got {images_per_run}")
     study = read_study(directory)
