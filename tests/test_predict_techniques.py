@@ -75,6 +75,20 @@ def test_offloading_keeps_less_resident_and_fit_lists_the_cheapest_settings_firs
     assert not any("quantize-fp8" in chosen for chosen in settings(prediction, fp8=False))
 
 
+def test_a_timed_fit_keeps_fp8_matmuls_where_the_plain_pipeline_already_fits():
+    """fp8 dynamic activation runs the matmuls at twice bf16's rate: where its time ranks settings, it is not dropped
+    as "only costing time" (``fit flux-dev --gpu h100`` offered no fp8 row though its own profile put fp8dq-row with
+    compile first, a new user's trial); nothing else that only adds to a fitting setting comes back."""
+    from diffmeter.predict.fit_formats import with_fit_formats
+
+    spec = ProfileSpec(model="tiny-flux", dtype="bfloat16")
+    prediction = with_fit_formats(predict_memory(spec), spec)
+    fits_plain = prediction.peak_bytes
+    untimed = [chosen for chosen, _ in fitting(prediction, fits_plain)]
+    timed = [chosen for chosen, _ in fitting(prediction, fits_plain, timed=True)]
+    assert untimed == [()] and timed == [(), ("quantize-torchao-float8dq-row",)]
+
+
 @pytest.mark.slow
 def test_vae_tiling_lowers_the_decode_activations_at_a_large_size():
     # SD 1.5's VAE tiles above 512 px (its tile_sample_min_size)

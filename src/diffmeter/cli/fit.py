@@ -210,7 +210,7 @@ def fit(
     settled = spec.with_defaults(entry.defaults)
     plain = plain_time(work, prediction, target, tf32=tf32)
     speeds = bool(plain and on_cuda)  # compile and a cache are offered where they can be timed: a named CUDA GPU
-    memory_fits = fitting(prediction, usable, fp8=fp8)
+    memory_fits = fitting(prediction, usable, fp8=fp8, timed=speeds)  # timed: fp8 matmuls ranked, not dropped
     fits, refused = runnable(with_speedups(memory_fits) if speeds else memory_fits, entry, settled, target.kind)
     refused = [(chosen, why) for chosen, why in refused if not any(is_speedup(t) for t in chosen)]  # not offered
     formats = format_times(work, prediction, spec, target, tf32, [c for c, _ in fits]) if speeds else {}

@@ -25,6 +25,9 @@ FIT_FORMATS = (
 )
 #: float8 weights or matmuls: only on a card with FP8 tensor cores (an fp8 peak in the GPU table)
 NEEDS_FP8 = ("quantize-torchao-float8dq-row", "quantize-torchao-float8wo")
+#: matmuls at a faster tensor-core rate than the compute dtype's (float8 activations and weights: twice bf16's on an
+#: H100): a setting adding one can be faster, not only smaller
+FASTER_MATMULS = ("quantize-torchao-float8dq-row",)
 
 
 def technique(backend: str, kind: str) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 
-from diffmeter.predict.fit_formats import offered
+from diffmeter.predict.fit_formats import FASTER_MATMULS, offered
 from diffmeter.predict.in_flight import in_flight_peak
 from diffmeter.predict.schema import VAE_DECODE, MemoryPrediction
 
@@ -128,12 +128,23 @@ def settings(prediction: MemoryPrediction, fp8: bool = True) -> list[tuple[str, 
     return [chosen for _, chosen in sorted(found, key=lambda item: item[0])]
 
 
-def fitting(prediction: MemoryPrediction, memory_bytes: int, fp8: bool = True) -> list[tuple[tuple[str, ...], int]]:
-    """The settings whose peak fits ``memory_bytes``, fastest first, each with its peak; a setting that
-    adds a technique to one that already fits is left out (it only costs time)."""
+def fitting(
+    prediction: MemoryPrediction, memory_bytes: int, fp8: bool = True, timed: bool = False
+) -> list[tuple[tuple[str, ...], int]]:
+    """The settings whose peak fits ``memory_bytes``, fastest first, each with its peak; a setting that adds a
+    technique to one that already fits is left out (it only costs time), unless ``timed`` (its time is predicted
+    and ranks it) and what it adds runs the matmuls faster (``FASTER_MATMULS``: fp8 dynamic activation)."""
     fits: list[tuple[tuple[str, ...], int]] = []
     for chosen in settings(prediction, fp8):
         peak = peak_under(prediction, chosen)
-        if peak <= memory_bytes and not any(set(kept) <= set(chosen) for kept, _ in fits):
-            fits.append((chosen, peak))
+        if peak > memory_bytes:
+            continue
+        if any(set(kept) <= set(chosen) and not (timed and faster(set(chosen) - set(kept))) for kept, _ in fits):
+            continue
+        fits.append((chosen, peak))
     return fits
+
+
+def faster(added: set[str]) -> bool:
+    """Whether techniques added to a setting can make it faster: one runs the matmuls faster."""
+    return any(name in FASTER_MATMULS for name in added)

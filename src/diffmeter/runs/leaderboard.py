@@ -89,7 +89,8 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
         time = plain_time(work, prediction, gpu, spec.batch_size)
         times = lower_times(time, prediction, gpu, [chosen for chosen, _ in found])
         rows = sorted(found, key=lambda row: times.get(row[0], float("inf")))
-        formats, _ = runnable(fitting(quantized, usable, fp8="fp8" in gpu.tflops), entry, spec)
+        timed = time is not None and gpu.kind == "cuda"  # fp8 matmuls can be the fastest: ranked, not dropped
+        formats, _ = runnable(fitting(quantized, usable, fp8="fp8" in gpu.tflops, timed=timed), entry, spec)
         cell = Cell(
             model=name,
             gpu=gpu.name,
