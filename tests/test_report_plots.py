@@ -1,8 +1,9 @@
-"""The report's plots on real tiny runs: stage shares that add up to 100% by construction, plots with nothing to
+"""The report's plots on real tiny runs: stage shares as show gives them, adding up to 100%, plots with nothing to
 draw saying why, log axes labelled with whole numbers and units, compute in the unit that reads 1-999, and one
 colour per series in every subplot."""
 
 import pytest
+from rich.console import Console
 
 from diffmeter import units
 from diffmeter.optimize.options import parse_opt
@@ -10,8 +11,9 @@ from diffmeter.report.html.compute_plots import compute
 from diffmeter.report.html.plot_style import log_ticks
 from diffmeter.report.html.scaling_plots import scaling
 from diffmeter.report.html.study import read_study
-from diffmeter.report.html.time_plots import middle_call, stage_shares, time_breakdown
+from diffmeter.report.html.time_plots import time_breakdown
 from diffmeter.report.html.tradeoff_plots import tradeoffs
+from diffmeter.report.run_table import run_table
 from diffmeter.report.speedup_text import speedup_tick
 from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
@@ -29,17 +31,23 @@ def study(tmp_path_factory):
     return read_study(out)
 
 
-def test_stage_shares_are_of_one_call_and_add_up_to_100(study):
+def test_where_the_time_goes_shows_the_median_and_shares_show_gives(study):
+    """The bars are show's share column (of the mean call) and their labels show's median per call: they once showed
+    one middle call's total (1.015 s beside show's median 1.399 s) and that call's shares."""
     (bars, _steps) = time_breakdown(study)
     totals = [sum(values) for values in zip(*(trace.x for trace in bars.figure.data), strict=True)]
     assert totals == pytest.approx([100.0] * len(study.complete), abs=1e-9)
-    for run in study.complete:
-        call = middle_call(run)
-        ordered = sorted(iteration.total_s for iteration in run.result.iterations)
-        assert call.total_s == ordered[(len(ordered) - 1) // 2]  # a real call, the median one
-        seconds = sum(seconds for seconds, _ in stage_shares(call).values())
-        assert seconds == pytest.approx(call.total_s, rel=1e-3)  # the stages of one call make up the call
+    console = Console(width=200, record=True)
+    for index, run in enumerate(study.complete):
+        console.print(run_table(run.result))
+        lines = [line.split("│")[1:-1] for line in console.export_text().splitlines() if line.startswith("│")]
+        rows = {cells[0].strip(): [cell.strip() for cell in cells] for cells in lines}
+        assert bars.figure.data[0].y[index] == f"{run.label} (median {rows['total'][1]} per call)"
+        for trace in bars.figure.data:
+            (shown,) = [cells[4] for stage, cells in rows.items() if stage.startswith(trace.name)]
+            assert f"{trace.x[index]:.1f}%" == shown, (run.label, trace.name)
     assert bars.figure.layout.xaxis.range == (0, 100)
+    assert bars.figure.layout.xaxis.title.text == "share of the mean call (%)"
 
 
 def test_a_quality_plot_of_identical_images_says_why_instead_of_empty_axes(study):

@@ -50,13 +50,13 @@ def run_table(result: BenchResult) -> Group:
             Column("MFU", drop=6),
         ],
     )
-    total_mean = summary.latency_s.mean
+    shares = summary.stage_shares()
     for name, stats in summary.stages_s.items():
         if stats.max == 0 and not summary.flops.get(name):
             continue  # a stage this pipeline does not have (DiT encodes no text)
         steps = (result.profile.denoiser_steps if result.profile else None) or spec.steps  # PNDM: --steps + 1
         label = STAGE_LABELS[name] + (f" ({units.steps(steps)})" if name == "denoising" else "")
-        share = f"{100 * stats.mean / total_mean:.1f}%"  # means add up, as the stages of every call do
+        share = f"{shares[name][1]:.1f}%"  # means add up, as the stages of every call do
         table.add_row(label, *_stats_cells(stats), share, *_compute(summary, name))
         if name == "denoising":
             table.add_row("  one step", *_stats_cells(summary.step_s), "", *_compute(summary, "step"), style="dim")

@@ -76,6 +76,12 @@ class Summary(BaseModel):
     #: the precision --target-precision asked for (None: a fixed number of calls)
     target_precision: float | None = None
 
+    def stage_shares(self) -> dict[str, tuple[float, float]]:
+        """Stage -> (mean seconds per call, percent of the mean call): the shares `show`, `table` and the report
+        give; the stages of every call add up to it, so the percents add up to 100."""
+        total = self.latency_s.mean
+        return {name: (stats.mean, 100 * stats.mean / total if total else 0.0) for name, stats in self.stages_s.items()}
+
 
 class Speedup(BaseModel):
     """The record of a --compare-baseline run: which run was its baseline and the speed-up per image of the

@@ -1,4 +1,4 @@
-"""Where the time goes: each run's middle call split into its stages, and the time of every denoising step."""
+"""Where the time goes: each run's stage shares of its mean call (as `show`), and the time of every denoising step."""
 
 from __future__ import annotations
 
@@ -18,51 +18,44 @@ from diffmeter.report.html.plot_style import (
     share_bars,
 )
 from diffmeter.report.html.study import Run, Study
-from diffmeter.runs.iteration import Iteration
-
-
-def middle_call(run: Run) -> Iteration:
-    """The measured call whose total is the median (the lower of the middle two for an even count)."""
-    ordered = sorted(run.result.iterations, key=lambda iteration: iteration.total_s)
-    return ordered[(len(ordered) - 1) // 2]
-
-
-def stage_shares(call: Iteration) -> dict[str, tuple[float, float]]:
-    """Stage -> (seconds, percent of the call): the stages of one call, so the percents add up to 100."""
-    seconds = {stage: getattr(call.stages, f"{stage}_s") for stage in STAGES}
-    total = sum(seconds.values())
-    return {stage: (value, 100 * value / total if total else 0.0) for stage, value in seconds.items()}
 
 
 def time_breakdown(study: Study) -> list[Figure]:
-    """Stacked bars: each run's middle call split into its stages; and the time of every step."""
-    runs = [run for run in study.complete if run.result.iterations]
+    """Stacked bars: each run's stage shares of its mean call, as `show` gives them; and the time of every step."""
+    runs = study.complete
     if not runs:
         return []
-    calls = [middle_call(run) for run in runs]
-    labels = [f"{run.label} ({units.seconds(call.total_s)} call)" for run, call in zip(runs, calls, strict=True)]
-    shares = [stage_shares(call) for call in calls]
+    summaries = [run.result.summary for run in runs]
+    labels = [
+        f"{run.label} (median {units.seconds(summary.latency_s.median)} per call)"
+        for run, summary in zip(runs, summaries, strict=True)
+    ]
+    shares = [summary.stage_shares() for summary in summaries]
     bars = go.Figure()
     for stage, name in STAGES.items():
-        if stage == "image_encoding" and not any(share[stage][0] for share in shares):
+        values = [share.get(stage, (0.0, 0.0)) for share in shares]  # a stage an older run did not time: none
+        if stage == "image_encoding" and not any(seconds for seconds, _ in values):
             continue  # no run encoded an input image
         bars.add_bar(
             name=name,
             y=labels,
-            x=[share[stage][1] for share in shares],
-            customdata=[share[stage][0] for share in shares],
+            x=[percent for _, percent in values],
+            customdata=[seconds for seconds, _ in values],
             orientation="h",
             marker_color=STAGE_COLORS[stage],
-            hovertemplate="%{y}<br>" + name + ": %{customdata:.4g} s, %{x:.1f}% of the call<extra></extra>",
+            hovertemplate="%{y}<br>" + name + ": %{customdata:.4g} s per call (mean), "
+            "%{x:.1f}% of the mean call<extra></extra>",
         )
-    axis, rows = "share of the median call (%)", "run (its median call's time)"
+    axis, rows = "share of the mean call (%)", "run (median per call)"
     share_bars(bars, "Where the time goes", runs, axis, rows, len(runs))
     figures = [
         Figure(
             bars,
-            "Each bar is one run's median call (the measured call whose total time is the median) split into its "
-            "stages (text encoding, image encoding, the denoising loop, VAE decode, everything else), device-timed: "
-            "the stages of one call, so they add up to 100%; hover for seconds. " + measured(runs),
+            "Each bar is one run's measured calls split into their stages (text encoding, image encoding, the "
+            "denoising loop, VAE decode, everything else), device-timed: each stage's mean time per call as a share "
+            "of the mean call, the share column of diffmeter show (the stages of every call add up to it, so the "
+            "shares add up to 100%); hover for seconds. The label gives the median per call, as show and the "
+            "summary do. " + measured(runs),
         )
     ]
     steps = step_times(runs)
