@@ -31,9 +31,15 @@ def study(tmp_path_factory):
     return read_study(out)
 
 
+#: a stage as the plots name it -> its share column in ``diffmeter table``
+TABLE_SHARES = {"text encoding": "text_share", "denoising": "denoise_share", "VAE decode": "decode_share"}
+TABLE_SHARES |= {"image encoding": "image_share", "other": "other_share"}
+
+
 def test_where_the_time_goes_shows_the_median_and_shares_show_gives(study):
-    """The bars are show's share column (of the mean call) and their labels show's median per call: they once showed
-    one middle call's total (1.015 s beside show's median 1.399 s) and that call's shares."""
+    """The bars are show's share column (of the mean call), as table's share columns are, and their labels show's
+    median per call: they once showed one middle call's total (1.015 s beside show's median 1.399 s) and that call's
+    shares, and table's were each stage's median over the sum of the medians (denoise 82% beside show's 76.8%)."""
     (bars, _steps) = time_breakdown(study)
     totals = [sum(values) for values in zip(*(trace.x for trace in bars.figure.data), strict=True)]
     assert totals == pytest.approx([100.0] * len(study.complete), abs=1e-9)
@@ -46,6 +52,8 @@ def test_where_the_time_goes_shows_the_median_and_shares_show_gives(study):
         for trace in bars.figure.data:
             (shown,) = [cells[4] for stage, cells in rows.items() if stage.startswith(trace.name)]
             assert f"{trace.x[index]:.1f}%" == shown, (run.label, trace.name)
+            table = run.row[TABLE_SHARES[trace.name]]  # diffmeter table's column: the same share, not another
+            assert 100 * table == pytest.approx(trace.x[index], rel=1e-9), (run.label, trace.name)
     assert bars.figure.layout.xaxis.range == (0, 100)
     assert bars.figure.layout.xaxis.title.text == "share of the mean call (%)"
 

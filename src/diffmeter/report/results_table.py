@@ -94,7 +94,8 @@ def results_table(frame, title: str) -> FittedTable:
         )
     captions = [
         f"s / {word}: median call latency / {word}s per call (p90 likewise); peak memory: CUDA max allocated, else "
-        f"process peak RSS; J / {word}: GPU energy (Zeus); MFU: the denoising loop's; PSNR/SSIM: against the "
+        f"process peak RSS; J / {word}: GPU energy (Zeus); MFU: the denoising loop's; denoise share: of the mean "
+        "call, as show's; PSNR/SSIM: against the "
         f"unoptimized outputs at the same seeds; speed-up: per {word} against the unoptimized run of the same "
         "settings, the Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney interval, "
         "within noise when that holds 1x or the estimate is within 5% of it; (noisy): the run's (or its baseline's) "

@@ -37,11 +37,11 @@ COLUMNS: dict[str, str] = {
     "s_per_image": "seconds per image: median call latency / images per call (batch x data-parallel degree)",
     "s_per_image_p90": "seconds per image: 90th-percentile call latency / images per call",
     "images_per_s": "images per second over the measured calls' total time (a mean: not 1 / s_per_image, a median)",
-    "text_share": "fraction of the median call spent encoding text",
-    "image_share": "fraction spent encoding input images (VAE encode; editing, image-to-video)",
-    "denoise_share": "fraction spent in the denoising loop",
-    "decode_share": "fraction spent decoding latents (VAE)",
-    "other_share": "fraction spent elsewhere in the pipeline",
+    "text_share": "fraction of the mean call spent encoding text (show's share column)",
+    "image_share": "fraction of the mean call spent encoding input images (VAE encode; editing, image-to-video)",
+    "denoise_share": "fraction of the mean call spent in the denoising loop",
+    "decode_share": "fraction of the mean call spent decoding latents (VAE)",
+    "other_share": "fraction of the mean call spent elsewhere in the pipeline",
     "peak_cuda_bytes": "bytes: the largest CUDA allocation during the measured calls",
     "peak_rss_bytes": "bytes: the process's peak resident memory",
     "gpu_j_per_image": "joules of GPU energy per image (Zeus)",
@@ -164,19 +164,18 @@ def row(result: BenchResult, folder: str) -> dict[str, Any]:
     if result.profile is not None:
         values["tflops_per_image"] = result.profile.total_flops / 1e12 / spec.batch_size
     if summary is not None:
-        stages = {name: stats.median for name, stats in summary.stages_s.items()}
-        total = sum(stages.values()) or 1.0
+        shares = {name: percent / 100 for name, (_, percent) in summary.stage_shares().items()}  # show's
         memory, energy = summary.peak_memory, summary.energy
         per_call = summary.images / summary.iterations  # batch x data-parallel degree
         values.update(
             s_per_image=summary.latency_s.median / per_call,
             s_per_image_p90=summary.latency_s.p90 / per_call,
             images_per_s=summary.images_per_s,
-            text_share=stages.get("text_encoding", 0.0) / total,
-            image_share=stages.get("image_encoding", 0.0) / total,
-            denoise_share=stages.get("denoising", 0.0) / total,
-            decode_share=stages.get("vae_decode", 0.0) / total,
-            other_share=stages.get("other", 0.0) / total,
+            text_share=shares.get("text_encoding", 0.0),
+            image_share=shares.get("image_encoding", 0.0),
+            denoise_share=shares.get("denoising", 0.0),
+            decode_share=shares.get("vae_decode", 0.0),
+            other_share=shares.get("other", 0.0),
             peak_cuda_bytes=memory.cuda_max_allocated_bytes,
             peak_rss_bytes=memory.process_peak_rss_bytes,
             gpu_j_per_image=energy.gpu_j_per_image,
