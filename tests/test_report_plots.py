@@ -2,12 +2,15 @@
 draw saying why, log axes labelled with whole numbers and units, compute in the unit that reads 1-999, and one
 colour per series in every subplot."""
 
+import re
+
 import pytest
 from rich.console import Console
 
 from diffmeter import units
 from diffmeter.optimize.options import parse_opt
 from diffmeter.report.html.compute_plots import compute
+from diffmeter.report.html.figures import SECTIONS
 from diffmeter.report.html.plot_style import log_ticks
 from diffmeter.report.html.scaling_plots import scaling
 from diffmeter.report.html.study import read_study
@@ -121,3 +124,39 @@ def test_every_subplot_draws_a_series_in_one_colour(study):
         colors.setdefault(trace.legendgroup, set()).update({trace.marker.color, trace.line.color})
     assert colors and all(len(found) == 1 for found in colors.values()), colors
     assert len(batch.figure.data) == 3 * len(colors)  # latency, throughput and compute per series
+
+
+#: a number a hover shows: a placeholder with a number format ("%{y:.4g}"), or the batch size ("%{x}")
+NUMBER = re.compile(r"%\{(?:[xy]|customdata[^}:]*)(?::[^}]*)?\}")
+
+
+def _bare(template: str) -> list[str]:
+    """The numbers in a hover template with no unit or name beside them ("%{y:.4g}<extra>", not "%{y:.4g} GiB")."""
+    bare = []
+    for found in NUMBER.finditer(template):
+        after = re.match(r"(?:(?!%\{)[^<,])*", template[found.end() :]).group().strip(" :")
+        named = re.search(r"[A-Za-z]+ $", template[: found.start()])  # "batch %{x}", "SSIM %{y:.4f}"
+        if ":" in found.group() or found.group() in ("%{x}", "%{y}"):
+            category = found.group() in ("%{x}", "%{y}") and not named  # a bar's run label, a waterfall's rung
+            if not after and not named and not category:
+                bare.append(found.group())
+    return bare
+
+
+def test_every_hover_value_names_its_unit(study):
+    """Every trace of every plot has a hover with each number's unit (or none, for a reference line): the peak
+    memory plot once showed "%{x:.4g} s per image, %{y:.4g}", a memory with no GiB, and the batch plot's latency
+    and throughput subplots Plotly's bare "(2, 0.73)"."""
+    assert _bare("%{text}<br>%{x:.4g} s per image, %{y:.4g}<extra></extra>") == ["%{y:.4g}"]  # the rule bites
+    checked = 0
+    for _, _, builder in SECTIONS:
+        for figure in builder(study):
+            for trace in figure.figure.data:
+                if trace.hoverinfo == "skip":
+                    continue
+                assert trace.hovertemplate, (figure.figure.layout.title.text, trace.name)
+                assert _bare(trace.hovertemplate) == [], (figure.figure.layout.title.text, trace.hovertemplate)
+                checked += 1
+    assert checked >= 10
+    (memory,) = [f for f in tradeoffs(study) if f.figure.layout.title.text.startswith("Peak memory")]
+    assert all("%{y:.4g} GiB" in trace.hovertemplate for trace in memory.figure.data)

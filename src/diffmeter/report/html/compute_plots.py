@@ -49,9 +49,9 @@ def compute(study: Study) -> list[Figure]:
     by_model: dict[str, list[Profile]] = defaultdict(list)
     for profile in profiles:
         by_model[profile.name].append(profile)
-    for axis, key, title in (
-        ("megapixels per image", lambda p: p.height * p.width / 1e6, "Compute against resolution"),
-        ("denoising steps", lambda p: p.steps, "Compute against steps"),
+    for axis, unit, key, title in (
+        ("megapixels per image", "megapixels", lambda p: p.height * p.width / 1e6, "Compute against resolution"),
+        ("denoising steps", "steps", lambda p: p.steps, "Compute against steps"),
     ):
         figure = go.Figure()
         series = {
@@ -67,6 +67,7 @@ def compute(study: Study) -> list[Figure]:
                 x=[x for x, _ in points],
                 y=[y / factor for _, y in points],
                 mode="lines+markers",
+                hovertemplate=f"{name}<br>%{{x:.4g}} {unit}: %{{y:.4g}} {prefix}FLOPs per image<extra></extra>",
                 name=name,
                 **colors.trace(name),
             )

@@ -54,6 +54,7 @@ def predictions(study: Study) -> list[Figure]:
             y=[min(ends), max(ends)],
             mode="lines",
             line={"color": "#999", "dash": "dot"},
+            hoverinfo="skip",  # a reference line: no values of its own
             name="predicted = measured",
         )
         layout(figure, "Predicted against measured time per call", timed, "measured median (log)", "predicted (log)")
@@ -98,7 +99,9 @@ def predictions(study: Study) -> list[Figure]:
             name="runs",
         )
         ends = [min(measured + predicted), max(measured + predicted)]
-        figure.add_scatter(x=ends, y=ends, mode="lines", line={"color": "#999", "dash": "dot"}, name="equal")
+        figure.add_scatter(
+            x=ends, y=ends, mode="lines", line={"color": "#999", "dash": "dot"}, hoverinfo="skip", name="equal"
+        )
         layout(figure, "Predicted against measured peak memory", sized, "CUDA max allocated (GiB)", "predicted (GiB)")
         found.append(
             Figure(

@@ -52,9 +52,24 @@ def scaling(study: Study) -> list[Figure]:
             values["latency"] += latency
             values["throughput"] += [r["images_per_s"] for r in rows]
             values["compute"] += [r["denoise_tflops_per_s"] * 1e12 for r in rows if r["denoise_tflops_per_s"]]
-            figure.add_scatter(x=batches, y=latency, name=name, row=1, col=1, **common)
             figure.add_scatter(
-                x=batches, y=[r["images_per_s"] for r in rows], name=name, showlegend=False, row=1, col=2, **common
+                x=batches,
+                y=latency,
+                hovertemplate="batch %{x}: %{y:.4g} s per call (median)<extra></extra>",
+                name=name,
+                row=1,
+                col=1,
+                **common,
+            )
+            figure.add_scatter(
+                x=batches,
+                y=[r["images_per_s"] for r in rows],
+                hovertemplate="batch %{x}: %{y:.4g} images per second<extra></extra>",
+                name=name,
+                showlegend=False,
+                row=1,
+                col=2,
+                **common,
             )
             figure.add_scatter(
                 x=batches,
@@ -96,7 +111,7 @@ def scaling(study: Study) -> list[Figure]:
                 x=[r.row["width"] * r.row["height"] / 1e6 for r in group],
                 y=[r.row["s_per_image"] for r in group],
                 text=[f"{r.row['width']}x{r.row['height']}" for r in group],
-                hovertemplate="%{text}: %{y:.4g} s per image<extra></extra>",
+                hovertemplate="%{text} (%{x:.3g} megapixels): %{y:.4g} s per image<extra></extra>",
                 mode="lines+markers",
                 name=_size_name(key),
                 **colors.trace(_size_name(key)),

@@ -79,7 +79,13 @@ def step_times(runs: list[Run]) -> Figure | None:
         values += medians
         style = colors.trace(run.label)
         figure.add_scatter(
-            x=list(range(count)), y=medians, mode="lines+markers", name=run.label, legendgroup=run.label, **style
+            x=list(range(count)),
+            y=medians,
+            hovertemplate=run.label + "<br>step %{x}: %{y:.4g} s (median)<extra></extra>",
+            mode="lines+markers",
+            name=run.label,
+            legendgroup=run.label,
+            **style,
         )
         first = run.result.first_call
         if first is not None and first.stages.steps_s:
@@ -89,6 +95,7 @@ def step_times(runs: list[Run]) -> Figure | None:
                 y=first.stages.steps_s,
                 mode="lines",
                 line={"dash": "dot", "color": colors[run.label]},
+                hovertemplate=run.label + "<br>first call, step %{x}: %{y:.4g} s<extra></extra>",
                 name=f"{run.label} (first call)",
                 legendgroup=run.label,
                 visible="legendonly",

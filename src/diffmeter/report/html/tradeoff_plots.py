@@ -32,6 +32,7 @@ def tradeoffs(study: Study) -> list[Figure]:
                 spent,
                 [run.row[f"{energy_kind}_j_per_image"] for run in spent],
                 f"{energy_kind.upper()} energy per image (J)",
+                "J per image",
                 "Energy per image against latency",
                 f"{energy_kind.upper()} energy per image (Zeus) against median seconds per image; a model's line "
                 "joins its runs that no other run of that model beats on both. ",
@@ -45,6 +46,7 @@ def tradeoffs(study: Study) -> list[Figure]:
                 memory,
                 values,
                 "peak memory (GiB)",
+                "GiB peak memory",
                 "Peak memory against latency",
                 "Peak memory (CUDA max allocated on GPU runs, else the process's peak resident memory) against "
                 "median seconds per image; a model's line joins its runs that no other run of that model beats on "
@@ -57,9 +59,11 @@ def tradeoffs(study: Study) -> list[Figure]:
     return figures
 
 
-def _pareto(runs: list[Run], values: list[float], y: str, title: str, caption: str) -> Figure:
-    """Each model's runs, and its Pareto frontier (no run of the same model beats one on it on both)."""
+def _pareto(runs: list[Run], values: list[float], y: str, unit: str, title: str, caption: str) -> Figure:
+    """Each model's runs, and its Pareto frontier (no run of the same model beats one on it on both); ``unit``
+    follows the value on hover ("GiB peak memory")."""
     figure = go.Figure()
+    hover = "%{x:.4g} s per image, %{y:.4g} " + unit
     by_model: dict[str, list[tuple[float, float, Run]]] = defaultdict(list)
     for run, value in zip(runs, values, strict=True):
         by_model[run.row["model"]].append((run.row["s_per_image"], value, run))
@@ -76,7 +80,7 @@ def _pareto(runs: list[Run], values: list[float], y: str, title: str, caption: s
             x=[p[0] for p in points],
             y=[p[1] for p in points],
             text=[p[2].label for p in points],
-            hovertemplate="%{text}<br>%{x:.4g} s per image, %{y:.4g}<extra></extra>",
+            hovertemplate="%{text}<br>" + hover + "<extra></extra>",
             mode="markers",
             marker={"size": 9, "color": color, "opacity": 0.6},
             name=model,
@@ -88,6 +92,7 @@ def _pareto(runs: list[Run], values: list[float], y: str, title: str, caption: s
             mode="lines+markers",
             line={"color": color, "shape": "hv"},
             marker={"size": 11, "symbol": "diamond", "color": color},
+            hovertemplate=f"{model}: Pareto frontier<br>" + hover + "<extra></extra>",
             name=f"{model}: Pareto frontier",
             legendgroup=model,
         )
