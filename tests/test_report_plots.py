@@ -15,7 +15,7 @@ from diffmeter.report.html.plot_style import log_ticks
 from diffmeter.report.html.scaling_plots import scaling
 from diffmeter.report.html.study import read_study
 from diffmeter.report.html.time_plots import time_breakdown
-from diffmeter.report.html.tradeoff_plots import tradeoffs
+from diffmeter.report.html.tradeoff_plots import speedup_ticks, tradeoffs
 from diffmeter.report.run_table import run_table
 from diffmeter.report.speedup_text import speedup_tick
 from diffmeter.runs.lifecycle import bench
@@ -87,19 +87,29 @@ def test_log_axes_are_labelled_in_full_with_units():
     assert log_ticks([0.0, -1.0]) == {}
 
 
-def test_a_speed_up_axis_says_slower_as_the_tables_do_never_a_fraction():
-    """Ticks of the trade-off plot's speed-up axis: a factor below 1x reads as times slower, as every table says it."""
-    ticks = log_ticks([0.0898, 2.4], speedup_tick)
+def test_a_speed_up_axis_says_faster_and_slower_as_the_tables_do_and_shows_1x(study):
+    """Ticks of the trade-off plot's speed-up axis read as every table says a factor ("20.0x slower", never "0.05x";
+    "1.23x faster", never a bare "1.23x") and always hold 1x: a narrow axis once had two ticks, '1.13x slower' and
+    '1.23x', and no mark of which side of 1x a point was on."""
+    ticks = speedup_ticks([0.0898, 2.4])
     assert ticks["ticktext"] == [
         "20.0x slower",
         "10.0x slower",
         "5.00x slower",
         "2.00x slower",
-        "1.00x",
-        "2.00x",
-        "5.00x",
+        "1x",
+        "2.00x faster",
+        "5.00x faster",
     ]
-    assert [speedup_tick(v) for v in (1 / 11.1, 1.0, 1.5)] == ["11.1x slower", "1.00x", "1.50x"]
+    narrow = speedup_ticks([0.885, 1.23])
+    assert narrow["ticktext"] == ["1.13x slower", "1x", "1.23x faster"] and 1.0 in narrow["tickvals"]
+    above = speedup_ticks([1.5, 3.1])  # every run faster: 1x still on the axis, inside its range
+    assert above["ticktext"][0] == "1x" and above["range"][0] < 0
+    assert [speedup_tick(v) for v in (1 / 11.1, 1.0, 0.999, 1.5)] == ["11.1x slower", "1x", "1x", "1.50x faster"]
+    quality = tradeoffs(study)[0].figure
+    assert 1.0 in quality.layout.xaxis2.tickvals and "1x" in quality.layout.xaxis2.ticktext
+    lines = [(shape.x0, shape.x1, shape.xref) for shape in quality.layout.shapes]
+    assert lines == [(1.0, 1.0, "x2")]  # the SSIM panel's 1x line; the PSNR panel, every image identical, has none
 
 
 def test_compute_is_in_the_unit_that_reads_1_to_999(study, tmp_path):

@@ -57,6 +57,9 @@ def _notes(row: dict[str, Any], column: str) -> list[str]:
 
 
 def speedup_tick(value: float) -> str:
-    """A speed-up axis's tick as the tables say a factor: "2.00x" at or above 1x, "11.1x slower" below, never a
-    fraction ("0.09x")."""
-    return f"{factor_text(value)}x" if value >= 1 else f"{factor_text(1 / value)}x slower"
+    """A speed-up axis's tick as the tables say a factor: "2.00x faster", "11.1x slower" (never a fraction such as
+    "0.09x"), and "1x" where it reads as one either way."""
+    factor = value if value >= 1 else 1 / value
+    if factor_text(factor) == "1.00":
+        return "1x"
+    return f"{factor_text(factor)}x {'faster' if value > 1 else 'slower'}"

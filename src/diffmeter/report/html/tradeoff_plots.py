@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import plotly.graph_objects as go
@@ -153,12 +154,9 @@ def quality(judged: list[Run]) -> Figure:
     layout(figure, "Speed-up against image quality", judged, "", "", height=440)
     ends = [value for run in judged for value in (run.row["speedup_ci_low"], run.row["speedup_ci_high"])]
     for col in (1, 2):
-        figure.update_xaxes(
-            title_text="speed-up over the unoptimized run (log)",
-            **log_ticks(ends, speedup_tick),
-            row=1,
-            col=col,
-        )
+        figure.update_xaxes(title_text="speed-up over the unoptimized run (log)", **speedup_ticks(ends), row=1, col=col)
+        if col == 2 or finite_any:  # 1x drawn where the panel is: the points right of it are faster
+            figure.add_vline(x=1.0, line={"color": "#999", "dash": "dot", "width": 1}, row=1, col=col)
     if finite_any:
         figure.update_yaxes(title_text="PSNR vs unoptimized images (dB)", row=1, col=1)
     else:
@@ -172,7 +170,18 @@ def quality(judged: list[Run]) -> Figure:
         figure,
         "Each point is an optimized run: its speed-up over the unoptimized run of the same settings (Hodges-Lehmann "
         "estimate, the bar its interval; hover for the verdict), against its images compared with the unoptimized "
-        "images at the same seeds (mean PSNR, mean SSIM; identical images have no finite PSNR and sit at SSIM 1). "
+        "images at the same seeds (mean PSNR, mean SSIM; identical images have no finite PSNR and sit at SSIM 1); "
+        "the dotted line is 1x: points right of it ran faster, left of it slower. "
         + (f"{noisy} of these speed-ups come from noisy runs (the summary's notes say which). " if noisy else "")
         + measured(judged),
     )
+
+
+def speedup_ticks(values: list[float]) -> dict:
+    """A log speed-up axis over ``values`` that always holds 1x, ticked as the tables say a factor ("1.23x faster",
+    "1.13x slower"); a tick too near 1x to be read beside it is left out."""
+    ticks = log_ticks([*values, 1.0], speedup_tick)
+    span = math.log(max(ticks["tickvals"]) / min(ticks["tickvals"]))
+    near = [v for v in ticks["tickvals"] if abs(math.log(v)) < 0.15 * span or speedup_tick(v) == "1x"]
+    kept = sorted({1.0, *(v for v in ticks["tickvals"] if v not in near)})
+    return {**ticks, "tickvals": kept, "ticktext": [speedup_tick(v) for v in kept]}
