@@ -136,6 +136,16 @@ def test_every_subplot_draws_a_series_in_one_colour(study):
     assert len(batch.figure.data) == 3 * len(colors)  # latency, throughput and compute per series
 
 
+def test_the_batch_plot_caption_names_the_compute_unit_its_axis_uses(study):
+    """The caption once said "achieved TFLOP/s" beside an axis in GFLOP/s (tiny runs reach about 1 GFLOP/s)."""
+    (batch,) = scaling(study)
+    unit = batch.figure.layout.yaxis3.title.text
+    peak = max(run.row["denoise_tflops_per_s"] for run in study.complete if not run.row["optimizations"]) * 1e12
+    assert unit == f"{units.prefix(peak)[1]}FLOP/s"
+    assert f"achieved {unit}:" in batch.caption
+    assert {found for found in re.findall(r"\b\w?FLOP/s", batch.caption)} == {unit}  # no other rate unit
+
+
 #: a number a hover shows: a placeholder with a number format ("%{y:.4g}"), or the batch size ("%{x}")
 NUMBER = re.compile(r"%\{(?:[xy]|customdata[^}:]*)(?::[^}]*)?\}")
 

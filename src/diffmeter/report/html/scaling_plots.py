@@ -95,8 +95,8 @@ def scaling(study: Study) -> list[Figure]:
             Figure(
                 figure,
                 "Median latency per pipeline call, images per second over the measured calls, and the denoising "
-                "loop's achieved TFLOP/s: the offline FLOP count of the loop divided by its measured median time "
-                "(hover: MFU against the device's dense datasheet peak). " + measured(shown),
+                f"loop's achieved {rate[1]}FLOP/s: the offline FLOP count of the loop divided by its measured median "
+                "time (hover: MFU against the device's dense datasheet peak). " + measured(shown),
             )
         )
     size_groups = {k: v for k, v in by_size.items() if len({(r.row["width"], r.row["height"]) for r in v}) > 1}
