@@ -3,12 +3,15 @@ draw saying why, log axes labelled with whole numbers and units, compute in the 
 colour per series in every subplot."""
 
 import re
+import shutil
 
 import pytest
+from browser import browser_tools
 from rich.console import Console
 
 from diffmeter import units
 from diffmeter.optimize.options import parse_opt
+from diffmeter.report.html import write_report
 from diffmeter.report.html.compute_plots import compute
 from diffmeter.report.html.figures import SECTIONS
 from diffmeter.report.html.plot_style import log_ticks
@@ -180,3 +183,32 @@ def test_every_hover_value_names_its_unit(study):
     assert checked >= 10
     (memory,) = [f for f in tradeoffs(study) if f.figure.layout.title.text.startswith("Peak memory")]
     assert all("%{y:.4g} GiB" in trace.hovertemplate for trace in memory.figure.data)
+
+
+HEADERS, ROWS = "table.summary th", "table.summary tbody tr"
+
+
+def test_sorting_by_psnr_puts_identical_images_above_every_finite_psnr(study, tmp_path):
+    """Identical images (infinite PSNR, shown "identical") once had an empty sort value and sorted with the runs that
+    have no PSNR; in a real browser they now sort above a lossy run's finite PSNR, the missing ones last either way."""
+    out = tmp_path / "study"
+    shutil.copytree(study.root, out)  # the baseline reused: one more run, a lossy one (another sampler)
+    bench(BenchSpec(**FAST, optimizations=[parse_opt("scheduler:name=ddim")], compare_baseline=True), out=out)
+    report = write_report(out, tmp_path / "report.html", "PSNR order")
+    playwright, executable = browser_tools()
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto(report.as_uri())
+            headers = page.evaluate(f"() => Array.from(document.querySelectorAll('{HEADERS}')).map(h => h.textContent)")
+            column = headers.index("PSNR")
+            cells = f"() => Array.from(document.querySelectorAll('{ROWS}')).map(r => r.cells[{column}].textContent)"
+            page.click(f"table.summary th:nth-child({column + 1})")
+            ascending = page.evaluate(cells)
+            page.click(f"table.summary th:nth-child({column + 1})")
+            descending = page.evaluate(cells)
+        finally:
+            browser.close()
+    assert descending[0] == "identical" and descending[1].endswith(" dB") and set(descending[2:]) == {"-"}, descending
+    assert ascending[0].endswith(" dB") and ascending[1] == "identical" and set(ascending[2:]) == {"-"}, ascending

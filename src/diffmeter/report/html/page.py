@@ -158,15 +158,15 @@ def _summary(runs: list[Run]) -> str:
         for column, _, show in columns:
             value = run.row[column]
             text = "-" if value is None else show(value)
+            sort = "" if value is None else html.escape(str(value), quote=True)
             if column == "psnr_db" and value is None and run.row["identical_images"]:
-                text = "identical"
+                text, sort = "identical", "Infinity"  # infinite PSNR: above every finite one, not with the missing
             if column == "speedup":
                 text = speedup_cell(run.row)
             if column == "images_per_s" and value is not None:
                 text = outputs.rate(value, outputs.is_video(run.row), word == "output")
             if column == "s_per_image" and value is not None and noise_lines([run.row]):
                 text += " (noisy)"
-            sort = "" if value is None else html.escape(str(value), quote=True)
             kind = "" if isinstance(value, (int, float)) else ' class="text"'
             cells.append(f'<td{kind} data-value="{sort}">{html.escape(text)}</td>')
         error = html.escape(run.row["error"] or "", quote=True)
