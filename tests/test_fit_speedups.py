@@ -140,3 +140,23 @@ def test_a_cached_setting_with_an_untimed_offload_is_bounded_by_its_compute(tiny
     compute = plain_time(cached, memory, gpu).lower_s
     with_transfers = lower_s(compute, memory, chosen, gpu.host_link_bytes_per_s)  # tiny: the transfers outlast it
     assert found.lower == compute < with_transfers
+
+
+def test_a_setting_with_a_technique_the_time_leaves_out_has_no_bound_in_fit_as_in_profile(cli):
+    """fit printed 'time >= 51.34 s' for bnb:nf4 + fp8-text-encoder + first-block-cache on an RTX 4080 (the plain
+    pipeline's bound, which a cache's skipped calls beat) where profile gives no bound for the fp8 text encoder's
+    untimed upcasts (a new user's trial): fit now gives none either, and says why per row."""
+    from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES
+    from diffmeter.predict.memory import predict_memory
+    from diffmeter.predict.techniques import peak_under
+
+    memory = predict_memory(ProfileSpec(model="tiny-flux", steps=2))
+    between = (peak_under(memory, ("fp8-text-encoder",)) + memory.peak_bytes) // 2  # fits only with it
+    card = f"{(CUDA_HOLDBACK_BYTES + between) / 2**30:.9f}GB,100TFLOPS,1TB/s,arch=hopper,link=64GB/s"
+    code, out, err = cli("fit", "tiny-flux", "--steps", "2", "--json", "--gpu-spec", card)
+    assert code == 0, err
+    rows = [row for row in json.loads(out)["fits"] if "fp8-text-encoder" in row["techniques"]]
+    assert {tuple(row["techniques"]) for row in rows} >= {("fp8-text-encoder",), ("fp8-text-encoder", "compile")}
+    assert all(row["lower_s"] is None and row["not_ranked"].startswith("fp8-text-encoder: ") for row in rows)
+    code, out, _ = cli("profile", "tiny-flux", "--steps", "2", "--json", "--gpu-spec", card, "--fp8-text-encoder")
+    assert code == 0 and json.loads(out)["time"] is None  # profile: no range, bound or energy for it

@@ -222,13 +222,15 @@ def fit(
     expected = {chosen: found.time.expected_s for chosen, found in timings.items() if found.time}
     unranked = {chosen: found.why for chosen, found in timings.items() if found.why}
     skips = {chosen: found.time.cache for chosen, found in timings.items() if found.time and found.time.cache}
-    lower = {
-        c: found.time.lower_s if found.time else found.lower if found.lower is not None else times.get(c)
-        for c, found in timings.items()
-    } or times
+    # a setting with a technique the time leaves out has the bound profile gives it: none, as that technique can
+    # make the run faster than the pipeline without it (an offload without a fitted rate: its own bound)
+    lower = {c: found.time.lower_s if found.time else found.lower for c, found in timings.items()} or times
     rows = ranked([(chosen, peak, lower.get(chosen)) for chosen, peak in fits], timings)
+    # why a row has no bound, unless only a technique the time leaves out withholds it (``not_ranked`` says which)
     untimed = (
-        why_untimed(plain, target, work, tf32, bool(gpu or gpu_spec)) if any(t is None for *_, t in rows) else None
+        why_untimed(plain, target, work, tf32, bool(gpu or gpu_spec))
+        if any(t is None and (not timings or setting_work.of(c)[0] is not None) for c, _, t in rows)
+        else None
     )
     nothing = None if rows else next_step(prediction, entry, settled, fp8, table_gpus())
     if as_json:

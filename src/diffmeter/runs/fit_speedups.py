@@ -138,7 +138,7 @@ class SettingWork:
 
 def timed(setting_work: SettingWork, chosen: tuple[str, ...], gpu, tf32: bool = True, outputs: int = 1) -> Timed:
     """``chosen``'s predicted time on ``gpu``, or why it has none."""
-    from diffmeter.predict.offload_time import offload_of, with_offload
+    from diffmeter.predict.offload_time import lower_s, offload_of, with_offload
     from diffmeter.predict.offload_time import why_untimed as offload_untimed
     from diffmeter.runs.fitting import plain_time
 
@@ -149,8 +149,9 @@ def timed(setting_work: SettingWork, chosen: tuple[str, ...], gpu, tf32: bool = 
     if why := offload_untimed(chosen, gpu.host_link_bytes_per_s):
         return Timed(why=why, lower=untimed_offload_lower(work, prediction, chosen, gpu, outputs, tf32))
     time = plain_time(work, prediction, gpu, outputs, tf32)
-    if time is None or time.expected_s is None:
-        return Timed(why=f"no calibrated range for the {gpu.name}")
+    if time is None or time.expected_s is None:  # the bound of the setting's own work and its transfers, if any
+        lower = None if time is None else lower_s(time.lower_s, prediction, chosen, gpu.host_link_bytes_per_s)
+        return Timed(why=f"no calibrated range for the {gpu.name}", lower=lower)
     if offload_of(chosen):
         time = with_offload(time, prediction, chosen, gpu.host_link, gpu.host_link_bytes_per_s)
     return Timed(time=time)
