@@ -26,6 +26,15 @@ RELEVANT_VARIABLES = (
 )
 RELEVANT_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE", "DIFFMETER_")
 LIBRARIES = ("torch", "diffusers", "transformers", "accelerate", "zeus", "numpy")
+#: the variables above that change how fast a run runs (not where its weights are read from)
+SPEED_VARIABLES = (
+    "CUDA_LAUNCH_BLOCKING",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "NVIDIA_TF32_OVERRIDE",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+)
+SPEED_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE")
 
 
 class Environment(BaseModel):
@@ -46,6 +55,33 @@ class Environment(BaseModel):
     #: the run's host link (copy rates between host memory and its GPU), measured once per CUDA run before loading;
     #: None on a CPU run and in runs stored before it was measured
     host_link: HostLink | None = None
+
+
+def device_name(environment: Environment, device: str) -> str:
+    """The GPU a run on ``device`` used (``cuda:N``), or the CPU's name."""
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        return environment.devices[index] if index < len(environment.devices) else device
+    return environment.cpu
+
+
+def speed_settings(environment: Environment, device: str) -> dict[str, str]:
+    """What beside its spec changes how fast a run on ``device`` runs: the device's name, torch's CPU threads, the
+    versions of torch, diffusers and transformers (and CUDA's on a GPU), the variables that change what runs."""
+    settings = {"hardware": device_name(environment, device), "torch threads": str(environment.torch_threads)}
+    settings.update({name: str(environment.libraries.get(name)) for name in ("torch", "diffusers", "transformers")})
+    if device.startswith("cuda"):
+        settings.update(cuda=str(environment.cuda), cudnn=str(environment.cudnn), driver=str(environment.driver))
+    variables = environment.variables.items()
+    settings.update({k: v for k, v in variables if k in SPEED_VARIABLES or k.startswith(SPEED_PREFIXES)})
+    return settings
+
+
+def speed_differences(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    """``speed_settings`` that differ from ``a`` to ``b``, as "torch threads: 2 -> 1" (a variable set on one side
+    only: "unset" on the other)."""
+    keys = list(a) + [key for key in b if key not in a]
+    return [f"{key}: {a.get(key, 'unset')} -> {b.get(key, 'unset')}" for key in keys if a.get(key) != b.get(key)]
 
 
 def collect() -> Environment:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from diffmeter.errors import DiffmeterError
+from diffmeter.measure.environment import device_name
 from diffmeter.runs import speedups, storage
 from diffmeter.runs.results import BenchResult
 from diffmeter.spec import sizes_text
@@ -201,12 +202,7 @@ def row(result: BenchResult, folder: str) -> dict[str, Any]:
 
 def hardware(result: BenchResult) -> str:
     """The GPU the run used, or the CPU for CPU runs."""
-    device = result.spec.device or "cpu"
-    if device.startswith("cuda"):
-        index = int(device.partition(":")[2] or 0)
-        devices = result.environment.devices
-        return devices[index] if index < len(devices) else device
-    return result.environment.cpu
+    return device_name(result.environment, result.spec.device or "cpu")
 
 
 def add_speedups(

@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from diffmeter.errors import DiffmeterError
+from diffmeter.measure.environment import speed_differences, speed_settings
 from diffmeter.measure.quality_schema import Quality
 from diffmeter.measure.speedup import Criteria, Verdict
 from diffmeter.quiet import quiet_import
@@ -46,7 +47,8 @@ class RunComparison(BaseModel):
     a: str
     b: str
     model: str
-    #: spec fields whose values differ, as "field: A -> B"
+    #: spec fields whose values differ, as "field: A -> B", then what else changes speed ("torch threads: 2 -> 1",
+    #: the device's name, library versions: ``measure.environment.speed_settings``)
     differences: list[str]
     stages: list[StageComparison]
     #: bytes: peak CUDA allocation on GPU runs, else the process's peak resident memory
@@ -183,6 +185,9 @@ def _differences(a: BenchResult, b: BenchResult) -> list[str]:
     left, right = a.spec.model_dump(mode="json"), b.spec.model_dump(mode="json")
     keys = [key for key in left if key not in _NOT_SETTINGS]
     changed = [f"{key}: {left[key]} -> {right.get(key)}" for key in keys if left[key] != right.get(key)]
+    changed += speed_differences(*(speed_settings(r.environment, r.spec.device) for r in (a, b)))
+    if a.fp32_precision != b.fp32_precision:  # TF32 or IEEE float32 on CUDA
+        changed.append(f"fp32_precision: {a.fp32_precision} -> {b.fp32_precision}")
     labels = ["+".join(o.label for o in r.optimizations) or "none" for r in (a, b)]
     if labels[0] != labels[1]:
         changed = [line for line in changed if not line.startswith("optimizations:")]

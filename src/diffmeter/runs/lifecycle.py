@@ -28,6 +28,8 @@ from diffmeter.measure.clock import clock_for, device_scope
 from diffmeter.measure.compilation import watch_compilation
 from diffmeter.measure.conditions import ConditionsMonitor
 from diffmeter.measure.energy import Energy, EnergyMeter
+from diffmeter.measure.environment import collect as collect_environment
+from diffmeter.measure.environment import speed_settings
 from diffmeter.measure.host_link import link_line
 from diffmeter.measure.host_link import measure as measure_link
 from diffmeter.measure.memory import loaded_bytes, out_of_memory, read_peaks, release, reset_peaks
@@ -60,7 +62,8 @@ class MeasuredRun:
         self.place.enter()  # before anything asks the device a question
         self.run_ = run = prepare(self.spec, device=self.place.device)  # every check on the run's own device
         self.workload = self.group.workload(run.spec, run.entry)  # reads the prompts file: a refusal, too
-        self.directory = storage.RunDirectory(self.out, run.name, self.force, run.spec)
+        speed = speed_settings(collect_environment(), str(self.place.device))  # threads etc.: not in the folder name
+        self.directory = storage.RunDirectory(self.out, run.name, self.force, run.spec, speed)
         self.directory.check()
         earlier = self.baseline()
         self.group.join(run)

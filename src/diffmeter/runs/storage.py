@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError, validation_problem
+from diffmeter.measure.environment import Environment, speed_differences, speed_settings
 from diffmeter.runs.results import BenchResult
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.spec import size_text
@@ -131,10 +132,20 @@ def slug(text: str, limit: int = 80) -> str:
 class RunDirectory:
     """A run's folder: ``open()`` checks and stages, ``commit()`` moves it into place."""
 
-    def __init__(self, out: str | Path, name: str, force: bool = False, spec: BenchSpec | None = None) -> None:
+    def __init__(
+        self,
+        out: str | Path,
+        name: str,
+        force: bool = False,
+        spec: BenchSpec | None = None,
+        speed: dict[str, str] | None = None,
+    ) -> None:
+        """``speed``: the new run's ``measure.environment.speed_settings`` (its threads, device, versions), which the
+        folder's name does not hold, said where they differ from a stored run's."""
         self.final = Path(out).expanduser() / name
         self.force = force
         self.spec = spec
+        self.speed = speed
         self.staging = self.final.parent / f".{name}.partial-{os.getpid()}"
 
     def check(self) -> None:
@@ -159,16 +170,28 @@ class RunDirectory:
         if self.spec is None:
             return ""
         try:
-            stored = json.loads(existing.read_text(encoding="utf-8"))["spec"]
+            result = json.loads(existing.read_text(encoding="utf-8"))
+            stored = result["spec"]
         except (OSError, ValueError, KeyError):
             return ""
         new = self.spec.model_dump(mode="json")
         changed = [f"{key} {stored.get(key)!r} -> {value!r}" for key, value in new.items() if stored.get(key) != value]
+        changed += [line.replace(":", "", 1) for line in self._speed_differences(result)]
         if not changed:
             return " (the same settings)"
         return (
             f" (same model, size, steps, seed, dtype, device, prompts and techniques; different {', '.join(changed)})"
         )
+
+    def _speed_differences(self, stored: dict) -> list[str]:
+        """Where the stored run's threads, device name or versions differ from this one's ("torch threads: 2 -> 1")."""
+        if self.speed is None:
+            return []
+        try:
+            environment = Environment.model_validate(stored["environment"])
+        except (KeyError, ValidationError):  # a result stored before a field was added: nothing to say
+            return []
+        return speed_differences(speed_settings(environment, stored["spec"].get("device") or "cpu"), self.speed)
 
     def open(self) -> Path:
         self.check()
