@@ -1,6 +1,7 @@
 """`diffmeter bench` and `diffmeter show` from the command line, bad input included."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,11 +23,16 @@ def test_bench_prints_the_stage_table_and_show_reprints_it(cli, tmp_path):
     assert code == 0 and json.loads(stored)["status"] == "complete"
 
 
-def test_bench_json_prints_the_summary_only(cli, tmp_path):
-    code, out, _ = cli("bench", "tiny-dit", "--steps", "2", "--iterations", "1", "--out", tmp_path, "--json")
+def test_bench_json_prints_the_summary_with_its_weights_and_noise_notes(cli, tmp_path):
+    code, out, _ = cli("bench", "tiny-dit", "--steps", "2", "--iterations", "1", "--out", tmp_path, "--json", "-q")
     data = json.loads(out)
     assert code == 0 and data["summary"]["images"] == 1 and data["folder"].startswith(str(tmp_path))
     assert data["summary"]["latency_s"]["median"] > 0 and "--peak-tflops" in data["summary"]["mfu_note"]
+    assert data["weights_random"] is True and data["weights"].startswith("tiny random weights")
+    stored = json.loads((Path(data["folder"]) / RESULTS).read_text())
+    assert data["notes"] == stored["notes"]
+    noisy = [note for note in stored["notes"] if note.startswith("noisy:")]  # one call: its median has no interval
+    assert noisy and [note for note in data["noise"] if note.startswith("noisy:")] == noisy
 
 
 def test_prompts_file_and_quiet(cli, tmp_path):

@@ -1,5 +1,6 @@
 """`diffmeter compare` and the existing-result check on two real runs whose spec is the same but whose torch
-threads differ (OMP_NUM_THREADS=1 against torch's default): what changes speed is said, never "same settings"."""
+threads differ (OMP_NUM_THREADS=1 against torch's default): what changes speed is said, never "same settings";
+the tiny weights and each side's noise notes are carried."""
 
 import json
 
@@ -9,6 +10,8 @@ import torch
 from diffmeter.errors import DiffmeterError
 from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
+from diffmeter.runs.speedups import noise_notes
+from diffmeter.runs.storage import read_result
 
 pytestmark = pytest.mark.slow
 FAST = {"model": "tiny-sd", "steps": 1, "iterations": 2, "device": "cpu", "predict": False}
@@ -41,9 +44,17 @@ def test_compare_lists_the_thread_count_among_the_differences(cli, pair):
     assert code == 0, err
     (compared,) = json.loads(out)["pairs"]
     assert compared["differences"] == ["torch threads: 2 -> 1"]
+    for side, folder in (("a", a), ("b", b)):
+        assert compared[f"{side}_weights_random"] is True
+        assert compared[f"{side}_weights"] == read_result(folder).weights
+    notes = [f"{side}: {note}" for side, folder in (("A", a), ("B", b)) for note in noise_notes(read_result(folder))]
+    assert compared["noise"] == notes
     code, shown, _ = cli("compare", a, b, "--no-images")
     lines = [line.strip() for line in shown.splitlines()]
     assert code == 0 and "torch threads: 2 -> 1" in lines and "same settings" not in lines
+    assert "weights (A and B): tiny random weights (a test pipeline: timings say nothing about the real model)" in (
+        " ".join(shown.split())
+    )
 
 
 def test_a_run_with_other_threads_into_the_same_folder_is_not_called_the_same_run(pair):

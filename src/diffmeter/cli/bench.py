@@ -206,13 +206,30 @@ def bench(
     if result is None:  # a rank other than 0 of a torchrun launch: rank 0 reports
         return
     if as_json:
-        summary = {"folder": str(folder), "summary": result.summary.model_dump(mode="json")}
-        if result.quality is not None:
-            summary["quality"] = result.quality.model_dump(mode="json", exclude={"images"})
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(json_summary(result, folder), indent=2))
     elif not quiet:
         console.print(run_table(result))
         console.print(f"results: {folder}", highlight=False, markup=False)
+
+
+def json_summary(result, folder) -> dict:
+    """What ``bench --json`` prints: the folder, the weights (random or tiny ones say so), the summary, the noise
+    notes its figures carry and every other note, and the comparison with a --compare-baseline run."""
+    from diffmeter.runs.speedups import noise_notes
+
+    summary = {
+        "folder": str(folder),
+        "weights": result.weights,
+        "weights_random": result.weights_random,
+        "summary": result.summary.model_dump(mode="json"),
+        "noise": noise_notes(result),
+        "notes": result.notes,
+    }
+    if result.quality is not None:
+        summary["quality"] = result.quality.model_dump(mode="json", exclude={"images"})
+    if result.speedup is not None:
+        summary["speedup"] = result.speedup.model_dump(mode="json")
+    return summary
 
 
 def _with_config_file(ctx: typer.Context, config: str | None) -> dict:

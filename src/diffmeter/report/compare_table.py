@@ -89,7 +89,16 @@ def _facts(pair: RunComparison) -> list[str]:
         lines.append("energy: not measured on both")
     if pair.quality is not None:
         lines.append(quality_line(pair.quality))
-    return lines + pair.notes + pair.noise
+    return lines + _weights(pair) + pair.notes + pair.noise
+
+
+def _weights(pair: RunComparison) -> list[str]:
+    """Random or tiny weights said, once when both sides share them."""
+    if not (pair.a_weights_random or pair.b_weights_random):
+        return []
+    if pair.a_weights == pair.b_weights:
+        return [f"weights (A and B): {pair.a_weights}"]
+    return [f"weights: A {pair.a_weights}; B {pair.b_weights}"]
 
 
 def quality_line(quality) -> str:

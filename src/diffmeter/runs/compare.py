@@ -47,6 +47,12 @@ class RunComparison(BaseModel):
     a: str
     b: str
     model: str
+    #: where each side's weights came from (results.json's ``weights``): tiny or random ones say their timings are
+    #: not the real model's
+    a_weights: str = ""
+    b_weights: str = ""
+    a_weights_random: bool = False
+    b_weights_random: bool = False
     #: spec fields whose values differ, as "field: A -> B", then what else changes speed ("torch threads: 2 -> 1",
     #: the device's name, library versions: ``measure.environment.speed_settings``)
     differences: list[str]
@@ -143,6 +149,10 @@ def compare_runs(
         a=a_name,
         b=b_name,
         model=a.model.name,
+        a_weights=a.weights,
+        b_weights=b.weights,
+        a_weights_random=a.weights_random,
+        b_weights_random=b.weights_random,
         differences=_differences(a, b),
         stages=stages,
         a_peak_memory_bytes=_memory(a, memory_kind),
