@@ -256,3 +256,28 @@ def test_a_table_of_images_and_videos_shows_whole_frames_and_names_what_each_rat
     page = render(read_study(tmp_path), "mixed")
     assert "<th>outputs / s (mean)</th>" in page and "images / s" not in page
     assert f">{rates['tiny-cogvideox']} videos</td>" in page and f">{rates['tiny-sd']} images</td>" in page
+
+
+def test_a_ladder_rung_is_against_its_ladders_baseline_with_the_ladders_psnr(cli, tmp_path):
+    """A rung's own results.json holds no quality (the ladder compares its images) and its baseline runs more steps:
+    the table shows the ladder's PSNR/SSIM and says the speed-up is against the ladder's baseline, named."""
+    from rich.console import Console
+
+    from diffmeter.report.results_table import results_table
+    from diffmeter.runs.ladder import climb, plan
+
+    ladder = climb(plan(BenchSpec(**{**FAST, "steps": 2}), ("scheduler",), 1, "default"), tmp_path, recheck=False)
+    baseline, rung = ladder.rows
+    assert rung.quality is not None and read_result(rung.folder).quality is None
+    frame = diffmeter.load_results(tmp_path)
+    row = frame[frame.optimizations != ""].iloc[0]
+    base = frame[frame.optimizations == ""].iloc[0]
+    assert row.psnr_db == pytest.approx(rung.quality.mean_psnr_db) and row.ssim == pytest.approx(rung.quality.mean_ssim)
+    assert row.speedup == pytest.approx(rung.speedup) and row.speedup_against == "ladder baseline"
+    assert row.speedup_baseline == base.folder and base.steps == 2 and row.steps == 1
+    assert base.speedup_verdict == "baseline" and pandas.isna(base.speedup_against)
+    console = Console(width=400, record=True)
+    console.print(results_table(frame, "ladder"))
+    text = console.export_text()
+    assert f"{rung.quality.mean_psnr_db:.2f} dB" in text and "(ladder)" in text
+    assert f"(ladder): against the ladder's baseline, 2 steps, float32, no techniques: {base.folder}" in text

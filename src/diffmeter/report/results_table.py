@@ -36,6 +36,25 @@ def _scaling(row) -> str:
     return text + (" (within noise)" if row["scaling_verdict"] == "within noise" else "")
 
 
+LADDER_NOTE = " ((ladder): a ladder rung's, and its PSNR/SSIM, against its ladder's baseline, named below)"
+
+
+def _ladder_rung(row) -> bool:
+    return row.get("speedup_against") == "ladder baseline"
+
+
+def ladder_lines(rows: list[dict]) -> list[str]:
+    """Each ladder baseline the (ladder) rows are against: its steps, dtype and techniques, and its folder."""
+    by_folder = {row["folder"]: row for row in rows}
+    lines = []
+    for folder in dict.fromkeys(row["speedup_baseline"] for row in rows if _ladder_rung(row)):
+        base = by_folder.get(folder)
+        techniques = base["optimizations"] or "no techniques" if base else ""
+        settings = f"{base['steps']} steps, {base['dtype']}, {techniques}: " if base else ""
+        lines.append(f"(ladder): against the ladder's baseline, {settings}{folder}")
+    return lines
+
+
 def results_table(frame, title: str) -> FittedTable:
     """The key columns of a ``load_results`` frame; per image, per video, or per output where it has both."""
     records = frame.to_dict(orient="records")
@@ -89,22 +108,23 @@ def results_table(frame, title: str) -> FittedTable:
             _or_dash(row["mfu"], lambda v: f"{v:.1%}"),
             _psnr(row),
             _or_dash(row["ssim"], lambda v: f"{v:.4f}"),
-            escape(speedup_cell(row)),
+            escape(speedup_cell(row) + (" (ladder)" if _ladder_rung(row) else "")),
             _scaling(row),
         )
+    ladder = LADDER_NOTE if any(map(_ladder_rung, records)) else ""
     captions = [
         f"s / {word}: median call latency / {word}s per call (p90 likewise); peak memory: CUDA max allocated, else "
         f"process peak RSS; J / {word}: GPU energy (Zeus); MFU: the denoising loop's; denoise share: of the mean "
         "call, as show's; PSNR/SSIM: against the "
         f"unoptimized outputs at the same seeds; speed-up: per {word} against the unoptimized run of the same "
-        "settings, the Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney interval, "
-        "within noise when that holds 1x or the estimate is within 5% of it; (noisy): the run's (or its baseline's) "
-        "timings were "
-        f"noisy, as noted below; scaling: a parallel run's s / {word} speed-up over the one-device run of the same "
-        "spec (ratio of medians) and its share of the processes (scaling efficiency), (within noise) when the "
-        "speed-up rule's interval on the same two runs holds 1x"
+        f"settings{ladder}, the Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney "
+        "interval, within noise when that holds 1x or the estimate is within 5% of it; (noisy): the run's (or its "
+        f"baseline's) timings were noisy, as noted below; scaling: a parallel run's s / {word} speed-up over the "
+        "one-device run of the same spec (ratio of medians) and its share of the processes (scaling efficiency), "
+        "(within noise) when the speed-up rule's interval on the same two runs holds 1x"
     ]
-    captions += [escape(line) for line in [outputs.explained(word), *noise_lines(records)] if line]
+    below = [outputs.explained(word), *ladder_lines(records), *noise_lines(records)]
+    captions += [escape(line) for line in below if line]
     if any(_present(row["scaling_efficiency"]) and superlinear(row["scaling_efficiency"]) for row in records):
         captions.append(escape(SUPERLINEAR))
     if marked:

@@ -9,7 +9,9 @@ from typing import Any
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.measure.environment import device_name
+from diffmeter.measure.quality_schema import Quality
 from diffmeter.runs import speedups, storage
+from diffmeter.runs.ladder_rungs import LadderRung, ladder_rungs
 from diffmeter.runs.results import BenchResult
 from diffmeter.spec import sizes_text
 
@@ -50,9 +52,10 @@ COLUMNS: dict[str, str] = {
     "tflops_per_image": "TFLOPs (10^12 floating-point operations) per image, from the offline profile",
     "denoise_tflops_per_s": "achieved TFLOP/s of the denoising loop",
     "mfu": "denoising loop's achieved TFLOP/s / the device's dense peak",
-    "psnr_db": "mean PSNR in dB against the unoptimized images at the same seeds (empty when all are identical)",
+    "psnr_db": "mean PSNR in dB against the unoptimized images at the same seeds (a ladder rung: its ladder "
+    "baseline's, from ladder-*.json; empty when all are identical)",
     "identical_images": "images bit-identical to the unoptimized run's at the same seed",
-    "ssim": "mean SSIM against the unoptimized images",
+    "ssim": "mean SSIM against the unoptimized images (a ladder rung: its ladder baseline's)",
     "lpips": "mean LPIPS against the unoptimized images (lower is closer)",
     "speedup": "times faster than its baseline (a ladder rung's ladder baseline; else its --compare-baseline run; else "
     "the unoptimized run of the same settings in its own --out folder, or the table's only one, stored apart, said in "
@@ -65,6 +68,10 @@ COLUMNS: dict[str, str] = {
     "baseline",
     "speedup_noise": "the noise notes of this run and its baseline, joined by ' | ', which the speed-up carries "
     "(empty: both quiet)",
+    "speedup_against": "ladder baseline (a ladder rung: its speed-up, PSNR and SSIM are against the ladder's first "
+    "run, which may run more steps or another dtype) | same settings (the unoptimized run of its settings; "
+    "empty: no speed-up, or the run is a baseline itself)",
+    "speedup_baseline": "the run folder of that baseline, relative to the directory read where it is under it",
     "noise": "this run's own notes on noise in its timings (an interval too wide, other processes busy), "
     "joined by ' | '",
     "scaling_speedup": "parallel runs: the one-device run's median s/image (same spec, same folder) / this run's",
@@ -130,7 +137,7 @@ def rows(directory: str | Path, skipped: list[str] | None = None) -> list[dict[s
     root = Path(directory).expanduser()
     readable = readable_results(find_results(root), skipped)
     table = [row(result, str(folder.relative_to(root))) for folder, result in readable]
-    add_speedups(table, [result for _, result in readable], ladder_baselines(root))
+    add_speedups(table, [result for _, result in readable], ladder_rungs(root))
     return table
 
 
@@ -186,12 +193,7 @@ def row(result: BenchResult, folder: str) -> dict[str, Any]:
             iterations=summary.iterations,
         )
     if quality is not None:
-        values.update(
-            psnr_db=quality.mean_psnr_db,
-            identical_images=quality.identical,
-            ssim=quality.mean_ssim,
-            lpips=quality.mean_lpips,
-        )
+        values.update(quality_columns(quality))
     scaling = result.parallel.scaling if result.parallel is not None else None
     if scaling is not None and scaling.call is not None:
         values.update(scaling_speedup=scaling.call.speedup, scaling_efficiency=scaling.call.efficiency)
@@ -200,22 +202,34 @@ def row(result: BenchResult, folder: str) -> dict[str, Any]:
     return values
 
 
+def quality_columns(quality: Quality) -> dict[str, Any]:
+    """Images against a baseline's as the table's columns."""
+    return dict(
+        psnr_db=quality.mean_psnr_db,
+        identical_images=quality.identical,
+        ssim=quality.mean_ssim,
+        lpips=quality.mean_lpips,
+    )
+
+
 def hardware(result: BenchResult) -> str:
     """The GPU the run used, or the CPU for CPU runs."""
     return device_name(result.environment, result.spec.device or "cpu")
 
 
 def add_speedups(
-    table: list[dict[str, Any]], results: list[BenchResult], ladders: dict[Path, Path] | None = None
+    table: list[dict[str, Any]], results: list[BenchResult], ladders: dict[Path, LadderRung] | None = None
 ) -> None:
     """Each complete run's speed-up (``runs.speedups.between``) against its baseline: a ladder rung's, its
-    ladder's baseline (``ladder_baselines``: a rung may change the dtype or the steps); else the run its
+    ladder's baseline (``runs.ladder_rungs``: a rung may change the dtype or the steps), with the rung's images
+    against it as the ladder measured them where its own result has none; else the run its
     --compare-baseline named, from the table or its folder on disk; an unoptimized run is a baseline itself;
     else the unoptimized run of the same generation beside it (the same --out folder; the first found where
     several are, differing in what the generation key leaves out, such as the seed), else the table's only such
     run, stored apart (said in its noise notes; never one of several stored apart). ``results`` are the table's
     rows' results, in order."""
     by_folder = {_resolved(result.folder): result for result in results if result.folder is not None}
+    names = {_resolved(r.folder): row["folder"] for row, r in zip(table, results, strict=True) if r.folder is not None}
     unoptimized: dict[tuple, list[BenchResult]] = {}
     for row, result in zip(table, results, strict=True):
         if row["status"] == "complete" and not row["optimizations"] and result.folder is not None:
@@ -224,7 +238,12 @@ def add_speedups(
         if row["status"] != "complete":
             continue
         folder = _resolved(result.folder) if result.folder is not None else None
-        baseline = by_folder.get((ladders or {}).get(folder)) or _named_baseline(result, by_folder)
+        rung = (ladders or {}).get(folder)
+        baseline = by_folder.get(rung.baseline) if rung is not None else None
+        if baseline is not None and rung.quality is not None and result.quality is None:
+            row.update(quality_columns(rung.quality))
+        against = "ladder baseline" if baseline is not None else "same settings"
+        baseline = baseline or _named_baseline(result, by_folder)
         if baseline is None and not row["optimizations"]:
             row.update(speedup=1.0, speedup_ci_low=1.0, speedup_ci_high=1.0, speedup_coverage=1.0)
             row["speedup_verdict"] = "baseline"
@@ -237,28 +256,10 @@ def add_speedups(
             apart = None if near or baseline is None else f"baseline: stored apart, in {baseline.folder}"
         found = speedups.between(baseline, result) if baseline is not None else None
         if found is not None:
-            row.update(speedup_columns(found))
+            row.update(speedup_columns(found), speedup_against=against)
+            row["speedup_baseline"] = names.get(_resolved(baseline.folder), str(baseline.folder))
             if apart:
                 row["speedup_noise"] = NOTES_JOINER.join(filter(None, (row["speedup_noise"], apart)))
-
-
-def ladder_baselines(root: Path) -> dict[Path, Path]:
-    """Each ladder rung's run folder -> its ladder's baseline run folder, from the ``ladder-*.json`` files under
-    ``root`` (``runs.ladder.Ladder``, read as plain JSON so a table needs no torch: ``rows`` in order, the
-    baseline first, each with its run ``folder``); a rung is looked for beside its ladder file, by its folder's
-    name (the recorded path is relative to where the ladder ran, and the study may have moved)."""
-    found: dict[Path, Path] = {}
-    for path in sorted(root.rglob("ladder-*.json")):
-        if any(part.startswith(".") for part in path.relative_to(root).parts):
-            continue
-        try:
-            folders = [row.get("folder") for row in json.loads(path.read_text())["rows"]]
-        except (ValueError, OSError, KeyError, TypeError, AttributeError):
-            continue
-        if folders and folders[0]:
-            base = _resolved(path.parent / Path(folders[0]).name)
-            found.update({_resolved(path.parent / Path(f).name): base for f in folders[1:] if f})
-    return found
 
 
 def speedup_columns(found: speedups.Speedup) -> dict[str, Any]:

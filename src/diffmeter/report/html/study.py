@@ -13,6 +13,7 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.flops.schema import Profile
 from diffmeter.runs import collect
 from diffmeter.runs.ladder_record import Ladder
+from diffmeter.runs.ladder_rungs import ladder_rungs
 from diffmeter.runs.results import BenchResult
 
 #: how each kind of weights is named on every plot that shows it
@@ -75,9 +76,7 @@ def read_study(directory: str | Path) -> Study:
     results = collect.find_results(root)
     for folder, result in collect.readable_results(results, study.skipped):
         study.runs.append(Run(result, folder, collect.row(result, str(folder.relative_to(root)))))
-    collect.add_speedups(
-        [run.row for run in study.runs], [run.result for run in study.runs], collect.ladder_baselines(root)
-    )
+    collect.add_speedups([run.row for run in study.runs], [run.result for run in study.runs], ladder_rungs(root))
     seen = set()
     run_folders = {path.parent for path in results}
     for path in sorted(root.rglob("*.json")):
