@@ -10,6 +10,7 @@ import torch
 from speedup_key import hodges_lehmann, per_image_times, rank_symmetric
 
 import diffmeter
+from diffmeter import units
 from diffmeter.errors import DiffmeterError
 from diffmeter.optimize.options import parse_opt
 from diffmeter.runs import speedups
@@ -248,7 +249,7 @@ def test_a_table_of_images_and_videos_shows_whole_frames_and_names_what_each_rat
     text = console.export_text()
     assert "32x32x9f" in text and "9.0f" not in text
     assert "outputs / s (mean)" in text and "images / s" not in text and "s / output (median)" in text
-    rates = {model: f"{rate:,.3g}" for model, rate in zip(frame.model, frame.images_per_s, strict=True)}
+    rates = {model: units.figure(rate) for model, rate in zip(frame.model, frame.images_per_s, strict=True)}
     assert f"{rates['tiny-cogvideox']} videos" in text and f"{rates['tiny-sd']} images" in text
     console = Console(width=260, record=True)
     console.print(results_table(frame[frame.model == "tiny-sd"], "images only"))
@@ -281,3 +282,24 @@ def test_a_ladder_rung_is_against_its_ladders_baseline_with_the_ladders_psnr(cli
     text = console.export_text()
     assert f"{rung.quality.mean_psnr_db:.2f} dB" in text and "(ladder)" in text
     assert f"(ladder): against the ladder's baseline, 2 steps, float32, no techniques: {base.folder}" in text
+
+
+def test_a_rate_column_reads_alike_and_a_noise_note_says_its_latency_is_per_call(runs):
+    """40.0 images/s was written "40" beside "37.9"; a batch-2 run's note quoted "median latency 33.93 ms" beside the
+    per-image column (16.96 ms); "1 threads", "1 CPU cores"."""
+    from diffmeter.measure.conditions import Conditions, Range
+    from diffmeter.report import outputs
+    from diffmeter.runs.summary import measurement_notes
+
+    assert [outputs.rate(value, False, False) for value in (40.0, 37.9, 0.4651)] == ["40.00", "37.90", "0.465"]
+    (folder,) = [path for path in (runs / "study").iterdir() if "+batch-2+" in path.name]
+    summary = read_result(folder).summary
+    median = summary.latency_s.median
+    wide = summary.latency_s.model_copy(update={"ci_low": median * 0.8, "ci_high": median * 1.2})  # +-20%: noisy
+    notes = measurement_notes(summary.model_copy(update={"latency_s": wide, "conditions": None}), 0)
+    (note,) = [note for note in notes if note.startswith("noisy:")]
+    per_image = units.seconds(median / 2)
+    assert f"median call latency {units.seconds(median)} (2 images per call: {per_image} per image)" in note
+    assert units.counted(1, "thread") == "1 thread" and units.counted(3, "profile") == "3 profiles"
+    busy = Conditions(samples=3, cpu_count=1, other_processes_cores=Range(mean=0.9, min=0.8, max=1.0))
+    assert "used 0.9 of 1 CPU core on average" in busy.disturbed()

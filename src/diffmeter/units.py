@@ -71,4 +71,9 @@ def joules(value: float) -> str:
 
 def steps(count: int) -> str:
     """ "1 step", "50 steps"."""
-    return f"{count} step" if count == 1 else f"{count} steps"
+    return counted(count, "step")
+
+
+def counted(count: int, word: str) -> str:
+    """ "1 profile", "2 profiles", "0 profiles": a whole count with its noun, plural unless 1."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"

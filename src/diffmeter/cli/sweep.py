@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from diffmeter import units
 from diffmeter.cli import options as o
 from diffmeter.cli.app import command, console
 from diffmeter.errors import DiffmeterError
@@ -270,6 +271,6 @@ def table(
     elif not written:
         if frame.empty:
             raise DiffmeterError(f"no stored runs under {directory} (or none match --where); run bench or sweep first")
-        console.print(results_table(frame, f"{len(frame)} runs under {directory}"))
+        console.print(results_table(frame, f"{units.counted(len(frame), 'run')} under {directory}"))
     for path in written:
-        console.print(f"{len(frame)} rows written to {path}", markup=False, highlight=False)
+        console.print(f"{units.counted(len(frame), 'row')} written to {path}", markup=False, highlight=False)

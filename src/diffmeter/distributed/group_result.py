@@ -61,11 +61,12 @@ def group_result(
         first.summary.first_call_compilation,
     )
     summary = _per_gpu(summary, context)
-    own = measurement_notes(first.summary, 0)  # rank 0's noise and load notes give way to the group's
+    video = bool(spec.num_frames)
+    own = measurement_notes(first.summary, 0, video)  # rank 0's noise and load notes give way to the group's
     gpus = merge.unit(parallel) == "GPU"
     notes = [
         *(note for note in first.notes if note not in own),
-        *measurement_notes(summary, 0),
+        *measurement_notes(summary, 0, video),
         f"{merge.describe(parallel)}: each call's stages are the slowest rank's (each rank's own under "
         "parallel.ranks); peak memory is the highest rank's"
         + ("; GPU energy is summed over the ranks' GPUs" if gpus else ""),

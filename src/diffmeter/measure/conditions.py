@@ -13,6 +13,8 @@ import threading
 import psutil
 from pydantic import BaseModel
 
+from diffmeter import units
+
 #: seconds between samples
 PERIOD_S = 0.25
 #: CPU cores' worth of other processes' work above which a run is flagged as disturbed
@@ -47,8 +49,8 @@ class Conditions(BaseModel):
         other = self.other_processes_cores
         if other is not None and other.mean > BUSY_CORES:
             return (
-                f"other processes used {other.mean:.1f} of {self.cpu_count} CPU cores on average during the measured "
-                "calls: the figures may be slowed by them"
+                f"other processes used {other.mean:.1f} of {units.counted(self.cpu_count, 'CPU core')} on average "
+                "during the measured calls: the figures may be slowed by them"
             )
         return None
 

@@ -14,6 +14,7 @@ from importlib import resources
 
 from pydantic import BaseModel
 
+from diffmeter import units
 from diffmeter.errors import DiffmeterError
 from diffmeter.predict.peaks import PEAKS, PRECISION, VARIANTS, conv_key, find_device, tokens
 
@@ -273,7 +274,7 @@ def this_cpu(*dtypes: str) -> Device:
         else ""
     )
     return Device(
-        name=f"CPU {peaks.cpu} ({peaks.threads} threads; peaks measured {peaks.measured_on}{busy})",
+        name=f"CPU {peaks.cpu} ({units.counted(peaks.threads, 'thread')}; peaks measured {peaks.measured_on}{busy})",
         kind="cpu",
         memory_bytes=psutil.virtual_memory().total,
         bandwidth_bytes_per_s=peaks.bandwidth_bytes_per_s,

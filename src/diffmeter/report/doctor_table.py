@@ -46,7 +46,8 @@ def cpu_peaks_line(peaks) -> str:
     busy = f" while other processes used {peaks.others_cores:.1f} cores: may be low" if peaks.busy else ""
     rates = ", ".join(f"{key} {units.flop_rate(value * 1e12)}" for key, value in peaks.tflops.items())
     return (
-        f"CPU peaks ({peaks.threads} threads), measured {peaks.measured_at:%Y-%m-%d %H:%M} UTC{busy}: {rates}, "
+        f"CPU peaks ({units.counted(peaks.threads, 'thread')}), measured {peaks.measured_at:%Y-%m-%d %H:%M} UTC"
+        f"{busy}: {rates}, "
         f"copy {peaks.bandwidth_bytes_per_s / 1e9:.1f} GB/s; every CPU prediction uses them ({again})"
     )
 

@@ -136,7 +136,7 @@ def results_table(frame, title: str) -> FittedTable:
 def sweep_plan_table(planned, out) -> FittedTable:
     """``sweep --dry-run``: every cell, its status and its offline compute."""
     table = FittedTable(
-        escape(f"sweep plan: {len(planned)} cells, results under {out}"),
+        escape(f"sweep plan: {units.counted(len(planned), 'cell')}, results under {out}"),
         [
             Column("#"),
             Column("cell", justify="left"),
@@ -167,7 +167,7 @@ def sweep_summary_table(record) -> FittedTable:
     counts = record.counts()
     title = ", ".join(f"{count} {status}" for status, count in counts.items() if count)
     table = FittedTable(
-        escape(f"sweep '{record.name}', {len(record.cells)} cells: {title}"),
+        escape(f"sweep '{record.name}', {units.counted(len(record.cells), 'cell')}: {title}"),
         [
             Column("cell", justify="left"),
             Column("status", justify="left"),

@@ -66,7 +66,8 @@ def run_table(result: BenchResult) -> Group:
     latency = summary.latency_s
     table.caption = (
         f"times per call (one batch of {spec.batch_size}); interval: where the median lies, "
-        f"{100 * latency.ci_level:.0f}% coverage with {latency.n} calls (95% from 6); share: of the mean call; "
+        f"{100 * latency.ci_level:.0f}% coverage with {units.counted(latency.n, 'call')} (95% from 6); "
+        "share: of the mean call; "
         "FLOPs from the stored profile (1 MAC = 2 FLOPs)"
     )
     return Group(table, _facts(result))
@@ -195,7 +196,8 @@ def speedup_line(result: BenchResult) -> str:
 def conditions_line(conditions) -> str:
     parts = []
     if conditions.other_processes_cores is not None:
-        parts.append(f"other processes {conditions.other_processes_cores.mean:.1f} of {conditions.cpu_count} cores")
+        cores = units.counted(conditions.cpu_count, "core")
+        parts.append(f"other processes {conditions.other_processes_cores.mean:.1f} of {cores}")
     if conditions.load_average is not None:
         parts.append(f"load average {conditions.load_average.mean:.1f}")
     if conditions.cpu_mhz is not None:

@@ -143,7 +143,7 @@ class MeasuredRun:
         finally:
             for optimization in reversed(self.applied):
                 optimization.restore(self.pipe, run.target)
-        self.base["notes"] += measurement_notes(summary, self.shape_warmups)
+        self.base["notes"] += measurement_notes(summary, self.shape_warmups, bool(spec.num_frames))
         return BenchResult(status="complete", summary=summary, **self.figures, **self.base)
 
     def link(self) -> None:

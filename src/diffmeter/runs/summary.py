@@ -76,9 +76,19 @@ def _flops(profile: Profile, role: str) -> int:
     return sum(component.flops for component in profile.components if component.role == role)
 
 
-def measurement_notes(summary: Summary, shape_warmups: int) -> list[str]:
+def _per_call(summary: Summary, video: bool) -> str:
+    """The median call latency, and per output where a call makes several ("33.93 ms (2 images per call: 16.96 ms
+    per image)"), so it is not read against a per-image column."""
+    median, per_call = summary.latency_s.median, round(summary.images / summary.iterations)
+    if per_call <= 1:
+        return units.seconds(median)
+    word = "video" if video else "image"
+    return f"{units.seconds(median)} ({per_call} {word}s per call: {units.seconds(median / per_call)} per {word})"
+
+
+def measurement_notes(summary: Summary, shape_warmups: int, video: bool = False) -> list[str]:
     """What a reader must know to trust the figures: noise, other load on the machine,
-    recompilation inside measured calls, MFU above 100%, extra warm-up calls."""
+    recompilation inside measured calls, MFU above 100%, extra warm-up calls (``video``: outputs are videos)."""
     notes = []
     latency = summary.latency_s
     if latency.ci_level == 0:  # one call: its "interval" is the call itself, which covers the median with probability 0
@@ -89,7 +99,7 @@ def measurement_notes(summary: Summary, shape_warmups: int) -> list[str]:
     elif latency.relative_ci > NOISY:
         interval = f"{units.seconds(latency.ci_low)} - {units.seconds(latency.ci_high)}"
         notes.append(
-            f"noisy: the median latency {units.seconds(latency.median)} is only known to within {interval} "
+            f"noisy: the median call latency {_per_call(summary, video)} is only known to within {interval} "
             f"({100 * latency.ci_level:.0f}% interval, {latency.n} calls); do not compare it closely: "
             "measure longer with --target-precision 0.02 on a quieter machine"
         )
@@ -97,7 +107,7 @@ def measurement_notes(summary: Summary, shape_warmups: int) -> list[str]:
     if target and (latency.ci_level < CONFIDENCE or latency.relative_ci > target):
         notes.append(
             f"--target-precision {target:g} not reached: +-{100 * latency.relative_ci:.1f}% after "
-            f"{latency.n} calls (--max-iterations)"
+            f"{units.counted(latency.n, 'call')} (--max-iterations)"
         )
     if summary.conditions is not None and summary.conditions.disturbed():
         notes.append(summary.conditions.disturbed())

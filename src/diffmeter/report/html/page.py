@@ -29,7 +29,7 @@ SUMMARY = (
     ("parallel", "parallel", lambda v: v or "one process"),  # shown where a run used several
     ("status", "status", str),
     ("s_per_image", "time / {word} (median)", units.seconds),
-    ("images_per_s", "{word}s / s (mean)", lambda v: f"{v:.3g}"),  # outputs.rate: "videos" beside images
+    ("images_per_s", "{word}s / s (mean)", units.figure),  # outputs.rate: "videos" beside images
     ("speedup", "speed-up", str),  # speedup_cell: its interval and verdict, never a bare factor
     ("psnr_db", "PSNR", lambda v: f"{v:.2f} dB"),  # "identical" where every image is
     ("ssim", "SSIM", lambda v: f"{v:.4f}"),
@@ -127,7 +127,8 @@ def render(study: Study, title: str, images_per_run: int = 4) -> str:
 def _header(study: Study) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = [
-        f'<p class="meta">{len(study.runs)} runs, {len(study.ladders)} ladders, {len(study.profiles)} profiles '
+        f'<p class="meta">{units.counted(len(study.runs), "run")}, {units.counted(len(study.ladders), "ladder")}, '
+        f"{units.counted(len(study.profiles), 'profile')} "
         f"from <code>{html.escape(str(study.root))}</code>; built {now} by diffmeter {__version__}.</p>"
     ]
     weights = {run.weights for run in study.runs}

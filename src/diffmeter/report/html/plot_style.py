@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import plotly.colors
 import plotly.graph_objects as go
 
+from diffmeter import units
 from diffmeter.report.html.study import WEIGHTS_LABELS, Run
 from diffmeter.stages import STAGE_NAMES
 
@@ -59,8 +60,8 @@ def measured(runs: list[Run]) -> str:
     hardware = sorted({run.row["hardware"] for run in runs})
     weights = sorted({WEIGHTS_LABELS[run.weights] for run in runs})
     calls = sorted({run.result.summary.iterations for run in runs if run.result.summary})
-    calls_text = f"{calls[0]}" if len(calls) == 1 else f"{calls[0]}-{calls[-1]}"
-    return f"Measured on {', '.join(hardware)}, {calls_text} calls per run; weights: {', '.join(weights)}."
+    calls_text = units.counted(calls[0], "call") if len(calls) == 1 else f"{calls[0]}-{calls[-1]} calls"
+    return f"Measured on {', '.join(hardware)}, {calls_text} per run; weights: {', '.join(weights)}."
 
 
 def layout(figure, title: str, runs: list[Run], x: str, y: str, **extra) -> None:
