@@ -193,7 +193,7 @@ def test_sorting_by_psnr_puts_identical_images_above_every_finite_psnr(study, tm
     have no PSNR; in a real browser they now sort above a lossy run's finite PSNR, the missing ones last either way."""
     out = tmp_path / "study"
     shutil.copytree(study.root, out)  # the baseline reused: one more run, a lossy one (another sampler)
-    bench(BenchSpec(**FAST, optimizations=[parse_opt("scheduler:name=ddim")], compare_baseline=True), out=out)
+    bench(BenchSpec(**FAST, optimizations=[parse_opt("scheduler:name=dpm++2m")], compare_baseline=True), out=out)
     report = write_report(out, tmp_path / "report.html", "PSNR order")
     playwright, executable = browser_tools()
     with playwright.sync_playwright() as p:
