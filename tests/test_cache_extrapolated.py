@@ -54,6 +54,14 @@ def test_a_threshold_outside_the_published_runs_is_extrapolated_and_one_inside_i
     assert lent == "skipped share extrapolated: threshold 0.25 above the published 0.1-0.2"
 
 
+def test_sizes_are_said_width_x_height():
+    """A 1280x720 video read '720x1280 px' (height first), against every other size the tool prints."""
+    given = [{**row, "height": 720, "width": 1280} for row in runs(0.1, 0.2)]
+    spec = ProfileSpec(model="flux-dev", steps=28, height=480, width=832)
+    said = extrapolated("first-block-cache", {"threshold": 0.1}, given, spec)
+    assert said == "skipped share extrapolated: 832x480 px, the published 1280x720"
+
+
 def test_the_cached_work_carries_it_from_the_rows_it_was_predicted_with():
     spec = ProfileSpec(model="tiny-flux", steps=8)
     memory, work = predict_memory_and_work(spec, True, ())

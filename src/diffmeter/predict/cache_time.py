@@ -26,6 +26,7 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.predict.cache_exact import deep_cache_full, deep_cache_macs, pab_macs, pab_skippable
 from diffmeter.predict.cache_threshold import DEFAULT_THRESHOLD, kappas_of, share_range, sigmas
 from diffmeter.predict.schema import CacheSkip, CallWork, OperatorGroup, OperatorWork, TimePrediction
+from diffmeter.spec import size_text, sizes_text  # (height, width) as width x height
 
 SKIPS = Path(__file__).parent / "data" / "cache_skips.json"
 #: the caches this module times, and their parameter the published share is keyed by (None: an exact count)
@@ -177,14 +178,14 @@ def extrapolated(technique: str, params: dict, rows, spec=None) -> str | None:
         if not steps[0] <= spec.steps <= steps[-1]:
             outside.append(f"{spec.steps} steps, the published {span(steps)}")
         if (spec.height, spec.width) not in sizes:
-            outside.append(f"{spec.height}x{spec.width} px, the published {', '.join(f'{h}x{w}' for h, w in sizes)}")
+            outside.append(f"{size_text((spec.height, spec.width))} px, the published {sizes_text(sizes)}")
     return f"skipped share extrapolated: {'; '.join(outside)}" if outside else None
 
 
 def published_settings(technique: str, params: dict, rows) -> str:
     """The models, steps and sizes of the published runs the share is predicted from, as a phrase."""
     models, steps, sizes = settings_of(drift_rows(technique, params, rows)[0])
-    return f"{', '.join(models)} at {span(steps)} steps, {', '.join(f'{h}x{w}' for h, w in sizes)} px"
+    return f"{', '.join(models)} at {span(steps)} steps, {sizes_text(sizes)} px"
 
 
 def settings_of(rows) -> tuple[list[str], list[int], list[tuple[int, int]]]:
