@@ -345,3 +345,21 @@ def test_a_host_bound_run_says_so_in_the_json_and_the_table(cli):
     time = json.loads(out)["time"]
     assert time["host_bound"] is None and time["busy_share"] is None
     assert all(stage["host_s"] is None for stage in time["stages"])
+
+
+def test_a_time_for_a_run_that_does_not_fit_says_it_is_one_if_it_fit(cli):
+    """profile printed 'predicted time on RTX 4090' and its energy under a memory table saying 'does not fit, 11.10
+    GiB short' (flux-dev), a time that cannot happen as asked: the title and the energy line now say so."""
+    from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES
+    from diffmeter.predict.memory import predict_memory
+    from diffmeter.spec import ProfileSpec
+
+    peak = predict_memory(ProfileSpec(model="tiny-flux", steps=2)).peak_bytes
+    size = CUDA_HOLDBACK_BYTES + peak
+    for memory, short in ((size - 2**20, True), (size + 2**20, False)):
+        card = f"{memory / 2**30:.9f}GB,100TFLOPS,1TB/s,arch=hopper"
+        code, out, err = cli("profile", "tiny-flux", "--steps", "2", "--gpu-spec", card)
+        said = " ".join(out.split())
+        assert code == 0, err
+        assert ("if it fit (it does not: 0.000977 GiB short)" in said) is short
+        assert ("does not fit" in said) is short and "predicted time on" in said

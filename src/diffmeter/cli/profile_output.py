@@ -84,7 +84,7 @@ def print_predicted(
     from diffmeter.predict.quantized_memory import split_values, with_formats
     from diffmeter.predict.quantized_time import held_out_claim, needs_fp8, quantized_work, why_not_modelled
     from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
-    from diffmeter.predict.techniques import peak_under
+    from diffmeter.predict.techniques import peak_under, short_of
     from diffmeter.predict.timed_techniques import HELD_OUT as TECHNIQUES_HELD_OUT
     from diffmeter.predict.timed_techniques import TIME_ONLY, timed_work, without_untimed
     from diffmeter.predict.vae_decode import VAE_MODES
@@ -231,9 +231,10 @@ def print_predicted(
             console.print(parallel_line(group), highlight=False, markup=False)
         card = f"--gpu {shlex.quote(gpu)}" if gpu else f"--gpu-spec {shlex.quote(gpu_spec or '')}"
         console.print(memory_table(memory, chosen, techniques, f"diffmeter fit {shlex.quote(spec.model)} {card}"))
-        console.print(time_table(time) if time else f"no time prediction: {lacking}", markup=False)
+        short = short_of(memory, chosen, techniques)
+        console.print(time_table(time, short) if time else f"no time prediction: {lacking}", markup=False)
         if time and time.expected_s:
-            console.print(energy_line(time, "video" if found.num_frames else "image"), markup=False)
+            console.print(energy_line(time, "video" if found.num_frames else "image", short is None), markup=False)
         if time and modes:
             console.print(
                 f"VAE decode timed as {' and '.join(modes)} runs it (its FLOPs above: the count table's are the "

@@ -66,6 +66,18 @@ def peak_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> int
     return max(stage_peaks_under(prediction, techniques).values(), default=0)
 
 
+def short_of(prediction: MemoryPrediction, gpu, techniques: tuple[str, ...] = ()) -> int | None:
+    """The bytes ``gpu`` lacks for the run under ``techniques`` (its CUDA context held back), or None where it fits
+    or has no single memory size."""
+    from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES
+
+    if gpu is None or not gpu.memory_bytes:
+        return None
+    held = CUDA_HOLDBACK_BYTES if gpu.kind == "cuda" else 0
+    missing = peak_under(prediction, techniques) + held - gpu.memory_bytes
+    return missing if missing > 0 else None
+
+
 def stage_peaks_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> dict[str, int]:
     """Each stage's peak bytes with ``techniques`` applied: its heaviest call's resident weights, carried
     tensors and activations. A component its pipeline casts for a call (SDXL's float16 VAE upcast to float32 for

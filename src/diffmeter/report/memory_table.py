@@ -17,7 +17,7 @@ def memory_table(
     """A row per stage with every component loaded; then the whole generation (under ``techniques``, the names
     ``predict.techniques`` models them by) and whether it fits ``gpu``; ``fit_command``: the ``diffmeter fit`` line
     for this model and card, offered when it does not fit."""
-    from diffmeter.predict.techniques import peak_under
+    from diffmeter.predict.techniques import peak_under, short_of
 
     title = f"predicted peak memory ({prediction.dtype}, every component loaded)"
     table = FittedTable(
@@ -48,7 +48,7 @@ def memory_table(
         table.add_row(escape(f"under {', '.join(techniques)}"), "whole generation", "", "", "", gib(peak))
     if gpu is not None and gpu.memory_bytes:
         held = CUDA_HOLDBACK_BYTES if gpu.kind == "cuda" else 0
-        fits = peak + held <= gpu.memory_bytes
+        fits = short_of(prediction, gpu, techniques) is None
         verdict = "fits" if fits else "does not fit"
         kept = f", {gib(held)} held back for CUDA" if held else ""
         table.add_row(

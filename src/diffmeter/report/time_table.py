@@ -21,16 +21,17 @@ def optional_seconds(value: float | None) -> str:
     return units.seconds(value) if value is not None else "-"
 
 
-def energy_line(prediction: TimePrediction, output: str = "image") -> str:
+def energy_line(prediction: TimePrediction, output: str = "image", fits: bool = True) -> str:
     """The predicted energy per output (``output``: "image" or "video"), with the board power it assumes and
-    where that comes from."""
+    where that comes from; ``fits``: whether the run fits the card (else said: "if it fit")."""
     energy = prediction.energy
     if energy is None:
         return f"no energy prediction on {prediction.device}: {prediction.energy_left_out or 'not calibrated'}"
     low, high = energy.per_output_j
     each = output if energy.outputs == 1 else f"{output} ({energy.outputs} per generation)"
     return (
-        f"predicted energy per {each} on {prediction.device}: {units.joules(low)} to {units.joules(high)} "
+        f"predicted energy per {each} on {prediction.device}{'' if fits else ' if it fit'}: "
+        f"{units.joules(low)} to {units.joules(high)} "
         f"({low / 3600:.3g} to {high / 3600:.3g} Wh): the expected time's geometric midpoint at "
         f"{energy.power_w:.0f} W, the share of its {energy.tdp_w:.0f} W TDP that turned predicted times into "
         "published energy"
@@ -40,9 +41,12 @@ def energy_line(prediction: TimePrediction, output: str = "image") -> str:
     )
 
 
-def time_table(prediction: TimePrediction) -> FittedTable:
+def time_table(prediction: TimePrediction, short_bytes: int | None = None) -> FittedTable:
+    """The stages' bounds and expected times; ``short_bytes``: the memory the card lacks for the run, said in the
+    title (the time is of a run that cannot happen there as asked)."""
+    fits = "" if short_bytes is None else f" if it fit (it does not: {units.gib(short_bytes)} short)"
     title = (
-        f"predicted time on {prediction.device} ({prediction.dtype}"
+        f"predicted time on {prediction.device}{fits} ({prediction.dtype}"
         f"{', matmuls on TF32' if prediction.peak_precision == 'tf32' else ''}: {prediction.peak_tflops:,.3g} "
         "TFLOP/s peak, "
         f"{prediction.bandwidth_bytes_per_s / 1e9:,.4g} GB/s)"
