@@ -81,3 +81,21 @@ def test_ctrl_c_during_a_ladder_keeps_and_names_the_finished_rungs(tmp_path):
     assert "kept: 1 finished rung(s)" in err and "run the same command again to resume" in err
     (baseline,) = out.glob("*/results.json")
     assert baseline.exists() and not list(out.glob(".*partial*"))
+
+
+def test_ctrl_c_during_a_sweep_says_the_finished_cells_are_kept_and_how_to_resume(tmp_path):
+    """An interrupted sweep said only 'nothing was stored for the unfinished run' (a new user's trial): it also says
+    the finished cells are stored and that the same command resumes, and the finished cell is there."""
+    out = tmp_path / "out"
+    args = ("sweep", "--model", "tiny-sd", "--steps", "1,1000", "--iterations", "1", "--out", str(out))
+    process = _start(*args, cwd=tmp_path)
+    _wait_for(lambda: any(out.glob("*/results.json")), process)  # the 1-step cell is stored; the other runs
+    time.sleep(1)
+    code, err = _interrupt(process)
+    assert code == 130 and "Traceback" not in err, err
+    assert " ".join(err.split()).endswith(
+        "interrupted: nothing was stored for the unfinished run; the cells that finished are stored: the same command "
+        "again resumes the sweep"
+    )
+    (finished,) = out.glob("*/results.json")
+    assert finished.exists() and not list(out.glob(".*partial*"))

@@ -62,6 +62,8 @@ def test_lossless_technique_gives_identical_images_and_reuses_the_stored_baselin
         (["--scheduler", "heun"], "scheduler: bad parameter name"),
         (["--compile-fullgraph"], "need --compile MODE"),
         (["--tf32"], "TF32 is an NVIDIA tensor-core mode"),
+        # more steps than the scheduler's trained timesteps: diffusers' ValueError was a traceback (sweep too)
+        (["--steps", "2000"], "DDIMScheduler refuses it"),
         # by name on a CPU: its own reason, not a --no-tf32 nobody passed
         (["--opt", "tf32"], "TF32 is an NVIDIA tensor-core mode"),
         (["--opt", "tf32", "--no-tf32"], "--no-tf32 contradicts the tf32 optimization"),

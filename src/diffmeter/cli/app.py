@@ -147,8 +147,15 @@ def main() -> None:
         hint = f" (see `diffmeter {name} --help`)" if name in app_commands() else " (see `diffmeter --help`)"
         fail(message + hint, getattr(error, "exit_code", 2))
     if code == INTERRUPTED:  # typer turns Ctrl-C into this exit code itself
-        Console(stderr=True).print("interrupted: nothing was stored for the unfinished run", highlight=False)
+        kept = RESUMES.get(sys.argv[1] if len(sys.argv) > 1 else "", "")
+        Console(stderr=True).print(f"interrupted: nothing was stored for the unfinished run{kept}", highlight=False)
     raise SystemExit(code if isinstance(code, int) else 0)
+
+
+#: what an interrupted command kept, and how to go on from it (the ladder says so itself, rung by rung)
+RESUMES = {
+    "sweep": "; the cells that finished are stored: the same command again resumes the sweep",
+}
 
 
 def app_commands() -> set[str]:

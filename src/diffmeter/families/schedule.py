@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from diffmeter.catalog.entry import PipelineEntry
+from diffmeter.errors import DiffmeterError
 
 #: the samplers a run may swap in (``optimize/scheduler.py``): name -> (diffusers class, config overrides, for
 #: flow-matching models); each built from the pipeline's own scheduler config with the overrides
@@ -104,5 +105,11 @@ def _timesteps(class_name: str, config: str, steps: int) -> tuple[float, ...]:
         # (mu at base_image_seq_len) counts the same timesteps
         # (0.5: FlowMatchEulerDiscreteScheduler's own default base_shift, for a config without one)
         shift = {"mu": scheduler.config.get("base_shift", 0.5)}
-    scheduler.set_timesteps(steps, **shift)
+    try:
+        scheduler.set_timesteps(steps, **shift)
+    except ValueError as error:  # more steps than the schedule's trained timesteps (scheduling_ddim.py:349, ...)
+        said = " ".join(str(error).split())
+        trained = scheduler.config.get("num_train_timesteps")
+        fix = f"use --steps {trained} or fewer" if trained and steps > trained else "change --steps"
+        raise DiffmeterError(f"--steps {steps}: {class_name} refuses it ({said}): {fix}") from None
     return tuple(scheduler.timesteps.tolist())

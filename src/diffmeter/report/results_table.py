@@ -146,7 +146,7 @@ def sweep_plan_table(planned, out) -> FittedTable:
         ],
     )
     for index, cell in enumerate(planned, 1):
-        detail = cell.reason or ""
+        detail = (cell.reason or "").splitlines()[0] if cell.reason else ""  # the whole reason: --json, the record
         status = cell.status + (" (batch search)" if cell.cell.batch_auto and cell.status == "to run" else "")
         table.add_row(
             str(index),
@@ -157,7 +157,8 @@ def sweep_plan_table(planned, out) -> FittedTable:
         )
     table.caption = (
         "compute / call: the offline profile of one pipeline call (the whole batch), in FLOPs; done: a complete "
-        "result is stored (skipped); failed: a failed result is stored (rerun it with --retry-failed)"
+        "result is stored (skipped); failed: a failed result is stored (rerun it with --retry-failed); reason: its "
+        "first line (--json: the whole)"
     )
     return table
 
