@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffmeter.predict.attention_kernels import CUDNN_OVER_FLASH, attention_speedup, head_dim, sdpa_default
+from diffmeter.predict.attention_kernels import (
+    CUDNN_OVER_FLASH,
+    attention_speedup,
+    head_dim,
+    sdpa_default,
+    with_kernel,
+)
 from diffmeter.predict.calibration import Calibration
 from diffmeter.predict.devices import named_gpu
 from diffmeter.predict.operators import OperatorTally
@@ -30,16 +36,58 @@ from published_runs import stack_attention  # noqa: E402
         ("hopper", "2.9.1", "flash"),
         ("hopper", None, "flash"),  # a source that does not say: the calibration's kernel
         ("ampere", "2.13.0", "flash"),  # SDPA prefers cuDNN on sm90 and sm100 only
-        ("blackwell", "2.13.0", "flash"),  # preferred there, but no measured ratio: timed as the calibration's
+        ("blackwell", "2.13.0", "cudnn"),  # sm100 prefers it too; no measured ratio: timed as the calibration's
+        ("blackwell", "2.10.0", "flash"),
+        ("rtx-blackwell", "2.13.0", "flash"),  # sm120: not 9.x or 10.x
+        ("turing", "2.13.0", "efficient"),  # flash and cuDNN take sm80 to sm121 only
+        ("volta", "2.9.1", "efficient"),
         (None, "2.13.0", "flash"),
     ],
 )
-def test_sdpa_picks_cudnn_on_hopper_from_torch_2_11(architecture, torch_version, kernel):
+def test_sdpa_picks_cudnn_on_hopper_and_sm100_from_torch_2_11_and_efficient_before_sm80(
+    architecture, torch_version, kernel
+):
     assert sdpa_default(architecture, torch_version) == kernel
 
 
-def counted_attention(head: int, dtype=torch.bfloat16) -> OperatorGroup:
-    query = torch.randn(1, 2, 16, head, dtype=dtype)
+@pytest.mark.parametrize(
+    ("architecture", "dtype", "kernel"),
+    [
+        ("turing", "float16", "efficient"),
+        ("turing", "bfloat16", "math"),  # the memory-efficient kernel takes float16 and float32 only below sm80
+        ("turing", "float32", "efficient"),
+        ("hopper", "float32", "efficient"),  # flash and cuDNN take 16-bit inputs only
+        ("hopper", "bfloat16", "cudnn"),
+        ("ampere", "bfloat16", "flash"),
+    ],
+)
+def test_sdpa_default_follows_the_dtype(architecture, dtype, kernel):
+    assert sdpa_default(architecture, "2.13.0", dtype) == kernel
+
+
+def attention_work(dtype: str) -> OperatorWork:
+    attention = counted_attention(64, getattr(torch, dtype), tokens=2048).model_copy(update={"calls": 1000})
+    call = CallWork(stage="denoising", component="unet", count=1, operators=[attention], dispatched=0, modules=0)
+    return OperatorWork(dtype=dtype, calls=[call])
+
+
+def test_a_t4_times_the_kernel_its_stack_names():
+    """float16 on the memory-efficient kernel, timed as the calibration's attention; bfloat16 on the math path, its
+    score matrix's passes in the bytes (the lower bound grows) as when the math kernel is asked for by name."""
+    t4 = named_gpu("t4")
+    half = predict_time(attention_work("float16"), t4, torch_version="2.13.0")
+    assert half.stack == "torch 2.13.0, SDPA on efficient"
+    t4 = t4.model_copy(update={"tflops": {**t4.tflops, "bf16": 65.0}})  # the table gives a T4 no bfloat16 peak
+    bf16 = predict_time(attention_work("bfloat16"), t4, torch_version="2.13.0")
+    asked = predict_time(attention_work("bfloat16"), t4, torch_version="2.13.0", attention="flash")
+    math = predict_time(with_kernel(attention_work("bfloat16"), "math"), t4, torch_version="2.13.0", attention="math")
+    assert bf16.stack == "torch 2.13.0, SDPA on math"
+    assert bf16.stages[0].bytes == math.stages[0].bytes > asked.stages[0].bytes
+    assert bf16.lower_s == math.lower_s > asked.lower_s
+
+
+def counted_attention(head: int, dtype=torch.bfloat16, tokens: int = 16) -> OperatorGroup:
+    query = torch.randn(1, 2, tokens, head, dtype=dtype)
     with torch.no_grad(), OperatorTally() as counted:
         torch.nn.functional.scaled_dot_product_attention(query, query, query)
     return next(group for group in counted.operators() if group.kind == "attention")
@@ -98,10 +146,17 @@ def test_a_published_figure_runs_the_kernel_its_stack_names():
 
 
 def test_profile_says_which_stack_its_range_is_for_and_takes_the_users(cli):
-    code, out, _ = cli("profile", "tiny-sd", "--gpu", "h100", "--torch-version", "2.11", "--json")
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "h100", "--torch-version", "2.11", "--dtype", "float16", "--json")
     assert code == 0 and json.loads(out)["time"]["stack"] == "torch 2.11, SDPA on cudnn"
-    code, out, _ = cli("profile", "tiny-sd", "--gpu", "a100", "--torch-version", "2.11", "--json")
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "h100", "--torch-version", "2.11", "--json")
+    assert code == 0 and json.loads(out)["time"]["stack"] == "torch 2.11, SDPA on efficient"  # float32
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "a100", "--torch-version", "2.11", "--dtype", "float16", "--json")
     assert code == 0 and json.loads(out)["time"]["stack"] == "torch 2.11, SDPA on flash"
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "t4", "--dtype", "float16", "--json")
+    assert code == 0 and json.loads(out)["time"]["stack"].endswith("SDPA on efficient")  # flash needs sm80
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "b200", "--torch-version", "2.11", "--dtype", "float16", "--json")
+    stack = "torch 2.11, SDPA on cudnn (timed as flash: its ratio is measured on hopper only)"
+    assert code == 0 and json.loads(out)["time"]["stack"] == stack
     flash = ("profile", "tiny-sd", "--gpu", "h100", "--torch-version", "2.11", "--opt", "sdpa-kernel:kernel=flash")
     code, out, _ = cli(*flash, "--dtype", "float16", "--json")
     assert code == 0 and json.loads(out)["time"]["stack"] == "torch 2.11, SDPA on flash"

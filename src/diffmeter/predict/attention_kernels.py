@@ -13,9 +13,10 @@ FlashAttention-4, ...) is not modelled: ``kernel_of`` returns None and the predi
 
 Two kernels have a published measurement against SDPA's flash kernel, at head dimension 128 in half precision on a
 Hopper card (``MEASURED``): cuDNN's attention runs 1.92x it, and from torch 2.11 SDPA picks it by default there
-(``sdpa_default``); FlashAttention-3 (diffusers' ``_flash_3`` backends) runs 1.92x it as well, in the same run. The
-calibration's runs used the flash kernel (their stacks are older, or their kernel is named): a run on either has
-those attention operators' calibrated time divided by the ratio (``attention_speedup``), nowhere else.
+and on datacenter Blackwell, where its ratio is not measured (``sdpa_default``); FlashAttention-3 (diffusers'
+``_flash_3`` backends) runs 1.92x it as well, in the same run. The calibration's runs used the flash kernel (their
+stacks are older, or their kernel is named): a run on either has those attention operators' calibrated time
+divided by the ratio (``attention_speedup``), nowhere else.
 """
 
 from __future__ import annotations
@@ -67,13 +68,23 @@ UNTIMED = {
 CUDNN_OVER_FLASH = 631.338 / 329.483
 FLASH3_OVER_FLASH = 631.827 / 329.483
 CUDNN_MEASURED_HEAD_DIMS = (128,)
-#: where SDPA prefers cuDNN: sm90 (Hopper) and sm100, when the bundled cuDNN is newer than 9.15
-#: (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp ``check_prefer_cudnn_attention``, in torch 2.10); torch
-#: 2.11's wheels are the first whose cuDNN passes it (huggingface/transformers#48163, 2026-08-31; diffmeter's H200 runs
-#: on torch 2.11.0 with cuDNN 9.19 traced ``_cudnn_attention_forward``). Datacenter Blackwell's ratio is not
-#: measured: only Hopper's attention is timed as cuDNN's
+#: which kernel SDPA picks, from aten/src/ATen/native/transformers/cuda/sdp_utils.cpp (pytorch/pytorch at commit
+#: 001f694a): ``priority_order`` tries cuDNN, flash, memory-efficient, math where ``check_prefer_cudnn_attention``
+#: holds (cuDNN newer than 9.15 on compute capability 9.x or 10.x: sm90 Hopper, sm100/sm103 datacenter Blackwell;
+#: CUDA 12 wheels sm90, sm100 and sm103 only), else flash, memory-efficient, math; torch 2.11's wheels are the first
+#: whose cuDNN passes it (huggingface/transformers#48163, 2026-08-31; diffmeter's H200 runs on torch 2.11.0 with
+#: cuDNN 9.19 traced ``_cudnn_attention_forward``). ``check_flash_attention_hardware_support`` and
+#: ``check_cudnn_hardware_support`` take sm80 to sm121 only, and both take float16/bfloat16 inputs only
+#: (``check_dtypes_low_precision``); the memory-efficient kernel takes sm50 to sm121, in float16 or float32 below sm80
+#: (``less_than_sm80_mem_efficient_dtypes``) and bfloat16 as well from sm80: a T4 (sm75) or V100 (sm70) runs
+#: float16 attention on the memory-efficient kernel and bfloat16 on the math path; float32 runs memory-efficient
+#: everywhere. The cuDNN ratio is measured on Hopper only: a datacenter Blackwell card's cuDNN attention is timed as
+#: the calibration's (``attention_speedup``)
 CUDNN_DEFAULT_FROM = (2, 11)
+CUDNN_PREFERRED_ARCHITECTURES = ("hopper", "blackwell")
 CUDNN_TIMED_ARCHITECTURES = ("hopper",)
+#: the architectures in the GPU table before sm80, where neither flash nor cuDNN attention runs
+BEFORE_SM80 = ("turing", "volta")
 HALF = ("float16", "bfloat16")
 #: kernel -> (its speed over SDPA's flash kernel, the architectures and head dimensions it was measured at): the only
 #: kernels timed apart from the calibration's (FlashAttention-3 runs on Hopper alone, so nowhere else is it asked)
@@ -102,13 +113,35 @@ def installed_torch() -> str | None:
         return None
 
 
-def sdpa_default(architecture: str | None, torch_version: str | None) -> str:
-    """The kernel SDPA runs half-precision attention on by default: "cudnn" on a Hopper card from torch 2.11,
-    else "flash" (a torch version not stated: "flash", the calibration's)."""
+def sdpa_default(architecture: str | None, torch_version: str | None, dtype: str | None = None) -> str:
+    """The kernel SDPA runs attention at ``dtype`` (None: half precision) on by default (``CUDNN_DEFAULT_FROM``'s
+    comment): float32 on the memory-efficient kernel; below sm80 (T4, V100) float16 on the memory-efficient kernel
+    and bfloat16 on the math path; "cudnn" on Hopper and datacenter Blackwell from torch 2.11; else "flash" (a torch
+    version not stated: "flash", the calibration's)."""
+    if dtype is not None and dtype not in HALF:
+        return "efficient"
+    if architecture in BEFORE_SM80:
+        return "math" if dtype == "bfloat16" else "efficient"
     minor = torch_minor(torch_version)
-    if architecture in CUDNN_TIMED_ARCHITECTURES and minor is not None and minor >= CUDNN_DEFAULT_FROM:
+    if architecture in CUDNN_PREFERRED_ARCHITECTURES and minor is not None and minor >= CUDNN_DEFAULT_FROM:
         return "cudnn"
     return "flash"
+
+
+def with_default_kernel(work: OperatorWork, architecture: str | None, torch_version: str | None) -> OperatorWork:
+    """``work`` with each attention group SDPA runs on its math path by default (``sdpa_default`` at the group's
+    dtype: bfloat16 before sm80) priced as the math path's (``with_kernel``); the fused kernels' work unchanged."""
+    return with_kernel(
+        work, "math", dtypes=tuple(d for d in ITEMSIZE if sdpa_default(architecture, torch_version, d) == "math")
+    )
+
+
+def stack_kernel(kernel: str, architecture: str | None) -> str:
+    """``kernel`` as a time's stack names it, saying where it is timed as the calibration's flash kernel: a kernel
+    with a measured ratio (``MEASURED``) on an architecture it was not measured on (cuDNN on datacenter Blackwell)."""
+    if kernel in MEASURED and architecture not in MEASURED[kernel][1]:
+        return f"{kernel} (timed as flash: its ratio is measured on {', '.join(MEASURED[kernel][1])} only)"
+    return kernel
 
 
 def head_dim(group: OperatorGroup) -> float | None:
@@ -146,26 +179,24 @@ def asked_kernel(asked: list[tuple[str, dict]]) -> str | None:
     return named[-1] if named else None
 
 
-def with_kernel(work: OperatorWork, kernel: str, components: tuple[str, ...] | None = None) -> OperatorWork:
-    """``work`` with the attention of ``components`` (None: every component) run by ``kernel``: the math path's
-    materialized scores added to each attention operator's bytes; the fused kernels' work unchanged."""
-    if kernel != "math":
+def with_kernel(
+    work: OperatorWork, kernel: str, components: tuple[str, ...] | None = None, dtypes: tuple[str, ...] | None = None
+) -> OperatorWork:
+    """``work`` with the attention of ``components`` (None: every component) at ``dtypes`` (None: any) run by
+    ``kernel``: the math path's materialized scores added to each attention operator's bytes; the fused kernels'
+    work unchanged."""
+    if kernel != "math" or dtypes == ():
         return work
     calls = []
     for call in work.calls:
         if components is not None and call.component not in components:
             calls.append(call)
             continue
-        operators = [
-            group.model_copy(
-                update={
-                    "bytes": group.bytes
-                    + MATH_PASSES * group.scores * ITEMSIZE[group.dtype or call.dtype or work.dtype]
-                }
-            )
-            if group.kind == "attention"
-            else group
-            for group in call.operators
-        ]
+        operators = []
+        for group in call.operators:
+            dtype = group.dtype or call.dtype or work.dtype
+            if group.kind == "attention" and (dtypes is None or dtype in dtypes):
+                group = group.model_copy(update={"bytes": group.bytes + MATH_PASSES * group.scores * ITEMSIZE[dtype]})
+            operators.append(group)
         calls.append(call.model_copy(update={"operators": operators}))
     return work.model_copy(update={"calls": calls})

@@ -28,7 +28,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from diffmeter.errors import DiffmeterError
-from diffmeter.predict.attention_kernels import attention_speedup, installed_torch, sdpa_default
+from diffmeter.predict.attention_kernels import (
+    attention_speedup,
+    installed_torch,
+    sdpa_default,
+    stack_kernel,
+    with_default_kernel,
+)
 from diffmeter.predict.cache_time import time_range
 from diffmeter.predict.calibration import Calibration, calibration_for, fitted_units, unfitted_peak
 from diffmeter.predict.devices import Device, uncalibrated
@@ -242,14 +248,18 @@ def predict_time(
     its weights at least (``MemoryPrediction.weight_read_bytes``), for the ideal bound; ``outputs``: the images (or
     videos) one generation makes, for the energy per output; ``fp32_math``: how float32 matmuls and convolutions
     run ("tf32" or "ieee" each; a bench's own default); ``attention``: the kernel SDPA runs on (None: its default
-    on this card with ``torch_version``, ``sdpa_default``); ``torch_version``: the run's (None: the installed one).
+    on this card with ``torch_version`` at the run's dtype, ``sdpa_default``, its work priced as that kernel's);
+    ``torch_version``: the run's (None: the installed one).
     A cached ``work`` is timed at both ends of its skipped share (``cache_time.time_range``)."""
     if work.cache is not None:
         return time_range(
             work, lambda w: predict_time(w, device, calibration, weights, outputs, fp32_math, attention, torch_version)
         )
     torch_version = torch_version or installed_torch()
-    attention = attention or sdpa_default(device.architecture, torch_version)
+    if attention is None and device.kind == "cuda":
+        # the kernel the stack names is the one timed: SDPA's math path where it is the default (bfloat16 before sm80)
+        work = with_default_kernel(work, device.architecture, torch_version)
+    attention = attention or sdpa_default(device.architecture, torch_version, work.dtype)
     kernel = kernel_speedup(work, device.architecture, attention)
     lacking = missing_figures(device, work, fp32_math)
     if lacking:
@@ -303,7 +313,8 @@ def predict_time(
         stages=stages,
         lower_s=lower,
         expected_s=whole,
-        stack=f"torch {(torch_version or 'not installed').split('+')[0]}, SDPA on {attention}"
+        stack=f"torch {(torch_version or 'not installed').split('+')[0]}, SDPA on "
+        f"{stack_kernel(attention, device.architecture)}"
         if device.kind == "cuda"
         else None,
         outside_calibration=launch_bound,
