@@ -236,11 +236,23 @@ def test_every_excluded_published_run_carries_its_reason_in_the_calibration_json
         (["--ulysses-degree", "2", "--max-sequence-length", "33"], "'input.encoder_hidden_states' has 33 tokens"),
         (["--cfg-degree", "2"], "there is no half to split"),  # FLUX.1 is guidance-distilled
         (["--ulysses-degree", "2", "--offload", "model"], "offloading moves the denoiser between devices"),
+        # bench's own refusal: native SDPA cannot return the log-sum-exp ring merges with, and the fix it names
+        (["--ring-degree", "2"], "'native' attention backend cannot return (diffusers raises on return_lse); use"),
     ],
 )
 def test_a_split_diffusers_refuses_is_one_line(cli, settings, message):
     code, _, err = cli("profile", "tiny-flux", "--gpu", "a100", *settings)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_ring_is_predicted_with_the_backend_bench_takes_for_it(cli):
+    code, out, _ = cli(
+        "profile", "tiny-flux", "--gpu", "a100", "--ring-degree", "2", "--opt", "attention:backend=flash",
+        "--dtype", "bfloat16", "--json",
+    )  # fmt: skip
+    assert code == 0 and json.loads(out)["parallel"]["gpus"] == 2
+    code, _, err = cli("profile", "tiny-flux", "--ring-degree", "2")  # offline: the fix it names takes the backend
+    assert code == 2 and "add --gpu NAME --opt attention:backend=flash" in err
 
 
 def test_a_plan_splitting_every_block_is_read_at_the_first(cli):

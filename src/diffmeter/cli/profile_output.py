@@ -123,7 +123,7 @@ def print_predicted(
     if parallel:  # a split diffusers refuses, refused before any prediction runs
         from diffmeter.distributed.rank_prediction import check
 
-        check(specs[0], *parallel)
+        check(specs[0], *parallel, attention=[o for o in asked if o.name == "attention"])  # bench's backend rules
     modes = tuple(t for t in techniques if t in VAE_MODES)  # a video's tiled decode is slow to track: only if asked
     on_cuda = not is_this_cpu(gpu)  # this CPU: no cuDNN copies of convolutions, as bench predicts a CPU run
     predicted = [predict_memory_and_work(spec, on_cuda, modes) for spec in specs]  # one fake run for both

@@ -199,7 +199,8 @@ def per_gpu_step(profile, asked, ulysses: int, ring: int, cfg: int = 1) -> dict:
         raise DiffmeterError(
             "the offline count runs the denoiser's attention on the meta device, and ring attention needs a backend "
             "returning the log-sum-exp (flash, sage) that does not run there: count --ulysses-degree only, or add "
-            "--gpu NAME (each GPU's share, ring through PyTorch's flash kernel on fake tensors)"
+            "--gpu NAME --opt attention:backend=flash (each GPU's share, ring through PyTorch's flash kernel on fake "
+            "tensors)"
         )
     entry = resolve(profile.model)
     family = get_family(entry.family)

@@ -84,8 +84,12 @@ def held_bytes(model: torch.nn.Module) -> int:
     return context_parallel.resident_parameter_bytes([model]) + sum(buffer.nbytes for buffer in model.buffers())
 
 
-def check(spec: ProfileSpec, ulysses: int, ring: int, cfg: int, tp: int = 1) -> str | None:
-    """Refuse a split diffusers (or the CFG layer) refuses, in its words; the CFG mode ("batched" or "separate")."""
+def check(
+    spec: ProfileSpec, ulysses: int, ring: int, cfg: int, tp: int = 1, attention: list[OptimizationSpec] | None = None
+) -> str | None:
+    """Refuse a split diffusers (or the CFG layer) refuses, in its words; the CFG mode ("batched" or "separate").
+    ``attention``: the run's ``attention`` optimizations, checked as bench checks them (``profile --gpu``: ring
+    attention on native SDPA refused); None: a run bench already checked, its ring on ``RING_BACKEND``."""
     from diffmeter.optimize.base import Target
     from diffmeter.runs.parallel_support import (
         check_cfg_parallel,
@@ -96,7 +100,8 @@ def check(spec: ProfileSpec, ulysses: int, ring: int, cfg: int, tp: int = 1) -> 
 
     entry, settled, _ = settled_plan(spec)
     family = get_family(entry.family)
-    attention = [OptimizationSpec(name="attention", params={"backend": RING_BACKEND})] if ring > 1 else []
+    if attention is None:
+        attention = [OptimizationSpec(name="attention", params={"backend": RING_BACKEND})] if ring > 1 else []
     bench = parallel_spec(settled, ulysses, ring, cfg, attention, settled.max_sequence_length, tp=tp)
     target = Target(entry, family, torch.device("cuda"), settled.dtype, settled.steps)
     if ulysses * ring > 1 and tp > 1:
