@@ -200,3 +200,14 @@ def test_component_classes_only_a_pipeline_package_exports_are_found():
     assert connectors.__module__ == "diffusers.pipelines.ltx2.connectors"
     with pytest.raises(DiffmeterError, match="'NoSuchModel' is in neither diffusers"):
         component_class("NoSuchModel")
+
+
+@pytest.mark.parametrize(("asked", "first"), [("fluxdev", "flux-dev"), ("sdxl-turbo", "sd35-large-turbo")])
+def test_an_unknown_model_suggests_each_entry_once(asked, first):
+    """`profile fluxdev` suggested flux-dev and flux1-dev, one entry's id and alias: each entry is named once, by its
+    closest name."""
+    with pytest.raises(DiffmeterError, match="Did you mean") as raised:
+        resolve(asked)
+    suggested = str(raised.value).split("Did you mean ")[1].split("?")[0].split(", ")
+    assert suggested[0] == first and len(suggested) == 3
+    assert len({resolve(name).id for name in suggested}) == len(suggested)

@@ -294,6 +294,19 @@ def test_the_consumer_cards_are_named_as_users_name_them(name, row):
     assert named_gpu(name).name == row and other_cards(name) is None
 
 
+@pytest.mark.parametrize("name", ["H100 80GB", "h100 sxm5", "h100-sxm", "NVIDIA H100 SXM5 80GB", "h100 80gb hbm3"])
+def test_common_spellings_of_the_h100_sxm_are_it(name):
+    """`--gpu "H100 80GB"` was unknown (did you mean A100 80GB SXM?) and so was "h100 sxm5": a memory size the card
+    has and the SXM form's generation name the card."""
+    assert named_gpu(name).name == "H100 SXM"
+
+
+def test_an_unknown_gpu_suggests_its_own_model_number_first():
+    with pytest.raises(DiffmeterError, match="unknown GPU 'H100 96GB'; did you mean H100 "):
+        named_gpu("H100 96GB")  # no H100 has 96 GB; its spelling is nearer the A100 80GB SXM
+    assert named_gpu("h100 pcie 80gb").name == "H100 PCIe"
+
+
 def test_a_bare_a800_is_timed(cli):
     """`profile --gpu a800` said "no memory bandwidth" (issue 50): the A800 is now timed as the 80GB SXM."""
     code, out, err = cli("profile", "tiny-sd", "--gpu", "a800", "--json")

@@ -121,6 +121,13 @@ def test_a_rounding_pipeline_is_counted_at_the_size_it_makes(cli):
     assert any("generates 1000x1000 (WxH) at 992x992" in note for note in profile["notes"])
 
 
+def test_a_side_a_rounding_pipeline_makes_zero_is_refused_for_what_the_pipeline_does(cli):
+    """FluxPipeline does not require a multiple of 16 (--height 1000 runs at 992): 8 rounds down to 0 rows."""
+    code, _, err = cli("profile", "flux-dev", "--height", "8")
+    assert code == 2 and "FluxPipeline rounds each side down to a multiple of 16 pixels (8 -> 0)" in err
+    assert "requires" not in err and err.strip().endswith("try 16")
+
+
 def test_binned_sizes_are_marked_in_the_summary_table(cli):
     code, out, _ = cli("profile", "pixart-sigma-1024", "sd15", "--height", "768", "--width", "512", "--json")
     pixart, sd = json.loads(out)["profiles"]

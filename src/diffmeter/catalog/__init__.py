@@ -6,14 +6,13 @@ present in the local Hugging Face cache.
 
 from __future__ import annotations
 
-import difflib
 import json
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
 from diffmeter.catalog.controlnets import CONTROLNET, with_controlnet
-from diffmeter.catalog.entry import ComponentEntry, Defaults, PipelineEntry
+from diffmeter.catalog.entry import ComponentEntry, Defaults, PipelineEntry, closest_names
 from diffmeter.catalog.local import entry_from_directory, hf_cache_directory
 from diffmeter.errors import DiffmeterError
 
@@ -57,7 +56,7 @@ def resolve(model: str) -> PipelineEntry:
             f"no such folder: {model}; point MODEL at a diffusers pipeline folder (with model_index.json), "
             "or name a catalog model or hub id"
         )
-    close = difflib.get_close_matches(model.lower(), names, n=3, cutoff=0.5)
+    close = closest_names(model, names)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     raise DiffmeterError(
         f"unknown model '{model}': not a catalog name, a local diffusers directory, "

@@ -6,7 +6,6 @@ and swaps the pipeline class for the ControlNet pipeline diffusers runs it with 
 
 from __future__ import annotations
 
-import difflib
 import json
 from functools import cache
 from importlib import resources
@@ -15,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from diffmeter.catalog.entry import ComponentEntry, Named, PipelineEntry
+from diffmeter.catalog.entry import ComponentEntry, Named, PipelineEntry, closest_names
 from diffmeter.errors import DiffmeterError
 
 #: the component name diffusers' ControlNet pipelines give it
@@ -77,7 +76,7 @@ def find_controlnet(name: str) -> ControlNetEntry:
     names = {known.lower(): entry for entry in all_controlnets() for known in (entry.id, *entry.aliases)}
     if name.lower() in names:
         return names[name.lower()]
-    close = difflib.get_close_matches(name.lower(), names, n=3, cutoff=0.5)
+    close = closest_names(name, names)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     raise DiffmeterError(
         f"unknown ControlNet '{name}'.{hint} Run `diffmeter models --controlnets` for the ControlNets diffmeter knows"

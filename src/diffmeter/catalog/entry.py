@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -70,3 +71,13 @@ class PipelineEntry(Named, BaseModel):
     extra: dict[str, Any] = {}
     notes: str = ""
     origin: str = "catalog"
+
+
+def closest_names(query: str, names: dict[str, Any], n: int = 3) -> list[str]:
+    """Up to ``n`` names of ``names`` (name -> the entry it names) closest to ``query``, one per entry: an entry's id
+    and its aliases ("flux-dev", "flux1-dev") are one suggestion, its closest name."""
+    close = difflib.get_close_matches(query.lower(), names, n=len(names), cutoff=0.5)
+    firsts: dict[int, str] = {}
+    for name in close:
+        firsts.setdefault(id(names[name]), name)
+    return list(firsts.values())[:n]

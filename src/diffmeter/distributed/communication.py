@@ -185,6 +185,18 @@ def parallel_spec(profile, ulysses: int, ring: int, cfg: int, optimizations=(), 
     )
 
 
+def without_context_parallel(bench, target) -> str:
+    """The fix ``profile`` takes for a denoiser diffusers cannot split by context: without the degrees, or its CFG
+    batch split (``--cfg-degree 2``) where the run has CFG; ``bench --data-parallel``'s runs are one GPU's each."""
+    from diffmeter.runs.parallel_support import guided_mode
+
+    cfg = " (--cfg-degree 2 splits its CFG batch instead)" if guided_mode(bench, target) else ""
+    return (
+        f"drop --ulysses-degree/--ring-degree{cfg} to predict it here; bench --data-parallel runs a whole generation "
+        "per GPU, each as one GPU is predicted"
+    )
+
+
 def per_gpu_step(profile, asked, ulysses: int, ring: int, cfg: int = 1) -> dict:
     """One denoising step on one GPU of a context- and/or CFG-parallel group: its share of the compute (FLOPs) of
     ``profile``, and the bytes it receives in the run ``asked`` (the ``ProfileSpec`` counted, every setting as given:
@@ -208,7 +220,7 @@ def per_gpu_step(profile, asked, ulysses: int, ring: int, cfg: int = 1) -> dict:
     spec = parallel_spec(settled, ulysses, 1, cfg, max_sequence_length=settled.max_sequence_length)
     target = Target(entry, family, torch.device("cpu"), profile.dtype, profile.steps)
     if ulysses > 1:
-        check_context_parallel(spec, target)
+        check_context_parallel(spec, target, instead=without_context_parallel(spec, target))
     if cfg > 1:
         check_cfg_parallel(spec, target)
     moved = offline(entry, family, settled, ulysses, ring, cfg)

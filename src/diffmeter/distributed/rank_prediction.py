@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_map
 
 from diffmeter.distributed import context_parallel
 from diffmeter.distributed.cfg_parallel import BATCHED, CfgParallel
-from diffmeter.distributed.communication import parallel_spec, received
+from diffmeter.distributed.communication import parallel_spec, received, without_context_parallel
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 from diffmeter.optimization_spec import OptimizationSpec
@@ -110,7 +110,7 @@ def check(
             "the pair): pick --ulysses-degree/--ring-degree or --tp-degree"
         )
     if ulysses * ring > 1:
-        check_context_parallel(bench, target)
+        check_context_parallel(bench, target, instead=without_context_parallel(bench, target))
     if tp > 1:
         check_tensor_parallel(bench, target)
     if cfg > 1:

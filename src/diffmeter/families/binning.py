@@ -36,11 +36,18 @@ def rounded_size(
         down, up = value // step * step, -(-value // step) * step
         if value % step == 0:
             made.append(value)
-        elif rounding == "refuse" or (rounding == "down" and down == 0):
+        elif rounding == "refuse":
             options = " or ".join(str(size) for size in dict.fromkeys((down, up)) if size > 0)
             raise DiffmeterError(
                 f"--{side} {value} is not a multiple of {step}, which {entry.pipeline_class} requires "
                 f"for {entry.name}; try {options}"
+            )
+        elif rounding == "down" and down == 0:
+            # a pipeline rounding down does not refuse: it makes 0 latent rows (diffusers 0.42.1
+            # pipelines/flux/pipeline_flux.py:558, height = 2 * (int(height) // (self.vae_scale_factor * 2)))
+            raise DiffmeterError(
+                f"--{side} {value} leaves nothing to generate: {entry.pipeline_class} rounds each side down to a "
+                f"multiple of {step} pixels ({value} -> 0) for {entry.name}; try {up}"
             )
         else:
             made.append(down if rounding == "down" else up)

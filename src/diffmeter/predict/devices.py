@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from diffmeter import units
 from diffmeter.errors import DiffmeterError
-from diffmeter.predict.peaks import PEAKS, PRECISION, VARIANTS, conv_key, find_device, tokens
+from diffmeter.predict.peaks import NEUTRAL, PEAKS, PRECISION, VARIANTS, conv_key, find_device, other_size, tokens
 
 #: what a CUDA process cannot give its tensors, held back before "fits": on an H200 (driver 580, torch
 #: 2.11+cu130) the driver kept 615 MiB of nvidia-smi's total from ``cudaMemGetInfo``, and the CUDA context
@@ -24,6 +24,8 @@ from diffmeter.predict.peaks import PEAKS, PRECISION, VARIANTS, conv_key, find_d
 #: PyTorch's allocator (benchmarks/cuda_overhead.py, results/cuda_overhead_nvidia-h200.json)
 CUDA_HOLDBACK_BYTES = (615 + 695) * 2**20
 
+#: a memory size word ("80gb", "16g"): not a model number
+MEMORY_SIZE_WORD = re.compile(r"\d+g(b)?")
 _SPEC_PART = re.compile(r"^\s*([\d.]+)\s*(gb|gib|tflops|tb/s|gb/s|w)\s*$", re.IGNORECASE)
 
 
@@ -78,11 +80,8 @@ def named_gpu(name: str, dtypes: tuple[str, ...] = ()) -> Device:
     rows = _matching(name) or [row for row in [find_device(name)] if row is not None]  # as nvidia-smi names it
     if not rows:
         known = ", ".join(row.name for row in PEAKS)
-        close = difflib.get_close_matches(_plain(name), [_plain(row.name) for row in PEAKS], n=1, cutoff=0.5)
-        near = [row.name for row in PEAKS if _plain(row.name) in close] or [
-            row.name for row in PEAKS if _plain(name) and _plain(name) in _plain(row.name)
-        ]
-        hint = f"did you mean {near[0]}? " if near else ""
+        near = _nearest(name)
+        hint = f"did you mean {near}? " if near else ""
         raise DiffmeterError(
             f"unknown GPU '{name}'; {hint}known: {known}, cpu (this machine's, measured); or give its figures with "
             "--gpu-spec"
@@ -90,17 +89,42 @@ def named_gpu(name: str, dtypes: tuple[str, ...] = ()) -> Device:
     return of_row(rows[0])
 
 
+def _nearest(name: str) -> str | None:
+    """The table's GPU closest to an unknown name, among the rows of its model number first ("H100 96GB": an H100,
+    not the A100 80GB its spelling is nearer)."""
+    models = {word for word in tokens(name) if any(c.isdigit() for c in word) and not MEMORY_SIZE_WORD.fullmatch(word)}
+    same_model = [row for row in PEAKS if models & set(tokens(row.name))]
+    for rows, cutoff in ((same_model, 0.0), (PEAKS, 0.5)):
+        close = difflib.get_close_matches(_plain(name), [_plain(row.name) for row in rows], n=1, cutoff=cutoff)
+        if close:
+            return next(row.name for row in rows if _plain(row.name) == close[0])
+    return next((row.name for row in PEAKS if _plain(name) and _plain(name) in _plain(row.name)), None)
+
+
+def _holds(row, word: str) -> bool:
+    """Whether a ``--gpu`` word names something of ``row``: a word of its name, its form's generation ("sxm5" of an
+    SXM card), its memory size ("80gb"), or a word drivers add ("nvidia", "hbm3")."""
+    names = set(tokens(row.name))
+    return (
+        word in names
+        or word in NEUTRAL
+        or other_size(row, word) is False
+        or (re.fullmatch(r"sxm\d", word) is not None and "sxm" in names)
+    )
+
+
 def _matching(name: str) -> list:
     """The rows a ``--gpu`` name matches: the one of that exact name; else every row holding each of its words
-    ("4090" is the RTX 4090, "v100s" the V100S PCIe); else every row whose name starts with it; the SXM form
-    first ("h200" is the H200 SXM: the table lists the NVL first, for driver names). A row whose name adds a
+    (``_holds``: "4090" is the RTX 4090, "v100s" the V100S PCIe, "H100 80GB" and "h100 sxm5" the H100 SXM); else
+    every row whose name starts with it; the SXM form first ("h200" is the H200 SXM: the table lists the NVL first,
+    for driver names). A row whose name adds a
     variant word ("ti", "super") is another card: "rtx 4070" is not the RTX 4070 Ti, "rtx 4060" no RTX 4060 Ti."""
     wanted, words = _plain(name), set(tokens(name))
     if not wanted:
         return []
     same_card = [row for row in PEAKS if not (set(tokens(row.name)) - words) & VARIANTS]
     exact = [row for row in PEAKS if _plain(row.name) == wanted]
-    holding = [row for row in same_card if words <= set(tokens(row.name))]
+    holding = [row for row in same_card if all(_holds(row, word) for word in words)]
     starting = [row for row in same_card if _plain(row.name).startswith(wanted)]
     return exact or sorted(holding or starting, key=lambda row: "SXM" not in row.name.split())
 

@@ -173,14 +173,20 @@ def _check_one_node() -> None:
         )
 
 
-def check_context_parallel(spec, target) -> None:
+#: the fix for a denoiser without a context-parallel plan, as bench takes it
+USE_DATA_PARALLEL = "use --data-parallel"
+
+
+def check_context_parallel(spec, target, instead: str = USE_DATA_PARALLEL) -> None:
+    """Refuse context parallelism ``target`` cannot run; ``instead``: the fix for a denoiser without a plan, one the
+    command that asks takes (bench: ``--data-parallel``)."""
     cls = target.denoiser_class
     name = cls.__name__
     plan = getattr(cls, "_cp_plan", None)
     if plan is None:
         raise DiffmeterError(
             f"{name} has no context-parallel plan (_cp_plan) in diffusers; --ulysses-degree/--ring-degree need one "
-            "(FLUX, Wan, QwenImage, LTX ... have it); use --data-parallel"
+            f"(FLUX, Wan, QwenImage, LTX ... have it); {instead}"
         )
     backend = _backend(spec)
     _check_backend(backend, spec.ring_degree)
