@@ -53,13 +53,15 @@ def test_a_quantized_time_says_its_own_formats_held_out_figure(cli):
     assert (
         code == 0 and f"quanto:int8: its published runs held out by source, {mine['inside']} of {mine['runs']}" in said
     )
-    assert f"all {stored['all']['runs']} published quantized runs" not in said
+    assert f"all {stored['all']['runs']} published eager quantized runs" not in said
     assert "float8dq-row" not in stored["formats"]
     code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--quantize", "torchao:float8dq-row")
     said = " ".join(out.split())
-    assert code == 0 and "torchao:float8dq-row: no published run of this format; all " in said
+    # its published runs (benchmarks/published_quantized.yaml) are compiled, which the held-out test leaves out
+    assert code == 0 and "torchao:float8dq-row: no published eager run of this format (the test takes eager" in said
+    assert "no published run of" not in said
     every = stored["all"]
-    assert f"all {every['runs']} published quantized runs: held out by source, {every['inside']} of" in said
+    assert f"all {every['runs']} published eager quantized runs: held out by source, {every['inside']} of" in said
     assert held_out_claim(["torchao:float8dq-row"]) in said
     code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--quantize", "torchao:float8dq-row", "--json")
     assert code == 0 and json.loads(out)["quantized_time_held_out"] == held_out_claim(["torchao:float8dq-row"])
@@ -72,8 +74,8 @@ def test_formats_without_published_runs_share_one_clause():
     unpublished = [name for name in asked if name not in stored["formats"]]
     assert len(unpublished) >= 2
     said = held_out_claim([*unpublished, "quanto:int8"])
-    assert said.count(f"all {stored['all']['runs']} published quantized runs") == 1
-    assert f"{', '.join(unpublished)}: no published run of these formats; all " in said
+    assert said.count(f"all {stored['all']['runs']} published eager quantized runs") == 1
+    assert f"{', '.join(unpublished)}: no published eager run of these formats (" in said
     assert said.startswith("quanto:int8: its published runs held out by source")
 
 
