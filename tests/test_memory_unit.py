@@ -102,7 +102,7 @@ def test_every_command_prints_one_specs_memory_in_gib_with_the_same_value(cli, t
     assert peak < 2**30 and card == named_gpu("rtx 4080").memory_bytes  # a tiny model: the small-figure rule
     printed = {}
     code, printed["profile"], _ = cli("profile", "tiny-sd", "--gpu", "rtx 4080")
-    assert code == 0 and f"parameters: {shown(params)} at float32" in printed["profile"]
+    assert code == 0 and f"parameters: {shown(params)} at float32 (buffers not counted)" in printed["profile"]
     assert printed["profile"].count(shown(params)) >= 4  # the line above and every stage's parameters resident
     whole = next(line for line in printed["profile"].splitlines() if "whole generation" in line)
     assert whole.rstrip(" │").endswith(shown(peak)) and f"RTX 4080 ({shown(card)}" in printed["profile"]
@@ -145,3 +145,14 @@ def test_every_command_prints_one_specs_memory_in_gib_with_the_same_value(cli, t
     for command, text in printed.items():
         found = DECIMAL_BYTES.findall(text)
         assert found == [], f"{command} prints bytes in a decimal unit: {found}"
+
+
+def test_the_parameters_line_names_each_dtype_and_the_memory_table_counts_buffers_by_name(cli):
+    """Wan 2.2 A14B's header said "64.28 GiB at bfloat16" with its float32 VAE inside, beside a memory table's
+    "parameters resident" of 64.39 GiB: that column holds the buffers too (the transformers' rotary tables)."""
+    code, out, _ = cli("profile", "tiny-sd", "--dtype", "float16", "--component-dtype", "vae=float32", "--gpu", "h100")
+    said = " ".join(out.split())
+    assert code == 0 and "GiB at the run's dtypes: float16, vae float32 (buffers not counted)." in said
+    assert "┃ parameters + buffers ┃" in said and "parameters resident" not in said
+    code, out, _ = cli("profile", "tiny-sd", "--dtype", "float16")
+    assert code == 0 and "GiB at float16 (buffers not counted)." in " ".join(out.split())

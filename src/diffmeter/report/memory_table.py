@@ -25,7 +25,7 @@ def memory_table(
         [
             Column("stage", justify="left"),
             Column("call", justify="left", drop=3),
-            Column("parameters resident", drop=1),
+            Column("parameters + buffers", drop=1),
             Column("carried", drop=2),
             Column("activations", drop=0),
             Column("peak"),
@@ -125,8 +125,8 @@ def fit_table(
     if prediction.peak_bytes > usable:
         lines.append(
             f"As is ({prediction.dtype}) it does not fit: its peak {gib(prediction.peak_bytes)} at "
-            f"{prediction.peak_stage} ({gib(sum(prediction.component_param_bytes.values()))} of weights) is over the "
-            f"{gib(usable)} left of {gib(gpu.memory_bytes)}."
+            f"{prediction.peak_stage} ({gib(sum(prediction.component_param_bytes.values()))} of parameters and "
+            f"buffers) is over the {gib(usable)} left of {gib(gpu.memory_bytes)}."
         )
     if fitting is not None and fitting > len(rows):
         lines.append(f"{fitting - len(rows)} more settings fit: --all-settings lists them (--json holds all).")

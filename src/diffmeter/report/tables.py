@@ -101,13 +101,22 @@ def profile_table(profile: Profile) -> FittedTable:
     )
     table.caption = "\n".join(
         [
-            f"parameters: {units.gib(profile.param_bytes)} at {profile.dtype}. "
+            f"parameters: {units.gib(profile.param_bytes)} at {parameter_dtypes(profile)} (buffers not counted). "
             "1 MAC = 1 multiply-add = 2 FLOPs. Calls include classifier-free guidance as the pipeline runs it.",
             *([f"scheduler: {escape(profile.scheduler)}"] if profile.scheduler else []),
             *(f"note: {escape(note)}" for note in profile.notes),
         ]
     )
     return table
+
+
+def parameter_dtypes(profile: Profile) -> str:
+    """The dtypes the profile's parameters are counted at: the run's, and each component kept at another
+    ("the run's dtypes: bfloat16, vae float32")."""
+    others = {name: dtype for name, dtype in profile.component_dtypes.items() if dtype != profile.dtype}
+    if not others:
+        return profile.dtype
+    return f"the run's dtypes: {profile.dtype}, " + ", ".join(f"{name} {dtype}" for name, dtype in others.items())
 
 
 def _kind_split(kinds: dict[str, int], macs: int) -> str:
