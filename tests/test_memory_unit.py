@@ -156,3 +156,23 @@ def test_the_parameters_line_names_each_dtype_and_the_memory_table_counts_buffer
     assert "┃ parameters + buffers ┃" in said and "parameters resident" not in said
     code, out, _ = cli("profile", "tiny-sd", "--dtype", "float16")
     assert code == 0 and "GiB at float16 (buffers not counted)." in " ".join(out.split())
+
+
+def test_an_amd_cards_held_back_memory_is_not_called_cudas(cli):
+    """`fit sd15 --gpu mi300x` said "1.28 GiB held back for CUDA" on a ROCm card: it is that figure, measured for CUDA
+    on an H200, held back for the ROCm runtime."""
+    code, out, _ = cli("fit", "tiny-sd", "--gpu", "mi300x")
+    said = " ".join(out.split())
+    assert code == 0 and "held back for the ROCm runtime)" in said and "for CUDA" not in said
+    assert "Held back: 1.28 GiB for the ROCm runtime's context and libraries (CUDA's, measured on an H200" in said
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "mi300x")
+    assert code == 0 and "ROCm" in out and "for CUDA" not in " ".join(out.split())  # the memory table's row
+    code, out, _ = cli("fit", "tiny-sd", "--gpu", "h100")
+    assert code == 0 and "1.28 GiB held back for CUDA)" in " ".join(out.split())
+
+
+def test_a_peak_over_a_thousand_tflops_is_written_with_thousands_separators(cli):
+    """B200's title said "2.25e+03 TFLOP/s peak" where every other card's reads like "1,979"."""
+    assert (units.significant(2250), units.significant(989.5), units.significant(65)) == ("2,250", "990", "65")
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "b200", "--dtype", "float16")
+    assert code == 0 and "(float16: 2,250 TFLOP/s peak, 7,700 GB/s)" in out and "e+0" not in out

@@ -46,6 +46,12 @@ def figure(value: float) -> str:
     return f"{value:.{2 - math.floor(math.log10(abs(rounded)))}f}"
 
 
+def significant(value: float) -> str:
+    """3 significant digits, whole numbers with thousands separators from 1,000 on (never "2.25e+03": 2,250); the
+    caller names the unit."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
 def params(value: float) -> str:
     for factor, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
         if value >= factor:

@@ -101,7 +101,7 @@ def fit(
     from diffmeter.catalog import entry_of
     from diffmeter.lora_file import lora_fields
     from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, chosen_gpu, other_cards, spec_gpu
-    from diffmeter.report.memory_table import fit_table
+    from diffmeter.report.memory_table import fit_table, runtime
     from diffmeter.spec import CPU_DTYPE, ProfileSpec, asked_images, parse_component_dtypes
 
     if all_models:
@@ -153,8 +153,8 @@ def fit(
     usable = target.memory_bytes - held
     if usable <= 0:
         raise DiffmeterError(
-            f"{target.name}: {gib(target.memory_bytes)} is not more than the {gib(held)} CUDA's context and "
-            "libraries hold back; give the card's whole memory, such as --memory 12GB"
+            f"{target.name}: {gib(target.memory_bytes)} is not more than the {gib(held)} held back for "
+            f"{runtime(target)}'s context and libraries; give the card's whole memory, such as --memory 12GB"
         )
     spec = ProfileSpec(
         model=model,

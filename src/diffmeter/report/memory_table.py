@@ -10,6 +10,25 @@ from diffmeter.predict.schema import MemoryPrediction
 from diffmeter.report.layout import Column, FittedTable
 from diffmeter.units import figure, gib
 
+#: the architectures of ``predict.devices.ARCHITECTURES`` whose cards run AMD's ROCm (HIP), which torch reaches as
+#: "cuda": what is held back there is the ROCm runtime's, sized by CUDA's (``CUDA_HOLDBACK_BYTES``, an H200's)
+ROCM_ARCHITECTURES = ("cdna3",)
+
+
+def runtime(gpu: Device) -> str:
+    """Whose context and libraries the held-back memory stands for on ``gpu``: CUDA's, or the ROCm runtime's."""
+    return "the ROCm runtime" if gpu.architecture in ROCM_ARCHITECTURES else "CUDA"
+
+
+def held_back_line(gpu: Device, held_back: int) -> str:
+    """What ``held_back`` bytes are, with where the figure was measured."""
+    if runtime(gpu) == "CUDA":
+        context, measured = "the CUDA context and libraries", "measured on an H200"
+    else:
+        context = "the ROCm runtime's context and libraries"
+        measured = "CUDA's, measured on an H200: ROCm's not measured"
+    return f"Held back: {gib(held_back)} for {context} ({measured}, docs/memory-prediction.md)."
+
 
 def memory_table(
     prediction: MemoryPrediction, gpu: Device | None, techniques: tuple[str, ...] = (), fit_command: str = ""
@@ -50,7 +69,7 @@ def memory_table(
         held = CUDA_HOLDBACK_BYTES if gpu.kind == "cuda" else 0
         fits = short_of(prediction, gpu, techniques) is None
         verdict = "fits" if fits else "does not fit"
-        kept = f", {gib(held)} held back for CUDA" if held else ""
+        kept = f", {gib(held)} held back for {runtime(gpu)}" if held else ""
         table.add_row(
             escape(f"{gpu.name} ({gib(gpu.memory_bytes)}{kept})"),
             verdict,
@@ -94,7 +113,7 @@ def fit_table(
 
     some = any(time is not None for _, _, time in rows)  # no time at all: no column for it
     order = "by expected time" if expected else "by time's lower bound" if some else "least offload first"
-    held = f", {gib(held_back)} held back for CUDA" if held_back else ""
+    held = f", {gib(held_back)} held back for {runtime(gpu)}" if held_back else ""
     table = FittedTable(
         escape(
             f"{model} on {gpu.name} ({gib(gpu.memory_bytes)}{held}): "
@@ -131,10 +150,7 @@ def fit_table(
     if fitting is not None and fitting > len(rows):
         lines.append(f"{fitting - len(rows)} more settings fit: --all-settings lists them (--json holds all).")
     if held_back:
-        lines.append(
-            f"Held back: {gib(held_back)} for the CUDA context and libraries (measured on an H200, "
-            "docs/memory-prediction.md)."
-        )
+        lines.append(held_back_line(gpu, held_back))
     if rows and not some:
         lines.append(
             "Order: no time without the card's figures, so not by speed: by offload (none, model, group, sequential: "

@@ -33,7 +33,7 @@ def energy_line(prediction: TimePrediction, output: str = "image", fits: bool = 
         f"predicted energy per {each} on {prediction.device}{'' if fits else ' if it fit'}: "
         f"{units.joules(low)} to {units.joules(high)} "
         f"({low / 3600:.3g} to {high / 3600:.3g} Wh): the expected time's geometric midpoint at "
-        f"{energy.power_w:.0f} W, the share of its {energy.tdp_w:.0f} W TDP that turned predicted times into "
+        f"{energy.power_w:,.0f} W, the share of its {energy.tdp_w:,.0f} W TDP that turned predicted times into "
         "published energy"
         + (f" for a GPU busy {prediction.busy_share:.0%} of the time" if prediction.busy_share is not None else "")
         + f", times or divided by {(high / low) ** 0.5:.3g}, the spread the fit left; "
@@ -47,8 +47,8 @@ def time_table(prediction: TimePrediction, short_bytes: int | None = None) -> Fi
     fits = "" if short_bytes is None else f" if it fit (it does not: {units.gib(short_bytes)} short)"
     title = (
         f"predicted time on {prediction.device}{fits} ({prediction.dtype}"
-        f"{', matmuls on TF32' if prediction.peak_precision == 'tf32' else ''}: {prediction.peak_tflops:,.3g} "
-        "TFLOP/s peak, "
+        f"{', matmuls on TF32' if prediction.peak_precision == 'tf32' else ''}: "
+        f"{units.significant(prediction.peak_tflops)} TFLOP/s peak, "
         f"{prediction.bandwidth_bytes_per_s / 1e9:,.4g} GB/s)"
     )
     hosted = any(stage.host_s for stage in prediction.stages)

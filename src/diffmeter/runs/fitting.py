@@ -204,7 +204,8 @@ def next_step(prediction, entry, spec, fp8: bool, cards: list) -> str:
     )
     return (
         f"Nothing fits: the least any setting reaches is {gib(peak)} ({' + '.join(chosen) or 'as is'}), "
-        f"{gib(peak + CUDA_HOLDBACK_BYTES)} of GPU memory with CUDA's share; {' or '.join(lower)} lowers it; "
+        f"{gib(peak + CUDA_HOLDBACK_BYTES)} of GPU memory with the runtime's share (CUDA's, measured on an H200); "
+        f"{' or '.join(lower)} lowers it; "
         f"{larger}."
     )
 
