@@ -109,7 +109,7 @@ def test_fit_holds_back_the_cuda_context_and_lists_settings_and_json(cli):
     # 4 MiB more than tiny-flux needs, without the hold-back: less than the hold-back itself, refused in one line
     # (the table said "-1.27 GiB left"), as a mistyped unit is ("12MB" for 12GB)
     code, _, err = cli("fit", "tiny-flux", "--memory", "0.005GB", "--json")
-    assert code == 2 and "is not more than the 1.28 GiB CUDA's context and libraries hold back" in err
+    assert code == 2 and "is not more than the 1.28 GiB held back for CUDA's context and libraries" in err
     assert len(err.strip().splitlines()) == 1
     code, out, _ = cli("fit", "tiny-flux", "--memory", "80GB")
     assert code == 0 and "as is" in out and "1.28 GiB held back" in out
