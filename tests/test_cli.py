@@ -121,7 +121,7 @@ def test_profile_all_leaves_out_the_models_that_refuse_the_settings(cli, monkeyp
         (["bench", "tiny-sd", "--guidance-scale", "-1"], "--guidance-scale must be 0 or more, got -1"),
         (["bench", "tiny-sd", "--seed", "-1"], "--seed must be 0 or more"),
         (["fit", "tiny-sd", "--memory", "24XB"], "such as 24GB or 24GiB (GB read as GiB), or 23034MiB or 23034MB"),
-        (["fit", "tiny-sd", "--memory", "12MB"], "0.0117 GiB is not more than the 1.28 GiB held back for CUDA's context"),
+        (["fit", "tiny-sd", "--memory", "12MB"], "0.0117 GiB is not more than the 1.28 GiB held back for CUDA"),
         (["fit", "tiny-sd", "--memory", "-5GB"], "--memory takes a positive size"),
         (["fit", "tiny-sd", "--memory", "0"], "--memory takes a positive size"),
     ],
