@@ -81,6 +81,7 @@ def test_axes_expand_to_every_combination_minus_exclude_plus_include():
         ("axes: {model: [tiny-sd], optimizations: ['', 'quantize:mode=int8']}\n", "quantize: bad parameter mode"),
         ("axes: {model: [tiny-sd]}\nfixed: {optimizations: fuse-qvk}\n", "unknown optimization 'fuse-qvk'"),
         ("axes: {model: [tiny-sd]}\ntimeout_s: -5\n", "timeout_s: Input should be greater than 0"),
+        ("axis: {model: [tiny-sd]}\n", "unknown key 'axis'"),  # not only 'axes: Field required'
     ],
 )
 def test_a_sweep_file_with_an_unknown_or_wrong_key_is_refused_naming_it(tmp_path, cli, text, named):

@@ -75,7 +75,8 @@ def read_sweep_file(path: str | Path) -> SweepFile:
     try:
         sweep = SweepFile.model_validate(data)
     except ValidationError as error:
-        problem = error.errors()[0]
+        problems = error.errors()  # an unknown key first: 'axis:' for 'axes:' is also a missing 'axes'
+        problem = next((p for p in problems if p["type"] == "extra_forbidden"), problems[0])
         where = ".".join(str(part) for part in problem["loc"])
         if problem["type"] == "extra_forbidden":
             known = ", ".join(SweepFile.model_fields)
