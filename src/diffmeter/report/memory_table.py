@@ -67,7 +67,8 @@ def memory_table(
         table.add_row(escape(f"under {', '.join(techniques)}"), "whole generation", "", "", "", gib(peak))
     if gpu is not None and gpu.memory_bytes:
         held = CUDA_HOLDBACK_BYTES if gpu.kind == "cuda" else 0
-        fits = short_of(prediction, gpu, techniques) is None
+        short = short_of(prediction, gpu, techniques)
+        fits = short is None
         verdict = "fits" if fits else "does not fit"
         kept = f", {gib(held)} held back for {runtime(gpu)}" if held else ""
         table.add_row(
@@ -76,7 +77,7 @@ def memory_table(
             "",
             "",
             "",
-            gib(gpu.memory_bytes - held - peak) + " left" if fits else gib(peak + held - gpu.memory_bytes) + " short",
+            gib(gpu.memory_bytes - held - peak) + " left" if fits else gib(short) + " short",
             style=None if fits else "red",
         )
         if not fits:  # what would: offloading, quantization, VAE modes, each predicted
