@@ -89,8 +89,8 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
         time = plain_time(work, prediction, gpu, spec.batch_size)
         times = lower_times(time, prediction, gpu, [chosen for chosen, _ in found])
         rows = sorted(found, key=lambda row: times.get(row[0], float("inf")))
-        timed = time is not None and gpu.kind == "cuda"  # fp8 matmuls can be the fastest: ranked, not dropped
-        formats, _ = runnable(fitting(quantized, usable, fp8="fp8" in gpu.tflops, timed=timed), entry, spec)
+        by_time = time is not None and gpu.kind == "cuda"  # the fastest is ranked: fp8 matmuls kept, not dropped
+        formats, _ = runnable(fitting(quantized, usable, fp8="fp8" in gpu.tflops, timed=by_time), entry, spec)
         cell = Cell(
             model=name,
             gpu=gpu.name,
@@ -123,7 +123,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
                 cell.notes.append(f"no time: {why_untimed(time, gpu, work, tf32=True, named=True)}")
             else:
                 cell.notes.append(f"time: lower bound only; no expected range for {', '.join(chosen)}")
-            if time is not None and gpu.kind == "cuda":
+            if by_time:
                 fastest(cell, setting_work, formats, gpu, entry, spec)
         cells.append(cell)
     return cells
