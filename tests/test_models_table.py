@@ -26,13 +26,20 @@ def test_models_at_80_columns_is_a_line_per_entry(cli, monkeypatch, cache):
     lines = models_at(cli, monkeypatch, cache, 80)
     entries = all_entries()
     assert max(len(line) for line in lines) <= 80 and "…" not in "".join(lines)
-    assert len(lines) <= len(entries) + 6  # title, header, rule, a three-line caption
+    assert len(lines) <= len(entries) + 9  # title, header, rule, a six-line caption
     for entry in entries:
         (row,) = [line for line in lines if line.split()[:1] == [entry.name]]
         d = entry.defaults
         assert f"{d.width}x{d.height}" in row and f" {d.steps} " in row
-    caption = " ".join(" ".join(lines[-3:]).split())
+    caption = " ".join(" ".join(lines[len(entries) + 3 :]).split())
     assert "Not shown at this width: hub id, family, components" in caption and "--json" in caption
+    # where the defaults come from: flux-dev's card says 50 steps where FluxPipeline.__call__ says 28
+    assert "Defaults are the model card's recommended call where it gives one, else the pipeline's own" in caption
+    assert "(flux-dev: the card's 50 steps, FluxPipeline's 28)" in caption
+    from diffmeter.catalog import resolve
+    from diffmeter.catalog.pipeline_defaults import call_defaults
+
+    assert resolve("flux-dev").defaults.steps == 50 and call_defaults("FluxPipeline")["num_inference_steps"] == 28
 
 
 def test_a_wide_terminal_adds_the_hub_ids_whole(cli, monkeypatch, cache):
@@ -49,6 +56,7 @@ def test_the_json_keeps_what_the_table_leaves_out(cli, monkeypatch, cache):
     code, out, _ = cli("models", "--json")
     flux = next(row for row in json.loads(out) if row["name"] == "flux-dev")
     assert code == 0 and flux["family"] == "flux" and flux["components"]["transformer"] == "FluxTransformer2DModel"
+    assert flux["defaults"]["steps"] == 50 and "num_inference_steps=50" in flux["defaults_from"]
 
 
 def test_cfg_is_a_scale_only_where_the_model_runs_cfg(cli, monkeypatch, cache):

@@ -71,6 +71,7 @@ def models(
                 "components": {n: c.class_name for n, c in e.components.items()},
                 "params": params[e.id],
                 "defaults": e.defaults.model_dump(),
+                "defaults_from": e.sources.get("defaults"),
                 "guidance": modes[e.id],
                 "text_max_length": e.text_max_length,
             }
@@ -233,7 +234,9 @@ def catalog_table(entries, params: dict[str, int], modes: dict[str, str], width:
     hidden = [header for header, _ in COLUMNS[shown:]]
     caption = (
         "size: default width x height (x frames); cfg: guidance scale, - where the model runs no CFG (an embedded "
-        "scale: --json)."
+        "scale: --json). Defaults are the model card's recommended call where it gives one, else the pipeline's "
+        "own __call__ defaults (flux-dev: the card's 50 steps, FluxPipeline's 28); --steps, --height, --width, "
+        "--guidance-scale and --dtype change them."
     )
     if hidden:
         caption += f" Not shown at this width: {', '.join(hidden)} (widen the terminal, or use --json)."
