@@ -63,6 +63,7 @@ def print_predicted(
     cfg, tp) degrees: one GPU of that group's memory and the generation's time (``predict.parallel``)."""
     from diffmeter.predict.devices import chosen_gpu, is_this_cpu, other_cards
     from diffmeter.report.memory_table import memory_table
+    from diffmeter.report.tables import run_dtypes
     from diffmeter.report.time_table import energy_line, time_table
 
     if as_csv:
@@ -230,7 +231,8 @@ def print_predicted(
         if group:
             console.print(parallel_line(group), highlight=False, markup=False)
         card = f"--gpu {shlex.quote(gpu)}" if gpu else f"--gpu-spec {shlex.quote(gpu_spec or '')}"
-        console.print(memory_table(memory, chosen, techniques, f"diffmeter fit {shlex.quote(spec.model)} {card}"))
+        fit_command = f"diffmeter fit {shlex.quote(spec.model)} {card}"
+        console.print(memory_table(memory, chosen, techniques, fit_command, run_dtypes(found)))
         short = short_of(memory, chosen, techniques)
         console.print(time_table(time, short) if time else f"no time prediction: {lacking}", markup=False)
         if time and time.expected_s:

@@ -31,14 +31,19 @@ def held_back_line(gpu: Device, held_back: int) -> str:
 
 
 def memory_table(
-    prediction: MemoryPrediction, gpu: Device | None, techniques: tuple[str, ...] = (), fit_command: str = ""
+    prediction: MemoryPrediction,
+    gpu: Device | None,
+    techniques: tuple[str, ...] = (),
+    fit_command: str = "",
+    dtypes: str | None = None,
 ) -> FittedTable:
     """A row per stage with every component loaded; then the whole generation (under ``techniques``, the names
     ``predict.techniques`` models them by) and whether it fits ``gpu``; ``fit_command``: the ``diffmeter fit`` line
-    for this model and card, offered when it does not fit."""
+    for this model and card, offered when it does not fit; ``dtypes``: the run's dtypes as the title names them
+    (``report.tables.run_dtypes``: "bfloat16, vae float32"), the prediction's own dtype where not given."""
     from diffmeter.predict.techniques import peak_under, short_of
 
-    title = f"predicted peak memory ({prediction.dtype}, every component loaded)"
+    title = f"predicted peak memory ({dtypes or prediction.dtype}; every component loaded)"
     table = FittedTable(
         escape(title),
         [

@@ -110,13 +110,17 @@ def profile_table(profile: Profile) -> FittedTable:
     return table
 
 
+def run_dtypes(profile: Profile) -> str:
+    """The run's dtype and each component kept at another ("bfloat16, vae float32")."""
+    others = {name: dtype for name, dtype in profile.component_dtypes.items() if dtype != profile.dtype}
+    return ", ".join([profile.dtype, *(f"{name} {dtype}" for name, dtype in others.items())])
+
+
 def parameter_dtypes(profile: Profile) -> str:
     """The dtypes the profile's parameters are counted at: the run's, and each component kept at another
     ("the run's dtypes: bfloat16, vae float32")."""
-    others = {name: dtype for name, dtype in profile.component_dtypes.items() if dtype != profile.dtype}
-    if not others:
-        return profile.dtype
-    return f"the run's dtypes: {profile.dtype}, " + ", ".join(f"{name} {dtype}" for name, dtype in others.items())
+    dtypes = run_dtypes(profile)
+    return dtypes if dtypes == profile.dtype else f"the run's dtypes: {dtypes}"
 
 
 def _kind_split(kinds: dict[str, int], macs: int) -> str:
