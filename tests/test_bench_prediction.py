@@ -139,3 +139,19 @@ def test_a_stage_measured_under_its_lower_bound_is_flagged_in_show_and_the_repor
     code, _, err = cli("report", tmp_path / "study", "--out", report)
     assert code == 0, err
     assert "Measured under the roofline lower bound" in report.read_text() and flag in report.read_text()
+
+
+def test_a_quantized_runs_prediction_names_the_format_as_its_optimizations_line_does(tmp_path, cli):
+    """The prediction line said "with quantize-torchao-int8wo" (the memory model's own name) under "optimizations:
+    torchao-int8wo"; show reads the stored run without torch, so the names are mapped without it."""
+    code, out, err = cli(
+        "bench", "tiny-sd", "--steps", "1", "--iterations", "1", "--quantize", "torchao:int8wo", "--no-save-images",
+        "--out", tmp_path,
+    )  # fmt: skip
+    assert code == 0, err
+    said = " ".join(out.split())
+    assert "optimizations: torchao-int8wo (lossy)" in said
+    assert "predicted peak memory with torchao-int8wo:" in said and "quantize-torchao" not in said
+    (folder,) = tmp_path.iterdir()
+    stored = json.loads((folder / "results.json").read_text())
+    assert stored["prediction"]["memory_techniques"] == ["quantize-torchao-int8wo"]  # the JSON keeps the model's

@@ -23,7 +23,7 @@ from diffmeter.predict.offload_time import why_untimed as why_offload_untimed
 from diffmeter.predict.operators import operator_work, predict_memory_and_work
 from diffmeter.predict.peaks import find_device
 from diffmeter.predict.quantized_kernels import of_device
-from diffmeter.predict.quantized_memory import PREDICTED, Format, technique, with_formats
+from diffmeter.predict.quantized_memory import PREDICTED, Format, with_formats
 from diffmeter.predict.roofline import BENCH_FP32, missing_figures, predict_time
 from diffmeter.predict.schema import (
     MemoryPrediction,
@@ -32,7 +32,7 @@ from diffmeter.predict.schema import (
     RunPrediction,
     TimePrediction,
 )
-from diffmeter.predict.techniques import stage_peaks_under
+from diffmeter.predict.techniques import memory_technique, stage_peaks_under
 from diffmeter.predict.timed_techniques import TIME_ONLY, timed_work
 from diffmeter.predict.vae_decode import VAE_MODES
 from diffmeter.quantization_spec import DENOISER
@@ -41,17 +41,6 @@ from diffmeter.quantization_spec import DENOISER
 #: as the tiled or sliced decode runs them, or the steps (every sampler ``optimize/scheduler.py`` offers calls the
 #: denoiser once a step, as the plan counts; no sampler's own step is counted)
 TIME_MODELLED = {"tf32", "scheduler", *VAE_MODES}
-
-
-def memory_technique(name: str, params: dict) -> str | None:
-    """The name ``predict.techniques`` knows an applied optimization by, or None if it models none."""
-    if name == "offload":
-        return f"offload-{params.get('mode', 'model')}"
-    if name == "quantize":
-        return f"quantize-{params.get('weights', 'int8')}"
-    if name in PREDICTED:  # --quantize BACKEND:TYPE (quantized_memory)
-        return technique(name, params["type"])
-    return name if name in ("vae-tiling", "vae-slicing", "fp8-text-encoder") else None
 
 
 def applied_format(optimization) -> Format:

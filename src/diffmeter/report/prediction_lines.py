@@ -42,13 +42,24 @@ def group_line(group) -> str:
     )
 
 
+def memory_technique_labels(result: BenchResult) -> list[str]:
+    """The memory prediction's techniques as the run's optimizations line names them ("torchao-int8wo", not the
+    prediction's own "quantize-torchao-int8wo"); one no applied optimization stands for keeps its own name."""
+    from diffmeter.predict.techniques import memory_technique
+
+    modelled = result.prediction.memory_techniques
+    labels = {memory_technique(o.name, o.params): o.label for o in result.optimizations}
+    return [labels.get(name, name) for name in modelled]
+
+
 def prediction_lines(result: BenchResult) -> list[str]:
     prediction = result.prediction
     if prediction is None or result.summary is None:
         return []
     lines = []
     if prediction.peak_memory_bytes is not None:
-        techniques = f" with {', '.join(prediction.memory_techniques)}" if prediction.memory_techniques else ""
+        named = memory_technique_labels(result)
+        techniques = f" with {', '.join(named)}" if named else ""
         line = f"predicted peak memory{techniques}: {units.gib(prediction.peak_memory_bytes)} of tensors"
         found = measured_memory(result)
         if found:
