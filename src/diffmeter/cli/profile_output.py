@@ -84,7 +84,8 @@ def print_predicted(
     from diffmeter.predict.quantized_memory import split_values, with_formats
     from diffmeter.predict.quantized_time import held_out_claim, needs_fp8, quantized_work, why_not_modelled
     from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
-    from diffmeter.predict.techniques import memory_technique, peak_under, short_of
+    from diffmeter.predict.technique_names import memory_technique
+    from diffmeter.predict.techniques import peak_under, short_of
     from diffmeter.predict.timed_techniques import HELD_OUT as TECHNIQUES_HELD_OUT
     from diffmeter.predict.timed_techniques import TIME_ONLY, timed_work, without_untimed
     from diffmeter.predict.vae_decode import VAE_MODES

@@ -32,7 +32,8 @@ from diffmeter.predict.schema import (
     RunPrediction,
     TimePrediction,
 )
-from diffmeter.predict.techniques import memory_technique, stage_peaks_under
+from diffmeter.predict.technique_names import memory_technique
+from diffmeter.predict.techniques import stage_peaks_under
 from diffmeter.predict.timed_techniques import TIME_ONLY, timed_work
 from diffmeter.predict.vae_decode import VAE_MODES
 from diffmeter.quantization_spec import DENOISER

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from diffmeter import cache
 from diffmeter.predict.schema import MemoryPrediction
+from diffmeter.predict.technique_names import technique
 
 #: (backend, type): the common files and configs people run (city96's GGUF files, diffusers' NF4 folders, torchao's
 #: weight-only and fp8 dynamic-activation configs), in the order kept among settings whose times are equal
@@ -28,11 +29,6 @@ NEEDS_FP8 = ("quantize-torchao-float8dq-row", "quantize-torchao-float8wo")
 #: matmuls at a faster tensor-core rate than the compute dtype's (float8 activations and weights: twice bf16's on an
 #: H100): a setting adding one can be faster, not only smaller
 FASTER_MATMULS = ("quantize-torchao-float8dq-row",)
-
-
-def technique(backend: str, kind: str) -> str:
-    """The name the memory techniques know a backend's type by (``quantized_memory.technique``'s rule)."""
-    return f"quantize-{backend}-{kind}"
 
 
 def label(name: str) -> str:

@@ -14,6 +14,7 @@ from diffmeter.predict.kernel_kinds import CPU, SM80
 from diffmeter.predict.memory import DTYPES, settled_plan
 from diffmeter.predict.quantized_formats import checkpoint_types, footprint
 from diffmeter.predict.schema import MemoryPrediction
+from diffmeter.predict.technique_names import technique
 from diffmeter.quantization_spec import BACKENDS, DENOISER, parse
 
 #: the backends whose stored layout is predicted: every one ``--quantize`` takes
@@ -35,11 +36,6 @@ class Format:
     @property
     def technique(self) -> str:
         return technique(self.backend, self.type)
-
-
-def technique(backend: str, kind: str) -> str:
-    """The name the memory techniques know a backend's type by."""
-    return f"quantize-{backend}-{kind}"
 
 
 def split_values(values) -> tuple[list[str], list[Format]]:

@@ -25,10 +25,8 @@ from __future__ import annotations
 import itertools
 
 from diffmeter.predict.fit_formats import FASTER_MATMULS, offered
-from diffmeter.predict.fit_formats import technique as format_technique
 from diffmeter.predict.in_flight import in_flight_peak
 from diffmeter.predict.schema import VAE_DECODE, MemoryPrediction
-from diffmeter.quantization_spec import BACKENDS
 
 #: fastest first: what each costs in time, as its mechanism says (no roofline yet): quantized weights
 #: dequantize in the matmul (small cost), model offload moves each component once per generation,
@@ -36,18 +34,6 @@ from diffmeter.quantization_spec import BACKENDS
 OFFLOADS = ("none", "offload-model", "offload-group", "offload-sequential")
 QUANTIZATIONS = ("none", "quantize-fp8", "quantize-int8")
 VAE_MODES = ("none", "vae-slicing", "vae-tiling")
-
-
-def memory_technique(name: str, params: dict) -> str | None:
-    """The name this module knows an applied optimization by (``optimize/``'s name and params), or None if it
-    models none."""
-    if name == "offload":
-        return f"offload-{params.get('mode', 'model')}"
-    if name == "quantize":
-        return f"quantize-{params.get('weights', 'int8')}"
-    if name in BACKENDS:  # --quantize BACKEND:TYPE (quantized_memory)
-        return format_technique(name, params["type"])
-    return name if name in ("vae-tiling", "vae-slicing", "fp8-text-encoder") else None
 
 
 def stored_params(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> dict[str, int]:

@@ -45,7 +45,7 @@ def group_line(group) -> str:
 def memory_technique_labels(result: BenchResult) -> list[str]:
     """The memory prediction's techniques as the run's optimizations line names them ("torchao-int8wo", not the
     prediction's own "quantize-torchao-int8wo"); one no applied optimization stands for keeps its own name."""
-    from diffmeter.predict.techniques import memory_technique
+    from diffmeter.predict.technique_names import memory_technique
 
     modelled = result.prediction.memory_techniques
     labels = {memory_technique(o.name, o.params): o.label for o in result.optimizations}
