@@ -4,6 +4,8 @@ refuses before loading (the same checks), each with its predicted lower bound of
 
 from __future__ import annotations
 
+import re
+
 from diffmeter.errors import DiffmeterError
 from diffmeter.predict.fit_formats import NEEDS_FP8, label
 
@@ -210,6 +212,16 @@ def next_step(prediction, entry, spec, fp8: bool, cards: list) -> str:
     )
 
 
+def whose_fit(said: str) -> str:
+    """Whose fit a prediction's calibration line ``said`` names, to keep beside its held-out figure once the rest is
+    cut: " (ada GPUs' fit)", " (ampere GPUs' fit, borrowed for turing (T4) from ampere)", or "" (a CPU's)."""
+    fitted = re.search(r"published eager runs on (\w+) GPUs", said)
+    lent = re.search(r"borrowed for .+? from \w+", said)
+    if not fitted:
+        return ""
+    return f" ({fitted[1]} GPUs' fit{', ' + lent[0] if lent else ''})"
+
+
 def held_out_claims(plain, ranged: list[tuple[str, ...]]) -> list[str]:
     """The held-out figure of every expected range ``fit`` shows, as ``profile --gpu`` prints each beside its time:
     the eager calibration's, and each technique's in the settings ``ranged`` (those shown with a range)."""
@@ -219,7 +231,7 @@ def held_out_claims(plain, ranged: list[tuple[str, ...]]) -> list[str]:
     from diffmeter.predict.timed_techniques import HELD_OUT as TECHNIQUES
 
     said = plain.calibration
-    claims = [f"the eager range: {said[said.find('held out') :] if 'held out' in said else said}"]
+    claims = [f"the eager range{whose_fit(said)}: {said[said.find('held out') :] if 'held out' in said else said}"]
     used = {technique for chosen in ranged for technique in chosen}
     if used & {"compile", "compile-reduce-overhead"}:
         claims.append(f"compile: {TECHNIQUES}")
