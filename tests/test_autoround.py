@@ -127,15 +127,22 @@ def test_an_autoround_folder_of_another_type_or_scheme_or_none_is_refused(tmp_pa
 
 @pytest.mark.fake_cuda
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
-def test_an_autoround_folder_loads_and_runs_on_its_own_gpu(tmp_path):
-    """Loaded on the CPU (diffmeter gives no device_map: auto-round's torch layers), then moved to cuda:1, where its
-    layers unpack and dequantize on the fake device."""
+def test_an_autoround_folder_loads_and_runs_on_its_own_gpu(tmp_path, monkeypatch):
+    """Loaded with the run's GPU as its device_map, as diffusers' AutoRound guide loads it, so auto-round picks its
+    layers for CUDA (it picked the CPU's, then moved them, when diffmeter gave no device_map); they unpack and
+    dequantize on the fake device (no Triton or Marlin here: the torch layers, which run on CUDA too)."""
+    from auto_round.inference import convert_model
+
     folder = folder_of(tmp_path, "tiny-flux", "transformer", 4)
     spec = BenchSpec(
         model="tiny-flux", device="cuda:1", steps=2, iterations=1, dtype="bfloat16", predict=False,
         optimizations=optimization_specs(["autoround:int4"], str(folder)),
     )  # fmt: skip
+    targets = []
+    infer = convert_model.infer_target_device
+    monkeypatch.setattr(convert_model, "infer_target_device", lambda found: targets.append(infer(found)) or targets[-1])
     with FakeCuda(own="cuda:1", capability=(8, 9), name="NVIDIA GeForce RTX 4090") as cuda:
         result, run = bench(spec, out=tmp_path / "runs")
     assert_ran_on_its_own_gpu(result, run, cuda)
+    assert targets == ["cuda"]  # the layers auto-round chose were for CUDA
     LEDGER.append(("autoround:int4 on tiny-flux", "covered: auto-round's torch layers run on the fake GPU"))

@@ -2,8 +2,8 @@
 GPU and, for nvfp4, short of Blackwell, with diffusers' reasons, and placed on its own GPU where it loads (its kernels
 come from the Hub, which cannot be reached here, so the folder loader is a recorder that loads the saved component
 back unquantized); a BFL file's single-file loader handed the run's compute dtype on cuda:1, recorded the same way
-(BFL's quantized parameter is a tensor subclass, which the fake cannot hold); ModelOpt refused short of its GEMMs'
-compute capability and with an nvidia-modelopt too new for diffusers' config."""
+(BFL's quantized parameter is a tensor subclass, which the fake cannot hold); ModelOpt refused on every card;
+torchao's bfloat16-only types and quanto's int4 at bfloat16 refused on a GPU as diffusers' load would fail."""
 
 from __future__ import annotations
 
@@ -66,11 +66,29 @@ def test_nunchaku_is_refused_where_diffusers_refuses_it(tmp_path, kind, capabili
     assert says in reason
 
 
+def test_nunchaku_is_refused_as_diffusers_reads_the_trust_flags(tmp_path, monkeypatch):
+    """diffusers reads DIFFUSERS_TRUST_REMOTE_KERNELS once, and DIFFUSERS_DISABLE_REMOTE_CODE wins over it
+    (utils/constants.py:60-66): the refusal was of the variable alone, which let such a run through to its load."""
+    import diffusers.utils.constants
+
+    (nunchaku,) = build(optimization_specs(["nunchaku:int4"], str(nunchaku_folder(tmp_path, "int4"))))
+    monkeypatch.setattr("diffmeter.optimize.base.importable", lambda module: True)
+    monkeypatch.setenv("DIFFUSERS_TRUST_REMOTE_KERNELS", "true")  # set, yet diffusers' flag is off: remote code off
+    monkeypatch.setattr(diffusers.utils.constants, "DIFFUSERS_TRUST_REMOTE_KERNELS", False)
+    monkeypatch.setattr(diffusers.utils.constants, "DIFFUSERS_DISABLE_REMOTE_CODE", True)
+    entry = resolve("tiny-flux")
+    with FakeCuda(own="cuda:1", capability=(8, 9)):
+        reason = nunchaku.supports(Target(entry, get_family(entry.family), torch.device("cuda", 1), "bfloat16", 2))
+    assert "set DIFFUSERS_TRUST_REMOTE_KERNELS=true and unset DIFFUSERS_DISABLE_REMOTE_CODE" in reason
+
+
 def test_a_nunchaku_folder_loads_on_its_own_gpu(tmp_path, monkeypatch):
     import diffmeter.quantized_loading as loading
 
     folder = nunchaku_folder(tmp_path, "int4")
-    monkeypatch.setenv("DIFFUSERS_TRUST_REMOTE_KERNELS", "true")
+    import diffusers.utils.constants
+
+    monkeypatch.setattr(diffusers.utils.constants, "DIFFUSERS_TRUST_REMOTE_KERNELS", True)  # as diffusers read it
     monkeypatch.setattr("diffmeter.optimize.base.importable", lambda module: True)  # kernels: not installed here
     seen = {}
 
@@ -110,24 +128,48 @@ def torch_model(folder, dtype):
     return diffusers.FluxTransformer2DModel.from_pretrained(folder, torch_dtype=dtype)
 
 
-@pytest.mark.parametrize(
-    ("kind", "capability", "version", "says"),
-    [
-        ("fp8", (8, 6), "0.43.0", "nvidia-modelopt's fp8 GEMM needs compute capability 8.9+, this is 8.6"),
-        ("nvfp4", (9, 0), "0.43.0", "nvidia-modelopt's nvfp4 GEMM needs compute capability 10.0+, this is 9.0"),
-        ("fp8", (9, 0), "0.47.0", "nvidia-modelopt 0.47.0: pip install 'nvidia-modelopt<0.44'"),
-    ],
-)
-def test_modelopt_is_refused_where_its_gemms_or_diffusers_config_are_missing(
-    monkeypatch, kind, capability, version, says
-):
-    """nvidia-modelopt is not installed here: its presence and version are told (quantize_modelopt.py's sources)."""
-    import importlib.metadata
-
+@pytest.mark.parametrize(("kind", "capability"), [("fp8", (9, 0)), ("nvfp4", (10, 0)), ("int8", (8, 6))])
+def test_modelopt_is_refused_on_every_gpu_since_diffusers_leaves_its_layers_unconverted(monkeypatch, kind, capability):
+    """diffusers 0.42.1 compresses each layer alone (mtq.compress(module)), which nvidia-modelopt 0.43 does not convert
+    to a RealQuantLinear: the first forward fails on any device (quantize_modelopt.py's sources). An H100 or B200 was
+    let through for fp8 and nvfp4; now every card is refused with that reason, whatever modelopt is installed."""
     monkeypatch.setattr("diffmeter.optimize.base.importable", lambda module: True)
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: version)
     (modelopt,) = build(optimization_specs([f"modelopt:{kind}"]))
     entry = resolve("tiny-flux")
     with FakeCuda(own="cuda:1", capability=capability):
         reason = modelopt.supports(Target(entry, get_family(entry.family), torch.device("cuda", 1), "bfloat16", 2))
-    assert says in reason
+    assert "mtq.compress(module)" in reason and "on any device" in reason
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype", "says"),
+    [
+        ("torchao:float8dq-row", "float16", "quantizes per row only bfloat16 weights"),
+        ("torchao:int4wo", "float32", "mslk's bf16i4bf16 kernel, bfloat16 activations only"),
+    ],
+)
+def test_torchaos_bfloat16_only_types_are_refused_at_other_dtypes_on_a_gpu(monkeypatch, value, dtype, says):
+    """torchao asserts bfloat16 weights for per-row float8 (quant_api.py:1237-1242) and int4's kernel takes bfloat16
+    activations: on an H100 at another dtype the load (or first forward) failed after the checks let it through."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "mslk" else find_spec(name, *a)
+    )
+    (technique,) = build(optimization_specs([value]))
+    entry = resolve("tiny-flux")
+    with FakeCuda(own="cuda:1", capability=(9, 0)):
+        at = {d: Target(entry, get_family(entry.family), torch.device("cuda", 1), d, 2) for d in (dtype, "bfloat16")}
+        assert says in technique.cannot_run(at[dtype]) and "add --dtype bfloat16" in technique.cannot_run(at[dtype])
+        assert technique.cannot_run(at["bfloat16"]) is None
+
+
+def test_quanto_int4_at_bfloat16_is_refused_on_a_gpu_too(tmp_path):
+    """diffusers quantizes each layer on the CPU as it loads it (no device_map), where torch packs tinygemm's int4
+    only in output rows of 16: tiny-sana's 8-row embedder failed a CUDA run's load as it fails a CPU run's."""
+    (quanto,) = build(optimization_specs(["quanto:int4"]))
+    entry = resolve("tiny-sana")
+    with FakeCuda(own="cuda:1", capability=(9, 0)):
+        reason = quanto.supports(Target(entry, get_family(entry.family), torch.device("cuda", 1), "bfloat16", 2))
+    assert "transformer.time_embed.emb.timestep_embedder.linear_1 has 8" in reason and "on the CPU" in reason

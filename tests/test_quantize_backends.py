@@ -170,6 +170,21 @@ def test_the_denoiser_loads_quantized_and_the_rest_does_not(model, value, layer,
             assert {type(p).__name__ for p in component.parameters()} == {"Parameter"}, name
 
 
+def test_torchao_at_load_leaves_inductor_settings_as_it_found_them():
+    """torchao's transforms set its recommended inductor flags process-wide as diffusers loads the component
+    (quant_api.py:783): nothing put them back, so a later compiled run in the process inherited them."""
+    import torch._inductor.config as inductor
+
+    before = inductor.get_config_copy()
+    t = target("tiny-flux")
+    (technique,) = build(optimization_specs(["torchao:int8wo"]))
+    configs = technique.load_configs(t)
+    load_pipeline(t.entry, locate_weights(t.entry, False), t.device, "float32", quantization=configs)
+    assert inductor.get_config_copy() != before
+    technique.restore(None, t)
+    assert inductor.get_config_copy() == before
+
+
 def test_a_text_encoder_is_quantized_by_transformers_own_config():
     pipe = loaded("tiny-sd", "text_encoder=torchao:int8wo")
     linears = [m for m in pipe.text_encoder.modules() if isinstance(m, torch.nn.Linear)]

@@ -130,7 +130,8 @@ BACKENDS = {
             ("fp8", "int8", "int4", "nf4", "nvfp4"),
             "modelopt",
             "modelopt",
-            "NVIDIA ModelOpt weights at load (NVIDIAModelOptConfig, weight-only)",
+            "NVIDIA ModelOpt weights at load (NVIDIAModelOptConfig, weight-only); refused on every device: "
+            "diffusers 0.42.1 leaves its layers unconverted",
         ),
     )
 }

@@ -34,9 +34,12 @@ class SingleFile:
 
 @dataclass(frozen=True)
 class Folder:
-    """A component's pre-quantized folder: its config.json holds the ``quantization_config`` diffusers loads it by."""
+    """A component's pre-quantized folder: its config.json holds the ``quantization_config`` diffusers loads it by;
+    ``device_map``: the device ``from_pretrained`` loads it on, for a quantizer that picks its layers by it (None:
+    diffusers' default, the CPU)."""
 
     path: Path
+    device_map: str | None = None
 
 
 def pretrained_arguments(root: Path, configs: dict[str, Any], torch_dtype) -> dict[str, Any]:
@@ -78,8 +81,9 @@ def from_folder(name: str, folder: Folder, root: Path, dtype: torch.dtype):
     import diffusers
 
     class_name = json.loads((root / name / "config.json").read_text())["_class_name"]
+    placed = {"device_map": folder.device_map} if folder.device_map else {}
     with quiet_libraries():
-        return getattr(diffusers, class_name).from_pretrained(str(folder.path), torch_dtype=dtype)
+        return getattr(diffusers, class_name).from_pretrained(str(folder.path), torch_dtype=dtype, **placed)
 
 
 def quantize_built(pipe, configs: dict[str, Any], dtypes: dict[str, torch.dtype]) -> None:

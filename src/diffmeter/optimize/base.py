@@ -192,3 +192,19 @@ def denoisers(pipe, target: Target) -> list[torch.nn.Module]:
     a technique on "the denoiser" applies to each, or half the steps would run without it."""
     names = target.family.denoisers(target.entry)
     return [getattr(pipe, name) for name in names if getattr(pipe, name, None) is not None]
+
+
+class KeepsInductorFlags:
+    """Mixed into a technique that changes inductor's process-wide flags (compile's, torchao's transforms):
+    ``keep_inductor_flags`` before the change, and ``restore`` puts them back."""
+
+    def keep_inductor_flags(self) -> None:
+        import torch._inductor.config as inductor
+
+        self._inductor = inductor.get_config_copy()
+
+    def restore(self, pipe, target: Target) -> None:
+        import torch._inductor.config as inductor
+
+        if hasattr(self, "_inductor"):
+            inductor.load_config(self._inductor)

@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from diffmeter.optimize.base import Optimization, Target
+from diffmeter.optimize.base import KeepsInductorFlags, Optimization, Target
 from diffmeter.optimize.registry import register
 from diffmeter.pipelines import build_component, component_class
 from diffmeter.predict.compiled_time import CUDA_GRAPH_MODES
@@ -51,7 +51,7 @@ class Config(BaseModel):
 
 
 @register
-class Compile(Optimization):
+class Compile(KeepsInductorFlags, Optimization):
     name = "compile"
     kind = "compile"
     lossless = True
@@ -110,7 +110,7 @@ class Compile(Optimization):
     def apply(self, pipe, target: Target) -> None:
         import torch._inductor.config as inductor
 
-        self._inductor = inductor.get_config_copy()
+        self.keep_inductor_flags()
         if self.config.inductor_flags:
             for flag, value in DIFFUSION_INDUCTOR_FLAGS.items():
                 setattr(inductor, flag, value)
@@ -152,10 +152,7 @@ class Compile(Optimization):
     def restore(self, pipe, target: Target) -> None:
         """Put the inductor settings back and drop compiled code: a later run in this process
         compiles afresh instead of hitting dynamo's recompile limit and running eagerly."""
-        import torch._inductor.config as inductor
-
-        if hasattr(self, "_inductor"):
-            inductor.load_config(self._inductor)
+        super().restore(pipe, target)
         torch._dynamo.reset()
 
 

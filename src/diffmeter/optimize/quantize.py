@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from diffmeter.optimize.base import Optimization, Target
+from diffmeter.optimize.base import KeepsInductorFlags, Optimization, Target
 from diffmeter.optimize.registry import register
 from diffmeter.quantization_spec import DENOISER
 from diffmeter.quiet import quiet_import
@@ -22,7 +22,7 @@ class Config(BaseModel):
 
 
 @register
-class Quantize(Optimization):
+class Quantize(KeepsInductorFlags, Optimization):
     name = "quantize"
     kind = "quantization"
     lossless = False
@@ -64,9 +64,7 @@ class Quantize(Optimization):
         with quiet_import():
             from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
 
-        import torch._inductor.config as inductor
-
-        self._inductor = inductor.get_config_copy()  # torchao sets its recommended inductor flags globally
+        self.keep_inductor_flags()  # torchao sets its recommended inductor flags globally
         config = Int8WeightOnlyConfig() if self.config.weights == "int8" else Float8WeightOnlyConfig()
         for name in self.components(target):
             module = getattr(pipe, name)
@@ -75,12 +73,6 @@ class Quantize(Optimization):
                 module.to(target.device)  # what quantize_ does not touch: norms, embeddings, convolutions
             else:
                 quantize_(module, config)
-
-    def restore(self, pipe, target: Target) -> None:
-        import torch._inductor.config as inductor
-
-        if hasattr(self, "_inductor"):
-            inductor.load_config(self._inductor)
 
     def label(self) -> str:
         return f"quantize-{self.config.weights}"

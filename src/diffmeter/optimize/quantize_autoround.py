@@ -4,17 +4,20 @@ it; diffusers only loads such folders (quantizers/autoround/autoround_quantizer.
 ValueError). TYPE is the folder's integer weights, ``int{bits}`` (W2A16 to W8A16, groups of ``group_size``).
 
 Where it runs, from diffusers 0.42.1 and auto-round 0.16.1 (auto_round/inference/): diffusers hands auto-round the
-``device_map`` (None from ``from_pretrained`` without one: "cpu", convert_model.py:605-628), whose layers for that
-device it picks by priority (backend.py:1241-1276): on a CPU without auto-round-lib, ``auto_round:torch_zp`` for
-auto-round's default GPTQ packing and ``auto_round:torch`` otherwise (backend.py:475-503: cpu, cuda and xpu; 2 to 8
-bits; in and out features multiples of 32), plain torch that unpacks and dequantizes each weight in every call
-(auto_round_extension/torch/qlinear_torch_zp.py:306-380). Those layers compute in float16 or bfloat16 only: for any
-other dtype ``post_init`` casts the loaded model (convert_model.py:800-817), which diffusers refuses for a quantized
-model (models/modeling_utils.py:1618, "Casting a quantized model to a new `dtype` is unsupported": run here with
-float32)."""
+``device_map`` (None from ``from_pretrained`` without one: "cpu", convert_model.py:604-627), whose layers for that
+device it picks by priority (backend.py:1241-1276). On CUDA the component is loaded with the run's device as its
+``device_map``, as diffusers' AutoRound guide loads it (``device_map="cuda"``), so auto-round picks its CUDA layers
+(Triton, Marlin with gptqmodel) rather than the CPU's moved to the GPU. On a CPU without auto-round-lib,
+``auto_round:torch_zp`` for auto-round's default GPTQ packing and ``auto_round:torch`` otherwise
+(backend.py:475-503: cpu, cuda and xpu; 2 to 8 bits; in and out features multiples of 32), plain torch that unpacks
+and dequantizes each weight in every call (auto_round_extension/torch/qlinear_torch_zp.py:306-380). Those layers
+compute in float16 or bfloat16 only: for any other dtype ``post_init`` casts the loaded model
+(convert_model.py:801-816), which diffusers refuses for a quantized model (models/modeling_utils.py:1618, "Casting a
+quantized model to a new `dtype` is unsupported": run here with float32)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -23,6 +26,7 @@ from diffmeter.optimize.base import Target
 from diffmeter.optimize.quantize_at_load import QuantizedFolder
 from diffmeter.optimize.registry import register
 from diffmeter.quantization_spec import BACKENDS
+from diffmeter.quantized_loading import Folder
 
 #: the dtypes auto-round's torch layers compute in (inference/backend.py:479, :494 ``compute_dtype``)
 COMPUTE_DTYPES = ("bfloat16", "float16")
@@ -84,3 +88,8 @@ class AutoRound(QuantizedFolder):
                 f"{path.name} holds AutoRound {found} weights, not {self.config.type}: say --quantize autoround:{found}"
             )
         return None
+
+    def config_for(self, target: Target, transformers: bool):
+        """The folder, on the run's CUDA device where it runs on one (module docstring)."""
+        on_gpu = str(target.device) if target.device.type == "cuda" else None
+        return Folder(Path(self.config.file).expanduser(), device_map=on_gpu)

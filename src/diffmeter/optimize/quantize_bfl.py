@@ -5,8 +5,8 @@ the quantizer no state dict to find the layers by, bfl_quantizer.py:132-134). A 
 weight comes with a ``weight_scale``; nvfp4 when a ``weight_scale_2`` comes too (bfl_quantizer.py:63-85).
 
 It runs on a CPU: diffusers needs only accelerate (bfl_quantizer.py:49-53) and dequantizes the weight to the compute
-dtype in each forward where no fused kernel runs (bfl/utils.py:345-346, :393-394): fp8 GEMMs through
-``torch._scaled_mm`` on CUDA 8.9+ (:327-343), nvfp4 through FlashInfer on Blackwell (:370-391)."""
+dtype in each forward where no fused kernel runs (bfl/utils.py:192-193, :240-241): fp8 GEMMs through
+``torch._scaled_mm`` on CUDA 8.9+ (:175-190), nvfp4 through FlashInfer on Blackwell (:218-238)."""
 
 from __future__ import annotations
 

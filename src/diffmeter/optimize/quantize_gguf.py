@@ -1,7 +1,8 @@
 """GGUF single files (``--quantize gguf:TYPE --weights FILE.gguf``): the component's weights read from a
 pre-quantized file by the model class's ``from_single_file`` with ``GGUFQuantizationConfig(compute_dtype=<the run's
 dtype>)``, its config from the pipeline's folder. Blocks are dequantized in each matmul in PyTorch (diffusers'
-gguf/utils.py), so it runs on a CPU; on CUDA diffusers uses the ggml kernels when the ``kernels`` package has them.
+gguf/utils.py), so it runs on a CPU, and so on CUDA too by default: diffusers uses the ggml CUDA kernels only with
+``DIFFUSERS_GGUF_CUDA_KERNELS=true``, the ``kernels`` package and trusted remote kernels (gguf/utils.py:34-51).
 
 TYPE names the file's quantization as its name says (Q4_K_M, Q8_0 ...); the file's most common quantized tensor
 type must be TYPE's (Q4_K for Q4_K_M), or the run is refused before loading."""

@@ -6,12 +6,12 @@ AWQ W4A16 layers beside them), or awq-int4 for a folder of AWQ W4A16 layers only
 
 Where it runs, from diffusers 0.42.1 (quantizers/nunchaku/): the ``kernels`` package (nunchaku_quantizer.py:25-29),
 a CUDA GPU (:32-34), not Hopper (:38-39), Blackwell for nvfp4 (:49-50), Turing or newer for int4 (:51-52); its
-kernels are downloaded from the Hub (rootonchair/nunchaku-lite-kernels, utils.py:109-125), which diffusers allows
-only with ``DIFFUSERS_TRUST_REMOTE_KERNELS=true`` (utils.py:116-120)."""
+kernels are downloaded from the Hub (rootonchair/nunchaku-lite-kernels, utils.py:20-41), which diffusers allows
+only with ``DIFFUSERS_TRUST_REMOTE_KERNELS=true`` and ``DIFFUSERS_DISABLE_REMOTE_CODE`` unset (utils.py:27-31, read once
+at import into utils/constants.py:63-66): the refusal reads diffusers' own flag."""
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 import torch
@@ -76,10 +76,13 @@ class Nunchaku(QuantizedFolder):
         reason = self.cannot_run(target) or self.folder_refusal(target)
         if reason:
             return reason
-        if os.environ.get(TRUST, "false").upper() not in ("1", "ON", "YES", "TRUE"):
+        from diffusers.utils import constants
+
+        if not constants.DIFFUSERS_TRUST_REMOTE_KERNELS:
+            disabled = " and unset DIFFUSERS_DISABLE_REMOTE_CODE" if constants.DIFFUSERS_DISABLE_REMOTE_CODE else ""
             return (
                 "diffusers downloads Nunchaku Lite's kernels from the Hub (rootonchair/nunchaku-lite-kernels, not a "
-                f"trusted publisher) only when allowed: set {TRUST}=true"
+                f"trusted publisher) only when allowed: set {TRUST}=true{disabled}"
             )
         return super().supports(target)
 

@@ -48,10 +48,12 @@ class Quanto(QuantizeAtLoad):
             return QuantoConfig(weights_dtype=self.config.type)
 
     def cannot_run(self, target: Target) -> str | None:
-        """int4 at bfloat16 on a CPU: quanto packs each 2-D weight in groups of 128 for tinygemm
-        (optimum/quanto/tensor/weights/qbits.py:111-121, whatever its shape), which torch packs on a CPU only for
-        output rows in multiples of ``TINYGEMM_CPU_ROWS``: a layer with others would end the load in a traceback."""
-        if self.config.type != "int4" or target.device.type != "cpu" or target.dtype != "bfloat16":
+        """int4 at bfloat16, on any device: diffusers quantizes each layer as it loads it, on the CPU without a
+        ``device_map`` (quantizers/quanto/quanto_quantizer.py:115-116; models/model_loading_utils.py:141-142), where
+        quanto packs each 2-D weight in groups of 128 for tinygemm (optimum/quanto/tensor/weights/qbits.py:111-121,
+        whatever its shape), which torch packs on a CPU only for output rows in multiples of ``TINYGEMM_CPU_ROWS``
+        (tinygemm/packed.py:55-56): a layer with others would end the load in a traceback, a CUDA run's too."""
+        if self.config.type != "int4" or target.dtype != "bfloat16":
             return None
         for name in self.components(target):
             module = meta_module(target.entry.components[name], torch.bfloat16)
@@ -60,8 +62,8 @@ class Quanto(QuantizeAtLoad):
                 packed = isinstance(linear, torch.nn.Linear) and quanto_group(linear.in_features) == 128
                 if packed and f"{layer}.weight" in quantized and linear.out_features % TINYGEMM_CPU_ROWS:
                     return (
-                        f"quanto int4 at bfloat16 packs weights for tinygemm, which a CPU takes only in output rows "
-                        f"of {TINYGEMM_CPU_ROWS}: {name}.{layer} has {linear.out_features}; run --dtype float32 "
-                        "(quanto's unpacked int4), or quanto:int8"
+                        f"quanto int4 at bfloat16 packs weights for tinygemm as diffusers loads them, on the CPU, "
+                        f"which takes only output rows in multiples of {TINYGEMM_CPU_ROWS}: {name}.{layer} has "
+                        f"{linear.out_features}; run --dtype float32 (quanto's unpacked int4), or quanto:int8"
                     )
         return None

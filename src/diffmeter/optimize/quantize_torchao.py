@@ -1,7 +1,11 @@
 """torchao at load time (``--quantize torchao:TYPE``): diffusers' ``TorchAoConfig`` (transformers' for a text
 encoder) with the torchao config each name stands for. diffusers 0.42.1's ``TorchAoConfig`` takes only an
-``AOBaseConfig`` instance (quantizers/quantization_config.py:585-611); the names are the ones earlier diffusers took as
-strings: int8wo, int4wo, float8wo, float8dq (per tensor or per row)."""
+``AOBaseConfig`` instance (quantizers/quantization_config.py:609-628); the names are the ones earlier diffusers took as
+strings: int8wo, int4wo, float8wo, float8dq (per tensor or per row).
+
+torchao 0.18's transforms set its recommended inductor flags process-wide as they quantize (quantization/
+quant_api.py:783, :1108, :1338, ``recommended_inductor_config_setter``), at load here: the flags found before loading
+are put back after the run (``restore``), as the older ``--quantize`` does after its ``quantize_``."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from diffmeter.optimize.base import Target
+from diffmeter.optimize.base import KeepsInductorFlags, Target
 from diffmeter.optimize.quantize_at_load import QuantizeAtLoad
 from diffmeter.optimize.registry import register
 from diffmeter.quantization_spec import BACKENDS
@@ -25,8 +29,18 @@ class Config(BaseModel):
     components: list[str] = []
 
 
+#: the types torchao 0.18 takes only at bfloat16, and why
+BFLOAT16_ONLY = {
+    # quant_api.py:1237-1242: "PerRow quantization only works for bfloat16 precision input weight", asserted at load
+    "float8dq-row": "quantizes per row only bfloat16 weights (torchao asserts it as it loads)",
+    # Int4Tensor's linear is mslk's bf16i4bf16_rowwise (quantize_/workflows/int4/int4_tensor.py:224-230), which takes
+    # bfloat16 activations; diffusers warns that its integer types support bfloat16 only (torchao_quantizer.py:221-227)
+    "int4wo": "multiplies with mslk's bf16i4bf16 kernel, bfloat16 activations only",
+}
+
+
 @register
-class TorchAo(QuantizeAtLoad):
+class TorchAo(KeepsInductorFlags, QuantizeAtLoad):
     name = "torchao"
     summary = BACKENDS["torchao"].summary
     Config = Config
@@ -48,6 +62,8 @@ class TorchAo(QuantizeAtLoad):
                 )
             if torch.cuda.is_available() and torch.cuda.get_device_capability(target.device) < (8, 9):
                 return "torchao's float8 dynamic activations need compute capability 8.9 or newer (Ada, Hopper)"
+        if kind in BFLOAT16_ONLY and target.dtype != "bfloat16":
+            return f"torchao:{kind} {BFLOAT16_ONLY[kind]}: add --dtype bfloat16"
         return None
 
     def config_for(self, target: Target, transformers: bool):
@@ -72,3 +88,8 @@ class TorchAo(QuantizeAtLoad):
         else:
             from diffusers import TorchAoConfig
         return TorchAoConfig(quant_type=made)
+
+    def load_configs(self, target: Target) -> dict:
+        """The configs, with the inductor flags as they are before the loader quantizes (module docstring)."""
+        self.keep_inductor_flags()
+        return super().load_configs(target)
