@@ -124,6 +124,21 @@ def test_two_backends_on_one_component_are_refused_before_loading():
             check(build(optimization_specs(values)), t)
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        OptimizationSpec(name="quanto", params={"type": "int8", "components": ["unet"]}),
+        OptimizationSpec(name="quantize", params={"weights": "int8", "components": ["unet"]}),
+    ],
+)
+def test_a_component_the_model_lacks_is_refused_naming_the_ones_it_has(spec):
+    """bench said "it has no component unet" and stopped; profile named the components: both do now."""
+    with pytest.raises(DiffmeterError) as error:
+        check(build([spec]), target("tiny-flux"))
+    said = str(error.value)
+    assert "it has no component unet; its components: transformer, text_encoder, text_encoder_2, vae" in said
+
+
 def test_a_missing_backend_names_its_extra(monkeypatch, tmp_path):
     """An uninstalled package cannot exist here otherwise: find_spec is told gguf is absent."""
     import importlib.util
@@ -194,12 +209,17 @@ def test_a_text_encoder_is_quantized_by_transformers_own_config():
 
 def test_sdnq_keeps_the_tiny_layers_whole_as_its_default_says():
     """SDNQ's minimum_allowed_numel (16384): every linear layer of tiny-flux is smaller, so none is quantized; the
-    run's note says so."""
+    run's note says so in so many words (it said "most layers of a tiny pipeline", and the run read as a lossy
+    technique with a speed-up), and counts what a real model keeps whole."""
     pipe = loaded("tiny-flux", "sdnq:uint4")
     linears = [m for m in pipe.transformer.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(m.weight.numel() < 16384 and m.weight.dtype == torch.float32 for m in linears)
     (sdnq,) = build(optimization_specs(["sdnq:uint4"]))
-    assert "16384" in sdnq.note(target("tiny-flux"))
+    assert sdnq.note(target("tiny-flux")) == (
+        f"sdnq quantizes none of the {len(linears)} linear and convolution layers here (its rules keep those under "
+        "16384 weights or 32 channels whole): this run measures the unquantized pipeline"
+    )
+    assert sdnq.note(target("flux-dev")).startswith("sdnq keeps 11 of 504 linear and convolution layers whole")
 
 
 def test_a_gguf_file_loads_through_from_single_file(tmp_path):

@@ -181,8 +181,8 @@ def print_predicted(
     untimed = [said for said, _ in left_out]
     withheld = [None if time is None else without_untimed(time, left_out) for time in times]
     why_none = [
-        f"{'; '.join(untimed)}: left out of the time; it can make the run faster than the bounds of the pipeline "
-        "without it (other kernels, fewer bytes or calls), so no range, bound or energy is given"
+        f"{'; '.join(untimed)}: left out of the time; the bounds of the pipeline without it do not bound this run "
+        "(other kernels, bytes or calls), so no range, bound or energy is given"
         if time is not None and kept is None
         else None
         for time, kept in zip(times, withheld, strict=True)

@@ -194,6 +194,14 @@ def denoisers(pipe, target: Target) -> list[torch.nn.Module]:
     return [getattr(pipe, name) for name in names if getattr(pipe, name, None) is not None]
 
 
+def unknown_components(target: Target, names: list[str]) -> str | None:
+    """Why ``names`` cannot be this model's components (naming the ones it has), or None where all are."""
+    unknown = [name for name in names if name not in target.entry.components]
+    if not unknown:
+        return None
+    return f"it has no component {', '.join(unknown)}; its components: {', '.join(target.entry.components)}"
+
+
 class KeepsInductorFlags:
     """Mixed into a technique that changes inductor's process-wide flags (compile's, torchao's transforms):
     ``keep_inductor_flags`` before the change, and ``restore`` puts them back."""

@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from diffmeter.optimize.base import KeepsInductorFlags, Optimization, Target
+from diffmeter.optimize.base import KeepsInductorFlags, Optimization, Target, unknown_components
 from diffmeter.optimize.registry import register
 from diffmeter.pipelines import build_component, component_class
 from diffmeter.predict.compiled_time import CUDA_GRAPH_MODES
@@ -68,9 +68,8 @@ class Compile(KeepsInductorFlags, Optimization):
 
     def supports(self, target: Target) -> str | None:
         names = self.components(target)
-        unknown = [name for name in names if name not in target.entry.components]
-        if unknown:
-            return f"it has no component {', '.join(unknown)} (it has {', '.join(target.entry.components)})"
+        if reason := unknown_components(target, names):
+            return reason
         if self.config.regional:
             for name in names:
                 cls = component_class(target.entry.components[name].class_name)

@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from diffmeter.optimize.base import KeepsInductorFlags, Optimization, Target
+from diffmeter.optimize.base import KeepsInductorFlags, Optimization, Target, unknown_components
 from diffmeter.optimize.registry import register
 from diffmeter.quantization_spec import DENOISER
 from diffmeter.quiet import quiet_import
@@ -37,9 +37,8 @@ class Quantize(KeepsInductorFlags, Optimization):
         return list(dict.fromkeys(n for name in names for n in (denoisers if name == DENOISER else [name])))
 
     def supports(self, target: Target) -> str | None:
-        unknown = [name for name in self.components(target) if name not in target.entry.components]
-        if unknown:
-            return f"it has no component {', '.join(unknown)}"
+        if reason := unknown_components(target, self.components(target)):
+            return reason
         if self.config.weights == "fp8":
             if target.device.type != "cuda":
                 return f"fp8 weights need a GPU with FP8 tensor cores; this run is on {target.device.type}"

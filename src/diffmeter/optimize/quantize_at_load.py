@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
-from diffmeter.optimize.base import Optimization, Target
+from diffmeter.optimize.base import Optimization, Target, unknown_components
 from diffmeter.pipelines import component_class
 from diffmeter.quantization_spec import BACKENDS, DENOISER
 from diffmeter.quantized_loading import Folder
@@ -43,9 +43,8 @@ class QuantizeAtLoad(Optimization):
         return None
 
     def supports(self, target: Target) -> str | None:
-        unknown = [name for name in self.components(target) if name not in target.entry.components]
-        if unknown:
-            return f"it has no component {', '.join(unknown)}"
+        if reason := unknown_components(target, self.components(target)):
+            return reason
         reason = self.cannot_run(target)
         if reason or self.missing_package():
             return reason

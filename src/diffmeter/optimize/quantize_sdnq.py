@@ -7,13 +7,19 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict
 
 from diffmeter.optimize.base import Target
 from diffmeter.optimize.quantize_at_load import QuantizeAtLoad
 from diffmeter.optimize.registry import register
+from diffmeter.predict.footprints import meta_module
+from diffmeter.predict.quantized_formats import stored_tensors
 from diffmeter.quantization_spec import BACKENDS
 from diffmeter.quiet import quiet_import
+
+#: the layers whose weights SDNQ considers (the rest are norms, embeddings and biases it leaves whole)
+LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 
 
 class Config(BaseModel):
@@ -38,4 +44,19 @@ class Sdnq(QuantizeAtLoad):
             return SDNQConfig(weights_dtype=self.config.type)
 
     def note(self, target: Target) -> str | None:
-        return "sdnq keeps layers under 16384 weights unquantized (its default; most layers of a tiny pipeline)"
+        """How many layers SDNQ's own rules leave whole here (``predict.quantized_formats.sdnq_tensors``: under 16384
+        weights or 32 channels, its skip keys): on a tiny pipeline, all of them."""
+        kept = total = 0
+        for name in self.components(target):
+            module = meta_module(target.entry.components[name], torch.float32)
+            layers = {f"{n}.weight" for n, m in module.named_modules() if isinstance(m, LAYERS)}
+            found = [t for t in stored_tensors(module, "sdnq", self.config.type, torch.float32) if t.name in layers]
+            total += len(found)
+            kept += sum(not t.quantized for t in found)
+        if kept == total:
+            return (
+                f"sdnq quantizes none of the {total} linear and convolution layers here (its rules keep those under "
+                "16384 weights or 32 channels whole): this run measures the unquantized pipeline"
+            )
+        why = "under 16384 weights or 32 channels, or its skip keys"
+        return f"sdnq keeps {kept} of {total} linear and convolution layers whole ({why})" if kept else None

@@ -120,11 +120,13 @@ def stored_tensors(
         return [Stored(*found) for found in bfl_tensors(module, kind, dtype, gguf)]
     if backend == "nunchaku":  # ``gguf``: a Nunchaku Lite folder's quantization_config
         if gguf is None:
-            raise ValueError("the layers a Nunchaku Lite folder quantizes are its config's targets: give --weights DIR")
+            raise ValueError(
+                "the layers a Nunchaku Lite folder quantizes are its config's targets, known only from the folder"
+            )
         return [Stored(*found) for found in nunchaku_tensors(module, dtype, gguf)]
     if backend == "autoround":  # ``gguf``: an AutoRound folder's quantization_config
         if gguf is None:
-            raise ValueError("the layers an AutoRound folder quantizes are its config's: give --weights DIR")
+            raise ValueError("the layers an AutoRound folder quantizes are its config's, known only from the folder")
         return [Stored(*found) for found in autoround_tensors(module, dtype, gguf)]
     patterns = None if after_loading else transformers_skips(module)
     skip = keep_fp32(module) if patterns is None and not after_loading else []

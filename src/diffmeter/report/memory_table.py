@@ -153,6 +153,12 @@ def fit_table(
             f"{prediction.peak_stage} ({gib(sum(prediction.component_param_bytes.values()))} of parameters and "
             f"buffers) is over the {gib(usable)} left of {gib(gpu.memory_bytes)}."
         )
+    else:  # the settings a fitting run adds memory techniques to are left out (predict.techniques.fitting)
+        lines.append(
+            f"As is ({prediction.dtype}) it fits, so the settings that only save memory (offload, tiling, slicing, "
+            "the quantized formats but fp8 matmuls) are not listed: each only costs time here; profile --gpu with "
+            "--quantize BACKEND:TYPE or --offload predicts one."
+        )
     if fitting is not None and fitting > len(rows):
         lines.append(f"{fitting - len(rows)} more settings fit: --all-settings lists them (--json holds all).")
     if held_back:
@@ -176,9 +182,10 @@ def fit_table(
     if expected:
         lines.append(
             "Expected: the calibrated range with every technique of the setting (compile, first-block-cache, a timed "
-            "format, offloading's transfers at their fitted rates), the rows ranked by its midpoint; compile and "
-            "first-block-cache keep their memory setting's peak (CUDA graphs' pool and the cache's kept activations "
-            "not counted); each technique's time is held out alone on published runs, their combinations are not."
+            "format, offloading's transfers at their fitted rates), the rows ranked by its geometric midpoint; compile "
+            "and first-block-cache keep their memory setting's peak (CUDA graphs' pool and the cache's kept "
+            "activations not counted); each technique's time is held out alone on published runs, their "
+            "combinations are not."
         )
         if claims:
             lines.append(escape(f"Held out: {'; '.join(claims)}."))
