@@ -91,7 +91,7 @@ def test_show_says_where_the_measured_median_lies_against_the_expected_range(pre
 
     result, _ = predicted_run
     latency = result.summary.latency_s
-    bounds = f"({units.seconds(latency.ci_low)} to {units.seconds(latency.ci_high)})"
+    bounds = f"({units.seconds_range(latency.ci_low, latency.ci_high)})"
     inside = against_expected(result, (latency.median / 2, latency.median * 2))
     assert (
         inside == f", inside the expected range; its {100 * latency.ci_level:.0f}% interval {bounds} overlaps the range"

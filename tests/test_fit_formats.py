@@ -65,11 +65,14 @@ def test_float8_formats_only_on_cards_with_fp8_tensor_cores(flux):
 
 def test_benchs_own_check_lets_the_formats_through_on_cuda():
     """Each format as bench is asked for it (memory_setting_specs): bench's refusals before loading find none on a
-    CUDA GPU; a GGUF setting is checked without its file (the user's download)."""
+    CUDA GPU at bfloat16 (FLUX's own); a GGUF setting is checked without its file (the user's download). At float32
+    per-row float8 alone is refused: torchao quantizes per row only bfloat16 weights."""
     entry = resolve("tiny-flux")
-    spec = ProfileSpec(model="tiny-flux").with_defaults(entry.defaults)
     chosen = [(technique(*found), "offload-model") for found in FIT_FORMATS] + [("quantize-bnb-nf4", "vae-tiling")]
+    spec = ProfileSpec(model="tiny-flux", dtype="bfloat16").with_defaults(entry.defaults)
     assert refusals(chosen, entry, spec) == []
+    spec = ProfileSpec(model="tiny-flux", dtype="float32").with_defaults(entry.defaults)
+    assert [found for found, _ in refusals(chosen, entry, spec)] == [("quantize-torchao-float8dq-row", "offload-model")]
 
 
 def test_on_this_cpu_bench_refuses_offloading_and_cuda_only_formats_and_fit_says_so(cli):

@@ -285,6 +285,12 @@ def test_long_times_read_in_minutes_and_hours():
 
     assert units.seconds(29_858) == "8.29 h" and units.seconds(424) == "7.07 min"
     assert units.seconds(119.5) == "119.500 s" and units.seconds(0.5) == "500.00 ms"
+    # a range in one unit, its larger end's: "97.816 s to 2.59 min" read as two scales (a new user's finding)
+    assert units.seconds_range(97.816, 155.4) == "1.63 min to 2.59 min"
+    assert (
+        units.seconds_range(0.5, 12.25) == "0.500 s to 12.250 s"
+        and units.seconds_range(0.5, 0.9) == "500.00 ms to 900.00 ms"
+    )
 
 
 def test_a_stored_prediction_names_a_family_whose_memory_is_not_yet_checked():

@@ -71,6 +71,16 @@ def seconds(value: float) -> str:
     return f"{value * 1e3:,.2f} ms" if abs(value) >= 1e-3 or value == 0 else f"{value * 1e6:,.2f} µs"
 
 
+def seconds_range(low: float, high: float) -> str:
+    """A range of seconds in one unit, the one ``seconds`` gives its larger end ("97.82 s to 155.40 s" reads as a
+    range; "97.816 s to 2.59 min" does not)."""
+    top = max(abs(low), abs(high))
+    for floor, scale, unit, form in ((7200, 3600, "h", ",.2f"), (120, 60, "min", ",.2f"), (1, 1, "s", ",.3f")):
+        if top >= floor:
+            return f"{low / scale:{form}} {unit} to {high / scale:{form}} {unit}"
+    return f"{seconds(low)} to {seconds(high)}"
+
+
 def joules(value: float) -> str:
     return _scaled(value, "J")
 

@@ -205,6 +205,6 @@ def offload_line(offload: OffloadTime) -> str:
     return (
         f"{offload.technique}: {units.gib(offload.moved_bytes)} moved per generation over the "
         f"{offload.link or 'host link'} ({offload.link_bytes_per_s / 1e9:g} GB/s per direction on its datasheet) at "
-        f"{low:.1%} to {high:.1%} of that rate ({offload.memory} host memory): {units.seconds(offload.transfer_s[0])} "
-        f"to {units.seconds(offload.transfer_s[1])}, {how} in the expected time; {offload.calibration}"
+        f"{low:.1%} to {high:.1%} of that rate ({offload.memory} host memory): "
+        f"{units.seconds_range(*offload.transfer_s)}, {how} in the expected time; {offload.calibration}"
     )

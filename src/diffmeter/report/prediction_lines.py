@@ -137,7 +137,7 @@ def against_expected(result: BenchResult, expected_s: tuple[float, float] | None
         lies = "lies wholly below the range"
     else:
         lies = "overlaps the range"
-    bounds = f"{units.seconds(latency.ci_low)} to {units.seconds(latency.ci_high)}"
+    bounds = units.seconds_range(latency.ci_low, latency.ci_high)
     return f"{place}; its {100 * latency.ci_level:.0f}% interval ({bounds}) {lies}"
 
 

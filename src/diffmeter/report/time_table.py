@@ -14,7 +14,7 @@ STAGE_LABELS = {**STAGE_NAMES, "denoising": "denoising (all steps)"}
 
 
 def expected_range(expected: tuple[float, float] | None) -> str:
-    return f"{units.seconds(expected[0])} to {units.seconds(expected[1])}" if expected else "not calibrated"
+    return units.seconds_range(*expected) if expected else "not calibrated"
 
 
 def optional_seconds(value: float | None) -> str:
