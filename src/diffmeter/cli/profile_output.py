@@ -89,6 +89,7 @@ def print_predicted(
     from diffmeter.predict.timed_techniques import HELD_OUT as TECHNIQUES_HELD_OUT
     from diffmeter.predict.timed_techniques import TIME_ONLY, timed_work, without_untimed
     from diffmeter.predict.vae_decode import VAE_MODES
+    from diffmeter.runs.fit_speedups import FP8_TEXT_ENCODER_UNTIMED
 
     legacy, formats = split_values(flags.get("quantize"))  # BACKEND:TYPE formats: their stored bytes, no file needed
     asked = from_flags(**{**flags, "quantize": legacy})
@@ -174,7 +175,11 @@ def print_predicted(
     # ("label: why", whether it can make the run faster) of each technique the time leaves out; an offload's gap
     # already reads "offload-model: why", and its transfers can only slow the run
     left_out = [
-        (offload_gap, False) if t == offload else (f"{t}: {untimed_format(t, formats)}", True)
+        (offload_gap, False)
+        if t == offload
+        else (FP8_TEXT_ENCODER_UNTIMED, False)  # its casts only add work: as fit bounds it
+        if t == "fp8-text-encoder"
+        else (f"{t}: {untimed_format(t, formats)}", True)
         for t in techniques
         if t not in timed
     ] + [(said, True) for said in time_untimed]  # compile, attention kernels, caches: all speed-ups

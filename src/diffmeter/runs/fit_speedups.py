@@ -30,6 +30,12 @@ COMBINATIONS = (
 )
 
 
+#: why a setting with the fp8 text encoder has a lower bound and no range (``profile --gpu`` says the same)
+FP8_TEXT_ENCODER_UNTIMED = (
+    "fp8-text-encoder: its per-layer upcasts are not timed; they only add work, so the bounds without it hold"
+)
+
+
 @dataclass
 class Timed:
     """A setting's predicted time (``TimePrediction``) where every technique of it is timed, else why not."""
@@ -103,8 +109,8 @@ class SettingWork:
         from diffmeter.predict.vae_decode import VAE_MODES
         from diffmeter.runs.fitting import why_untimed_format
 
-        if "fp8-text-encoder" in chosen:
-            return None, "fp8-text-encoder: its per-layer upcasts are not timed"
+        if "fp8-text-encoder" in chosen:  # its casts only add work: the work without it bounds it (``timed``)
+            return self.of(tuple(t for t in chosen if t != "fp8-text-encoder"))
         base = tuple(t for t in chosen if t in VAE_MODES or t.startswith("quantize-"))
         if base not in self.bases:  # the work without speed-ups, shared by every speed-up of the setting
             modes = tuple(t for t in base if t in VAE_MODES)
@@ -146,6 +152,10 @@ def timed(setting_work: SettingWork, chosen: tuple[str, ...], gpu, tf32: bool = 
     if work is None:
         return Timed(why=why)
     prediction = setting_work.prediction
+    if "fp8-text-encoder" in chosen:  # the setting's work without it, whose bounds hold: the casts only add work
+        time = plain_time(work, prediction, gpu, outputs, tf32)
+        lower = None if time is None else lower_s(time.lower_s, prediction, chosen, gpu.host_link_bytes_per_s)
+        return Timed(why=FP8_TEXT_ENCODER_UNTIMED, lower=lower)
     if why := offload_untimed(chosen, gpu.host_link_bytes_per_s):
         return Timed(why=why, lower=untimed_offload_lower(work, prediction, chosen, gpu, outputs, tf32))
     time = plain_time(work, prediction, gpu, outputs, tf32)
