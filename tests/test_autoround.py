@@ -145,4 +145,4 @@ def test_an_autoround_folder_loads_and_runs_on_its_own_gpu(tmp_path, monkeypatch
         result, run = bench(spec, out=tmp_path / "runs")
     assert_ran_on_its_own_gpu(result, run, cuda)
     assert targets == ["cuda"]  # the layers auto-round chose were for CUDA
-    LEDGER.append(("autoround:int4 on tiny-flux", "covered: auto-round's torch layers run on the fake GPU"))
+    LEDGER.append(("autoround:int4 on tiny-flux", "covered: auto-round's layers for CUDA run on the fake GPU"))

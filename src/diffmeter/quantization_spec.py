@@ -122,7 +122,8 @@ BACKENDS = {
             "auto_round",
             "autoround",
             "Intel AutoRound folders (AutoRoundConfig in config.json): W2/W3/W4/W8A16 integer weights in groups, "
-            "unpacked and dequantized in each matmul by auto-round's torch layers; bfloat16 or float16 runs",
+            "in auto-round's layers for the run's device (on a CPU its torch ones, dequantizing in each matmul); "
+            "bfloat16 or float16 runs",
             folder=True,
         ),
         Backend(

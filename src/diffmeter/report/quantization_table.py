@@ -18,9 +18,9 @@ def backends_table(rows: list[BackendRow]) -> FittedTable:
             Column("install", justify="left", drop=1),
             Column("what it is", justify="left", drop=2),
         ],
-        caption="--quantize int8 | fp8: torchao weight-only after loading, as before (predicted by profile --gpu "
-        "and fit); gguf and bfl read a pre-quantized file (--weights FILE), nunchaku a component folder "
-        "(--weights DIR)",
+        caption="--quantize int8 | fp8: the older names, torchao weight-only applied after loading (predicted by "
+        "profile --gpu and fit); gguf and bfl read a pre-quantized file (--weights FILE), nunchaku and autoround a "
+        "component folder (--weights DIR)",
     )
     for row in rows:
         kinds: dict[str, list[str]] = {}  # reason -> the types it refuses
