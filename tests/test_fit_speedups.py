@@ -182,3 +182,12 @@ def test_a_run_that_fits_says_why_no_memory_saving_setting_is_listed(cli):
     code, out, _ = cli("fit", "tiny-flux", "--gpu", "h100", "--steps", "2")
     said = " ".join(out.split())
     assert "it fits, so the settings that only save memory (offload, tiling, slicing, the quantized formats" in said
+
+
+def test_fit_json_holds_the_generation_as_fitted_beside_as_asked(cli):
+    """--json's settings left height, width and steps null (the model's defaults): a reader had to look them up."""
+    code, out, _ = cli("fit", "flux-dev", "--gpu", "h100", "--json")
+    found = json.loads(out)
+    assert code == 0 and found["settings"]["steps"] is None
+    resolved = found["resolved"]
+    assert (resolved["width"], resolved["height"], resolved["steps"], resolved["dtype"]) == (1024, 1024, 50, "bfloat16")

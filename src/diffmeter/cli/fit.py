@@ -238,6 +238,7 @@ def fit(
             "model": model,
             "device": target.name,  # the table's GPU, or the --memory given
             "settings": dataclasses.asdict(spec),  # the generation fitted; None: the model's default
+            "resolved": dataclasses.asdict(settled),  # the same with those defaults filled in (1024x1024, 50 steps)
             "memory_bytes": target.memory_bytes,
             "held_back_bytes": held,
             "host_link": target.host_link,
