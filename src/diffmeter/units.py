@@ -59,15 +59,16 @@ def params(value: float) -> str:
     return f"{value:,.0f} params"
 
 
+#: (the least magnitude in seconds, seconds per unit, unit, format) of the units from a second up, largest first
+WHOLE_SECONDS = ((7200, 3600, "h", ",.2f"), (120, 60, "min", ",.2f"), (1, 1, "s", ",.3f"))
+
+
 def seconds(value: float) -> str:
     """Seconds, switching to ms below one second and to µs below one millisecond, and to minutes from two
     minutes and hours from two hours (8.29 h reads; 29,858.000 s does not)."""
-    if abs(value) >= 7200:
-        return f"{value / 3600:,.2f} h"
-    if abs(value) >= 120:
-        return f"{value / 60:,.2f} min"
-    if abs(value) >= 1:
-        return f"{value:,.3f} s"
+    for floor, scale, unit, form in WHOLE_SECONDS:
+        if abs(value) >= floor:
+            return f"{value / scale:{form}} {unit}"
     return f"{value * 1e3:,.2f} ms" if abs(value) >= 1e-3 or value == 0 else f"{value * 1e6:,.2f} µs"
 
 
@@ -75,7 +76,7 @@ def seconds_range(low: float, high: float) -> str:
     """A range of seconds in one unit, the one ``seconds`` gives its larger end ("97.82 s to 155.40 s" reads as a
     range; "97.816 s to 2.59 min" does not)."""
     top = max(abs(low), abs(high))
-    for floor, scale, unit, form in ((7200, 3600, "h", ",.2f"), (120, 60, "min", ",.2f"), (1, 1, "s", ",.3f")):
+    for floor, scale, unit, form in WHOLE_SECONDS:
         if top >= floor:
             return f"{low / scale:{form}} {unit} to {high / scale:{form}} {unit}"
     return f"{seconds(low)} to {seconds(high)}"

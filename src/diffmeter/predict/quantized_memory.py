@@ -94,7 +94,7 @@ def with_formats(
             except ValueError as error:
                 raise DiffmeterError(
                     f"--quantize {found.backend}:{found.type} on {name}: {error}; measure it with bench"
-                    + (" --weights DIR" if found.backend in ("nunchaku", "autoround") else "")
+                    + (" --weights DIR" if BACKENDS[found.backend].folder else "")
                 ) from None
         stored[found.technique] = {**stored.get(found.technique, {}), **sizes}  # one type on several components
         dequantized[found.technique] = {**dequantized.get(found.technique, {}), **flights}

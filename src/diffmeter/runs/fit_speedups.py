@@ -152,16 +152,13 @@ def timed(setting_work: SettingWork, chosen: tuple[str, ...], gpu, tf32: bool = 
     if work is None:
         return Timed(why=why)
     prediction = setting_work.prediction
-    if "fp8-text-encoder" in chosen:  # the setting's work without it, whose bounds hold: the casts only add work
-        time = plain_time(work, prediction, gpu, outputs, tf32)
-        lower = None if time is None else lower_s(time.lower_s, prediction, chosen, gpu.host_link_bytes_per_s)
-        return Timed(why=FP8_TEXT_ENCODER_UNTIMED, lower=lower)
-    if why := offload_untimed(chosen, gpu.host_link_bytes_per_s):
+    fp8 = "fp8-text-encoder" in chosen  # ``work`` is the setting's without it: its casts only add work
+    if not fp8 and (why := offload_untimed(chosen, gpu.host_link_bytes_per_s)):
         return Timed(why=why, lower=untimed_offload_lower(work, prediction, chosen, gpu, outputs, tf32))
     time = plain_time(work, prediction, gpu, outputs, tf32)
-    if time is None or time.expected_s is None:  # the bound of the setting's own work and its transfers, if any
+    if fp8 or time is None or time.expected_s is None:  # the bound of the setting's own work and its transfers
         lower = None if time is None else lower_s(time.lower_s, prediction, chosen, gpu.host_link_bytes_per_s)
-        return Timed(why=f"no calibrated range for the {gpu.name}", lower=lower)
+        return Timed(why=FP8_TEXT_ENCODER_UNTIMED if fp8 else f"no calibrated range for the {gpu.name}", lower=lower)
     if offload_of(chosen):
         time = with_offload(time, prediction, chosen, gpu.host_link, gpu.host_link_bytes_per_s)
     return Timed(time=time)
