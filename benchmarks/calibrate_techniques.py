@@ -6,7 +6,9 @@ included, so nothing of the source reaches its prediction.
 Techniques: torch.compile per mode (the figures' ``compile_mode``; "not stated" timed as mode default), attention
 without SDPA's fused kernel (``attention: eager`` in the figure's stack: PyTorch's math path, the score matrix
 materialized), attention through xformers or the flash-attn package (timed as SDPA's flash kernel: the same kernels),
-and a kernel with a measured ratio over it (cuDNN, FlashAttention-3: ``attention_kernels.MEASURED``). Writes
+and a kernel with a measured ratio over it (cuDNN, FlashAttention-3: ``attention_kernels.MEASURED``). Left out,
+each listed with its reason: a figure its note marks unusable, and one compiled with graph breaks (``graph_breaks``:
+the prediction is of the denoiser compiled as one graph). Writes
 benchmarks/results/calibration_techniques.md: per technique, every held-out run and its coverage, midpoint median
 error and range width hi/lo (issue 46's target: >= 80%, <= 15%, <= 1.6), and the speed-up over the same source's
 eager run predicted against the published one (the technique's modelled effect apart from the harness's speed). Run
@@ -49,7 +51,7 @@ def compile_mode(figure: dict) -> str:
 
 def technique_of(figure: dict) -> tuple[str, object] | None:
     """(technique's name, the transform of the figure's work) for an optimized figure this script validates."""
-    if figure["kind"] != "latency" or not figure.get("usable", True):
+    if figure["kind"] != "latency":
         return None
     if "compile" in figure["techniques"]:
         if set(figure["techniques"]) - {"compile"}:
@@ -66,6 +68,17 @@ def technique_of(figure: dict) -> tuple[str, object] | None:
     if attention in MEASURED:  # its ratio over the flash kernel, applied by the run's stack (published_runs)
         return f"attention {attention} (its measured ratio)", lambda work: work
     return "attention xformers / flash-attn (timed as SDPA's flash)", lambda work: work
+
+
+def not_the_technique(figure: dict) -> str | None:
+    """Why a published optimized run is not a run of the technique as ``profile --gpu`` times it (its note marks it
+    unusable; compiled with graph breaks, where the prediction is of one graph), or None."""
+    if not figure.get("usable", True):
+        note = " ".join(str(figure.get("note", "")).split())
+        return "marked not usable: " + note.partition("unusable: ")[2 if "unusable: " in note else 0]
+    if figure.get("graph_breaks"):
+        return " ".join(figure["graph_breaks"].split())
+    return None
 
 
 def gpu_for(found, architecture: str):
@@ -203,6 +216,9 @@ def main() -> int:
         if chosen is None:
             continue
         technique, transform = chosen
+        if (why := not_the_technique(figure)) is not None:
+            left_out.append(f"- {figure['id']} ({technique}): {why}")
+            continue
         run, why = run_of(figure, transform)
         if run is None:
             left_out.append(f"- {figure['id']} ({technique}): {why}")
