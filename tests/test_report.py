@@ -236,6 +236,13 @@ def test_compare_two_sweeps_cell_by_cell_same_settings_are_within_noise(cli, tmp
     text = " ".join(shown.split())
     assert code == 0 and text.count("Hodges-Lehmann") == 1  # the method once, not after every pair
     assert text.count("all 5 identical") + text.count("all 10 identical") == 2 and "identical, identical" not in text
+    shutil.copytree(tmp_path / "b", tmp_path / "b2")  # one unreadable result: its pair left out, named, the rest kept
+    broken = sorted((tmp_path / "b2").glob("*/results.json"))[0]
+    broken.write_text('{"status": "comp')
+    code, out, _ = cli("compare", tmp_path / "a", tmp_path / "b2", "--min-effect", "0.5", "--json")
+    comparison = json.loads(out)
+    assert code == 0 and len(comparison["pairs"]) == 1 and len(comparison["skipped"]) == 1
+    assert comparison["skipped"][0].startswith(f"skipped: {broken}") and "not a readable diffmeter result" in out
 
 
 def test_compare_refuses_what_cannot_be_compared(cli, study, tmp_path):
@@ -244,6 +251,9 @@ def test_compare_refuses_what_cannot_be_compared(cli, study, tmp_path):
     assert code == 2 and "one of each" in err
     code, _, err = cli("compare", baseline, tmp_path / "nothing")
     assert code == 2 and "does not exist" in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = cli("compare", study, tmp_path / "empty")
+    assert code == 2 and "empty holds no stored run" in err
     code, _, err = cli("compare", baseline, baseline, "--confidence", "1.5")
     assert code == 2 and "--confidence" in err
     code, _, err = cli("compare", baseline, baseline, "--min-effect", "-0.1")

@@ -163,6 +163,14 @@ def test_cells_run_in_their_own_processes_and_a_failing_cell_is_stored_failed(tm
     assert sorted(run["status"] for run in runs.values()) == ["complete", "failed"]
     (failed,) = [run for run in runs.values() if run["status"] == "failed"]
     assert "exited with code 2 without a result" in failed["error"] and "safetensors" in failed["error"].lower()
+    from diffmeter.report.results_table import reason_line
+
+    # the one-line reason the summary and `table` show is the error the cell's output ends on, not its preamble
+    said = reason_line(failed["error"])
+    assert said.startswith("the cell's process exited with code 2") and "safetensors" in said.lower().split(":")[-1]
+    code_table, shown, _ = cli("table", out)
+    joined = "".join(shown.split())  # the caption wraps where it will
+    assert code_table == 0 and "failed," in joined and said.replace(" ", "") in joined
     record = json.loads((out / "sweep-mixed.json").read_text())
     assert [cell["status"] for cell in record["cells"]] == ["done", "failed"]
     left = [child for child in psutil.Process().children() if child.pid not in earlier]

@@ -200,6 +200,24 @@ def test_every_column_is_documented():
     assert all(f"| `{name}` | {text} |" in documented for name, text in COLUMNS.items())
 
 
+def test_a_copied_study_compares_with_its_own_baseline_not_the_original_it_names(runs, tmp_path):
+    """A --compare-baseline run stores its baseline's path as it was given; in a copy of the study whose baseline
+    was measured again, its speed-up is against the copy's baseline beside it (it read the original's)."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(runs / "study", copy)
+    _, measured_again = bench(BenchSpec(**FAST), out=copy, force=True)
+    frame = diffmeter.load_results(copy)
+    (compared,) = frame[frame.optimizations == "fuse-qkv"].itertuples()
+    assert read_result(copy / compared.folder).speedup.baseline.startswith(str(runs / "study"))
+    fused = per_image_times(copy / compared.folder)
+    key = hodges_lehmann(per_image_times(measured_again), fused)
+    original = hodges_lehmann(per_image_times(runs / "study" / measured_again.name), fused)
+    assert compared.speedup == pytest.approx(key, rel=1e-9) and compared.speedup != pytest.approx(original, rel=1e-9)
+    assert compared.speedup_baseline == measured_again.name
+
+
 def test_an_unreadable_result_is_skipped_and_named_and_files_are_ordinary(runs, cli, tmp_path):
     """One truncated results.json does not refuse the whole study (table and report name it and go on);
     the files table writes have the permissions of ordinary files (they were 0600 under umask 022)."""
@@ -225,6 +243,8 @@ def test_an_unreadable_result_is_skipped_and_named_and_files_are_ordinary(runs, 
     with pytest.raises(DiffmeterError, match="broken/results.json is not a readable"):
         diffmeter.load_results(study)  # the Python API still refuses unless asked to skip
     assert len(diffmeter.load_results(study, skipped=[])) == 4
+    code, out, err = cli("table", study, "--json")  # the skipped line beside the JSON, which stays parseable
+    assert code == 0 and len(json.loads(out)) == 4 and "broken/results.json is not a readable" in err
 
 
 def test_a_table_of_images_and_videos_shows_whole_frames_and_names_what_each_rate_counts(cli, tmp_path):

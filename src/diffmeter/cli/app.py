@@ -37,12 +37,15 @@ app = typer.Typer(
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
 
 
+def aside(line: str, machine_readable: bool = False) -> None:
+    """A line beside the output: on standard output beside tables, on standard error beside --json or --csv
+    (which stay parseable)."""
+    (Console(stderr=True, soft_wrap=True) if machine_readable else console).print(line, highlight=False, markup=False)
+
+
 def note(text: str, machine_readable: bool = False) -> None:
-    """A "note:" line: on standard output beside tables, on standard error beside --json or --csv (which stay
-    parseable)."""
-    (Console(stderr=True, soft_wrap=True) if machine_readable else console).print(
-        f"note: {text}", highlight=False, markup=False
-    )
+    """A "note:" line (``aside``)."""
+    aside(f"note: {text}", machine_readable)
 
 
 class Command(typer.core.TyperCommand):

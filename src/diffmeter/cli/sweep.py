@@ -11,7 +11,7 @@ import typer
 
 from diffmeter import units
 from diffmeter.cli import options as o
-from diffmeter.cli.app import command, console
+from diffmeter.cli.app import aside, command, console
 from diffmeter.errors import DiffmeterError
 from diffmeter.quiet import load_libraries
 
@@ -253,8 +253,8 @@ def table(
 
     skipped: list[str] = []
     frame = filtered(load_results(directory, skipped), where, sort)
-    for line in skipped:  # one unreadable results.json does not hide the others
-        console.print(line, markup=False, highlight=False)
+    for line in skipped:  # one unreadable results.json does not hide the others; --json stays parseable
+        aside(line, as_json)
     written = []
     if csv:
         write_file(Path(csv), lambda path: frame.to_csv(path, index=False))

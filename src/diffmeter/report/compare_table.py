@@ -20,6 +20,7 @@ def comparison_tables(comparison: Comparison) -> list:
     """Each pair's table, then what only one side holds and how speed-ups are found (once, not per pair)."""
     shown: list = [pair_table(pair) for pair in comparison.pairs]
     lines = [f"only in A: {name}" for name in comparison.only_a] + [f"only in B: {name}" for name in comparison.only_b]
+    lines += comparison.skipped
     lines.append(footnote(comparison.criteria.min_effect))
     shown.append(Text("\n".join(lines), style="dim"))
     return shown

@@ -27,6 +27,16 @@ def _psnr(row) -> str:
     return "identical" if _present(row["identical_images"]) and row["identical_images"] else "-"
 
 
+def reason_line(reason: str | None) -> str:
+    """A stored failure on one line: its first line, and where that line only introduces the output quoted under
+    it ("...; its last output:"), that output's last error line (else its last line): the real reason."""
+    lines = [line.strip() for line in (reason or "").splitlines() if line.strip()]
+    if len(lines) < 2 or not lines[0].endswith(":"):
+        return lines[0] if lines else ""
+    errors = [line for line in lines[1:] if line.lower().startswith(("error:", "diffmeter: error"))]
+    return f"{lines[0]} {(errors or lines[1:])[-1]}"
+
+
 def _scaling(row) -> str:
     """A parallel run's speed-up over its one-device run, and that as a share of the processes."""
     if not _present(row["scaling_speedup"]):
@@ -123,7 +133,8 @@ def results_table(frame, title: str) -> FittedTable:
         "one-device run of the same spec (ratio of medians) and its share of the processes (scaling efficiency), "
         "(within noise) when the speed-up rule's interval on the same two runs holds 1x"
     ]
-    below = [outputs.explained(word), *ladder_lines(records), *noise_lines(records)]
+    failed = [f"failed, {row['folder']}: {reason_line(row['error'])}" for row in records if row["status"] == "failed"]
+    below = [outputs.explained(word), *ladder_lines(records), *noise_lines(records), *failed]
     captions += [escape(line) for line in below if line]
     if any(_present(row["scaling_efficiency"]) and superlinear(row["scaling_efficiency"]) for row in records):
         captions.append(escape(SUPERLINEAR))
@@ -146,7 +157,7 @@ def sweep_plan_table(planned, out) -> FittedTable:
         ],
     )
     for index, cell in enumerate(planned, 1):
-        detail = (cell.reason or "").splitlines()[0] if cell.reason else ""  # the whole reason: --json, the record
+        detail = reason_line(cell.reason)  # the whole reason: --json, the record
         status = cell.status + (" (batch search)" if cell.cell.batch_auto and cell.status == "to run" else "")
         table.add_row(
             str(index),
@@ -158,7 +169,7 @@ def sweep_plan_table(planned, out) -> FittedTable:
     table.caption = (
         "compute / call: the offline profile of one pipeline call (the whole batch), in FLOPs; done: a complete "
         "result is stored (skipped); failed: a failed result is stored (rerun it with --retry-failed); reason: its "
-        "first line (--json: the whole)"
+        "first line, with the error its quoted output ends on (--json: the whole)"
     )
     return table
 
@@ -178,7 +189,7 @@ def sweep_summary_table(record) -> FittedTable:
     )
     for cell in record.cells:
         status = cell.status if cell.status in ("done", "skipped") else f"[red]{cell.status}[/]"
-        detail = (cell.reason or "").splitlines()[0] if cell.reason else ""
+        detail = reason_line(cell.reason)
         table.add_row(
             escape(cell.label),
             status,

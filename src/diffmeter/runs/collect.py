@@ -279,10 +279,16 @@ def _resolved(folder: str | Path) -> Path:
 
 
 def _named_baseline(result: BenchResult, by_folder: dict[Path, BenchResult]) -> BenchResult | None:
-    """The baseline a --compare-baseline run names, from the table or else from its folder on disk."""
+    """The baseline a --compare-baseline run names: the run of that folder's name beside it in the table (a study
+    copied or moved keeps its runs side by side, while the stored path, as the run was given it, may still point
+    at the original), else the named folder in the table, else that folder on disk."""
     if result.speedup is None:
         return None
     folder = _resolved(result.speedup.baseline)
+    if result.folder is not None:
+        beside = _resolved(result.folder).parent / folder.name
+        if beside in by_folder:
+            return by_folder[beside]
     if folder in by_folder:
         return by_folder[folder]
     if (folder / storage.RESULTS).is_file():

@@ -82,6 +82,8 @@ class Comparison(BaseModel):
     pairs: list[RunComparison]
     only_a: list[str] = []
     only_b: list[str] = []
+    #: a line per results.json of a matched pair that could not be read, its pair left out
+    skipped: list[str] = []
 
 
 def compare_paths(a: str | Path, b: str | Path, images: bool = True, criteria: Criteria | None = None) -> Comparison:
@@ -107,14 +109,20 @@ def compare_paths(a: str | Path, b: str | Path, images: bool = True, criteria: C
     if _is_run(a) or _is_run(b):
         raise DiffmeterError(f"compare two run folders or two folders of runs; {a} and {b} are one of each")
     runs_a, runs_b = _runs(a), _runs(b)
+    for path, found in ((a, runs_a), (b, runs_b)):
+        if not found:
+            raise DiffmeterError(f"{path} holds no stored run; point at a run folder or the --out folder of a sweep")
     matched = sorted(set(runs_a) & set(runs_b))
     if not matched:
         raise DiffmeterError(
             f"no run folder of {a} has a namesake in {b}; runs are matched by their folder names "
             "(the same sweep file run twice gives the same names)"
         )
-    read = storage.read_result
-    pairs = [compare_runs(read(runs_a[name]), read(runs_b[name]), name, name, images, criteria) for name in matched]
+    pairs, skipped = [], []
+    for name in matched:  # one unreadable results.json does not hide the other pairs
+        read = collect.readable_results([runs_a[name] / storage.RESULTS, runs_b[name] / storage.RESULTS], skipped)
+        if len(read) == 2:
+            pairs.append(compare_runs(read[0][1], read[1][1], name, name, images, criteria))
     return Comparison(
         a=str(a),
         b=str(b),
@@ -123,6 +131,7 @@ def compare_paths(a: str | Path, b: str | Path, images: bool = True, criteria: C
         pairs=pairs,
         only_a=sorted(set(runs_a) - set(runs_b)),
         only_b=sorted(set(runs_b) - set(runs_a)),
+        skipped=skipped,
     )
 
 
