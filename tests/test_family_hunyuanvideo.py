@@ -47,3 +47,20 @@ def test_the_llama_prompt_is_read_with_the_templates_cropped_tokens(pipe):
     assert {c.name: c.macs for c in offline.components} == real
     (llama,) = [c for c in offline.components if c.name == "text_encoder"]
     assert llama.invocations[0].note.startswith(f"{40 + CROP_START} tokens ({CROP_START} template + 40 prompt")
+
+
+def test_a_frame_count_not_4k_plus_1_is_the_frames_the_pipeline_makes_in_profile_and_bench(pipe):
+    """HunyuanVideoPipeline floors any count to its VAE's 4k+1 without a word: asked for 10 frames, it makes 9.
+    The profile counts and titles 9 and says why; bench settles on 9, so its frames/s is of the frames made (it
+    rated 10)."""
+    from diffmeter.runs.spec import BenchSpec
+
+    asked = ENTRY.defaults.num_frames + 1
+    with torch.no_grad():
+        made = pipe(prompt=[PROMPT], num_inference_steps=2, output_type="np", **{**SIZE, "num_frames": asked}).frames
+    result = profile("tiny-hunyuanvideo", steps=2, **{**SIZE, "num_frames": asked})
+    assert made.shape[1] == result.num_frames == ENTRY.defaults.num_frames
+    assert any(f"takes {asked} frames as" in note and f"rated as {made.shape[1]}" in note for note in result.notes)
+    assert {c.name: c.macs for c in result.components} == offline_macs()  # the same work as asking for those
+    settled = BenchSpec(model="tiny-hunyuanvideo", num_frames=asked, device="cpu").settle(ENTRY)
+    assert settled.num_frames == made.shape[1]

@@ -91,16 +91,13 @@ class Family:
     #: "batched": uncond and cond in one call of twice the batch; "separate": two calls;
     #: "never": guidance-distilled or unguided.
     cfg_mode: ClassVar[str] = "batched"
-    #: whether the negative prompt goes through the text encoders when CFG is on
-    encodes_negative: ClassVar[bool] = True
-    #: the pipeline takes ``true_cfg_scale`` beside an embedded guidance (FLUX.1)
-    true_cfg: ClassVar[bool] = False
+    encodes_negative: ClassVar[bool] = True  #: the negative prompt goes through the text encoders when CFG is on
+    true_cfg: ClassVar[bool] = False  #: the pipeline takes ``true_cfg_scale`` beside an embedded guidance (FLUX.1)
     truncates_cfg: ClassVar[bool] = False  #: it takes ``cfg_trunc_ratio``: CFG on the first steps only (Lumina 2)
     is_video: ClassVar[bool] = False
     #: input images the pipeline takes (``--image-size``): 0 for text-to-image, None where it sets no limit
     max_images: ClassVar[int | None] = 0
-    #: the denoiser predicts a flow velocity (flow-matching samplers only), not noise
-    flow_matching: ClassVar[bool] = False
+    flow_matching: ClassVar[bool] = False  #: the denoiser predicts a flow velocity (flow-matching samplers), not noise
     #: the denoiser passes a text padding mask to SDPA (PixArt, SANA, Kandinsky 3, Lumina): mask-less kernels cannot
     masks_attention: ClassVar[bool] = False
     reads_prompt_tokens: ClassVar[bool] = False  #: its text length follows the prompt's (``--prompt-tokens``)
@@ -111,8 +108,7 @@ class Family:
     #: a pipeline's hard-coded ``default_sample_size`` (FLUX, Chroma, Qwen-Image: 128), used for the
     #: default size instead of the denoiser's ``sample_size``
     default_sample_size: ClassVar[int | None] = None
-    #: name of the latents argument of the decoder's ``decode``
-    decoder_arg: ClassVar[str] = "z"
+    decoder_arg: ClassVar[str] = "z"  #: name of the latents argument of the decoder's ``decode``
     decoder_kwargs: ClassVar[dict[str, Any]] = {}
     #: resolution binning by aspect ratio, as PixArt/SANA pipelines do it: the diffusers module
     #: holding the tables, and which table each denoiser ``sample_size`` uses
@@ -202,6 +198,10 @@ class Family:
         """Frames the pipeline makes when ``__call__`` names no default (None: images, or ``__call__`` does)."""
         return None
 
+    def pipeline_frames(self, entry: PipelineEntry, num_frames: int) -> tuple[int, str | None]:
+        """The frames the pipeline makes of ``num_frames``, with a note where they differ (``frames``)."""
+        return num_frames, None
+
     def bins(self, entry: PipelineEntry, spec: ProfileSpec) -> bool:
         """Whether the pipeline snaps this request to an aspect-ratio bin (and resizes the image back)."""
         return bool(spec.resolution_binning) and self.binned_size(entry, spec.height, spec.width) is not None
@@ -231,6 +231,10 @@ class Family:
         if rounded:
             notes.append(rounded)
             spec = replace(spec, height=height, width=width)
+        made, floored = self.pipeline_frames(entry, spec.num_frames) if spec.num_frames else (None, None)
+        if floored:
+            notes.append(floored)
+            spec = replace(spec, num_frames=made)
         scale = self.vae_scale(entry)
         lengths = dict(entry.text_max_length)
         if spec.max_sequence_length is not None:

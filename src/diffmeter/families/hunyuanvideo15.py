@@ -24,6 +24,7 @@ from diffmeter.families.base import (
     register,
     timesteps,
 )
+from diffmeter.families.frames import floored_frames
 from diffmeter.families.host_masks import is_placeholder
 from diffmeter.families.images import ImageConditioned, single_image, vae_encode_calls
 from diffmeter.spec import size_text
@@ -94,6 +95,10 @@ class HunyuanVideo15(ImageConditioned, Family):
         # prepare_latents: (num_frames - 1) // temporal + 1, whatever num_frames is
         temporal = entry.components[self.decoder].config.get("temporal_compression_ratio", 4)
         return (spec.num_frames - 1) // temporal + 1
+
+    def pipeline_frames(self, entry, num_frames: int) -> tuple[int, str | None]:
+        temporal = entry.components[self.decoder].config.get("temporal_compression_ratio", 4)
+        return floored_frames(entry, num_frames, temporal)
 
     def default_size(self, entry) -> tuple[int, int]:
         """__call__ without a size: the 16:9 bucket of the transformer's ``target_size``."""

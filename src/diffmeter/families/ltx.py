@@ -9,6 +9,7 @@ import torch
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import Call, Family, Shapes, register, timesteps
+from diffmeter.families.frames import floored_frames
 from diffmeter.families.images import ImageConditioned, single_image, size_kept, vae_encode_calls
 from diffmeter.spec import size_text
 
@@ -61,16 +62,12 @@ class LTXVideo(ImageConditioned, Family):
     def latent_frames(self, entry, spec) -> int:
         return (spec.num_frames - 1) // temporal_compression(entry.components[self.decoder].config) + 1
 
+    def pipeline_frames(self, entry, num_frames: int) -> tuple[int, str | None]:
+        """The LTX pipelines take any frame count as ``(num_frames - 1) // 8 + 1`` latent frames."""
+        return floored_frames(entry, num_frames, temporal_compression(entry.components[self.decoder].config))
+
     def shapes(self, entry, spec) -> Shapes:
-        """The LTX pipelines take any frame count as ``(num_frames - 1) // 8 + 1`` latent frames, which the
-        VAE decodes to ``8k + 1`` frames: said when the request is not of that form."""
         shapes = super().shapes(entry, spec)
-        temporal = temporal_compression(entry.components[self.decoder].config)
-        if (spec.num_frames - 1) % temporal:
-            shapes.note(
-                f"{entry.pipeline_class} takes {spec.num_frames} frames as {shapes.latent_frames} latent frames, "
-                f"decoded to {(shapes.latent_frames - 1) * temporal + 1} frames (its VAE makes {temporal}k+1)"
-            )
         if entry.pipeline_class == "LTXConditionPipeline" and not shapes.images:
             shapes.note(
                 "LTXConditionPipeline counted as text-to-video: no image or video conditions (each would add a VAE "

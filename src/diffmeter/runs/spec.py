@@ -153,6 +153,8 @@ class BenchSpec(BaseModel):
             height, width, _ = family.pipeline_size(entry, height, width)
         elif not family.restores_binned_size:  # the images come out at the binned size
             height, width = family.binned_size(entry, height, width)
+        # the frames the pipeline makes (HunyuanVideo, LTX floor to their VAE's kt+1): what every rate is of
+        frames = family.pipeline_frames(entry, profile.num_frames)[0] if profile.num_frames else profile.num_frames
         optimizations = list(self.optimizations)
         names = [o.name for o in optimizations]
         # unset: on CUDA, or where the tf32 technique is asked by name (a CPU then refuses it with its reason)
@@ -170,7 +172,7 @@ class BenchSpec(BaseModel):
                 "image_sizes": list(profile.image_sizes),
                 "steps": profile.steps,
                 "guidance_scale": profile.guidance_scale,
-                "num_frames": profile.num_frames,
+                "num_frames": frames,
                 "resolution_binning": profile.resolution_binning,
                 "max_sequence_length": profile.max_sequence_length,
                 "cfg_trunc_ratio": profile.cfg_trunc_ratio,
