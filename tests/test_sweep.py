@@ -173,6 +173,8 @@ def test_cells_run_in_their_own_processes_and_a_failing_cell_is_stored_failed(tm
     assert code_table == 0 and "failed," in joined and said.replace(" ", "") in joined
     record = json.loads((out / "sweep-mixed.json").read_text())
     assert [cell["status"] for cell in record["cells"]] == ["done", "failed"]
+    code_show, _, err = cli("show", out / "sweep-mixed.json")  # a record, not a broken run to re-run
+    assert code_show == 2 and "is a sweep's record, not a run: `diffmeter table" in " ".join(err.split())
     left = [child for child in psutil.Process().children() if child.pid not in earlier]
     assert not left, [(child.pid, child.name(), child.status()) for child in left]  # no cell process left
 

@@ -169,7 +169,7 @@ def test_where_and_sort_filter_the_table(runs, cli):
     [
         (["--sort", "latency"], "--sort latency: no column 'latency'"),
         (["--where", "batch >>> 2"], "--where 'batch >>> 2'"),
-        (["--where", "batch > 64"], "none match --where"),
+        (["--where", "batch > 64"], "matches --where 'batch > 64'; loosen it"),
     ],
 )
 def test_bad_table_options_are_one_line(runs, cli, args, message):
@@ -188,7 +188,7 @@ def test_a_csv_path_that_cannot_be_a_file_is_one_line(runs, cli, tmp_path):
 
 def test_a_folder_without_runs_says_so(cli, tmp_path):
     code, _, err = cli("table", tmp_path)
-    assert code == 2 and "no stored runs" in err
+    assert code == 2 and "no stored runs" in err and "--where" not in err  # none was given
     code, _, err = cli("table", tmp_path / "missing")
     assert code == 2 and "is not a folder" in err
 
@@ -323,3 +323,17 @@ def test_a_rate_column_reads_alike_and_a_noise_note_says_its_latency_is_per_call
     assert units.counted(1, "thread") == "1 thread" and units.counted(3, "profile") == "3 profiles"
     busy = Conditions(samples=3, cpu_count=1, other_processes_cores=Range(mean=0.9, min=0.8, max=1.0))
     assert "used 0.9 of 1 CPU core on average" in busy.disturbed()
+
+
+def test_the_report_counts_a_failed_run_in_words_and_scales_compute_to_a_unit(runs, tmp_path):
+    """The report of a study with one failed run: "1 failed run" (was "1 failed runs"); each run's compute per image
+    in a unit (was a bare 0.0003726 under "TFLOPs"), sorted by its TFLOPs."""
+    import re
+
+    from diffmeter.report.html import write_report
+
+    page = write_report(runs, tmp_path / "r.html", "t", images_per_run=0).read_text()
+    assert "1 failed run listed in the summary" in page and "1 failed runs" not in page
+    baseline = diffmeter.load_results(runs).query("status == 'complete'").tflops_per_image.iloc[0]
+    cell = re.search(rf'data-value="{re.escape(str(baseline))}">([^<]+)</td>', page)
+    assert cell is not None and cell[1] == units.flops(baseline * 1e12) and cell[1].endswith("FLOPs")

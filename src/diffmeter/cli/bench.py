@@ -339,6 +339,11 @@ def show(
         else:
             console.print(ladder_table(ladder))
         return
+    if Path(folder).name.startswith("sweep-") and Path(folder).suffix == ".json" and Path(folder).is_file():
+        raise DiffmeterError(
+            f"{folder} is a sweep's record, not a run: `diffmeter table {Path(folder).parent}` shows its runs, "
+            "`diffmeter show` one run folder of it"
+        )
     result = read_result(folder)
     if ops:
         from diffmeter.measure.trace import read_ops

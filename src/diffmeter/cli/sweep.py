@@ -270,7 +270,9 @@ def table(
         print(to_json(frame))
     elif not written:
         if frame.empty:
-            raise DiffmeterError(f"no stored runs under {directory} (or none match --where); run bench or sweep first")
+            if where:
+                raise DiffmeterError(f"no stored run under {directory} matches --where {where!r}; loosen it")
+            raise DiffmeterError(f"no stored runs under {directory}; run bench or sweep first")
         console.print(results_table(frame, f"{units.counted(len(frame), 'run')} under {directory}"))
     for path in written:
         console.print(f"{units.counted(len(frame), 'row')} written to {path}", markup=False, highlight=False)

@@ -36,7 +36,7 @@ SUMMARY = (
     ("peak_cuda_bytes", "peak CUDA memory", units.gib),
     ("peak_rss_bytes", "peak RSS", units.gib),
     ("gpu_j_per_image", "GPU energy / {word}", units.joules),
-    ("tflops_per_image", "TFLOPs / {word}", lambda v: f"{v:.4g}"),
+    ("tflops_per_image", "compute / {word}", lambda v: units.flops(v * 1e12)),  # sorted by data-value: TFLOPs
     ("mfu", "MFU", lambda v: f"{v:.1%}"),
 )
 
@@ -141,7 +141,10 @@ def _header(study: Study) -> str:
         )
     failed = [run for run in study.runs if run.result.status != "complete"]
     if failed:
-        parts.append(f'<p class="meta">{len(failed)} failed runs are listed in the summary with their errors.</p>')
+        parts.append(
+            f'<p class="meta">{units.counted(len(failed), "failed run")} listed in the summary with their errors '
+            "(hover a red row).</p>"
+        )
     return "".join(parts)
 
 
