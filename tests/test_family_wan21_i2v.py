@@ -54,6 +54,10 @@ def test_a_folder_without_an_image_is_refused(tmp_path, cli, capsys):
     capsys.readouterr()  # save_pretrained's own progress
     code, _, err = cli("profile", str(tmp_path / "i2v"))
     assert code == 2 and "animates an image: add --image-size" in err and len(err.strip().splitlines()) == 1
+    for command in ("profile", "bench", "fit"):  # --no-image on a checkpoint that needs one: drop it, not add one
+        code, _, err = cli(command, ENTRY.name, "--no-image", *(["--memory", "24GB"] if command == "fit" else []))
+        said = f"{ENTRY.name} (WanImageToVideoPipeline) cannot run without an input image: drop --no-image"
+        assert code == 2 and said in " ".join(err.split()) and len(err.strip().splitlines()) == 1, err
     tiny = {"height": 16, "width": 16, "num_frames": 9, "steps": 2}  # the folder's defaults are the pipeline's 832x480
     found = profile(str(tmp_path / "i2v"), image_sizes=["40x24"], **tiny)
     assert macs_by_name(found) == macs_by_name(profile("tiny-wan-i2v", image_sizes=["40x24"], **tiny))

@@ -9,6 +9,7 @@ import torch
 from diffmeter.catalog.controlnets import CONTROLNET
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import IMAGE_ENCODER, Call, Family, Shapes
+from diffmeter.spec import ProfileSpec
 
 #: what a pipeline that takes a single image does with it, for the refusal of more
 FIRST_FRAME = "animates one image (the first frame)"
@@ -152,3 +153,12 @@ def refuse_no_image(family: Family, entry) -> None:
         raise DiffmeterError(
             f"{entry.name} ({entry.pipeline_class}) generates from text alone and takes no input image: drop --no-image"
         )
+    if entry.defaults.image_sizes:  # the checkpoint's own call takes one: does its pipeline run without?
+        called = ProfileSpec(model=entry.name).with_defaults(entry.defaults)
+        family.shapes(entry, called)
+        try:
+            family.shapes(entry, replace(called, image_sizes=()))
+        except DiffmeterError as refused:  # its own line asks for --image-size, which --no-image contradicts
+            raise DiffmeterError(
+                f"{entry.name} ({entry.pipeline_class}) cannot run without an input image: drop --no-image"
+            ) from refused
