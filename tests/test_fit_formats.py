@@ -236,3 +236,15 @@ def test_a_sharded_bitsandbytes_checkpoint_is_split_as_diffusers_saves_it():
     whole = first.model_copy(update={"file": "diffusion_pytorch_model.safetensors"})
     sizes = [bnb_file_bytes(module, file) for file in (first, second, whole)]
     assert sizes[0] + sizes[1] == sizes[2] and 9.9e9 < sizes[0] <= 10e9
+
+
+@pytest.mark.slow
+def test_fit_on_a_bare_memory_size_says_its_float8_rows_need_fp8_tensor_cores(cli):
+    """With only --memory, the card's compute capability is unknown: float8 rows are listed (not refused), and the
+    table says what they need; a named card without FP8 tensor cores leaves them out (a new user's finding)."""
+    code, out, _ = cli("fit", "wan21-t2v-1.3b", "--memory", "16GB")
+    text = " ".join(out.split())
+    assert code == 0 and "torchao:float8dq-row" in text
+    assert "float8: those formats need FP8 tensor cores (compute capability 8.9+" in text
+    code, out, _ = cli("fit", "wan21-t2v-1.3b", "--gpu", "RTX 3090")
+    assert code == 0 and "float8" not in out

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.markup import escape
 
 from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, Device
+from diffmeter.predict.fit_formats import NEEDS_FP8
 from diffmeter.predict.schema import MemoryPrediction
 from diffmeter.report.layout import Column, FittedTable
 from diffmeter.units import figure, gib
@@ -200,6 +201,12 @@ def fit_table(
         lines.append(
             "Quality: not measured for any quantized format or cache here (no measured figure in the repository); "
             "bench --compare-baseline measures PSNR and SSIM against the unchanged pipeline's images."
+        )
+    if not gpu.tflops and any({"quantize-fp8", *NEEDS_FP8} & set(chosen) for chosen, _, _ in rows):
+        lines.append(
+            "float8: those formats need FP8 tensor cores (compute capability 8.9+: Ada, Hopper, "
+            "Blackwell); with only --memory given those rows are listed: name the card with --gpu to have them "
+            "checked."
         )
     if any(t.startswith("quantize-gguf-") for chosen, _, _ in rows for t in chosen):
         lines.append("GGUF: a single file, --weights FILE.gguf; `diffmeter models MODEL` lists the published ones.")
