@@ -121,7 +121,8 @@ def main() -> int:
             f"({'CFG' if plain.cfg else 'no CFG'}), {plain.dtype}, batch 1.",
             "",
             "| input image (WxH, given -> encoded) | image tokens | transformer MACs / step | image encoding MACs | "
-            "total MACs | x text-to-image | peak memory: image encoding / denoising step / whole | "
+            f"total MACs | x text-to-{'video' if family.is_video else 'image'} | peak memory: image encoding / "
+            "denoising step / whole | "
             "expected time (H100) |",
             "|---|---|---|---|---|---|---|---|",
         ]
@@ -131,6 +132,7 @@ def main() -> int:
             tokens = f"{token_count(p):,}"
             if p.num_frames and p.input_images:
                 tokens = "- (extra channels)" if needs_image else "- (first frame)"
+                tokens = "729 (SigLIP, in slots text-to-video masks)" if entry.family == "hunyuanvideo15" else tokens
             expected = f"{time.expected_s[0]:.1f} to {time.expected_s[1]:.1f} s" if time.expected_s else "-"
             usable = gpu.memory_bytes - CUDA_HOLDBACK_BYTES
             if found["peak"] > usable:  # the time of a run that cannot start as it is would mislead
@@ -167,6 +169,16 @@ def main() -> int:
                 "its 1024x1024-area size; 2511's transformer also modulates the images' tokens at timestep 0. Counted",
                 "exactly, vision tower included:",
                 "`tests/test_family_qwenimage_edit.py`.",
+            ]
+        elif entry.family == "hunyuanvideo15":
+            lines += [
+                "",
+                f"{entry.pipeline_class} is this checkpoint's own pipeline: it needs an image, sets the video's size",
+                "to the bucket nearest its aspect ratio, VAE-encodes it once per call as the first latent frame (the",
+                "transformer's condition channels, which text-to-video fills with zeros) and reads it once per call",
+                "with the SigLIP image encoder, whose 729 tokens fill the image slots text-to-video masks: the",
+                "transformer's calls cost what text-to-video's do, and the image adds only its two encodings.",
+                "Counted exactly: `tests/test_family_hunyuanvideo15_i2v.py`.",
             ]
         elif needs_image:
             clip = "image_encoder" in entry.components
