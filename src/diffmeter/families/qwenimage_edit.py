@@ -52,8 +52,8 @@ class QwenImageEdit(ImageConditioned, QwenImage):
         made_width, made_height, _ = calculate_dimensions(CONDITION_AREA, width / height)
         notes.append(
             f"input image {size_text((height, width))} resized to {made_width}x{made_height} (the 1024x1024-area size "
-            "of its aspect ratio) for the VAE and for Qwen2.5-VL's vision tower, which reads it with every prompt "
-            "encoding"
+            "of its aspect ratio) for the VAE and for Qwen2.5-VL, whose processor resizes it again to multiples of 28 "
+            "pixels (smart_resize) for the vision tower, which reads it with every prompt encoding"
         )
         return [(made_height, made_width)]
 
