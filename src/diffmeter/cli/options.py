@@ -171,7 +171,7 @@ Device = Annotated[
         metavar="DEVICE", help="cuda, cuda:N or cpu (default: cuda when present)", rich_help_panel=MEASUREMENT
     ),
 ]
-Warmup = Annotated[int, typer.Option(help="untimed calls (1 or more), the first reported as cold", rich_help_panel=MEASUREMENT)]
+Warmup = Annotated[int, typer.Option(help="untimed calls (>= 1), the first one cold", rich_help_panel=MEASUREMENT)]
 Iterations = Annotated[int, typer.Option(help="measured calls", rich_help_panel=MEASUREMENT)]
 RandomWeights = Annotated[
     bool,
