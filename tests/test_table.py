@@ -337,3 +337,23 @@ def test_the_report_counts_a_failed_run_in_words_and_scales_compute_to_a_unit(ru
     baseline = diffmeter.load_results(runs).query("status == 'complete'").tflops_per_image.iloc[0]
     cell = re.search(rf'data-value="{re.escape(str(baseline))}">([^<]+)</td>', page)
     assert cell is not None and cell[1] == units.flops(baseline * 1e12) and cell[1].endswith("FLOPs")
+
+
+def test_the_reports_pareto_frontier_joins_runs_of_one_output_size_only(runs, tmp_path):
+    """A smaller image is another product, not a faster setting: with two sizes of one model, each size has its own
+    frontier, named by its size (one line joined the 32, 48 and 64 px runs, a new user's finding)."""
+    import shutil
+
+    from diffmeter.report.html.study import read_study
+    from diffmeter.report.html.tradeoff_plots import tradeoffs
+
+    study = tmp_path / "study"
+    shutil.copytree(runs / "study", study)
+    _, small = bench(BenchSpec(**FAST, height=16, width=16), out=study)
+    memory = next(f for f in tradeoffs(read_study(study)) if f.figure.layout.title.text.startswith("Peak memory"))
+    lines = {trace.name: trace for trace in memory.figure.data if trace.name.endswith("Pareto frontier")}
+    frame = diffmeter.load_results(study, skipped=[]).query("status == 'complete'")
+    sizes = {f"{row.width}x{row.height}" for row in frame.itertuples()}
+    assert len(sizes) == 2 and set(lines) == {f"tiny-sd at {size}: Pareto frontier" for size in sizes}
+    (only,) = lines["tiny-sd at 16x16: Pareto frontier"].x  # its one run: not joined to the larger ones
+    assert only == frame[frame.folder == small.name].s_per_image.item()

@@ -36,7 +36,7 @@ def tradeoffs(study: Study) -> list[Figure]:
                 "J per image",
                 "Energy per image against latency",
                 f"{energy_kind.upper()} energy per image (Zeus) against median seconds per image; a model's line "
-                "joins its runs that no other run of that model beats on both. ",
+                "joins its runs that no other run of that model at that output size beats on both. ",
             )
         )
     memory = [run for run in runs if run.row["peak_cuda_bytes"] or run.row["peak_rss_bytes"]]
@@ -50,8 +50,8 @@ def tradeoffs(study: Study) -> list[Figure]:
                 "GiB peak memory",
                 "Peak memory against latency",
                 "Peak memory (CUDA max allocated on GPU runs, else the process's peak resident memory) against "
-                "median seconds per image; a model's line joins its runs that no other run of that model beats on "
-                "both. ",
+                "median seconds per image; a model's line joins its runs that no other run of that model at that "
+                "output size beats on both. ",
             )
         )
     if not energy_kind and runs:
@@ -60,14 +60,25 @@ def tradeoffs(study: Study) -> list[Figure]:
     return figures
 
 
+def output_size(row: dict) -> str:
+    """A run's output: "64x64", "832x480x81f"."""
+    return f"{row['width']}x{row['height']}" + (f"x{row['frames']}f" if row.get("frames") else "")
+
+
 def _pareto(runs: list[Run], values: list[float], y: str, unit: str, title: str, caption: str) -> Figure:
-    """Each model's runs, and its Pareto frontier (no run of the same model beats one on it on both); ``unit``
-    follows the value on hover ("GiB peak memory")."""
+    """Each model's runs, and its Pareto frontier (no run of the same model and output size beats one on it on both:
+    a smaller image is another product, not a faster setting; the size is named where a model has several);
+    ``unit`` follows the value on hover ("GiB peak memory")."""
     figure = go.Figure()
     hover = "%{x:.4g} s per image, %{y:.4g} " + unit
+    sizes: dict[str, set[str]] = defaultdict(set)
+    for run in runs:
+        sizes[run.row["model"]].add(output_size(run.row))
     by_model: dict[str, list[tuple[float, float, Run]]] = defaultdict(list)
     for run, value in zip(runs, values, strict=True):
-        by_model[run.row["model"]].append((run.row["s_per_image"], value, run))
+        model = run.row["model"]
+        group = f"{model} at {output_size(run.row)}" if len(sizes[model]) > 1 else model
+        by_model[group].append((run.row["s_per_image"], value, run))
     colors = Colors(by_model)
     for model, points in sorted(by_model.items()):
         color = colors[model]
