@@ -248,3 +248,41 @@ def test_fit_on_a_bare_memory_size_says_its_float8_rows_need_fp8_tensor_cores(cl
     assert "float8: those formats need FP8 tensor cores (compute capability 8.9+" in text
     code, out, _ = cli("fit", "wan21-t2v-1.3b", "--gpu", "RTX 3090")
     assert code == 0 and "float8" not in out
+
+
+def test_each_fit_row_names_the_bench_options_that_run_it(cli, monkeypatch, tmp_path):
+    """--json's ``bench``: the row's setting as bench options; bench's own command line parses them into the
+    techniques fit predicted (a JSON user could not tell how to run a 'quantize-bnb-nf4' row)."""
+    import diffmeter.cli.bench as bench_cli
+    from diffmeter.optimize.options import memory_setting_specs, parse_opt
+    from diffmeter.runs.fit_speedups import is_speedup
+
+    rows = []
+    for card in (["--gpu", "RTX 4070"], ["--memory", "1.2835GB"]):  # it fits as is: speed-ups; it does not: formats
+        code, out, err = cli("fit", "tiny-flux", *card, "--json", "--steps", "2", "--all-settings")
+        assert code == 0, err
+        rows += json.loads(out)["fits"]
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"")  # a path that exists: the options are parsed, not run
+    parsed = []
+
+    def captured(values):  # bench's parser, stopped before anything loads
+        parsed.append(real(values).optimizations)
+        raise SystemExit(0)
+
+    real = bench_cli._bench_spec
+    monkeypatch.setattr(bench_cli, "_bench_spec", captured)
+    from diffmeter.runs.fit_speedups import bench_flags
+
+    gguf_row = ("offload-model", "quantize-gguf-Q4_K_S", "vae-tiling")  # tiny-flux is offered no GGUF: its flags
+    rows.append({"techniques": list(gguf_row), "optimizations": [], "bench": bench_flags(gguf_row)})
+    for row in rows:
+        flags = row["bench"].replace("FILE.gguf", str(gguf)).split()
+        assert cli("bench", "tiny-flux", *flags)[0] == 0
+        memory = tuple(t for t in row["techniques"] if not is_speedup(t))
+        expected = memory_setting_specs(memory) + [parse_opt(o) for o in row["optimizations"]]
+        found = parsed.pop()
+        key = lambda spec: (spec.name, sorted((k, v) for k, v in spec.params.items() if k != "file"))  # noqa: E731
+        assert sorted(map(key, found)) == sorted(map(key, expected)), row
+    assert rows[-1]["bench"] == "--offload model --quantize gguf:Q4_K_S --weights FILE.gguf --vae-tiling"
+    assert any("--opt compile" in row["bench"] for row in rows) and any("bnb:nf4" in row["bench"] for row in rows)

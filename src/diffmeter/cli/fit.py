@@ -181,7 +181,15 @@ def fit(
     from diffmeter.predict.fit_formats import with_fit_formats
     from diffmeter.predict.kernel_kinds import of_architecture
     from diffmeter.predict.techniques import fitting
-    from diffmeter.runs.fit_speedups import SettingWork, is_speedup, optimization, ranked, timed, with_speedups
+    from diffmeter.runs.fit_speedups import (
+        SettingWork,
+        bench_flags,
+        is_speedup,
+        optimization,
+        ranked,
+        timed,
+        with_speedups,
+    )
     from diffmeter.runs.fitting import (
         format_times,
         held_out_claims,
@@ -246,6 +254,7 @@ def fit(
                 {
                     "techniques": list(chosen),
                     "optimizations": [optimization(t) for t in chosen if is_speedup(t)],  # as bench's --opt
+                    "bench": bench_flags(chosen),  # the bench options that run it
                     "peak_bytes": peak,
                     "lower_s": time,
                     "expected_s": expected.get(chosen),  # the calibrated range with every technique of it

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diffmeter.predict.cache_threshold import DEFAULT_THRESHOLD
+from diffmeter.quantization_spec import BACKENDS
 
 #: the speed-ups offered, as a setting names them, and the optimization each is (bench's ``--opt NAME:PARAMS``),
 #: its parameters as bench runs it by default (optimize/compile.py's and optimize/first_block_cache.py's Config)
@@ -80,6 +81,28 @@ def setting_name(chosen: tuple[str, ...]) -> str:
         return label(technique) if technique.startswith("quantize-") and not legacy else technique
 
     return " + ".join(map(named, chosen))
+
+
+def bench_flags(chosen: tuple[str, ...]) -> str:
+    """A setting as ``bench`` options that run it: ``--offload model --quantize gguf:Q4_K_S --weights FILE.gguf
+    --vae-tiling --opt compile:mode=reduce-overhead`` (a GGUF format's published file for FILE); "" for the plain
+    pipeline."""
+    from diffmeter.predict.fit_formats import label
+
+    def flag(technique: str) -> str:
+        if is_speedup(technique):
+            return f"--opt {optimization(technique)}"
+        if technique in ("quantize-int8", "quantize-fp8"):  # torchao after loading, --quantize's bare names
+            return f"--quantize {technique.removeprefix('quantize-')}"
+        if technique.startswith("quantize-"):
+            backend = BACKENDS.get(label(technique).partition(":")[0])
+            pre = backend is not None and backend.single_file  # GGUF: the published file, loaded as users load it
+            return f"--quantize {label(technique)}" + (" --weights FILE.gguf" if pre else "")
+        if technique.startswith("offload-"):
+            return f"--offload {technique.removeprefix('offload-')}"
+        return f"--{technique}"  # vae-tiling, vae-slicing, fp8-text-encoder: bench's flags of the same names
+
+    return " ".join(map(flag, chosen))
 
 
 def asked(chosen: tuple[str, ...]) -> list[tuple[str, dict]]:
