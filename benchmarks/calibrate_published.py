@@ -215,9 +215,11 @@ def lend_power(shipped: dict) -> None:
             found = shipped[f"cuda:{lender}"]
             fields = ("power_fraction", "idle_power_fraction", "energy_width")
             calibration.update({field: found[field] for field in fields})
-            calibration["energy_source"] = (
-                f"{found['energy_source']}; borrowed from {lender} (no {name} run published energy)"
-            )
+            # a lender that borrowed itself passes on its own lender's fit: name that one, not a chain
+            base, _, chain = found["energy_source"].partition("; borrowed from ")
+            origin = chain.split(" ")[0] if chain else lender
+            also = f", as {lender} borrows it (no {name} nor cuda:{lender} run" if chain else f" (no {name} run"
+            calibration["energy_source"] = f"{base}; borrowed from {origin}{also} published energy)"
 
 
 def main() -> int:
