@@ -229,7 +229,7 @@ def test_the_catalog_entry_profiles_text_only_with_no_image(cli):
     assert code == 0 and f"against text-to-image at the same settings ({units.macs(text.total_macs)})" in line, err
     for refused, said in (
         (["flux1-kontext-dev", "--no-image", "--image-size", "64x64"], "--no-image and --image-size contradict"),
-        (["wan21-i2v-14b-480p", "--no-image"], "animates an image"),
+        (["wan21-i2v-14b-480p", "--no-image"], "cannot run without an input image: drop --no-image"),
     ):
         code, _, err = cli("profile", *refused)
         assert code == 2 and said in err and len(err.strip().splitlines()) == 1, err
