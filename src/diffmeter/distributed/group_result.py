@@ -67,7 +67,7 @@ def group_result(
     notes = [
         *(note for note in first.notes if note not in own),
         *measurement_notes(summary, 0, video),
-        f"{merge.describe(parallel)}: each call's stages are the slowest rank's (each rank's own under "
+        f"{merge.describe(parallel)}: each call is the slowest rank's, its stages whole (each rank's own under "
         "parallel.ranks); peak memory is the highest rank's"
         + ("; GPU energy is summed over the ranks' GPUs" if gpus else ""),
     ]

@@ -1,31 +1,19 @@
-"""The ranks' own results as the one stored result: each call's stages as the slowest rank's,
+"""The ranks' own results as the one stored result: each call as the slowest rank's, its stages whole,
 images from every data-parallel group, energy summed over the GPUs, FLOPs per GPU."""
 
 from __future__ import annotations
 
 from diffmeter.measure.energy import Energy
-from diffmeter.measure.stages import Stages
 from diffmeter.runs.parallel_records import Parallel, RankRecord
 from diffmeter.runs.results import BenchResult, Iteration
 
 
 def slowest(calls: list[Iteration], images: int) -> Iteration:
-    """One call of the group: every stage (and each step) as the maximum over the ranks."""
-    stages = [call.stages for call in calls]
-    return Iteration(
-        index=calls[0].index,
-        images=images,
-        total_s=max(call.total_s for call in calls),
-        wall_s=max(call.wall_s for call in calls),
-        denoiser_calls=calls[0].denoiser_calls,
-        stages=Stages(
-            text_encoding_s=max(s.text_encoding_s for s in stages),
-            denoising_s=max(s.denoising_s for s in stages),
-            steps_s=[max(step) for step in zip(*(s.steps_s for s in stages), strict=True)],
-            vae_decode_s=max(s.vae_decode_s for s in stages),
-            other_s=max(s.other_s for s in stages),
-        ),
-    )
+    """One call of the group: the slowest rank's call, its stages whole, so they add up to its time (the maximum
+    per stage over the ranks counted a rank's wait on another's slower stage in both: a CFG group's stages summed to
+    1.5x its call)."""
+    call = max(calls, key=lambda call: call.total_s)
+    return call.model_copy(update={"images": images, "wall_s": max(c.wall_s for c in calls)})
 
 
 def group_energy(ranks: list[BenchResult], images: int) -> Energy:
