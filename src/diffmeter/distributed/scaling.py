@@ -90,11 +90,18 @@ def _stage(single: BenchResult, result: BenchResult, field: str | None, processe
 
 
 def _other_hardware(result: BenchResult, single: BenchResult) -> str | None:
-    """Why two runs' timings cannot be set side by side: measured on different hardware."""
+    """Why two runs' timings cannot be set side by side: measured on different hardware, or on a CPU with other
+    thread counts."""
     from diffmeter.runs.collect import hardware
 
     if hardware(result) != hardware(single):
         return f"the one-device run was measured on {hardware(single)}, this one on {hardware(result)}"
+    threads, each = single.environment.torch_threads, result.environment.torch_threads
+    if result.spec.device == "cpu" and threads != each:  # on a CPU the ranks split the cores: a ratio of threads
+        return (
+            f"the one-device run used {threads} torch threads, each rank {each} (the ranks split this CPU's cores): "
+            f"run the one-device bench with OMP_NUM_THREADS={each} for a like-for-like figure"
+        )
     return None
 
 
