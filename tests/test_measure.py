@@ -135,7 +135,7 @@ def test_the_current_cards_are_matched_by_their_driver_names_and_borrow_their_ge
     assert device_peak("NVIDIA GeForce RTX 5080", "float32", tf32=True) is None  # no TF32 figure found stated
     assert named_gpu("rtx 5090").architecture == "rtx-blackwell" and named_gpu("l20").architecture == "ada"
     assert named_gpu("rtx 5090").memory_bytes == 32_607 * 2**20 and named_gpu("l20").tdp_w is None
-    assert "borrowed for rtx-blackwell (RTX 5080) from blackwell" in calibration_for(named_gpu("rtx 5080")).source
+    assert "borrowed for rtx-blackwell (RTX 5080) from ada" in calibration_for(named_gpu("rtx 5080")).source
     assert "published eager runs on ada GPUs" in calibration_for(named_gpu("rtx 4080")).source  # Ada's own fit
 
 

@@ -136,10 +136,14 @@ def calibrations() -> dict[str, Calibration]:
 
 
 #: where an architecture without a fit of its own borrows one: the fractions are of each card's own peak and
-#: bandwidth, so a neighbour's apply scaled by the card's datasheet figures
+#: bandwidth, so a neighbour's apply scaled by the card's datasheet figures. GeForce Blackwell (sm_120) borrows
+#: Ada's, not the B200's: it "keeps the Ampere-style warp-level mma.sync programming model: no WGMMA, no tcgen05, no
+#: Tensor Memory" and sm_86/89's ~100 KB of shared memory per SM, so its libraries run their sm_8x kernels on it
+#: (github.com/Dao-AILab/flash-attention PRs #2634 and #2592); with the B200's fit an RTX 5090 came out slower
+#: than an RTX 4090 on every model, against its higher peaks and bandwidth
 NEIGHBOURS = {
     "blackwell": "hopper",
-    "rtx-blackwell": "blackwell",
+    "rtx-blackwell": "ada",
     "ada": "ampere",
     "turing": "ampere",
     "volta": "ampere",
