@@ -271,6 +271,9 @@ def test_a_word_of_one_cards_name_is_that_card():
     assert named_gpu("v100s").name == "V100S PCIe" and other_cards("v100s") is None
     assert named_gpu("a6000").name == "RTX A6000" and named_gpu("6000").name == "RTX 6000 Ada"
     assert named_gpu("l40").name == "L40" and named_gpu("h10").name == "H100 SXM"  # a prefix still serves
+    # one cut inside a model number is said (a new user's typos "rtx 409" and "b20" passed without a word)
+    assert other_cards("rtx 409") == "--gpu rtx 409 is read as the RTX 4090, whose name it starts: name the card whole"
+    assert "read as the B200" in other_cards("b20") and other_cards("l40") is None and other_cards("rtx 4090") is None
 
 
 @pytest.mark.parametrize(

@@ -383,12 +383,14 @@ def spec_gpu(text: str) -> Device:
 
 
 def other_cards(name: str | None) -> str | None:
-    """What a short ``--gpu`` name left out: "a100" is the A100 80GB SXM, and the table has three more A100s; the
-    line that says so, or None where the name is exact or matched one row."""
+    """What a short ``--gpu`` name left out: "a100" is the A100 80GB SXM, and the table has three more A100s; or
+    that a name cut inside a model number ("rtx 409", "b20") was read as the card it starts: the line that says
+    so, or None where the name is exact or its words name one row."""
     rows = [] if not name or is_this_cpu(name) else [row.name for row in _matching(name)]
-    if len(rows) < 2:
-        return None
-    return f"--gpu {name} is the {rows[0]}; the table also has the {', '.join(rows[1:])}: name one for another card"
+    if len(rows) >= 2:
+        return f"--gpu {name} is the {rows[0]}; the table also has the {', '.join(rows[1:])}: name one for another card"
+    cut = rows and re.match(re.escape(_plain(name)) + r"\d", _plain(rows[0]))  # its name goes on with a digit
+    return f"--gpu {name} is read as the {rows[0]}, whose name it starts: name the card whole" if cut else None
 
 
 def chosen_gpu(gpu: str | None, gpu_spec: str | None, dtypes: tuple[str, ...] = ()) -> Device | None:
