@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from diffmeter.errors import DiffmeterError
@@ -190,13 +191,13 @@ class ProfileSpec:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise DiffmeterError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
-        if self.guidance_scale is not None and self.guidance_scale < 0:
-            raise DiffmeterError(f"--guidance-scale must be 0 or more, got {self.guidance_scale:g}")
+        if self.guidance_scale is not None and not 0 <= self.guidance_scale < math.inf:  # nan fails both
+            raise DiffmeterError(f"--guidance-scale must be a finite number, 0 or more, got {self.guidance_scale:g}")
         if self.cfg_trunc_ratio is not None and not 0 <= self.cfg_trunc_ratio <= 1:
             raise DiffmeterError(
                 f"--cfg-trunc-ratio is the fraction of the steps that run CFG, 0 to 1; got {self.cfg_trunc_ratio:g}"
             )
-        if self.true_cfg_scale is not None and self.true_cfg_scale <= 1:
+        if self.true_cfg_scale is not None and not 1 < self.true_cfg_scale < math.inf:
             raise DiffmeterError(
                 f"--true-cfg-scale must be above 1 (1 or less runs no true CFG: leave it out), "
                 f"got {self.true_cfg_scale:g}"
