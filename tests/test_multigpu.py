@@ -262,6 +262,36 @@ def test_a_rank_that_dies_ends_the_run_with_a_failed_result(tmp_path):
     assert not list(out.glob(".*partial*"))
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_ctrl_c_stops_a_parallel_run_with_exit_130_and_stores_nothing(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) once the ranks have loaded: the run stops as a single
+    process's does, exit 130 and nothing stored; it was recorded as a failed result, which then refused the same
+    command without --force (a new user's finding)."""
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        ["diffmeter", "bench", "tiny-flux", "--device", "cpu", "--ulysses-degree", "2", "--steps", "50"]
+        + ["--iterations", "1000", "--out", str(out), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while _loaded_rank_1(out) is None:
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the ranks did not load"
+            time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130 and "Traceback" not in err and "failed" not in err, err
+    assert not list(out.glob(f"*/{RESULTS}")) and not list(out.glob(".*partial*"))
+
+
 def test_counting_the_first_call_leaves_a_compiled_denoiser_compiling():
     """The communication count runs a dispatch mode in the first denoiser call; dynamo meeting a frame under a
     dispatch mode skips it for good, so without force_eager around the count no later call compiled (0 graphs)."""

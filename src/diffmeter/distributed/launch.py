@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import tempfile
 import uuid
 from datetime import datetime, timezone
@@ -56,6 +57,9 @@ def bench_parallel(spec: BenchSpec, out, force: bool = False, progress=None):
         try:
             returned = _launch(spec, out, force, Path(logs))
         except Exception as error:  # the agent's ChildFailedError, or a failed rendezvous
+            if getattr(error, "sigval", None) == signal.SIGINT:  # Ctrl-C, as the agent's SignalException says it
+                storage.RunDirectory(out, prepared.name, force, prepared.spec).clear_staged()  # rank 0's, stopped
+                raise KeyboardInterrupt from None  # by the user, not failed: nothing stored (exit 130)
             stored = Path(out).expanduser() / prepared.name
             if not _failed_since(stored, started):  # rank 0 could not record it itself
                 reason, kept = _reason(error, Path(logs)), _rank_logs(stored, Path(logs))

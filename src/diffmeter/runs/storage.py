@@ -195,10 +195,14 @@ class RunDirectory:
 
     def open(self) -> Path:
         self.check()
-        for stale in self.final.parent.glob(f".{self.final.name}.partial-*"):
-            shutil.rmtree(stale, ignore_errors=True)  # left by interrupted runs
+        self.clear_staged()
         (self.staging / IMAGES).mkdir(parents=True)
         return self.staging
+
+    def clear_staged(self) -> None:
+        """Remove this run's staged folders that interrupted runs left (a parallel run's rank 0 stopped mid-run)."""
+        for stale in self.final.parent.glob(f".{self.final.name}.partial-*"):
+            shutil.rmtree(stale, ignore_errors=True)
 
     def commit(self, result: BenchResult) -> Path:
         """Write results.json, then swap the staged folder in for any previous one."""
