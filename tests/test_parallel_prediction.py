@@ -397,3 +397,14 @@ def test_a_groups_range_quotes_its_own_held_out_figure_not_one_gpus(cli):
     code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100 sxm", "--ulysses-degree", "2")
     said = " ".join(out.split())
     assert code == 0 and f"Expected: {claim}" in said and one not in said
+
+
+def test_separate_cfg_calls_count_one_exchange_per_pair(cli):
+    """Wan calls its transformer once per guidance half: under CFG parallelism each rank runs one of each pair and
+    receives the other's prediction, an all-gather per step, counted with its bytes (it said '... in 0
+    collectives' beside the bytes, a new user's finding)."""
+    code, out, err = cli("profile", "tiny-wan", "--gpu", "h100", "--cfg-degree", "2", "--steps", "3", "--json")
+    parallel = json.loads(out)["parallel"]
+    assert code == 0, err
+    assert parallel["calls_by_collective"] == {"all_gather": 3} and parallel["collectives_per_generation"] == 3
+    assert parallel["received_by_collective"]["all_gather"] == parallel["bytes_received_per_gpu"] > 0

@@ -279,8 +279,9 @@ def summarize(
             received[kind] = received.get(kind, 0) + nbytes * rank.count
         for kind, count in rank.collectives.items():
             calls[kind] = calls.get(kind, 0) + count * rank.count
-    if extra_bytes:
+    if extra_bytes:  # separate CFG calls: each rank call is one of a pair, whose predictions are exchanged once
         received["all_gather"] = received.get("all_gather", 0) + extra_bytes
+        calls["all_gather"] = calls.get("all_gather", 0) + sum(rank.count for rank in ranks)
     return ParallelPrediction(
         ulysses_degree=ulysses,
         ring_degree=ring,
