@@ -1,6 +1,5 @@
-"""The device a prediction is for: a GPU row of ``predict.peaks`` (datasheet memory, bandwidth and dense
-peaks) named by the user, figures given with ``--gpu-spec``, or ``cpu``: this machine's CPU, its peaks
-measured (``predict.cpu_peaks``)."""
+"""The device a prediction is for: a GPU row of ``predict.peaks`` (datasheet memory, bandwidth and dense peaks) named
+by the user, figures given with ``--gpu-spec``, or ``cpu``: this machine's CPU, its peaks measured (``cpu_peaks``)."""
 
 from __future__ import annotations
 
@@ -117,8 +116,7 @@ def _matching(name: str) -> list:
     """The rows a ``--gpu`` name matches: the one of that exact name; else every row holding each of its words
     (``_holds``: "4090" is the RTX 4090, "v100s" the V100S PCIe, "H100 80GB" and "h100 sxm5" the H100 SXM); else
     every row whose name starts with it; the SXM form first ("h200" is the H200 SXM: the table lists the NVL first,
-    for driver names). A row whose name adds a
-    variant word ("ti", "super") is another card: "rtx 4070" is not the RTX 4070 Ti, "rtx 4060" no RTX 4060 Ti."""
+    for driver names). A row adding a variant word ("ti", "super") is another card ("rtx 4070": no RTX 4070 Ti)."""
     wanted, words = _plain(name), set(tokens(name))
     if not wanted:
         return []
@@ -383,14 +381,14 @@ def spec_gpu(text: str) -> Device:
 
 
 def other_cards(name: str | None) -> str | None:
-    """What a short ``--gpu`` name left out: "a100" is the A100 80GB SXM, and the table has three more A100s; or
-    that a name cut inside a model number ("rtx 409", "b20") was read as the card it starts: the line that says
-    so, or None where the name is exact or its words name one row."""
+    """What a short ``--gpu`` name left out ("a100": three more A100s), or that one cut inside a model number ("rtx
+    409") was read as the card it starts; None where its words name one row."""
     rows = [] if not name or is_this_cpu(name) else [row.name for row in _matching(name)]
-    if len(rows) >= 2:
-        return f"--gpu {name} is the {rows[0]}; the table also has the {', '.join(rows[1:])}: name one for another card"
-    cut = rows and re.match(re.escape(_plain(name)) + r"\d", _plain(rows[0]))  # its name goes on with a digit
-    return f"--gpu {name} is read as the {rows[0]}, whose name it starts: name the card whole" if cut else None
+    if len(rows) < 2:  # a model number cut short: a word of the card's name goes on with a digit
+        last = (tokens(name or "") or [""])[-1]
+        cut = rows and any(w.startswith(last) and w[len(last) : len(last) + 1].isdigit() for w in tokens(rows[0]))
+        return f"--gpu {name} is read as the {rows[0]}, whose name it starts: name the card whole" if cut else None
+    return f"--gpu {name} is the {rows[0]}; the table also has the {', '.join(rows[1:])}: name one for another card"
 
 
 def chosen_gpu(gpu: str | None, gpu_spec: str | None, dtypes: tuple[str, ...] = ()) -> Device | None:
