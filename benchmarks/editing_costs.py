@@ -17,6 +17,7 @@ from diffmeter import units
 from diffmeter.catalog import all_entries
 from diffmeter.catalog.controlnets import all_controlnets
 from diffmeter.families import get_family
+from diffmeter.families.hunyuanvideo15 import IMAGE_TOKENS
 from diffmeter.families.images import ImageConditioned
 from diffmeter.flops.profile import profile_spec
 from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, named_gpu
@@ -132,7 +133,8 @@ def main() -> int:
             tokens = f"{token_count(p):,}"
             if p.num_frames and p.input_images:
                 tokens = "- (extra channels)" if needs_image else "- (first frame)"
-                tokens = "729 (SigLIP, in slots text-to-video masks)" if entry.family == "hunyuanvideo15" else tokens
+                if entry.family == "hunyuanvideo15":
+                    tokens = f"{IMAGE_TOKENS} (SigLIP, in slots text-to-video masks)"
             expected = f"{time.expected_s[0]:.1f} to {time.expected_s[1]:.1f} s" if time.expected_s else "-"
             usable = gpu.memory_bytes - CUDA_HOLDBACK_BYTES
             if found["peak"] > usable:  # the time of a run that cannot start as it is would mislead
@@ -176,8 +178,8 @@ def main() -> int:
                 f"{entry.pipeline_class} is this checkpoint's own pipeline: it needs an image, sets the video's size",
                 "to the bucket nearest its aspect ratio, VAE-encodes it once per call as the first latent frame (the",
                 "transformer's condition channels, which text-to-video fills with zeros) and reads it once per call",
-                "with the SigLIP image encoder, whose 729 tokens fill the image slots text-to-video masks: the",
-                "transformer's calls cost what text-to-video's do, and the image adds only its two encodings.",
+                f"with the SigLIP image encoder, whose {IMAGE_TOKENS} tokens fill the image slots text-to-video masks:",
+                "the transformer's calls cost what text-to-video's do, and the image adds only its two encodings.",
                 "Counted exactly: `tests/test_family_hunyuanvideo15_i2v.py`.",
             ]
         elif needs_image:

@@ -13,6 +13,11 @@ def is_video(row) -> bool:
     return frames is not None and not (isinstance(frames, float) and math.isnan(frames))
 
 
+def size(row) -> str:
+    """A row's output size: "64x64", a video's with its frames "832x480x81f"."""
+    return f"{row['width']}x{row['height']}" + (f"x{row['frames']}f" if is_video(row) else "")
+
+
 def noun(rows) -> str:
     """What the rows' per-output columns count: "image", "video", or "output" where they mix both."""
     kinds = {is_video(row) for row in rows}

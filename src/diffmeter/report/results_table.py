@@ -96,14 +96,13 @@ def results_table(frame, title: str) -> FittedTable:
     for row in records:
         weights = {"tiny-random": " (tiny)", "random": " (random weights)"}.get(row["weights"], "")
         marked |= bool(weights)
-        size = f"{row['width']}x{row['height']}" + (f"x{row['frames']}f" if _present(row["frames"]) else "")
         memory = row["peak_cuda_bytes"] if _present(row["peak_cuda_bytes"]) else row["peak_rss_bytes"]
         status = row["status"] if row["status"] == "complete" else f"[red]{row['status']}[/]"
         rate = row["images_per_s"]
         rate = outputs.rate(rate, outputs.is_video(row), word == "output") if _present(rate) else "-"
         table.add_row(
             escape(f"{row['model']}{weights}"),
-            size,
+            outputs.size(row),
             str(row["batch"]),
             str(row["steps"]),
             row["dtype"],

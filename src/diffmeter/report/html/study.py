@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.flops.schema import Profile
+from diffmeter.report import outputs
 from diffmeter.runs import collect
 from diffmeter.runs.ladder_record import Ladder
 from diffmeter.runs.ladder_rungs import ladder_rungs
@@ -35,8 +36,7 @@ class Run:
     @property
     def label(self) -> str:
         row = self.row
-        size = f"{row['width']}x{row['height']}" + (f"x{row['frames']}f" if row["frames"] else "")
-        return f"{row['model']} {size} b{row['batch']} {row['optimizations'] or 'unoptimized'}"
+        return f"{row['model']} {outputs.size(row)} b{row['batch']} {row['optimizations'] or 'unoptimized'}"
 
     @property
     def weights(self) -> str:

@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from diffmeter import units
+from diffmeter.report import outputs
 from diffmeter.report.html.plot_style import Colors, Figure, explain, layout, log_ticks, measured
 from diffmeter.report.html.study import Run, Study
 from diffmeter.report.speedup_text import row_speedup, speedup_tick
@@ -60,11 +61,6 @@ def tradeoffs(study: Study) -> list[Figure]:
     return figures
 
 
-def output_size(row: dict) -> str:
-    """A run's output: "64x64", "832x480x81f"."""
-    return f"{row['width']}x{row['height']}" + (f"x{row['frames']}f" if row.get("frames") else "")
-
-
 def _pareto(runs: list[Run], values: list[float], y: str, unit: str, title: str, caption: str) -> Figure:
     """Each model's runs, and its Pareto frontier (no run of the same model and output size beats one on it on both:
     a smaller image is another product, not a faster setting; the size is named where a model has several);
@@ -73,11 +69,11 @@ def _pareto(runs: list[Run], values: list[float], y: str, unit: str, title: str,
     hover = "%{x:.4g} s per image, %{y:.4g} " + unit
     sizes: dict[str, set[str]] = defaultdict(set)
     for run in runs:
-        sizes[run.row["model"]].add(output_size(run.row))
+        sizes[run.row["model"]].add(outputs.size(run.row))
     by_model: dict[str, list[tuple[float, float, Run]]] = defaultdict(list)
     for run, value in zip(runs, values, strict=True):
         model = run.row["model"]
-        group = f"{model} at {output_size(run.row)}" if len(sizes[model]) > 1 else model
+        group = f"{model} at {outputs.size(run.row)}" if len(sizes[model]) > 1 else model
         by_model[group].append((run.row["s_per_image"], value, run))
     colors = Colors(by_model)
     for model, points in sorted(by_model.items()):
