@@ -57,7 +57,9 @@ def bench_parallel(spec: BenchSpec, out, force: bool = False, progress=None):
         try:
             returned = _launch(spec, out, force, Path(logs))
         except Exception as error:  # the agent's ChildFailedError, or a failed rendezvous
-            if getattr(error, "sigval", None) == signal.SIGINT:  # Ctrl-C, as the agent's SignalException says it
+            # Ctrl-C, as the agent's SignalException says it, raised once it has shut its workers down (torch 2.13
+            # torch/distributed/elastic/agent/server/api.py:752-756, launcher/api.py:391-397)
+            if getattr(error, "sigval", None) == signal.SIGINT:
                 storage.RunDirectory(out, prepared.name, force, prepared.spec).clear_staged()  # rank 0's, stopped
                 raise KeyboardInterrupt from None  # by the user, not failed: nothing stored (exit 130)
             stored = Path(out).expanduser() / prepared.name
