@@ -43,13 +43,19 @@ def adapted(name: str, rank: int, targets=None):
 @pytest.mark.parametrize("name", quick_or_slow(MODELS))
 def test_an_unfused_lora_counts_what_peft_runs_and_a_fused_one_the_base(name):
     entry, pipe, call, settings = adapted(name, 16)
-    assert counted(entry, pipe, call) == {c.name: c.macs for c in profile(name, lora_rank=16, **settings).components}
+    adapted_profile = profile(name, lora_rank=16, **settings)
+    assert counted(entry, pipe, call) == {c.name: c.macs for c in adapted_profile.components}
+    # the parameters peft added are in the row and the total (the parameter line's GiB), fused or not
+    loaded = {name: sum(p.numel() for p in getattr(pipe, name).parameters()) for name in entry.components}
+    assert {c.name: c.params for c in adapted_profile.components} == loaded
+    assert adapted_profile.params == sum(loaded.values())
     base = {c.name: c.macs for c in profile(name, **settings).components}
     denoiser = get_family(entry.family).denoiser
     pipe.fuse_lora(components=[denoiser])
     assert counted(entry, pipe, call) == base
     fused = profile(name, lora_rank=16, fuse_lora=True, **settings)
     assert {c.name: c.macs for c in fused.components} == base
+    assert fused.params == sum(sum(p.numel() for p in getattr(pipe, n).parameters()) for n in entry.components)
     unfused = {c.name: c.macs for c in profile(name, lora_rank=16, **settings).components}
     assert unfused[denoiser] > base[denoiser]
     assert {k: v for k, v in unfused.items() if k != denoiser} == {k: v for k, v in base.items() if k != denoiser}

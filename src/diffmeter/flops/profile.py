@@ -15,7 +15,7 @@ import torch
 from diffmeter.catalog import ComponentEntry, entry_of
 from diffmeter.catalog.controlnets import controlnet_of
 from diffmeter.errors import DiffmeterError
-from diffmeter.families import DENOISER, Call, get_family, schedule
+from diffmeter.families import DENOISER, Call, get_family, lora, schedule
 from diffmeter.families.images import image_sized
 from diffmeter.flops.cached import cached_params, cached_profile, remember_params, remember_profile
 from diffmeter.flops.counter import KINDS, FlopCounts, call_signature, count_flops
@@ -109,12 +109,14 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
     resized = (spec.height, spec.width) != requested
 
     components = []
+    adapter = lora.targets_of(family, entry, spec)  # a LoRA's weights are loaded on the main denoiser, fused or not
     # a row per component and role: the VAE that encodes an input image and decodes the output is two rows
     for name, role in dict.fromkeys((call.component, call.role) for call in plan):
         calls = [call for call in plan if (call.component, call.role) == (name, role)]
         try:
             bytes_per_param = BYTES_PER_PARAM[spec.dtype_of(name)]
-            components.append(_profile_component(name, entry.components[name], calls, depth, bytes_per_param))
+            adapted = adapter if name == family.denoiser else ()
+            components.append(_profile_component(name, entry.components[name], calls, depth, bytes_per_param, adapted))
         except ValueError as error:  # the model's own refusal (a size beyond its position embeddings)
             raise DiffmeterError(
                 f"{entry.name} cannot generate {spec.width}x{spec.height} (WxH): its {name} "
@@ -255,7 +257,11 @@ class MetaComponent:
         return self._counts[key]
 
 
-def _profile_component(name, component: ComponentEntry, calls: list[Call], depth: int, bytes_per_param: int):
+def _profile_component(
+    name, component: ComponentEntry, calls: list[Call], depth: int, bytes_per_param: int, adapter: tuple = ()
+):
+    """One component's row; ``adapter``'s (target, rank) pairs add a LoRA's parameters to its own (diffusers keeps
+    them loaded when fused, to unfuse)."""
     meta = MetaComponent(component)
     class_name = component.class_name
     invocations, kinds, modules = [], dict.fromkeys(KINDS, 0), {}
@@ -274,7 +280,7 @@ def _profile_component(name, component: ComponentEntry, calls: list[Call], depth
                 modules[path] = modules.get(path, 0) + flops // 2 * call.count
     macs = sum(i.macs_per_call * i.count for i in invocations)
     total_calls = sum(i.count for i in invocations)
-    params = meta.params
+    params = meta.params + (lora.adapter_params(meta.module, adapter) if adapter else 0)
     return ComponentProfile(
         name=name,
         role=calls[0].role,
