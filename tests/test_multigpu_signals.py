@@ -54,6 +54,9 @@ def test_a_rank_that_dies_ends_the_run_with_a_failed_result(tmp_path):
     code, err = _signalled_once_loaded(out, lambda process, rank_1: os.kill(rank_1, signal.SIGKILL))
     assert code == 2 and "Traceback" not in err
     assert "rank 1 died (killed by signal SIGKILL)" in err
+    # what the rank had done (its own log's last line), not a library's warning; nor the resource tracker's leak
+    # warning for the killed rank's semaphores
+    assert "its log ends: " in err and "loaded and optimized" in err and "Warning" not in err, err
     (stored,) = out.glob(f"*/{RESULTS}")
     result = read_result(stored.parent)
     assert result.status == "failed" and "rank 1 died" in result.error

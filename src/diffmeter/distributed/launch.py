@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import tempfile
 import uuid
@@ -29,6 +30,11 @@ from diffmeter.runs.spec import BenchSpec
 TAIL_LINES = 20
 #: the folder (in the launch's logs) where a failing rank writes why: rank-N.error, rank-N.log
 FAILURES = "failures"
+#: the first line of a Python warning as ``warnings`` prints it ("path:line: FutureWarning: text"); the source line
+#: it quotes follows, indented
+WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
+#: a Python warning in a rank's bench.log (its warnings are logged there: "... WARNING FutureWarning: text (path)")
+LOGGED_WARNING = re.compile(r" WARNING \w*Warning: ")
 
 
 def joined() -> bool:
@@ -64,7 +70,8 @@ def bench_parallel(spec: BenchSpec, out, force: bool = False, progress=None):
                 raise KeyboardInterrupt from None  # by the user, not failed: nothing stored (exit 130)
             stored = Path(out).expanduser() / prepared.name
             if not _failed_since(stored, started):  # rank 0 could not record it itself
-                reason, kept = _reason(error, Path(logs)), _rank_logs(stored, Path(logs))
+                kept = _rank_logs(stored, Path(logs))
+                reason = _reason(error, Path(logs), kept)
                 stored = store_failure(prepared, out, reason, kept)
             result = storage.read_result(stored)
             raise DiffmeterError(f"{result.error} (recorded as a failed result in {stored})") from None
@@ -98,7 +105,28 @@ def start(processes: int, function, arguments: tuple, logs: Path) -> dict:
         logs_specs=DefaultLogsSpecs(log_dir=str(logs), redirects=Std.ALL),
     )
     with _agent_quiet():
+        _start_tracker_quiet()
         return elastic_launch(config, function)(*arguments)
+
+
+def _start_tracker_quiet() -> None:
+    """Start multiprocessing's resource tracker (the spawned ranks' semaphores are registered with it) with its own
+    leak warning off: a killed rank leaves its semaphores to the tracker, which cleans them up at exit and warns
+    "There appear to be N leaked semaphore objects" on the terminal (Lib/multiprocessing/resource_tracker.py),
+    below the failure it has nothing to add to. The tracker is its own interpreter and reads ``PYTHONWARNINGS`` as
+    it starts; a tracker already running is left as it is."""
+    from multiprocessing import resource_tracker
+
+    before = os.environ.get("PYTHONWARNINGS")
+    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
+    os.environ["PYTHONWARNINGS"] = f"{before},{quiet}" if before else quiet
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        if before is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = before
 
 
 @contextlib.contextmanager
@@ -136,10 +164,11 @@ def _failed_since(folder: Path, started: datetime) -> bool:
     return result.status == "failed" and datetime.fromisoformat(result.created_utc) >= started
 
 
-def _reason(error: Exception, logs: Path) -> str:
+def _reason(error: Exception, logs: Path, kept: dict[str, str]) -> str:
     """Which rank failed and why. A rank that died without saying why (killed, crashed) is the cause: its peers'
     own errors ("connection closed by peer") follow from it. Otherwise the first rank that said why in the
-    failures folder (the others were stopped after it); else the one the elastic agent saw die first."""
+    failures folder (the others were stopped after it); else the one the elastic agent saw die first. ``kept``:
+    the ranks' logs (``_rank_logs``)."""
     said = {int(path.stem.split("-")[1]): path for path in (logs / FAILURES).glob("rank-*.error")}
     failures = getattr(error, "failures", None) or {}
     silent = {
@@ -148,18 +177,26 @@ def _reason(error: Exception, logs: Path) -> str:
         if rank not in said and not (failure.exitcode < 0 and failure.signal_name() == "SIGTERM")  # the agent's stop
     }
     if silent:
-        return _died(logs, *min(silent.items(), key=lambda item: item[1].timestamp))
+        return _died(logs, kept, *min(silent.items(), key=lambda item: item[1].timestamp))
     if said:
         return min(said.values(), key=lambda path: path.stat().st_mtime).read_text(encoding="utf-8")
     if not failures:
         return f"the parallel launch failed: {(str(error) or type(error).__name__).splitlines()[0]}"
-    return _died(logs, *min(failures.items(), key=lambda item: item[1].timestamp))
+    return _died(logs, kept, *min(failures.items(), key=lambda item: item[1].timestamp))
 
 
-def _died(logs: Path, rank: int, failure) -> str:
+def _died(logs: Path, kept: dict[str, str], rank: int, failure) -> str:
+    """A rank that ended without saying why: how it ended, the last line of its own log (what it had done) and its
+    last output, the libraries' warnings left out (they say nothing of why it stopped)."""
     how = f"killed by signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+    log = kept.get(storage.LOG if rank == 0 else f"{RANKS}/rank-{rank}/{storage.LOG}", "")
+    logged = [line for line in log.strip().splitlines() if not LOGGED_WARNING.search(line)]
     tail = _tail(logs, failure.local_rank)
-    return f"rank {rank} died ({how}) and the run stopped" + (f"; its last output:\n{tail}" if tail else "")
+    return (
+        f"rank {rank} died ({how}) and the run stopped"
+        + (f"; its log ends: {logged[-1]}" if logged else "")
+        + (f"; its last output:\n{tail}" if tail else "")
+    )
 
 
 def _rank_logs(stored: Path, logs: Path) -> dict[str, str]:
@@ -177,7 +214,21 @@ def _rank_logs(stored: Path, logs: Path) -> dict[str, str]:
 
 
 def _tail(logs: Path, local_rank: int) -> str:
+    """The last lines a rank's process printed, without the libraries' warnings."""
     lines = []
     for path in sorted(logs.rglob(f"attempt_0/{local_rank}/std*.log")):
-        lines += path.read_text(encoding="utf-8", errors="replace").splitlines()
+        lines += without_warnings(path.read_text(encoding="utf-8", errors="replace").splitlines())
     return "\n".join(lines[-TAIL_LINES:])
+
+
+def without_warnings(lines: list[str]) -> list[str]:
+    """``lines`` without the Python warnings printed among them (each warning's line and the source line it
+    quotes)."""
+    kept, quoting = [], False
+    for line in lines:
+        if WARNING.match(line):
+            quoting = True
+        elif not (quoting and line.startswith("  ")):
+            quoting = False
+            kept.append(line)
+    return kept
