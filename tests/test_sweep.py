@@ -16,11 +16,12 @@ import pytest
 
 from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
+from diffmeter.runs.prepared import prepare
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.storage import RESULTS, read_result
 from diffmeter.sweep.file import SweepFile
 from diffmeter.sweep.local import Job, LocalExecutor, Outcome
-from diffmeter.sweep.run import run_sweep
+from diffmeter.sweep.run import job_of, run_sweep
 from diffmeter.tiny import tiny_pipeline
 
 #: every cell: the tiny SD pipeline, one measured call of one step on CPU
@@ -180,6 +181,37 @@ def test_no_cell_starts_after_an_interrupt(tmp_path):
         Recorded(tmp_path, slots=[None]).map(jobs, lambda job: None, interrupt)
     time.sleep(0.5)  # a cell started by a worker would be recorded by now
     assert ran == ["cell-0"]
+
+
+def test_a_parallel_cell_gets_a_gpu_per_process_and_no_gpu_is_shared(tmp_path):
+    """A parallel cell on CUDA (ulysses 2: 2 processes) was given one GPU slot, so its ranks found 1 GPU visible
+    and the cell failed though the machine had more. Each cell now takes as many free slots as it needs GPUs, in
+    order, and gives them back when it ends. Cells run as recorded calls (no GPU here)."""
+    ran, lock = [], threading.Lock()
+    busy: set[str] = set()
+
+    class Recorded(LocalExecutor):
+        def run_cell(self, job, slots):
+            with lock:
+                assert not busy & set(slots), f"{job.name} given a GPU in use: {slots}"
+                busy.update(slots)
+                ran.append((job.name, list(slots)))
+            time.sleep(0.1)
+            with lock:
+                busy.difference_update(slots)
+            return Outcome(0, "", 0.1)
+
+    parallel = BenchSpec(model="tiny-flux", device="cuda", ulysses_degree=2)
+    assert job_of(prepare(parallel, here=False)).gpus == 2
+    assert job_of(prepare(BenchSpec(model="tiny-flux", device="cuda"), here=False)).gpus == 1
+    assert job_of(prepare(BenchSpec(model="tiny-flux", device="cpu", ulysses_degree=2), here=False)).gpus == 0
+    needs = {"a": 2, "b": 1, "c": 2, "d": 3, "e": 1}
+    jobs = [Job(spec=parallel, name=name, gpus=gpus) for name, gpus in needs.items()]
+    finished = []
+    Recorded(tmp_path, slots=["0", "1", "2"]).map(jobs, lambda job: None, lambda job, _: finished.append(job.name))
+    assert [name for name, _ in ran] == list(needs) and sorted(finished) == sorted(needs)
+    assert {name: len(slots) for name, slots in ran} == needs
+    assert all(len(set(slots)) == len(slots) for _, slots in ran)
 
 
 @pytest.mark.slow

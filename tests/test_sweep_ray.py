@@ -35,9 +35,19 @@ def test_the_ray_executor_runs_cells_as_tasks_and_ships_results_back(tmp_path):
     broken = corrupt_folder(tmp_path)
     out = tmp_path / "out"
     sweep = SweepFile(name="cluster", axes={"model": ["tiny-sd", str(broken)]}, fixed=FAST)
+    seen, watching = [], threading.Event()
+
+    def count_cells():  # CPU cells time on every core: Ray ran two at once on this 2-core instance
+        while not watching.is_set():
+            seen.append(sum(is_ray_cell(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])))
+            time.sleep(0.05)
+
     try:
         executor = RayExecutor(out, "auto", num_cpus=2)
+        threading.Thread(target=count_cells, daemon=True).start()
         record = run_sweep(sweep, out, executor, here=False)
+        watching.set()
+        assert max(seen) == 1, "two CPU cells ran at once on one node"
         assert [cell.status for cell in record.cells] == ["done", "failed"]
         assert "Ray cluster" in record.executor and all("pid" in cell.where for cell in record.cells)
         runs = stored(out)
@@ -46,6 +56,12 @@ def test_the_ray_executor_runs_cells_as_tasks_and_ships_results_back(tmp_path):
         assert read_result(out / complete).summary.iterations == 1 and (out / complete / "bench.log").is_file()
         resumed = run_sweep(sweep, out, executor, here=False)
         assert [cell.status for cell in resumed.cells] == ["skipped", "failed"]
+        # a cell needing more GPUs than any node has: failed with why, where Ray would wait for such a node for ever
+        wide = SweepFile(
+            name="wide", axes={"model": ["tiny-flux"]}, fixed={**FAST, "device": "cuda", "ulysses_degree": 2}
+        )
+        (cell,) = run_sweep(wide, out, executor, here=False).cells
+        assert cell.status == "failed" and "needs 2 GPUs on one node" in cell.reason and "has 0" in cell.reason
 
         killed = []
 

@@ -25,7 +25,7 @@ TAIL_LINES = 20
 class Job:
     spec: BenchSpec
     name: str
-    #: GPUs the cell needs (0 on CPU)
+    #: GPUs the cell needs (0 on CPU; a parallel run's processes on CUDA)
     gpus: int = 0
     #: the run folder of the unoptimized run it compares with (--compare-baseline)
     baseline: str | None = None
@@ -38,6 +38,8 @@ class Outcome:
     tail: str
     seconds: float
     where: str = "this machine"
+    #: why the cell did not run, where no process of it ended (a Ray task that failed, a cell no node can hold)
+    reason: str | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -72,41 +74,43 @@ class LocalExecutor:
     def map(
         self, jobs: Iterable[Job], started: Callable[[Job], None], finished: Callable[[Job, Outcome], None]
     ) -> None:
-        """Run every job; ``started`` and ``finished`` are called in this thread. A job is started here, when a
-        slot is free, never by a worker: after an interrupt (Ctrl-C, whatever ``finished`` raises) no further
-        cell starts, and the running ones are stopped."""
-        pending = iter(jobs)
+        """Run every job, in order; ``started`` and ``finished`` are called in this thread. A job is started here,
+        when as many slots are free as it needs GPUs (a parallel run: one per process; at most every slot), never by
+        a worker: after an interrupt (Ctrl-C, whatever ``finished`` raises) no further cell starts, and the running
+        ones are stopped."""
+        pending = list(jobs)
         free = list(self.slots)
-        running: dict[Future, tuple[Job, str | None]] = {}
+        running: dict[Future, tuple[Job, list[str | None]]] = {}
         with ThreadPoolExecutor(max_workers=len(self.slots)) as pool:
 
             def start_while_free() -> None:
-                while free and (job := next(pending, None)) is not None:
-                    slot = free.pop(0)
+                while pending and len(free) >= (need := min(max(pending[0].gpus, 1), len(self.slots))):
+                    job, taken = pending.pop(0), [free.pop(0) for _ in range(need)]
                     started(job)
-                    running[pool.submit(self.run_cell, job, slot)] = (job, slot)
+                    running[pool.submit(self.run_cell, job, taken)] = (job, taken)
 
             try:
                 start_while_free()
                 while running:
                     done, _ = wait(running, return_when=FIRST_COMPLETED)
                     for future in done:
-                        job, slot = running.pop(future)
-                        free.append(slot)
+                        job, taken = running.pop(future)
+                        free.extend(taken)
                         finished(job, future.result())
                     start_while_free()
             except BaseException:
                 self.stop()
                 raise
 
-    def run_cell(self, job: Job, slot: str | None) -> Outcome:
-        """The cell's process, pinned to ``slot``'s GPU; its output goes to a log beside the results."""
+    def run_cell(self, job: Job, slots: list[str | None]) -> Outcome:
+        """The cell's process, pinned to the GPUs of ``slots`` (CPU slots: None); its output goes to a log beside
+        the results."""
         logs = self.out / ".sweep" / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{job.name[:200]}.log"
         env = dict(os.environ)
-        if slot is not None:
-            env["CUDA_VISIBLE_DEVICES"] = slot
+        if gpus := [slot for slot in slots if slot is not None]:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         env.setdefault("PYTHONUNBUFFERED", "1")
         # named by the cell: a sweep killed before removing it leaves one its rerun overwrites, not a new one each time
         spec_path = logs / f"{job.name[:200]}.spec.json"

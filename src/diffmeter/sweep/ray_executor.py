@@ -75,9 +75,23 @@ class RayExecutor:
     ) -> None:
         ray = _ray()
         pending = {}
+        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+        node_cpus = max((int(node.get("CPU", 0)) for node in nodes), default=1)
+        node_gpus = max((int(node.get("GPU", 0)) for node in nodes), default=0)
         for job in jobs:
+            if job.gpus > node_gpus:  # Ray would wait for such a node for ever
+                started(job)
+                why = (
+                    f"it needs {job.gpus} GPUs on one node and the Ray cluster's largest node has {node_gpus}: lower "
+                    "the parallel degrees, or add a node with as many GPUs"
+                )
+                finished(job, Outcome(None, "", 0.0, "the Ray cluster", reason=why))
+                continue
             baseline = pack(self.out, [job.baseline]) if job.baseline else None
-            ref = self._task.options(num_gpus=job.gpus, num_cpus=1).remote(
+            # a CPU cell times on every core of its node (torch's threads, each rank's): it takes the node whole, no
+            # other cell beside it, on the largest nodes (alike ones, its timings comparable); a GPU cell its GPUs
+            cpus = 1 if job.gpus else node_cpus
+            ref = self._task.options(num_gpus=job.gpus, num_cpus=cpus).remote(
                 job.spec.model_dump_json(), job.name, baseline, self.timeout_s
             )
             pending[ref] = job
@@ -89,7 +103,8 @@ class RayExecutor:
                 try:
                     outcome, folders = ray.get(done[0])
                 except Exception as error:  # the task itself failed (not the cell): a crash outcome
-                    outcome, folders = Outcome(-1, " ".join(str(error).split())[-2000:], 0.0, "the Ray cluster"), None
+                    why = f"its Ray task failed: {' '.join(str(error).split())[-2000:]}"
+                    outcome, folders = Outcome(None, "", 0.0, "the Ray cluster", reason=why), None
                 if folders:
                     unpack(folders, self.out, keep={job.baseline} - {None})
                 finished(job, outcome)
@@ -108,7 +123,7 @@ def run_on_node(spec_json: str, name: str, baseline: bytes | None, timeout_s: fl
         if baseline:
             unpack(baseline, scratch)
         executor = LocalExecutor(scratch, slots=[None], timeout_s=timeout_s)  # Ray already set CUDA_VISIBLE_DEVICES
-        outcome = executor.run_cell(Job(BenchSpec.model_validate_json(spec_json), name), None)
+        outcome = executor.run_cell(Job(BenchSpec.model_validate_json(spec_json), name), [None])
         outcome.where = f"{socket.gethostname()} (pid {os.getpid()})"
         folders = [path.name for path in scratch.iterdir() if path.is_dir() and not path.name.startswith(".")]
         return outcome, pack(scratch, folders) if folders else None

@@ -89,7 +89,7 @@ def _phases(planned: list[PlannedCell], record: rec.SweepRecord, out: Path, here
     work: dict[str, _Work] = {}
     for cell, cell_record in zip(planned, record.cells, strict=True):
         if cell.status == TO_RUN and not cell.cell.batch_auto:
-            work.setdefault(cell.run.name, _Work(_job(cell.run), cell.run)).records.append(cell_record)
+            work.setdefault(cell.run.name, _Work(job_of(cell.run), cell.run)).records.append(cell_record)
     first: dict[str, _Work] = {}
     for cell in planned:
         spec = cell.run.spec if cell.run else None
@@ -102,7 +102,7 @@ def _phases(planned: list[PlannedCell], record: rec.SweepRecord, out: Path, here
         if baseline.name in work:
             first[baseline.name] = work.pop(baseline.name)
         elif stored_result(out / baseline.name)[0] != "complete":
-            first.setdefault(baseline.name, _Work(_job(baseline), baseline))
+            first.setdefault(baseline.name, _Work(job_of(baseline), baseline))
     return list(first.values()), list(work.values())
 
 
@@ -126,14 +126,16 @@ def _with_baseline(phase: list[_Work], out: Path, record: rec.SweepRecord, callb
     return ready
 
 
-def _job(run: PreparedRun) -> Job:
+def job_of(run: PreparedRun) -> Job:
+    """The job that runs ``run``: the GPUs it needs and the baseline it compares with."""
     baseline = None
     if run.spec.compare_baseline and run.optimizations:
         try:
             baseline = prepare(run.spec.baseline(), here=False).name
         except DiffmeterError:
             pass  # the cell reports it when it runs
-    return Job(run.spec, run.name, gpus=1 if run.spec.device.startswith("cuda") else 0, baseline=baseline)
+    gpus = run.spec.world_size if run.spec.device.startswith("cuda") else 0  # a parallel run: a GPU per process
+    return Job(run.spec, run.name, gpus=gpus, baseline=baseline)
 
 
 def _run_phase(phase: list[_Work], executor, out: Path, record: rec.SweepRecord, callbacks: Callbacks) -> None:
@@ -179,6 +181,9 @@ def settle_outcome(
         return rec.FAILED, error
     if outcome.code == INTERRUPTED:
         raise KeyboardInterrupt
+    if outcome.reason:  # no process of the cell ended: nothing it printed or logged
+        store_failure(run, out, outcome.reason)
+        return rec.FAILED, outcome.reason
     if outcome.timed_out:
         why = "stopped at the sweep's per-cell timeout"
     elif outcome.code is not None and outcome.code < 0:
@@ -226,7 +231,7 @@ def _search_batch(cell: Cell, cell_record, executor, out: Path, record, callback
         status, error = stored_result(out / run.name)
         if status is None or (status == "failed" and retry and not _out_of_memory(error)):
             quiet = Callbacks(started=callbacks.started)  # the cell is finished once, when the search ends
-            _run_phase([_Work(_job(run), run, [cell_record])], executor, out, record, quiet)
+            _run_phase([_Work(job_of(run), run, [cell_record])], executor, out, record, quiet)
             status, error = stored_result(out / run.name)
         if status != "complete":
             if not _out_of_memory(error):
