@@ -215,6 +215,20 @@ def test_a_parallel_cell_gets_a_gpu_per_process_and_no_gpu_is_shared(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_parallel_cell_is_compared_with_its_one_device_cell(tmp_path):
+    """Cells of one sweep at ulysses 2 and 1: the one-device cell runs first (listed second), so the parallel one
+    finds it stored and names it as its scaling's reference (it ran first and said there was none)."""
+    out = tmp_path / "out"
+    fixed = {**FAST, "model": "tiny-flux"}
+    sweep = SweepFile(name="scaling", axes={"ulysses_degree": [2, 1]}, fixed=fixed)
+    record = run_sweep(sweep, out, LocalExecutor(out, slots=[None]))
+    assert [cell.status for cell in record.cells] == ["done", "done"]
+    parallel, single = (read_result(out / cell.folder) for cell in record.cells)
+    assert parallel.parallel.scaling.one_device_run == record.cells[1].folder
+    assert single.created_utc <= parallel.created_utc
+
+
+@pytest.mark.slow
 def test_a_cell_killed_by_a_signal_is_stored_failed_and_the_sweep_goes_on(tmp_path):
     out = tmp_path / "out"
     sweep = SweepFile(name="crash", axes={"model": ["tiny-sd"], "steps": [1, 2]}, fixed=FAST)

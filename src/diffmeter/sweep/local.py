@@ -29,6 +29,13 @@ class Job:
     gpus: int = 0
     #: the run folder of the unoptimized run it compares with (--compare-baseline)
     baseline: str | None = None
+    #: a parallel run's: the run folder of the same run on one device, its scaling's reference
+    one_device: str | None = None
+
+    @property
+    def reads(self) -> list[str]:
+        """The stored runs the cell reads beside its own."""
+        return [name for name in (self.baseline, self.one_device) if name]
 
 
 @dataclass

@@ -87,12 +87,13 @@ class RayExecutor:
                 )
                 finished(job, Outcome(None, "", 0.0, "the Ray cluster", reason=why))
                 continue
-            baseline = pack(self.out, [job.baseline]) if job.baseline else None
+            stored = [name for name in job.reads if (self.out / name / storage.RESULTS).is_file()]
+            reads = pack(self.out, stored) if stored else None
             # a CPU cell times on every core of its node (torch's threads, each rank's): it takes the node whole, no
             # other cell beside it, on the largest nodes (alike ones, its timings comparable); a GPU cell its GPUs
             cpus = 1 if job.gpus else node_cpus
             ref = self._task.options(num_gpus=job.gpus, num_cpus=cpus).remote(
-                job.spec.model_dump_json(), job.name, baseline, self.timeout_s
+                job.spec.model_dump_json(), job.name, reads, self.timeout_s
             )
             pending[ref] = job
             started(job)
@@ -106,7 +107,7 @@ class RayExecutor:
                     why = f"its Ray task failed: {' '.join(str(error).split())[-2000:]}"
                     outcome, folders = Outcome(None, "", 0.0, "the Ray cluster", reason=why), None
                 if folders:
-                    unpack(folders, self.out, keep={job.baseline} - {None})
+                    unpack(folders, self.out, keep=set(job.reads))
                 finished(job, outcome)
         except BaseException:
             for ref in pending:
@@ -114,14 +115,15 @@ class RayExecutor:
             raise
 
 
-def run_on_node(spec_json: str, name: str, baseline: bytes | None, timeout_s: float | None):
-    """On a Ray worker: the cell in its own process in a scratch folder; returns (outcome, run folders as tar bytes)."""
+def run_on_node(spec_json: str, name: str, reads: bytes | None, timeout_s: float | None):
+    """On a Ray worker: the cell in its own process in a scratch folder holding the stored runs it reads (its
+    baseline, a parallel run's one-device run); returns (outcome, run folders as tar bytes)."""
     from diffmeter.runs.spec import BenchSpec
 
     scratch = Path(tempfile.mkdtemp(prefix="diffmeter-cell-"))
     try:
-        if baseline:
-            unpack(baseline, scratch)
+        if reads:
+            unpack(reads, scratch)
         executor = LocalExecutor(scratch, slots=[None], timeout_s=timeout_s)  # Ray already set CUDA_VISIBLE_DEVICES
         outcome = executor.run_cell(Job(BenchSpec.model_validate_json(spec_json), name), [None])
         outcome.where = f"{socket.gethostname()} (pid {os.getpid()})"

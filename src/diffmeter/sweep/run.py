@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from diffmeter.distributed import scaling
 from diffmeter.errors import DiffmeterError, DoesNotFit
 from diffmeter.runs.prepared import PreparedRun, prepare, store_failure
 from diffmeter.runs.storage import LOG, RESULTS
@@ -85,7 +86,8 @@ def _initial(cell: PlannedCell) -> rec.CellRecord:
 
 def _phases(planned: list[PlannedCell], record: rec.SweepRecord, out: Path, here: bool):
     """Jobs in two phases: the baselines that cells with --compare-baseline need (so two cells
-    never measure the same baseline at once), then every other cell."""
+    never measure the same baseline at once) and the cells that are another cell's one-device run (so a parallel
+    cell finds it stored and states its scaling), then every other cell."""
     work: dict[str, _Work] = {}
     for cell, cell_record in zip(planned, record.cells, strict=True):
         if cell.status == TO_RUN and not cell.cell.batch_auto:
@@ -103,6 +105,8 @@ def _phases(planned: list[PlannedCell], record: rec.SweepRecord, out: Path, here
             first[baseline.name] = work.pop(baseline.name)
         elif stored_result(out / baseline.name)[0] != "complete":
             first.setdefault(baseline.name, _Work(job_of(baseline), baseline))
+    for one_device in {work.job.one_device for work in work.values()} & set(work):
+        first[one_device] = work.pop(one_device)
     return list(first.values()), list(work.values())
 
 
@@ -135,7 +139,10 @@ def job_of(run: PreparedRun) -> Job:
         except DiffmeterError:
             pass  # the cell reports it when it runs
     gpus = run.spec.world_size if run.spec.device.startswith("cuda") else 0  # a parallel run: a GPU per process
-    return Job(run.spec, run.name, gpus=gpus, baseline=baseline)
+    one_device = None
+    if run.spec.world_size > 1:
+        one_device = scaling.one_device_name(run.spec, run.entry, [o.label() for o in run.optimizations])
+    return Job(run.spec, run.name, gpus=gpus, baseline=baseline, one_device=one_device)
 
 
 def _run_phase(phase: list[_Work], executor, out: Path, record: rec.SweepRecord, callbacks: Callbacks) -> None:
