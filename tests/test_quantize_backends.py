@@ -256,6 +256,27 @@ def test_a_gguf_file_of_another_type_is_refused(tmp_path):
         check([missing], target("tiny-flux"))
 
 
+def test_a_gguf_file_for_the_wrong_component_or_model_is_one_line(cli, tmp_path):
+    """A new user's trial: a text encoder (transformers: no from_single_file) raised KeyError '_class_name' from
+    diffusers, and tiny-flux's file given to tiny-sd's UNet or tiny-flux's VAE raised SingleFileComponentError, each
+    a traceback with exit 1. Now one line, exit 2, nothing stored; profile refuses the text encoder alike."""
+    from diffmeter.tiny import tiny_pipeline
+
+    file = tmp_path / "flux.gguf"
+    write_gguf(tiny_pipeline(resolve("tiny-flux")).transformer, file, "Q8_0")
+    out = tmp_path / "runs"
+    for model, value, says in (
+        ("tiny-flux", "text_encoder_2=gguf:Q8_0", "text_encoder_2 is a T5EncoderModel, which loads no single file"),
+        ("tiny-sd", "gguf:Q8_0", "diffusers found no UNet2DConditionModel weights in it (the unet of this model)"),
+        ("tiny-flux", "vae=gguf:Q8_0", "diffusers found no AutoencoderKL weights in it"),
+    ):
+        code, _, err = cli("bench", model, *QUICK, "--quantize", value, "--weights", file, "--out", out)
+        assert code == 2 and says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not list(out.glob(f"*/{RESULTS}"))
+    code, _, err = cli("profile", "flux-dev", "--gpu", "rtx4090", "--quantize", "text_encoder_2=gguf:Q8_0")
+    assert code == 2 and "loads no single file" in err, err
+
+
 def test_bench_measures_a_backend_against_the_unquantized_images(cli, tmp_path):
     code, _, err = cli(
         "bench", "tiny-flux", *QUICK, "--quantize", "torchao:int8wo", "--compare-baseline", "--out", tmp_path

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from diffmeter.errors import DiffmeterError
 from diffmeter.quiet import quiet_libraries
 
 
@@ -64,13 +65,21 @@ def from_single_file(name: str, single: SingleFile, root: Path, dtype: torch.dty
     import json
 
     import diffusers
+    from diffusers.loaders.single_file_utils import SingleFileComponentError
 
     class_name = json.loads((root / name / "config.json").read_text())["_class_name"]
     model = getattr(diffusers, class_name)
-    with quiet_libraries():
-        return model.from_single_file(
-            str(single.path), quantization_config=single.config, config=str(root), subfolder=name, torch_dtype=dtype
-        )
+    try:
+        with quiet_libraries():
+            return model.from_single_file(
+                str(single.path), quantization_config=single.config, config=str(root), subfolder=name, torch_dtype=dtype
+            )
+    except SingleFileComponentError:  # its tensors converted to none of the class's (single_file_model.py:532-535)
+        raise DiffmeterError(
+            f"--weights {single.path.name}: diffusers found no {class_name} weights in it (the {name} of this "
+            "model): it is another model's or another component's file; pass the one made from this model's "
+            f"{name}, or name its component (NAME=BACKEND:TYPE)"
+        ) from None
 
 
 def from_folder(name: str, folder: Folder, root: Path, dtype: torch.dtype):

@@ -271,7 +271,8 @@ def refuse_inapplicable(built: list, specs, results, formats=(), on_cpu: bool = 
     CPU for ``--gpu cpu``: DeepCache without a UNet, a diffusers cache hook without a CacheMixin denoiser, offload
     or a CUDA-only kernel on a CPU, clashing pairs), in bench's one line; on this CPU also a ``--quantize
     BACKEND:TYPE`` format its backend cannot run there (its ``cannot_run``, as bench and ``diffmeter optimizations``
-    ask it). A package missing here is not refused: the predicted run's machine may have it."""
+    ask it); on any device a component the format cannot load into (its ``component_refusal``: a GGUF file for a
+    text encoder). A package missing here is not refused: the predicted run's machine may have it."""
     import torch
 
     from diffmeter.catalog import entry_of
@@ -285,10 +286,11 @@ def refuse_inapplicable(built: list, specs, results, formats=(), on_cpu: bool = 
         images = bool(found.input_images)
         target = Target(entry, get_family(entry.family), device, found.dtype, found.steps, images=images)
         check(built, target, missing_ok=True)
-        for found_format in formats if on_cpu else ():
+        for found_format in formats:
             technique = REGISTRY[found_format.backend]
             named = [name for name in found_format.components if name != DENOISER]
-            reason = technique(technique.Config(type=found_format.type, components=named)).cannot_run(target)
+            backend = technique(technique.Config(type=found_format.type, components=named))
+            reason = backend.component_refusal(target) or (backend.cannot_run(target) if on_cpu else None)
             if reason:
                 raise DiffmeterError(f"{technique.name} cannot be used with {entry.name}: {reason}")
 

@@ -24,6 +24,8 @@ class QuantizeAtLoad(Optimization):
     lossless = False
     #: the types whose weights are stored in one byte (the memory check's lower bound); 4-bit ones count so too
     one_byte_types: ClassVar[tuple[str, ...]] = ()
+    #: reads a pre-quantized single file through diffusers' ``from_single_file`` (GGUF, BFL)
+    single_file: ClassVar[bool] = False
 
     @classmethod
     def backend(cls):
@@ -40,6 +42,21 @@ class QuantizeAtLoad(Optimization):
 
     def cannot_run(self, target: Target) -> str | None:
         """Why this backend's type cannot run on ``target.device`` (None: it can)."""
+        return None
+
+    def component_refusal(self, target: Target) -> str | None:
+        """Why a component it names cannot take this backend on any device: a pre-quantized single file (GGUF,
+        BFL) loads through diffusers' ``from_single_file`` (``FromOriginalModelMixin``), which transformers' models
+        (the text encoders) do not have."""
+        named = [name for name in self.components(target) if name in target.entry.components]
+        for name in named if self.single_file else ():
+            held = component_class(target.entry.components[name].class_name)
+            if not hasattr(held, "from_single_file"):
+                return (
+                    f"{name} is a {held.__name__}, which loads no single file (diffusers' from_single_file is its own "
+                    f"models'): give the {self.name} file to a diffusers model (the denoiser, the VAE), or quantize "
+                    f"{name} with another backend ({name}=bnb:nf4)"
+                )
         return None
 
     def supports(self, target: Target) -> str | None:

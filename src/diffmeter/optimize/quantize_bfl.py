@@ -47,9 +47,10 @@ class Bfl(QuantizeAtLoad):
     Config = Config
     package = ("accelerate", "bfl")
     one_byte_types = BACKENDS["bfl"].types
+    single_file = True
 
     def supports(self, target: Target) -> str | None:
-        return self.file_refusal(target) or super().supports(target)
+        return self.component_refusal(target) or self.file_refusal(target) or super().supports(target)
 
     def file_refusal(self, target: Target) -> str | None:
         """Why the file cannot be this run's: none given, missing, not safetensors, unscaled, another type."""

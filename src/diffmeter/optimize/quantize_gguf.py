@@ -52,10 +52,11 @@ class Gguf(QuantizeAtLoad):
     summary = BACKENDS["gguf"].summary
     Config = Config
     package = ("gguf", "gguf")
+    single_file = True
     one_byte_types = tuple(t for t in BACKENDS["gguf"].types if t != "BF16")
 
     def supports(self, target: Target) -> str | None:
-        return self.file_refusal(target) or super().supports(target)
+        return self.component_refusal(target) or self.file_refusal(target) or super().supports(target)
 
     def file_refusal(self, target: Target) -> str | None:
         """Why the file cannot be this run's: none given, missing, not GGUF, another type, or several components."""
