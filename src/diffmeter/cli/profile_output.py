@@ -78,6 +78,7 @@ def print_predicted(
     from diffmeter.predict.attention_kernels import asked_kernel
     from diffmeter.predict.cache_time import CACHES, skipped_line
     from diffmeter.predict.kernel_kinds import of_architecture
+    from diffmeter.predict.layerwise_casting import cast_work
     from diffmeter.predict.offload_time import offload_line, offload_of, with_offload, with_transfer_bound
     from diffmeter.predict.offload_time import why_untimed as why_offload_untimed
     from diffmeter.predict.operators import operator_work, predict_memory_and_work
@@ -89,7 +90,6 @@ def print_predicted(
     from diffmeter.predict.timed_techniques import HELD_OUT as TECHNIQUES_HELD_OUT
     from diffmeter.predict.timed_techniques import TIME_ONLY, timed_work, without_untimed
     from diffmeter.predict.vae_decode import VAE_MODES
-    from diffmeter.runs.fit_speedups import FP8_TEXT_ENCODER_UNTIMED
 
     legacy, formats = split_values(flags.get("quantize"))  # BACKEND:TYPE formats: their stored bytes, no file needed
     asked = from_flags(**{**flags, "quantize": legacy})
@@ -144,6 +144,11 @@ def print_predicted(
             (memory, quantized_work(work, spec, timed_formats))
             for (memory, work), spec in zip(predicted, specs, strict=True)
         ]
+    if "fp8-text-encoder" in techniques:  # each encoder call's layers cast to the compute dtype and back
+        predicted = [
+            (memory, cast_work(work, spec, memory.large_text_encoders))
+            for (memory, work), spec in zip(predicted, specs, strict=True)
+        ]
     applied = [
         timed_work(work, [(o.name, o.params) for o in asked], tuple(m.denoisers), spec, is_this_cpu(gpu))
         for (m, work), spec in zip(predicted, specs, strict=True)
@@ -171,15 +176,16 @@ def print_predicted(
     if offload and not offload_gap:  # its host transfers inside the range, at the achieved link rate fitted
         link = (chosen.host_link, chosen.host_link_bytes_per_s)
         times = [time and with_offload(time, m, techniques, *link) for time, m in zip(times, memories, strict=True)]
-    timed = VAE_MODES + tuple(f.technique for f in timed_formats) + ((offload,) if offload and not offload_gap else ())
+    timed = (
+        VAE_MODES
+        + ("fp8-text-encoder",)
+        + tuple(f.technique for f in timed_formats)
+        + ((offload,) if offload and not offload_gap else ())
+    )
     # ("label: why", whether it can make the run faster) of each technique the time leaves out; an offload's gap
     # already reads "offload-model: why", and its transfers can only slow the run
     left_out = [
-        (offload_gap, False)
-        if t == offload
-        else (FP8_TEXT_ENCODER_UNTIMED, False)  # its casts only add work: as fit bounds it
-        if t == "fp8-text-encoder"
-        else (f"{t}: {untimed_format(t, formats)}", True)
+        (offload_gap, False) if t == offload else (f"{t}: {untimed_format(t, formats)}", True)
         for t in techniques
         if t not in timed
     ] + [(said, True) for said in time_untimed]  # compile, attention kernels, caches: all speed-ups

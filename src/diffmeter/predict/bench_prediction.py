@@ -18,6 +18,7 @@ import torch
 from diffmeter.errors import DiffmeterError
 from diffmeter.predict.attention_kernels import asked_kernel
 from diffmeter.predict.devices import Device, of_row, this_cpu
+from diffmeter.predict.layerwise_casting import cast_work
 from diffmeter.predict.offload_time import offload_of, with_offload
 from diffmeter.predict.offload_time import why_untimed as why_offload_untimed
 from diffmeter.predict.operators import operator_work, predict_memory_and_work
@@ -41,7 +42,7 @@ from diffmeter.quantization_spec import DENOISER
 #: optimizations whose time is predicted: through the peak the roofline uses (TF32), the decode's operators
 #: as the tiled or sliced decode runs them, or the steps (every sampler ``optimize/scheduler.py`` offers calls the
 #: denoiser once a step, as the plan counts; no sampler's own step is counted)
-TIME_MODELLED = {"tf32", "scheduler", *VAE_MODES}
+TIME_MODELLED = {"tf32", "scheduler", "fp8-text-encoder", *VAE_MODES}
 
 
 def applied_format(optimization) -> Format:
@@ -85,6 +86,8 @@ def predict_run(
     memory, work = predict_memory_and_work(profile_spec, on_cuda=device.type == "cuda", vae_modes=modes)
     if modes:
         work = operator_work(profile_spec, modes)
+    if "fp8-text-encoder" in techniques:  # each encoder call's layers cast to the compute dtype and back
+        work = cast_work(work, profile_spec, memory.large_text_encoders)
     applied = [applied_format(o) for o in optimizations if o.name in PREDICTED]
     one_gpu = with_formats(memory, profile_spec, applied, kernels=of_device(device))  # quanto's kernel: the device's
     if group is not None:

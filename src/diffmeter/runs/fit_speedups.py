@@ -31,12 +31,6 @@ COMBINATIONS = (
 )
 
 
-#: why a setting with the fp8 text encoder has a lower bound and no range (``profile --gpu`` says the same)
-FP8_TEXT_ENCODER_UNTIMED = (
-    "fp8-text-encoder: its per-layer upcasts are not timed; they only add work, so the bounds without it hold"
-)
-
-
 @dataclass
 class Timed:
     """A setting's predicted time (``TimePrediction``) where every technique of it is timed, else why not."""
@@ -132,8 +126,13 @@ class SettingWork:
         from diffmeter.predict.vae_decode import VAE_MODES
         from diffmeter.runs.fitting import why_untimed_format
 
-        if "fp8-text-encoder" in chosen:  # its casts only add work: the work without it bounds it (``timed``)
-            return self.of(tuple(t for t in chosen if t != "fp8-text-encoder"))
+        if "fp8-text-encoder" in chosen:  # the setting's work without it, and its layers' casts in each encoder call
+            from diffmeter.predict.layerwise_casting import cast_work
+
+            work, why = self.of(tuple(t for t in chosen if t != "fp8-text-encoder"))
+            if work is None:
+                return None, why
+            return cast_work(work, self.spec, self.prediction.large_text_encoders), None
         base = tuple(t for t in chosen if t in VAE_MODES or t.startswith("quantize-"))
         if base not in self.bases:  # the work without speed-ups, shared by every speed-up of the setting
             modes = tuple(t for t in base if t in VAE_MODES)
@@ -175,13 +174,12 @@ def timed(setting_work: SettingWork, chosen: tuple[str, ...], gpu, tf32: bool = 
     if work is None:
         return Timed(why=why)
     prediction = setting_work.prediction
-    fp8 = "fp8-text-encoder" in chosen  # ``work`` is the setting's without it: its casts only add work
-    if not fp8 and (why := offload_untimed(chosen, gpu.host_link_bytes_per_s)):
+    if why := offload_untimed(chosen, gpu.host_link_bytes_per_s):
         return Timed(why=why, lower=untimed_offload_lower(work, prediction, chosen, gpu, outputs, tf32))
     time = plain_time(work, prediction, gpu, outputs, tf32)
-    if fp8 or time is None or time.expected_s is None:  # the bound of the setting's own work and its transfers
+    if time is None or time.expected_s is None:  # the bound of the setting's own work and its transfers
         lower = None if time is None else lower_s(time.lower_s, prediction, chosen, gpu.host_link_bytes_per_s)
-        return Timed(why=FP8_TEXT_ENCODER_UNTIMED if fp8 else f"no calibrated range for the {gpu.name}", lower=lower)
+        return Timed(why=f"no calibrated range for the {gpu.name}", lower=lower)
     if offload_of(chosen):
         time = with_offload(time, prediction, chosen, gpu.host_link, gpu.host_link_bytes_per_s)
     return Timed(time=time)
