@@ -194,12 +194,16 @@ def test_a_card_takes_its_architectures_calibration_or_a_neighbours_widened_and_
     ada = calibration_for(named_gpu("RTX 4090"))  # its own runs, too few for each kind: a factor on Ampere's shape
     assert "published eager runs on ada GPUs" in ada.source and "one factor on ampere's fit" in ada.source
     ampere = calibration_for(named_gpu("A100 80GB SXM"))
-    turing = calibration_for(named_gpu("T4"))  # too few runs of its own: Ampere's, widened by the measured error
+    volta = calibration_for(named_gpu("V100 SXM2"))  # one source's runs, none held out: Ampere's, widened
     width = ampere.borrowed_width
-    assert width > 1 and "borrowed for turing (T4) from ampere" in turing.source and "widened" in turing.source
+    assert width > 1 and "borrowed for volta (V100 SXM2) from ampere" in volta.source and "widened" in volta.source
     for kind, (low, high) in ampere.fractions.items():
-        assert turing.fractions[kind] == pytest.approx((low / width, high * width))
-    assert turing.host.op_s == pytest.approx((ampere.host.op_s[0] / width, ampere.host.op_s[1] * width))
+        assert volta.fractions[kind] == pytest.approx((low / width, high * width))
+    assert volta.host.op_s == pytest.approx((ampere.host.op_s[0] / width, ampere.host.op_s[1] * width))
+    # T4's 7 runs from 3 sources: under the 8 runs a fit ships with, but closer held out (15%) than Ampere's widened
+    # range (50% on those runs, 0 of 7 inside): Turing's own fit ships (calibrate_published.closer_than_borrowed)
+    turing = calibration_for(named_gpu("T4"))
+    assert "published eager runs on turing GPUs" in turing.source and "borrowed" not in turing.source
 
 
 @pytest.mark.slow

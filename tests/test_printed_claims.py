@@ -80,8 +80,8 @@ def test_formats_without_published_runs_share_one_clause():
 
 
 def test_a_borrowed_calibration_claims_the_widened_held_out_figure_not_its_lenders(cli):
-    """A T4 (Turing: no fit of its own) is timed with Ampere's calibration widened: it printed Ampere's own held-out
-    figure. It claims the committed held-out test of a borrowed, widened range instead, in `profile --gpu`, `fit`
+    """A V100 (Volta: no fit of its own; a T4 was so before Turing's shipped) is timed with Ampere's calibration
+    widened: it printed Ampere's own held-out figure. It claims the committed held-out test of a borrowed, widened range instead, in `profile --gpu`, `fit`
     and (through the same calibration) a bench run's stored prediction."""
     from diffmeter.predict.calibration import calibration_for, calibrations
     from diffmeter.predict.devices import named_gpu
@@ -91,23 +91,23 @@ def test_a_borrowed_calibration_claims_the_widened_held_out_figure_not_its_lende
     assert ampere.source.endswith(f"; {lenders}") and claim and lenders not in claim
     inside, runs, error = held_out("calibration_published.md", "Each architecture predicted by its neighbour's calibr")
     assert f": {runs} runs ({inside}) inside their range, midpoint median error {error}," in claim
-    own = ampere.borrowed_held_out_by["turing"]  # Turing's own runs in that test, as the page's row has them
+    own = ampere.borrowed_held_out_by["volta"]  # Volta's own runs in that test, as the page's row has them
     row = re.search(
-        r"^\| turing \| (\d+) \| (\d+%) \| ([\d.]+%) \|", (RESULTS / "calibration_published.md").read_text(), re.M
+        r"^\| volta \| (\d+) \| (\d+%) \| ([\d.]+%) \|", (RESULTS / "calibration_published.md").read_text(), re.M
     )
     assert (
-        own.startswith(f"turing's own {row[1]} runs in that test: ")
+        own.startswith(f"volta's own {row[1]} runs in that test: ")
         and f"({row[2]}), midpoint median error {row[3]}" in own
     )
-    t4 = calibration_for(named_gpu("T4"))
+    t4 = calibration_for(named_gpu("V100 SXM2"))
     assert t4.held_out == f"{claim}; {own}" and t4.source.endswith(t4.held_out) and lenders not in t4.source
-    assert "borrowed for turing (T4) from ampere" in t4.source
-    code, out, _ = cli("profile", "tiny-sd", "--gpu", "t4", "--json")
+    assert "borrowed for volta (V100 SXM2) from ampere" in t4.source
+    code, out, _ = cli("profile", "tiny-sd", "--gpu", "v100 sxm2", "--json")
     said = json.loads(out)["time"]["calibration"]
     assert code == 0 and claim in said and lenders not in said
-    code, out, _ = cli("fit", "tiny-sd", "--gpu", "t4", "--json", "--steps", "2")
+    code, out, _ = cli("fit", "tiny-sd", "--gpu", "v100 sxm2", "--memory", "32GB", "--json", "--steps", "2")
     eager = json.loads(out)["held_out"][0]
     assert code == 0 and claim in eager and lenders not in eager
-    assert eager.startswith("the eager range (ampere GPUs' fit, borrowed for turing (T4) from ampere): ")
+    assert eager.startswith("the eager range (ampere GPUs' fit, borrowed for volta (V100 SXM2) from ampere): ")
     code, out, _ = cli("profile", "tiny-sd", "--gpu", "a100")  # Ampere's own card keeps Ampere's own figure
     assert code == 0 and lenders in " ".join(out.split()) and claim not in " ".join(out.split())
