@@ -39,6 +39,8 @@ def test_lossy_technique_is_compared_with_the_unoptimized_images(cli, tmp_path):
     assert len(quality["images"]) == 2 and quality["identical"] == 0
     assert 10 < quality["mean_psnr_db"] < 100 and 0 < quality["mean_ssim"] < 1
     assert quality["baseline"] == str(tmp_path / folders[0])
+    code, shown, _ = cli("show", tmp_path / folders[1])  # a quality figure of random weights says what it is
+    assert code == 0 and "random weights: the images are noise" in " ".join(shown.split())
 
 
 def test_lossless_technique_gives_identical_images_and_reuses_the_stored_baseline(cli, tmp_path):

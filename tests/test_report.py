@@ -204,6 +204,7 @@ def test_compare_a_cache_that_skips_steps_is_faster(cli, study):
     assert pair["memory_kind"] == "rss" and pair["b_peak_memory_bytes"] > 0
     code, shown, _ = cli("compare", baseline, cached)
     assert code == 0 and "faster" in shown and "Mann-Whitney" in shown
+    assert "random weights: the images are noise" in " ".join(shown.split())  # the study's tiny pipelines
 
 
 def test_compare_two_sweeps_cell_by_cell_same_settings_are_within_noise(cli, tmp_path):

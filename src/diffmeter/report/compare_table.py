@@ -11,6 +11,7 @@ from rich.text import Text
 from diffmeter import units
 from diffmeter.measure.speedup import Speedup
 from diffmeter.report.layout import Column, FittedTable
+from diffmeter.report.run_table import RANDOM_QUALITY
 from diffmeter.runs.compare import Comparison, RunComparison
 
 _VERDICT_STYLE = {"faster": "green", "slower": "red", "within noise": "dim"}
@@ -89,7 +90,8 @@ def _facts(pair: RunComparison) -> list[str]:
     else:
         lines.append("energy: not measured on both")
     if pair.quality is not None:
-        lines.append(quality_line(pair.quality))
+        random = pair.a_weights_random or pair.b_weights_random
+        lines.append(quality_line(pair.quality) + (RANDOM_QUALITY if random else ""))
     return lines + _weights(pair) + pair.notes + pair.noise
 
 

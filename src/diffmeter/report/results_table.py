@@ -138,7 +138,10 @@ def results_table(frame, title: str) -> FittedTable:
     if any(_present(row["scaling_efficiency"]) and superlinear(row["scaling_efficiency"]) for row in records):
         captions.append(escape(SUPERLINEAR))
     if marked:
-        captions.append("(tiny) and (random weights): timings of test or random-weight pipelines, not of the model")
+        captions.append(
+            "(tiny) and (random weights): timings and PSNR/SSIM of test or random-weight pipelines, not of the model "
+            "(their images are noise)"
+        )
     table.caption = "\n".join(captions)
     return table
 

@@ -145,7 +145,7 @@ def _facts(result: BenchResult) -> Text:
     if result.speedup is not None:
         lines.append(speedup_line(result))
     if result.quality is not None:
-        lines.append(quality_line(result.quality))
+        lines.append(quality_line(result.quality) + (RANDOM_QUALITY if result.weights_random else ""))
     if summary.conditions is not None:
         lines.append(conditions_line(summary.conditions))
     lines.append(f"weights: {result.weights}")
@@ -207,6 +207,13 @@ def conditions_line(conditions) -> str:
     if conditions.gpu_temperature_c is not None:
         parts.append(f"GPU {conditions.gpu_temperature_c.max:.0f} C at most")
     return "machine during the measured calls: " + (", ".join(parts) or "not sampled (too short)")
+
+
+#: said after a quality figure of random weights, wherever it is shown
+RANDOM_QUALITY = (
+    "; random weights: the images are noise, so this is how far the change moves an untrained network's output, "
+    "not the model's quality"
+)
 
 
 def quality_line(quality) -> str:
