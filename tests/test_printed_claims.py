@@ -81,8 +81,8 @@ def test_formats_without_published_runs_share_one_clause():
 
 def test_a_borrowed_calibration_claims_the_widened_held_out_figure_not_its_lenders(cli):
     """A V100 (Volta: no fit of its own; a T4 was so before Turing's shipped) is timed with Ampere's calibration
-    widened: it printed Ampere's own held-out figure. It claims the committed held-out test of a borrowed, widened range instead, in `profile --gpu`, `fit`
-    and (through the same calibration) a bench run's stored prediction."""
+    widened: it printed Ampere's own held-out figure. It claims the committed held-out test of a borrowed, widened
+    range instead, in `profile --gpu`, `fit` and (through the same calibration) a bench run's stored prediction."""
     from diffmeter.predict.calibration import calibration_for, calibrations
     from diffmeter.predict.devices import named_gpu
 

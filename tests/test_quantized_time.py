@@ -348,3 +348,19 @@ def test_profile_times_a_modelled_format_and_leaves_out_the_others(cli):
 def test_a_float8_format_on_a_card_without_fp8_is_one_line(cli):
     code, out, err = cli("profile", "tiny-flux", "--gpu", "a100", "--quantize", "torchao:float8dq-row")
     assert code == 2 and "FP8 tensor cores" in err + out and "Traceback" not in err + out
+
+
+def test_a_compiled_quantized_time_says_it_is_compiled_and_cuda_graphs_only_with_them(cli):
+    """profile said "quantized layers timed as gguf:Q8_0 runs them in eager mode ... compiled quantized kernels are not
+    modelled" under --opt compile, whose time fuses each layer's dequantization (a new user's trial), and "CUDA
+    graphs' pool not counted" under compile's default mode, which makes no CUDA graph."""
+    said = {}
+    for opts in ((), ("--opt", "compile"), ("--opt", "compile:mode=reduce-overhead")):
+        code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--quantize", "gguf:Q8_0", *opts)
+        assert code == 0
+        said[opts] = " ".join(out.split())
+    eager, compiled, graphs = said.values()
+    assert "runs them in eager mode" in eager and "runs them compiled" not in eager
+    assert "runs them compiled (GGUF's and torchao's dequantization fused" in compiled
+    assert "not modelled" not in compiled and "CUDA graphs' pool" not in compiled
+    assert "memory as without (CUDA graphs' pool not counted)" in graphs

@@ -256,7 +256,14 @@ def print_predicted(
             )
         if time and timed_formats:
             named = [f"{f.backend}:{f.type}" for f in timed_formats]
-            said = f"quantized layers timed as {', '.join(named)} runs them in eager mode; {held_out_claim(named)}"
+            compiled = any(t.startswith("compile") for t in time_techniques)
+            how = (
+                "compiled (GGUF's and torchao's dequantization fused into inductor's kernels, bitsandbytes' and "
+                "quanto's custom kernels as in eager mode: quantized_time.fused_dequantize)"
+                if compiled
+                else "in eager mode"
+            )
+            said = f"quantized layers timed as {', '.join(named)} runs them {how}; {held_out_claim(named)}"
             console.print(said, markup=False)
         if time and time.offload:
             console.print(offload_line(time.offload), markup=False)
@@ -266,7 +273,9 @@ def print_predicted(
             console.print(skipped_line(time.cache), markup=False)
         if time and (others := [t for t in time_techniques if not time.cache or t != time.cache.technique]):
             console.print(
-                f"time with {', '.join(others)}; memory as without (CUDA graphs' pool not counted); "
+                f"time with {', '.join(others)}; memory as without"
+                + (" (CUDA graphs' pool not counted)" if any("reduce-overhead" in t for t in others) else "")
+                + "; "
                 + TECHNIQUES_HELD_OUT,
                 markup=False,
             )

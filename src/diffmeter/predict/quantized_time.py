@@ -109,8 +109,8 @@ def held_out_claim(names: list[str]) -> str:
     if unpublished := [name for name in names if name not in formats]:  # said once for all of them
         which = "these formats" if len(unpublished) > 1 else "this format"
         claims.append(
-            f"{', '.join(unpublished)}: no published eager run of {which} (the test takes eager runs only: compiled "
-            f"quantized kernels are not modelled); all {found['all']['runs']} published eager quantized runs: "
+            f"{', '.join(unpublished)}: no published eager run of {which} (the test takes eager runs only: no "
+            f"compiled quantized run is held out); all {found['all']['runs']} published eager quantized runs: "
             f"{said(found['all'])}"
         )
     return "; ".join(claims) + " (benchmarks/results/calibration_quantized.md)"
