@@ -223,6 +223,10 @@ def print_predicted(
                 "memory_techniques": list(techniques),
                 "time_techniques": time_techniques,  # timed, memory as without them (compile, attention kernels)
                 "peak_memory_bytes": peak_under(memory, techniques),
+                # the card's memory less the CUDA context held back (devices.CUDA_HOLDBACK_BYTES), against that peak:
+                # None where the card has no single memory size
+                "fits": None if not chosen.memory_bytes else short_of(memory, chosen, techniques) is None,
+                "short_of_bytes": short_of(memory, chosen, techniques),
                 "time": time.model_dump(mode="json") if time else None,
                 "no_time": lacking,  # why "time" is None
                 # each timed quantized format's own held-out figure (quantized_time.held_out_claim)
