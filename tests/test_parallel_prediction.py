@@ -334,7 +334,14 @@ def test_profile_gpu_predicts_a_tensor_parallel_group(cli):
             "context parallelism or tensor parallelism to a model, not both",
         ),
         (["--tp-degree", "4"], "2 attention heads, not divisible by --tp-degree 4"),
-        (["--tp-degree", "2", "--model", "tiny-wan"], "has no tensor-parallel plan"),
+        (
+            ["--tp-degree", "2", "--model", "tiny-wan"],
+            "has no tensor-parallel plan (_tp_plan) in diffusers (FLUX, FLUX.2 "
+            "and QwenImage have one); use --ulysses-degree or bench --data-parallel",
+        ),
+        # a UNet has no context-parallel plan either: only data parallelism is offered (a new user's trial was sent
+        # to --ulysses-degree, refused, and to --data-parallel, which profile does not take)
+        (["--tp-degree", "2", "--model", "tiny-sd"], "have one); use bench --data-parallel"),
         (["--tp-degree", "2", "--quantize", "int8"], "cannot shard quantized parameters"),
         (["--tp-degree", "0"], "GPU counts: 1 or more"),
     ],

@@ -134,15 +134,17 @@ def check_tensor_parallel(spec, target) -> None:
     from diffusers.hooks.tensor_parallel import _SUPPORTED_TP_DEVICES
 
     cls = target.denoiser_class
+    # what else splits the work: context parallelism where the class has a plan for it, data parallelism (bench's)
+    others = ("--ulysses-degree or " if getattr(cls, "_cp_plan", None) is not None else "") + "bench --data-parallel"
     if getattr(cls, "_tp_plan", None) is None:
         raise DiffmeterError(
             f"{cls.__name__} has no tensor-parallel plan (_tp_plan) in diffusers (FLUX, FLUX.2 and QwenImage have "
-            "one); use --ulysses-degree or --data-parallel"
+            f"one); use {others}"
         )
     if target.device.type not in _SUPPORTED_TP_DEVICES:
         raise DiffmeterError(
             f"diffusers' tensor parallelism runs on {', '.join(_SUPPORTED_TP_DEVICES)} devices, not "
-            f"{target.device.type}; use --ulysses-degree or --data-parallel here"
+            f"{target.device.type}; use {others} here"
         )
     heads = target.entry.components[target.family.denoiser].config.get("num_attention_heads")
     if heads is not None and heads % spec.tp_degree:
