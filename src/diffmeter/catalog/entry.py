@@ -75,8 +75,11 @@ class PipelineEntry(Named, BaseModel):
 
 def closest_names(query: str, names: dict[str, Any], n: int = 3) -> list[str]:
     """Up to ``n`` names of ``names`` (name -> the entry it names) closest to ``query``, one per entry: an entry's id
-    and its aliases ("flux-dev", "flux1-dev") are one suggestion, its closest name."""
-    close = difflib.get_close_matches(query.lower(), names, n=len(names), cutoff=0.5)
+    and its aliases ("flux-dev", "flux1-dev") are one suggestion, its closest name. Names the query begins ("ltx":
+    ltx-video) come first, shortest first, then the closest by difflib's ratio."""
+    query = query.lower()
+    begun = sorted((name for name in names if name.startswith(query)), key=len)
+    close = begun + [n for n in difflib.get_close_matches(query, names, n=len(names), cutoff=0.5) if n not in begun]
     firsts: dict[int, str] = {}
     for name in close:
         firsts.setdefault(id(names[name]), name)
