@@ -7,6 +7,7 @@ from rich.markup import escape
 
 from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, Device
 from diffmeter.predict.fit_formats import NEEDS_FP8
+from diffmeter.predict.memory_checks import TOLERANCE
 from diffmeter.predict.schema import MemoryPrediction
 from diffmeter.report.layout import Column, FittedTable
 from diffmeter.units import figure, gib
@@ -75,7 +76,10 @@ def memory_table(
         held = CUDA_HOLDBACK_BYTES if gpu.kind == "cuda" else 0
         short = short_of(prediction, gpu, techniques)
         fits = short is None
-        verdict = "fits" if fits else "does not fit"
+        margin = short if short is not None else gpu.memory_bytes - held - peak
+        verdict = ("fits" if fits else "does not fit") + (
+            f" (borderline: within {TOLERANCE:.0%} of the peak, the checked error)" if margin < TOLERANCE * peak else ""
+        )
         kept = f", {gib(held)} held back for {runtime(gpu)}" if held else ""
         table.add_row(
             escape(f"{gpu.name} ({gib(gpu.memory_bytes)}{kept})"),
