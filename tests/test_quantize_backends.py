@@ -70,6 +70,12 @@ def test_fp8dq_is_refused_on_this_cpu_in_one_line_with_torchaos_rule(cli, tmp_pa
     assert "compute capability 8.9+" in said[0] and "on cpu" in said[0] and "torchao:int8wo" in said[0]
 
 
+def test_int4wo_on_this_cpu_says_its_kernels_are_cudas_not_to_install_them(cli, tmp_path):
+    """It said "pip install mslk", CUDA kernels that would not run here either (a new user's trial)."""
+    code, out, err = cli("bench", "tiny-flux", "--quantize", "torchao:int4wo", "--steps", "1", "--out", tmp_path)
+    assert code == 2 and "run on CUDA, not cpu" in err and "pip install" not in err, err
+
+
 @pytest.mark.parametrize("rows", [8, 16])
 def test_quanto_int4_at_bfloat16_packs_only_rows_of_16_on_a_cpu(rows):
     """The rule quanto's int4 refusal states, on the real library: a bfloat16 weight in groups of 128 is packed for

@@ -49,6 +49,8 @@ class TorchAo(KeepsInductorFlags, QuantizeAtLoad):
 
     def cannot_run(self, target: Target) -> str | None:
         kind = self.config.type
+        if kind == "int4wo" and target.device.type != "cuda":
+            return f"torchao's int4 weight-only packing needs the mslk kernels, which run on CUDA, not {target.device}"
         if kind == "int4wo" and importlib.util.find_spec("mslk") is None:
             return "torchao's int4 weight-only packing needs the mslk kernels (CUDA): pip install mslk"
         if kind.startswith("float8dq"):
