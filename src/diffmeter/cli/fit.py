@@ -277,8 +277,10 @@ def fit(
         print(json.dumps(payload, indent=2))
         return
     shown = rows if all_settings else rows[:TOP]
+    size = f"{settled.width}x{settled.height} px, " if settled.width and settled.height else ""
+    frames = f"{settled.num_frames} frames, " if settled.num_frames else ""
     table = fit_table(
-        model,
+        f"{model} ({size}{frames}{settled.steps} steps, batch {settled.batch_size})",
         prediction,
         target,
         shown,
