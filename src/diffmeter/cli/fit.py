@@ -277,10 +277,8 @@ def fit(
         print(json.dumps(payload, indent=2))
         return
     shown = rows if all_settings else rows[:TOP]
-    size = f"{settled.width}x{settled.height} px, " if settled.width and settled.height else ""
-    frames = f"{settled.num_frames} frames, " if settled.num_frames else ""
-    table = fit_table(
-        f"{model} ({size}{frames}{settled.steps} steps, batch {settled.batch_size})",
+    table = fit_table(  # the output's size is profile's to state: input images, binning or rounding may set it
+        f"{model} ({settled.steps} steps, batch {settled.batch_size})",
         prediction,
         target,
         shown,
