@@ -268,6 +268,12 @@ def print_predicted(
                 else "in eager mode"
             )
             said = f"quantized layers timed as {', '.join(named)} runs them {how}; {held_out_claim(named)}"
+            if not compiled and any(needs_fp8(f.backend, f.type) for f in timed_formats):  # why it may be slower
+                said += (
+                    "; in eager mode fp8 dynamic activations quantize each layer's input in operators of their own "
+                    "(abs, amax, scale, cast), which can make the run slower than without them: --opt compile fuses "
+                    "them"
+                )
             console.print(said, markup=False)
         if time and time.offload:
             console.print(offload_line(time.offload), markup=False)
