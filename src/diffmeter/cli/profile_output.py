@@ -214,6 +214,7 @@ def print_predicted(
         )
         time, group, parallel_untimed = split.communicate(times[0], chosen, peaks)
         times = [time]
+    shorts = [short_of(memory, chosen, techniques) for memory in memories]  # None: it fits, or no single size
     if as_json:
         payloads = [
             {
@@ -225,8 +226,8 @@ def print_predicted(
                 "peak_memory_bytes": peak_under(memory, techniques),
                 # the card's memory less the CUDA context held back (devices.CUDA_HOLDBACK_BYTES), against that peak:
                 # None where the card has no single memory size
-                "fits": None if not chosen.memory_bytes else short_of(memory, chosen, techniques) is None,
-                "short_of_bytes": short_of(memory, chosen, techniques),
+                "fits": None if not chosen.memory_bytes else short is None,
+                "short_of_bytes": short,
                 "time": time.model_dump(mode="json") if time else None,
                 "no_time": lacking,  # why "time" is None
                 # each timed quantized format's own held-out figure (quantized_time.held_out_claim)
@@ -237,18 +238,17 @@ def print_predicted(
                 "time_left_out": untimed + (parallel_untimed if time else []),
                 **({"parallel": group.model_dump(mode="json")} if group else {}),
             }
-            for found, memory, time, lacking in zip(results, memories, times, missing, strict=True)
+            for found, memory, time, lacking, short in zip(results, memories, times, missing, shorts, strict=True)
         ]
         print(json.dumps(payloads[0] if len(payloads) == 1 else {"profiles": payloads}, indent=2))
         return
-    for found, spec, memory, time, lacking in zip(results, specs, memories, times, missing, strict=True):
+    for found, spec, memory, time, lacking, short in zip(results, specs, memories, times, missing, shorts, strict=True):
         print_profile(found, spec)
         if group:
             console.print(parallel_line(group), highlight=False, markup=False)
         card = f"--gpu {shlex.quote(gpu)}" if gpu else f"--gpu-spec {shlex.quote(gpu_spec or '')}"
         fit_command = f"diffmeter fit {shlex.quote(spec.model)} {card}"
         console.print(memory_table(memory, chosen, techniques, fit_command, run_dtypes(found)))
-        short = short_of(memory, chosen, techniques)
         console.print(time_table(time, short) if time else f"no time prediction: {lacking}", markup=False)
         if time and time.expected_s:
             console.print(energy_line(time, "video" if found.num_frames else "image", short is None), markup=False)

@@ -48,8 +48,11 @@ class QuantizeAtLoad(Optimization):
         """Why a component it names cannot take this backend on any device: a pre-quantized single file (GGUF,
         BFL) loads through diffusers' ``from_single_file`` (``FromOriginalModelMixin``), which transformers' models
         (the text encoders) do not have."""
-        named = [name for name in self.components(target) if name in target.entry.components]
-        for name in named if self.single_file else ():
+        if not self.single_file:
+            return None
+        for name in self.components(target):
+            if name not in target.entry.components:
+                continue  # a name the model lacks: ``unknown_components`` says so
             held = component_class(target.entry.components[name].class_name)
             if not hasattr(held, "from_single_file"):
                 return (
@@ -60,7 +63,7 @@ class QuantizeAtLoad(Optimization):
         return None
 
     def supports(self, target: Target) -> str | None:
-        if reason := unknown_components(target, self.components(target)):
+        if reason := unknown_components(target, self.components(target)) or self.component_refusal(target):
             return reason
         reason = self.cannot_run(target)
         if reason or self.missing_package():

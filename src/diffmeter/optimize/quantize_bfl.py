@@ -50,7 +50,7 @@ class Bfl(QuantizeAtLoad):
     single_file = True
 
     def supports(self, target: Target) -> str | None:
-        return self.component_refusal(target) or self.file_refusal(target) or super().supports(target)
+        return self.file_refusal(target) or super().supports(target)
 
     def file_refusal(self, target: Target) -> str | None:
         """Why the file cannot be this run's: none given, missing, not safetensors, unscaled, another type."""

@@ -56,7 +56,7 @@ class Gguf(QuantizeAtLoad):
     one_byte_types = tuple(t for t in BACKENDS["gguf"].types if t != "BF16")
 
     def supports(self, target: Target) -> str | None:
-        return self.component_refusal(target) or self.file_refusal(target) or super().supports(target)
+        return self.file_refusal(target) or super().supports(target)
 
     def file_refusal(self, target: Target) -> str | None:
         """Why the file cannot be this run's: none given, missing, not GGUF, another type, or several components."""

@@ -12,6 +12,8 @@ from diffmeter.quiet import quiet_libraries
 #: torchao weight-only layouts per nn.Linear (Int8Tensor: int8 data, float32 scale and int8 zero point per
 #: output row; Float8Tensor: float8 data, float32 scale per row), held to torchao by the tests
 _ROW_BYTES = {"int8": 4 + 1, "fp8": 4}
+#: the dtype fp8-text-encoder stores its layers in (optimize/fp8_text_encoder.py's default)
+FP8_STORAGE = torch.float8_e4m3fn
 
 
 def meta_module(component: ComponentEntry, dtype: torch.dtype) -> torch.nn.Module:
@@ -56,13 +58,18 @@ def quantized_bytes(module: torch.nn.Module, kind: str) -> int:
     return stored_bytes(module) - full + quantized
 
 
-def fp8_storage_bytes(component: ComponentEntry, dtype: torch.dtype) -> int:
-    """Parameters after diffusers' ``apply_layerwise_casting`` to float8 with fp8-text-encoder's skip
-    patterns, applied to the component on meta."""
+def fp8_stored(component: ComponentEntry, dtype: torch.dtype) -> torch.nn.Module:
+    """The component on meta after diffusers' ``apply_layerwise_casting`` to float8 (``FP8_STORAGE``) with
+    fp8-text-encoder's skip patterns, computing at ``dtype``: its hooked layers' parameters are float8."""
     from diffusers.hooks import apply_layerwise_casting
 
     module = meta_module(component, dtype)
     apply_layerwise_casting(
-        module, storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype, skip_modules_pattern=FP8_SKIP_MODULES_PATTERN
+        module, storage_dtype=FP8_STORAGE, compute_dtype=dtype, skip_modules_pattern=FP8_SKIP_MODULES_PATTERN
     )
-    return stored_bytes(module)
+    return module
+
+
+def fp8_storage_bytes(component: ComponentEntry, dtype: torch.dtype) -> int:
+    """Parameters after diffusers' ``apply_layerwise_casting`` to float8 (``fp8_stored``)."""
+    return stored_bytes(fp8_stored(component, dtype))

@@ -2,7 +2,7 @@
 layer to the compute dtype before its forward and back to float8 after it (``module.to(dtype=...)`` in
 ``pre_forward`` and ``post_forward``, diffusers/hooks/layerwise_casting.py:66-72), so every call of the encoder
 copies each hooked parameter twice. Which layers are hooked is diffusers' own rule (``apply_layerwise_casting`` with
-bench's skip patterns, ``pipelines.FP8_SKIP_MODULES_PATTERN``), applied to the encoder built on meta; the two casts
+bench's skip patterns, ``footprints.fp8_stored``), applied to the encoder built on meta; the two casts
 of every hooked layer are run there under the operator tally, so their copies (a float8 operand charged at the
 compute dtype's width per element, as ``quantized_time.narrow_bytes`` charges a narrow pass) and every operator the
 host dispatches for them are counted, not assumed. Each hooked layer runs once per encoder call (T5's and UMT5's
@@ -14,10 +14,8 @@ import json
 
 import torch
 
-from diffmeter.pipelines import FP8_SKIP_MODULES_PATTERN
 from diffmeter.predict.schema import OperatorGroup, OperatorWork
 
-STORAGE = torch.float8_e4m3fn
 #: (class, config, dtype) -> ``casts_per_call``'s answer: fit times every setting of a model with the same encoder
 _COUNTED: dict[tuple, tuple[tuple[OperatorGroup, ...], int]] = {}
 
@@ -50,18 +48,13 @@ def casts_per_call(component, dtype: torch.dtype) -> tuple[tuple[OperatorGroup, 
 
 
 def _counted(component, dtype: torch.dtype) -> tuple[tuple[OperatorGroup, ...], int]:
-    from diffusers.hooks import apply_layerwise_casting
-
-    from diffmeter.predict.footprints import meta_module
+    from diffmeter.predict.footprints import FP8_STORAGE, fp8_stored
     from diffmeter.predict.quantized_time import DequantizeTally
 
-    module = meta_module(component, dtype)
-    apply_layerwise_casting(
-        module, storage_dtype=STORAGE, compute_dtype=dtype, skip_modules_pattern=FP8_SKIP_MODULES_PATTERN
-    )
-    hooked = [layer for layer in module.modules() if any(p.dtype == STORAGE for p in layer.parameters(recurse=False))]
+    module = fp8_stored(component, dtype)
+    hooked = [m for m in module.modules() if any(p.dtype == FP8_STORAGE for p in m.parameters(recurse=False))]
     with DequantizeTally(dtype) as tally:
         for layer in hooked:
             layer.to(dtype=dtype)  # pre_forward
-            layer.to(dtype=STORAGE)  # post_forward
+            layer.to(dtype=FP8_STORAGE)  # post_forward
     return tuple(tally.operators()), tally.host_counts()["dispatched"]

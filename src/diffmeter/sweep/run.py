@@ -105,7 +105,7 @@ def _phases(planned: list[PlannedCell], record: rec.SweepRecord, out: Path, here
             first[baseline.name] = work.pop(baseline.name)
         elif stored_result(out / baseline.name)[0] != "complete":
             first.setdefault(baseline.name, _Work(job_of(baseline), baseline))
-    for one_device in {work.job.one_device for work in work.values()} & set(work):
+    for one_device in {queued.job.one_device for queued in work.values()} & set(work):
         first[one_device] = work.pop(one_device)
     return list(first.values()), list(work.values())
 
@@ -131,7 +131,8 @@ def _with_baseline(phase: list[_Work], out: Path, record: rec.SweepRecord, callb
 
 
 def job_of(run: PreparedRun) -> Job:
-    """The job that runs ``run``: the GPUs it needs and the baseline it compares with."""
+    """The job that runs ``run``: the GPUs it needs, the baseline it compares with and, for a parallel run, the
+    one-device run its scaling is against."""
     baseline = None
     if run.spec.compare_baseline and run.optimizations:
         try:
