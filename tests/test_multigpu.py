@@ -97,6 +97,17 @@ def test_the_cli_refuses_ring_on_native_attention_in_one_line(cli, tmp_path):
     assert "log-sum-exp" in err and not any(tmp_path.iterdir())
 
 
+def test_more_cpu_ranks_than_usable_cores_are_refused_before_any_starts(cli, tmp_path, monkeypatch):
+    """Each CPU rank takes a share of the cores this process may use (its affinity, not the machine's count): past
+    one each, the ranks would time each other's contention; refused in one line, nothing started or stored."""
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    code, _, err = cli("bench", "tiny-sd", "--device", "cpu", "--data-parallel", "3", "--out", tmp_path)
+    assert code == 2 and err.startswith("error:") and len(err.strip().splitlines()) == 1
+    assert "3 processes on a CPU with 2 cores" in err and "at most 2" in err and not any(tmp_path.iterdir())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "settings"), [("tiny-flux", {}), ("tiny-wan", {"height": 32, "width": 32})], ids=["flux", "wan"]

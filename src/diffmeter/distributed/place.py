@@ -37,5 +37,5 @@ class Place:
         threads = None
         if self.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
-            threads = max(1, (os.cpu_count() or 1) // local)
+            threads = max(1, len(os.sched_getaffinity(0)) // local)
         return Placement(self.device, threads)
