@@ -194,11 +194,13 @@ def test_models_lists_the_controlnets(cli):
     code, out, _ = cli("models", "--controlnets", "--json")
     assert code == 0
     listed = {row["name"]: row for row in json.loads(out)}
-    assert set(listed) == {entry.name for entry in all_controlnets() if not entry.is_tiny}
+    assert set(listed) == {entry.name for entry in all_controlnets()}  # the tiny ones too, for the tiny pipelines
+    assert listed["tiny-controlnet-sdxl"]["tiny"] and not listed["controlnet-sdxl-canny"]["tiny"]
+    assert listed["tiny-controlnet-sdxl"]["base"] == "tiny-sdxl"
     assert listed["controlnet-sdxl-canny"]["params"] == 1_251_014_160
     assert listed["controlnet-flux-union"]["pipelines"] == {"FluxPipeline": "FluxControlNetPipeline"}
     code, out, _ = cli("models", "--controlnets")
-    assert code == 0 and "controlnet-qwen-image-union" in out and "made for" in out
+    assert code == 0 and "controlnet-qwen-image-union" in out and "made for" in out and "tiny-controlnet-flux" in out
 
 
 def test_missing_controlnet_weights_name_the_download():

@@ -160,6 +160,47 @@ def test_a_cell_whose_baseline_failed_is_failed_with_its_reason_not_run(tmp_path
     assert stored(out)[optimized.folder]["error"] == optimized.reason
 
 
+class InProcess(LocalExecutor):
+    """Each cell benched in this process (no process of its own to start), each job's name kept in order."""
+
+    def __init__(self, out):
+        super().__init__(out, slots=[None])
+        self.ran = []
+
+    def run_cell(self, job, slots):
+        from diffmeter.runs.lifecycle import bench
+
+        self.ran.append(job.name)
+        bench(job.spec, out=self.out, force=True)
+        return Outcome(0, "", 0.1)
+
+
+def test_a_stored_cell_measured_otherwise_is_refused_or_measured_again_never_kept_as_asked(tmp_path):
+    """A new user's resumed sweep asked 8 calls per cell where 4 were stored: every cell was "skipped" and the
+    record stated 8. A stored cell or baseline measured otherwise (its iterations here) refuses the sweep in one
+    line before anything runs, or with ``remeasure`` is measured again; stored as asked, it is skipped."""
+    from diffmeter.runs.lifecycle import bench
+
+    out = tmp_path / "out"
+    bench(BenchSpec(model="tiny-sd", **FAST), out=out)  # the baseline, one call
+    asked = {**FAST, "iterations": 2, "save_images": True, "compare_baseline": True}
+    sweep = SweepFile(name="more", axes={"model": ["tiny-sd"], "optimizations": [["fuse-qkv"]]}, fixed=asked)
+    executor = InProcess(out)
+    with pytest.raises(DiffmeterError, match="1 stored run in .* was measured otherwise") as refused:
+        run_sweep(sweep, out, executor)
+    assert "the baseline of tiny-sd: stored measured otherwise: iterations 1 -> 2" in str(refused.value)
+    assert "--remeasure" in str(refused.value) and executor.ran == [] and not list(out.glob("sweep-*.json"))
+    record = run_sweep(sweep, out, executor, remeasure=True)
+    assert len(executor.ran) == 2 and "opt-" not in executor.ran[0]  # the baseline again, then the cell
+    assert {run["spec"]["iterations"] for run in stored(out).values()} == {2}
+    assert [cell.status for cell in record.cells] == ["done"]
+    again = run_sweep(sweep, out, executor)  # stored as asked: nothing runs
+    assert len(executor.ran) == 2 and [cell.status for cell in again.cells] == ["skipped"]
+    fewer = sweep.model_copy(update={"fixed": {**asked, "iterations": 1}})
+    with pytest.raises(DiffmeterError, match="2 stored runs in .* were measured otherwise .* and 1 more"):
+        run_sweep(fewer, out, executor)
+
+
 def test_no_cell_starts_after_an_interrupt(tmp_path):
     """A Ctrl-C while a cell runs (here: raised by ``finished``, as the sweep's main thread gets it) stops the
     sweep: the worker that freed up started the next cell at once, which then ran to the end beside an

@@ -116,10 +116,11 @@ def _quantized_files(name: str, as_json: bool) -> None:
 
 
 def _controlnets(as_json: bool) -> None:
-    """The ControlNets: what each steers, the pipeline that runs it and its parameters (counted on meta tensors)."""
+    """The ControlNets: what each steers, the pipeline that runs it and its parameters (counted on meta tensors); the
+    real ones, then the tiny random ones for the tiny pipelines, as the model list shows both."""
     from diffmeter.catalog.controlnets import all_controlnets
 
-    found = [entry for entry in all_controlnets() if not entry.is_tiny]
+    found = all_controlnets()
     load_libraries()
     from diffmeter.flops.profile import MetaComponent
 
@@ -131,6 +132,7 @@ def _controlnets(as_json: bool) -> None:
             "base": entry.base,
             "params": MetaComponent(entry.component()).params,
             "pipelines": entry.pipelines,
+            "tiny": entry.is_tiny,
         }
         for entry in found
     ]

@@ -74,6 +74,14 @@ def sweep(
     out: o.Out = "results",
     dry_run: Annotated[bool, typer.Option(help="print the cells, their status and compute; run nothing")] = False,
     retry_failed: Annotated[bool, typer.Option(help="run again the cells whose stored result failed")] = False,
+    remeasure: Annotated[
+        bool,
+        typer.Option(
+            "--remeasure",
+            help="measure again the cells stored with other measuring settings (iterations, warm-up, ...), "
+            "replacing their results",
+        ),
+    ] = False,
     ray: Annotated[
         str | None,
         typer.Option(metavar="auto|ADDRESS", help="run the cells as Ray tasks (pip install 'diffmeter\\[ray]')"),
@@ -125,7 +133,7 @@ def sweep(
         check_options(definition, "the command line")
     if timeout is not None:
         definition = definition.model_copy(update={"timeout_s": timeout})
-    _run(definition, Path(out).expanduser(), dry_run, retry_failed, ray, quiet, as_json)
+    _run(definition, Path(out).expanduser(), dry_run, retry_failed, remeasure, ray, quiet, as_json)
 
 
 def _values(text: str) -> list:
@@ -143,7 +151,16 @@ def _values(text: str) -> list:
     return values
 
 
-def _run(definition, out: Path, dry_run: bool, retry_failed: bool, ray: str | None, quiet: bool, as_json: bool) -> None:
+def _run(
+    definition,
+    out: Path,
+    dry_run: bool,
+    retry_failed: bool,
+    remeasure: bool,
+    ray: str | None,
+    quiet: bool,
+    as_json: bool,
+) -> None:
     from diffmeter.report.results_table import sweep_plan_table, sweep_summary_table
     from diffmeter.sweep.file import expand
     from diffmeter.sweep.plan import plan
@@ -151,7 +168,7 @@ def _run(definition, out: Path, dry_run: bool, retry_failed: bool, ray: str | No
 
     cells = expand(definition)
     if dry_run:
-        planned = plan(cells, out, retry_failed, here=ray is None)
+        planned = plan(cells, out, retry_failed, here=ray is None, remeasure=remeasure)
         if as_json:
             print(json.dumps([_planned_json(cell) for cell in planned], indent=2))
         else:
@@ -166,7 +183,9 @@ def _run(definition, out: Path, dry_run: bool, retry_failed: bool, ray: str | No
 
         executor = LocalExecutor(out, timeout_s=definition.timeout_s)
     with _progress(len(cells), quiet or as_json) as callbacks:
-        record = run_sweep(definition, out, executor, retry_failed, here=ray is None, callbacks=callbacks)
+        record = run_sweep(
+            definition, out, executor, retry_failed, here=ray is None, callbacks=callbacks, remeasure=remeasure
+        )
     if as_json:
         print(json.dumps(record.model_dump(mode="json"), indent=2))
     counts = record.counts()

@@ -170,7 +170,9 @@ def sweep_plan_table(planned, out) -> FittedTable:
         )
     table.caption = (
         "compute / call: the offline profile of one pipeline call (the whole batch), in FLOPs; done: a complete "
-        "result is stored (skipped); failed: a failed result is stored (rerun it with --retry-failed); reason: its "
+        "result is stored (skipped); failed: a failed result is stored (rerun it with --retry-failed); measured "
+        "otherwise: a complete result is stored, measured with other settings than these (--remeasure replaces it); "
+        "reason: its "
         "first line, with the error its quoted output ends on (--json: the whole)"
     )
     return table

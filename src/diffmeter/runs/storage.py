@@ -67,6 +67,32 @@ def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | t
     return "+".join(parts)
 
 
+#: the settings of how a run was measured, which its folder's name does not hold: a stored result measured otherwise
+#: is not the run a spec asks for
+MEASURED_BY = (
+    "warmup",
+    "iterations",
+    "min_duration_s",
+    "target_precision",
+    "max_iterations",
+    "num_prompts",
+    "compare_baseline",
+    "trace",
+    "peak_tflops",
+)
+
+
+def measured_otherwise(stored_spec: dict, spec: BenchSpec) -> list[str]:
+    """Where a stored result's spec (its results.json's) was measured otherwise than ``spec`` asks: "iterations 4 ->
+    8" per setting of ``MEASURED_BY`` (one the stored spec predates is not compared)."""
+    new = spec.model_dump(mode="json")
+    return [
+        f"{key} {stored_spec[key]!r} -> {new[key]!r}"
+        for key in MEASURED_BY
+        if key in stored_spec and stored_spec[key] != new[key]
+    ]
+
+
 def _control(spec: BenchSpec) -> list[str]:
     """``control-0.2-0.8`` (the ControlNet's step range) and ``control-scale-0.5``, where given: they change the
     images, not the MACs."""

@@ -14,7 +14,7 @@ from diffmeter.runs import storage
 from diffmeter.runs.prepared import PreparedRun, prepare
 from diffmeter.sweep.file import Cell
 
-TO_RUN, DONE, FAILED, REFUSED = "to run", "done", "failed", "refused"
+TO_RUN, DONE, FAILED, REFUSED, CHANGED = "to run", "done", "failed", "refused", "measured otherwise"
 
 
 @dataclass
@@ -33,19 +33,29 @@ class PlannedCell:
         return profile.total_flops / 1e12 if profile else None
 
 
-def plan(cells: list[Cell], out: str | Path, retry_failed: bool = False, here: bool = True) -> list[PlannedCell]:
-    """The cells in order, each with its status under ``out``."""
-    return [plan_cell(cell, out, retry_failed, here) for cell in cells]
+def plan(
+    cells: list[Cell], out: str | Path, retry_failed: bool = False, here: bool = True, remeasure: bool = False
+) -> list[PlannedCell]:
+    """The cells in order, each with its status under ``out``; ``remeasure``: a cell stored complete but measured
+    otherwise (``storage.MEASURED_BY``) runs again, else it is ``CHANGED``."""
+    return [plan_cell(cell, out, retry_failed, here, remeasure) for cell in cells]
 
 
-def plan_cell(cell: Cell, out: str | Path, retry_failed: bool = False, here: bool = True) -> PlannedCell:
+def plan_cell(
+    cell: Cell, out: str | Path, retry_failed: bool = False, here: bool = True, remeasure: bool = False
+) -> PlannedCell:
     try:
         run = prepare(cell.spec, here=here)
     except DiffmeterError as error:
         return PlannedCell(cell, REFUSED, reason=str(error), profile=offline_profile(cell, here))
-    status, error = stored_result(Path(out).expanduser() / run.name)
+    folder = Path(out).expanduser() / run.name
+    status, error = stored_result(folder)
     if status == "complete" and not cell.batch_auto:
-        return PlannedCell(cell, DONE, run)
+        changes = measured_otherwise(folder, run.spec)
+        if not changes:
+            return PlannedCell(cell, DONE, run)
+        if not remeasure:
+            return PlannedCell(cell, CHANGED, run, reason=f"stored measured otherwise: {', '.join(changes)}")
     if status == "failed" and not retry_failed and not cell.batch_auto:
         return PlannedCell(cell, FAILED, run, reason=error)
     return PlannedCell(cell, TO_RUN, run)
@@ -58,6 +68,16 @@ def offline_profile(cell: Cell, here: bool = True) -> Profile | None:
         return profile_spec(cell.spec.settle(entry, here=here).profile_spec())
     except DiffmeterError:
         return None
+
+
+def measured_otherwise(folder: Path, spec) -> list[str]:
+    """Where the result stored in ``folder`` was measured otherwise than ``spec`` asks
+    (``storage.measured_otherwise``)."""
+    try:
+        stored = json.loads((folder / storage.RESULTS).read_text(encoding="utf-8"))["spec"]
+    except (OSError, ValueError, KeyError):
+        return []
+    return storage.measured_otherwise(stored, spec)
 
 
 def stored_result(folder: Path) -> tuple[str | None, str | None]:

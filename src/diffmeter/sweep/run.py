@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from diffmeter import units
 from diffmeter.distributed import scaling
 from diffmeter.errors import DiffmeterError, DoesNotFit
 from diffmeter.runs.prepared import PreparedRun, prepare, store_failure
@@ -16,7 +17,17 @@ from diffmeter.runs.storage import LOG, RESULTS
 from diffmeter.sweep import record as rec
 from diffmeter.sweep.file import Cell, SweepFile, expand
 from diffmeter.sweep.local import Job, Outcome, clear_left_specs, tail
-from diffmeter.sweep.plan import DONE, FAILED, REFUSED, TO_RUN, PlannedCell, plan, stored_result
+from diffmeter.sweep.plan import (
+    CHANGED,
+    DONE,
+    FAILED,
+    REFUSED,
+    TO_RUN,
+    PlannedCell,
+    measured_otherwise,
+    plan,
+    stored_result,
+)
 
 #: the exit code of a cell stopped by Ctrl-C
 INTERRUPTED = 130
@@ -44,13 +55,17 @@ def run_sweep(
     retry_failed: bool = False,
     here: bool = True,
     callbacks: Callbacks | None = None,
+    remeasure: bool = False,
 ) -> rec.SweepRecord:
-    """Every cell of ``sweep`` run or accounted for; returns the record also written to ``out``."""
+    """Every cell of ``sweep`` run or accounted for; returns the record also written to ``out``. A cell or baseline
+    stored complete but measured otherwise (``storage.MEASURED_BY``) is refused before anything runs, or, with
+    ``remeasure``, measured again."""
     callbacks = callbacks or Callbacks()
     out.mkdir(parents=True, exist_ok=True)
     with rec.exclusive(out):
         clear_left_specs(out)
-        planned = plan(expand(sweep), out, retry_failed, here)
+        planned = plan(expand(sweep), out, retry_failed, here, remeasure)
+        _refuse_measured_otherwise(planned, out, here, remeasure)
         record = rec.SweepRecord(
             name=sweep.name or "sweep",
             created_utc=rec.now(),
@@ -63,7 +78,7 @@ def run_sweep(
         for cell in record.cells:
             if cell.status != rec.PENDING:
                 callbacks.finished(cell)
-        baselines, rest = _phases(planned, record, out, here)
+        baselines, rest = _phases(planned, record, out, here, remeasure)
         _run_phase(baselines, executor, out, record, callbacks)
         _run_phase(_with_baseline(rest, out, record, callbacks), executor, out, record, callbacks)
         for index, cell in enumerate(planned):
@@ -84,7 +99,40 @@ def _initial(cell: PlannedCell) -> rec.CellRecord:
     )
 
 
-def _phases(planned: list[PlannedCell], record: rec.SweepRecord, out: Path, here: bool):
+def _refuse_measured_otherwise(planned: list[PlannedCell], out: Path, here: bool, remeasure: bool) -> None:
+    """One line naming the stored cells and baselines measured otherwise than the sweep asks, and the two fixes."""
+    if remeasure:
+        return
+    found = [(cell.cell.label, cell.reason) for cell in planned if cell.status == CHANGED]
+    for baseline in {run.name: run for run in _baselines(planned, here, (TO_RUN, CHANGED))}.values():
+        if changes := measured_otherwise(out / baseline.name, baseline.spec):
+            found.append((f"the baseline of {baseline.spec.model}", f"stored measured otherwise: {', '.join(changes)}"))
+    if found:
+        label, reason = found[0]
+        more = f"; and {len(found) - 1} more" if len(found) > 1 else ""
+        verb = "was" if len(found) == 1 else "were"
+        raise DiffmeterError(
+            f"{units.counted(len(found), 'stored run')} in {out} {verb} measured otherwise than this sweep asks "
+            f"({label}: {reason}{more}): "
+            "pass --remeasure to measure them again, replacing their results, or --out DIR for a new study"
+        )
+
+
+def _baselines(planned: list[PlannedCell], here: bool, statuses: tuple[str, ...] = (TO_RUN,)) -> list[PreparedRun]:
+    """The unoptimized runs the cells of ``statuses`` with ``--compare-baseline`` compare against."""
+    found = []
+    for cell in planned:
+        spec = cell.run.spec if cell.run else None
+        if cell.status not in statuses or spec is None or not spec.compare_baseline or not cell.run.optimizations:
+            continue
+        try:
+            found.append(prepare(spec.baseline(), here=here))
+        except DiffmeterError:
+            continue  # the cell itself reports it when it runs
+    return found
+
+
+def _phases(planned: list[PlannedCell], record: rec.SweepRecord, out: Path, here: bool, remeasure: bool = False):
     """Jobs in two phases: the baselines that cells with --compare-baseline need (so two cells
     never measure the same baseline at once) and the cells that are another cell's one-device run (so a parallel
     cell finds it stored and states its scaling), then every other cell."""
@@ -93,17 +141,12 @@ def _phases(planned: list[PlannedCell], record: rec.SweepRecord, out: Path, here
         if cell.status == TO_RUN and not cell.cell.batch_auto:
             work.setdefault(cell.run.name, _Work(job_of(cell.run), cell.run)).records.append(cell_record)
     first: dict[str, _Work] = {}
-    for cell in planned:
-        spec = cell.run.spec if cell.run else None
-        if cell.status != TO_RUN or spec is None or not spec.compare_baseline or not cell.run.optimizations:
-            continue
-        try:
-            baseline = prepare(spec.baseline(), here=here)
-        except DiffmeterError:
-            continue  # the cell itself reports it when it runs
+    for baseline in _baselines(planned, here):
         if baseline.name in work:
             first[baseline.name] = work.pop(baseline.name)
-        elif stored_result(out / baseline.name)[0] != "complete":
+        elif stored_result(out / baseline.name)[0] != "complete" or (
+            remeasure and measured_otherwise(out / baseline.name, baseline.spec)
+        ):
             first.setdefault(baseline.name, _Work(job_of(baseline), baseline))
     for one_device in {queued.job.one_device for queued in work.values()} & set(work):
         first[one_device] = work.pop(one_device)
