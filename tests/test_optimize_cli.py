@@ -177,6 +177,8 @@ def test_ladder_adds_one_technique_per_rung_and_resumes(cli, tmp_path):
     code, shown, _ = cli("show", stored_ladder)
     assert code == 0 and "optimization ladder" in shown and "first-block-cache" in shown
     assert "weights: tiny random weights (a test pipeline" in " ".join(shown.split())
+    # its PSNR/SSIM are of noise images, said as bench's and compare's say it (a new user read them as quality)
+    assert json.loads(out)["weights_random"] and "the images are noise" in " ".join(shown.split())
     mtimes = {p: (p / RESULTS).stat().st_mtime_ns for p in tmp_path.iterdir() if p.is_dir()}
     assert cli(*args)[0] == 0
     assert {p: (p / RESULTS).stat().st_mtime_ns for p in mtimes} == mtimes  # every rung reused

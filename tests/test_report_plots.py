@@ -212,3 +212,23 @@ def test_sorting_by_psnr_puts_identical_images_above_every_finite_psnr(study, tm
             browser.close()
     assert descending[0] == "identical" and descending[1].endswith(" dB") and set(descending[2:]) == {"-"}, descending
     assert ascending[0].endswith(" dB") and ascending[1] == "identical" and set(ascending[2:]) == {"-"}, ascending
+
+
+def test_runs_of_one_label_are_told_apart_by_what_differs(tmp_path):
+    """A new user's report named four batch-scaling lines "tiny-sd 32x32 unoptimized" (float32 and bfloat16, 1 and
+    2 steps): each name now adds the settings that differ among the runs sharing it, and only those."""
+    for dtype in ("float32", "bfloat16"):
+        for batch in (1, 2):
+            bench(BenchSpec(**{**FAST, "iterations": 1}, dtype=dtype, batch_size=batch), out=tmp_path)
+    study = read_study(tmp_path)
+    assert sorted({run.label for run in study.runs}) == [
+        "tiny-sd 32x32 b1 unoptimized bfloat16",
+        "tiny-sd 32x32 b1 unoptimized float32",
+        "tiny-sd 32x32 b2 unoptimized bfloat16",
+        "tiny-sd 32x32 b2 unoptimized float32",
+    ]
+    (batch,) = scaling(study)
+    names = {trace.name for trace in batch.figure.data}
+    assert names == {"tiny-sd 32x32 unoptimized bfloat16", "tiny-sd 32x32 unoptimized float32"}
+    colors = {trace.name: trace.marker.color for trace in batch.figure.data}
+    assert len(set(colors.values())) == 2  # one colour each, as the legend tells them apart

@@ -7,6 +7,7 @@ from rich.markup import escape
 from diffmeter import units
 from diffmeter.measure.speedup import MIN_EFFECT
 from diffmeter.report.layout import Column, FittedTable
+from diffmeter.report.run_table import RANDOM_QUALITY
 from diffmeter.runs.ladder_record import Ladder
 
 
@@ -74,6 +75,8 @@ def ladder_table(ladder: Ladder) -> FittedTable:
     ]
     if ladder.weights:
         captions.append(f"weights: {escape(ladder.weights)}")
+    if ladder.weights_random and any(row.quality is not None for row in ladder.rows):
+        captions.append("quality" + RANDOM_QUALITY)
     if ladder.baseline_recheck_s is not None:
         captions.append(f"baseline measured again at the end: {units.seconds(ladder.baseline_recheck_s)}")
     captions += [f"note: {escape(note)}" for note in [*ladder.notes, *noisy]]

@@ -191,7 +191,13 @@ def climb(
                 quality=quality,
             )
         )
-    ladder = Ladder(model=baseline.model.id, device=baseline.spec.device, rows=rows, weights=baseline.weights)
+    ladder = Ladder(
+        model=baseline.model.id,
+        device=baseline.spec.device,
+        rows=rows,
+        weights=baseline.weights,
+        weights_random=baseline.weights_random,
+    )
     if recheck and len([row for row in rows if row.folder]) > 1:
         _recheck_baseline(ladder, rungs[0].spec, base, out, progress)
     ladder.notes += _trust_notes(rows)

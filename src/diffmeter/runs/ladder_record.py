@@ -48,6 +48,8 @@ class Ladder(BaseModel):
     notes: list[str] = []
     #: the weights the rungs ran (``BenchResult.weights``: tiny random, random at real size, or pretrained)
     weights: str | None = None
+    #: whether they were random (``BenchResult.weights_random``): the images are noise, their quality no quality
+    weights_random: bool = False
 
 
 def read_ladder(path: str | Path) -> Ladder:

@@ -9,7 +9,7 @@ from plotly.subplots import make_subplots
 
 from diffmeter import units
 from diffmeter.report.html.plot_style import Colors, Figure, layout, measured
-from diffmeter.report.html.study import Run, Study
+from diffmeter.report.html.study import Run, Study, told_apart
 
 SETTINGS = ("model", "weights", "hardware", "dtype", "steps", "optimizations", "guidance")
 
@@ -35,12 +35,13 @@ def scaling(study: Study) -> list[Figure]:
             subplot_titles=("latency per call", "throughput", "achieved compute (denoising)"),
         )
         shown = []
-        colors = Colors(_batch_name(key) for key in batch_groups)
+        names = _names(batch_groups, _batch_name)
+        colors = Colors(names.values())
         values: dict[str, list[float]] = {"latency": [], "throughput": [], "compute": []}
         for key, group in batch_groups.items():
             group = sorted(group, key=lambda r: r.row["batch"])
             shown += group
-            name = _batch_name(key)
+            name = names[key]
             batches = [r.row["batch"] for r in group]
             rows = [r.row for r in group]
             hover = [
@@ -103,7 +104,8 @@ def scaling(study: Study) -> list[Figure]:
     if size_groups:
         figure = go.Figure()
         shown = []
-        colors = Colors(_size_name(key) for key in size_groups)
+        names = _names(size_groups, _size_name)
+        colors = Colors(names.values())
         for key, group in size_groups.items():
             group = sorted(group, key=lambda r: r.row["width"] * r.row["height"])
             shown += group
@@ -113,8 +115,8 @@ def scaling(study: Study) -> list[Figure]:
                 text=[f"{r.row['width']}x{r.row['height']}" for r in group],
                 hovertemplate="%{text} (%{x:.3g} megapixels): %{y:.4g} s per image<extra></extra>",
                 mode="lines+markers",
-                name=_size_name(key),
-                **colors.trace(_size_name(key)),
+                name=names[key],
+                **colors.trace(names[key]),
             )
         layout(figure, "Scaling with resolution", shown, "megapixels per image", "seconds per image (median)")
         figures.append(
@@ -124,6 +126,12 @@ def scaling(study: Study) -> list[Figure]:
             )
         )
     return figures
+
+
+def _names(groups: dict[tuple, list[Run]], short) -> dict[tuple, str]:
+    """Each group's legend name: ``short`` of its key, told apart from the figure's other groups of that name."""
+    keys = list(groups)
+    return dict(zip(keys, told_apart([short(key) for key in keys], [groups[key][0].row for key in keys]), strict=True))
 
 
 def _batch_name(key: tuple) -> str:

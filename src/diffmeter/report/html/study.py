@@ -25,18 +25,37 @@ WEIGHTS_LABELS = {
 }
 
 
+#: the settings that tell apart runs of one short label, as a legend adds them ("bfloat16", "4 steps")
+DISTINGUISHING = {
+    "dtype": str,
+    "steps": lambda steps: f"{steps} steps",
+    "guidance": lambda scale: f"guidance {scale:g}" if scale is not None else "no guidance scale",
+    "seed": lambda seed: f"seed {seed}",
+    "hardware": str,
+    "weights": lambda weights: f"{weights} weights",
+}
+
+
+def told_apart(labels: list[str], rows: list[dict[str, Any]]) -> list[str]:
+    """Each label with the settings (``DISTINGUISHING``) that differ among the rows sharing it, so no two plotted
+    runs read alike: "tiny-flux 32x32 unoptimized" twice becomes "... float32, 2 steps" and "... bfloat16, 4 steps"."""
+    told = []
+    for label, row in zip(labels, rows, strict=True):
+        alike = [other for name, other in zip(labels, rows, strict=True) if name == label]
+        differing = [key for key in DISTINGUISHING if len({str(other.get(key)) for other in alike}) > 1]
+        told.append(label + (" " + ", ".join(DISTINGUISHING[k](row.get(k)) for k in differing) if differing else ""))
+    return told
+
+
 @dataclass
 class Run:
-    """A stored run, its row of ``diffmeter table`` and a short label for plots."""
+    """A stored run, its row of ``diffmeter table`` and a short label for plots (``Study.name_runs`` adds what tells
+    it from the study's other runs of the same label)."""
 
     result: BenchResult
     folder: Path
     row: dict[str, Any]
-
-    @property
-    def label(self) -> str:
-        row = self.row
-        return f"{row['model']} {outputs.size(row)} b{row['batch']} {row['optimizations'] or 'unoptimized'}"
+    label: str = ""
 
     @property
     def weights(self) -> str:
@@ -77,6 +96,10 @@ def read_study(directory: str | Path) -> Study:
     for folder, result in collect.readable_results(results, study.skipped):
         study.runs.append(Run(result, folder, collect.row(result, str(folder.relative_to(root)))))
     collect.add_speedups([run.row for run in study.runs], [run.result for run in study.runs], ladder_rungs(root))
+    rows = [run.row for run in study.runs]
+    short = [f"{r['model']} {outputs.size(r)} b{r['batch']} {r['optimizations'] or 'unoptimized'}" for r in rows]
+    for run, label in zip(study.runs, told_apart(short, rows), strict=True):
+        run.label = label
     seen = set()
     run_folders = {path.parent for path in results}
     for path in sorted(root.rglob("*.json")):
