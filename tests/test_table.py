@@ -68,6 +68,8 @@ def test_one_row_per_run_at_any_depth_with_units_and_speedups(runs):
     assert compared.identical_images == 2 or compared.psnr_db > 30  # fuse-qkv is lossless up to rounding
     batch2 = complete[complete.batch == 2].iloc[0]
     assert batch2.speedup == 1.0 and batch2.speedup_verdict == "baseline"  # an unoptimized run is its own baseline
+    # 1x by definition, not a measured interval (a new user read "1.0-1.0, coverage 1.0" as one)
+    assert pandas.isna(batch2.speedup_ci_low) and pandas.isna(batch2.speedup_coverage)
     (failed,) = frame[frame.status == "failed"].itertuples()
     assert "out of memory" in failed.error and math.isnan(failed.s_per_image) and failed.batch == 4
     assert math.isnan(failed.speedup)

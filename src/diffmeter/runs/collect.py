@@ -61,7 +61,7 @@ COLUMNS: dict[str, str] = {
     "the unoptimized run of the same settings in its own --out folder, or the table's only one, stored apart, said in "
     "speedup_noise): Hodges-Lehmann estimate over every pair of measured calls, per image (1 for an unoptimized run, "
     "its own baseline)",
-    "speedup_ci_low": "lower end of the speed-up's exact Mann-Whitney interval",
+    "speedup_ci_low": "lower end of the speed-up's exact Mann-Whitney interval (empty for a baseline: 1 by definition)",
     "speedup_ci_high": "upper end of that interval",
     "speedup_coverage": "the probability that interval covers the true speed-up (below 95% with few calls)",
     "speedup_verdict": "faster | slower | within noise (the interval holds 1x, or the estimate is within 5% of it) | "
@@ -245,7 +245,8 @@ def add_speedups(
         against = "ladder baseline" if baseline is not None else "same settings"
         baseline = baseline or _named_baseline(result, by_folder)
         if baseline is None and not row["optimizations"]:
-            row.update(speedup=1.0, speedup_ci_low=1.0, speedup_ci_high=1.0, speedup_coverage=1.0)
+            # 1x by definition, not measured: no interval, no coverage
+            row.update(speedup=1.0, speedup_ci_low=None, speedup_ci_high=None, speedup_coverage=None)
             row["speedup_verdict"] = "baseline"
             continue
         apart = None
