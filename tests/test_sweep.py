@@ -70,6 +70,16 @@ def test_the_dry_run_shows_each_cell_done_refused_or_to_run_with_its_compute(tmp
     assert len(stored(out)) == 1  # nothing ran
 
 
+def test_a_cell_whose_prompts_file_cannot_be_read_is_refused_in_the_plan(tmp_path, cli):
+    """It was planned "to run", loaded its weights, then failed: refused before anything loads, as a bad LoRA is."""
+    study = tmp_path / "study.yaml"
+    study.write_text(f"axes: {{model: [tiny-sd]}}\nfixed: {{prompts_file: {tmp_path / 'missing.txt'}}}\n")
+    code, text, _ = cli("sweep", study, "--out", tmp_path / "out", "--dry-run", "--json")
+    (cell,) = json.loads(text)
+    assert code == 0 and cell["status"] == "refused"
+    assert "cannot read prompts file" in cell["reason"] and "No such file or directory" in cell["reason"]
+
+
 def test_the_dry_run_shows_the_compute_of_a_cell_refused_for_missing_weights(tmp_path, cli, monkeypatch):
     """The compute needs no weights: a cell refused for them still shows its offline profile's FLOPs."""
     from huggingface_hub import constants

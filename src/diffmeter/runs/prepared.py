@@ -17,6 +17,7 @@ from diffmeter.optimize import Target, build, check
 from diffmeter.runs import storage
 from diffmeter.runs.memory_check import check_fits
 from diffmeter.runs.parallel_support import check as check_parallel
+from diffmeter.runs.prompts import read_prompts
 from diffmeter.runs.results import AppliedOptimization, BenchResult, ModelInfo
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.weights import WeightsSource, locate_weights
@@ -55,6 +56,8 @@ def prepare(
         images=bool(spec.image_sizes),
     )
     check(optimizations, target)
+    if here and spec.prompts_file is not None:
+        read_prompts(spec.prompts_file)  # unreadable or empty: refused now, not once the weights are loaded
     if spec.world_size > 1 or spec.engine != "diffusers" or spec.pipefusion_degree > 1:
         check_parallel(spec, target, optimizations, here)
     if here or entry.is_tiny or spec.random_weights:

@@ -26,7 +26,10 @@ def read_prompts(path: str | Path) -> list[str]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
-        raise DiffmeterError(f"cannot read prompts file {path}: {error}") from None
+        reason = getattr(error, "strerror", None) or error
+        raise DiffmeterError(
+            f"cannot read prompts file {path}: {reason}; pass a readable .txt, .jsonl or .csv file"
+        ) from None
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         lines = enumerate(text.splitlines(), 1)
