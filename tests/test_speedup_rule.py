@@ -147,6 +147,13 @@ def test_a_ladder_rung_in_another_dtype_has_the_ladders_speedup_in_the_report(tm
 
     (figure,) = ladders(study)
     assert f"Measured on {ladder.device};" in figure.caption and "{" not in figure.caption
+    from diffmeter.report.html.tradeoff_plots import tradeoffs
+
+    # the rung's images against the baseline's are the ladder's (its own result has none): it is in the speed
+    # against quality plot, at its speed-up (the plot was missing from a ladder's report)
+    plotted = tradeoffs(study)[0].figure
+    assert plotted.layout.title.text.startswith("Speed-up against image quality")
+    assert expected.estimate in [x for trace in plotted.data for x in (trace.x or ())]
 
 
 def test_a_candidate_eleven_times_slower_reads_so_everywhere(noisy_pair, cli, tmp_path):

@@ -19,8 +19,9 @@ def tradeoffs(study: Study) -> list[Figure]:
     """Speed-up against image quality per technique; energy and memory against latency (Pareto)."""
     runs = study.complete
     figures = []
+    # the row's quality: a ladder rung's is the ladder's, which its own result does not hold
     judged = [
-        run for run in runs if run.result.quality is not None and run.row["speedup_verdict"] not in (None, "baseline")
+        run for run in runs if run.row["ssim"] is not None and run.row["speedup_verdict"] not in (None, "baseline")
     ]
     if judged:
         figures.append(quality(judged))
