@@ -164,6 +164,12 @@ def test_where_and_sort_filter_the_table(runs, cli):
     assert [row["s_per_image"] for row in rows] == sorted((row["s_per_image"] for row in rows), reverse=True)
     code, out, _ = cli("table", runs)
     assert code == 0 and "tiny-sd" in out and "(tiny)" in out and "failed" in out
+    # the intervals' coverage, which their calls decide, beside them (it was only in --json)
+    coverages = {row["speedup_coverage"] for row in json.loads(cli("table", runs, "--json")[1])}
+    shown = sorted(found for found in coverages if found is not None)
+    assert shown and f"coverage (how often such an interval holds the true factor): {shown[0]:.1%}" in " ".join(
+        out.split()
+    )
 
 
 @pytest.mark.parametrize(

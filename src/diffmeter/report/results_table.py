@@ -9,7 +9,7 @@ from rich.markup import escape
 from diffmeter import units
 from diffmeter.report import outputs
 from diffmeter.report.layout import Column, FittedTable
-from diffmeter.report.speedup_text import noise_lines, speedup_cell
+from diffmeter.report.speedup_text import coverage_line, noise_lines, speedup_cell
 from diffmeter.runs.parallel_records import SUPERLINEAR, superlinear
 
 
@@ -133,7 +133,7 @@ def results_table(frame, title: str) -> FittedTable:
         "(within noise) when the speed-up rule's interval on the same two runs holds 1x"
     ]
     failed = [f"failed, {row['folder']}: {reason_line(row['error'])}" for row in records if row["status"] == "failed"]
-    below = [outputs.explained(word), *ladder_lines(records), *noise_lines(records), *failed]
+    below = [outputs.explained(word), coverage_line(records), *ladder_lines(records), *noise_lines(records), *failed]
     captions += [escape(line) for line in below if line]
     if any(_present(row["scaling_efficiency"]) and superlinear(row["scaling_efficiency"]) for row in records):
         captions.append(escape(SUPERLINEAR))

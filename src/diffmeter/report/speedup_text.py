@@ -63,3 +63,13 @@ def speedup_tick(value: float) -> str:
     if factor_text(factor) == "1.00":
         return "1x"
     return f"{factor_text(factor)}x {'faster' if value > 1 else 'slower'}"
+
+
+def coverage_line(rows: list[dict]) -> str | None:
+    """How often the speed-up intervals shown hold the true factor, which their calls decide (below 95% with few):
+    None where no row has an interval."""
+    found = sorted({row["speedup_coverage"] for row in rows if present(row.get("speedup_coverage"))})
+    if not found:
+        return None
+    held = f"{found[0]:.1%}" if len(found) == 1 else f"{found[0]:.1%} to {found[-1]:.1%}, by their calls"
+    return f"speed-up intervals' coverage (how often such an interval holds the true factor): {held} (--json per row)"

@@ -12,7 +12,7 @@ from diffmeter.report.html import figures as plots
 from diffmeter.report.html.gallery import gallery_html
 from diffmeter.report.html.study import WEIGHTS_LABELS, Run, Study
 from diffmeter.report.run_table import host_link_line
-from diffmeter.report.speedup_text import noise_lines, speedup_cell
+from diffmeter.report.speedup_text import coverage_line, noise_lines, speedup_cell
 
 #: (column of `diffmeter table`, header, how to show a value)
 SUMMARY = (
@@ -191,7 +191,7 @@ def _summary(runs: list[Run]) -> str:
         f"{word} against the unoptimized run of the same settings (a ladder's rungs: against the ladder's baseline), "
         "the Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney interval, within noise "
         "when the interval holds 1x or the estimate is within 5% of it; PSNR/SSIM against its images at the same "
-        "seeds. Hover a row "
+        f"seeds. {html.escape(coverage_line([run.row for run in runs]) or '')} Hover a row "
         "for its folder (or a failed run's error). Weights: pretrained, random (real size) or tiny-random (a "
         f"test pipeline). {html.escape(outputs.explained(word))} The same table: <code>diffmeter table DIR</code>.</p>"
     )
