@@ -262,6 +262,8 @@ def test_compare_refuses_what_cannot_be_compared(cli, study, tmp_path):
     _, other = bench(BenchSpec(model="tiny-flux", steps=1, iterations=1, device="cpu"), out=tmp_path)
     code, _, err = cli("compare", baseline, other)
     assert code == 2 and "compare runs of one model" in err
+    code, _, err = cli("compare", baseline, baseline / ".." / baseline.name)  # one run, written two ways
+    assert code == 2 and "a run against itself is 1x by construction" in err and len(err.strip().splitlines()) == 1
 
 
 def test_compare_with_an_image_missing_or_unreadable_says_so_and_compares_the_times(cli, study, tmp_path):

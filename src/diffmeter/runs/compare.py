@@ -103,6 +103,8 @@ def compare_paths(a: str | Path, b: str | Path, images: bool = True, criteria: C
             raise DiffmeterError(f"{path}: {error.strerror}; point at a run folder or a folder of runs") from None
         if not exists:
             raise DiffmeterError(f"{path} does not exist; point at a run folder or the --out folder of a sweep")
+    if a.resolve() == b.resolve():
+        raise DiffmeterError(f"A and B are both {a}: a run against itself is 1x by construction; name two runs")
     if _is_run(a) and _is_run(b):
         pairs = [compare_runs(storage.read_result(a), storage.read_result(b), a.name, b.name, images, criteria)]
         return Comparison(a=str(a), b=str(b), method=criteria.method, criteria=criteria, pairs=pairs)
