@@ -180,7 +180,7 @@ def fit(
     from diffmeter.predict.cached import cached_memory_and_work
     from diffmeter.predict.fit_formats import with_fit_formats
     from diffmeter.predict.kernel_kinds import of_architecture
-    from diffmeter.predict.techniques import fitting
+    from diffmeter.predict.techniques import borderline, fitting
     from diffmeter.runs.fit_speedups import (
         SettingWork,
         bench_flags,
@@ -256,6 +256,7 @@ def fit(
                     "optimizations": [optimization(t) for t in chosen if is_speedup(t)],  # as bench's --opt
                     "bench": bench_flags(chosen),  # the bench options that run it
                     "peak_bytes": peak,
+                    "borderline": borderline(peak, usable),  # within the memory prediction's checked error
                     "lower_s": time,
                     "expected_s": expected.get(chosen),  # the calibrated range with every technique of it
                     "not_ranked": unranked.get(chosen),  # why it has no expected range: a technique not timed

@@ -11,12 +11,12 @@ softmax between them write it and read it back, four passes of batch x heads x q
 FlashAttention-4, ...) is not modelled: ``kernel_of`` returns None and the prediction names it as left out with
 ``why_untimed``'s reason.
 
-Two kernels have a published measurement against SDPA's flash kernel, at head dimension 128 in half precision on a
-Hopper card (``MEASURED``): cuDNN's attention runs 1.92x it, and from torch 2.11 SDPA picks it by default there
-and on datacenter Blackwell, where its ratio is not measured (``sdpa_default``); FlashAttention-3 (diffusers'
-``_flash_3`` backends) runs 1.92x it as well, in the same run. The calibration's runs used the flash kernel (their
-stacks are older, or their kernel is named): a run on either has those attention operators' calibrated time
-divided by the ratio (``attention_speedup``), nowhere else.
+Two kernels have a published measurement against SDPA's flash kernel at head dimension 128 in half precision
+(``MEASURED``): cuDNN's attention runs 1.92x it on a Hopper card and 2.63x it on a B200, and from torch 2.11 SDPA
+picks it by default on both (``sdpa_default``); FlashAttention-3 (diffusers' ``_flash_3`` backends) runs 1.92x it
+on Hopper, in the same run as cuDNN's. The calibration's runs used the flash kernel (their stacks are older, or
+their kernel is named): a run on either has those attention operators' calibrated time divided by the ratio of its
+architecture (``attention_speedup``), nowhere else.
 """
 
 from __future__ import annotations
@@ -68,6 +68,13 @@ UNTIMED = {
 CUDNN_OVER_FLASH = 631.338 / 329.483
 FLASH3_OVER_FLASH = 631.827 / 329.483
 CUDNN_MEASURED_HEAD_DIMS = (128,)
+#: cuDNN's attention over SDPA's flash kernel on a B200, one run timing both through torch's SDPA
+#: (``SDPBackend.CUDNN_ATTENTION`` and ``FLASH_ATTENTION``): NVIDIA/cudnn-frontend commit bb37575 (v1.15, 2025-10-07),
+#: benchmark/sdpa_benchmark_training/artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv, NGC pytorch 25.09
+#: (torch 2.9.0a0), cuDNN 9.13, bf16 forward, batch 1, 4096 tokens, head dimension 128: 855.7 against 324.9 TFLOP/s.
+#: Its rows are causal with grouped queries (128 query, 8 key-value heads); at 8k-32k tokens the ratio is 3.1-3.5x
+#: and on a GB300 3.1-4.1x: the shortest rows' ratio, the least of them, is the one taken
+CUDNN_OVER_FLASH_BLACKWELL = 855.7 / 324.9
 #: which kernel SDPA picks, from aten/src/ATen/native/transformers/cuda/sdp_utils.cpp (pytorch/pytorch at commit
 #: 001f694a): ``priority_order`` tries cuDNN, flash, memory-efficient, math where ``check_prefer_cudnn_attention``
 #: holds (cuDNN newer than 9.15 on compute capability 9.x or 10.x: sm90 Hopper, sm100/sm103 datacenter Blackwell;
@@ -78,19 +85,17 @@ CUDNN_MEASURED_HEAD_DIMS = (128,)
 #: (``check_dtypes_low_precision``); the memory-efficient kernel takes sm50 to sm121, in float16 or float32 below sm80
 #: (``less_than_sm80_mem_efficient_dtypes``) and bfloat16 as well from sm80: a T4 (sm75) or V100 (sm70) runs
 #: float16 attention on the memory-efficient kernel and bfloat16 on the math path; float32 runs memory-efficient
-#: everywhere. The cuDNN ratio is measured on Hopper only: a datacenter Blackwell card's cuDNN attention is timed as
-#: the calibration's (``attention_speedup``)
+#: everywhere. The cuDNN ratio is measured on Hopper and on datacenter Blackwell (``attention_speedup``)
 CUDNN_DEFAULT_FROM = (2, 11)
 CUDNN_PREFERRED_ARCHITECTURES = ("hopper", "blackwell")
-CUDNN_TIMED_ARCHITECTURES = ("hopper",)
 #: the architectures in the GPU table before sm80, where neither flash nor cuDNN attention runs
 BEFORE_SM80 = ("turing", "volta")
 HALF = ("float16", "bfloat16")
-#: kernel -> (its speed over SDPA's flash kernel, the architectures and head dimensions it was measured at): the only
-#: kernels timed apart from the calibration's (FlashAttention-3 runs on Hopper alone, so nowhere else is it asked)
+#: kernel -> ({architecture: its speed over SDPA's flash kernel there}, the head dimensions it was measured at): the
+#: only kernels timed apart from the calibration's (FlashAttention-3 runs on Hopper alone, so nowhere else is it asked)
 MEASURED = {
-    "cudnn": (CUDNN_OVER_FLASH, CUDNN_TIMED_ARCHITECTURES, CUDNN_MEASURED_HEAD_DIMS),
-    "flash-attn-3": (FLASH3_OVER_FLASH, ("hopper",), (128,)),
+    "cudnn": ({"hopper": CUDNN_OVER_FLASH, "blackwell": CUDNN_OVER_FLASH_BLACKWELL}, CUDNN_MEASURED_HEAD_DIMS),
+    "flash-attn-3": ({"hopper": FLASH3_OVER_FLASH}, (128,)),
 }
 
 
@@ -138,9 +143,9 @@ def with_default_kernel(work: OperatorWork, architecture: str | None, torch_vers
 
 def stack_kernel(kernel: str, architecture: str | None) -> str:
     """``kernel`` as a time's stack names it, saying where it is timed as the calibration's flash kernel: a kernel
-    with a measured ratio (``MEASURED``) on an architecture it was not measured on (cuDNN on datacenter Blackwell)."""
-    if kernel in MEASURED and architecture not in MEASURED[kernel][1]:
-        return f"{kernel} (timed as flash: its ratio is measured on {', '.join(MEASURED[kernel][1])} only)"
+    with a measured ratio (``MEASURED``) on an architecture it was not measured on."""
+    if kernel in MEASURED and architecture not in MEASURED[kernel][0]:
+        return f"{kernel} (timed as flash: its ratio is measured on {', '.join(MEASURED[kernel][0])} only)"
     return kernel
 
 
@@ -155,8 +160,8 @@ def attention_speedup(kernel: str, architecture: str | None, group: OperatorGrou
     dim = head_dim(group)
     if kernel not in MEASURED or dtype not in HALF or dim is None:
         return 1.0
-    ratio, architectures, head_dims = MEASURED[kernel]
-    return ratio if architecture in architectures and round(dim) in head_dims else 1.0
+    ratios, head_dims = MEASURED[kernel]
+    return ratios.get(architecture, 1.0) if round(dim) in head_dims else 1.0
 
 
 def kernel_of(name: str, params: dict) -> str | None:

@@ -26,6 +26,7 @@ import itertools
 
 from diffmeter.predict.fit_formats import FASTER_MATMULS, offered
 from diffmeter.predict.in_flight import in_flight_peak
+from diffmeter.predict.memory_checks import TOLERANCE
 from diffmeter.predict.schema import VAE_DECODE, MemoryPrediction
 
 #: fastest first: what each costs in time, as its mechanism says (no roofline yet): quantized weights
@@ -145,16 +146,28 @@ def fitting(
 ) -> list[tuple[tuple[str, ...], int]]:
     """The settings whose peak fits ``memory_bytes``, fastest first, each with its peak; a setting that adds a
     technique to one that already fits is left out (it only costs time), unless ``timed`` (its time is predicted
-    and ranks it) and what it adds runs the matmuls faster (``FASTER_MATMULS``: fp8 dynamic activation)."""
+    and ranks it) and what it adds runs the matmuls faster (``FASTER_MATMULS``: fp8 dynamic activation), or the one
+    it adds to fits only within the memory prediction's checked error (``borderline``) and it lowers the peak."""
     fits: list[tuple[tuple[str, ...], int]] = []
     for chosen in settings(prediction, fp8):
         peak = peak_under(prediction, chosen)
         if peak > memory_bytes:
             continue
-        if any(set(kept) <= set(chosen) and not (timed and faster(set(chosen) - set(kept))) for kept, _ in fits):
+        if any(
+            set(kept) <= set(chosen)
+            and not (borderline(kept_peak, memory_bytes) and peak < kept_peak)
+            and not (timed and faster(set(chosen) - set(kept)))
+            for kept, kept_peak in fits
+        ):
             continue
         fits.append((chosen, peak))
     return fits
+
+
+def borderline(peak: int, memory_bytes: int) -> bool:
+    """Whether a peak is within the memory prediction's checked error (``memory_checks.TOLERANCE`` of the peak) of
+    ``memory_bytes``, either way: one that fits may not in a real run, one short may fit."""
+    return abs(memory_bytes - peak) < TOLERANCE * peak
 
 
 def faster(added: set[str]) -> bool:

@@ -9,6 +9,7 @@ from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, Device
 from diffmeter.predict.fit_formats import NEEDS_FP8
 from diffmeter.predict.memory_checks import TOLERANCE
 from diffmeter.predict.schema import MemoryPrediction
+from diffmeter.predict.techniques import borderline, peak_under, short_of
 from diffmeter.report.layout import Column, FittedTable
 from diffmeter.units import figure, gib
 
@@ -43,7 +44,6 @@ def memory_table(
     ``predict.techniques`` models them by) and whether it fits ``gpu``; ``fit_command``: the ``diffmeter fit`` line
     for this model and card, offered when it does not fit; ``dtypes``: the run's dtypes as the title names them
     (``report.tables.run_dtypes``: "bfloat16, vae float32"), the prediction's own dtype where not given."""
-    from diffmeter.predict.techniques import peak_under, short_of
 
     title = f"predicted peak memory ({dtypes or prediction.dtype}; every component loaded)"
     table = FittedTable(
@@ -76,9 +76,10 @@ def memory_table(
         held = CUDA_HOLDBACK_BYTES if gpu.kind == "cuda" else 0
         short = short_of(prediction, gpu, techniques)
         fits = short is None
-        margin = short if short is not None else gpu.memory_bytes - held - peak
         verdict = ("fits" if fits else "does not fit") + (
-            f" (borderline: within {TOLERANCE:.0%} of the peak, the checked error)" if margin < TOLERANCE * peak else ""
+            f" (borderline: within {TOLERANCE:.0%} of the peak, the checked error)"
+            if borderline(peak, gpu.memory_bytes - held)
+            else ""
         )
         kept = f", {gib(held)} held back for {runtime(gpu)}" if held else ""
         table.add_row(
@@ -147,7 +148,8 @@ def fit_table(
         quality = qualities.get(chosen, "-")
         ranged = [ranged] if expected else []
         shown = [shown] if some else []
-        table.add_row(escape(setting_text(chosen)), gib(peak), gib(usable - peak), *shown, *ranged, quality)
+        left = gib(usable - peak) + (" (borderline)" if borderline(peak, usable) else "")
+        table.add_row(escape(setting_text(chosen)), gib(peak), left, *shown, *ranged, quality)
     if not rows:
         table.add_row("nothing fits, even with sequential offload", *[""] * (len(table.columns) - 1), style="red")
     link = f" over its {gpu.host_link}" if gpu.host_link else ""
@@ -158,11 +160,27 @@ def fit_table(
             f"{prediction.peak_stage} ({gib(sum(prediction.component_param_bytes.values()))} of parameters and "
             f"buffers) is over the {gib(usable)} left of {gib(gpu.memory_bytes)}."
         )
+    elif borderline(prediction.peak_bytes, usable):  # its supersets stay listed (predict.techniques.fitting)
+        lines.append(
+            f"As is ({prediction.dtype}) it fits by {gib(usable - prediction.peak_bytes)}, within the memory "
+            f"prediction's checked {TOLERANCE:.0%}: borderline, a real run may not fit, so the settings that save "
+            "memory are listed too."
+        )
     else:  # the settings a fitting run adds memory techniques to are left out (predict.techniques.fitting)
         lines.append(
             f"As is ({prediction.dtype}) it fits, so the settings that only save memory (offload, tiling, slicing, "
             "the quantized formats but fp8 matmuls) are not listed: each only costs time here; profile --gpu with "
             "--quantize BACKEND:TYPE or --offload predicts one."
+        )
+    if rows and prediction.peak_bytes > usable:
+        lines.append(
+            "A setting that adds a memory saving to one listed (not borderline) is left out: it only costs time "
+            "here; profile --gpu with --quantize BACKEND:TYPE or --offload predicts one."
+        )
+    if any(borderline(peak, usable) for _, peak, _ in rows):
+        lines.append(
+            f"(borderline): the peak is within the memory prediction's checked {TOLERANCE:.0%} of what is left: a "
+            "real run may not fit."
         )
     if fitting is not None and fitting > len(rows):
         lines.append(f"{fitting - len(rows)} more settings fit: --all-settings lists them (--json holds all).")
