@@ -102,8 +102,9 @@ def test_comfyui_casts_are_ranges_within_half_a_percent_whatever_the_unpublished
 
 def test_a_range_is_shown_to_a_digit_past_the_published_figure_and_a_miss_names_its_end():
     v1, v2 = sorted((f for f in all_files() if f.rules == "forge-bnb"), key=lambda f: f.file)[::-1]
-    assert range_text((11_452_366_022, 11_458_536_774), v1) == "11.45-11.46 GB"
-    assert range_text((12_006_676_934, 12_012_847_686), v2) == "12.01 GB"  # both ends at two decimals of "12"
+    # in GiB first, as memory is shown everywhere, then in the published figure's unit
+    assert range_text((11_452_366_022, 11_458_536_774), v1) == "10.67 GiB (11.45-11.46 GB)"
+    assert range_text((12_006_676_934, 12_012_847_686), v2) == "11.18-11.19 GiB (12.01 GB)"  # "12": two decimals
     assert range_error_text((0.0, 0.0)) == "+0.00%" and range_error_text((0.0, 0.0123)) == "+0.00% to +1.23%"
     assert verdict((0.0, 0.0123)) == "the high end misses (+1.23%)"
     assert verdict((-0.007, 0.0)) == "the low end misses (-0.70%)"

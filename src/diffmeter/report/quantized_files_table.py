@@ -20,20 +20,24 @@ def published_text(file: QuantizedFile) -> str:
 
 
 def predicted_text(predicted: int | None, file: QuantizedFile) -> str:
-    """The prediction in the published figure's unit (decimal GB: 10^9 bytes, as the Hub counts)."""
+    """The prediction in GiB, then in brackets in the published figure's unit (decimal GB: 10^9 bytes, as the Hub
+    counts), as ``published_text`` shows the published size."""
     if predicted is None:
         return "-"
     unit = file.size.unit.split()[0]
-    return f"{predicted:,} B" if unit == "B" else f"{predicted / UNITS[unit]:.3f} {unit}"
+    same = f"{predicted:,} B" if unit == "B" else f"{predicted / UNITS[unit]:.3f} {unit}"
+    return f"{predicted / 2**30:,.3f} GiB ({same})"
 
 
 def range_text(span: tuple[int, int], file: QuantizedFile) -> str:
-    """A predicted range in the published figure's unit, to one digit past the figure (two at least): the ends that
-    digit tells apart, one figure where it does not."""
+    """A predicted range in GiB, then in the published figure's unit, to one digit past the figure (two at least):
+    the ends that digit tells apart, one figure where it does not."""
     unit = file.size.unit.split()[0]
     digits = max(2, 1 - Decimal(str(file.size.value)).as_tuple().exponent)
     low, high = (f"{end / UNITS[unit]:.{digits}f}" for end in span)
-    return f"{low} {unit}" if low == high else f"{low}-{high} {unit}"
+    gib_low, gib_high = (f"{end / 2**30:,.{digits}f}" for end in span)
+    gib = f"{gib_low} GiB" if gib_low == gib_high else f"{gib_low}-{gib_high} GiB"
+    return f"{gib} ({low} {unit})" if low == high else f"{gib} ({low}-{high} {unit})"
 
 
 def range_error_text(ends: tuple[float, float]) -> str:
@@ -75,12 +79,12 @@ def files_table(
         )
     said = " ".join(f"({number}) {escape(reason)}." for number, reason in enumerate(reasons, 1))
     table.caption = (
-        "Rules: whether the converter's per-tensor types are modelled (then within 0.5%, held by the tests); not "
-        f"modelled: {said} "
-        "Published: the size in GiB (2^30 bytes, as GPU memory is counted; to the published figure's precision), "
+        "Rules: whether the converter's per-tensor types are modelled (then within 0.5%, held by the tests)"
+        + (f"; not modelled: {said} " if said else ". ")
+        + "Published: the size in GiB (2^30 bytes, as GPU memory is counted; to the published figure's precision), "
         "then as published: the Hugging Face commit page's exact bytes (B) or its file list's rounded decimal GB "
-        "(10^9 bytes); error 0 inside a rounded figure's range. Predicted: in the published figure's unit, the "
-        "tensor data (header left out; an SVDQuant "
+        "(10^9 bytes); error 0 inside a rounded figure's range. Predicted: in GiB, then in the published figure's "
+        "unit: the tensor data (header left out; an SVDQuant "
         "safetensors file's counted); a range (low-high) spans the per-tensor widths the file's source does not "
         "publish, with each end's error. Sources: "
         "benchmarks/published_quantized.yaml."
