@@ -319,6 +319,12 @@ def test_stage_shares_add_up_and_videos_are_counted_as_videos(cli, tmp_path):
     summary = read_result(folder).summary
     shares = [summary.stages_s[name].mean / summary.latency_s.mean for name in summary.stages_s]
     assert sum(shares) == pytest.approx(1.0)
+    # a technique against it: its speed-up and quality per video, not "per image" and "images identical"
+    args = ("--steps", "2", "--iterations", "2", "--out", tmp_path, "--opt", "fuse-qkv", "--compare-baseline")
+    code, out, err = cli("bench", "tiny-wan", *args)
+    text = " ".join(out.split())
+    assert code == 0, err
+    assert "(same seeds, per video)" in text and "videos identical" in text and "per image" not in text
 
 
 def test_compare_baseline_reports_the_speed_up_with_its_interval(tmp_path):

@@ -145,7 +145,8 @@ def _facts(result: BenchResult) -> Text:
     if result.speedup is not None:
         lines.append(speedup_line(result))
     if result.quality is not None:
-        lines.append(quality_line(result.quality) + (RANDOM_QUALITY if result.weights_random else ""))
+        word = "video" if result.spec.num_frames else "image"
+        lines.append(quality_line(result.quality, word) + (RANDOM_QUALITY if result.weights_random else ""))
     if summary.conditions is not None:
         lines.append(conditions_line(summary.conditions))
     lines.append(f"weights: {result.weights}")
@@ -190,7 +191,8 @@ def speedup_line(result: BenchResult) -> str:
     found = speedups.between(baseline, result)
     if found is None:
         return f"speed vs unoptimized: {folder} is not a complete run, so no speed-up is shown"
-    return f"speed vs unoptimized (same seeds, per image): {found.sentence()}"
+    word = "video" if result.spec.num_frames else "image"
+    return f"speed vs unoptimized (same seeds, per {word}): {found.sentence()}"
 
 
 def conditions_line(conditions) -> str:
@@ -216,7 +218,8 @@ RANDOM_QUALITY = (
 )
 
 
-def quality_line(quality) -> str:
+def quality_line(quality, word: str = "image") -> str:
+    """Images (or videos: ``word``) against the unoptimized run's at the same seeds."""
     psnr = (
         f"PSNR mean {quality.mean_psnr_db:.2f} dB (min {quality.min_psnr_db:.2f} dB)"
         if quality.mean_psnr_db is not None
@@ -229,5 +232,5 @@ def quality_line(quality) -> str:
     )
     return (
         f"quality vs unoptimized (same seeds): {psnr}, SSIM mean {quality.mean_ssim:.4f} "
-        f"(min {quality.min_ssim:.4f}){clip}, {quality.identical} of {len(quality.images)} images identical"
+        f"(min {quality.min_ssim:.4f}){clip}, {quality.identical} of {len(quality.images)} {word}s identical"
     )
