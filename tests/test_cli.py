@@ -97,6 +97,8 @@ def test_profile_all_leaves_out_the_models_that_refuse_the_settings(cli, monkeyp
         # counted first, then refused without naming the flag; a bad format now first, in bench's words
         (["profile", "tiny-flux", "--quantize", "bnb:nf4"], "--quantize bnb:nf4: techniques are predicted with --gpu"),
         (["profile", "tiny-flux", "--quantize", "foo"], "--quantize 'foo': write BACKEND:TYPE"),
+        (["profile", "tiny-flux", "--offload", "banana"], "offload: bad parameter mode"),  # not "add --gpu"
+        (["profile", "tiny-flux", "--opt", "nonsense"], "unknown optimization 'nonsense'"),
         # --no-image on a text-to-image model passed silently; refused as --image-size is
         (["profile", "tiny-sd", "--no-image"], "tiny-sd (StableDiffusionPipeline) generates from text alone and"),
         (["bench", "tiny-sd", "--no-image"], "takes no input image: drop --no-image"),
