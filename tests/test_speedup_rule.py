@@ -124,6 +124,19 @@ def test_every_command_gives_one_speedup_and_carries_the_noise_note(noisy_pair, 
     assert shown in page and notes[0].split(";")[0] in page  # html escapes nothing in these
 
 
+def test_every_plot_of_a_noisy_run_names_it_in_its_caption(noisy_pair):
+    """The summary table marked the run "(noisy)"; the plots drew it unmarked. Each plot's caption names it."""
+    from diffmeter.report.html import figures as plots
+    from diffmeter.report.html.study import read_study
+
+    out, _, candidate, _ = noisy_pair
+    study = read_study(out)
+    (noisy,) = [run for run in study.runs if run.folder.name == candidate.name]
+    drawn = [figure for _, _, section in plots.SECTIONS for figure in section(study)]
+    measured = [figure for figure in drawn if "Measured on" in figure.caption]
+    assert measured and all("Noisy timings" in f.caption and noisy.label in f.caption for f in measured)
+
+
 def test_a_ladder_rung_in_another_dtype_has_the_ladders_speedup_in_the_report(tmp_path):
     """The half-precision rung has no unoptimized run of its own dtype: its speed-up is against the ladder's
     baseline, by the same rule, in the ladder and in the report (it showed "-")."""

@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 
 from diffmeter import units
 from diffmeter.report.html.study import WEIGHTS_LABELS, Run
+from diffmeter.report.speedup_text import noise_lines
 from diffmeter.stages import STAGE_NAMES
 
 STAGES = {**STAGE_NAMES, "other": "other"}
@@ -61,7 +62,9 @@ def measured(runs: list[Run]) -> str:
     weights = sorted({WEIGHTS_LABELS[run.weights] for run in runs})
     calls = sorted({run.result.summary.iterations for run in runs if run.result.summary})
     calls_text = units.counted(calls[0], "call") if len(calls) == 1 else f"{calls[0]}-{calls[-1]} calls"
-    return f"Measured on {', '.join(hardware)}, {calls_text} per run; weights: {', '.join(weights)}."
+    noisy = sorted({run.label for run in runs if noise_lines([run.row])})
+    said = f" Noisy timings (the summary's notes say why; compare them loosely): {', '.join(noisy)}." if noisy else ""
+    return f"Measured on {', '.join(hardware)}, {calls_text} per run; weights: {', '.join(weights)}.{said}"
 
 
 def layout(figure, title: str, runs: list[Run], x: str, y: str, **extra) -> None:
