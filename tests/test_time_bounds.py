@@ -133,7 +133,8 @@ def test_the_ideal_bound_reads_each_calls_weights_once_and_runs_its_flops_at_the
 
 def test_a_cards_l2_comes_from_its_whitepaper_and_an_unstated_one_is_left_out():
     assert named_gpu("H100 SXM").l2_bytes == 50 * 2**20 and named_gpu("RTX 4090").l2_bytes == 72 * 2**20
-    assert named_gpu("H200 SXM").l2_bytes is None  # no NVIDIA document states it: every byte goes to DRAM
+    assert named_gpu("H200 SXM").l2_bytes == 50 * 2**20  # a third party's table, as the H100's (gpu_cache.json)
+    assert named_gpu("B200").l2_bytes is None  # no document states it: every byte goes to DRAM
     assert Device(name="x", memory_bytes=None, bandwidth_bytes_per_s=1.0, tflops={}, source="").l2_bytes is None
 
 

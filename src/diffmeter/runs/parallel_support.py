@@ -63,12 +63,6 @@ def check(spec, target, optimizations, here: bool = True) -> None:
                 f"parallel {spec.tp_degree} x CFG {spec.cfg_degree} x data parallel {spec.data_parallel}) need as "
                 f"many GPUs, but {visible} are visible; lower the degrees"
             )
-    elif here and spec.world_size > (cores := len(os.sched_getaffinity(0))):
-        # each CPU rank takes a share of the cores (distributed/place.py); past one each they time each other
-        raise DiffmeterError(
-            f"{spec.world_size} processes on a CPU with {cores} cores this process may use: each rank needs a core "
-            f"of its own, or the ranks time each other's contention, not the run; lower the degrees to at most {cores}"
-        )
     _check_one_node()
     if spec.context_degree > 1 and spec.tp_degree > 1:
         raise DiffmeterError(
@@ -82,6 +76,12 @@ def check(spec, target, optimizations, here: bool = True) -> None:
         _check_tensor_parallel_techniques(optimizations, target)
     if spec.cfg_degree > 1:
         check_cfg_parallel(spec, target)
+    if here and target.device.type == "cpu" and spec.world_size > (cores := len(os.sched_getaffinity(0))):
+        # each CPU rank takes a share of the cores (distributed/place.py); past one each they time each other
+        raise DiffmeterError(
+            f"{spec.world_size} processes on a CPU with {cores} cores this process may use: each rank needs a core "
+            f"of its own, or the ranks time each other's contention, not the run; lower the degrees to at most {cores}"
+        )
 
 
 def check_cfg_parallel(spec, target) -> None:
