@@ -127,3 +127,28 @@ def test_a_host_bound_run_draws_less_power_than_a_long_one():
     full = predict_time(operator_work(ProfileSpec(model="flux-dev", steps=28, dtype="bf16")), h200)
     assert short.busy_share < 0.6 < 0.9 < full.busy_share
     assert short.energy.power_w < 0.7 * full.energy.power_w
+
+
+@pytest.mark.slow
+def test_a_host_bound_run_on_a_card_whose_fitted_runs_never_waited_spans_the_waiting_power():
+    """The B200's power was fitted on runs that kept it busy (no waiting share): SD 1.5 at 8 steps waits for the host
+    most of its time, and was predicted at the busy share throughout (0.20-0.33 kJ, three times an H100's). Its
+    range now takes that wait at no board power to the busy share's, and says why; a GPU-bound run is as before."""
+    import math
+
+    from diffmeter.predict.operators import operator_work
+    from diffmeter.predict.roofline import predict_time
+    from diffmeter.spec import ProfileSpec
+
+    b200 = named_gpu("B200")
+    calibration = calibration_for(b200)
+    assert calibration.idle_power_fraction is None
+    short = predict_time(operator_work(ProfileSpec(model="sd15", height=512, width=512, steps=8, dtype="bf16")), b200)
+    seconds = math.sqrt(short.expected_s[0] * short.expected_s[1])
+    power = calibration.power_fraction * b200.tdp_w
+    assert short.busy_share < 0.8 and "waits for the host" in short.energy.waiting_unfitted
+    low, high = short.energy.per_output_j
+    assert high == pytest.approx(power * seconds * calibration.energy_width)
+    assert low == pytest.approx(power * short.busy_share * seconds / calibration.energy_width)
+    full = predict_time(operator_work(ProfileSpec(model="flux-dev", steps=28, dtype="bf16")), b200)
+    assert full.busy_share > 0.8 and full.energy.waiting_unfitted is None

@@ -7,6 +7,10 @@ from __future__ import annotations
 from diffmeter.predict.devices import Device, uncalibrated
 from diffmeter.predict.schema import EnergyPrediction
 
+#: the least share of a run's time some fitted runs must wait for their host before an idle power is fitted
+#: (``fit_energy``); a prediction waiting longer on an architecture without one is outside its fitted runs' power
+LEAST_IDLE_SHARE = 0.2
+
 
 def why_no_energy(device: Device, calibration) -> str | None:
     """Why ``predict_energy`` gives nothing on ``device`` with ``calibration`` (a ``roofline.Calibration`` or None),
@@ -42,12 +46,22 @@ def predict_energy(
     if why_no_energy(device, calibration) is not None:
         return None
     power = board_power_w(calibration, device.tdp_w, busy_share)
-    middle = power * (expected_s[0] * expected_s[1]) ** 0.5 / outputs  # the time range's geometric midpoint
+    seconds = (expected_s[0] * expected_s[1]) ** 0.5 / outputs  # the time range's geometric midpoint, per output
     width = calibration.energy_width
+    low, high, waiting = power * seconds / width, power * seconds * width, None
+    if calibration.idle_power_fraction is None and busy_share is not None and 1 - busy_share >= LEAST_IDLE_SHARE:
+        # no fitted run waited this long: the waiting time's power is unknown, between none and the busy share's
+        low = power * busy_share * seconds / width
+        waiting = (
+            f"the GPU waits for the host {1 - busy_share:.0%} of this run's time, longer than any run the "
+            f"{device.architecture} power was fitted on waited: the range takes that time at no board power to the "
+            "busy share's"
+        )
     return EnergyPrediction(
         tdp_w=device.tdp_w,
         power_w=power,
         outputs=outputs,
-        per_output_j=(middle / width, middle * width),
+        per_output_j=(low, high),
         calibration=calibration.energy_source or calibration.source,
+        waiting_unfitted=waiting,
     )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import lsq_linear
 
+from diffmeter.predict.energy import LEAST_IDLE_SHARE
 from diffmeter.predict.fit_published import PublishedRun, covering, fit
 
 
@@ -29,10 +30,6 @@ class EnergyRun:
     published_j: float
     outputs: int
     tdp_w: float
-
-
-#: the least share of a run's time some fitted runs must wait for their host before an idle power is fitted
-LEAST_IDLE_SHARE = 0.2
 
 
 @dataclass(frozen=True)

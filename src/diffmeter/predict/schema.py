@@ -186,6 +186,9 @@ class EnergyPrediction(BaseModel):
     per_output_j: tuple[float, float]
     #: where the power share comes from, and how well it held on published runs left out of its fit
     calibration: str
+    #: why the range's low end takes the host-wait at no power: the run waits longer than any fitted run (None: it
+    #: does not, or the architecture's waiting power is fitted)
+    waiting_unfitted: str | None = None
 
 
 class OffloadTime(BaseModel):

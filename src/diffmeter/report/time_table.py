@@ -33,11 +33,16 @@ def energy_line(prediction: TimePrediction, output: str = "image", fits: bool = 
         f"predicted energy per {each} on {prediction.device}{'' if fits else ' if it fit'}: "
         f"{units.joules(low)} to {units.joules(high)} "
         f"({low / 3600:.3g} to {high / 3600:.3g} Wh): the expected time's geometric midpoint at "
-        f"{energy.power_w:,.0f} W, the share of its {energy.tdp_w:,.0f} W TDP that turned predicted times into "
+        f"{energy.power_w:,.0f} W{' while busy' if energy.waiting_unfitted else ''}, the share of its "
+        f"{energy.tdp_w:,.0f} W TDP that turned predicted times into "
         "published energy"
         + (f" for a GPU busy {prediction.busy_share:.0%} of the time" if prediction.busy_share is not None else "")
-        + f", times or divided by {(high / low) ** 0.5:.3g}, the spread the fit left; "
-        f"{energy.calibration}"
+        + (
+            f"; {energy.waiting_unfitted}; "
+            if energy.waiting_unfitted
+            else f", times or divided by {(high / low) ** 0.5:.3g}, the spread the fit left; "
+        )
+        + energy.calibration
     )
 
 
