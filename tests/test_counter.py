@@ -92,6 +92,31 @@ def test_module_attribution_and_depth():
     assert counts.by_module["net.blocks.2.0"]["matmul"] == per_linear
     assert counts.modules(1) == {"net.blocks": 8 * per_linear, "net.head": 2 * 5 * 8 * 3}
     assert counts.total == sum(counts.modules(1).values())
+    # deeper, the head has no children: it is kept whole, so the rows still sum to the total (FLUX's proj_out and
+    # embedders were dropped at --depth 2, 402.65 GMACs short)
+    deeper = counts.modules(2)
+    assert deeper["net.head"] == 2 * 5 * 8 * 3 and deeper["net.blocks.0"] == 2 * per_linear
+    assert counts.total == sum(deeper.values())
+
+
+class _OwnWork(torch.nn.Module):
+    """A module doing a matmul in its own forward beside a child's."""
+
+    def __init__(self):
+        super().__init__()
+        self.child = torch.nn.Linear(8, 8)
+        self.weight = torch.nn.Parameter(torch.zeros(8, 4))
+
+    def forward(self, x):
+        return self.child(x) @ self.weight
+
+
+def test_a_modules_own_work_beside_its_children_is_its_own_row():
+    model, x = _OwnWork(), torch.zeros(5, 8)
+    with torch.no_grad(), count_flops({"net": model}) as counts:
+        model(x)
+    assert counts.modules(1) == {"net.child": 2 * 5 * 8 * 8, "net (outside its submodules)": 2 * 5 * 8 * 4}
+    assert counts.total == sum(counts.modules(1).values())
 
 
 @pytest.mark.parametrize("submodules", [True, False])

@@ -72,10 +72,19 @@ class FlopCounts:
         return {kind: int(counts.get(kind, 0)) for kind in KINDS}
 
     def modules(self, depth: int) -> dict[str, int]:
-        """Total FLOPs of every module path ``depth`` levels below its root component."""
-        return {
-            path: sum(kinds.values()) for path, kinds in self.by_module.items() if path and path.count(".") == depth
-        }
+        """Total FLOPs of every module path ``depth`` levels below its root component, and of each shallower path
+        what its children leave out: the whole of a module without children (FLUX's ``proj_out`` at depth 2), the
+        rest of one with them as "PATH (outside its submodules)". The paths sum to the component's total."""
+        totals = {path: sum(kinds.values()) for path, kinds in self.by_module.items() if path}
+        found = {path: flops for path, flops in totals.items() if path.count(".") == depth}
+        for path, flops in totals.items():
+            level = path.count(".")
+            if level >= depth:
+                continue
+            children = sum(f for p, f in totals.items() if p.count(".") == level + 1 and p.startswith(path + "."))
+            if flops > children:
+                found[path if not children else f"{path} (outside its submodules)"] = flops - children
+        return found
 
     def add(self, paths: list[str], kind: str, flops: int) -> None:
         for path in paths:
