@@ -35,6 +35,7 @@ class ComponentProfile(BaseModel):
     param_bytes: int
     calls: int
     batch_per_call: int
+    #: ``macs`` / ``calls``: the mean where the calls differ (``invocations`` holds each)
     macs_per_call: int
     macs: int
     flops: int
