@@ -13,9 +13,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from sweep_executors import FAST, InProcessExecutor, stored
 
 from diffmeter.catalog import resolve
-from diffmeter.errors import DiffmeterError
 from diffmeter.runs.prepared import prepare
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.storage import RESULTS, read_result
@@ -23,14 +23,6 @@ from diffmeter.sweep.file import SweepFile
 from diffmeter.sweep.local import Job, LocalExecutor, Outcome
 from diffmeter.sweep.run import job_of, run_sweep
 from diffmeter.tiny import tiny_pipeline
-
-#: every cell: the tiny SD pipeline, one measured call of one step on CPU
-FAST = {"steps": 1, "iterations": 1, "device": "cpu", "save_images": False}
-
-
-def stored(out: Path) -> dict[str, dict]:
-    """Run folder name -> its results.json, for every stored run."""
-    return {path.parent.name: json.loads(path.read_text()) for path in out.glob(f"*/{RESULTS}")}
 
 
 def corrupt_folder(tmp_path: Path) -> Path:
@@ -168,47 +160,6 @@ def test_a_cell_whose_baseline_failed_is_failed_with_its_reason_not_run(tmp_path
     assert optimized.status == "failed" and f"its baseline {ran[0]} did not complete" in optimized.reason
     assert "exited with code 1" in optimized.reason and "--retry-failed" in optimized.reason
     assert stored(out)[optimized.folder]["error"] == optimized.reason
-
-
-class InProcess(LocalExecutor):
-    """Each cell benched in this process (no process of its own to start), each job's name kept in order."""
-
-    def __init__(self, out):
-        super().__init__(out, slots=[None])
-        self.ran = []
-
-    def run_cell(self, job, slots):
-        from diffmeter.runs.lifecycle import bench
-
-        self.ran.append(job.name)
-        bench(job.spec, out=self.out, force=True)
-        return Outcome(0, "", 0.1)
-
-
-def test_a_stored_cell_measured_otherwise_is_refused_or_measured_again_never_kept_as_asked(tmp_path):
-    """A new user's resumed sweep asked 8 calls per cell where 4 were stored: every cell was "skipped" and the
-    record stated 8. A stored cell or baseline measured otherwise (its iterations here) refuses the sweep in one
-    line before anything runs, or with ``remeasure`` is measured again; stored as asked, it is skipped."""
-    from diffmeter.runs.lifecycle import bench
-
-    out = tmp_path / "out"
-    bench(BenchSpec(model="tiny-sd", **FAST), out=out)  # the baseline, one call
-    asked = {**FAST, "iterations": 2, "save_images": True, "compare_baseline": True}
-    sweep = SweepFile(name="more", axes={"model": ["tiny-sd"], "optimizations": [["fuse-qkv"]]}, fixed=asked)
-    executor = InProcess(out)
-    with pytest.raises(DiffmeterError, match="1 stored run in .* was measured otherwise") as refused:
-        run_sweep(sweep, out, executor)
-    assert "the baseline of tiny-sd: stored measured otherwise: iterations 1 -> 2" in str(refused.value)
-    assert "--remeasure" in str(refused.value) and executor.ran == [] and not list(out.glob("sweep-*.json"))
-    record = run_sweep(sweep, out, executor, remeasure=True)
-    assert len(executor.ran) == 2 and "opt-" not in executor.ran[0]  # the baseline again, then the cell
-    assert {run["spec"]["iterations"] for run in stored(out).values()} == {2}
-    assert [cell.status for cell in record.cells] == ["done"]
-    again = run_sweep(sweep, out, executor)  # stored as asked: nothing runs
-    assert len(executor.ran) == 2 and [cell.status for cell in again.cells] == ["skipped"]
-    fewer = sweep.model_copy(update={"fixed": {**asked, "iterations": 1}})
-    with pytest.raises(DiffmeterError, match="2 stored runs in .* were measured otherwise .* and 1 more"):
-        run_sweep(fewer, out, executor)
 
 
 def test_no_cell_starts_after_an_interrupt(tmp_path):
@@ -373,37 +324,6 @@ def test_killing_the_sweep_at_a_random_moment_loses_and_duplicates_nothing(tmp_p
     assert sorted(cell["status"] for cell in record["cells"]) == sorted(
         ["skipped"] * len(survivors) + ["done"] * (3 - len(survivors))
     )
-
-
-class InProcessExecutor:
-    """Runs cells with diffmeter's own runner in this process, failing every batch above ``fits``
-    with CUDA's out-of-memory error: the search stops on it; a real OOM cannot happen on this CPU."""
-
-    def __init__(self, out: Path, fits: int) -> None:
-        self.out, self.fits, self.batches = out, fits, []
-
-    def describe(self) -> str:
-        return "in-process test executor"
-
-    def map(self, jobs, started, finished):
-        import torch
-
-        from diffmeter.runs.lifecycle import bench
-        from diffmeter.sweep.local import Outcome
-
-        for job in jobs:
-            started(job)
-            self.batches.append(job.spec.batch_size)
-
-            def exhaust(what, done, total, batch=job.spec.batch_size):
-                if what == "measuring" and batch > self.fits:
-                    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
-
-            try:
-                bench(job.spec, out=self.out, force=True, progress=exhaust)
-            except DiffmeterError:
-                pass
-            finished(job, Outcome(0, "", 0.0))
 
 
 def test_batch_size_auto_doubles_until_out_of_memory_and_records_the_largest_that_fit(tmp_path):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_sweep import FAST, corrupt_folder, stored
+from sweep_executors import FAST, stored
+from test_sweep import corrupt_folder
 
 from diffmeter.runs.storage import read_result
 from diffmeter.sweep.file import SweepFile

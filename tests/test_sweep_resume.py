@@ -1,0 +1,36 @@
+"""Resuming a sweep: a stored cell or baseline measured otherwise than the sweep now asks is refused, or measured
+again with ``remeasure``; one stored as asked is skipped."""
+
+import pytest
+from sweep_executors import FAST, InProcessExecutor, stored
+
+from diffmeter.errors import DiffmeterError
+from diffmeter.runs.spec import BenchSpec
+from diffmeter.sweep.file import SweepFile
+from diffmeter.sweep.run import run_sweep
+
+
+def test_a_stored_cell_measured_otherwise_is_refused_or_measured_again_never_kept_as_asked(tmp_path):
+    """A new user's resumed sweep asked 8 calls per cell where 4 were stored: every cell was "skipped" and the
+    record stated 8. A stored cell or baseline measured otherwise (its iterations here) refuses the sweep in one
+    line before anything runs, or with ``remeasure`` is measured again; stored as asked, it is skipped."""
+    from diffmeter.runs.lifecycle import bench
+
+    out = tmp_path / "out"
+    bench(BenchSpec(model="tiny-sd", **FAST), out=out)  # the baseline, one call
+    asked = {**FAST, "iterations": 2, "save_images": True, "compare_baseline": True}
+    sweep = SweepFile(name="more", axes={"model": ["tiny-sd"], "optimizations": [["fuse-qkv"]]}, fixed=asked)
+    executor = InProcessExecutor(out)
+    with pytest.raises(DiffmeterError, match="1 stored run in .* was measured otherwise") as refused:
+        run_sweep(sweep, out, executor)
+    assert "the baseline of tiny-sd: stored measured otherwise: iterations 1 -> 2" in str(refused.value)
+    assert "--remeasure" in str(refused.value) and executor.ran == [] and not list(out.glob("sweep-*.json"))
+    record = run_sweep(sweep, out, executor, remeasure=True)
+    assert len(executor.ran) == 2 and "opt-" not in executor.ran[0]  # the baseline again, then the cell
+    assert {run["spec"]["iterations"] for run in stored(out).values()} == {2}
+    assert [cell.status for cell in record.cells] == ["done"]
+    again = run_sweep(sweep, out, executor)  # stored as asked: nothing runs
+    assert len(executor.ran) == 2 and [cell.status for cell in again.cells] == ["skipped"]
+    fewer = sweep.model_copy(update={"fixed": {**asked, "iterations": 1}})
+    with pytest.raises(DiffmeterError, match="2 stored runs in .* were measured otherwise .* and 1 more"):
+        run_sweep(fewer, out, executor)
