@@ -273,10 +273,12 @@ def predict_tracked(
     modules = {name: fake_copy(module) for name, module in metas.items()}
     params = {name: param_bytes(module) for name, module in modules.items()}
     adapter = lora.targets_of(family, entry, spec)  # a LoRA's weights, beside the denoisers' own, fused or not
+    adapter_bytes = {}
     if adapter:  # on the main denoiser alone, as diffusers loads it (families.lora.with_lora)
-        params[family.denoiser] += (
+        adapter_bytes[family.denoiser] = (
             lora.adapter_params(metas[family.denoiser], adapter) * dtype_of[family.denoiser].itemsize
         )
+        params[family.denoiser] += adapter_bytes[family.denoiser]
     resident = sum(params.values())
     calls: list[StageMemory] = []
     decoded: dict[str, int | None] = {}
@@ -348,6 +350,7 @@ def predict_tracked(
         largest_layer_bytes=largest,
         weight_read_bytes=weights,
         quantized_bytes=quantized,
+        adapter_bytes=adapter_bytes,
         large_text_encoders=encoders,
         fp8_storage_bytes={name: fp8_storage_bytes(entry.components[name], dtype_of[name]) for name in encoders},
         vae_activation_bytes=decoded,

@@ -65,6 +65,9 @@ class MemoryPrediction(BaseModel):
     #: runs, what of that stays live beside its output, the outputs it holds at once and the bytes beside them
     #: (``Stored``); what ``stage_peaks_under`` adds where the call's layers of that shape run (``layer_levels``)
     dequantized_layers: dict[str, dict[str, dict[str, tuple[int, int, int, int]]]] = {}
+    #: per component: a LoRA's weights at the run's dtype, already in ``component_param_bytes``; a quantized format
+    #: stores the component's own weights, the adapter's beside them as they are (peft's layers wrap the quantized ones)
+    adapter_bytes: dict[str, int] = {}
     #: the text encoders fp8-text-encoder stores in float8, and their parameters then
     large_text_encoders: list[str] = []
     fp8_storage_bytes: dict[str, int] = {}

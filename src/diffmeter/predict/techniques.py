@@ -42,13 +42,15 @@ def stored_params(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> 
     params = dict(prediction.component_param_bytes)
     for name in prediction.large_text_encoders if "fp8-text-encoder" in techniques else ():
         params[name] = prediction.fp8_storage_bytes[name]
+    quantized = {}
     for quantization in ("quantize-int8", "quantize-fp8"):
         if quantization in techniques:
             kind = quantization.removeprefix("quantize-")
-            for name in prediction.denoisers:
-                params[name] = prediction.quantized_bytes[kind][name]
+            quantized.update({name: prediction.quantized_bytes[kind][name] for name in prediction.denoisers})
     for technique in formats(prediction, techniques):  # --quantize BACKEND:TYPE on the components it names
-        params.update(prediction.quantized_bytes[technique])
+        quantized.update(prediction.quantized_bytes[technique])
+    # the component's own weights as the format stores them, a LoRA's beside them unquantized
+    params.update({name: bytes_ + prediction.adapter_bytes.get(name, 0) for name, bytes_ in quantized.items()})
     return params
 
 
