@@ -80,6 +80,17 @@ def from_single_file(name: str, single: SingleFile, root: Path, dtype: torch.dty
             "model): it is another model's or another component's file; pass the one made from this model's "
             f"{name}, or name its component (NAME=BACKEND:TYPE)"
         ) from None
+    except (IndexError, KeyError, ValueError, RuntimeError) as error:
+        if isinstance(error, torch.OutOfMemoryError):
+            raise
+        # its keys are not this class's, so diffusers converts them (single_file_model.py:523) by this model's
+        # mapping, which fails on another model's or variant's layout (a FLUX.1-dev file for schnell, SD3's for FLUX)
+        first = (str(error).strip().splitlines() or [""])[0][:200]
+        raise DiffmeterError(
+            f"--weights {single.path.name}: diffusers could not load it as this model's {name} ({class_name}: "
+            f"{type(error).__name__}: {first}): it is likely another model's or variant's file; pass the one made "
+            f"from this model's {name}"
+        ) from None
 
 
 def from_folder(name: str, folder: Folder, root: Path, dtype: torch.dtype):
