@@ -285,6 +285,24 @@ def test_a_gguf_file_for_the_wrong_component_or_model_is_one_line(cli, tmp_path)
     assert code == 2 and "loads no single file" in err, err
 
 
+def test_a_lora_fused_into_gguf_blocks_is_refused_before_loading(cli, tmp_path):
+    """peft merges the adapter into the weight, which GGUF keeps packed (Q8_0: 34 bytes a 32 weights): bench raised
+    "The size of tensor a (34) must match the size of tensor b (32)" after loading, and profile predicted it. Both
+    refuse it in one line, naming the fix; unfused, the adapter runs beside the layers and is allowed."""
+    from diffmeter.tiny import tiny_pipeline
+
+    file = tmp_path / "flux.gguf"
+    write_gguf(tiny_pipeline(resolve("tiny-flux")).transformer, file, "Q8_0")
+    fused = ("--lora-rank", "4", "--fuse-lora", "--quantize", "gguf:Q8_0")
+    code, _, err = cli("bench", "tiny-flux", *QUICK, *fused, "--weights", file, "--out", tmp_path / "runs")
+    assert code == 2 and "--fuse-lora: peft cannot merge a LoRA into GGUF's packed blocks" in err, err
+    assert "drop --fuse-lora" in err and len(err.strip().splitlines()) == 1 and not list(tmp_path.glob("runs/*/*"))
+    code, _, err = cli("profile", "flux-dev", "--gpu", "h100", *fused)
+    assert code == 2 and "peft cannot merge a LoRA into GGUF's packed blocks" in err
+    code, _, err = cli("profile", "flux-dev", "--gpu", "h100", "--lora-rank", "4", "--quantize", "gguf:Q8_0")
+    assert code == 0, err
+
+
 def test_bench_measures_a_backend_against_the_unquantized_images(cli, tmp_path):
     code, _, err = cli(
         "bench", "tiny-flux", *QUICK, "--quantize", "torchao:int8wo", "--compare-baseline", "--out", tmp_path

@@ -309,7 +309,9 @@ def refuse_inapplicable(built: list, specs, results, formats=(), on_cpu: bool = 
     for spec, found in zip(specs, results, strict=True):
         entry = entry_of(spec)
         images = bool(found.input_images)
-        target = Target(entry, get_family(entry.family), device, found.dtype, found.steps, images=images)
+        target = Target(
+            entry, get_family(entry.family), device, found.dtype, found.steps, images=images, fused_lora=spec.fuse_lora
+        )
         check(built, target, missing_ok=True)
         for found_format in formats:
             technique = REGISTRY[found_format.backend]

@@ -45,6 +45,8 @@ class Target:
     #: the run hands the pipeline input images (a family may then run another pipeline class: Wan's image-to-video
     #: through ``from_pipe``, ``Family.conditioned_pipeline``)
     images: bool = False
+    #: the run folds a LoRA into the denoiser's weights (``--fuse-lora``: peft's merge, which a packed format refuses)
+    fused_lora: bool = False
 
     @cached_property
     def denoiser_class(self) -> type:

@@ -26,6 +26,8 @@ class QuantizeAtLoad(Optimization):
     one_byte_types: ClassVar[tuple[str, ...]] = ()
     #: reads a pre-quantized single file through diffusers' ``from_single_file`` (GGUF, BFL)
     single_file: ClassVar[bool] = False
+    #: why peft cannot merge a LoRA into its layers (``--fuse-lora``), where it cannot; None: it can
+    unfusable: ClassVar[str | None] = None
 
     @classmethod
     def backend(cls):
@@ -45,9 +47,12 @@ class QuantizeAtLoad(Optimization):
         return None
 
     def component_refusal(self, target: Target) -> str | None:
-        """Why a component it names cannot take this backend on any device: a pre-quantized single file (GGUF,
-        BFL) loads through diffusers' ``from_single_file`` (``FromOriginalModelMixin``), which transformers' models
-        (the text encoders) do not have."""
+        """Why a component it names cannot take this backend on any device: a LoRA fused into a format peft cannot
+        merge into (``unfusable``); a pre-quantized single file (GGUF, BFL) loads through diffusers'
+        ``from_single_file`` (``FromOriginalModelMixin``), which transformers' models (the text encoders) do not
+        have."""
+        if self.unfusable and target.fused_lora and target.family.denoiser in self.components(target):
+            return f"--fuse-lora: {self.unfusable}; drop --fuse-lora (the adapter then runs beside the layers)"
         if not self.single_file:
             return None
         for name in self.components(target):

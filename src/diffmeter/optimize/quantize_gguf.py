@@ -53,6 +53,9 @@ class Gguf(QuantizeAtLoad):
     Config = Config
     package = ("gguf", "gguf")
     single_file = True
+    # peft merges the adapter's product into the weight tensor, which GGUF keeps packed in blocks (Q8_0: 34 bytes a
+    # 32 weights): "The size of tensor a (34) must match the size of tensor b (32)", a new user's trial
+    unfusable = "peft cannot merge a LoRA into GGUF's packed blocks (diffusers keeps them quantized)"
     one_byte_types = tuple(t for t in BACKENDS["gguf"].types if t != "BF16")
 
     def supports(self, target: Target) -> str | None:

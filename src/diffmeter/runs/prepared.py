@@ -54,6 +54,7 @@ def prepare(
         spec.dtype,
         spec.steps,
         images=bool(spec.image_sizes),
+        fused_lora=spec.fuse_lora,
     )
     check(optimizations, target)
     if here and spec.prompts_file is not None:
