@@ -234,6 +234,13 @@ def test_bench_makes_the_control_image_at_the_image_size(tmp_path):
     pipe = diffusers.StableDiffusionXLControlNetPipeline
     arguments = workload.call_arguments(pipe.__new__(pipe), workload.batch(0))
     assert [image.size for image in arguments["image"]] == [(48, 40)]
+    from rich.console import Console
+
+    from diffmeter.report.run_table import run_table
+
+    console = Console(width=200, record=True)
+    console.print(run_table(result))  # its title names the ControlNet, as profile's does (only the folder did)
+    assert "ControlNet tiny-controlnet-sdxl" in console.export_text()
 
 
 def test_a_saved_controlnet_is_taken_by_controlnet(saved, cli):

@@ -30,6 +30,7 @@ def run_table(result: BenchResult) -> Group:
         + "".join(f"input image {width}x{height}, " for height, width in spec.image_sizes)
         + f"{units.steps(spec.steps)}, batch {spec.batch_size}, guidance {spec.guidance_scale:g}, "
         + (f"true CFG {spec.true_cfg_scale:g}, " if spec.true_cfg_scale is not None else "")
+        + (f"ControlNet {spec.controlnet}, " if spec.controlnet else "")
         + (f"LoRA {spec.lora_text}, " if spec.lora_text else "")
         + spec.dtype
         + "".join(f", {name} {dtype}" for name, dtype in sorted(spec.component_dtypes.items()))
