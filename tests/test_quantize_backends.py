@@ -360,6 +360,17 @@ def test_optimizations_lists_every_backend_with_its_cpu_and_extra():
     }
 
 
+def test_a_refusal_on_this_cpu_names_a_fix_that_runs_here(cli):
+    """modelopt's refusal on a CPU named torchao:float8dq-row and bnb:nf4, both refused there too; nunchaku's said
+    "--device cuda", which profile does not take."""
+    code, _, err = cli("profile", "tiny-flux", "--gpu", "cpu", "--quantize", "modelopt:fp8")
+    assert code == 2 and err.rstrip().endswith("use quanto:int8 or torchao:int8wo"), err
+    for value in ("quanto:int8", "torchao:int8wo"):
+        assert cli("profile", "tiny-flux", "--gpu", "cpu", "--quantize", value)[0] == 0
+    code, _, err = cli("profile", "tiny-flux", "--gpu", "cpu", "--quantize", "nunchaku:int4")
+    assert code == 2 and "(bench --device cuda, profile --gpu NAME)" in err, err
+
+
 def test_a_quantize_variable_is_named_and_read_with_its_file(cli, monkeypatch, tmp_path):
     """DIFFMETER_QUANTIZE's bad value is named by the variable; DIFFMETER_WEIGHTS is read with --quantize gguf:TYPE
     (each variable was checked alone: a file without its --quantize was refused)."""

@@ -43,10 +43,11 @@ class ModelOpt(QuantizeAtLoad):
     one_byte_types = BACKENDS["modelopt"].types
 
     def cannot_run(self, target: Target) -> str | None:
+        instead = "torchao:float8dq-row or bnb:nf4" if target.device.type == "cuda" else "quanto:int8 or torchao:int8wo"
         return (
             "diffusers 0.42.1 compresses each layer alone with nvidia-modelopt (mtq.compress(module)), which "
             "leaves it unconverted: its first forward hands F.linear the quantized tensor on any device "
-            "(quantize_modelopt.py); use torchao:float8dq-row or bnb:nf4"
+            f"(quantize_modelopt.py); use {instead}"
         )
 
     def supports(self, target: Target) -> str | None:

@@ -58,7 +58,8 @@ class Nunchaku(QuantizedFolder):
         if target.device.type != "cuda":
             return (
                 f"diffusers loads Nunchaku Lite checkpoints only on a CUDA GPU (Turing or newer, not Hopper; "
-                f"Blackwell for nvfp4), not on {target.device.type}: run on --device cuda"
+                f"Blackwell for nvfp4), not on {target.device.type}: run it on one (bench --device cuda, profile "
+                "--gpu NAME)"
             )
         capability = torch.cuda.get_device_capability(target.device)
         this = f"this is {capability[0]}.{capability[1]}"
