@@ -96,6 +96,19 @@ def test_a_lora_file_is_read_from_its_header(tmp_path):
     assert counted(entry, pipe, call) == {c.name: c.macs for c in from_file.components}
 
 
+def test_a_lora_file_made_for_another_model_is_refused_not_half_loaded(tmp_path, cli):
+    """A new user's SD3 LoRA on FLUX: diffusers would load the layers both have and warn of the rest (a warning
+    diffmeter's quiet libraries hide), and profile counted 4 of its layers. Its foreign layers are named, exit 2."""
+    _, pipe, _, _ = adapted("tiny-sd3", 4)
+    type(pipe).save_lora_weights(tmp_path, transformer_lora_layers=get_peft_model_state_dict(pipe.transformer))
+    layers, _ = lora_layers(tmp_path, "transformer")
+    with pytest.raises(DiffmeterError, match=f"names [0-9]+ of its {len(layers)} layers that FluxTransformer2DModel"):
+        profile("tiny-flux", lora_layers=layers)
+    code, _, err = cli("profile", "tiny-flux", "--lora", tmp_path)
+    assert code == 2 and "it was made for another model" in err and len(err.strip().splitlines()) == 1
+    assert profile("tiny-sd3", lora_layers=layers).components  # on its own model, every layer is found
+
+
 def test_the_adapter_weights_are_resident_in_the_memory_prediction():
     spec = ProfileSpec(model="tiny-flux", lora_rank=8)
     base = predict_memory(ProfileSpec(model="tiny-flux"), on_cuda=False, vae_modes=())

@@ -222,6 +222,18 @@ def _both(first, then):
     return prepare
 
 
+def refuse_foreign_layers(module: torch.nn.Module, layers: tuple[tuple[str, int], ...], name: str) -> None:
+    """A LoRA file's layers that ``module`` (the component ``name``) lacks: another model's file, which diffusers
+    would load in part, warning of unexpected keys (a new user's SD3 LoRA on FLUX loaded 4 of its 30 layers)."""
+    paths = [path for path, _ in module.named_modules()]
+    foreign = [layer for layer, _ in layers if not any(matches(path, layer) for path in paths)]
+    if foreign:
+        raise DiffmeterError(
+            f"the LoRA file names {len(foreign)} of its {len(layers)} layers that {type(module).__name__} ({name}) "
+            f"does not have ({_listed(foreign, 3)}): it was made for another model; pass one trained on this one"
+        )
+
+
 def adapter_params(module: torch.nn.Module, targets: tuple[tuple[str, int], ...]) -> int:
     """Parameters the adapter adds: ``r * (in + out)`` per adapted layer."""
     return sum(rank * (i + o) for rank, i, o in adapted_layers(module, targets).values())

@@ -116,7 +116,11 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
         try:
             bytes_per_param = BYTES_PER_PARAM[spec.dtype_of(name)]
             adapted = adapter if name == family.denoiser else ()
-            components.append(_profile_component(name, entry.components[name], calls, depth, bytes_per_param, adapted))
+            components.append(
+                _profile_component(
+                    name, entry.components[name], calls, depth, bytes_per_param, adapted, bool(spec.lora_layers)
+                )
+            )
         except ValueError as error:  # the model's own refusal (a size beyond its position embeddings)
             raise DiffmeterError(
                 f"{entry.name} cannot generate {spec.width}x{spec.height} (WxH): its {name} "
@@ -258,10 +262,17 @@ class MetaComponent:
 
 
 def _profile_component(
-    name, component: ComponentEntry, calls: list[Call], depth: int, bytes_per_param: int, adapter: tuple = ()
+    name,
+    component: ComponentEntry,
+    calls: list[Call],
+    depth: int,
+    bytes_per_param: int,
+    adapter: tuple = (),
+    from_file: bool = False,
 ):
     """One component's row; ``adapter``'s (target, rank) pairs add a LoRA's parameters to its own (diffusers keeps
-    them loaded when fused, to unfuse)."""
+    them loaded when fused, to unfuse); ``from_file``: they are a LoRA file's layers, each of which must be one of
+    the component's."""
     meta = MetaComponent(component)
     class_name = component.class_name
     invocations, kinds, modules = [], dict.fromkeys(KINDS, 0), {}
@@ -280,6 +291,8 @@ def _profile_component(
                 modules[path] = modules.get(path, 0) + flops // 2 * call.count
     macs = sum(i.macs_per_call * i.count for i in invocations)
     total_calls = sum(i.count for i in invocations)
+    if from_file:
+        lora.refuse_foreign_layers(meta.module, adapter, name)
     params = meta.params + (lora.adapter_params(meta.module, adapter) if adapter else 0)
     return ComponentProfile(
         name=name,
