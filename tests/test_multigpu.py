@@ -99,13 +99,14 @@ def test_the_cli_refuses_ring_on_native_attention_in_one_line(cli, tmp_path):
 
 def test_more_cpu_ranks_than_usable_cores_are_refused_before_any_starts(cli, tmp_path, monkeypatch):
     """Each CPU rank takes a share of the cores this process may use (its affinity, not the machine's count): past
-    one each, the ranks would time each other's contention; refused in one line, nothing started or stored."""
+    two a core (--data-parallel 64 on 2 cores started 128 processes), the ranks would time each other's contention;
+    refused in one line, nothing started or stored."""
     import os
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    code, _, err = cli("bench", "tiny-sd", "--device", "cpu", "--data-parallel", "3", "--out", tmp_path)
+    code, _, err = cli("bench", "tiny-sd", "--device", "cpu", "--data-parallel", "5", "--out", tmp_path)
     assert code == 2 and err.startswith("error:") and len(err.strip().splitlines()) == 1
-    assert "3 processes on a CPU with 2 cores" in err and "at most 2" in err and not any(tmp_path.iterdir())
+    assert "5 processes on a CPU with 2 cores" in err and "at most 4" in err and not any(tmp_path.iterdir())
 
 
 @pytest.mark.slow

@@ -18,6 +18,10 @@ class _Seen(Exception):
     """Raised by the shape probe once every split input has been seen: the rest of the forward is not needed."""
 
 
+#: the most CPU ranks a usable core takes
+PER_CORE = 2
+
+
 def check(spec, target, optimizations, here: bool = True) -> None:
     """Refuse a parallel ``spec`` (settled) that cannot run on ``target`` with ``optimizations``;
     the GPUs are counted only ``here`` (not for a run planned for another machine)."""
@@ -76,11 +80,15 @@ def check(spec, target, optimizations, here: bool = True) -> None:
         _check_tensor_parallel_techniques(optimizations, target)
     if spec.cfg_degree > 1:
         check_cfg_parallel(spec, target)
-    if here and target.device.type == "cpu" and spec.world_size > (cores := len(os.sched_getaffinity(0))):
-        # each CPU rank takes a share of the cores (distributed/place.py); past one each they time each other
+    cores = len(os.sched_getaffinity(0))
+    if here and target.device.type == "cpu" and spec.world_size > PER_CORE * cores:
+        # each CPU rank takes a share of the cores (distributed/place.py) and holds its own pipeline: past two a core
+        # they time each other's contention, not the run (two on one core still check a split's images, as the
+        # multi-GPU guide's 4-process example does on a 2-core machine)
         raise DiffmeterError(
-            f"{spec.world_size} processes on a CPU with {cores} cores this process may use: each rank needs a core "
-            f"of its own, or the ranks time each other's contention, not the run; lower the degrees to at most {cores}"
+            f"{spec.world_size} processes on a CPU with {cores} cores this process may use: past {PER_CORE} a core "
+            "the ranks time each other's contention, not the run, each holding its own pipeline; lower the degrees "
+            f"to at most {PER_CORE * cores}"
         )
 
 
