@@ -303,10 +303,11 @@ def refuse_without_gpu(flags: dict, gpu: bool, tf32: bool, torch_version: str | 
 
     for value in flags["quantize"] or []:
         parse(value)  # a format bench would not take is named first, in bench's words
-    from diffmeter.optimize import build
-    from diffmeter.optimize.options import from_flags
+    if flags["offload"] or flags["opt"]:  # likewise a technique's name or parameters (--offload banana)
+        from diffmeter.optimize import build
+        from diffmeter.optimize.options import from_flags
 
-    build(from_flags(**{**flags, "quantize": None}))  # likewise a technique's name or parameters (--offload banana)
+        build(from_flags(**{**flags, "quantize": None}))
     given = [flag_text(name, value) for name, value in flags.items() if value]
     if given and not gpu:
         raise DiffmeterError(
