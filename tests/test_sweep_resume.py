@@ -34,3 +34,6 @@ def test_a_stored_cell_measured_otherwise_is_refused_or_measured_again_never_kep
     fewer = sweep.model_copy(update={"fixed": {**asked, "iterations": 1}})
     with pytest.raises(DiffmeterError, match="2 stored runs in .* were measured otherwise .* and 1 more"):
         run_sweep(fewer, out, executor)
+    both = fewer.model_copy(update={"axes": {**fewer.axes, "optimizations": [[], ["fuse-qkv"]]}})
+    with pytest.raises(DiffmeterError, match="2 stored runs in"):  # the baseline is a cell too: said once
+        run_sweep(both, out, executor)

@@ -103,9 +103,11 @@ def _refuse_measured_otherwise(planned: list[PlannedCell], out: Path, here: bool
     """One line naming the stored cells and baselines measured otherwise than the sweep asks, and the two fixes."""
     if remeasure:
         return
-    found = [(cell.cell.label, cell.reason) for cell in planned if cell.status == CHANGED]
+    changed = [cell for cell in planned if cell.status == CHANGED]
+    found = [(cell.cell.label, cell.reason) for cell in changed]
+    named = {cell.run.name for cell in changed}  # a baseline that is a cell of the sweep is said once
     for baseline in {run.name: run for run in _baselines(planned, here, (TO_RUN, CHANGED))}.values():
-        if changes := measured_otherwise(out / baseline.name, baseline.spec):
+        if baseline.name not in named and (changes := measured_otherwise(out / baseline.name, baseline.spec)):
             found.append((f"the baseline of {baseline.spec.model}", f"stored measured otherwise: {', '.join(changes)}"))
     if found:
         label, reason = found[0]
