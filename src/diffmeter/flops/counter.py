@@ -76,14 +76,14 @@ class FlopCounts:
         what its children leave out: the whole of a module without children (FLUX's ``proj_out`` at depth 2), the
         rest of one with them as "PATH (outside its submodules)". The paths sum to the component's total."""
         totals = {path: sum(kinds.values()) for path, kinds in self.by_module.items() if path}
+        children: dict[str, int] = defaultdict(int)  # each path's direct children's FLOPs, summed in one pass
+        for path, flops in totals.items():
+            if "." in path:
+                children[path.rpartition(".")[0]] += flops
         found = {path: flops for path, flops in totals.items() if path.count(".") == depth}
         for path, flops in totals.items():
-            level = path.count(".")
-            if level >= depth:
-                continue
-            children = sum(f for p, f in totals.items() if p.count(".") == level + 1 and p.startswith(path + "."))
-            if flops > children:
-                found[path if not children else f"{path} (outside its submodules)"] = flops - children
+            if path.count(".") < depth and flops > children[path]:
+                found[path if not children[path] else f"{path} (outside its submodules)"] = flops - children[path]
         return found
 
     def add(self, paths: list[str], kind: str, flops: int) -> None:

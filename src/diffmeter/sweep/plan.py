@@ -48,10 +48,10 @@ def plan_cell(
         run = prepare(cell.spec, here=here)
     except DiffmeterError as error:
         return PlannedCell(cell, REFUSED, reason=str(error), profile=offline_profile(cell, here))
-    folder = Path(out).expanduser() / run.name
-    status, error = stored_result(folder)
+    stored = _stored(Path(out).expanduser() / run.name)
+    status, error = stored.get("status"), stored.get("error")
     if status == "complete" and not cell.batch_auto:
-        changes = measured_otherwise(folder, run.spec)
+        changes = storage.measured_otherwise(stored.get("spec", {}), run.spec)
         if not changes:
             return PlannedCell(cell, DONE, run)
         if not remeasure:
@@ -73,18 +73,20 @@ def offline_profile(cell: Cell, here: bool = True) -> Profile | None:
 def measured_otherwise(folder: Path, spec) -> list[str]:
     """Where the result stored in ``folder`` was measured otherwise than ``spec`` asks
     (``storage.measured_otherwise``)."""
+    return storage.measured_otherwise(_stored(folder).get("spec", {}), spec)
+
+
+def _stored(folder: Path) -> dict:
+    """The stored results.json, or {} where there is none readable (never run, or interrupted)."""
     try:
-        stored = json.loads((folder / storage.RESULTS).read_text(encoding="utf-8"))["spec"]
-    except (OSError, ValueError, KeyError):
-        return []
-    return storage.measured_otherwise(stored, spec)
+        found = json.loads((folder / storage.RESULTS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def stored_result(folder: Path) -> tuple[str | None, str | None]:
     """The stored result's status ("complete" or "failed") and error; (None, None) when there is
     none (never run, or interrupted)."""
-    try:
-        result = json.loads((folder / storage.RESULTS).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None, None
+    result = _stored(folder)
     return result.get("status"), result.get("error")

@@ -65,7 +65,9 @@ def run_sweep(
     with rec.exclusive(out):
         clear_left_specs(out)
         planned = plan(expand(sweep), out, retry_failed, here, remeasure)
-        _refuse_measured_otherwise(planned, out, here, remeasure)
+        # prepared once (a profile each): with ``remeasure`` there are no CHANGED cells, without it none pass
+        baselines = _baselines(planned, here, (TO_RUN, CHANGED))
+        _refuse_measured_otherwise(planned, baselines, out, remeasure)
         record = rec.SweepRecord(
             name=sweep.name or "sweep",
             created_utc=rec.now(),
@@ -78,8 +80,8 @@ def run_sweep(
         for cell in record.cells:
             if cell.status != rec.PENDING:
                 callbacks.finished(cell)
-        baselines, rest = _phases(planned, record, out, here, remeasure)
-        _run_phase(baselines, executor, out, record, callbacks)
+        first, rest = _phases(planned, baselines, record, out, remeasure)
+        _run_phase(first, executor, out, record, callbacks)
         _run_phase(_with_baseline(rest, out, record, callbacks), executor, out, record, callbacks)
         for index, cell in enumerate(planned):
             if cell.status == TO_RUN and cell.cell.batch_auto:
@@ -99,14 +101,16 @@ def _initial(cell: PlannedCell) -> rec.CellRecord:
     )
 
 
-def _refuse_measured_otherwise(planned: list[PlannedCell], out: Path, here: bool, remeasure: bool) -> None:
+def _refuse_measured_otherwise(
+    planned: list[PlannedCell], baselines: list[PreparedRun], out: Path, remeasure: bool
+) -> None:
     """One line naming the stored cells and baselines measured otherwise than the sweep asks, and the two fixes."""
     if remeasure:
         return
     changed = [cell for cell in planned if cell.status == CHANGED]
     found = [(cell.cell.label, cell.reason) for cell in changed]
     named = {cell.run.name for cell in changed}  # a baseline that is a cell of the sweep is said once
-    for baseline in {run.name: run for run in _baselines(planned, here, (TO_RUN, CHANGED))}.values():
+    for baseline in {run.name: run for run in baselines}.values():
         if baseline.name not in named and (changes := measured_otherwise(out / baseline.name, baseline.spec)):
             found.append((f"the baseline of {baseline.spec.model}", f"stored measured otherwise: {', '.join(changes)}"))
     if found:
@@ -120,7 +124,7 @@ def _refuse_measured_otherwise(planned: list[PlannedCell], out: Path, here: bool
         )
 
 
-def _baselines(planned: list[PlannedCell], here: bool, statuses: tuple[str, ...] = (TO_RUN,)) -> list[PreparedRun]:
+def _baselines(planned: list[PlannedCell], here: bool, statuses: tuple[str, ...]) -> list[PreparedRun]:
     """The unoptimized runs the cells of ``statuses`` with ``--compare-baseline`` compare against."""
     found = []
     for cell in planned:
@@ -134,7 +138,9 @@ def _baselines(planned: list[PlannedCell], here: bool, statuses: tuple[str, ...]
     return found
 
 
-def _phases(planned: list[PlannedCell], record: rec.SweepRecord, out: Path, here: bool, remeasure: bool = False):
+def _phases(
+    planned: list[PlannedCell], baselines: list[PreparedRun], record: rec.SweepRecord, out: Path, remeasure: bool
+):
     """Jobs in two phases: the baselines that cells with --compare-baseline need (so two cells
     never measure the same baseline at once) and the cells that are another cell's one-device run (so a parallel
     cell finds it stored and states its scaling), then every other cell."""
@@ -143,7 +149,7 @@ def _phases(planned: list[PlannedCell], record: rec.SweepRecord, out: Path, here
         if cell.status == TO_RUN and not cell.cell.batch_auto:
             work.setdefault(cell.run.name, _Work(job_of(cell.run), cell.run)).records.append(cell_record)
     first: dict[str, _Work] = {}
-    for baseline in _baselines(planned, here):
+    for baseline in baselines:
         if baseline.name in work:
             first[baseline.name] = work.pop(baseline.name)
         elif stored_result(out / baseline.name)[0] != "complete" or (
