@@ -49,7 +49,7 @@ def told_apart(labels: list[str], rows: list[dict[str, Any]]) -> list[str]:
 
 @dataclass
 class Run:
-    """A stored run, its row of ``diffmeter table`` and a short label for plots (``Study.name_runs`` adds what tells
+    """A stored run, its row of ``diffmeter table`` and a short label for plots (``read_study`` adds what tells
     it from the study's other runs of the same label)."""
 
     result: BenchResult
