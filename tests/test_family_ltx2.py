@@ -5,7 +5,7 @@ the connectors' register rule, the three transformer calls per step and the clos
 import diffusers
 import pytest
 import torch
-from tiny_runs import PROMPT, run_tiny
+from tiny_runs import PROMPT, counted_run, run_tiny
 
 from diffmeter import profile
 from diffmeter.catalog import resolve
@@ -136,3 +136,16 @@ def test_bench_times_one_step_per_video_scheduler_step_though_the_pipeline_copie
         assert len(iteration.stages.steps_s) == 3 and all(step > 0 for step in iteration.stages.steps_s)
         assert iteration.denoiser_calls == denoiser_calls
         assert iteration.stages.text_encoding_s > 0
+
+
+def test_frames_off_8k_plus_1_are_what_the_pipeline_makes_and_its_audio_is_as_long_as_asked():
+    """20 frames asked: LTX2Pipeline makes 3 latent frames, decoded to 17, with the audio of 20 frames at 24 fps; the
+    profile is headed with the 17 made and counts every component as the real call runs it."""
+    entry = resolve("tiny-ltx2").model_copy(deep=True)
+    entry.defaults.num_frames = 20
+    _, real, settings, _, output = counted_run(entry)
+    offline = profile("tiny-ltx2", **settings)
+    assert {c.name: c.macs for c in offline.components} == real
+    assert offline.num_frames == output.frames.shape[1] == 17
+    assert any("takes 20 frames as 3 latent frames, decoded to 17" in note for note in offline.notes)
+    assert any(f"{audio_frames(entry, 20)} audio latent frames (20 frames asked" in note for note in offline.notes)

@@ -65,6 +65,8 @@ class Shapes:
     images: list[tuple[int, int]] = field(default_factory=list)
     #: modelling assumptions worth telling the reader (binning, estimates, prompt lengths)
     notes: list[str] = field(default_factory=list)
+    #: the frames asked where the pipeline makes others (``pipeline_frames``): LTX-2's audio lasts as long as asked
+    asked_frames: int | None = None
 
     def config(self, component: str) -> dict[str, Any]:
         return self.entry.components[component].config
@@ -232,6 +234,7 @@ class Family:
             notes.append(rounded)
             spec = replace(spec, height=height, width=width)
         made, floored = self.pipeline_frames(entry, spec.num_frames) if spec.num_frames else (None, None)
+        asked = spec.num_frames if floored else None
         if floored:
             notes.append(floored)
             spec = replace(spec, num_frames=made)
@@ -250,7 +253,7 @@ class Family:
             lengths[self.sequence_encoder] = spec.max_sequence_length
         frames = self.latent_frames(entry, spec)
         images = self.input_images(entry, spec, notes)
-        return Shapes(entry, spec, spec.height // scale, spec.width // scale, frames, lengths, images, notes)
+        return Shapes(entry, spec, spec.height // scale, spec.width // scale, frames, lengths, images, notes, asked)
 
     def input_images(self, entry: PipelineEntry, spec: ProfileSpec, notes: list[str]) -> list[tuple[int, int]]:
         """The input images' (height, width) as the pipeline resizes them, with a note on each resize; a

@@ -13,6 +13,7 @@ import torch
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, Family, Shapes, register, timesteps
+from diffmeter.families.frames import floored_frames
 from diffmeter.families.images import ImageConditioned, single_image, size_kept, vae_encode_calls
 from diffmeter.families.ltx import spatial_compression, temporal_compression, video_decoder_inputs
 from diffmeter.spec import size_text
@@ -71,6 +72,11 @@ class LTX2(ImageConditioned, Family):
     def latent_frames(self, entry, spec) -> int:
         return (spec.num_frames - 1) // temporal_compression(entry.components[self.decoder].config) + 1
 
+    def pipeline_frames(self, entry, num_frames: int) -> tuple[int, str | None]:
+        """LTX2Pipeline takes any frame count as ``(num_frames - 1) // 8 + 1`` latent frames; its audio lasts as
+        long as the frames asked (``audio_frames``)."""
+        return floored_frames(entry, num_frames, temporal_compression(entry.components[self.decoder].config))
+
     # ---- guidance -------------------------------------------------------------------------
     def guidance_arguments(self, entry, guidance_scale: float) -> dict:
         """Above 1: CFG at that scale with the other guidance terms at the pipeline's defaults (audio CFG 7,
@@ -92,15 +98,10 @@ class LTX2(ImageConditioned, Family):
                     f"their {registers} learnable registers; try {length // registers * registers or registers} "
                     f"or {-(-length // registers) * registers}"
                 )
-        temporal = temporal_compression(entry.components[self.decoder].config)
-        if (spec.num_frames - 1) % temporal:
-            shapes.note(
-                f"{entry.pipeline_class} takes {spec.num_frames} frames as {shapes.latent_frames} latent frames, "
-                f"decoded to {(shapes.latent_frames - 1) * temporal + 1} frames (its VAE makes {temporal}k+1)"
-            )
+        asked = f"{spec.num_frames} frames" + (" asked" if shapes.asked_frames else "")
         shapes.note(
-            f"audio: {audio_frames(entry, spec.num_frames)} audio latent frames ({spec.num_frames} frames at "
-            f"{FRAME_RATE:g} fps) generated jointly, decoded by the audio VAE and the vocoder"
+            f"audio: {audio_frames(entry, spec.num_frames)} audio latent frames ({asked} at {FRAME_RATE:g} fps) "
+            "generated jointly, decoded by the audio VAE and the vocoder"
         )
         if shapes.cfg:
             blocks = ", ".join(str(block) for block in self.stg_blocks(shapes))
@@ -253,7 +254,7 @@ class LTX2(ImageConditioned, Family):
             shapes.latent_height // patch,
             shapes.latent_width // patch,
         )
-        audio = audio_frames(shapes.entry, shapes.spec.num_frames)
+        audio = audio_frames(shapes.entry, shapes.asked_frames or shapes.spec.num_frames)
         text = shapes.text_tokens["text_encoder"]
         caption = config["caption_channels"]
         t = timesteps(batch, device)
@@ -299,7 +300,7 @@ class LTX2(ImageConditioned, Family):
 
     def audio_decoder_inputs(self, shapes: Shapes, batch: int, device) -> dict:
         config = shapes.config("audio_vae")
-        frames = audio_frames(shapes.entry, shapes.spec.num_frames)
+        frames = audio_frames(shapes.entry, shapes.asked_frames or shapes.spec.num_frames)
         z = torch.zeros(
             batch,
             config.get("latent_channels", 8),
@@ -313,7 +314,7 @@ class LTX2(ImageConditioned, Family):
         """The mel spectrogram the audio VAE decodes: 4x its latent frames (less 3 for a causal decoder), all
         mel bins, ``output_channels`` channels."""
         config = shapes.config("audio_vae")
-        frames = audio_frames(shapes.entry, shapes.spec.num_frames) * AUDIO_DOWNSAMPLE
+        frames = audio_frames(shapes.entry, shapes.asked_frames or shapes.spec.num_frames) * AUDIO_DOWNSAMPLE
         if config.get("causality_axis", "height") is not None:
             frames = max(frames - (AUDIO_DOWNSAMPLE - 1), 1)
         mel = torch.zeros(batch, config.get("output_channels", 2), frames, config.get("mel_bins", 64), device=device)
