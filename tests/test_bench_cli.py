@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from diffusers.hooks import FirstBlockCacheConfig
+from PIL import Image
 
 from diffmeter.runs.storage import RESULTS
 
@@ -81,6 +82,7 @@ BAD = [
     (["tiny-flux-kontext", "--image-size", "32x32", "--image-size", "32x32"], "edits one input image"),
     (["tiny-flux-kontext", "--image", "missing.png"], "--image missing.png: no such file"),
     (["tiny-flux-kontext", "--image", "prompts.txt"], "not an image PIL can read"),
+    (["tiny-flux-kontext", "--image", "a.png", "--image", "a.png"], "got 2: pass one --image or --image-size"),
 ]
 
 
@@ -89,6 +91,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, tmp_path, monkeypa
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "prompts.txt").write_text("a cat\n")
+    Image.new("RGB", (32, 32)).save(tmp_path / "a.png")
     code, out, err = cli("bench", *args, "--out", tmp_path / "out")
     assert code == 2 and message in err
     assert err.startswith("error:") and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -36,7 +36,7 @@ def control_image(entry, spec) -> tuple[int, int]:
     if len(spec.image_sizes) > 1:
         raise DiffmeterError(
             f"{entry.name} with its ControlNet takes one control image (diffmeter runs a single ControlNet, not a "
-            "MultiControlNetModel): pass one --image-size"
+            "MultiControlNetModel): pass one --image or --image-size"
         )
     return spec.image_sizes[0]
 

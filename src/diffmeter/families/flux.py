@@ -144,7 +144,8 @@ class FluxKontext(ImageConditioned, Flux):
         ``_auto_resize=False``), each side floored again; the output keeps its own size (1024x1024 by default)."""
         if len(spec.image_sizes) > self.max_images:
             raise DiffmeterError(
-                f"{entry.pipeline_class} edits one input image; got {len(spec.image_sizes)} --image-size: pass one"
+                f"{entry.pipeline_class} edits one input image; got {len(spec.image_sizes)}: pass one --image or "
+                "--image-size"
             )
         if not spec.image_sizes:
             notes.append(

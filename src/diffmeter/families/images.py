@@ -54,7 +54,7 @@ def vae_encode_calls(
 def single_image(entry, spec, does: str = FIRST_FRAME) -> tuple[int, int]:
     """The one input image (height, width) a pipeline takes; more are refused in one line naming what it ``does``."""
     if len(spec.image_sizes) > 1:
-        raise DiffmeterError(f"{entry.name} {does}: pass one --image-size")
+        raise DiffmeterError(f"{entry.name} {does}: pass one --image or --image-size")
     return spec.image_sizes[0]
 
 
