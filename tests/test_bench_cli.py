@@ -263,3 +263,20 @@ def test_a_batch_too_large_names_batch_size_and_the_largest_that_fits(cli, tmp_p
     assert code == 2 and line.startswith("error: --batch-size 99999999999 is too large") and "Traceback" not in err
     largest = int(line.split("pass --batch-size ")[1].split()[0])
     assert 1 <= largest < 99999999999 and "--height" not in line and "the size" not in line
+
+
+def test_a_pipeline_that_fails_to_load_leaves_no_folder_it_made(cli, tmp_path, capsys):
+    """Weights that cannot be read: one line, exit 2, and the --out folders bench made for the result removed again;
+    a folder that was there before stays."""
+    from diffmeter.catalog import resolve
+    from diffmeter.tiny import tiny_pipeline
+
+    tiny_pipeline(resolve("tiny-sd")).save_pretrained(tmp_path / "sd")
+    (tmp_path / "sd" / "unet" / "diffusion_pytorch_model.safetensors").write_text("not safetensors")
+    capsys.readouterr()  # save_pretrained's progress bar
+    code, _, err = cli("bench", str(tmp_path / "sd"), "--device", "cpu", "--out", tmp_path / "new" / "deeper")
+    assert code == 2 and "cannot load" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "kept").mkdir()
+    code, _, _ = cli("bench", str(tmp_path / "sd"), "--device", "cpu", "--out", tmp_path / "kept")
+    assert code == 2 and (tmp_path / "kept").is_dir() and not list((tmp_path / "kept").iterdir())

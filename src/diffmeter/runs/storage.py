@@ -173,6 +173,8 @@ class RunDirectory:
         self.spec = spec
         self.speed = speed
         self.staging = self.final.parent / f".{name}.partial-{os.getpid()}"
+        #: the outermost folder ``check`` made for the results (None: it made none), removed again if left empty
+        self.made: Path | None = None
 
     def check(self) -> None:
         """Refuse before any work: an existing result (without force) or an unwritable folder."""
@@ -183,6 +185,8 @@ class RunDirectory:
                 "pass --force to replace it, or --out DIR to write elsewhere"
             )
         try:
+            missing = [folder for folder in (self.final.parent, *self.final.parent.parents) if not folder.exists()]
+            self.made = self.made or (missing[-1] if missing else None)
             self.final.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryFile(dir=self.final.parent):
                 pass
@@ -241,7 +245,17 @@ class RunDirectory:
         return self.final
 
     def discard(self) -> None:
+        """Remove the staged folder, and the folders ``check`` made for the results where nothing else is in them."""
         shutil.rmtree(self.staging, ignore_errors=True)
+        if self.made is None:
+            return
+        for folder in (self.final.parent, *self.final.parent.parents):
+            try:
+                folder.rmdir()  # only an empty one: another run's results stay
+            except OSError:
+                return
+            if folder == self.made:
+                return
 
 
 def write_json(path: Path, data) -> None:
