@@ -212,6 +212,16 @@ def test_profile_predicts_a_backend_with_the_bytes_a_real_load_has(cli):
     assert found["peak_memory_bytes"] == max(step, *stages.values())
 
 
+def test_profile_says_a_gguf_type_is_predicted_as_city96s_files_are_made(cli):
+    """No file is read for ``gguf:TYPE``: the memory table says whose rules lay the tensors out, and how to measure a
+    file made otherwise; another backend's table does not."""
+    code, out, err = cli("profile", "tiny-flux", "--gpu", "h100", "--quantize", "gguf:Q8_0")
+    assert code == 0, err
+    assert "GGUF: each tensor at the type city96's tools give it" in " ".join(out.split())
+    code, out, err = cli("profile", "tiny-flux", "--gpu", "h100", "--quantize", "quanto:int8")
+    assert code == 0 and "city96" not in out, err
+
+
 def test_profile_refuses_sdnq_on_a_transformers_model_in_one_line(cli):
     code, _, err = cli("profile", "tiny-sd", "--gpu", "h100", "--quantize", "text_encoder=sdnq:int8")
     assert code == 2

@@ -33,6 +33,14 @@ def held_back_line(gpu: Device, held_back: int) -> str:
     return f"Held back: {gib(held_back)} for {context} ({measured}, docs/memory-prediction.md)."
 
 
+#: what a ``gguf:TYPE`` format's bytes are of: no file is read (profile and fit take none; bench reads its --weights)
+GGUF_LINE = (
+    "GGUF: each tensor at the type city96's tools give it in a file of this model (ComfyUI-GGUF's convert.py and "
+    "lcpp.patch rules: some layers kept wider); a file made with other rules stores other bytes, which bench "
+    "--weights FILE.gguf measures; `diffmeter models MODEL` lists the published files against this prediction."
+)
+
+
 def memory_table(
     prediction: MemoryPrediction,
     gpu: Device | None,
@@ -94,8 +102,9 @@ def memory_table(
         if not fits:  # what would: offloading, quantization, VAE modes, each predicted
             command = fit_command or "diffmeter fit MODEL --gpu NAME"
             table.caption = f"does not fit: `{escape(command)}` lists the memory settings that do"
-    if prediction.checked:
-        table.caption = "\n".join(filter(None, (escape(prediction.checked), table.caption)))
+    gguf = GGUF_LINE if any(t.startswith("quantize-gguf-") for t in techniques) else None
+    if prediction.checked or gguf:
+        table.caption = "\n".join(filter(None, (escape(prediction.checked or ""), table.caption, escape(gguf or ""))))
     return table
 
 
@@ -231,7 +240,7 @@ def fit_table(
             "checked."
         )
     if any(t.startswith("quantize-gguf-") for chosen, _, _ in rows for t in chosen):
-        lines.append("GGUF: a single file, --weights FILE.gguf; `diffmeter models MODEL` lists the published ones.")
+        lines.append(GGUF_LINE)
     if untimed:
         lines.append(f"No time: {escape(untimed)}.")
     if refused:
