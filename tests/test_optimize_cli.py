@@ -41,6 +41,12 @@ def test_lossy_technique_is_compared_with_the_unoptimized_images(cli, tmp_path):
     assert quality["baseline"] == str(tmp_path / folders[0])
     code, shown, _ = cli("show", tmp_path / folders[1])  # a quality figure of random weights says what it is
     assert code == 0 and "random weights: the images are noise" in " ".join(shown.split())
+    from diffmeter.cli.bench import json_summary
+    from diffmeter.runs.results import BenchResult
+
+    printed = json_summary(BenchResult.model_validate(result), tmp_path / folders[1])  # what bench --json prints
+    assert printed["quality"]["caveat"].startswith("random weights: the images are noise")
+    assert printed["quality"]["mean_ssim"] == quality["mean_ssim"]
 
 
 def test_lossless_technique_gives_identical_images_and_reuses_the_stored_baseline(cli, tmp_path):

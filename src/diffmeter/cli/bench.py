@@ -215,6 +215,7 @@ def bench(
 def json_summary(result, folder) -> dict:
     """What ``bench --json`` prints: the folder, the weights (random or tiny ones say so), the summary, the noise
     notes its figures carry and every other note, and the comparison with a --compare-baseline run."""
+    from diffmeter.report.run_table import RANDOM_QUALITY
     from diffmeter.runs.speedups import noise_notes
 
     summary = {
@@ -227,6 +228,8 @@ def json_summary(result, folder) -> dict:
     }
     if result.quality is not None:
         summary["quality"] = result.quality.model_dump(mode="json", exclude={"images"})
+        if result.weights_random:  # the figures say so where they are, as the table's quality line does
+            summary["quality"]["caveat"] = RANDOM_QUALITY.removeprefix("; ")
     if result.speedup is not None:
         summary["speedup"] = result.speedup.model_dump(mode="json")
     return summary
