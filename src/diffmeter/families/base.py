@@ -261,7 +261,7 @@ class Family:
         if spec.image_sizes:
             raise DiffmeterError(
                 f"{entry.name} ({entry.pipeline_class}) generates from text alone and takes no input image: "
-                "drop --image-size"
+                "drop --image or --image-size"
             )
         return []
 

@@ -103,7 +103,7 @@ class Wan(ImageConditioned, Family):
         if not self.takes_images(entry):
             raise DiffmeterError(
                 f"{entry.name} generates from text alone (Wan's image-to-video models are checkpoints of their own, "
-                "with an image encoder or extra input channels): drop --image-size"
+                "with an image encoder or extra input channels): drop --image or --image-size"
             )
         given = first_last(entry, spec) or single_image(entry, spec)
         if image_to_video(entry):
