@@ -149,6 +149,12 @@ def test_a_cached_generation_is_timed_at_both_ends_of_its_share(planned):
     assert cached.cache == skip and skip.skipped_share[0] < skip.skipped_share[1]
     assert denoising[1].expected_s[0] < denoising[1].expected_s[1] < denoising[0].expected_s[1]
     assert denoising[1].lower_s < denoising[0].lower_s
+    # the work shown beside the bounds is the work they bound: at the most skipped share, its FLOPs at the peak
+    # within the lower bound
+    most = skip.model_copy(update={"skipped_share": (skip.skipped_share[1],) * 2})
+    at_most = {s.stage: s for s in predict_time(work.model_copy(update={"cache": most}), device).stages}
+    assert denoising[1].flops == at_most["denoising"].flops < denoising[0].flops
+    assert denoising[1].flops / (cached.peak_tflops * 1e12) <= denoising[1].lower_s
 
 
 def test_profile_gives_a_cached_range_and_says_how_its_share_was_obtained(cli):

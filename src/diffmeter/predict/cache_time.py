@@ -96,10 +96,12 @@ def skipped_line(skip: CacheSkip) -> str:
     own = ", and every call the cache's own compare and stored residuals" if skip.overhead else ""
     claim = f"; {HELD_OUT}" if TIMED.get(skip.technique.split()[0]) == "threshold" else ""
     how = f"{skip.extrapolated}; {skip.how}" if skip.extrapolated else skip.how
+    low, high = skip.skipped_share
+    at = f"; the table's FLOPs, bytes and bounds at {high:.0%} skipped, its expected range over both" * (low < high)
     return (
         f"time with {skip.technique}: {skip.share_text()} skipped ({how}); a skipped call "
         f"still runs {skip.kept_share:.1%} of its work{own}; memory as without (its stored activations not "
-        f"counted){claim}"
+        f"counted){at}{claim}"
     )
 
 
@@ -366,16 +368,15 @@ def spanned(fast: tuple[float, float] | None, slow: tuple[float, float] | None) 
 
 def time_range(work: OperatorWork, predict) -> TimePrediction:
     """``predict`` (a ``roofline.predict_time`` of ``work``'s device) at the most and the least skipped share:
-    the expected range from the low end of the first to the high end of the second, the bounds of the first."""
+    the expected range from the low end of the first to the high end of the second; each stage's work (FLOPs, bytes,
+    operators) and bounds the first's, so a bound is of the work shown beside it."""
     low, high = work.cache.skipped_share
     fast, slow = predict(at_share(work, high)), predict(at_share(work, low))
     stages = []
     for quick, long in zip(fast.stages, slow.stages, strict=True):
         stages.append(
-            long.model_copy(
+            quick.model_copy(
                 update={
-                    "lower_s": quick.lower_s,
-                    "ideal_s": quick.ideal_s,
                     "expected_s": spanned(quick.expected_s, long.expected_s),
                     "gpu_s": spanned(quick.gpu_s, long.gpu_s),
                     "host_s": spanned(quick.host_s, long.host_s),
