@@ -339,3 +339,14 @@ def test_the_ladder_measures_its_baseline_again_at_the_end(cli, tmp_path):
     scheduler = ladder["rows"][1]
     assert scheduler["speedup_interval"][0] <= scheduler["speedup"] <= scheduler["speedup_interval"][1]
     assert not any(path.name.startswith(".ladder-recheck") for path in tmp_path.iterdir())  # nothing left behind
+
+
+def test_compare_baseline_without_a_technique_says_nothing_was_compared(cli, tmp_path):
+    """A LoRA is part of the generation, not a technique: the run is its own baseline, so nothing runs twice, the
+    record says it was not compared and a note says why (the flag was accepted and silently did nothing)."""
+    code, out, err = cli("bench", "tiny-sd", *QUICK[:-1], "--lora-rank", "4", "--compare-baseline", "--out", tmp_path)
+    assert code == 0, err
+    (folder,) = tmp_path.iterdir()
+    result = stored(folder)
+    assert result["spec"]["compare_baseline"] is False and result["quality"] is None
+    assert "--compare-baseline: nothing compared, the run applies no technique" in " ".join(out.split())

@@ -37,3 +37,21 @@ def test_a_stored_cell_measured_otherwise_is_refused_or_measured_again_never_kep
     both = fewer.model_copy(update={"axes": {**fewer.axes, "optimizations": [[], ["fuse-qkv"]]}})
     with pytest.raises(DiffmeterError, match="2 stored runs in"):  # the baseline is a cell too: said once
         run_sweep(both, out, executor)
+
+
+def test_a_compared_sweeps_cell_without_techniques_is_its_own_baseline_and_resumes(tmp_path):
+    """A new user's sweep with compare_baseline and a cell without techniques, stopped after that cell, refused its
+    own rerun: that cell is the other cells' baseline, asked compared as a cell and not as a baseline. With nothing to
+    compare it is settled as not compared, so the rerun runs the rest and the next one skips every cell."""
+    out = tmp_path / "out"
+    asked = {**FAST, "save_images": True, "compare_baseline": True}
+    sweep = SweepFile(name="compared", axes={"model": ["tiny-sd"], "optimizations": [[], ["fuse-qkv"]]}, fixed=asked)
+    executor = InProcessExecutor(out)
+    first = sweep.model_copy(update={"axes": {**sweep.axes, "optimizations": [[]]}})  # stopped after that cell
+    assert [cell.status for cell in run_sweep(first, out, executor).cells] == ["done"]
+    record = run_sweep(sweep, out, executor)
+    assert [cell.status for cell in record.cells] == ["skipped", "done"] and len(executor.ran) == 2
+    again = run_sweep(sweep, out, executor)
+    assert [cell.status for cell in again.cells] == ["skipped", "skipped"] and len(executor.ran) == 2
+    baseline = next(run for name, run in stored(out).items() if "opt-" not in name)
+    assert baseline["spec"]["compare_baseline"] is False

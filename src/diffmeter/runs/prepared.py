@@ -34,6 +34,8 @@ class PreparedRun:
     optimizations: list
     source: WeightsSource
     name: str
+    #: what the settling changed of the request, said in the result (``--compare-baseline`` with nothing to compare)
+    settled: list[str] = dataclasses.field(default_factory=list)
 
 
 def prepare(
@@ -44,7 +46,14 @@ def prepare(
     devices), the memory lower bound on ``device`` (the run's own, placed device; else the spec's), unless
     ``check_memory`` is False (a launcher: each rank checks its own GPU). Raises DiffmeterError with the reason."""
     entry = entry_of(spec)
+    asked = spec
     spec = spec.settle(entry, here=here)
+    settled = []
+    if asked.compare_baseline and not spec.compare_baseline:
+        settled.append(
+            "--compare-baseline: nothing compared, the run applies no technique and is its own baseline (a LoRA, a "
+            "ControlNet, a size or a dtype is part of the generation, not a technique)"
+        )
     optimizations = build(spec.optimizations)  # each technique's parameters first: a sampler's name sets the count
     profile = profile_spec(spec.profile_spec())  # also checks sizes against the model
     target = Target(
@@ -68,7 +77,8 @@ def prepare(
     if spec.memory_check and here and check_memory:
         one_byte = {name for o in optimizations for name in o.one_byte_components(target)}
         check_fits(spec, entry, target.family.decoder, profile, device or torch.device(spec.device), one_byte)
-    return PreparedRun(spec, entry, profile, target, optimizations, source, run_name(spec, entry, optimizations))
+    name = run_name(spec, entry, optimizations)
+    return PreparedRun(spec, entry, profile, target, optimizations, source, name, settled)
 
 
 def run_name(spec: BenchSpec, entry, optimizations) -> str:
@@ -88,7 +98,9 @@ def result_fields(run: PreparedRun) -> dict:
         weights_random=run.source.random,
         environment=collect(),
         profile=run.profile,
-        notes=_notes(spec, entry, run.optimizations) + [n for o in run.optimizations if (n := o.note(run.target))],
+        notes=run.settled
+        + _notes(spec, entry, run.optimizations)
+        + [n for o in run.optimizations if (n := o.note(run.target))],
         optimizations=applied(run.optimizations),
     )
 

@@ -167,6 +167,8 @@ class BenchSpec(BaseModel):
             update={
                 "optimizations": optimizations,
                 "tf32": tf32,
+                # a run without a technique is its own baseline: nothing to compare, so stored as not compared
+                "compare_baseline": self.compare_baseline and bool(optimizations),
                 "height": height,
                 "width": width,
                 "image_sizes": list(profile.image_sizes),
