@@ -47,6 +47,18 @@ def test_models_lists_the_catalog(cli):
     assert code == 0 and rows["flux-dev"]["params"] > 16e9 and rows["tiny-sd"]["origin"] == "tiny"
 
 
+def test_models_shows_the_size_an_editing_model_makes_at_its_defaults(cli):
+    """tiny-qwenimage-edit's pipeline, called without a size, makes the 1024x1024-area size of its 64x64 default input
+    image: the size column said 64x64 while its runs were 1024x1024, as its profile says."""
+    from diffmeter import profile
+
+    code, out, _ = cli("models")
+    row = next(line.split() for line in out.splitlines() if line.startswith("tiny-qwenimage-edit "))
+    made = profile("tiny-qwenimage-edit")
+    assert code == 0 and row[2] == f"{made.width}x{made.height}" == "1024x1024"
+    assert next(line.split() for line in out.splitlines() if line.startswith("tiny-sd "))[2] == "32x32"
+
+
 def test_calls_of_different_work_show_their_range_not_their_mean(cli):
     """Qwen-Image encodes the prompt and a shorter negative prompt: "MACs / call" was their mean, no call's."""
     from diffmeter import profile

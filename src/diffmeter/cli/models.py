@@ -191,14 +191,29 @@ def entry_params(entry) -> int:
     return sum(MetaComponent(component).params for component in entry.components.values())
 
 
+def default_made_size(entry) -> tuple[int, int]:
+    """(height, width) the pipeline makes at the entry's defaults: where its default input image sets the output's
+    (Qwen-Image-Edit called without a size), that one, else the default size."""
+    from diffmeter.families import get_family
+    from diffmeter.families.images import image_sized
+    from diffmeter.spec import ProfileSpec
+
+    d = entry.defaults
+    if not d.image_sizes:
+        return d.height, d.width
+    made = image_sized(get_family(entry.family), entry, ProfileSpec(model=entry.name).with_defaults(d))
+    return made[:2] if made else (d.height, d.width)
+
+
 def cells(entry, params: int, mode: str) -> list[str]:
     d = entry.defaults
     frames = f"x{d.num_frames}f" if d.num_frames else ""
     guidance = f"{d.guidance_scale:g}" if mode == "cfg" else "-"  # an embedded scale is no CFG
+    height, width = default_made_size(entry)
     return [
         entry.name,
         units.params(params).removesuffix(" params"),
-        f"{d.width}x{d.height}{frames}",
+        f"{width}x{height}{frames}",
         str(d.steps),
         guidance,
         SHORT_DTYPES.get(d.dtype, d.dtype),
@@ -235,7 +250,8 @@ def catalog_table(entries, params: dict[str, int], modes: dict[str, str], width:
         shown += 1
     hidden = [header for header, _ in COLUMNS[shown:]]
     caption = (
-        "size: default width x height (x frames); cfg: guidance scale, - where the model runs no CFG (an embedded "
+        "size: default width x height (x frames) made (an editing model's from its default input image); "
+        "cfg: guidance scale, - where the model runs no CFG (an embedded "
         "scale: --json). Defaults are the model card's recommended call where it gives one, else the pipeline's "
         "own __call__ defaults (flux-dev: the card's 50 steps, FluxPipeline's 28); --steps, --height, --width, "
         "--guidance-scale and --dtype change them."
