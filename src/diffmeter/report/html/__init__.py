@@ -28,12 +28,12 @@ def write_report(
     from diffmeter.report.html.study import read_study
     from diffmeter.runs.storage import writable, write_text
 
+    if images_per_run < 0:
+        raise DiffmeterError(f"--images must be 0 or more, got {images_per_run}")
+    study = read_study(directory)  # first: a folder that is not one is the problem to name, not an existing page
     out = writable(out)
     if out.exists() and not force:
         raise DiffmeterError(f"{out} exists; pass --force to replace it, or -o another file")
-    if images_per_run < 0:
-        raise DiffmeterError(f"--images must be 0 or more, got {images_per_run}")
-    study = read_study(directory)
     if skipped is not None:
         skipped += study.skipped
     write_text(out, render(study, title, images_per_run))
