@@ -8,20 +8,15 @@ import torch
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import DENOISER, IMAGE_ENCODER, Call, Family, Shapes, register, timesteps
+from diffmeter.families.frames import floored_frames
 from diffmeter.families.images import ImageConditioned, single_image, vae_encode_calls
 from diffmeter.families.wan_images import first_last, image_to_video, image_tokens, reads_image
 from diffmeter.pipelines import config_value
 from diffmeter.spec import size_text
 
 
-def _latent_frames(entry, num_frames: int, temporal: int) -> int:
+def _latent_frames(num_frames: int, temporal: int) -> int:
     """Causal video VAEs keep the first frame and compress the rest ``temporal`` times."""
-    if (num_frames - 1) % temporal:
-        fit = (num_frames - 1) // temporal * temporal + 1
-        raise DiffmeterError(
-            f"--num-frames {num_frames} does not fit {entry.name}'s {temporal}x temporal compression: "
-            f"use {temporal}k+1 frames, e.g. {fit} or {fit + temporal}"
-        )
     return (num_frames - 1) // temporal + 1
 
 
@@ -85,7 +80,19 @@ class Wan(ImageConditioned, Family):
         return entry.components[self.denoiser].config["patch_size"][1]
 
     def latent_frames(self, entry, spec) -> int:
-        return _latent_frames(entry, spec.num_frames, _vae_setting(entry, self.decoder, "scale_factor_temporal"))
+        return _latent_frames(spec.num_frames, _vae_setting(entry, self.decoder, "scale_factor_temporal"))
+
+    def pipeline_frames(self, entry, num_frames: int) -> tuple[int, str | None]:
+        """pipeline_wan.py:494-499 and pipeline_wan_i2v.py:637-642 (diffusers 0.42.1): a count off the VAE's
+        ``tk+1`` becomes ``num_frames // t * t + 1`` (with a logged warning), up or down."""
+        temporal = _vae_setting(entry, self.decoder, "scale_factor_temporal")
+        made = max(num_frames // temporal * temporal + 1, 1)
+        if made == num_frames:
+            return num_frames, None
+        return made, (
+            f"{entry.pipeline_class} rounds {num_frames} frames to {made} (num_frames // {temporal} * {temporal} + 1, "
+            f"its VAE making {temporal}k+1): counted, run and rated as {made}"
+        )
 
     # ---- image-to-video (TI2V-5B) --------------------------------------------------------
     def input_images(self, entry, spec, notes) -> list[tuple[int, int]]:
@@ -333,8 +340,12 @@ class CogVideoX(Family):
     is_video = True
 
     def latent_frames(self, entry, spec) -> int:
-        temporal = entry.components[self.decoder].config["temporal_compression_ratio"]
-        return _latent_frames(entry, spec.num_frames, temporal)
+        return _latent_frames(spec.num_frames, entry.components[self.decoder].config["temporal_compression_ratio"])
+
+    def pipeline_frames(self, entry, num_frames: int) -> tuple[int, str | None]:
+        """pipeline_cogvideox.py:680 (diffusers 0.42.1): ``(num_frames - 1) // t + 1`` latent frames, which the VAE
+        decodes to ``tk+1`` frames."""
+        return floored_frames(entry, num_frames, entry.components[self.decoder].config["temporal_compression_ratio"])
 
     def default_size(self, entry) -> tuple[int, int]:
         config, scale = entry.components[self.denoiser].config, self.vae_scale(entry)
