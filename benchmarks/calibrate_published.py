@@ -17,13 +17,13 @@ leave-one-source-out coverage, the midpoint's median error and the range's width
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 from published_comparison import load_figures
 from published_runs import energy_run, published_run
+from published_tables import card_claims, per_source, table
 
 from diffmeter.predict.attention_kernels import CUDNN_OVER_FLASH
 from diffmeter.predict.calibration import neighbours_of
@@ -129,50 +129,6 @@ def stack_section(runs: list[PublishedRun], held: list[HeldOut]) -> list[str]:
     return lines
 
 
-def held_rows(held: list[HeldOut]) -> list[str]:
-    """The held-out runs as a markdown table: each run's published time, held-out midpoint and range."""
-    return [
-        "| run | source | published (s) | held-out midpoint (s) | range (s) | error | inside |",
-        "|---|---|---|---|---|---|---|",
-        *(
-            f"| {h.run.id} | {h.run.source} | {h.run.published_s:.3g} | {h.midpoint:.3g} | "
-            f"{h.low:.3g} to {h.high:.3g} | {h.error:+.1%} | {'yes' if h.inside else '**no**'} |"
-            for h in held
-        ),
-    ]
-
-
-def table(held: list[HeldOut], title: str) -> list[str]:
-    stats = summary(held)
-    return [
-        f"{title}: coverage **{stats['coverage']:.0%}** ({sum(h.inside for h in held)} of {len(held)}), midpoint "
-        f"median error **{stats['median_error']:.1%}** (signed {statistics.median(h.error for h in held):+.1%}), "
-        f"median width hi/lo **{stats['median_width']:.2f}**",
-        "",
-        *held_rows(held),
-        "",
-    ]
-
-
-def per_source(held: list[HeldOut]) -> list[str]:
-    """Held-out coverage and error per source, and without the largest, so one harness cannot carry the figure."""
-    lines = ["| source | runs | inside | midpoint median error |", "|---|---|---|---|"]
-    for source in sorted({h.run.source for h in held}):
-        mine = [h for h in held if h.run.source == source]
-        stats = summary(mine)
-        lines.append(f"| {source} | {len(mine)} | {stats['coverage']:.0%} | {stats['median_error']:.1%} |")
-    largest = max({h.run.source for h in held}, key=lambda source: sum(h.run.source == source for h in held))
-    rest = [h for h in held if h.run.source != largest]
-    stats = summary(rest)
-    return [
-        *lines,
-        "",
-        f"Without the largest source ({largest}): coverage **{stats['coverage']:.0%}** "
-        f"({sum(h.inside for h in rest)} of {len(rest)}), midpoint median error **{stats['median_error']:.1%}**",
-        "",
-    ]
-
-
 def stack_range(mine: list[PublishedRun], stacks: dict[str, dict]) -> str:
     """The torch versions the runs were measured with, where their sources say: the stacks a range is for."""
     versions = sorted(
@@ -239,7 +195,7 @@ def lend_power(shipped: dict) -> None:
 
 
 def main() -> int:
-    runs, energy, left_out, stacks = [], [], [], {}
+    runs, energy, left_out, stacks, gpus = [], [], [], {}, {}
     for figure in load_figures():
         if figure["kind"] != "latency":
             continue
@@ -249,12 +205,14 @@ def main() -> int:
         else:
             runs.append(run)
             stacks[run.id] = figure.get("stack") or {}
+            gpus[run.id] = figure["gpu"]
             energy += [found] if (found := energy_run(figure, run)) else []
             print(run.id, run.architecture, run.published_s, flush=True)
     when = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
     found = fit(runs)
     held = leave_one_out(runs)
     stats = summary(held)
+    by_card = card_claims(held, gpus, when)
     print(f"held out, all: {stats}", flush=True)
     architectures = sorted({run.architecture for run in runs}, key=lambda name: (name != "hopper", name))
     shipped_names = {a for a in architectures if shipped_fit([r for r in runs if r.architecture == a], held)}
@@ -354,6 +312,7 @@ def main() -> int:
                 update={
                     **power,
                     "held_out": claim,
+                    "held_out_by_card": by_card.get(architecture),
                     "borrowed_width": widen,
                     "borrowed_held_out": borrowed_claim,
                     "borrowed_held_out_by": borrowed_by or None,

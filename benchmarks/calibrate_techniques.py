@@ -24,9 +24,9 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from calibrate_published import held_rows
 from published_comparison import load_figures, settings
 from published_runs import published_run, run_of, source_of
+from published_tables import held_rows
 
 from diffmeter.catalog import resolve
 from diffmeter.families import get_family

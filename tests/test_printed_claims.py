@@ -111,3 +111,29 @@ def test_a_borrowed_calibration_claims_the_widened_held_out_figure_not_its_lende
     assert eager.startswith("the eager range (ampere GPUs' fit, borrowed for volta (V100 SXM2) from ampere): ")
     code, out, _ = cli("profile", "tiny-sd", "--gpu", "a100")  # Ampere's own card keeps Ampere's own figure
     assert code == 0 and lenders in " ".join(out.split()) and claim not in " ".join(out.split())
+
+
+def test_a_card_with_published_runs_says_what_its_own_runs_showed_held_out(cli):
+    """The A10's four published runs all fell outside their held-out range (predicted about a third too fast): a
+    prediction on the A10 says so beside the ampere figure, with the counts of the committed page's rows."""
+    import statistics
+
+    import yaml
+
+    from diffmeter.predict.devices import chosen_gpu
+
+    figures = yaml.safe_load((RESULTS.parent / "published_figures.yaml").read_text())["figures"]
+    cards = {figure["id"]: chosen_gpu(figure["gpu"], None).name for figure in figures if figure.get("gpu")}
+    text = (RESULTS / "calibration_published.md").read_text()
+    part = text[text.index("## All architectures") :].split("\n\n")[1]
+    rows = [row.split(" | ") for row in part.splitlines()[2:]]
+    mine = [row for row in rows if cards.get(row[0].removeprefix("| ")) == "A10"]
+    errors = [float(row[5].rstrip("%")) / 100 for row in mine]
+    inside = sum(row[6].startswith("yes") for row in mine)
+    code, out, err = cli("profile", "sd15", "--gpu", "a10")
+    said = " ".join(out.split())
+    assert code == 0, err
+    assert f"the A10's own {len(mine)} published runs in that test: {inside} inside their range" in said
+    code, out, _ = cli("profile", "sd15", "--gpu", "l4")  # no published run of its own: its architecture's range
+    assert code == 0 and "no published run on the L4 itself in that test" in " ".join(out.split())
+    assert f"midpoint median error {statistics.median(errors):+.0%} (predicted faster than measured" in said

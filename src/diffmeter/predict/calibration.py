@@ -44,6 +44,9 @@ class Calibration(BaseModel):
     host: HostCalibration | None = None
     #: the held-out figure of this calibration's own range, as its ``source`` ends with it
     held_out: str | None = None
+    #: per table card with published runs, what its own runs showed in that test (a card can sit off its
+    #: architecture's fit): a prediction on that card says it beside ``held_out`` (``card_source``)
+    held_out_by_card: dict[str, str] | None = None
     #: the factor a borrowing architecture's range is widened by: the error measured when each architecture was
     #: predicted by its neighbour's fit, fitted without it (``benchmarks/calibrate_published.py``)
     borrowed_width: float | None = None
@@ -81,9 +84,14 @@ class Calibration(BaseModel):
             return [(self, list(work.calls))]
         return [(self.variants[name] if name else self, calls) for name, calls in variants_of(work).items()]
 
-    def source_for(self, work: OperatorWork) -> str:
-        """The sources of the fits that price ``work``: this one's, or each variant's it uses."""
-        return "; ".join(dict.fromkeys(fit.source for fit, _ in self.fits_for(work)))
+    def source_for(self, work: OperatorWork, card: str = "") -> str:
+        """The sources of the fits that price ``work``: this one's, or each variant's it uses; on ``card`` (a table
+        row's name), with what its own published runs showed where it has some."""
+        sources = "; ".join(dict.fromkeys(fit.source for fit, _ in self.fits_for(work)))
+        if not card or self.held_out_by_card is None:
+            return sources
+        own = self.held_out_by_card.get(card) or f"no published run on the {card} itself in that test"
+        return f"{sources}; {own}"
 
 
 def variant_name(dtype: str, compiled: bool) -> str:
@@ -198,6 +206,7 @@ def borrowed(found: Calibration, lender: str, architecture: str | None, card: st
     update = {
         "source": source,
         "held_out": claim,
+        "held_out_by_card": None,  # the lender's cards' own runs: the borrower's architecture's are in ``claim``
         "fractions": {kind: wider(pair) for kind, pair in found.fractions.items()},
         "overhead_s": wider(found.overhead_s),
         "score_s": wider(found.score_s) if found.score_s else None,
