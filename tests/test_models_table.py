@@ -27,10 +27,12 @@ def test_models_at_80_columns_is_a_line_per_entry(cli, monkeypatch, cache):
     entries = all_entries()
     assert max(len(line) for line in lines) <= 80 and "…" not in "".join(lines)
     assert len(lines) <= len(entries) + 9  # title, header, rule, a six-line caption
+    from diffmeter.cli.models import default_made_size
+
     for entry in entries:
         (row,) = [line for line in lines if line.split()[:1] == [entry.name]]
-        d = entry.defaults
-        assert f"{d.width}x{d.height}" in row and f" {d.steps} " in row
+        height, width = default_made_size(entry)  # an editing model's from its default input image
+        assert f"{width}x{height}" in row and f" {entry.defaults.steps} " in row
     caption = " ".join(" ".join(lines[len(entries) + 3 :]).split())
     assert "Not shown at this width: hub id, family, components" in caption and "--json" in caption
     # where the defaults come from: flux-dev's card says 50 steps where FluxPipeline.__call__ says 28

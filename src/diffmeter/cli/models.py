@@ -250,8 +250,7 @@ def catalog_table(entries, params: dict[str, int], modes: dict[str, str], width:
         shown += 1
     hidden = [header for header, _ in COLUMNS[shown:]]
     caption = (
-        "size: default width x height (x frames) made (an editing model's from its default input image); "
-        "cfg: guidance scale, - where the model runs no CFG (an embedded "
+        "size: default width x height made (x frames); cfg: guidance scale, - where the model runs no CFG (an embedded "
         "scale: --json). Defaults are the model card's recommended call where it gives one, else the pipeline's "
         "own __call__ defaults (flux-dev: the card's 50 steps, FluxPipeline's 28); --steps, --height, --width, "
         "--guidance-scale and --dtype change them."

@@ -325,7 +325,7 @@ def predict_time(
         energy_left_out=why_no_energy(device, calibration),
         ideal_s=sum(both[stage.stage][1] for stage in stages) if weights is not None else None,
         l2_bytes=device.l2_bytes,
-        calibration=calibration.source_for(work, device.name)
+        calibration=calibration.source_for(work, "" if device.given else device.name)
         if calibration
         else f"no expected range: {unfitted or uncalibrated(device)}; the lower bound is shown",
     )
