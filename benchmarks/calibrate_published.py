@@ -212,7 +212,7 @@ def main() -> int:
     found = fit(runs)
     held = leave_one_out(runs)
     stats = summary(held)
-    by_card = card_claims(held, gpus, when)
+    by_card = card_claims(held, gpus)
     print(f"held out, all: {stats}", flush=True)
     architectures = sorted({run.architecture for run in runs}, key=lambda name: (name != "hopper", name))
     shipped_names = {a for a in architectures if shipped_fit([r for r in runs if r.architecture == a], held)}

@@ -54,10 +54,11 @@ def per_source(held: list[HeldOut]) -> list[str]:
     ]
 
 
-def card_claims(held: list[HeldOut], gpus: dict[str, str], when: str) -> dict[str, dict[str, str]]:
+def card_claims(held: list[HeldOut], gpus: dict[str, str]) -> dict[str, dict[str, str]]:
     """Per architecture, per table card (its row's name), what its own published runs showed held out by source:
     how many fell inside their range and the midpoint's signed median error, which a prediction on that card says
-    beside its architecture's pooled figure (a card can sit off its architecture's fit: the A10's 150 W)."""
+    beside its architecture's pooled figure, which names the test's script and date (a card can sit off its
+    architecture's fit: the A10's 150 W)."""
     cards: dict[tuple[str, str], list[HeldOut]] = {}
     for found in held:
         cards.setdefault((found.run.architecture, chosen_gpu(gpus[found.run.id], None).name), []).append(found)
@@ -67,7 +68,6 @@ def card_claims(held: list[HeldOut], gpus: dict[str, str], when: str) -> dict[st
         lean = "faster" if signed < 0 else "slower"
         claims.setdefault(architecture, {})[card] = (
             f"the {card}'s own {counted(len(mine), 'published run')} in that test: {sum(h.inside for h in mine)} "
-            f"inside their range, midpoint median error {signed:+.0%} (predicted {lean} than measured; "
-            f"benchmarks/calibrate_published.py, {when})"
+            f"inside their range, midpoint median error {signed:+.0%} (predicted {lean} than measured)"
         )
     return claims
