@@ -1,10 +1,8 @@
 """A family: how one kind of pipeline calls its components, as data plus input builders.
 
-The profile asks a family for its *call plan* (which component runs how often, at
-which batch) and for the inputs of each call. Inputs are built from shapes alone, so
-they work on the meta device. The plan mirrors the real diffusers pipeline exactly:
-the tests run the real pipeline under the FLOP counter and compare.
-"""
+The profile asks a family for its *call plan* (which component runs how often, at which batch) and for the inputs of
+each call. Inputs are built from shapes alone, so they work on the meta device. The plan mirrors the real diffusers
+pipeline exactly: the tests run the real pipeline under the FLOP counter and compare."""
 
 from __future__ import annotations
 
@@ -107,13 +105,11 @@ class Family:
     sequence_encoder: ClassVar[str | None] = None
     #: the largest ``max_sequence_length`` the pipeline's check_inputs accepts (None: no limit)
     max_sequence_limit: ClassVar[int | None] = None
-    #: a pipeline's hard-coded ``default_sample_size`` (FLUX, Chroma, Qwen-Image: 128), used for the
-    #: default size instead of the denoiser's ``sample_size``
+    #: a pipeline's hard-coded ``default_sample_size`` (FLUX, Chroma, Qwen-Image: 128), not the denoiser's
     default_sample_size: ClassVar[int | None] = None
     decoder_arg: ClassVar[str] = "z"  #: name of the latents argument of the decoder's ``decode``
     decoder_kwargs: ClassVar[dict[str, Any]] = {}
-    #: resolution binning by aspect ratio, as PixArt/SANA pipelines do it: the diffusers module
-    #: holding the tables, and which table each denoiser ``sample_size`` uses
+    #: PixArt/SANA's binning by aspect ratio: the diffusers module of the tables, the table per ``sample_size``
     bin_tables: ClassVar[tuple[str, dict[int, str]] | None] = None
     #: a binning pipeline resizes the image back to the requested size (PixArt, SANA; not HunyuanDiT)
     restores_binned_size: ClassVar[bool] = True
