@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from diffmeter.families.base import TEXT_ENCODER, Call, Family, Shapes, register, timesteps
-from diffmeter.families.frames import floored_frames
+from diffmeter.families.frames import floored_frames, latent_count
 
 #: HunyuanVideoPipeline's DEFAULT_PROMPT_TEMPLATE["crop_start"]: the template's tokens before the prompt, which
 #: the Llama encoder reads (``max_length = max_sequence_length + crop_start``) and the pipeline then crops off
@@ -41,7 +41,7 @@ class HunyuanVideo(Family):
     def latent_frames(self, entry, spec) -> int:
         # prepare_latents: (num_frames - 1) // vae_scale_factor_temporal + 1
         temporal = entry.components[self.decoder].config.get("temporal_compression_ratio", 4)
-        return (spec.num_frames - 1) // temporal + 1
+        return latent_count(spec.num_frames, temporal)
 
     def pipeline_frames(self, entry, num_frames: int) -> tuple[int, str | None]:
         """Any frame count is taken, floored to the VAE's 4k+1 (``latent_frames``), without a word."""

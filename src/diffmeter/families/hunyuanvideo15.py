@@ -24,7 +24,7 @@ from diffmeter.families.base import (
     register,
     timesteps,
 )
-from diffmeter.families.frames import floored_frames
+from diffmeter.families.frames import floored_frames, latent_count
 from diffmeter.families.host_masks import is_placeholder
 from diffmeter.families.images import ImageConditioned, single_image, vae_encode_calls
 from diffmeter.spec import size_text
@@ -94,7 +94,7 @@ class HunyuanVideo15(ImageConditioned, Family):
     def latent_frames(self, entry, spec) -> int:
         # prepare_latents: (num_frames - 1) // temporal + 1, whatever num_frames is
         temporal = entry.components[self.decoder].config.get("temporal_compression_ratio", 4)
-        return (spec.num_frames - 1) // temporal + 1
+        return latent_count(spec.num_frames, temporal)
 
     def pipeline_frames(self, entry, num_frames: int) -> tuple[int, str | None]:
         temporal = entry.components[self.decoder].config.get("temporal_compression_ratio", 4)

@@ -9,7 +9,7 @@ import torch
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import Call, Family, Shapes, register, timesteps
-from diffmeter.families.frames import floored_frames
+from diffmeter.families.frames import floored_frames, latent_count
 from diffmeter.families.images import ImageConditioned, single_image, size_kept, vae_encode_calls
 from diffmeter.spec import size_text
 
@@ -60,7 +60,7 @@ class LTXVideo(ImageConditioned, Family):
         return 161  # both pipelines' __call__ default
 
     def latent_frames(self, entry, spec) -> int:
-        return (spec.num_frames - 1) // temporal_compression(entry.components[self.decoder].config) + 1
+        return latent_count(spec.num_frames, temporal_compression(entry.components[self.decoder].config))
 
     def pipeline_frames(self, entry, num_frames: int) -> tuple[int, str | None]:
         """The LTX pipelines take any frame count as ``(num_frames - 1) // 8 + 1`` latent frames."""

@@ -13,7 +13,7 @@ import torch
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import DENOISER, TEXT_ENCODER, VAE_DECODER, Call, Family, Shapes, register, timesteps
-from diffmeter.families.frames import floored_frames
+from diffmeter.families.frames import floored_frames, latent_count
 from diffmeter.families.images import ImageConditioned, single_image, size_kept, vae_encode_calls
 from diffmeter.families.ltx import spatial_compression, temporal_compression, video_decoder_inputs
 from diffmeter.spec import size_text
@@ -70,7 +70,7 @@ class LTX2(ImageConditioned, Family):
         return 121  # __call__: num_frames None -> 121 when the pipeline has no duration_head (LTX-2.0)
 
     def latent_frames(self, entry, spec) -> int:
-        return (spec.num_frames - 1) // temporal_compression(entry.components[self.decoder].config) + 1
+        return latent_count(spec.num_frames, temporal_compression(entry.components[self.decoder].config))
 
     def pipeline_frames(self, entry, num_frames: int) -> tuple[int, str | None]:
         """LTX2Pipeline takes any frame count as ``(num_frames - 1) // 8 + 1`` latent frames; its audio lasts as

@@ -8,16 +8,11 @@ import torch
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.families.base import DENOISER, IMAGE_ENCODER, Call, Family, Shapes, register, timesteps
-from diffmeter.families.frames import floored_frames
+from diffmeter.families.frames import floored_frames, latent_count, rounded_frames, wan_rounded
 from diffmeter.families.images import ImageConditioned, single_image, vae_encode_calls
 from diffmeter.families.wan_images import first_last, image_to_video, image_tokens, reads_image
 from diffmeter.pipelines import config_value
 from diffmeter.spec import size_text
-
-
-def _latent_frames(num_frames: int, temporal: int) -> int:
-    """Causal video VAEs keep the first frame and compress the rest ``temporal`` times."""
-    return (num_frames - 1) // temporal + 1
 
 
 @register
@@ -80,19 +75,10 @@ class Wan(ImageConditioned, Family):
         return entry.components[self.denoiser].config["patch_size"][1]
 
     def latent_frames(self, entry, spec) -> int:
-        return _latent_frames(spec.num_frames, _vae_setting(entry, self.decoder, "scale_factor_temporal"))
+        return latent_count(spec.num_frames, _vae_setting(entry, self.decoder, "scale_factor_temporal"))
 
     def pipeline_frames(self, entry, num_frames: int) -> tuple[int, str | None]:
-        """pipeline_wan.py:494-499 and pipeline_wan_i2v.py:637-642 (diffusers 0.42.1): a count off the VAE's
-        ``tk+1`` becomes ``num_frames // t * t + 1`` (with a logged warning), up or down."""
-        temporal = _vae_setting(entry, self.decoder, "scale_factor_temporal")
-        made = max(num_frames // temporal * temporal + 1, 1)
-        if made == num_frames:
-            return num_frames, None
-        return made, (
-            f"{entry.pipeline_class} rounds {num_frames} frames to {made} (num_frames // {temporal} * {temporal} + 1, "
-            f"its VAE making {temporal}k+1): counted, run and rated as {made}"
-        )
+        return rounded_frames(entry, num_frames, _vae_setting(entry, self.decoder, "scale_factor_temporal"))
 
     # ---- image-to-video (TI2V-5B) --------------------------------------------------------
     def input_images(self, entry, spec, notes) -> list[tuple[int, int]]:
@@ -184,12 +170,12 @@ class Wan(ImageConditioned, Family):
 
         temporal, spatial = pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial
         # __call__'s own rounding first (636-658): frames to temporal k + 1, sides floored to spatial x patch
-        frames = max(arguments["num_frames"] // temporal * temporal + 1, 1)
+        frames = wan_rounded(arguments["num_frames"], temporal)
         patch = (pipe.transformer or pipe.transformer_2).config.patch_size
         shape = (
             len(generators),
             pipe.vae.config.z_dim,
-            (frames - 1) // temporal + 1,
+            latent_count(frames, temporal),
             arguments["height"] // (spatial * patch[1]) * patch[1],
             arguments["width"] // (spatial * patch[2]) * patch[2],
         )
@@ -340,7 +326,7 @@ class CogVideoX(Family):
     is_video = True
 
     def latent_frames(self, entry, spec) -> int:
-        return _latent_frames(spec.num_frames, entry.components[self.decoder].config["temporal_compression_ratio"])
+        return latent_count(spec.num_frames, entry.components[self.decoder].config["temporal_compression_ratio"])
 
     def pipeline_frames(self, entry, num_frames: int) -> tuple[int, str | None]:
         """pipeline_cogvideox.py:680 (diffusers 0.42.1): ``(num_frames - 1) // t + 1`` latent frames, which the VAE

@@ -97,7 +97,9 @@ def skipped_line(skip: CacheSkip) -> str:
     claim = f"; {HELD_OUT}" if TIMED.get(skip.technique.split()[0]) == "threshold" else ""
     how = f"{skip.extrapolated}; {skip.how}" if skip.extrapolated else skip.how
     low, high = skip.skipped_share
-    at = f"; the table's FLOPs, bytes and bounds at {high:.0%} skipped, its expected range over both" * (low < high)
+    at = ""
+    if low < high:  # the work and bounds shown are of the most skipped share (``time_range``)
+        at = f"; the table's FLOPs, bytes and bounds at {high:.0%} skipped, its expected range over both"
     return (
         f"time with {skip.technique}: {skip.share_text()} skipped ({how}); a skipped call "
         f"still runs {skip.kept_share:.1%} of its work{own}; memory as without (its stored activations not "

@@ -45,7 +45,7 @@ class Calibration(BaseModel):
     #: the held-out figure of this calibration's own range, as its ``source`` ends with it
     held_out: str | None = None
     #: per table card with published runs, what its own runs showed in that test (a card can sit off its
-    #: architecture's fit): a prediction on that card says it beside ``held_out`` (``card_source``)
+    #: architecture's fit): a prediction on that card says it beside ``held_out`` (``source_for``)
     held_out_by_card: dict[str, str] | None = None
     #: the factor a borrowing architecture's range is widened by: the error measured when each architecture was
     #: predicted by its neighbour's fit, fitted without it (``benchmarks/calibrate_published.py``)

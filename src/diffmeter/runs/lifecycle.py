@@ -108,7 +108,7 @@ class MeasuredRun:
         """``--compare-baseline``: the unoptimized run of the same spec, stored or measured first."""
         spec = self.run_.spec
         self.began = datetime.now(timezone.utc).replace(microsecond=0)  # a baseline stored before it was reused
-        if not (spec.compare_baseline and self.run_.optimizations):
+        if not spec.compare_baseline:  # settled: set only where the run applies a technique
             return None
         return stored_or_run(spec.baseline(), self.out, self.progress, replace=self.force)
 

@@ -46,10 +46,10 @@ def prepare(
     devices), the memory lower bound on ``device`` (the run's own, placed device; else the spec's), unless
     ``check_memory`` is False (a launcher: each rank checks its own GPU). Raises DiffmeterError with the reason."""
     entry = entry_of(spec)
-    asked = spec
+    compared = spec.compare_baseline
     spec = spec.settle(entry, here=here)
     settled = []
-    if asked.compare_baseline and not spec.compare_baseline:
+    if compared and not spec.compare_baseline:
         settled.append(
             "--compare-baseline: nothing compared, the run applies no technique and is its own baseline (a LoRA, a "
             "ControlNet, a size or a dtype is part of the generation, not a technique)"

@@ -129,7 +129,7 @@ def _baselines(planned: list[PlannedCell], here: bool, statuses: tuple[str, ...]
     found = []
     for cell in planned:
         spec = cell.run.spec if cell.run else None
-        if cell.status not in statuses or spec is None or not spec.compare_baseline or not cell.run.optimizations:
+        if cell.status not in statuses or spec is None or not spec.compare_baseline:
             continue
         try:
             found.append(prepare(spec.baseline(), here=here))
@@ -185,7 +185,7 @@ def job_of(run: PreparedRun) -> Job:
     """The job that runs ``run``: the GPUs it needs, the baseline it compares with and, for a parallel run, the
     one-device run its scaling is against."""
     baseline = None
-    if run.spec.compare_baseline and run.optimizations:
+    if run.spec.compare_baseline:
         try:
             baseline = prepare(run.spec.baseline(), here=False).name
         except DiffmeterError:
