@@ -365,3 +365,23 @@ def test_the_reports_pareto_frontier_joins_runs_of_one_output_size_only(runs, tm
     assert len(sizes) == 2 and set(lines) == {f"tiny-sd at {size}: Pareto frontier" for size in sizes}
     (only,) = lines["tiny-sd at 16x16: Pareto frontier"].x  # its one run: not joined to the larger ones
     assert only == frame[frame.folder == small.name].s_per_image.item()
+
+
+def test_a_run_of_other_settings_is_not_sped_up_against_a_baseline_and_says_its_settings(cli, tmp_path):
+    """True CFG (two denoiser calls a step) and a shorter text are other generations: a fused run of either is not
+    compared with the plain baseline, whose settings the table's columns showed alike (a new user read "33.3x
+    faster"); the same fused run at the baseline's settings is, and the table names what tells them apart."""
+    flux = {"model": "tiny-flux", "steps": 1, "iterations": 2, "device": "cpu"}
+    fused = [parse_opt("fuse-qkv")]
+    bench(BenchSpec(**flux), out=tmp_path)
+    bench(BenchSpec(**flux, optimizations=fused, true_cfg_scale=4.0), out=tmp_path)
+    bench(BenchSpec(**flux, optimizations=fused, max_sequence_length=16), out=tmp_path)
+    bench(BenchSpec(**flux, optimizations=fused), out=tmp_path)
+    frame = diffmeter.load_results(tmp_path).set_index("settings")
+    assert pandas.isna(frame.loc["true-cfg-4"].speedup_against) and math.isnan(frame.loc["true-cfg-4"].speedup)
+    assert math.isnan(frame.loc["max-sequence-length-16"].speedup)
+    plain = frame.loc[""]
+    compared = plain[plain.optimizations == "fuse-qkv"].iloc[0]
+    assert compared.speedup_against == "same settings" and compared.speedup > 0
+    code, out, _ = cli("table", tmp_path)
+    assert code == 0 and "other settings" in out and "true-cfg-4" in out and "max-sequence-length-16" in out

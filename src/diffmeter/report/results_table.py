@@ -69,6 +69,7 @@ def results_table(frame, title: str) -> FittedTable:
     """The key columns of a ``load_results`` frame; per image, per video, or per output where it has both."""
     records = frame.to_dict(orient="records")
     word = outputs.noun(records)
+    settings = any(row["settings"] for row in records)  # what tells apart runs the other columns show alike
     table = FittedTable(
         escape(title),
         [
@@ -78,6 +79,7 @@ def results_table(frame, title: str) -> FittedTable:
             Column("steps", drop=3),
             Column("dtype", justify="left", drop=2),
             Column("optimizations", justify="left", drop=7),
+            *([Column("other settings", justify="left", drop=7)] if settings else []),
             Column("status", justify="left"),
             Column(f"s / {word} (median)"),
             Column("p90", drop=1),
@@ -107,6 +109,7 @@ def results_table(frame, title: str) -> FittedTable:
             str(row["steps"]),
             row["dtype"],
             escape(row["optimizations"] or "none"),
+            *([escape(row["settings"].replace("+", ", ") or "-")] if settings else []),
             status,
             _or_dash(row["s_per_image"], units.seconds) + (" (noisy)" if noise_lines([row]) else ""),
             _or_dash(row["s_per_image_p90"], units.seconds),
@@ -121,15 +124,16 @@ def results_table(frame, title: str) -> FittedTable:
             _scaling(row),
         )
     ladder = LADDER_NOTE if any(map(_ladder_rung, records)) else ""
+    other = "other settings: what else changes the generation, as the run folder names it; " if settings else ""
     captions = [
-        f"s / {word}: median call latency / {word}s per call (p90 likewise); peak memory: CUDA max allocated, else "
-        f"process peak RSS; J / {word}: GPU energy (Zeus); MFU: the denoising loop's; denoise share: of the mean "
-        "call, as show's; PSNR/SSIM: against the "
-        f"unoptimized outputs at the same seeds; speed-up: per {word} against the unoptimized run of the same "
-        f"settings{ladder}, the Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney "
-        "interval, within noise when that holds 1x or the estimate is within 5% of it; (noisy): the run's (or its "
-        f"baseline's) timings were noisy, as noted below; scaling: a parallel run's s / {word} speed-up over the "
-        "one-device run of the same spec (ratio of medians) and its share of the processes (scaling efficiency), "
+        f"{other}s / {word}: median call latency / {word}s per call (p90 likewise); peak memory: CUDA max "
+        f"allocated, else process peak RSS; J / {word}: GPU energy (Zeus); MFU: the denoising loop's; denoise "
+        "share: of the mean call, as show's; PSNR/SSIM: against the unoptimized outputs at the same seeds; "
+        f"speed-up: per {word} against the unoptimized run of the same settings (every one, the seed aside){ladder}, "
+        "the Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney interval, within noise "
+        "when that holds 1x or the estimate is within 5% of it; (noisy): the run's (or its baseline's) timings were "
+        f"noisy, as noted below; scaling: a parallel run's s / {word} speed-up over the one-device run of the same "
+        "spec (ratio of medians) and its share of the processes (scaling efficiency), "
         "(within noise) when the speed-up rule's interval on the same two runs holds 1x"
     ]
     failed = [f"failed, {row['folder']}: {reason_line(row['error'])}" for row in records if row["status"] == "failed"]

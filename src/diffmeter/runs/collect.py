@@ -29,6 +29,8 @@ COLUMNS: dict[str, str] = {
     "input_images": "input images (editing, image-to-video) as WxH, joined by + (empty: text-to-image)",
     "lora": "the LoRA on the denoiser: rank N or its file, fused or unfused (empty: none)",
     "controlnet": "the ControlNet steering the denoiser (empty: none)",
+    "settings": "the other settings that change what is generated, as the run folder names them, joined by + "
+    "(true-cfg-4, max-sequence-length-16, a LoRA, input images, component dtypes, prompts; empty: none)",
     "dtype": "float16 | bfloat16 | float32",
     "device": "cuda:N or cpu, as run",
     "hardware": "the GPU's name, or the CPU's for CPU runs",
@@ -85,22 +87,17 @@ COLUMNS: dict[str, str] = {
 #: how the noise columns join their notes (a note may hold "; ")
 NOTES_JOINER = " | "
 
-#: the settings that make two runs the same generation (a run and its unoptimized baseline)
-_SAME_GENERATION = (
+#: spec fields that do not change what a run generates: how it was measured, its techniques (what a speed-up is
+#: of), the seed (the same work), and the model as named (the row's resolved name stands for it)
+_NOT_GENERATION = (
+    *storage.MEASURED_BY,
+    "optimizations",
+    "tf32",
+    "seed",
+    "save_images",
+    "memory_check",
+    "predict",
     "model",
-    "width",
-    "height",
-    "frames",
-    "batch",
-    "steps",
-    "guidance",
-    "input_images",
-    "lora",
-    "controlnet",
-    "dtype",
-    "device",
-    "weights",
-    "parallel",
 )
 
 
@@ -159,6 +156,7 @@ def row(result: BenchResult, folder: str) -> dict[str, Any]:
         input_images=sizes_text(spec.image_sizes, "+"),
         lora=spec.lora_text,
         controlnet=spec.controlnet or "",
+        settings="+".join(storage.other_settings(spec)),
         dtype=spec.dtype,
         device=spec.device,
         hardware=hardware(result),
@@ -233,7 +231,7 @@ def add_speedups(
     unoptimized: dict[tuple, list[BenchResult]] = {}
     for row, result in zip(table, results, strict=True):
         if row["status"] == "complete" and not row["optimizations"] and result.folder is not None:
-            unoptimized.setdefault(_generation(row), []).append(result)
+            unoptimized.setdefault(_generation(row, result), []).append(result)
     for row, result in zip(table, results, strict=True):
         if row["status"] != "complete":
             continue
@@ -251,7 +249,7 @@ def add_speedups(
             continue
         apart = None
         if baseline is None and folder is not None:
-            candidates = unoptimized.get(_generation(row), [])
+            candidates = unoptimized.get(_generation(row, result), [])
             near = [c for c in candidates if _resolved(c.folder).parent == folder.parent]
             baseline = (near or (candidates if len(candidates) == 1 else [None]))[0]
             apart = None if near or baseline is None else f"baseline: stored apart, in {baseline.folder}"
@@ -300,8 +298,12 @@ def _named_baseline(result: BenchResult, by_folder: dict[Path, BenchResult]) -> 
     return None
 
 
-def _generation(row: dict[str, Any]) -> tuple:
-    return tuple(row[key] for key in _SAME_GENERATION)
+def _generation(row: dict[str, Any], result: BenchResult) -> tuple:
+    """What makes two runs the same generation (a run and its unoptimized baseline): the model and its weights,
+    and every setting of the spec but ``_NOT_GENERATION`` (true CFG and the text length too, not only the
+    table's columns)."""
+    settings = {k: v for k, v in result.spec.model_dump(mode="json").items() if k not in _NOT_GENERATION}
+    return row["model"], row["weights"], json.dumps(settings, sort_keys=True)
 
 
 def load_results(directory: str | Path, skipped: list[str] | None = None):

@@ -47,24 +47,47 @@ def run_name(spec: BenchSpec, entry: PipelineEntry, optimizations: list[str] | t
         *([f"frames-{spec.num_frames}"] if spec.num_frames else []),
         f"steps-{spec.steps}",
         f"guidance-{spec.guidance_scale:g}",
-        *([f"true-cfg-{spec.true_cfg_scale:g}"] if spec.true_cfg_scale is not None else []),
-        *_images(spec),
-        *([f"controlnet-{slug(spec.controlnet, 40)}"] if spec.controlnet else []),
-        *_control(spec),
-        *_lora(spec),
+        *_true_cfg(spec),
+        *_conditions(spec),
         f"seed-{spec.seed}",
         spec.dtype,
-        *(f"{slug(name)}-{dtype}" for name, dtype in sorted(spec.component_dtypes.items())),
+        *_component_dtypes(spec),
         spec.device.replace(":", ""),
         *(["random-weights"] if spec.random_weights else []),
-        *([f"max-sequence-length-{spec.max_sequence_length}"] if spec.max_sequence_length else []),
-        *([f"cfg-trunc-{spec.cfg_trunc_ratio:g}"] if spec.cfg_trunc_ratio is not None else []),
-        *(["no-binning"] if spec.resolution_binning is False else []),
+        *_call_options(spec),
         *_prompts(spec),
         *parallel_parts(spec),
         *(f"opt-{slug(name)}" for name in optimizations),
     ]
     return "+".join(parts)
+
+
+def other_settings(spec: BenchSpec) -> list[str]:
+    """``run_name``'s parts that a table's columns do not show (``true-cfg-4``, ``lora-r8``, ``prompt-...``)."""
+    return [*_true_cfg(spec), *_conditions(spec), *_component_dtypes(spec), *_call_options(spec), *_prompts(spec)]
+
+
+def _true_cfg(spec: BenchSpec) -> list[str]:
+    return [f"true-cfg-{spec.true_cfg_scale:g}"] if spec.true_cfg_scale is not None else []
+
+
+def _conditions(spec: BenchSpec) -> list[str]:
+    """Input images, a ControlNet and its options, a LoRA."""
+    controlnet = [f"controlnet-{slug(spec.controlnet, 40)}"] if spec.controlnet else []
+    return [*_images(spec), *controlnet, *_control(spec), *_lora(spec)]
+
+
+def _component_dtypes(spec: BenchSpec) -> list[str]:
+    return [f"{slug(name)}-{dtype}" for name, dtype in sorted(spec.component_dtypes.items())]
+
+
+def _call_options(spec: BenchSpec) -> list[str]:
+    """The text length, Lumina's CFG truncation and resolution binning, where given."""
+    return [
+        *([f"max-sequence-length-{spec.max_sequence_length}"] if spec.max_sequence_length else []),
+        *([f"cfg-trunc-{spec.cfg_trunc_ratio:g}"] if spec.cfg_trunc_ratio is not None else []),
+        *(["no-binning"] if spec.resolution_binning is False else []),
+    ]
 
 
 #: the settings of how a run was measured, which its folder's name does not hold: a stored result measured otherwise

@@ -26,6 +26,7 @@ SUMMARY = (
     ("dtype", "dtype", str),
     ("hardware", "hardware", str),
     ("optimizations", "optimizations", lambda v: v or "none"),
+    ("settings", "other settings", lambda v: v.replace("+", ", ") or "none"),  # shown where a run has some
     ("parallel", "parallel", lambda v: v or "one process"),  # shown where a run used several
     ("status", "status", str),
     ("s_per_image", "time / {word} (median)", units.seconds),
@@ -154,7 +155,8 @@ def _summary(runs: list[Run]) -> str:
     parallel = any(run.row["processes"] > 1 for run in runs)
     hidden = {"frames"} if not videos else set()
     hidden |= {"parallel"} if not parallel else set()
-    columns = [column for column in SUMMARY if column[0] not in hidden]  # no empty frames or parallel column
+    hidden |= {"settings"} if not any(run.row["settings"] for run in runs) else set()
+    columns = [column for column in SUMMARY if column[0] not in hidden]  # no empty frames, parallel or settings
     head = "".join(f"<th>{html.escape(header.format(word=word))}</th>" for _, header, _ in columns)
     rows = []
     for run in sorted(runs, key=lambda run: run.row["folder"]):

@@ -11,7 +11,9 @@ from diffmeter import units
 from diffmeter.report.html.plot_style import Colors, Figure, layout, measured
 from diffmeter.report.html.study import Run, Study, told_apart
 
-SETTINGS = ("model", "weights", "hardware", "dtype", "steps", "optimizations", "guidance")
+SETTINGS = ("model", "weights", "hardware", "dtype", "steps", "optimizations", "guidance", "settings", "parallel")
+#: where a group's key continues after SETTINGS: (width, height, frames) or (batch, frames)
+AFTER = len(SETTINGS)
 
 
 def scaling(study: Study) -> list[Figure]:
@@ -135,8 +137,8 @@ def _names(groups: dict[tuple, list[Run]], short) -> dict[tuple, str]:
 
 
 def _batch_name(key: tuple) -> str:
-    return f"{key[0]} {key[7]}x{key[8]} {key[5] or 'unoptimized'}"
+    return f"{key[0]} {key[AFTER]}x{key[AFTER + 1]} {key[5] or 'unoptimized'}"
 
 
 def _size_name(key: tuple) -> str:
-    return f"{key[0]} b{key[7]} {key[5] or 'unoptimized'}"
+    return f"{key[0]} b{key[AFTER]} {key[5] or 'unoptimized'}"

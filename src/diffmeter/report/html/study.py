@@ -33,6 +33,7 @@ DISTINGUISHING = {
     "seed": lambda seed: f"seed {seed}",
     "hardware": str,
     "weights": lambda weights: f"{weights} weights",
+    "settings": lambda settings: settings.replace("+", ", ") or "no other settings",
 }
 
 
