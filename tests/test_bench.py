@@ -164,6 +164,21 @@ def test_out_of_memory_is_stored_as_a_failed_result(tmp_path):
     assert failed.load_s > 0
 
 
+def test_a_pipeline_call_that_raises_is_a_failed_result_quoting_its_reason_in_one_line(cli, tmp_path):
+    """StableDiffusionPipeline hands the UNet's float32 latents to a bfloat16 VAE unchanged: the call raised, and
+    bench printed a whole traceback (a new user's trial). Now the run is stored as failed with the real reason, and
+    the terminal gets one line naming the option."""
+    code, out, err = cli(
+        "bench", "tiny-sd", "--steps", "1", "--iterations", "1", "--component-dtype", "vae=bfloat16", "--out", tmp_path
+    )
+    assert code != 0 and "Traceback" not in err + out and len(err.strip().splitlines()) == 1
+    assert "--component-dtype vae=bfloat16" in err and "bias type" in err
+    (folder,) = tmp_path.iterdir()
+    failed = read_result(folder)
+    assert failed.status == "failed" and "RuntimeError" in failed.error and failed.summary is None
+    assert "Traceback" in (folder / "bench.log").read_text()
+
+
 def test_committed_json_schema_is_current():
     from pathlib import Path
 

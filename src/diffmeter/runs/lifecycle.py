@@ -117,6 +117,7 @@ class MeasuredRun:
         run = self.run_
         spec, device = run.spec, self.place.device
         self.device, self.base, self.applied, self.pipe, self.figures = device, result_fields(run), [], None, {}
+        calling = False  # in the pipeline's own calls: an error there is the run's failure, stored with its reason
         self.base["spec"] = spec.model_copy(update={"device": str(device)})  # a rank's own GPU, whatever spec says
         self.log.info("spec %s", spec.model_dump_json())
         self.log.info("weights: %s", run.source.describe())
@@ -125,6 +126,7 @@ class MeasuredRun:
                 self.link()
                 self.load()
                 self.apply()
+                calling = True
                 with self.timer:
                     self.warm_up()
                     self.measure_calls()
@@ -134,11 +136,12 @@ class MeasuredRun:
                         self.figures["trace"] = calls.traced_call(
                             self.pipe, self.timer, self.workload, self.staging, self.contexts, device
                         )
-        except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError) as error:
-            if not out_of_memory(error):
+        except Exception as error:
+            if not out_of_memory(error) and (not calling or isinstance(error, DiffmeterError)):
                 raise
-            message = f"out of memory on {device}: {(str(error) or type(error).__name__).splitlines()[0]}"
-            self.log.error(message)
+            message = call_failure(error, device, spec) if not out_of_memory(error) else None
+            message = message or f"out of memory on {device}: {(str(error) or type(error).__name__).splitlines()[0]}"
+            self.log.exception(message)
             return BenchResult(status="failed", error=message, load_s=self.figures.get("load_s"), **self.base)
         finally:
             for optimization in reversed(self.applied):
@@ -378,3 +381,19 @@ def _strict_fp32(device: torch.device):
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def call_failure(error: Exception, device: torch.device, spec: BenchSpec) -> str:
+    """A pipeline call that raised, as the run's stored failure: the error's type and first line, and the
+    components asked at other dtypes where the error is one of mixed dtypes (a pipeline that does not cast its
+    latents for a VAE at another dtype)."""
+    first = (str(error) or type(error).__name__).splitlines()[0]
+    message = f"the pipeline's call raised {type(error).__name__} on {device}: {first}"
+    mixed = "dtype" in first or ("type" in first and "same" in first)
+    if spec.component_dtypes and mixed:
+        asked = ", ".join(f"{name}={dtype}" for name, dtype in sorted(spec.component_dtypes.items()))
+        message += (
+            f" (--component-dtype {asked}: this pipeline does not cast between its components' dtypes; drop it to "
+            f"run every component at {spec.dtype})"
+        )
+    return message + "; its traceback is in the run's bench.log"
