@@ -51,6 +51,7 @@ class Summary(BaseModel):
     images: int
     latency_s: Stats
     stages_s: dict[str, Stats]
+    #: one denoising step: statistics over the measured calls of each call's median step (n: calls)
     step_s: Stats
     images_per_s: float
     s_per_image: float

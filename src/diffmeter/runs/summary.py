@@ -33,7 +33,9 @@ def summarize_run(
     totals = [it.total_s for it in iterations]
     images = sum(it.images for it in iterations)
     stages = {name: Stats.of([getattr(it.stages, f"{name}_s") for it in iterations]) for name in (*STAGES, "other")}
-    step = Stats.of([s for it in iterations for s in it.stages.steps_s] or [0.0])
+    # one figure per call, each call's median step: a call's steps share its state (where its memory landed, the
+    # machine's load), so pooled they would give an interval as if they were independent samples
+    step = Stats.of([statistics.median(it.stages.steps_s) for it in iterations if it.stages.steps_s] or [0.0])
     flops = {stage: _flops(profile, role) for role, stage in STAGE_OF_ROLE.items()}
     flops.update(step=flops["denoising"] // (profile.denoiser_steps or spec.steps), total=profile.total_flops)
     seconds = {name: stats.median for name, stats in stages.items()}
