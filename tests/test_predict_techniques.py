@@ -221,6 +221,14 @@ def test_a_card_sold_in_several_memory_sizes_takes_its_size_from_memory(cli):
     assert found["settings"]["model"] == "tiny-flux" and found["settings"]["steps"] is None  # the model's default
 
 
+def test_profile_on_a_card_of_several_memory_sizes_says_it_does_not_judge_the_fit(cli):
+    """profile --gpu "V100 SXM2" ended its memory table without a verdict or a word on why (a new user's trial)."""
+    code, out, err = cli("profile", "tiny-flux", "--gpu", "v100 sxm2")
+    assert code == 0, err
+    said = " ".join(out.split())
+    assert "not judged" in said and "comes in several memory sizes" in said and "--memory 32GB" in said
+
+
 def test_a_vae_without_tiling_is_offered_none():
     # Kandinsky 3's VQModel inherits diffusers' enable_tiling, which raises NotImplementedError for it
     prediction = predict_memory(ProfileSpec(model="tiny-kandinsky3"))

@@ -102,6 +102,11 @@ def memory_table(
         if not fits:  # what would: offloading, quantization, VAE modes, each predicted
             command = fit_command or "diffmeter fit MODEL --gpu NAME"
             table.caption = f"does not fit: `{escape(command)}` lists the memory settings that do"
+    elif gpu is not None:  # a card sold in several memory sizes (the V100's 16 and 32 GB)
+        command = f"{fit_command or 'diffmeter fit MODEL --gpu NAME'} --memory 32GB"
+        table.add_row(escape(gpu.name), "not judged", "", "", "", "", style="yellow")
+        sizes = f"not judged: the {escape(gpu.name)} comes in several memory sizes"
+        table.caption = f"{sizes}; `{escape(command)}` judges one"
     gguf = GGUF_LINE if any(t.startswith("quantize-gguf-") for t in techniques) else None
     if prediction.checked or gguf:
         table.caption = "\n".join(filter(None, (escape(prediction.checked or ""), table.caption, escape(gguf or ""))))
