@@ -185,6 +185,27 @@ def test_no_cell_starts_after_an_interrupt(tmp_path):
     assert ran == ["cell-0"]
 
 
+def test_a_cell_stored_before_ctrl_c_reached_the_sweep_is_recorded_done(tmp_path):
+    """Ctrl-C after a cell stored its result but before the sweep heard of it left the cell "pending" in the sweep's
+    record (a new user's trial: results.json at 08:18:31, the record rewritten at 08:18:33 still pending)."""
+
+    class StoredThenStopped(InProcessExecutor):
+        def map(self, jobs, started, finished):
+            from diffmeter.runs.lifecycle import bench
+
+            if not jobs:  # the phase of baselines: none here
+                return
+            bench(jobs[0].spec, out=self.out)
+            raise KeyboardInterrupt  # the cell's process ended with its result stored; the sweep is stopped
+
+    out = tmp_path / "out"
+    sweep = SweepFile(name="stopped", axes={"model": ["tiny-sd"], "batch_size": [1, 2]}, fixed=FAST)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(sweep, out, StoredThenStopped(out))
+    cells = json.loads((out / "sweep-stopped.json").read_text())["cells"]
+    assert [cell["status"] for cell in cells] == ["done", "pending"]
+
+
 def test_a_parallel_cell_gets_a_gpu_per_process_and_no_gpu_is_shared(tmp_path):
     """A parallel cell on CUDA (ulysses 2: 2 processes) was given one GPU slot, so its ranks found 1 GPU visible
     and the cell failed though the machine had more. Each cell now takes as many free slots as it needs GPUs, in

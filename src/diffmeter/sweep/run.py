@@ -214,7 +214,16 @@ def _run_phase(phase: list[_Work], executor, out: Path, record: rec.SweepRecord,
 
     try:
         executor.map([work.job for work in phase], started, finished)
-    finally:
+    finally:  # stopped (Ctrl-C): a cell that stored its result before its process was told of it is not pending
+        for work in phase:
+            stored, error = (
+                stored_result(out / work.job.name)
+                if _stamp(out / work.job.name) != previous[work.job.name]
+                else (None, None)
+            )
+            for cell in work.records:
+                if cell.status == rec.PENDING and stored in ("complete", "failed"):
+                    cell.status, cell.reason = (rec.DONE, None) if stored == "complete" else (rec.FAILED, error)
         rec.save(record, out)
 
 
