@@ -333,10 +333,14 @@ def test_target_precision_measures_until_the_median_is_known_that_well(tmp_path)
     # reached, or (a neighbour's load on a shared machine can keep even +-50% out of reach) said so at the cap
     reached = loose.summary.latency_s.relative_ci <= 0.5
     assert reached or any("--target-precision 0.5 not reached" in n for n in loose.notes)
+    said = []
     tight, _ = bench(
-        BenchSpec(model="tiny-dit", steps=1, iterations=1, target_precision=1e-9, max_iterations=7), out=tmp_path / "b"
+        BenchSpec(model="tiny-dit", steps=1, iterations=1, target_precision=1e-9, max_iterations=7),
+        out=tmp_path / "b",
+        progress=lambda what, done, total: said.append((what, done, total)),
     )
     assert tight.summary.latency_s.n == 7 and any("--target-precision 1e-09 not reached" in n for n in tight.notes)
+    assert said[-1] == ("measuring", 8, 8)  # the warm-up and the 7 calls measured, not the 2 planned ("2 of 2")
 
 
 def test_stage_shares_add_up_and_videos_are_counted_as_videos(cli, tmp_path):

@@ -263,7 +263,8 @@ class MeasuredRun:
                     images += calls.save_images(outputs(output), batch, index, self.staging)
             energy_loop = self.meter.end(loop)
         self.conditions = monitor.stop()
-        self.progress("measuring", self.planned, self.planned)
+        done = len(self.figures["warmup_s"]) + len(iterations)  # more than planned where --target-precision asked
+        self.progress("measuring", done, done)
         self.compilation, self.energy = compilation, (energy if self.meter.available else [], energy_loop)
         self.figures.update(iterations=iterations, images=images)
 
