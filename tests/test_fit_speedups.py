@@ -208,3 +208,19 @@ def test_fit_json_holds_the_generation_as_fitted_beside_as_asked(cli):
     assert code == 0 and found["settings"]["steps"] is None
     resolved = found["resolved"]
     assert (resolved["width"], resolved["height"], resolved["steps"], resolved["dtype"]) == (1024, 1024, 50, "bfloat16")
+
+
+def test_a_reduce_overhead_row_predicted_as_its_default_mode_twin_is_said_once(cli):
+    """FLUX.1-dev on an H100 is GPU-bound: CUDA graphs remove launches its work already hides, so compile's two
+    modes were two identical rows (a new user's trial). The table keeps one and says why; --json and
+    --all-settings keep both. tiny-flux, host-bound, keeps both in the table (the test above)."""
+    code, out, _ = cli("fit", "flux-dev", "--gpu", "h100", "--json")
+    rows = {tuple(row["techniques"]): row for row in json.loads(out)["fits"]}
+    assert code == 0 and rows[("compile-reduce-overhead",)]["expected_s"] == rows[("compile",)]["expected_s"]
+    code, out, _ = cli("fit", "flux-dev", "--gpu", "h100")
+    said = " ".join(out.split())
+    cells = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
+    assert code == 0 and "compile:mode=default" in cells and "compile:mode=reduce-overhead" not in cells
+    assert "compile:mode=reduce-overhead rows left out: each predicted as its mode=default row" in said
+    code, out, _ = cli("fit", "flux-dev", "--gpu", "h100", "--all-settings")
+    assert code == 0 and "compile:mode=reduce-overhead" in out and "rows left out" not in out

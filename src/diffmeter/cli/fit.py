@@ -184,6 +184,7 @@ def fit(
     from diffmeter.runs.fit_speedups import (
         SettingWork,
         bench_flags,
+        graphs_as_default,
         is_speedup,
         optimization,
         ranked,
@@ -277,6 +278,8 @@ def fit(
         }
         print(json.dumps(payload, indent=2))
         return
+    as_default = [] if all_settings else graphs_as_default(rows, timings)  # --all-settings: every row
+    rows = [row for row in rows if row[0] not in as_default]
     shown = rows if all_settings else rows[:TOP]
     table = fit_table(  # the output's size is profile's to state: input images, binning or rounding may set it
         f"{model} ({settled.steps} steps, batch {settled.batch_size})",
@@ -292,6 +295,12 @@ def fit(
         skips,
         held_out_claims(plain, [chosen for chosen, _, _ in shown if expected.get(chosen)]) if expected else None,
     )
+    if as_default:
+        table.caption += (
+            f"\n{len(as_default)} compile:mode=reduce-overhead rows left out: each predicted as its mode=default row, "
+            "to the same peak and times (the GPU's work already hides the launches CUDA graphs remove; their memory "
+            "pool is not counted); --all-settings lists them"
+        )
     console.print(table)
 
 

@@ -208,3 +208,19 @@ def ranked(rows: list, times: dict[tuple[str, ...], Timed]) -> list:
         return (middle is None, middle if middle is not None else (row[2] if row[2] is not None else float("inf")))
 
     return sorted(rows, key=key)
+
+
+def graphs_as_default(rows: list, times: dict[tuple[str, ...], Timed]) -> list[tuple[str, ...]]:
+    """The settings with compile's CUDA graphs (reduce-overhead) predicted as the same setting in compile's default
+    mode, to the same peak and times: the GPU's work already hides the host's launches the graphs remove, so the row
+    says nothing its default-mode twin does not (and the graphs' memory pool is not counted)."""
+    found = {row[0]: row for row in rows}
+    same = []
+    for chosen, peak, lower in rows:
+        if "compile-reduce-overhead" not in chosen:
+            continue
+        twin = tuple("compile" if t == "compile-reduce-overhead" else t for t in chosen)
+        expected = [times[c].time.expected_s if c in times and times[c].time else None for c in (chosen, twin)]
+        if twin in found and found[twin][1:] == (peak, lower) and expected[0] == expected[1]:
+            same.append(chosen)
+    return same
