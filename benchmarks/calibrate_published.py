@@ -61,6 +61,11 @@ def energy_lines(architecture: str, energy: list[EnergyRun], timed: list[Publish
     held = leave_one_model_out(energy, timed)
     stats = summary(held)
     idle = f", {power.idle:.2f} x TDP while it waits for the host" if power.idle is not None else ""
+    if power.idle is not None and power.idle < 0.005:  # at the least-squares bound: a waiting card draws some
+        idle += (
+            " (the fit's bound: these runs' energy is explained by their busy time alone; a waiting card draws "
+            "some, so a host-bound run's may be predicted low)"
+        )
     said = (
         f"average board power {power.fraction:.2f} x TDP while the GPU is busy{idle}, fitted on {len(energy)} "
         f"published runs' energy ({', '.join(sorted({e.run.source for e in energy}))}); held out a model at a time: "
