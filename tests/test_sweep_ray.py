@@ -2,6 +2,7 @@
 and Ray missing named as its extra."""
 
 import importlib.util
+import os
 import sys
 import threading
 import time
@@ -12,6 +13,7 @@ import pytest
 from sweep_executors import FAST, stored
 from test_sweep import corrupt_folder
 
+from diffmeter.errors import DiffmeterError
 from diffmeter.runs.storage import read_result
 from diffmeter.sweep.file import SweepFile
 from diffmeter.sweep.run import run_sweep
@@ -55,14 +57,21 @@ def test_the_ray_executor_runs_cells_as_tasks_and_ships_results_back(tmp_path):
         assert sorted(run["status"] for run in runs.values()) == ["complete", "failed"]
         (complete,) = [name for name, run in runs.items() if run["status"] == "complete"]
         assert read_result(out / complete).summary.iterations == 1 and (out / complete / "bench.log").is_file()
+        # the driver's OMP_NUM_THREADS, not Ray's (the task's CPUs, which every rank of a parallel cell then ran)
+        variables = read_result(out / complete).environment.variables
+        assert variables.get("OMP_NUM_THREADS") == os.environ.get("OMP_NUM_THREADS")
         resumed = run_sweep(sweep, out, executor, here=False)
         assert [cell.status for cell in resumed.cells] == ["skipped", "failed"]
-        # a cell needing more GPUs than any node has: failed with why, where Ray would wait for such a node for ever
+        # CUDA cells on a cluster without a GPU: refused before any runs, where Ray would wait for such a node for
+        # ever, and failed results of cells that never ran (asking to "lower the parallel degrees" of one-GPU cells)
+        # would stay in the study
         wide = SweepFile(
-            name="wide", axes={"model": ["tiny-flux"]}, fixed={**FAST, "device": "cuda", "ulysses_degree": 2}
+            name="wide", axes={"model": ["tiny-flux"], "ulysses_degree": [1, 2]}, fixed={**FAST, "device": "cuda"}
         )
-        (cell,) = run_sweep(wide, out, executor, here=False).cells
-        assert cell.status == "failed" and "needs 2 GPUs on one node" in cell.reason and "has 0" in cell.reason
+        before = set(stored(out))
+        with pytest.raises(DiffmeterError, match="cells of this sweep run on CUDA .* the Ray cluster has no GPU"):
+            run_sweep(wide, out, executor, here=False)
+        assert set(stored(out)) == before
 
         killed = []
 

@@ -78,6 +78,13 @@ class RayExecutor:
         nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
         node_cpus = max((int(node.get("CPU", 0)) for node in nodes), default=1)
         node_gpus = max((int(node.get("GPU", 0)) for node in nodes), default=0)
+        jobs = list(jobs)
+        if node_gpus == 0 and any(job.gpus for job in jobs):
+            # refused before any runs: failed results for cells that never ran would stay in the study
+            raise DiffmeterError(
+                "cells of this sweep run on CUDA (its device, or the default where --ray names a cluster) and the Ray "
+                "cluster has no GPU: set device: cpu in the sweep file, or add a node with GPUs"
+            )
         for job in jobs:
             if job.gpus > node_gpus:  # Ray would wait for such a node for ever
                 started(job)
@@ -93,7 +100,7 @@ class RayExecutor:
             # other cell beside it, on the largest nodes (alike ones, its timings comparable); a GPU cell its GPUs
             cpus = 1 if job.gpus else node_cpus
             ref = self._task.options(num_gpus=job.gpus, num_cpus=cpus).remote(
-                job.spec.model_dump_json(), job.name, reads, self.timeout_s
+                job.spec.model_dump_json(), job.name, reads, self.timeout_s, os.environ.get("OMP_NUM_THREADS")
             )
             pending[ref] = job
             started(job)
@@ -115,10 +122,17 @@ class RayExecutor:
             raise
 
 
-def run_on_node(spec_json: str, name: str, reads: bytes | None, timeout_s: float | None):
+def run_on_node(spec_json: str, name: str, reads: bytes | None, timeout_s: float | None, threads: str | None = None):
     """On a Ray worker: the cell in its own process in a scratch folder holding the stored runs it reads (its
-    baseline, a parallel run's one-device run); returns (outcome, run folders as tar bytes)."""
+    baseline, a parallel run's one-device run); returns (outcome, run folders as tar bytes). ``threads``: the
+    driver's OMP_NUM_THREADS, which the cell gets in place of Ray's (Ray sets it to the task's CPUs, every rank of a
+    parallel CPU cell then running that many threads on the node's cores, where a local sweep's ranks split them)."""
     from diffmeter.runs.spec import BenchSpec
+
+    if threads is None:  # Ray's own (ray/_private/utils.py set_omp_num_threads_if_unset: the task's CPUs)
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = threads
 
     scratch = Path(tempfile.mkdtemp(prefix="diffmeter-cell-"))
     try:
