@@ -3,8 +3,8 @@ spec stored under the same ``--out`` (the run folder named like it without the p
 
 speed-up = one-device median s/image / parallel median s/image (each call's seconds divided by the
 images it made, medians over the measured calls); efficiency = speed-up / processes. For data
-parallelism this is the images/s ratio over the degree; for context parallelism, how much of the
-ideal 1/N per image is reached.
+parallelism too it is a ratio of medians, not of the two runs' images/s (a mean over the measured calls' total
+time, which one slow call moves); for context parallelism, how much of the ideal 1/N per image is reached.
 """
 
 from __future__ import annotations
