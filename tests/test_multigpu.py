@@ -227,6 +227,10 @@ def test_data_parallel_2_gives_every_image_of_one_process_and_its_scaling(cli, t
     page = (tmp_path / "report.html").read_text()  # the two runs' rows told apart by how they ran
     assert code == 0 and "<th>parallel</th>" in page
     assert ">data-parallel-2</td>" in page and ">one process</td>" in page
+    # its scaling, as table's: the report had none (a new user's trial)
+    assert "<th>scaling</th>" in page and f"{scaling.call.speedup:.2f}x = {scaling.call.efficiency:.0%} of 2" in page
+    code, out, _ = cli("table", tmp_path)
+    assert code == 0 and "data-parallel-2" in out  # told apart from the one-process row in the terminal too
     assert rows["data-parallel-2"]["processes"] == 2 and rows[""]["scaling_efficiency"] is None
     assert rows["data-parallel-2"]["s_per_image"] == pytest.approx(stored.summary.latency_s.median / 2)  # 2 per call
 

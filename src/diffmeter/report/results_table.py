@@ -9,7 +9,7 @@ from rich.markup import escape
 from diffmeter import units
 from diffmeter.report import outputs
 from diffmeter.report.layout import Column, FittedTable
-from diffmeter.report.speedup_text import coverage_line, noise_lines, speedup_cell
+from diffmeter.report.speedup_text import coverage_line, noise_lines, scaling_cell, speedup_cell
 from diffmeter.runs.parallel_records import SUPERLINEAR, superlinear
 
 
@@ -37,15 +37,6 @@ def reason_line(reason: str | None) -> str:
     return f"{lines[0]} {(errors or lines[1:])[-1]}"
 
 
-def _scaling(row) -> str:
-    """A parallel run's speed-up over its one-device run, and that as a share of the processes."""
-    if not _present(row["scaling_speedup"]):
-        return "-" if row["processes"] == 1 else f"{row['processes']} proc."
-    text = f"{row['scaling_speedup']:.2f}x = {row['scaling_efficiency']:.0%} of {row['processes']}"
-    text += " (superlinear)" if superlinear(row["scaling_efficiency"]) else ""
-    return text + (" (within noise)" if row["scaling_verdict"] == "within noise" else "")
-
-
 LADDER_NOTE = " ((ladder): a ladder rung's, and its PSNR/SSIM, against its ladder's baseline, named below)"
 
 
@@ -65,11 +56,16 @@ def ladder_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _others(row) -> str:
+    """The parallel degrees and the other settings, as the run folder names them ("ulysses-2, true-cfg-4")."""
+    return ", ".join(filter(None, [*(row["parallel"] or "").split("+"), *(row["settings"] or "").split("+")]))
+
+
 def results_table(frame, title: str) -> FittedTable:
     """The key columns of a ``load_results`` frame; per image, per video, or per output where it has both."""
     records = frame.to_dict(orient="records")
     word = outputs.noun(records)
-    settings = any(row["settings"] for row in records)  # what tells apart runs the other columns show alike
+    settings = any(_others(row) for row in records)  # what tells apart runs the other columns show alike
     table = FittedTable(
         escape(title),
         [
@@ -109,7 +105,7 @@ def results_table(frame, title: str) -> FittedTable:
             str(row["steps"]),
             row["dtype"],
             escape(row["optimizations"] or "none"),
-            *([escape(row["settings"].replace("+", ", ") or "-")] if settings else []),
+            *([escape(_others(row) or "-")] if settings else []),
             status,
             _or_dash(row["s_per_image"], units.seconds) + (" (noisy)" if noise_lines([row]) else ""),
             _or_dash(row["s_per_image_p90"], units.seconds),
@@ -121,10 +117,11 @@ def results_table(frame, title: str) -> FittedTable:
             _psnr(row),
             _or_dash(row["ssim"], lambda v: f"{v:.4f}"),
             escape(speedup_cell(row) + (" (ladder)" if _ladder_rung(row) else "")),
-            _scaling(row),
+            scaling_cell(row),
         )
     ladder = LADDER_NOTE if any(map(_ladder_rung, records)) else ""
-    other = "other settings: what else changes the generation, as the run folder names it; " if settings else ""
+    other = "other settings: parallel degrees and what else changes the generation, as the run folder names them; "
+    other = other if settings else ""
     captions = [
         f"{other}s / {word}: median call latency / {word}s per call (p90 likewise); peak memory: CUDA max "
         f"allocated, else process peak RSS; J / {word}: GPU energy (Zeus); MFU: the denoising loop's; denoise "

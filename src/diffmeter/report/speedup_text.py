@@ -7,6 +7,7 @@ from typing import Any
 
 from diffmeter.measure.speedup import Speedup, factor_text
 from diffmeter.runs.collect import NOTES_JOINER
+from diffmeter.runs.parallel_records import superlinear
 
 
 def present(value) -> bool:
@@ -73,3 +74,12 @@ def coverage_line(rows: list[dict]) -> str | None:
         return None
     held = f"{found[0]:.1%}" if len(found) == 1 else f"{found[0]:.1%} to {found[-1]:.1%}, by their calls"
     return f"speed-up intervals' coverage (how often such an interval holds the true factor): {held} (--json per row)"
+
+
+def scaling_cell(row: dict[str, Any]) -> str:
+    """A parallel run's speed-up over its one-device run, and that as a share of the processes."""
+    if not present(row["scaling_speedup"]):
+        return "-" if row["processes"] == 1 else f"{row['processes']} proc."
+    text = f"{row['scaling_speedup']:.2f}x = {row['scaling_efficiency']:.0%} of {row['processes']}"
+    text += " (superlinear)" if superlinear(row["scaling_efficiency"]) else ""
+    return text + (" (within noise)" if row["scaling_verdict"] == "within noise" else "")

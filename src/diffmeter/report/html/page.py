@@ -12,7 +12,7 @@ from diffmeter.report.html import figures as plots
 from diffmeter.report.html.gallery import gallery_html
 from diffmeter.report.html.study import WEIGHTS_LABELS, Run, Study
 from diffmeter.report.run_table import host_link_line
-from diffmeter.report.speedup_text import coverage_line, noise_lines, speedup_cell
+from diffmeter.report.speedup_text import coverage_line, noise_lines, scaling_cell, speedup_cell
 
 #: (column of `diffmeter table`, header, how to show a value)
 SUMMARY = (
@@ -28,6 +28,7 @@ SUMMARY = (
     ("optimizations", "optimizations", lambda v: v or "none"),
     ("settings", "other settings", lambda v: v.replace("+", ", ") or "none"),  # shown where a run has some
     ("parallel", "parallel", lambda v: v or "one process"),  # shown where a run used several
+    ("scaling_efficiency", "scaling", str),  # scaling_cell: the speed-up over the one-device run, its share
     ("status", "status", str),
     ("s_per_image", "time / {word} (median)", units.seconds),
     ("images_per_s", "{word}s / s (mean)", units.figure),  # outputs.rate: "videos" beside images
@@ -154,7 +155,7 @@ def _summary(runs: list[Run]) -> str:
     videos = any(outputs.is_video(run.row) for run in runs)
     parallel = any(run.row["processes"] > 1 for run in runs)
     hidden = {"frames"} if not videos else set()
-    hidden |= {"parallel"} if not parallel else set()
+    hidden |= {"parallel", "scaling_efficiency"} if not parallel else set()
     hidden |= {"settings"} if not any(run.row["settings"] for run in runs) else set()
     columns = [column for column in SUMMARY if column[0] not in hidden]  # no empty frames, parallel or settings
     head = "".join(f"<th>{html.escape(header.format(word=word))}</th>" for _, header, _ in columns)
@@ -169,6 +170,8 @@ def _summary(runs: list[Run]) -> str:
                 text, sort = "identical", "Infinity"  # infinite PSNR: above every finite one, not with the missing
             if column == "speedup":
                 text = speedup_cell(run.row)
+            if column == "scaling_efficiency":
+                text = scaling_cell(run.row)
             if column == "images_per_s" and value is not None:
                 text = outputs.rate(value, outputs.is_video(run.row), word == "output")
             if column == "s_per_image" and value is not None and noise_lines([run.row]):

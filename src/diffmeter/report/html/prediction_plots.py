@@ -16,7 +16,7 @@ def predictions(study: Study) -> list[Figure]:
     its measured median, and predicted peak memory against the measured CUDA peak where there is one."""
     predicted = [r for r in study.runs if r.result.prediction is not None and r.result.prediction.time is not None]
     timed = [r for r in predicted if not r.result.prediction.time_left_out]  # a prediction of what ran
-    left_out = len(predicted) - len(timed)
+    left_out = _left_out([r for r in predicted if r.result.prediction.time_left_out], study)
     found = []
     if timed:
         figure = go.Figure()
@@ -67,15 +67,7 @@ def predictions(study: Study) -> list[Figure]:
                 "Each run's time predicted offline for its device "
                 f"({', '.join(devices)}): a lower bound (every operator at max(FLOPs / peak, bytes / bandwidth)) "
                 "and, where the device kind is calibrated, the expected range. Points below the dotted line are "
-                "predicted faster than measured. "
-                + (
-                    f"{left_out} run(s) left out: their speed-ups are not in the prediction, which is of the "
-                    "pipeline without them. "
-                    if left_out
-                    else ""
-                )
-                + measured_on(timed)
-                + under_caption(timed),
+                "predicted faster than measured. " + left_out + measured_on(timed) + under_caption(timed),
             )
         )
     sized = [
@@ -123,3 +115,20 @@ def under_caption(runs) -> str:
         " Measured under the roofline lower bound (no run can beat a right bound: the device's peaks are too low "
         f"or the work is overcounted): {'. '.join(under)}."
     )
+
+
+def _left_out(untimed: list, study: Study) -> str:
+    """The runs the time plot leaves out, and why: what their prediction leaves out (a technique, a parallel
+    layer's cost: it is of the run without it), or that no time was predicted (the stored note)."""
+    parts = []
+    if untimed:
+        why = sorted({item for run in untimed for item in run.result.prediction.time_left_out})
+        runs = units.counted(len(untimed), "run")
+        parts.append(f"{runs} left out, their predicted time leaving out {'; '.join(why)}")
+    none = [r for r in study.complete if r.result.prediction is None or r.result.prediction.time is None]
+    if none:
+        stored = [r.result.prediction for r in none if r.result.prediction is not None]
+        notes = sorted({note for found in stored for note in found.notes if note.startswith("no time")})
+        said = f" ({'; '.join(notes)})" if notes else " (no prediction stored)"
+        parts.append(f"{units.counted(len(none), 'run')} without a predicted time{said}")
+    return "".join(f"{part}. " for part in parts)

@@ -34,6 +34,7 @@ DISTINGUISHING = {
     "hardware": str,
     "weights": lambda weights: f"{weights} weights",
     "settings": lambda settings: settings.replace("+", ", ") or "no other settings",
+    "parallel": lambda parallel: parallel.replace("+", ", ") or "one process",
 }
 
 
