@@ -295,6 +295,16 @@ def test_prompt_dependent_families_are_profiled_with_the_real_prompts(runs):
     assert any("longest prompt" in note for note in result.notes)
 
 
+def test_the_stored_prediction_times_the_work_of_the_prompts_the_run_counted(tmp_path):
+    """Qwen-Image's compute follows its prompts' tokens: the stored profile counted the run's, the prediction timed
+    the catalog default's (the text encoder's 13x as many FLOPs: a new user's trial), and bench called the measured
+    median inside a range predicted for a heavier run."""
+    result, _ = bench(BenchSpec(model="tiny-qwenimage", steps=1, iterations=1, device="cpu"), out=tmp_path)
+    assert any("longest prompt" in note for note in result.notes)
+    for stage in result.prediction.time.stages:
+        assert stage.flops == result.summary.flops[stage.stage], stage.stage
+
+
 @pytest.mark.slow
 def test_compiled_runs_warm_up_every_prompt_shape_so_measured_calls_do_not_recompile(tmp_path):
     """Lumina 2's compute follows its prompts' token counts: each new length is a new input shape

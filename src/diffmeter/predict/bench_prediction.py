@@ -74,13 +74,15 @@ class GroupSplit(Protocol):
 
 
 def predict_run(
-    spec, optimizations: list, fp32_precision: dict | None, group: GroupSplit | None = None
+    spec, optimizations: list, fp32_precision: dict | None, group: GroupSplit | None = None, profiled=None
 ) -> RunPrediction:
     """``spec``: the settled BenchSpec; ``optimizations``: the applied ones (``AppliedOptimization``); ``group``: a
-    parallel run's (its memory and time one GPU's, with the communication)."""
+    parallel run's (its memory and time one GPU's, with the communication); ``profiled``: the ProfileSpec the run's
+    stored profile counted (its prompts' token counts, for families whose compute depends on them), else the
+    spec's."""
     device = torch.device(spec.device)
     notes = []
-    profile_spec = spec.profile_spec()
+    profile_spec = profiled or spec.profile_spec()
     techniques = [t for o in optimizations if (t := memory_technique(o.name, o.params))]
     modes = tuple(t for t in techniques if t in VAE_MODES)
     memory, work = predict_memory_and_work(profile_spec, on_cuda=device.type == "cuda", vae_modes=modes)
@@ -143,12 +145,12 @@ def predict_run(
 
 
 def predict_or_note(
-    spec, optimizations: list, fp32_precision: dict | None, group: GroupSplit | None = None
+    spec, optimizations: list, fp32_precision: dict | None, group: GroupSplit | None = None, profiled=None
 ) -> tuple[RunPrediction | None, str | None]:
-    """The prediction, or None and why it could not be made: a measured run is never lost to its prediction,
-    whatever goes wrong in it."""
+    """The prediction (``predict_run``), or None and why it could not be made: a measured run is never lost to its
+    prediction, whatever goes wrong in it."""
     try:
-        return predict_run(spec, optimizations, fp32_precision, group), None
+        return predict_run(spec, optimizations, fp32_precision, group, profiled), None
     except Exception as error:  # noqa: BLE001 - an unforeseen failure is recorded, the measurements kept
         return None, no_prediction(error)
 

@@ -191,7 +191,9 @@ class MeasuredRun:
         self.figures["load_s"] = time.perf_counter() - self.started
         self.log.info("loaded and optimized in %.3f s", self.figures["load_s"])
         run, family = self.run_, self.run_.target.family
-        self.base["profile"], note = profile_of_the_prompts(run.spec, family, self.pipe, self.workload, run.profile)
+        self.base["profile"], note, self.profiled = profile_of_the_prompts(
+            run.spec, family, self.pipe, self.workload, run.profile
+        )
         self.base["notes"] += [note] if note else []
         self.loaded = loaded_bytes(self.device)
         self.meter = EnergyMeter(self.device)
@@ -315,7 +317,9 @@ class MeasuredRun:
             return
         split, note = self.group.prediction_split()  # a group's: one GPU of it, with its communication
         if note is None:
-            result.prediction, note = predict_or_note(spec, result.optimizations, result.fp32_precision, split)
+            result.prediction, note = predict_or_note(
+                spec, result.optimizations, result.fp32_precision, split, self.profiled
+            )
         if note:
             self.log.warning(note)
             result.notes.append(note)
