@@ -125,3 +125,19 @@ def traced_call(pipe, timer, workload, folder: Path, contexts, device) -> TraceS
 
 #: progress callback: (what is happening, calls done, calls planned or None)
 Progress = Callable[[str, int, int | None], None]
+
+
+def call_failure(error: Exception, device, spec: BenchSpec) -> str:
+    """A pipeline call that raised, as the run's stored failure: the error's type and first line, and the
+    components asked at other dtypes where the error is one of mixed dtypes (a pipeline that does not cast its
+    latents for a VAE at another dtype)."""
+    first = (str(error) or type(error).__name__).splitlines()[0]
+    message = f"the pipeline's call raised {type(error).__name__} on {device}: {first}"
+    mixed = "dtype" in first or ("type" in first and "same" in first)
+    if spec.component_dtypes and mixed:
+        asked = ", ".join(f"{name}={dtype}" for name, dtype in sorted(spec.component_dtypes.items()))
+        message += (
+            f" (--component-dtype {asked}: this pipeline does not cast between its components' dtypes; drop it to "
+            f"run every component at {spec.dtype})"
+        )
+    return message + "; its traceback is in the run's bench.log"

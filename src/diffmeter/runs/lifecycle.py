@@ -139,7 +139,7 @@ class MeasuredRun:
         except Exception as error:
             if not out_of_memory(error) and (not calling or isinstance(error, DiffmeterError)):
                 raise
-            message = call_failure(error, device, spec) if not out_of_memory(error) else None
+            message = calls.call_failure(error, device, spec) if not out_of_memory(error) else None
             message = message or f"out of memory on {device}: {(str(error) or type(error).__name__).splitlines()[0]}"
             self.log.exception(message)
             return BenchResult(status="failed", error=message, load_s=self.figures.get("load_s"), **self.base)
@@ -386,19 +386,3 @@ def _strict_fp32(device: torch.device):
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def call_failure(error: Exception, device: torch.device, spec: BenchSpec) -> str:
-    """A pipeline call that raised, as the run's stored failure: the error's type and first line, and the
-    components asked at other dtypes where the error is one of mixed dtypes (a pipeline that does not cast its
-    latents for a VAE at another dtype)."""
-    first = (str(error) or type(error).__name__).splitlines()[0]
-    message = f"the pipeline's call raised {type(error).__name__} on {device}: {first}"
-    mixed = "dtype" in first or ("type" in first and "same" in first)
-    if spec.component_dtypes and mixed:
-        asked = ", ".join(f"{name}={dtype}" for name, dtype in sorted(spec.component_dtypes.items()))
-        message += (
-            f" (--component-dtype {asked}: this pipeline does not cast between its components' dtypes; drop it to "
-            f"run every component at {spec.dtype})"
-        )
-    return message + "; its traceback is in the run's bench.log"
