@@ -49,3 +49,16 @@ def test_refusals(tmp_path, cli, capsys):
         profile(NAME, image_sizes=[(48, 64), (48, 64)])
     with pytest.raises(DiffmeterError, match="takes no input image"):
         profile("tiny-hunyuanvideo15", image_sizes=[(48, 64)])
+
+
+def test_bench_refuses_a_size_the_pipeline_does_not_take(cli, tmp_path):
+    """The pipeline makes the bucket nearest the image's aspect ratio whatever --height/--width say: bench ran, named
+    the run 128x128 and stored 64x48 videos (a new user's trial). Refused in one line, nothing written; without
+    them the run is named at the size it makes."""
+    asked = ("--image-size", "96x64", "--steps", "1", "--iterations", "1", "--out", tmp_path / "out")
+    code, _, err = cli("bench", NAME, *asked, "--height", "128", "--width", "128")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+    assert "--height/--width: HunyuanVideo15ImageToVideoPipeline.__call__ takes no size" in err and "64x48" in err
+    code, _, err = cli("bench", NAME, *asked)
+    (folder,) = (tmp_path / "out").iterdir()
+    assert code == 0 and "+width-64+height-48+" in folder.name

@@ -116,6 +116,14 @@ class HunyuanVideo15(ImageConditioned, Family):
     def takes_images(self, entry) -> bool:
         return entry.pipeline_class == "HunyuanVideo15ImageToVideoPipeline"
 
+    def takes_no_size(self, entry) -> str | None:
+        if not self.takes_images(entry):
+            return None
+        return (
+            f"{entry.pipeline_class}.__call__ takes no size (diffusers 0.42.1, pipeline_hunyuan_video1_5_image2video.py"
+            ":652-674): the video is the target_size bucket nearest the input image's aspect ratio"
+        )
+
     def shapes(self, entry, spec) -> Shapes:
         """HunyuanVideo15ImageToVideoPipeline.__call__ (diffusers 0.42.1, pipeline_hunyuan_video1_5_image2video.py
         756-759) takes no height or width: the video has the size of the ``target_size`` bucket nearest the image's

@@ -84,6 +84,11 @@ class ImageConditioned:
         its default size, as without images."""
         return None
 
+    def takes_no_size(self, entry) -> str | None:
+        """Why the pipeline's ``__call__`` takes no height or width (its input image sets the output's size), so an
+        asked one would name a run by a size it never made; None where it takes one."""
+        return None
+
     def shapes(self, entry, spec) -> Shapes:
         """The family's shapes, at the size the input images set where no size was asked (``size_from_defaults``)."""
         made = image_sized(self, entry, spec)

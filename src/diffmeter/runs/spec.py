@@ -148,6 +148,12 @@ class BenchSpec(BaseModel):
         family = get_family(entry.family)
         if self.no_image:
             refuse_no_image(family, entry)
+        if (self.height or self.width) and (why := getattr(family, "takes_no_size", lambda _: None)(entry)):
+            made = family.shapes(entry, profile).spec  # the size the pipeline makes, whatever was asked
+            raise DiffmeterError(
+                f"--height/--width: {why} ({made.width}x{made.height}, WxH, here): drop them, the run is named and "
+                "rated at the size it makes"
+            )
         height, width = (image_sized(family, entry, profile) or (profile.height, profile.width))[:2]
         if not family.bins(entry, profile):
             height, width, _ = family.pipeline_size(entry, height, width)
