@@ -85,3 +85,18 @@ def test_bad_lora_options_are_one_line_exit_2(cli, tmp_path, monkeypatch, args, 
         code, _, err = cli(command, "tiny-flux", *args, *(["--out", tmp_path / "out"] if command == "bench" else []))
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, (command, err)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_lora_file_diffusers_cannot_load_on_a_quantized_denoiser_is_one_line(cli, tmp_path):
+    """diffusers' loader reads the denoiser's state dict for '...to_k.weight', which optimum-quanto's layers do not
+    hold: a whole KeyError traceback, exit 1 (a new user's trial). One line naming the file and the quantization."""
+    pipe = tiny_pipeline(resolve("tiny-flux"))
+    pipe.transformer.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["attn.to_k"]))
+    type(pipe).save_lora_weights(tmp_path / "lora", transformer_lora_layers=get_peft_model_state_dict(pipe.transformer))
+    code, _, err = cli(
+        "bench", "tiny-flux", "--quantize", "quanto:int8", "--lora", tmp_path / "lora", "--steps", "1",
+        "--iterations", "1", "--out", tmp_path / "out",
+    )  # fmt: skip
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "load_lora_weights failed on this pipeline (its denoiser quantized at load): KeyError" in err
+    assert not (tmp_path / "out").exists()

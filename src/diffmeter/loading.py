@@ -206,7 +206,23 @@ def attach_lora(pipe, denoiser: str, targets: tuple[str, ...], rank: int | None,
             "a LoRA runs through peft, which is not installed: pip install 'diffmeter[lora]'"
         ) from None
     if path is not None:
-        pipe.load_lora_weights(str(Path(path).expanduser()))
+        try:
+            pipe.load_lora_weights(str(Path(path).expanduser()))
+        except (KeyError, ValueError, RuntimeError, TypeError, AttributeError) as error:
+            # diffusers' loader reads the denoiser's own state dict: a quantized one (optimum-quanto's QLinear) may
+            # not hold the keys it looks for ('...to_k.weight')
+            quantized = getattr(getattr(pipe, denoiser), "hf_quantizer", None) is not None
+            first = (str(error).splitlines() or [""])[0]
+            fix = (
+                "load it on the unquantized denoiser, or try another --quantize backend"
+                if quantized
+                else "check the file is a diffusers LoRA of this model"
+            )
+            raise DiffmeterError(
+                f"--lora {path}: diffusers' load_lora_weights failed on this pipeline"
+                + (" (its denoiser quantized at load)" if quantized else "")
+                + f": {type(error).__name__}: {first}; {fix}"
+            ) from None
     else:
         config = LoraConfig(r=rank, lora_alpha=rank, target_modules=list(targets))
         getattr(pipe, denoiser).add_adapter(config)
