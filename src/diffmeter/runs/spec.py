@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
@@ -39,7 +39,7 @@ class BenchSpec(BaseModel):
     resolution_binning: bool | None = None
     #: input images' sizes, (height, width) each, in the pipeline's order: each output gets its own, seeded noise
     #: (seed + n, as its generator) unless ``images`` names the files; settled from the files when they are given
-    image_sizes: list[tuple[int, int]] = []
+    image_sizes: list[tuple[int, int]] = Field(default=[], description="each [height, width] in pixels (the reverse of the WxH the command line and folder names write)")
     #: input image files, in the pipeline's order (every output edits the same ones)
     images: list[str] = []
     #: no input image where the catalog call has one (FLUX.1 Kontext called text-to-image): ``--no-image``
