@@ -55,3 +55,14 @@ def test_a_compared_sweeps_cell_without_techniques_is_its_own_baseline_and_resum
     assert [cell.status for cell in again.cells] == ["skipped", "skipped"] and len(executor.ran) == 2
     baseline = next(run for name, run in stored(out).items() if "opt-" not in name)
     assert baseline["spec"]["compare_baseline"] is False
+
+
+def test_a_skipped_cell_keeps_the_time_and_machine_its_run_recorded(tmp_path):
+    """A resumed sweep rewrote its record with the cells it skipped at seconds and where null: when and where each
+    was measured was lost (a new user's trial). They are carried over from the earlier record."""
+    out = tmp_path / "out"
+    sweep = SweepFile(name="kept", axes={"model": ["tiny-sd"], "batch_size": [1]}, fixed=FAST)
+    (done,) = run_sweep(sweep, out, InProcessExecutor(out)).cells
+    assert done.status == "done" and done.where == "this machine" and done.seconds is not None
+    (skipped,) = run_sweep(sweep, out, InProcessExecutor(out)).cells
+    assert skipped.status == "skipped" and (skipped.seconds, skipped.where) == (done.seconds, done.where)

@@ -197,6 +197,8 @@ def test_a_csv_path_that_cannot_be_a_file_is_one_line(runs, cli, tmp_path):
 def test_a_folder_without_runs_says_so(cli, tmp_path):
     code, _, err = cli("table", tmp_path)
     assert code == 2 and "no stored runs" in err and "--where" not in err  # none was given
+    code, out, err = cli("table", tmp_path, "--json")  # alike: it printed [] and exited 0 (a new user's trial)
+    assert code == 2 and "no stored runs" in err and out == ""
     code, _, err = cli("table", tmp_path / "missing")
     assert code == 2 and "is not a folder" in err
 

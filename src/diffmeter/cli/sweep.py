@@ -271,9 +271,12 @@ def table(
     from diffmeter.runs.storage import write_file  # atomically: never half a table
 
     skipped: list[str] = []
-    frame = filtered(load_results(directory, skipped), where, sort)
+    every = load_results(directory, skipped)
     for line in skipped:  # one unreadable results.json does not hide the others; --json stays parseable
         aside(line, as_json)
+    if every.empty:  # in every output alike: --json's [] read as a table of nothing, exit 0
+        raise DiffmeterError(f"no stored runs under {directory}; run bench or sweep first")
+    frame = filtered(every, where, sort)
     written = []
     if csv:
         write_file(Path(csv), lambda path: frame.to_csv(path, index=False))
@@ -288,10 +291,8 @@ def table(
     if as_json:
         print(to_json(frame))
     elif not written:
-        if frame.empty:
-            if where:
-                raise DiffmeterError(f"no stored run under {directory} matches --where {where!r}; loosen it")
-            raise DiffmeterError(f"no stored runs under {directory}; run bench or sweep first")
+        if frame.empty:  # --where matched nothing (--json: [], an answer)
+            raise DiffmeterError(f"no stored run under {directory} matches --where {where!r}; loosen it")
         console.print(results_table(frame, f"{units.counted(len(frame), 'run')} under {directory}"))
     for path in written:
         console.print(f"{units.counted(len(frame), 'row')} written to {path}", markup=False, highlight=False)

@@ -14,6 +14,10 @@ UNITS = {
 }
 
 
+#: how the JSON Schema describes a list of image sizes
+HEIGHT_WIDTH = "each [height, width] in pixels (the reverse of the WxH the command line and folder names write)"
+
+
 class CallProfile(BaseModel):
     """``count`` identical calls of a component at one batch size."""
 
@@ -66,9 +70,9 @@ class Profile(BaseModel):
     requested_width: int | None = None
     num_frames: int | None
     #: the input images (height, width) as the pipeline resized them before encoding; empty: text-to-image
-    input_images: list[tuple[int, int]] = Field(default=[], description="each [height, width] in pixels (the reverse of the WxH the command line and folder names write)")
+    input_images: list[tuple[int, int]] = Field(default=[], description=HEIGHT_WIDTH)
     #: the input image sizes asked for (height, width), when the pipeline resized any (None otherwise)
-    requested_images: list[tuple[int, int]] | None = Field(default=None, description="each [height, width] in pixels (the reverse of the WxH the command line and folder names write)")
+    requested_images: list[tuple[int, int]] | None = Field(default=None, description=HEIGHT_WIDTH)
     #: the ControlNet steering the denoiser (its hub id; its calls are the ``controlnet`` rows); None: none
     controlnet: str | None = None
     steps: int

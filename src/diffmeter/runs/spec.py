@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     import torch
 
 
+#: how the JSON Schema describes a list of image sizes
+HEIGHT_WIDTH = "each [height, width] in pixels (the reverse of the WxH the command line and folder names write)"
+
+
 class BenchSpec(BaseModel):
     """A measured run. ``None`` settings take the model's catalog defaults (see ``settle``)."""
 
@@ -39,7 +43,7 @@ class BenchSpec(BaseModel):
     resolution_binning: bool | None = None
     #: input images' sizes, (height, width) each, in the pipeline's order: each output gets its own, seeded noise
     #: (seed + n, as its generator) unless ``images`` names the files; settled from the files when they are given
-    image_sizes: list[tuple[int, int]] = Field(default=[], description="each [height, width] in pixels (the reverse of the WxH the command line and folder names write)")
+    image_sizes: list[tuple[int, int]] = Field(default=[], description=HEIGHT_WIDTH)
     #: input image files, in the pipeline's order (every output edits the same ones)
     images: list[str] = []
     #: no input image where the catalog call has one (FLUX.1 Kontext called text-to-image): ``--no-image``

@@ -57,6 +57,20 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def earlier_times(out: Path, name: str) -> dict[str, tuple[float | None, str | None]]:
+    """Folder -> (seconds, where) of the cells an earlier run of the sweep recorded done or skipped, which a rerun
+    skips: kept in its record, not lost (none where that record is missing or unreadable)."""
+    try:
+        earlier = SweepRecord.model_validate_json(record_path(out, name).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {
+        cell.folder: (cell.seconds, cell.where)
+        for cell in earlier.cells
+        if cell.folder and cell.status in (DONE, SKIPPED) and cell.seconds is not None
+    }
+
+
 def save(record: SweepRecord, out: Path) -> None:
     record.updated_utc = now()
     storage.write_json(record_path(out, record.name), record.model_dump(mode="json"))

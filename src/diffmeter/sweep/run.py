@@ -68,6 +68,7 @@ def run_sweep(
         # prepared once (a profile each): with ``remeasure`` there are no CHANGED cells, without it none pass
         baselines = _baselines(planned, here, (TO_RUN, CHANGED))
         _refuse_measured_otherwise(planned, baselines, out, remeasure)
+        times = rec.earlier_times(out, sweep.name or "sweep")  # a skipped cell keeps its time and machine
         record = rec.SweepRecord(
             name=sweep.name or "sweep",
             created_utc=rec.now(),
@@ -76,6 +77,9 @@ def run_sweep(
             definition=sweep,
             cells=[_initial(cell) for cell in planned],
         )
+        for cell in record.cells:
+            if cell.status == rec.SKIPPED and cell.folder in times:
+                cell.seconds, cell.where = times[cell.folder]
         rec.save(record, out)
         for cell in record.cells:
             if cell.status != rec.PENDING:
