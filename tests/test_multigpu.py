@@ -229,6 +229,7 @@ def test_data_parallel_2_gives_every_image_of_one_process_and_its_scaling(cli, t
     assert ">data-parallel-2</td>" in page and ">one process</td>" in page
     # its scaling, as table's: the report had none (a new user's trial)
     assert "<th>scaling</th>" in page and f"{scaling.call.speedup:.2f}x = {scaling.call.efficiency:.0%} of 2" in page
+    assert ", 2 processes: Pareto frontier" in page  # one process's peak memory: a line apart from one-process runs
     code, out, _ = cli("table", tmp_path)
     assert code == 0 and "data-parallel-2" in out  # told apart from the one-process row in the terminal too
     assert rows["data-parallel-2"]["processes"] == 2 and rows[""]["scaling_efficiency"] is None

@@ -53,7 +53,9 @@ def tradeoffs(study: Study) -> list[Figure]:
                 "Peak memory against latency",
                 "Peak memory (CUDA max allocated on GPU runs, else the process's peak resident memory) against "
                 "median seconds per image; a model's line joins its runs that no other run of that model at that "
-                "output size beats on both. ",
+                "output size beats on both; a parallel run's peak is its largest process's, one GPU's: its runs "
+                "form a line of their own per process count. ",
+                per_process=True,
             )
         )
     if not energy_kind and runs:
@@ -62,10 +64,13 @@ def tradeoffs(study: Study) -> list[Figure]:
     return figures
 
 
-def _pareto(runs: list[Run], values: list[float], y: str, unit: str, title: str, caption: str) -> Figure:
+def _pareto(
+    runs: list[Run], values: list[float], y: str, unit: str, title: str, caption: str, per_process: bool = False
+) -> Figure:
     """Each model's runs, and its Pareto frontier (no run of the same model and output size beats one on it on both:
     a smaller image is another product, not a faster setting; the size is named where a model has several);
-    ``unit`` follows the value on hover ("GiB peak memory")."""
+    ``unit`` follows the value on hover ("GiB peak memory"); ``per_process``: the value is one process's, so runs
+    of several processes are apart from one-process runs, a line per process count."""
     figure = go.Figure()
     hover = "%{x:.4g} s per image, %{y:.4g} " + unit
     sizes: dict[str, set[str]] = defaultdict(set)
@@ -75,6 +80,7 @@ def _pareto(runs: list[Run], values: list[float], y: str, unit: str, title: str,
     for run, value in zip(runs, values, strict=True):
         model = run.row["model"]
         group = f"{model} at {outputs.size(run.row)}" if len(sizes[model]) > 1 else model
+        group += f", {run.row['processes']} processes" if per_process and run.row["processes"] > 1 else ""
         by_model[group].append((run.row["s_per_image"], value, run))
     colors = Colors(by_model)
     for model, points in sorted(by_model.items()):
