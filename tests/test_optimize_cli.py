@@ -79,6 +79,9 @@ def test_lossless_technique_gives_identical_images_and_reuses_the_stored_baselin
         # --cache took any technique's name (compile ran as one); now the registry's caches only
         (["--cache", "compile"], "--cache compile: not a cache; the caches: "),
         (["--cache", "sea-cache"], "sea-cache cannot be used with tiny-sd"),  # reached the model's check
+        # a new user's trial: a KeyError traceback, and the second threshold silently taken
+        (["--opt", "scheduler"], "scheduler: bad parameter name: Field required"),
+        (["--opt", "first-block-cache:threshold=0.1,threshold=0.3"], "threshold is given twice; give it once"),
     ],
 )
 def test_refusals_come_before_anything_is_loaded_or_written(cli, tmp_path, args, message):
@@ -188,6 +191,13 @@ def test_ladder_adds_one_technique_per_rung_and_resumes(cli, tmp_path):
     mtimes = {p: (p / RESULTS).stat().st_mtime_ns for p in tmp_path.iterdir() if p.is_dir()}
     assert cli(*args)[0] == 0
     assert {p: (p / RESULTS).stat().st_mtime_ns for p in mtimes} == mtimes  # every rung reused
+    assert list(tmp_path.glob("ladder-*.json")) == [stored_ladder]  # the same ladder: its own file again
+    # a ladder of other rungs from the same baseline is a file of its own: it replaced the first (a new user's trial)
+    fewer = list(args)
+    fewer[fewer.index("--rungs") + 1] = "scheduler"
+    assert cli(*fewer)[0] == 0 and len(list(tmp_path.glob("ladder-*.json"))) == 2
+    code, _, err = cli("ladder", "tiny-flux", "--rungs", "cache,cache", "--out", tmp_path / "twice")
+    assert code == 2 and "--rungs: cache given twice" in err and not (tmp_path / "twice").exists()
 
 
 def _tiny_clip(folder):

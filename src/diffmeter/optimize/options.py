@@ -134,7 +134,10 @@ def parse_opt(text: str) -> OptimizationSpec:
         key, equals, value = item.partition("=")
         if not equals:
             raise DiffmeterError(f"--opt {text}: write parameters as key=value, got '{item}'")
-        params[key.strip().replace("-", "_")] = _value(value.strip())
+        key = key.strip().replace("-", "_")
+        if key in params:  # the last one would win unseen
+            raise DiffmeterError(f"--opt {text}: {key} is given twice; give it once")
+        params[key] = _value(value.strip())
     return OptimizationSpec(name=name.strip(), params=params)
 
 

@@ -52,6 +52,8 @@ def plan(spec: BenchSpec, rungs: tuple[str, ...], fast_steps: int | None, compil
     unknown = [rung for rung in rungs if rung not in RUNGS]
     if unknown:
         raise DiffmeterError(f"unknown ladder rung {', '.join(unknown)}: pick from {', '.join(RUNGS)}")
+    if twice := sorted({rung for rung in rungs if rungs.count(rung) > 1}):
+        raise DiffmeterError(f"--rungs: {', '.join(twice)} given twice; each rung adds its technique once")
     if fast_steps is not None and not 0 < fast_steps <= base.steps:
         raise DiffmeterError(
             f"--fast-steps {fast_steps} must be between 1 and the baseline's {base.steps} steps: "
@@ -201,8 +203,11 @@ def climb(
     if recheck and len([row for row in rows if row.folder]) > 1:
         _recheck_baseline(ladder, rungs[0].spec, base, out, progress)
     ladder.notes += _trust_notes(rows)
+    # named by its baseline and its rungs: a ladder of other rungs beside it is another file, not overwritten
+    climbed = "-".join(rung.name for rung in rungs[1:])
     storage.write_json(
-        Path(out).expanduser() / f"ladder-{Path(baseline_folder).name}.json", ladder.model_dump(mode="json")
+        Path(out).expanduser() / f"ladder-{Path(baseline_folder).name}+rungs-{climbed}.json",
+        ladder.model_dump(mode="json"),
     )
     return ladder
 

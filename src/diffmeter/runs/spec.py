@@ -219,7 +219,7 @@ class BenchSpec(BaseModel):
             resolution_binning=self.resolution_binning,
             controlnet=self.controlnet,
             # a swapped sampler's timesteps are the run's denoiser steps (optimize/scheduler.py)
-            scheduler=next((o.params["name"] for o in self.optimizations if o.name == "scheduler"), None),
+            scheduler=next((o.params.get("name") for o in self.optimizations if o.name == "scheduler"), None),
             control_guidance_start=self.control_guidance_start,
             control_guidance_end=self.control_guidance_end,
             controlnet_conditioning_scale=self.controlnet_conditioning_scale,
