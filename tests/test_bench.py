@@ -419,3 +419,24 @@ def test_the_python_api_runs_and_returns_the_stored_result(tmp_path):
     with pytest.raises(DiffmeterError, match="first-block-cache cannot be used with tiny-sd"):
         diffmeter.bench("tiny-sd", out=tmp_path / "x", optimizations=["first-block-cache"])
     assert not (tmp_path / "x").exists()  # refused before anything ran or was written
+
+
+def test_a_stored_baseline_measured_with_other_threads_is_not_compared_against(tmp_path):
+    """A --compare-baseline run reused a baseline stored with 2 torch threads while it ran with 1: "121x faster"
+    for a sampler that changed nothing (a new user's trial). Refused in one line naming the difference; --force
+    measures the baseline again."""
+    from diffmeter.optimize.options import parse_opt
+
+    spec = BenchSpec(model="tiny-sd", steps=1, iterations=1, device="cpu")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        bench(spec, out=tmp_path)
+        torch.set_num_threads(1)
+        compared = spec.model_copy(update={"optimizations": [parse_opt("fuse-qkv")], "compare_baseline": True})
+        with pytest.raises(DiffmeterError, match=r"measured otherwise than this process would \(torch threads: 2 -> 1"):
+            bench(compared, out=tmp_path)
+        result, _ = bench(compared, out=tmp_path, force=True)
+        assert result.speedup is not None and read_result(result.speedup.baseline).environment.torch_threads == 1
+    finally:
+        torch.set_num_threads(threads)

@@ -29,7 +29,7 @@ from diffmeter.measure.compilation import watch_compilation
 from diffmeter.measure.conditions import ConditionsMonitor
 from diffmeter.measure.energy import Energy, EnergyMeter
 from diffmeter.measure.environment import collect as collect_environment
-from diffmeter.measure.environment import speed_settings
+from diffmeter.measure.environment import speed_differences, speed_settings
 from diffmeter.measure.host_link import link_line
 from diffmeter.measure.host_link import measure as measure_link
 from diffmeter.measure.memory import loaded_bytes, out_of_memory, read_peaks, release, reset_peaks
@@ -365,13 +365,19 @@ def stored_or_run(spec: BenchSpec, out, progress=None, rerun: bool = False, repl
         held = {
             (image.seed, image.prompt if image.prompt is not None else image.class_label) for image in stored.images
         }
-        if stored.status == "complete" and wanted <= held:
+        # measured with other threads, hardware or versions: a speed-up against it would be of those (121x "faster"
+        # against a baseline of another thread count: a new user's trial)
+        now = speed_settings(collect_environment(), settled.device)
+        otherwise = speed_differences(speed_settings(stored.environment, stored.spec.device), now)
+        if stored.status == "complete" and wanted <= held and not otherwise:
             return stored, folder
         if not replace:
             why = (
                 f"a failed result ({(stored.error or 'no reason stored').splitlines()[0]})"
                 if stored.status != "complete"
                 else f"{len(wanted & held)} of the {len(wanted)} images (seed and prompt) this run needs"
+                if not wanted <= held
+                else f"a run measured otherwise than this process would ({'; '.join(otherwise)})"
             )
             raise DiffmeterError(f"the stored run {folder} holds {why}: pass --force to measure it again, replacing it")
     return bench(spec, out=out, force=True, progress=progress)
