@@ -221,8 +221,10 @@ RANDOM_QUALITY = (
 
 def quality_line(quality, word: str = "image") -> str:
     """Images (or videos: ``word``) against the unoptimized run's at the same seeds."""
+    differing = len(quality.images) - quality.identical  # an identical image's PSNR is infinite: not in the mean
+    over = f" over the {differing} differing {word}{'s' if differing != 1 else ''}" if quality.identical else ""
     psnr = (
-        f"PSNR mean {quality.mean_psnr_db:.2f} dB (min {quality.min_psnr_db:.2f} dB)"
+        f"PSNR mean {quality.mean_psnr_db:.2f} dB{over} (min {quality.min_psnr_db:.2f} dB)"
         if quality.mean_psnr_db is not None
         else "PSNR infinite (identical)"
     )

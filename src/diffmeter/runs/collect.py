@@ -54,8 +54,9 @@ COLUMNS: dict[str, str] = {
     "tflops_per_image": "TFLOPs (10^12 floating-point operations) per image, from the offline profile",
     "denoise_tflops_per_s": "achieved TFLOP/s of the denoising loop",
     "mfu": "denoising loop's achieved TFLOP/s / the device's dense peak",
-    "psnr_db": "mean PSNR in dB against the unoptimized images at the same seeds (a ladder rung: its ladder "
-    "baseline's, from ladder-*.json; empty when all are identical)",
+    "psnr_db": "mean PSNR in dB against the unoptimized images at the same seeds, over the images that differ "
+    "(identical ones, infinite, are counted in identical_images; a ladder rung: its ladder baseline's, from "
+    "ladder-*.json; empty when all are identical)",
     "identical_images": "images bit-identical to the unoptimized run's at the same seed",
     "ssim": "mean SSIM against the unoptimized images (a ladder rung: its ladder baseline's)",
     "lpips": "mean LPIPS against the unoptimized images (lower is closer)",
