@@ -182,6 +182,11 @@ def test_ladder_adds_one_technique_per_rung_and_resumes(cli, tmp_path):
     assert rows["scheduler"]["steps"] == 3 and rows["scheduler"]["quality"]["mean_psnr_db"] > 0
     assert rows["half"]["dtype"] == "bfloat16" and rows["cache"]["adds"] == "first-block-cache"
     assert rows["attention"]["skipped"]  # no faster attention kernel on CPU, and it says why
+    # each rung beside the range its run predicted from its settings alone (ladder showed none: a new user's trial)
+    for name in ("baseline", "scheduler", "half"):
+        low, high = rows[name]["expected_s"]
+        verdict = "inside" if low <= rows[name]["latency_s"] <= high else "outside: "
+        assert rows[name]["expected_verdict"].startswith(verdict), name
     (stored_ladder,) = tmp_path.glob("ladder-*.json")
     code, shown, _ = cli("show", stored_ladder)
     assert code == 0 and "optimization ladder" in shown and "first-block-cache" in shown

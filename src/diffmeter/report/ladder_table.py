@@ -20,8 +20,9 @@ def ladder_table(ladder: Ladder) -> FittedTable:
             Column("steps", drop=2),
             Column("dtype", justify="left", drop=3),
             Column("latency"),
+            Column("expected", drop=5),
             Column("speed-up"),
-            Column("coverage", drop=5),
+            Column("coverage", drop=4),
             Column("cold start", drop=1),
             Column("peak memory", drop=4),
             Column("energy / image", drop=0),
@@ -34,7 +35,7 @@ def ladder_table(ladder: Ladder) -> FittedTable:
         if row.skipped:
             first = row.skipped.split("; ")[0]  # a missing package first, else the first refusal; --json has all
             first = first.split(": ", 1)[-1] if " cannot be used with " in first else first
-            table.add_row(row.rung, f"[dim]skipped: {escape(first)}[/]", *[""] * 10)
+            table.add_row(row.rung, f"[dim]skipped: {escape(first)}[/]", *[""] * 11)
             continue
         quality = row.quality
         if quality is None:
@@ -57,6 +58,7 @@ def ladder_table(ladder: Ladder) -> FittedTable:
             str(row.steps),
             row.dtype,
             units.seconds(row.latency_s),
+            _expected(row),
             speedup,
             coverage,
             units.seconds(row.cold_start_overhead_s) if row.cold_start_overhead_s else "none",
@@ -71,7 +73,9 @@ def ladder_table(ladder: Ladder) -> FittedTable:
         "how often such an interval holds the true factor), within noise when the interval holds 1x or the "
         f"estimate is within {MIN_EFFECT:.0%} of it; (noisy): a run's timings were noisy (notes below); cold start = "
         "first call minus median (compilation); peak memory = CUDA max allocated, else process peak RSS; "
-        "quality = images against the baseline's at the same seeds"
+        "quality = images against the baseline's at the same seeds; expected: the range each rung's run predicted "
+        "from its settings alone (as `profile --gpu` does for its device) and where the median fell: inside, or "
+        "how far above or below"
     ]
     if ladder.weights:
         captions.append(f"weights: {escape(ladder.weights)}")
@@ -82,3 +86,12 @@ def ladder_table(ladder: Ladder) -> FittedTable:
     captions += [f"note: {escape(note)}" for note in [*ladder.notes, *noisy]]
     table.caption = "\n".join(captions)
     return table
+
+
+def _expected(row) -> str:
+    """The rung's expected range per call and its median against it; "-" where none was stored."""
+    if row.expected_s is None:
+        return "-" if row.expected_verdict is None else "not timed"
+    low, high = row.expected_s
+    verdict = row.expected_verdict.removeprefix("outside: ").removesuffix(" the range")  # "inside", "83% below"
+    return f"{units.seconds(low)}-{units.seconds(high)}: {verdict}"

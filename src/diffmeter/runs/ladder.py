@@ -20,6 +20,7 @@ from diffmeter.optimize import OptimizationSpec, Target, build, check
 from diffmeter.runs import speedups, storage
 from diffmeter.runs.baseline import compare_with_baseline
 from diffmeter.runs.calls import Progress
+from diffmeter.runs.ladder_prediction import RungPrediction
 from diffmeter.runs.ladder_record import Ladder, LadderRow
 from diffmeter.runs.lifecycle import bench, stored_or_run
 from diffmeter.runs.results import BenchResult
@@ -191,6 +192,7 @@ def climb(
                 peak_memory_bytes=memory.cuda_max_allocated_bytes or memory.process_peak_rss_bytes,
                 energy_j_per_image=energy.gpu_j_per_image if energy.available else None,
                 quality=quality,
+                **_expected(result),
             )
         )
     ladder = Ladder(
@@ -242,3 +244,18 @@ def _trust_notes(rows: list[LadderRow]) -> list[str]:
     if busy:
         notes.append(f"other processes were busy during {', '.join(busy)}: those rungs may read slow")
     return notes
+
+
+def _expected(result: BenchResult) -> dict:
+    """The rung's stored expected range and its median against it, or why it has none."""
+    prediction = result.prediction
+    time = prediction.time if prediction is not None else None
+    if time is None or time.expected_s is None or prediction.time_left_out:
+        why = (
+            f"the expected time leaves out {'; '.join(prediction.time_left_out)}"
+            if prediction is not None and prediction.time_left_out
+            else "no expected range stored"
+        )
+        return {"expected_s": None, "expected_verdict": f"not timed: {why}"}
+    verdict = RungPrediction(result.spec.model, expected_s=time.expected_s).verdict(result.summary.latency_s.median)
+    return {"expected_s": time.expected_s, "expected_verdict": verdict}

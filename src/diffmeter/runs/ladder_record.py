@@ -35,6 +35,10 @@ class LadderRow(BaseModel):
     peak_memory_bytes: int | None = None
     energy_j_per_image: float | None = None
     quality: Quality | None = None
+    #: seconds per call: the expected range the rung's run stored (predicted from its settings alone), and the
+    #: median against it ("inside", "outside: 13% above the range"), or why there is none ("not timed: ...")
+    expected_s: tuple[float, float] | None = None
+    expected_verdict: str | None = None
 
 
 class Ladder(BaseModel):
