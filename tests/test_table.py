@@ -387,19 +387,3 @@ def test_a_run_of_other_settings_is_not_sped_up_against_a_baseline_and_says_its_
     assert compared.speedup_against == "same settings" and compared.speedup > 0
     code, out, _ = cli("table", tmp_path)
     assert code == 0 and "other settings" in out and "true-cfg-4" in out and "max-sequence-length-16" in out
-
-
-def test_a_psnr_mean_says_it_is_over_the_images_that_differ():
-    """ "PSNR mean 83.01 dB (min 83.01 dB), 4 of 5 images identical": the mean was of the one image that differs
-    (an identical image's PSNR is infinite), which the line did not say (a new user's trial)."""
-    from diffmeter.measure.quality_schema import ImageQuality, summarize
-    from diffmeter.report.run_table import quality_line
-
-    def image(seed, psnr):
-        return ImageQuality(path="a", baseline_path="b", seed=seed, identical=psnr is None, psnr_db=psnr, ssim=1.0)
-
-    quality = summarize("base", [image(0, 83.0), *(image(seed, None) for seed in range(1, 5))], None, {})
-    assert quality.mean_psnr_db == 83.0 and quality.identical == 4
-    assert "PSNR mean 83.00 dB over the 1 differing image (min 83.00 dB)" in quality_line(quality)
-    quality = summarize("base", [image(0, 40.0), image(1, 50.0)], None, {})
-    assert "PSNR mean 45.00 dB (min 40.00 dB)" in quality_line(quality)  # none identical: the mean of all
