@@ -20,7 +20,7 @@ from diffmeter.optimize import OptimizationSpec, Target, build, check
 from diffmeter.runs import speedups, storage
 from diffmeter.runs.baseline import compare_with_baseline
 from diffmeter.runs.calls import Progress
-from diffmeter.runs.ladder_prediction import RungPrediction
+from diffmeter.runs.ladder_prediction import range_verdict
 from diffmeter.runs.ladder_record import Ladder, LadderRow
 from diffmeter.runs.lifecycle import bench, stored_or_run
 from diffmeter.runs.results import BenchResult
@@ -257,5 +257,5 @@ def _expected(result: BenchResult) -> dict:
             else "no expected range stored"
         )
         return {"expected_s": None, "expected_verdict": f"not timed: {why}"}
-    verdict = RungPrediction(result.spec.model, expected_s=time.expected_s).verdict(result.summary.latency_s.median)
+    verdict = range_verdict(time.expected_s, result.summary.latency_s.median)
     return {"expected_s": time.expected_s, "expected_verdict": verdict}

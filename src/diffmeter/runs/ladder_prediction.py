@@ -33,12 +33,17 @@ class RungPrediction:
             return "not timed"
         if measured_s is None:
             return "not measured"
-        low, high = self.expected_s
-        if low <= measured_s <= high:
-            return "inside"
-        above = measured_s > high
-        off = measured_s / high - 1 if above else 1 - measured_s / low
-        return f"outside: {off:.0%} {'above' if above else 'below'} the range"
+        return range_verdict(self.expected_s, measured_s)
+
+
+def range_verdict(expected_s: tuple[float, float], measured_s: float) -> str:
+    """ "inside" the expected range (seconds), or "outside: N% above/below the range"."""
+    low, high = expected_s
+    if low <= measured_s <= high:
+        return "inside"
+    above = measured_s > high
+    off = measured_s / high - 1 if above else 1 - measured_s / low
+    return f"outside: {off:.0%} {'above' if above else 'below'} the range"
 
 
 def predict_rungs(rungs: list) -> list[RungPrediction]:

@@ -138,10 +138,11 @@ class MeasuredRun:
                         )
         except Exception as error:
             # an AssertionError is a broken invariant (the fake CUDA device's checks in the tests): never a result
-            if not out_of_memory(error) and (not calling or isinstance(error, DiffmeterError | AssertionError)):
+            exhausted = out_of_memory(error)
+            if not exhausted and (not calling or isinstance(error, DiffmeterError | AssertionError)):
                 raise
-            message = calls.call_failure(error, device, spec) if not out_of_memory(error) else None
-            message = message or f"out of memory on {device}: {(str(error) or type(error).__name__).splitlines()[0]}"
+            first = (str(error) or type(error).__name__).splitlines()[0]
+            message = f"out of memory on {device}: {first}" if exhausted else calls.call_failure(error, device, spec)
             self.log.exception(message)
             return BenchResult(status="failed", error=message, load_s=self.figures.get("load_s"), **self.base)
         finally:

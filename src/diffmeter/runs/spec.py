@@ -8,16 +8,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
+from diffmeter.flops.schema import HEIGHT_WIDTH
 from diffmeter.lora_file import lora_fields
 from diffmeter.optimization_spec import OptimizationSpec
 from diffmeter.spec import CPU_DTYPE, ProfileSpec, image_sizes_of, normalize_dtype, sizes_text
 
 if TYPE_CHECKING:
     import torch
-
-
-#: how the JSON Schema describes a list of image sizes
-HEIGHT_WIDTH = "each [height, width] in pixels (the reverse of the WxH the command line and folder names write)"
 
 
 class BenchSpec(BaseModel):
@@ -147,12 +144,13 @@ class BenchSpec(BaseModel):
         )
         profile.check_components(entry.name, list(entry.components))  # before those equal to dtype are dropped
         from diffmeter.families import get_family
-        from diffmeter.families.images import image_sized, refuse_no_image
+        from diffmeter.families.images import ImageConditioned, image_sized, refuse_no_image
 
         family = get_family(entry.family)
         if self.no_image:
             refuse_no_image(family, entry)
-        if (self.height or self.width) and (why := getattr(family, "takes_no_size", lambda _: None)(entry)):
+        sized_by_image = isinstance(family, ImageConditioned) and family.takes_no_size(entry)
+        if (self.height or self.width) and (why := sized_by_image):
             made = family.shapes(entry, profile).spec  # the size the pipeline makes, whatever was asked
             raise DiffmeterError(
                 f"--height/--width: {why} ({made.width}x{made.height}, WxH, here): drop them, the run is named and "

@@ -220,11 +220,7 @@ def _run_phase(phase: list[_Work], executor, out: Path, record: rec.SweepRecord,
         executor.map([work.job for work in phase], started, finished)
     finally:  # stopped (Ctrl-C): a cell that stored its result before its process was told of it is not pending
         for work in phase:
-            stored, error = (
-                stored_result(out / work.job.name)
-                if _stamp(out / work.job.name) != previous[work.job.name]
-                else (None, None)
-            )
+            stored, error = _stored_since(out / work.job.name, previous[work.job.name])
             for cell in work.records:
                 if cell.status == rec.PENDING and stored in ("complete", "failed"):
                     cell.status, cell.reason = (rec.DONE, None) if stored == "complete" else (rec.FAILED, error)
@@ -239,14 +235,18 @@ def _stamp(folder: Path) -> int | None:
         return None
 
 
+def _stored_since(folder: Path, previous: int | None) -> tuple[str | None, str | None]:
+    """The (status, error) of a result stored in ``folder`` since ``previous`` (``_stamp``); (None, None) if none."""
+    return stored_result(folder) if _stamp(folder) != previous else (None, None)
+
+
 def settle_outcome(
     run: PreparedRun, out: Path, outcome: Outcome, previous: int | None = None
 ) -> tuple[str, str | None]:
     """The cell's status after its process ended; a cell that died without storing a new result
     (``previous``: the one it was to replace) gets a failed one stored, with the reason and its
     output's last lines."""
-    folder = out / run.name
-    stored, error = stored_result(folder) if _stamp(folder) != previous else (None, None)
+    stored, error = _stored_since(out / run.name, previous)
     if stored == "complete":
         return rec.DONE, None
     if stored == "failed":
