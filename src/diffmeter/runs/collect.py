@@ -85,6 +85,8 @@ COLUMNS: dict[str, str] = {
     "created_utc": "when the run was stored",
 }
 
+#: the techniques bench applies unasked (TF32 on CUDA): a run with no other is unoptimized
+DEFAULTS = frozenset({"tf32"})
 #: how the noise columns join their notes (a note may hold "; ")
 NOTES_JOINER = " | "
 
@@ -222,17 +224,21 @@ def add_speedups(
     """Each complete run's speed-up (``runs.speedups.between``) against its baseline: a ladder rung's, its
     ladder's baseline (``runs.ladder_rungs``: a rung may change the dtype or the steps), with the rung's images
     against it as the ladder measured them where its own result has none; else the run its
-    --compare-baseline named, from the table or its folder on disk; an unoptimized run is a baseline itself;
-    else the unoptimized run of the same generation beside it (the same --out folder; the first found where
-    several are, differing in what the generation key leaves out, such as the seed), else the table's only such
-    run, stored apart (said in its noise notes; never one of several stored apart). ``results`` are the table's
-    rows' results, in order."""
+    --compare-baseline named, from the table or its folder on disk; else the unoptimized run of the same
+    generation beside it (the same --out folder; the first found where several are, differing in what the generation
+    key leaves out, such as the seed), else the table's only such run, stored apart (said in its noise notes; never
+    one of several stored apart); an unoptimized run without one is a baseline itself. Unoptimized: no technique
+    but TF32, which bench applies unasked on CUDA; a run's baseline has fewer techniques than it, none where such a
+    run was measured (--no-tf32: bench's own baseline), else TF32 alone. ``results`` are the table's rows' results,
+    in order."""
     by_folder = {_resolved(result.folder): result for result in results if result.folder is not None}
     names = {_resolved(r.folder): row["folder"] for row, r in zip(table, results, strict=True) if r.folder is not None}
     unoptimized: dict[tuple, list[BenchResult]] = {}
     for row, result in zip(table, results, strict=True):
-        if row["status"] == "complete" and not row["optimizations"] and result.folder is not None:
+        if row["status"] == "complete" and _techniques(result) <= DEFAULTS and result.folder is not None:
             unoptimized.setdefault(_generation(row, result), []).append(result)
+    for candidates in unoptimized.values():
+        candidates.sort(key=lambda candidate: len(_techniques(candidate)))  # the fewest techniques first
     for row, result in zip(table, results, strict=True):
         if row["status"] != "complete":
             continue
@@ -243,17 +249,18 @@ def add_speedups(
             row.update(quality_columns(rung.quality))
         against = "ladder baseline" if baseline is not None else "same settings"
         baseline = baseline or _named_baseline(result, by_folder)
-        if baseline is None and not row["optimizations"]:
+        apart = None
+        if baseline is None and folder is not None:
+            candidates = [c for c in unoptimized.get(_generation(row, result), []) if _fewer(c, result)]
+            fewest = [c for c in candidates if len(_techniques(c)) == len(_techniques(candidates[0]))]
+            near = [c for c in fewest if _resolved(c.folder).parent == folder.parent]
+            baseline = (near or (fewest if len(fewest) == 1 else [None]))[0]
+            apart = None if near or baseline is None else f"baseline: stored apart, in {baseline.folder}"
+        if baseline is None and _techniques(result) <= DEFAULTS:
             # 1x by definition, not measured: no interval, no coverage
             row.update(speedup=1.0, speedup_ci_low=None, speedup_ci_high=None, speedup_coverage=None)
             row["speedup_verdict"] = "baseline"
             continue
-        apart = None
-        if baseline is None and folder is not None:
-            candidates = unoptimized.get(_generation(row, result), [])
-            near = [c for c in candidates if _resolved(c.folder).parent == folder.parent]
-            baseline = (near or (candidates if len(candidates) == 1 else [None]))[0]
-            apart = None if near or baseline is None else f"baseline: stored apart, in {baseline.folder}"
         found = speedups.between(baseline, result) if baseline is not None else None
         if found is not None:
             row.update(speedup_columns(found), speedup_against=against)
@@ -272,6 +279,16 @@ def speedup_columns(found: speedups.Speedup) -> dict[str, Any]:
         speedup_verdict=found.verdict,
         speedup_noise=NOTES_JOINER.join(found.notes),
     )
+
+
+def _techniques(result: BenchResult) -> set[str]:
+    return {applied.name for applied in result.optimizations}
+
+
+def _fewer(baseline: BenchResult, result: BenchResult) -> bool:
+    """Whether ``baseline`` ran a proper subset of ``result``'s techniques (a plain run on CUDA, TF32 alone, is the
+    baseline of its techniques, and one measured --no-tf32 is the baseline of both)."""
+    return _techniques(baseline) < _techniques(result)
 
 
 def _resolved(folder: str | Path) -> Path:

@@ -193,7 +193,8 @@ def _summary(runs: list[Run]) -> str:
             else ""
         )
         + '<p class="caption">Click a header to sort. Times are medians over the measured calls; speed-up per '
-        f"{word} against the unoptimized run of the same settings (a ladder's rungs: against the ladder's baseline), "
+        f"{word} against the unoptimized run of the same settings (on CUDA the --no-tf32 run where one was measured, "
+        "else TF32 alone; a ladder's rungs: against the ladder's baseline), "
         "the Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney interval, within noise "
         "when the interval holds 1x or the estimate is within 5% of it; PSNR/SSIM against its images at the same "
         f"seeds. {html.escape(coverage_line([run.row for run in runs]) or '')} Hover a row "
