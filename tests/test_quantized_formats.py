@@ -83,6 +83,7 @@ def test_the_predicted_bytes_are_the_loaded_bytes(model, value, dtype):
         ("tiny-flux", "Q5_0", "bfloat16"),
         ("tiny-flux", "Q5_1", "float32"),
         ("tiny-flux", "BF16", "float32"),
+        ("tiny-flux", "F16", "float32"),  # city96's F16 files: weights in F16, biases and norms in F32
         ("tiny-flux", "Q4_K", "bfloat16"),  # K-quants: blocks of 256, random bytes (loaded, never run)
         ("tiny-flux", "Q6_K", "float32"),
         ("tiny-flux", "Q2_K", "float32"),

@@ -71,6 +71,7 @@ BACKENDS = {
                 "Q6_K",
                 "Q8_0",
                 "BF16",
+                "F16",
             ),
             "gguf",
             "gguf",

@@ -37,13 +37,18 @@ class Config(BaseModel):
 
 
 def file_type(path: Path) -> str:
-    """The most common quantized tensor type in a GGUF file (F32/F16 tensors aside), e.g. Q4_K."""
+    """The most common quantized tensor type in a GGUF file (F32/F16 tensors aside), e.g. Q4_K; in a file of whole
+    tensors, its weights' (the 2-D tensors': city96's F16 files hold their biases and norms in F32)."""
     with quiet_import():
         from gguf import GGUFReader
 
-    counts = collections.Counter(t.tensor_type.name for t in GGUFReader(str(path)).tensors)
+    tensors = GGUFReader(str(path)).tensors
+    counts = collections.Counter(t.tensor_type.name for t in tensors)
     quantized = [(n, name) for name, n in counts.items() if name not in WHOLE]
-    return max(quantized)[1] if quantized else "F32"
+    if quantized:
+        return max(quantized)[1]
+    weights = collections.Counter(t.tensor_type.name for t in tensors if len(t.shape) >= 2)
+    return max((n, name) for name, n in (weights or counts).items())[1]
 
 
 @register
@@ -56,7 +61,7 @@ class Gguf(QuantizeAtLoad):
     # peft merges the adapter's product into the weight tensor, which GGUF keeps packed in blocks (Q8_0: 34 bytes a
     # 32 weights): "The size of tensor a (34) must match the size of tensor b (32)", a new user's trial
     unfusable = "peft cannot merge a LoRA into GGUF's packed blocks (diffusers keeps them quantized)"
-    one_byte_types = tuple(t for t in BACKENDS["gguf"].types if t != "BF16")
+    one_byte_types = tuple(t for t in BACKENDS["gguf"].types if t not in ("BF16", "F16"))
 
     def supports(self, target: Target) -> str | None:
         return self.file_refusal(target) or super().supports(target)
