@@ -82,8 +82,8 @@ def print_predicted(
     from diffmeter.predict.offload_time import offload_line, offload_of, with_offload, with_transfer_bound
     from diffmeter.predict.offload_time import why_untimed as why_offload_untimed
     from diffmeter.predict.operators import operator_work, predict_memory_and_work
-    from diffmeter.predict.quantized_memory import split_values, with_formats
-    from diffmeter.predict.quantized_time import held_out_claim, needs_fp8, quantized_work, why_not_modelled
+    from diffmeter.predict.quantized_memory import Format, split_values, with_formats
+    from diffmeter.predict.quantized_time import AS_TORCHAO, held_out_claim, needs_fp8, quantized_work, why_not_modelled
     from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
     from diffmeter.predict.technique_names import memory_technique
     from diffmeter.predict.techniques import peak_under, short_of
@@ -119,7 +119,9 @@ def print_predicted(
             "use --quantize int8"
         )
 
+    aliases = [] if is_this_cpu(gpu) else [t for t in techniques if t in AS_TORCHAO]  # --quantize int8: int8wo's time
     timed_formats = [] if is_this_cpu(gpu) else [f for f in formats if not why_not_modelled(f.backend, f.type)]
+    timed_formats += [Format("torchao", AS_TORCHAO[t], after_loading=True) for t in aliases]
     if fp8 := [f for f in timed_formats if needs_fp8(f.backend, f.type)]:
         refuse_without_fp8(fp8[0], chosen)
     if parallel:  # a split diffusers refuses, refused before any prediction runs
@@ -180,6 +182,7 @@ def print_predicted(
         VAE_MODES
         + ("fp8-text-encoder",)
         + tuple(f.technique for f in timed_formats)
+        + tuple(aliases)
         + ((offload,) if offload and not offload_gap else ())
     )
     # ("label: why", whether it can make the run faster) of each technique the time leaves out; an offload's gap
