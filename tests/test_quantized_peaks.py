@@ -58,3 +58,15 @@ def test_a_quantized_step_peaks_where_its_layers_run(model, value):
     copy to the step's peak was 0.9% to 3.9% over them."""
     real, predicted = measured_and_predicted(model, value)
     assert predicted == pytest.approx(real, rel=0.005)
+
+
+def test_the_peak_under_a_format_names_the_components_it_quantizes(cli):
+    """``--quantize text_encoder_2=bnb:nf4`` printed "under quantize-bnb-nf4", as the denoiser's NF4 does, at another
+    peak (a new user's trial): the line names what is quantized."""
+    said = {}
+    for value in ("text_encoder_2=bnb:nf4", "bnb:nf4"):
+        code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--quantize", value)
+        assert code == 0
+        said[value] = " ".join(out.split())
+    assert "under quantize-bnb-nf4 on text_encoder_2 " in said["text_encoder_2=bnb:nf4"]
+    assert "under quantize-bnb-nf4 on transformer " in said["bnb:nf4"]

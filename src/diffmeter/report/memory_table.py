@@ -79,7 +79,8 @@ def memory_table(
     )
     peak = peak_under(prediction, techniques)
     if techniques:
-        table.add_row(escape(f"under {', '.join(techniques)}"), "whole generation", "", "", "", gib(peak))
+        named = ", ".join(_on_components(prediction, t) for t in techniques)
+        table.add_row(escape(f"under {named}"), "whole generation", "", "", "", gib(peak))
     if gpu is not None and gpu.memory_bytes:
         held = CUDA_HOLDBACK_BYTES if gpu.kind == "cuda" else 0
         short = short_of(prediction, gpu, techniques)
@@ -262,3 +263,10 @@ def setting_text(chosen: tuple[str, ...]) -> str:
     from diffmeter.runs.fit_speedups import setting_name
 
     return setting_name(chosen) or "as is"
+
+
+def _on_components(prediction, technique: str) -> str:
+    """A --quantize BACKEND:TYPE format with the components it quantizes ("quantize-bnb-nf4 on text_encoder_2"):
+    the same name on the denoiser or a text encoder peaks differently."""
+    components = prediction.quantized_bytes.get(technique) if technique.startswith("quantize-") else None
+    return f"{technique} on {'+'.join(components)}" if components else technique
