@@ -365,3 +365,28 @@ def test_compare_baseline_without_a_technique_says_nothing_was_compared(cli, tmp
     result = stored(folder)
     assert result["spec"]["compare_baseline"] is False and result["quality"] is None
     assert "--compare-baseline: nothing compared, the run applies no technique" in " ".join(out.split())
+
+
+@pytest.mark.parametrize(
+    ("model", "technique", "why"),
+    [
+        ("tiny-chroma", "first-block-cache", "ChromaPipeline never sets a cache context"),
+        ("tiny-flux-kontext", "taylorseer", "FluxKontextPipeline never sets a cache context"),
+        ("tiny-ltx2", "first-block-cache", "no metadata for LTX2VideoTransformerBlock"),
+        ("tiny-qwenimage21", "mag-cache", "no metadata for QwenImage21TransformerBlock"),
+    ],
+)
+def test_a_hook_cache_diffusers_would_fail_at_the_first_call_is_refused_before_loading(cli, model, technique, why):
+    """``optimizations`` said yes and ``profile`` predicted a cached time, while bench failed after loading ("No cache
+    context is set") or with a traceback ("Model class ChromaTransformerBlock not registered"): a new user's trial."""
+    code, out, err = cli("bench", model, "--opt", technique, "--steps", "2", "--iterations", "1")
+    assert code == 2 and why in err and "Traceback" not in out + err
+    code, out, _ = cli("optimizations", model)
+    assert code == 0 and why in " ".join(out.split())
+
+
+def test_profile_predicts_no_cached_time_for_a_cache_that_cannot_run(cli):
+    """``profile flux2-dev --opt first-block-cache`` predicted 28% to 58% of the calls skipped: Flux2Pipeline sets no
+    cache context, so the hook fails at the first call."""
+    code, _, err = cli("profile", "flux2-dev", "--gpu", "h100", "--opt", "first-block-cache")
+    assert code == 2 and "Flux2Pipeline never sets a cache context" in err

@@ -21,6 +21,8 @@ class FirstBlockCache(HookCache):
     name = "first-block-cache"
     summary = "skip all blocks after the first while the first block's output barely changes"
     Config = Config
+    needs_context = True
+    needs_registered_blocks = True
 
     def hook_config(self, pipe, target):
         from diffusers.hooks import FirstBlockCacheConfig

@@ -1,9 +1,22 @@
 """The shared part of the caches diffusers ships as hooks (First-Block-Cache, PAB,
-FasterCache, TaylorSeer, MagCache, SeaCache): they attach to denoisers built on ``CacheMixin``."""
+FasterCache, TaylorSeer, MagCache, SeaCache): they attach to denoisers built on ``CacheMixin``.
+Checked before loading as the hooks fail at the first call: a hook that keeps its state per cache context needs a
+pipeline that sets one (diffusers hooks/hooks.py:71-76, "No cache context is set"), and one that reads each
+transformer block's metadata needs every block class in diffusers' ``TransformerBlockRegistry``
+(hooks/_helpers.py:95-98, "Model class ... not registered")."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+import json
+from typing import ClassVar
+
+import torch
+
 from diffmeter.optimize.base import Optimization, Target, denoisers
+from diffmeter.pipelines import build_component
+from diffmeter.quiet import quiet_libraries
 
 
 class HookCache(Optimization):
@@ -13,6 +26,10 @@ class HookCache(Optimization):
     lossless = False
     exclusive = True
     needs_timestep = False
+    #: the hook keeps its state per cache context (diffusers' StateManager), which the pipeline's call must set
+    needs_context: ClassVar[bool] = False
+    #: the hook reads each block's metadata from diffusers' TransformerBlockRegistry
+    needs_registered_blocks: ClassVar[bool] = False
 
     def supports(self, target: Target) -> str | None:
         from diffusers.models.cache_utils import CacheMixin
@@ -21,6 +38,19 @@ class HookCache(Optimization):
             return f"{target.denoiser_class.__name__} has no diffusers cache hooks (it is not a CacheMixin model)"
         if self.needs_timestep and not hasattr(target.pipeline_class, "current_timestep"):
             return f"{target.entry.pipeline_class} does not expose current_timestep, which {self.name} is gated on"
+        if self.needs_context and not sets_cache_context(target.pipeline_class):
+            return (
+                f"{target.entry.pipeline_class} never sets a cache context (model.cache_context), which {self.name} "
+                "keeps its state in: diffusers would fail at the first call ('No cache context is set')"
+            )
+        if self.needs_registered_blocks:
+            for name in target.family.denoisers(target.entry):
+                component = target.entry.components[name]
+                if missing := unregistered_blocks(component.class_name, json.dumps(component.config, sort_keys=True)):
+                    return (
+                        f"diffusers' {self.name} hook has no metadata for {', '.join(missing)} of {name} (its "
+                        "TransformerBlockRegistry): it would fail at the first call"
+                    )
         return None
 
     def hook_config(self, pipe, target: Target):
@@ -29,3 +59,33 @@ class HookCache(Optimization):
     def apply(self, pipe, target: Target) -> None:
         for module in denoisers(pipe, target):
             module.enable_cache(self.hook_config(pipe, target))
+
+
+def sets_cache_context(pipeline_class: type) -> bool:
+    """Whether the module defining the pipeline calls ``cache_context`` around its denoiser calls."""
+    try:
+        return ".cache_context(" in inspect.getsource(inspect.getmodule(pipeline_class))
+    except (OSError, TypeError):
+        return True  # no source to read: left to the run
+
+
+@functools.cache
+def unregistered_blocks(class_name: str, config: str) -> tuple[str, ...]:
+    """The classes of the blocks diffusers' block hooks attach to (the ``ModuleList``s its identifiers name,
+    hooks/_common.py) that its registry has no metadata for, from a meta build of the component."""
+    from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
+    from diffusers.hooks._helpers import TransformerBlockRegistry
+
+    from diffmeter.catalog.entry import ComponentEntry
+
+    with quiet_libraries():
+        module = build_component(ComponentEntry(class_name=class_name, config=json.loads(config)), "meta")
+    missing = []
+    for name, child in module.named_children():
+        if name in _ALL_TRANSFORMER_BLOCK_IDENTIFIERS and isinstance(child, torch.nn.ModuleList):
+            for block in child:
+                try:
+                    TransformerBlockRegistry.get(type(block))
+                except ValueError:
+                    missing.append(type(block).__name__)
+    return tuple(dict.fromkeys(missing))

@@ -22,6 +22,8 @@ class MagCache(HookCache):
     name = "mag-cache"
     summary = "skip steps while predicted residual magnitudes stay close (calibrated ratios)"
     Config = Config
+    needs_context = True
+    needs_registered_blocks = True
 
     def supports(self, target: Target) -> str | None:
         reason = super().supports(target)

@@ -44,6 +44,7 @@ class SeaCache(HookCache):
     name = "sea-cache"
     summary = "skip the transformer blocks while a spectrally filtered view of the latents barely changes"
     Config = Config
+    needs_context = True
 
     def supports(self, target: Target) -> str | None:
         return super().supports(target) or no_adapter(target) or no_step_context(target) or with_images(target)

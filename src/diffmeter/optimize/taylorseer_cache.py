@@ -21,6 +21,7 @@ class TaylorSeerCache(HookCache):
     name = "taylorseer"
     summary = "predict block outputs between full steps with a Taylor expansion"
     Config = Config
+    needs_context = True
 
     def hook_config(self, pipe, target):
         from diffusers.hooks import TaylorSeerCacheConfig
