@@ -6,7 +6,7 @@ ratio: the predicted time is linear in the share (``predict.cache_time.at_share`
 (1 - published ratio) / (1 - predicted ratio with every call skipped). Writes the shares to
 src/diffmeter/predict/data/cache_skips.json (what ``profile --gpu ... --opt first-block-cache`` reads), then predicts
 each cached run with the residual drift reproduced from every other source's shares only (the hook's rule on it,
-``predict.cache_time.threshold_share``), and writes
+``predict.cache_published.threshold_share``), and writes
 benchmarks/results/calibration_caches.md: coverage, midpoint median error and hi/lo (issue 46's target: >= 80%,
 <= 15%, <= 1.6), for the expected time (the eager calibration refitted without the source's harness, as
 benchmarks/calibrate_techniques.py does; the source's ``eager_figure`` names its eager run in published_figures.yaml)
@@ -28,7 +28,8 @@ from calibrate_techniques import eager_runs, gpu_for
 from published_comparison import load_figures
 from published_runs import run_of, source_of
 
-from diffmeter.predict.cache_time import SKIPS, at_share, cache_skip
+from diffmeter.predict.cache_published import SKIPS
+from diffmeter.predict.cache_time import at_share, cache_skip
 from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.fit_published import fit
 from diffmeter.predict.operators import predict_memory_and_work

@@ -1,5 +1,5 @@
 """A threshold cache's skipped share outside the thresholds of the published runs it is predicted from is said to be
-extrapolated (``predict.cache_time.extrapolated``): in ``profile``'s, ``fit``'s and a bench run's prediction, as text
+extrapolated (``predict.cache_published.extrapolated``): in ``profile``'s, ``fit``'s and a bench run's prediction, as text
 and as the JSON field ``extrapolated``; the range is read from the published runs the prediction uses."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import json
 
 from diffusers.hooks import FirstBlockCacheConfig
 
-from diffmeter.predict.cache_time import cache_skip, drift_rows, extrapolated, published
+from diffmeter.predict.cache_published import drift_rows, extrapolated, published
+from diffmeter.predict.cache_time import cache_skip
 from diffmeter.predict.operators import predict_memory_and_work
 from diffmeter.report.prediction_lines import prediction_lines
 from diffmeter.runs.storage import read_result

@@ -19,8 +19,10 @@ from tiny_runs import tiny_call, token_settings
 from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
 from diffmeter.flops.counter import count_flops
+from diffmeter.predict.cache_exact import taylorseer_computed
+from diffmeter.predict.cache_published import threshold_share
 from diffmeter.predict.cache_threshold import kappas_of, sigmas, skipped
-from diffmeter.predict.cache_time import HELD_OUT, cache_skip, module_macs, taylorseer_computed, threshold_share
+from diffmeter.predict.cache_time import HELD_OUT, cache_skip, module_macs
 from diffmeter.predict.cache_time import label as cache_time_label
 from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.operators import predict_memory_and_work
@@ -286,3 +288,25 @@ def test_each_cached_source_names_the_eager_run_whose_harness_its_held_out_refit
         ]
         repository = "/".join(source["source"]["url"].split("/")[3:5])
         assert f"github.com/{repository}/" in eager["source"]["url"]
+
+
+def test_taylorseer_counts_each_cache_context_of_a_pipeline_that_runs_cfg_apart():
+    """QwenImagePipeline runs its uncond and cond calls in cache contexts of their own, each with its own TaylorSeer
+    state: "exact: 13 of 20 calls" was counted over the 20 calls as one (a new user's trial measured 10)."""
+    from diffusers.hooks import TaylorSeerCacheConfig
+
+    entry = resolve("tiny-qwenimage")
+    pipe, call, settings = tiny_call(entry, steps=STEPS, pipe=tiny_pipeline(entry))
+    pipe.transformer.enable_cache(TaylorSeerCacheConfig(cache_interval=3, disable_cache_before_step=2))
+    computed, calls = [], []
+    pipe.transformer.transformer_blocks[0].attn.to_q.register_forward_hook(lambda *_: computed.append(1))
+    pipe.transformer.register_forward_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        call()
+    spec = ProfileSpec(model="tiny-qwenimage", **settings, **token_settings(entry, pipe))
+    memory, work = predict_memory_and_work(spec, True, ())
+    params = {"cache_interval": 3, "disable_cache_before_step": 2}
+    skip = cache_skip(work, "taylorseer", params, tuple(memory.denoisers), spec)
+    assert len(calls) == skip.calls == 2 * STEPS and len(computed) == 2 * taylorseer_computed(STEPS, 3, 2)
+    assert skip.skipped_share == ((len(calls) - len(computed)) / len(calls),) * 2
+    assert "in each of the 2 cache contexts" in skip.how

@@ -1,5 +1,5 @@
-"""The caches whose skipped work follows from their config alone: DeepCache's shallow UNet calls, and the calls in
-which Pyramid Attention Broadcast may reuse attention.
+"""The caches whose skipped work follows from their config alone: DeepCache's shallow UNet calls, TaylorSeer's
+predicted calls (per cache context), and the calls in which Pyramid Attention Broadcast may reuse attention.
 
 Pyramid Attention Broadcast (diffusers hooks/pyramid_attention_broadcast.py; ``optimize/pyramid_attention_broadcast.py``
 configures spatial attention only): a hooked attention module computes in its first call, in every call whose index is
@@ -17,6 +17,8 @@ embedding, the down and up blocks' layers up to branch ``cache_branch_id`` and `
 from __future__ import annotations
 
 import re
+
+from diffmeter.catalog import resolve
 
 #: a module DeepCache wraps, at depth 2 of the UNet: (down|up)_blocks.i.(resnets|attentions|downsamplers|upsamplers).j
 WRAPPED = re.compile(r"(down|up)_blocks\.(\d+)\.(resnets|attentions|downsamplers|upsamplers)\.(\d+)(\..*)?")
@@ -83,3 +85,20 @@ def pab_skippable(calls: int, block_skip_range: int) -> int:
 def pab_macs(modules: dict[str, int]) -> int:
     """The multiply-accumulates of the attention PAB hooks, from the denoiser's ``modules`` (paths two deep)."""
     return sum(macs for path, macs in modules.items() if PAB_ATTENTION.fullmatch(path))
+
+
+def taylorseer_computed(calls: int, interval: int, before: int) -> int:
+    """The calls in which TaylorSeer's hooked modules compute (diffusers hooks/taylorseer_cache.py:230-235: the
+    step counts from 0 per module call; it computes before ``before`` and every ``interval`` after)."""
+    return sum(1 for step in range(calls) if step < before or (step - before - 1) % interval == 0)
+
+
+def cache_contexts(spec, calls: int) -> int:
+    """The cache contexts a hook keeps its state in: two where CFG runs the uncond and cond calls apart, each in its
+    own (``cache_context("uncond")`` and ``("cond")`` in the pipelines that separate them: QwenImagePipeline,
+    WanPipeline), else one; read from the denoiser calls per step."""
+    from diffmeter.families import schedule
+
+    settled = spec if spec.steps is not None else spec.with_defaults(resolve(spec.model).defaults)
+    steps = schedule.denoiser_steps(resolve(spec.model), settled)
+    return 2 if calls == 2 * steps else 1

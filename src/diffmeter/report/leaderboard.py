@@ -75,7 +75,7 @@ def _range(pair: tuple[float, float] | None, show) -> str:
 def _cache_note() -> str:
     """Why the cache's time rests on an extrapolated skipped share (its threshold outside the published runs', and
     every other model, step count and size than theirs), as a clause."""
-    from diffmeter.predict.cache_time import extrapolated, published, published_settings
+    from diffmeter.predict.cache_published import extrapolated, published, published_settings
     from diffmeter.runs.fit_speedups import SPEEDUPS
 
     name, params = SPEEDUPS["first-block-cache"]
