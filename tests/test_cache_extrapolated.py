@@ -1,6 +1,6 @@
 """A threshold cache's skipped share outside the thresholds of the published runs it is predicted from is said to be
-extrapolated (``predict.cache_published.extrapolated``): in ``profile``'s, ``fit``'s and a bench run's prediction, as text
-and as the JSON field ``extrapolated``; the range is read from the published runs the prediction uses."""
+extrapolated (``predict.cache_published.extrapolated``): in ``profile``'s, ``fit``'s and a bench run's prediction, as
+text and as the JSON field ``extrapolated``; the range is read from the published runs the prediction uses."""
 
 from __future__ import annotations
 

@@ -285,3 +285,19 @@ def test_deep_cache_lets_go_of_the_pipeline_when_restored():
     del pipe
     gc.collect()
     assert alive() is None
+
+
+def test_faster_cache_defaults_are_diffusers_own_and_separate_cfg_is_refused():
+    """Its defaults had been diffusers' docstring example (-1, 781) and 0.3, not FasterCacheConfig's (-1, 641) and the
+    0.5 the hook uses without a weight callback; on Wan, whose pipeline runs CFG as two calls, the hook failed at the
+    first call (IndexError), a new user's trial."""
+    from diffusers.hooks import FasterCacheConfig
+
+    (faster,) = build([OptimizationSpec(name="faster-cache")])
+    ours, theirs = faster.config, FasterCacheConfig()
+    assert ours.timestep_skip_range == theirs.spatial_attention_timestep_skip_range
+    assert ours.unconditional_batch_timestep_skip_range == theirs.unconditional_batch_timestep_skip_range
+    assert ours.unconditional_batch_skip_range == theirs.unconditional_batch_skip_range
+    assert ours.block_skip_range == theirs.spatial_attention_block_skip_range and ours.attention_weight == 0.5
+    assert "separate calls" in faster.supports(target("tiny-wan"))
+    assert faster.supports(target("tiny-cogvideox")) is None

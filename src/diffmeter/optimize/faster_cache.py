@@ -10,12 +10,15 @@ from diffmeter.optimize.registry import register
 
 
 class Config(BaseModel):
+    """diffusers' own defaults (FasterCacheConfig, hooks/faster_cache.py:86-102; the attention weight it uses without
+    a callback, :524-532)."""
+
     model_config = ConfigDict(extra="forbid")
     block_skip_range: int = Field(2, ge=2)
     timestep_skip_range: tuple[int, int] = (-1, 681)
     unconditional_batch_skip_range: int = Field(5, ge=1)
-    unconditional_batch_timestep_skip_range: tuple[int, int] = (-1, 781)
-    attention_weight: float = 0.3
+    unconditional_batch_timestep_skip_range: tuple[int, int] = (-1, 641)
+    attention_weight: float = 0.5
 
 
 @register
@@ -24,6 +27,15 @@ class FasterCache(HookCache):
     summary = "reuse attention across steps and skip most unconditional (CFG) passes"
     Config = Config
     needs_timestep = True
+
+    def supports(self, target):
+        if target.family.cfg_mode == "separate":  # hooks/faster_cache.py splits each call's batch in two halves
+            return (
+                f"{target.entry.pipeline_class} runs its unconditional and conditional passes as separate calls; "
+                "diffusers' FasterCache approximates the unconditional half of one batched call (it would fail at "
+                "the first call)"
+            )
+        return super().supports(target)
 
     def hook_config(self, pipe, target):
         from diffusers.hooks import FasterCacheConfig
