@@ -61,6 +61,18 @@ def test_an_unfused_lora_counts_what_peft_runs_and_a_fused_one_the_base(name):
     assert {k: v for k, v in unfused.items() if k != denoiser} == {k: v for k, v in base.items() if k != denoiser}
 
 
+@pytest.mark.parametrize(
+    ("name", "targets"),
+    [("tiny-wan", ("blocks.0.attn1.to_q",)), ("tiny-wan", ("blocks.1.attn1.to_k",))],
+)
+def test_a_lora_on_one_block_counts_that_block_alone(name, targets):
+    """A LoRA on one block of a stack was counted on every block (the counter replayed the adapted block's count for
+    the plain ones, or the plain one's for a later adapted block: +0), a new user's trial; peft's run is the truth."""
+    entry, pipe, call, settings = adapted(name, 4, targets)
+    assert counted(entry, pipe, call) == {c.name: c.macs for c in profile(name, lora_rank=4, lora_targets=targets,
+                                                                          **settings).components}  # fmt: skip
+
+
 def test_the_extra_is_rank_times_in_plus_out_per_token_and_layer():
     """tiny-flux at rank 16 on two targets: the extra MACs per call are r x (in + out) x tokens per adapted
     layer, tokens being the image tokens for an image-stream layer and image + text for a single block's."""

@@ -41,6 +41,9 @@ SD_UNET = (*ATTENTION_PROJECTIONS, "add_k_proj", "add_v_proj")  # train_dreamboo
 SANA = ("to_k", "to_q", "to_v")  # train_dreambooth_lora_sana.py 1042-1045
 HIDREAM = ("to_k", "to_q", "to_v", "to_out")  # train_dreambooth_lora_hidream.py 1160-1163
 
+#: the child module name an adapted layer holds its low-rank pair under while a call is counted
+ADAPTER = "diffmeter_lora"
+
 
 def flux2(single_blocks: int) -> tuple[str, ...]:
     """train_dreambooth_lora_flux2.py 1291-1300 (``range(48)``) and _flux2_klein.py 1294-1303 (``range(24)``)."""
@@ -143,28 +146,45 @@ def adapted_layers(module: torch.nn.Module, targets: tuple[tuple[str, int], ...]
     return found
 
 
+class _Adapter(torch.nn.Module):
+    """An adapted layer's low-rank pair, a child of the layer: a block's structure (``flops.counter.block_structure``)
+    then tells an adapted block, and its rank, from a plain one, so the counter never replays one for the other. Its
+    tensors are plain attributes, neither parameters nor buffers (``adapter_params`` counts them)."""
+
+    def __init__(self, down: torch.Tensor, up: torch.Tensor) -> None:
+        super().__init__()
+        self.down, self.up = down, up
+
+    def extra_repr(self) -> str:
+        return f"rank={self.down.shape[0]}, in_features={self.down.shape[1]}, out_features={self.up.shape[0]}"
+
+
 class _Unfused:
     """Forward hooks adding each adapted layer's two low-rank matmuls to its output, the adapter's weights made
     once, beside the layer's own (on the meta device in a count; fake tensors in a memory prediction)."""
 
     def __init__(self, module: torch.nn.Module, targets: tuple[tuple[str, int], ...]) -> None:
-        self.handles = []
+        self.handles, self.layers = [], []
         layers = dict(module.named_modules())
         for path, (rank, features_in, features_out) in adapted_layers(module, targets).items():
             layer = layers[path]
-            down, up = _like(layer.weight, (rank, features_in)), _like(layer.weight, (features_out, rank))
-            self.handles.append(layer.register_forward_hook(self._adding(down, up)))
+            adapter = _Adapter(_like(layer.weight, (rank, features_in)), _like(layer.weight, (features_out, rank)))
+            layer.add_module(ADAPTER, adapter)
+            self.layers.append(layer)
+            self.handles.append(layer.register_forward_hook(self._adding(adapter)))
 
     @staticmethod
-    def _adding(down: torch.Tensor, up: torch.Tensor):
+    def _adding(adapter: _Adapter):
         def hook(_layer, args, output):
-            return output + F.linear(F.linear(args[0], down), up)
+            return output + F.linear(F.linear(args[0], adapter.down), adapter.up)
 
         return hook
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
+        for layer in self.layers:
+            delattr(layer, ADAPTER)
 
 
 def _like(weight: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
