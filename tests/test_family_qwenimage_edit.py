@@ -117,3 +117,18 @@ def test_2511_modulates_the_input_images_apart():
     dim = 24 * 128
     extra = 256 * dim + dim * dim + 60 * dim * 6 * dim  # timestep MLP, then each block's img_mod, on one more row
     assert zero.denoiser_macs_per_step - plus.denoiser_macs_per_step == extra
+
+
+@pytest.mark.parametrize(
+    ("model", "args", "said"),
+    [
+        ("qwen-image-edit", ("--prompt-tokens", "2700"), "raised RuntimeError: Attempting to broadcast"),
+        ("qwen-image-edit", ("--image-size", "10000x10"), "absolute aspect ratio must be smaller than 200"),
+        ("qwen-image-edit-2511", ("--image-size", "10000x10"), "from input images 10000x10: its sizing raised"),
+    ],
+)
+def test_settings_the_model_s_own_code_refuses_are_one_line(cli, model, args, said):
+    """A prompt past the transformer's text positions and an image of aspect 1000:1 printed tracebacks (a new user's
+    trial): the pipeline fails on them too, so one line saying what its code raised."""
+    code, out, err = cli("profile", model, *args)
+    assert code == 2 and said in err and "Traceback" not in out + err

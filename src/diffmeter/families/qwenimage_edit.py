@@ -131,7 +131,10 @@ class QwenImageEdit(ImageConditioned, QwenImage):
             own = shapes.entry.extra["negative_prompt_tokens"]["value"]
         if own is None:
             own = PROMPT_UPPER_BOUND
-            shapes.note_prompt_upper_bound(f"the processor never truncates a prompt; assumed {own} tokens")
+            shapes.note(  # no bound: a longer prompt runs longer, up to the transformer's text positions
+                f"the processor never truncates a prompt: assumed {own} tokens, a long prompt's length but no upper "
+                "bound; --prompt-tokens N counts a real prompt"
+            )
         return self._template(shapes) + self.picture_tokens(shapes) + self.image_tokens_in_text(shapes) + own
 
     def negative_prompt_tokens(self, shapes: Shapes) -> int:

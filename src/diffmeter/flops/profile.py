@@ -22,7 +22,7 @@ from diffmeter.flops.counter import KINDS, FlopCounts, call_signature, count_flo
 from diffmeter.flops.schema import BYTES_PER_PARAM, CallProfile, ComponentProfile, Profile, weights_of
 from diffmeter.parallel import parallel_map
 from diffmeter.pipelines import build_component, component_class, count_params
-from diffmeter.spec import ProfileSpec, image_sizes_of
+from diffmeter.spec import ProfileSpec, image_sizes_of, sizes_text
 from diffmeter.stages import VAE_ROLES
 
 
@@ -104,7 +104,14 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
     sized = image_sized(family, entry, spec)  # no size asked: the input images set it, as the pipeline does
     requested = sized[:2] if sized else (spec.height, spec.width)
     shapes = family.shapes(entry, spec)
-    plan = family.plan(shapes)
+    try:
+        plan = family.plan(shapes)
+    except (ValueError, ZeroDivisionError) as error:  # the pipeline's own sizing (Qwen's smart_resize: aspect < 200)
+        images = f" from input images {sizes_text(image_sizes_of(spec.image_sizes))}" if spec.image_sizes else ""
+        raise DiffmeterError(
+            f"{entry.name} cannot make {spec.width}x{spec.height} (WxH){images}: its sizing raised "
+            f"{type(error).__name__}: {' '.join(str(error).split())[:200]}; give sizes of a more usual aspect ratio"
+        ) from None
     spec = shapes.spec  # binning or the pipeline's rounding may have changed the size
     resized = (spec.height, spec.width) != requested
 
@@ -132,8 +139,13 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
                     f"{spec.width}x{spec.height} (WxH) is too large to count: its tensors overflow PyTorch's size "
                     "limits"
                 ) from None
-            if "Kernel size can't be greater" not in str(error):
-                raise
+            if "Kernel size can't be greater" not in str(error):  # a size or length the model's own code refuses
+                tokens = f", --prompt-tokens {spec.prompt_tokens}" if spec.prompt_tokens else ""
+                raise DiffmeterError(
+                    f"{entry.name}'s {name} ({entry.components[name].class_name}) cannot run {spec.width}x"
+                    f"{spec.height} (WxH){tokens}: its forward, run as the count runs it, raised RuntimeError: "
+                    f"{' '.join(str(error).split())[:200]}; lower the size or the tokens"
+                ) from None
             # diffusers' CogVideoXSafeConv3d cuts a tensor over 2 GiB along time into parts its kernel cannot span
             raise DiffmeterError(
                 f"{entry.name}'s {name} ({entry.components[name].class_name}) cannot run {spec.batch_size} at once "
