@@ -276,3 +276,24 @@ def test_one_call_has_no_interval_so_it_is_noisy_and_supports_no_factor(tmp_path
     assert found.coverage == 0 and found.estimate == 2.0
     assert found.verdict == "within noise" and found.text() == "within noise (one call each: no interval)"
     assert estimate([1.0, 1.01], [0.5, 0.505]).verdict == "faster"  # two calls each: an interval, at 67%
+
+
+def test_a_cache_whose_untouched_stages_slowed_says_the_machine_changed(tmp_path):
+    """A cache changes the denoising loop alone: where text encoding and decode took 5x as long in its run, the
+    machine slowed between the runs and the speed-up holds that ("23.3x slower" for SeaCache, a new user's trial).
+    The same calls under a technique that changes other stages (fused QKV) say nothing."""
+    flux = {**FAST, "model": "tiny-flux", "iterations": 3}
+    baseline, _ = bench(BenchSpec(**flux), out=tmp_path)
+    cached, _ = bench(BenchSpec(**flux, optimizations=[parse_opt("first-block-cache")]), out=tmp_path)
+    as_cached = {"optimizations": cached.optimizations}
+    slowed = baseline.model_copy(update={**as_cached, "iterations": [_slowed(it, 5.0) for it in baseline.iterations]})
+    drift = speedups.machine_drift(baseline, slowed)
+    assert "first-block-cache does not change" in drift and "text encoding 5.00x" in drift
+    assert drift in speedups.between(baseline, slowed).notes
+    loop_only = [
+        it.model_copy(update={"stages": it.stages.model_copy(update={"denoising_s": it.stages.denoising_s * 5})})
+        for it in baseline.iterations
+    ]
+    assert speedups.machine_drift(baseline, baseline.model_copy(update={**as_cached, "iterations": loop_only})) is None
+    fused, _ = bench(BenchSpec(**flux, optimizations=[parse_opt("fuse-qkv")]), out=tmp_path)
+    assert speedups.machine_drift(baseline, slowed.model_copy(update={"optimizations": fused.optimizations})) is None

@@ -3,8 +3,11 @@ stage from every measured call, and the noise notes each run stored about itself
 
 from __future__ import annotations
 
+import statistics
+
 from diffmeter.measure.speedup import Criteria, Speedup, estimate
 from diffmeter.runs.results import BenchResult
+from diffmeter.stages import STAGE_NAMES
 from diffmeter.stages import STAGES as PIPELINE_STAGES
 
 #: stages a speed-up can be of, as (name, the Iteration's field holding one call's seconds of it)
@@ -12,6 +15,11 @@ STAGES: dict[str, str] = {"call": "total_s", **{stage: f"{stage}_s" for stage in
 
 #: how a stored note about the run's own timings begins (runs.summary.measurement_notes writes them)
 NOISE_PREFIXES = ("noisy:", "--target-precision", "other processes used")
+#: techniques that change the denoising loop alone: their run's other stages time the machine, not them
+DENOISER_ONLY = ("cache", "scheduler")
+#: how far (either way) those stages' medians may move between the two runs before the machine is said to have
+#: changed speed: far beyond the few percent two calls of one run differ by on a quiet machine
+DRIFT = 1.25
 
 
 def per_image(result: BenchResult, stage: str = "call") -> list[float]:
@@ -49,4 +57,31 @@ def between(
         return None
     runs = zip(names, (baseline, candidate), strict=True)
     notes = [f"{name}: {note}" for name, run in runs for note in noise_notes(run)]
-    return estimate(*times, criteria, notes)
+    drift = machine_drift(baseline, candidate)
+    return estimate(*times, criteria, notes + ([drift] if drift else []))
+
+
+def machine_drift(baseline: BenchResult, candidate: BenchResult) -> str | None:
+    """Where ``candidate`` adds only techniques that change the denoising loop (caches, a sampler) and every other
+    stage both runs time took more than ``DRIFT`` times longer (or shorter) in it: the machine's speed changed
+    between them, and the speed-up holds that change too (a new user's trial: "23.3x slower" for SeaCache while the
+    untouched text encoding took 24x as long). None otherwise."""
+    added = {o.label: o.kind for o in candidate.optimizations} if candidate.optimizations else {}
+    for applied in baseline.optimizations:
+        added.pop(applied.label, None)
+    if not added or any(kind not in DENOISER_ONLY for kind in added.values()):
+        return None
+    ratios = {}
+    for stage in PIPELINE_STAGES:
+        if stage == "denoising":
+            continue
+        before, after = per_image(baseline, stage), per_image(candidate, stage)
+        if before and after and min(statistics.median(before), statistics.median(after)) > 1e-3:
+            ratios[stage] = statistics.median(after) / statistics.median(before)
+    if not ratios or not (all(r > DRIFT for r in ratios.values()) or all(r < 1 / DRIFT for r in ratios.values())):
+        return None
+    said = ", ".join(f"{STAGE_NAMES[stage]} {ratio:.2f}x" for stage, ratio in ratios.items())
+    return (
+        f"machine changed speed: the stages {' + '.join(added)} does not change took other times than the "
+        f"baseline's ({said} as long), so the speed-up holds that change too; measure both again (--force)"
+    )
