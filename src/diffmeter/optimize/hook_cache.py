@@ -44,9 +44,8 @@ class HookCache(Optimization):
                 "keeps its state in: diffusers would fail at the first call ('No cache context is set')"
             )
         if self.needs_registered_blocks:
-            for name in target.family.denoisers(target.entry):
-                component = target.entry.components[name]
-                if missing := unregistered_blocks(component.class_name, json.dumps(component.config, sort_keys=True)):
+            for name, module in denoiser_modules(target):
+                if missing := unregistered_blocks(module):
                     return (
                         f"diffusers' {self.name} hook has no metadata for {', '.join(missing)} of {name} (its "
                         "TransformerBlockRegistry): it would fail at the first call"
@@ -69,17 +68,28 @@ def sets_cache_context(pipeline_class: type) -> bool:
         return True  # no source to read: left to the run
 
 
-@functools.cache
-def unregistered_blocks(class_name: str, config: str) -> tuple[str, ...]:
-    """The classes of the blocks diffusers' block hooks attach to (the ``ModuleList``s its identifiers name,
-    hooks/_common.py) that its registry has no metadata for, from a meta build of the component."""
-    from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
-    from diffusers.hooks._helpers import TransformerBlockRegistry
+def denoiser_modules(target: Target):
+    """Each denoiser of ``target`` (every expert) on the meta device, by component name."""
+    for name in target.family.denoisers(target.entry):
+        component = target.entry.components[name]
+        yield name, meta_build(component.class_name, json.dumps(component.config, sort_keys=True))
 
+
+@functools.cache
+def meta_build(class_name: str, config: str) -> torch.nn.Module:
+    """A component built on the meta device, once per class and config."""
     from diffmeter.catalog.entry import ComponentEntry
 
     with quiet_libraries():
-        module = build_component(ComponentEntry(class_name=class_name, config=json.loads(config)), "meta")
+        return build_component(ComponentEntry(class_name=class_name, config=json.loads(config)), "meta")
+
+
+def unregistered_blocks(module: torch.nn.Module) -> tuple[str, ...]:
+    """The classes of the blocks diffusers' block hooks attach to (the ``ModuleList``s its identifiers name,
+    hooks/_common.py) that its registry has no metadata for."""
+    from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
+    from diffusers.hooks._helpers import TransformerBlockRegistry
+
     missing = []
     for name, child in module.named_children():
         if name in _ALL_TRANSFORMER_BLOCK_IDENTIFIERS and isinstance(child, torch.nn.ModuleList):

@@ -3,9 +3,11 @@ from a Taylor expansion of the block outputs."""
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict, Field
 
-from diffmeter.optimize.hook_cache import HookCache
+from diffmeter.optimize.hook_cache import HookCache, denoiser_modules
 from diffmeter.optimize.registry import register
 
 
@@ -22,6 +24,20 @@ class TaylorSeerCache(HookCache):
     summary = "predict block outputs between full steps with a Taylor expansion"
     Config = Config
     needs_context = True
+
+    def supports(self, target):
+        """Refused where diffusers' default patterns hook no module: every call would run in full."""
+        from diffusers.hooks.taylorseer_cache import _TRANSFORMER_BLOCK_IDENTIFIERS  # hooks/taylorseer_cache.py:14-20
+
+        for name, module in denoiser_modules(target):
+            names = [path for path, _ in module.named_modules()]
+            if not any(re.fullmatch(p, path) for p in _TRANSFORMER_BLOCK_IDENTIFIERS for path in names):
+                example = next((path for path in names if "attn" in path), "none")
+                return (
+                    f"diffusers' TaylorSeer patterns ({', '.join(_TRANSFORMER_BLOCK_IDENTIFIERS)}, matched whole) "
+                    f"name no module of {name} (its attention is {example}): every call would run in full"
+                )
+        return super().supports(target)
 
     def hook_config(self, pipe, target):
         from diffusers.hooks import TaylorSeerCacheConfig
