@@ -310,3 +310,11 @@ def test_taylorseer_counts_each_cache_context_of_a_pipeline_that_runs_cfg_apart(
     assert len(calls) == skip.calls == 2 * STEPS and len(computed) == 2 * taylorseer_computed(STEPS, 3, 2)
     assert skip.skipped_share == ((len(calls) - len(computed)) / len(calls),) * 2
     assert "in each of the 2 cache contexts" in skip.how
+
+
+def test_a_cache_that_reuses_attention_alone_says_how_much_of_a_call_still_runs(planned):
+    """PAB's prediction read "skips 0% to 50% of the denoiser calls" while its skipped calls reuse attention only."""
+    spec, memory, work = planned
+    skip = cache_skip(work, "pab", {}, tuple(memory.denoisers), spec)
+    assert 0.05 < skip.kept_share < 1
+    assert skip.skips_text().endswith(f", each still running {skip.kept_share:.0%} of its work")

@@ -301,3 +301,18 @@ def test_faster_cache_defaults_are_diffusers_own_and_separate_cfg_is_refused():
     assert ours.block_skip_range == theirs.spatial_attention_block_skip_range and ours.attention_weight == 0.5
     assert "separate calls" in faster.supports(target("tiny-wan"))
     assert faster.supports(target("tiny-cogvideox")) is None
+
+
+def test_a_timestep_window_is_ordered_and_takes_its_commas_on_the_command_line():
+    """``--opt pab:timestep_skip_range=[100,800]`` was split at its comma ("write parameters as key=value, got
+    '800]'"), and a reversed window [800, 100], in which the hook never acts, was accepted (a new user's trial)."""
+    from diffmeter.optimize.options import parse_opt
+
+    spec = parse_opt("pab:timestep_skip_range=[200,700],block_skip_range=3")
+    assert spec.params == {"timestep_skip_range": [200, 700], "block_skip_range": 3}
+    (pab,) = build([spec])
+    assert pab.config.timestep_skip_range == (200, 700)
+    with pytest.raises(DiffmeterError, match="low < high"):
+        build([parse_opt("pab:timestep_skip_range=[800,100]")])
+    with pytest.raises(DiffmeterError, match="low < high"):
+        build([parse_opt("faster-cache:unconditional_batch_timestep_skip_range=[641,-1]")])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from diffmeter.optimize.hook_cache import HookCache
+from diffmeter.optimize.hook_cache import HookCache, Window
 from diffmeter.optimize.registry import register
 
 
@@ -15,9 +15,9 @@ class Config(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     block_skip_range: int = Field(2, ge=2)
-    timestep_skip_range: tuple[int, int] = (-1, 681)
+    timestep_skip_range: Window = (-1, 681)
     unconditional_batch_skip_range: int = Field(5, ge=1)
-    unconditional_batch_timestep_skip_range: tuple[int, int] = (-1, 641)
+    unconditional_batch_timestep_skip_range: Window = (-1, 641)
     attention_weight: float = 0.5
 
 

@@ -10,13 +10,25 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import torch
+from pydantic import AfterValidator
 
 from diffmeter.optimize.base import Optimization, Target, denoisers
 from diffmeter.pipelines import build_component
 from diffmeter.quiet import quiet_libraries
+
+
+def _ordered(window: tuple[int, int]) -> tuple[int, int]:
+    if window[0] >= window[1]:
+        raise ValueError(f"a timestep window is (low, high) with low < high, got {list(window)}: the hook never acts")
+    return window
+
+
+#: a timestep window (low, high): diffusers' PAB and FasterCache hooks act where ``low < timestep < high``
+#: (hooks/pyramid_attention_broadcast.py:158, faster_cache.py:272-274 and :423)
+Window = Annotated[tuple[int, int], AfterValidator(_ordered)]
 
 
 class HookCache(Optimization):

@@ -127,10 +127,11 @@ def _cache_params(cache: str, threshold: float | None, interval: int | None) -> 
 
 
 def parse_opt(text: str) -> OptimizationSpec:
-    """``name`` or ``name:key=value,key=value`` (values parsed as JSON when they can be)."""
+    """``name`` or ``name:key=value,key=value`` (values parsed as JSON when they can be; a bracketed value keeps its
+    commas: ``pab:timestep_skip_range=[100,800]``)."""
     name, _, rest = text.partition(":")
     params: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
+    for item in filter(None, (part.strip() for part in _top_level(rest))):
         key, equals, value = item.partition("=")
         if not equals:
             raise DiffmeterError(f"--opt {text}: write parameters as key=value, got '{item}'")
@@ -139,6 +140,17 @@ def parse_opt(text: str) -> OptimizationSpec:
             raise DiffmeterError(f"--opt {text}: {key} is given twice; give it once")
         params[key] = _value(value.strip())
     return OptimizationSpec(name=name.strip(), params=params)
+
+
+def _top_level(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        depth += {"[": 1, "(": 1, "]": -1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:index])
+            start = index + 1
+    return [*parts, text[start:]]
 
 
 def _value(text: str):

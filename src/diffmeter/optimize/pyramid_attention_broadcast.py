@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from diffmeter.optimize.hook_cache import HookCache
+from diffmeter.optimize.hook_cache import HookCache, Window
 from diffmeter.optimize.registry import register
 
 
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
     block_skip_range: int = Field(2, ge=2)
-    timestep_skip_range: tuple[int, int] = (100, 800)
+    timestep_skip_range: Window = (100, 800)
 
 
 @register

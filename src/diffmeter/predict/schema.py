@@ -144,6 +144,13 @@ class CacheSkip(BaseModel):
         share = f"{low:.0%}" if low == high else f"{low:.0%} to {high:.0%}"
         return f"{share} of the {self.calls} denoiser calls"
 
+    def skips_text(self, extrapolated: str = "") -> str:
+        """What the cache skips (``extrapolated``: said right after the share), and how much of a skipped call still
+        runs where that is not nearly nothing: PAB's skipped calls reuse attention alone ("skips 0% to 50% of the 2
+        denoiser calls, each still running 85% of its work")."""
+        kept = f", each still running {self.kept_share:.0%} of its work" if self.kept_share >= 0.05 else ""
+        return f"skips {self.share_text()}{extrapolated}{kept}"
+
 
 class OperatorWork(BaseModel):
     """Every operator of one generation, from fake-tensor execution of the profile's call plan."""

@@ -228,9 +228,10 @@ def fit_table(
         if claims:
             lines.append(escape(f"Held out: {'; '.join(claims)}."))
     cached = [skip for chosen, _, _ in rows if (skip := (skips or {}).get(chosen))]
-    for said in sorted({(s.technique, s.share_text(), s.extrapolated) for s in cached}, key=str):
-        extrapolated = f" ({said[2]})" if said[2] else ""  # the expected range spans the share: say how it was had
-        lines.append(escape(f"Cache: {said[0]} skips {said[1]}{extrapolated}."))
+    # the expected range spans the share: say how it was had
+    said = {(s.technique, s.skips_text(f" ({s.extrapolated})" if s.extrapolated else "")) for s in cached}
+    for technique, skips in sorted(said):
+        lines.append(escape(f"Cache: {technique} {skips}."))
     if said := sorted({why for chosen, _, _ in rows if (why := unranked.get(chosen))}):
         said = escape("; ".join(said))
         lines.append(f"Not ranked (no expected range; after the ranked rows, by lower bound): {said}.")

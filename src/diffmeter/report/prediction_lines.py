@@ -102,7 +102,7 @@ def prediction_lines(result: BenchResult) -> list[str]:
             lines.append(f"prediction: the expected range is {time.outside_calibration}")
         if time.cache:  # the range spans the cache's skipped share, which may be extrapolated
             extrapolated = f" ({time.cache.extrapolated})" if time.cache.extrapolated else ""
-            lines.append(f"prediction: {time.cache.technique} skips {time.cache.share_text()}{extrapolated}")
+            lines.append(f"prediction: {time.cache.technique} {time.cache.skips_text(extrapolated)}")
         if time.energy is not None:
             low, high = time.energy.per_output_j
             measured_j = result.summary.energy.gpu_j_per_image
