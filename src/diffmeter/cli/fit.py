@@ -35,6 +35,7 @@ from diffmeter.cli.options import (
 )
 from diffmeter.errors import DiffmeterError
 from diffmeter.quiet import load_libraries
+from diffmeter.spec import sizes_text
 from diffmeter.units import gib
 
 #: the settings the table lists without --all-settings
@@ -282,7 +283,7 @@ def fit(
     rows = [row for row in rows if row[0] not in as_default]
     shown = rows if all_settings else rows[:TOP]
     table = fit_table(  # the output's size is profile's to state: input images, binning or rounding may set it
-        f"{model} ({settled.steps} steps, batch {settled.batch_size})",
+        f"{model} ({', '.join(asked_generation(settled))})",
         prediction,
         target,
         shown,
@@ -322,3 +323,17 @@ def _memory_name(text: str) -> str:
     unit = text.strip().lower().rstrip("i b")
     read = "" if text.strip().lower().endswith("ib") else ", read as MiB" if unit.endswith("m") else ", read as GiB"
     return f"--memory {text.strip()}{read}"
+
+
+def asked_generation(settled) -> list[str]:
+    """What the fitted generation is, as the header says it: steps and batch, and the inputs, ControlNet and LoRA
+    asked for (a new user's trial: three runs of one model with other input images read alike)."""
+    said = [f"{settled.steps} steps", f"batch {settled.batch_size}"]
+    if settled.image_sizes:
+        said.append(f"input image{'s' * (len(settled.image_sizes) > 1)} {sizes_text(settled.image_sizes)}")
+    if settled.controlnet:
+        said.append(f"ControlNet {settled.controlnet}")
+    if settled.lora_rank or settled.lora_layers:
+        layers = f"rank {settled.lora_rank}" if settled.lora_rank else f"{len(settled.lora_layers)} layers"
+        said.append(f"LoRA {layers}")
+    return said
