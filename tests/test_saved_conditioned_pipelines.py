@@ -303,6 +303,10 @@ def test_the_controlnet_call_options_are_taken_and_change_no_macs(saved, cli):
             ["tiny-z-image", "--controlnet", "tiny-controlnet-z-image", "--control-guidance-end", "0.5"],
             "takes no control_guidance_end",
         ),
+        (  # a new user's trial: accepted, and nan scales the residuals into nan images
+            ["tiny-sdxl", "--controlnet", "tiny-controlnet-sdxl", "--controlnet-conditioning-scale", "nan"],
+            "must be a finite number, got nan",
+        ),
     ]
     for arguments, said in refused:
         code, _, err = cli("profile", *arguments)

@@ -231,3 +231,6 @@ class ProfileSpec:
                 f"--control-guidance-start {start:g} and --control-guidance-end {end:g}: the ControlNet pipelines "
                 "take 0 <= start < end <= 1 (fractions of the steps)"
             )
+        scale = self.controlnet_conditioning_scale
+        if scale is not None and not math.isfinite(scale):  # nan or inf scales the residuals into nan images
+            raise DiffmeterError(f"--controlnet-conditioning-scale must be a finite number, got {scale:g}")
