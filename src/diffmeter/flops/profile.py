@@ -100,10 +100,17 @@ def _with_defaults(spec: ProfileSpec):
 
 
 def _count(spec: ProfileSpec, depth: int) -> Profile:
+    asked = (spec.height, spec.width)
     entry, family, spec = _with_defaults(spec)
     sized = image_sized(family, entry, spec)  # no size asked: the input images set it, as the pipeline does
     requested = sized[:2] if sized else (spec.height, spec.width)
     shapes = family.shapes(entry, spec)
+    made = (shapes.spec.height, shapes.spec.width)
+    if any(asked) and made != asked and (why := getattr(family, "takes_no_size", lambda _: None)(entry)):
+        raise DiffmeterError(  # as bench refuses it (runs/spec.py): the asked size would be ignored
+            f"--height/--width: {why} ({made[1]}x{made[0]}, WxH, here): drop them, the run is counted at the size "
+            "it makes"
+        )
     try:
         plan = family.plan(shapes)
     except (ValueError, ZeroDivisionError) as error:  # the pipeline's own sizing (Qwen's smart_resize: aspect < 200)
