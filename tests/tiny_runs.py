@@ -85,6 +85,7 @@ def tiny_call(
         settings["image_sizes"] = tuple(image_sizes)
     accepted = inspect.signature(type(pipe).__call__).parameters  # HunyuanVideo 1.5 i2v takes no size: its image's
     inputs = {name: value for name, value in inputs.items() if name in accepted}
+    settings = {name: value for name, value in settings.items() if name not in ("height", "width") or name in accepted}
     if image_sizes:  # as bench calls it: one generator per output, where the pipeline would repeat work for each
         seeded = get_family(entry.family).seeded_call(pipe, {**inputs, **kwargs})
         return pipe, lambda: pipe(**seeded), settings
