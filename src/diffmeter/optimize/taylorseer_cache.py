@@ -29,6 +29,8 @@ class TaylorSeerCache(HookCache):
         """Refused where diffusers' default patterns hook no module: every call would run in full."""
         from diffusers.hooks.taylorseer_cache import _TRANSFORMER_BLOCK_IDENTIFIERS  # hooks/taylorseer_cache.py:14-20
 
+        if reason := super().supports(target):  # not a CacheMixin model, no cache context: said first
+            return reason
         for name, module in denoiser_modules(target):
             names = [path for path, _ in module.named_modules()]
             if not any(re.fullmatch(p, path) for p in _TRANSFORMER_BLOCK_IDENTIFIERS for path in names):
@@ -37,7 +39,7 @@ class TaylorSeerCache(HookCache):
                     f"diffusers' TaylorSeer patterns ({', '.join(_TRANSFORMER_BLOCK_IDENTIFIERS)}, matched whole) "
                     f"name no module of {name} (its attention is {example}): every call would run in full"
                 )
-        return super().supports(target)
+        return None
 
     def hook_config(self, pipe, target):
         from diffusers.hooks import TaylorSeerCacheConfig
