@@ -16,6 +16,7 @@ import yaml
 from gguf_file import write_gguf
 
 from diffmeter.catalog import resolve
+from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 from diffmeter.loading import load_pipeline
 from diffmeter.measure.memory_timeline import storages_bytes
@@ -313,3 +314,18 @@ def test_only_torchao_and_quanto_are_predicted_after_loading():
     meta = meta_module(resolve("tiny-flux").components["transformer"], torch.float32)
     with pytest.raises(ValueError, match="bnb after loading"):
         footprint(meta, "bnb", "nf4", torch.float32, after_loading=True)
+
+
+def test_a_gguf_file_of_whole_f16_weights_is_f16s(tmp_path):
+    """A file of F16 weights (F32 biases and norms), as the catalog's F16 files are: a new user's trial was told
+    "holds F32 tensors, not BF16: say --quantize gguf:F32", a type that did not exist."""
+    from diffmeter.tiny import tiny_pipeline
+
+    entry = resolve("tiny-flux")
+    write_gguf(tiny_pipeline(entry).transformer, tmp_path / "f16.gguf", "F16")
+    (whole,) = build(optimization_specs(["gguf:BF16"], str(tmp_path / "f16.gguf")))
+    target = Target(entry, get_family(entry.family), torch.device("cpu"), "float32", 2)
+    with pytest.raises(DiffmeterError, match="f16.gguf holds F16 tensors, not BF16: say --quantize gguf:F16"):
+        check([whole], target)
+    (f16,) = build(optimization_specs(["gguf:F16"], str(tmp_path / "f16.gguf")))
+    check([f16], target)

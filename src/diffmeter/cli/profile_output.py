@@ -83,9 +83,9 @@ def print_predicted(
     from diffmeter.predict.offload_time import why_untimed as why_offload_untimed
     from diffmeter.predict.operators import operator_work, predict_memory_and_work
     from diffmeter.predict.quantized_memory import Format, split_values, with_formats
-    from diffmeter.predict.quantized_time import AS_TORCHAO, held_out_claim, needs_fp8, quantized_work, why_not_modelled
+    from diffmeter.predict.quantized_time import held_out_claim, needs_fp8, quantized_work, why_not_modelled
     from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
-    from diffmeter.predict.technique_names import memory_technique
+    from diffmeter.predict.technique_names import AS_TORCHAO, memory_technique
     from diffmeter.predict.techniques import peak_under, short_of
     from diffmeter.predict.timed_techniques import HELD_OUT as TECHNIQUES_HELD_OUT
     from diffmeter.predict.timed_techniques import TIME_ONLY, timed_work, without_untimed

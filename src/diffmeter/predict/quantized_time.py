@@ -70,9 +70,6 @@ MODELLED = {
     "quanto": ("int8", "float8"),
     "torchao": ("int8wo", "float8wo", "float8dq-tensor", "float8dq-row"),
 }
-#: bench's ``--quantize int8|fp8`` (torchao's ``quantize_`` after loading, optimize/quantize.py:67) as the torchao
-#: weight-only types they are, timed as those
-AS_TORCHAO = {"quantize-int8": "int8wo", "quantize-fp8": "float8wo"}
 INT4 = (
     "its packed int4 kernels run far from any bound in eager mode: FLUX.1-dev on an H100, 109 s against 12 s in "
     "bfloat16 (benchmarks/published_quantized.yaml)"

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from diffmeter.quantization_spec import BACKENDS
 
+#: bench's ``--quantize int8|fp8`` (torchao's ``quantize_`` after loading, optimize/quantize.py:67) as the torchao
+#: weight-only types they are, timed as those
+AS_TORCHAO = {"quantize-int8": "int8wo", "quantize-fp8": "float8wo"}
+
 
 def technique(backend: str, kind: str) -> str:
     """A ``--quantize BACKEND:TYPE`` format's name: ``quantize-gguf-Q4_K_S``."""
