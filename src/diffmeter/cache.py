@@ -38,6 +38,7 @@ TIME_ONLY = (
     "predict/attention_kernels.py",
     "predict/bench_prediction.py",
     "predict/cache_time.py",
+    "predict/cache_published.py",
     "predict/cache_exact.py",
     "predict/cache_threshold.py",
     "predict/calibration.py",
