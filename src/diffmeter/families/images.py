@@ -167,3 +167,16 @@ def refuse_no_image(family: Family, entry) -> None:
             raise DiffmeterError(
                 f"{entry.name} ({entry.pipeline_class}) cannot run without an input image: drop --no-image"
             ) from refused
+
+
+def refuse_ignored_size(family: Family, entry, asked: tuple, spec: ProfileSpec) -> None:
+    """``--height/--width`` refused (bench and profile alike) where the pipeline's ``__call__`` takes no size
+    (``ImageConditioned.takes_no_size``): ``asked`` (height, width, None where not given) would be ignored; the line
+    names the size the pipeline makes of ``spec``."""
+    why = isinstance(family, ImageConditioned) and family.takes_no_size(entry)
+    if why and any(asked):
+        made = family.shapes(entry, spec).spec
+        raise DiffmeterError(
+            f"--height/--width: {why} ({made.width}x{made.height}, WxH, here): drop them, the run is named and counted "
+            "at the size it makes"
+        )

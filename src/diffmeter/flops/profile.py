@@ -16,7 +16,7 @@ from diffmeter.catalog import ComponentEntry, entry_of
 from diffmeter.catalog.controlnets import controlnet_of
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, Call, get_family, lora, schedule
-from diffmeter.families.images import image_sized
+from diffmeter.families.images import image_sized, refuse_ignored_size
 from diffmeter.flops.cached import cached_params, cached_profile, remember_params, remember_profile
 from diffmeter.flops.counter import KINDS, FlopCounts, call_signature, count_flops
 from diffmeter.flops.schema import BYTES_PER_PARAM, CallProfile, ComponentProfile, Profile, weights_of
@@ -105,12 +105,8 @@ def _count(spec: ProfileSpec, depth: int) -> Profile:
     sized = image_sized(family, entry, spec)  # no size asked: the input images set it, as the pipeline does
     requested = sized[:2] if sized else (spec.height, spec.width)
     shapes = family.shapes(entry, spec)
-    made = (shapes.spec.height, shapes.spec.width)
-    if any(asked) and made != asked and (why := getattr(family, "takes_no_size", lambda _: None)(entry)):
-        raise DiffmeterError(  # as bench refuses it (runs/spec.py): the asked size would be ignored
-            f"--height/--width: {why} ({made[1]}x{made[0]}, WxH, here): drop them, the run is counted at the size "
-            "it makes"
-        )
+    if asked != (shapes.spec.height, shapes.spec.width):  # bench's own profile asks the size the pipeline makes
+        refuse_ignored_size(family, entry, asked, spec)
     try:
         plan = family.plan(shapes)
     except (ValueError, ZeroDivisionError) as error:  # the pipeline's own sizing (Qwen's smart_resize: aspect < 200)

@@ -93,12 +93,10 @@ def taylorseer_computed(calls: int, interval: int, before: int) -> int:
     return sum(1 for step in range(calls) if step < before or (step - before - 1) % interval == 0)
 
 
-def cache_contexts(spec, calls: int) -> int:
+def cache_contexts(settled, calls: int) -> int:
     """The cache contexts a hook keeps its state in: two where CFG runs the uncond and cond calls apart, each in its
     own (``cache_context("uncond")`` and ``("cond")`` in the pipelines that separate them: QwenImagePipeline,
-    WanPipeline), else one; read from the denoiser calls per step."""
-    from diffmeter.families import schedule
+    WanPipeline), else one; read from the denoiser calls per step of ``settled`` (a ProfileSpec, defaults filled)."""
+    from diffmeter.families import schedule  # the families load torch: a cached fit reads this module without
 
-    settled = spec if spec.steps is not None else spec.with_defaults(resolve(spec.model).defaults)
-    steps = schedule.denoiser_steps(resolve(spec.model), settled)
-    return 2 if calls == 2 * steps else 1
+    return 2 if calls == 2 * schedule.denoiser_steps(resolve(settled.model), settled) else 1

@@ -180,9 +180,10 @@ def cache_skip(work: OperatorWork, name: str, params: dict, denoisers: tuple[str
         )
     hooked = sum(1 for k in modules if any(re.fullmatch(p, k) for p in TAYLORSEER_MODULES))
     outside = None  # an exact count, or a threshold inside the published runs'
+    settled = spec if None not in (spec.steps, spec.height) else spec.with_defaults(resolve(spec.model).defaults)
     if name == "taylorseer":
         interval, before = params.get("cache_interval", 5), params.get("disable_cache_before_step", 3)
-        contexts = cache_contexts(spec, calls)
+        contexts = cache_contexts(settled, calls)
         per_denoiser = Counter()
         for call in cached:  # a denoiser's calls may be several CallWorks (cond and uncond texts of other lengths)
             per_denoiser[call.component] += call.count
@@ -199,7 +200,6 @@ def cache_skip(work: OperatorWork, name: str, params: dict, denoisers: tuple[str
         )
     elif name == "deep-cache":
         interval = params.get("cache_interval", 3)
-        settled = spec if spec.steps is not None else spec.with_defaults(resolve(spec.model).defaults)
         from diffmeter.families import schedule  # the families load torch: a cached fit reads this module without
 
         places = schedule.first_places(resolve(spec.model), settled.steps, settled.scheduler)  # a UNet call each
@@ -222,11 +222,9 @@ def cache_skip(work: OperatorWork, name: str, params: dict, denoisers: tuple[str
         )
     else:
         params = {"threshold": DEFAULT_THRESHOLD[name], **DEFAULT_WARMUP.get(name, {}), **params}
-        if spec.steps is None or spec.height is None:
-            spec = spec.with_defaults(resolve(spec.model).defaults)
         rows = published() if rows is None else rows
-        low, high, how = threshold_share(name, params, spec, rows)
-        outside = extrapolated(name, params, rows, spec)
+        low, high, how = threshold_share(name, params, settled, rows)
+        outside = extrapolated(name, params, rows, settled)
     return CacheSkip(
         technique=label(name, params),
         components=list(denoisers),

@@ -237,8 +237,6 @@ def add_speedups(
     for row, result in zip(table, results, strict=True):
         if row["status"] == "complete" and _techniques(result) <= DEFAULTS and result.folder is not None:
             unoptimized.setdefault(_generation(row, result), []).append(result)
-    for candidates in unoptimized.values():
-        candidates.sort(key=lambda candidate: len(_techniques(candidate)))  # the fewest techniques first
     for row, result in zip(table, results, strict=True):
         if row["status"] != "complete":
             continue
@@ -252,7 +250,8 @@ def add_speedups(
         apart = None
         if baseline is None and folder is not None:
             candidates = [c for c in unoptimized.get(_generation(row, result), []) if _fewer(c, result)]
-            fewest = [c for c in candidates if len(_techniques(c)) == len(_techniques(candidates[0]))]
+            least = min((len(_techniques(c)) for c in candidates), default=0)
+            fewest = [c for c in candidates if len(_techniques(c)) == least]
             near = [c for c in fewest if _resolved(c.folder).parent == folder.parent]
             baseline = (near or (fewest if len(fewest) == 1 else [None]))[0]
             apart = None if near or baseline is None else f"baseline: stored apart, in {baseline.folder}"

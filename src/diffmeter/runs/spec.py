@@ -144,18 +144,12 @@ class BenchSpec(BaseModel):
         )
         profile.check_components(entry.name, list(entry.components))  # before those equal to dtype are dropped
         from diffmeter.families import get_family
-        from diffmeter.families.images import ImageConditioned, image_sized, refuse_no_image
+        from diffmeter.families.images import image_sized, refuse_ignored_size, refuse_no_image
 
         family = get_family(entry.family)
         if self.no_image:
             refuse_no_image(family, entry)
-        sized_by_image = isinstance(family, ImageConditioned) and family.takes_no_size(entry)
-        if (self.height or self.width) and (why := sized_by_image):
-            made = family.shapes(entry, profile).spec  # the size the pipeline makes, whatever was asked
-            raise DiffmeterError(
-                f"--height/--width: {why} ({made.width}x{made.height}, WxH, here): drop them, the run is named and "
-                "rated at the size it makes"
-            )
+        refuse_ignored_size(family, entry, (self.height, self.width), profile)
         height, width = (image_sized(family, entry, profile) or (profile.height, profile.width))[:2]
         if not family.bins(entry, profile):
             height, width, _ = family.pipeline_size(entry, height, width)

@@ -66,7 +66,7 @@ def machine_drift(baseline: BenchResult, candidate: BenchResult) -> str | None:
     stage both runs time took more than ``DRIFT`` times longer (or shorter) in it: the machine's speed changed
     between them, and the speed-up holds that change too (a new user's trial: "23.3x slower" for SeaCache while the
     untouched text encoding took 24x as long). None otherwise."""
-    added = {o.label: o.kind for o in candidate.optimizations} if candidate.optimizations else {}
+    added = {o.label: o.kind for o in candidate.optimizations}
     for applied in baseline.optimizations:
         added.pop(applied.label, None)
     if not added or any(kind not in DENOISER_ONLY for kind in added.values()):
