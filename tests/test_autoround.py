@@ -16,7 +16,7 @@ from test_fake_cuda import assert_ran_on_its_own_gpu
 from diffmeter.catalog import resolve
 from diffmeter.families import get_family
 from diffmeter.loading import load_pipeline
-from diffmeter.measure.memory_timeline import storages_bytes
+from diffmeter.measure.stored_weights import storages_bytes
 from diffmeter.optimize import Target, build, check
 from diffmeter.predict.footprints import meta_module
 from diffmeter.predict.quantized_formats import checkpoint_types, footprint

@@ -155,3 +155,22 @@ def test_a_quantized_runs_prediction_names_the_format_as_its_optimizations_line_
     (folder,) = tmp_path.iterdir()
     stored = json.loads((folder / "results.json").read_text())
     assert stored["prediction"]["memory_techniques"] == ["quantize-torchao-int8wo"]  # the JSON keeps the model's
+
+
+def test_bench_measures_the_weights_as_stored_and_holds_the_prediction_to_them(tmp_path, cli):
+    """The profile's ``param_bytes`` are the unquantized weights at the run's dtype; what a quantized run's weights
+    occupy after loading is measured from their storages, and the prediction of them is held to it exactly."""
+    code, out, err = cli(
+        "bench", "tiny-flux", "--steps", "1", "--iterations", "1", "--quantize", "quanto:int8",
+        "--opt", "fp8-text-encoder", "--no-save-images", "--out", tmp_path,
+    )  # fmt: skip
+    assert code == 0, err
+    (folder,) = tmp_path.iterdir()
+    stored = json.loads((folder / "results.json").read_text())
+    measured = stored["summary"]["peak_memory"]["weights_bytes"]
+    assert measured == stored["prediction"]["weights_bytes"]
+    unquantized = {c["name"]: c["param_bytes"] for c in stored["profile"]["components"]}
+    assert measured["transformer"] < unquantized["transformer"] and measured["vae"] == unquantized["vae"]
+    said = " ".join(out.split())
+    assert f"weights after loading: {units.gib(sum(measured.values()))} as stored" in said
+    assert "measured after loading (exact)" in said

@@ -18,7 +18,7 @@ from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 from diffmeter.loading import load_pipeline
-from diffmeter.measure.memory_timeline import storages_bytes
+from diffmeter.measure.stored_weights import storages_bytes
 from diffmeter.optimize import Target, build, check
 from diffmeter.predict.footprints import meta_module
 from diffmeter.predict.prequantized_formats import bfl_file_types

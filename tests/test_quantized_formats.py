@@ -1,6 +1,6 @@
 """``--quantize BACKEND:TYPE`` predicted offline (predict/quantized_formats.py, quantized_layouts.py): the bytes of each
 component as the backend stores it equal the bytes of the same component loaded quantized for real (tiny pipelines
-through bench's loader, GGUF files written with the ``gguf`` package), counted by ``measure.memory_timeline.
+through bench's loader, GGUF files written with the ``gguf`` package), counted by ``measure.stored_weights.
 storages_bytes`` (what a measured run counts as its resident weights: every storage, a quantized tensor's inner ones
 included); bitsandbytes, which diffusers loads only on a GPU, against its own CPU quantizers; GGUF files of catalog
 models against their published sizes."""
@@ -19,7 +19,7 @@ from diffmeter.catalog import resolve
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 from diffmeter.loading import load_pipeline
-from diffmeter.measure.memory_timeline import storages_bytes
+from diffmeter.measure.stored_weights import storages_bytes
 from diffmeter.optimize import Target, build, check
 from diffmeter.predict.footprints import meta_module
 from diffmeter.predict.gguf_city96 import file_bytes as gguf_file_bytes

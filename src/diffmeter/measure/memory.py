@@ -32,6 +32,9 @@ class PeakMemory(BaseModel):
     #: per stage (text encoding, denoising step, VAE decode, outside components), CUDA max allocated in any
     #: measured call (``measure/stage_memory.py``)
     cuda_stage_max_allocated_bytes: dict[str, int] | None = None
+    #: per model component: its weights as stored after loading and applying the techniques, wherever they sit
+    #: (``measure/stored_weights.py``); None in results stored before it was measured
+    weights_bytes: dict[str, int] | None = None
     process_peak_rss_bytes: int
     #: "measured iterations" (reset before them) or "process lifetime" (no reset possible)
     process_peak_rss_scope: str = "process lifetime"
@@ -81,14 +84,19 @@ def peak_rss_bytes() -> int:
 
 
 def read_peaks(
-    device: torch.device, loaded: int | None, rss_was_reset: bool, stage_peaks: StagePeaks | None = None
+    device: torch.device,
+    loaded: int | None,
+    rss_was_reset: bool,
+    stage_peaks: StagePeaks | None = None,
+    weights: dict[str, int] | None = None,
 ) -> PeakMemory:
     """The peaks since ``reset_peaks``; on CUDA, ``stage_peaks`` (which resets CUDA's marks at every stage)
-    holds the whole peaks and each stage's."""
+    holds the whole peaks and each stage's. ``weights``: each component's as stored after loading."""
     import torch
 
     hwm = _vm_hwm_bytes() if rss_was_reset else None
     rss = {
+        "weights_bytes": weights,
         "process_peak_rss_bytes": hwm if hwm is not None else peak_rss_bytes(),
         "process_peak_rss_scope": "measured iterations" if hwm is not None else "process lifetime",
     }

@@ -22,7 +22,8 @@ from pydantic import BaseModel
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.profiler._memory_profiler import OpTree
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from diffmeter.measure.stored_weights import storages_bytes
 
 _MARK = "diffmeter-stage::"
 #: CPU convolution kernels whose scratch buffers are allocated and freed inside the call
@@ -50,29 +51,6 @@ class MeasuredMemory(BaseModel):
     #: the same with convolution kernels' scratch buffers counted
     stage_peak_with_scratch_bytes: dict[str, int]
     peak_with_scratch_bytes: int
-
-
-def _plain(tensor: torch.Tensor) -> list[torch.Tensor]:
-    """The tensors holding ``tensor``'s data: itself, or a wrapper subclass's inner tensors (torchao's
-    quantized weights: the int8 or float8 data and its scales), which own the storages; a DTensor's own shard (its
-    flattened names also hold its device mesh, not a tensor)."""
-    if is_traceable_wrapper_subclass(tensor):
-        names, _ = tensor.__tensor_flatten__()
-        inner = [getattr(tensor, name) for name in names]
-        return [plain for part in inner if isinstance(part, torch.Tensor) for plain in _plain(part)]
-    return [tensor]
-
-
-def storages_bytes(modules: list[torch.nn.Module]) -> int:
-    """Bytes of the distinct storages behind the modules' parameters and buffers, a quantized tensor's inner
-    tensors included: what the loaded weights occupy."""
-    seen = {}
-    for module in modules:
-        for tensor in [*module.parameters(), *module.buffers()]:
-            for plain in _plain(tensor):
-                storage = plain.untyped_storage()
-                seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
 
 
 @contextmanager

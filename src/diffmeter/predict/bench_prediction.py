@@ -34,7 +34,7 @@ from diffmeter.predict.schema import (
     TimePrediction,
 )
 from diffmeter.predict.technique_names import memory_technique
-from diffmeter.predict.techniques import stage_peaks_under
+from diffmeter.predict.techniques import stage_peaks_under, stored_params
 from diffmeter.predict.timed_techniques import TIME_ONLY, timed_work
 from diffmeter.predict.vae_decode import VAE_MODES
 from diffmeter.quantization_spec import DENOISER
@@ -137,6 +137,7 @@ def predict_run(
         peak_memory_bytes=max(stages.values(), default=0),
         stage_peak_memory_bytes=stages,
         memory_techniques=techniques,
+        weights_bytes=stored_params(memory, tuple(techniques)),
         time=time,
         time_left_out=untimed if time is not None else [],
         notes=notes,

@@ -318,6 +318,9 @@ class RunPrediction(BaseModel):
     #: each stage's peak (text encoding, denoising step, VAE decode), with the same techniques
     stage_peak_memory_bytes: dict[str, int] = {}
     memory_techniques: list[str] = []
+    #: each component's weights as the run's techniques store them (``techniques.stored_params``): bench's measured
+    #: ``weights_bytes`` is their check
+    weights_bytes: dict[str, int] = {}
     time: TimePrediction | None = None
     #: the run's techniques the time prediction leaves out: it is the time of a pipeline without them, not of what ran
     time_left_out: list[str] = []

@@ -26,6 +26,21 @@ def stage_memory(result: BenchResult) -> list[str]:
     ]
 
 
+def weights_check(result: BenchResult) -> str | None:
+    """The predicted weights as stored against those measured after loading, component by component."""
+    predicted, measured = result.prediction.weights_bytes, result.summary.peak_memory.weights_bytes
+    if not predicted or not measured:
+        return None
+    total, found = sum(predicted.values()), sum(measured.values())
+    off = [
+        f"{name} {units.gib(bytes_)} vs {units.gib(measured[name])}"
+        for name, bytes_ in predicted.items()
+        if name in measured and bytes_ != measured[name]
+    ]
+    verdict = f"{100 * (total / found - 1):+.2f}%: {'; '.join(off)}" if off or total != found else "exact"
+    return f"predicted weights as stored: {units.gib(total)} vs {units.gib(found)} measured after loading ({verdict})"
+
+
 def group_line(group) -> str:
     """What a parallel run's prediction is of: one GPU of the group, and what it receives."""
     degrees = group.degrees_text()
@@ -71,6 +86,8 @@ def prediction_lines(result: BenchResult) -> list[str]:
         stages = stage_memory(result)
         if stages:
             lines.append("predicted vs CUDA max allocated per stage: " + "; ".join(stages))
+    if (weights := weights_check(result)) is not None:
+        lines.append(weights)
     if (group := prediction.parallel) is not None:
         lines.append(group_line(group))
     time = prediction.time

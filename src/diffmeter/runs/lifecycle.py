@@ -33,6 +33,7 @@ from diffmeter.measure.environment import speed_differences, speed_settings
 from diffmeter.measure.host_link import link_line
 from diffmeter.measure.host_link import measure as measure_link
 from diffmeter.measure.memory import loaded_bytes, out_of_memory, read_peaks, release, reset_peaks
+from diffmeter.measure.stored_weights import component_weights_bytes
 from diffmeter.measure.stage_memory import StagePeaks
 from diffmeter.measure.stages import StageTimer
 from diffmeter.optimize import build
@@ -198,6 +199,7 @@ class MeasuredRun:
         )
         self.base["notes"] += [note] if note else []
         self.loaded = loaded_bytes(self.device)
+        self.weights = component_weights_bytes(self.pipe)
         self.meter = EnergyMeter(self.device)
         self.stage_peaks = StagePeaks(self.device) if self.device.type == "cuda" else None
         self.timer = StageTimer(
@@ -292,7 +294,7 @@ class MeasuredRun:
         return summarize_run(
             self.run_.spec,
             iterations,
-            read_peaks(self.device, self.loaded, self.rss_was_reset, self.stage_peaks),
+            read_peaks(self.device, self.loaded, self.rss_was_reset, self.stage_peaks, self.weights),
             Energy.of(*self.energy, images, self.meter),
             self.base["profile"],
             self.figures["first_call_s"],
