@@ -33,9 +33,9 @@ from diffmeter.measure.environment import speed_differences, speed_settings
 from diffmeter.measure.host_link import link_line
 from diffmeter.measure.host_link import measure as measure_link
 from diffmeter.measure.memory import loaded_bytes, out_of_memory, read_peaks, release, reset_peaks
-from diffmeter.measure.stored_weights import component_weights_bytes
 from diffmeter.measure.stage_memory import StagePeaks
 from diffmeter.measure.stages import StageTimer
+from diffmeter.measure.stored_weights import component_weights_bytes
 from diffmeter.optimize import build
 from diffmeter.optimize.tf32 import fp32_math, fp32_precision
 from diffmeter.runs import baseline, calls, speedups, storage
