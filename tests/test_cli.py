@@ -35,6 +35,21 @@ def test_profile_csv_holds_the_denoiser_steps_its_table_shows(cli):
     assert {(int(r["steps"]), int(r["denoiser_steps"])) for r in rows} == {(2, counted["denoiser_steps"])}
 
 
+def test_profile_csv_names_the_input_images_and_the_controlnet(cli):
+    """Two image-conditioned profiles differ in their input images or ControlNet alone: the CSV held neither."""
+    images = ("tiny-qwenimage-edit-plus", "--image-size", "32x48", "--image-size", "64x64")
+    code, out, err = cli("profile", *images, "--csv")
+    assert code == 0, err
+    (row, *_) = list(csv.DictReader(io.StringIO(out)))
+    counted = json.loads(cli("profile", *images, "--json")[1])
+    assert row["input_images"] == ";".join(f"{w}x{h}" for h, w in counted["input_images"]) and row["controlnet"] == ""
+    controlnet = ("tiny-sd", "--controlnet", "tiny-controlnet-sd")
+    code, out, err = cli("profile", *controlnet, "--csv")
+    assert code == 0, err
+    named = json.loads(cli("profile", *controlnet, "--json")[1])["controlnet"]
+    assert named and {r["controlnet"] for r in csv.DictReader(io.StringIO(out))} == {named}
+
+
 def test_profile_table_names_units(cli):
     code, out, _ = cli("profile", "tiny-flux", "--depth", "1")
     assert code == 0 and "MACs" in out and "FLOPs" in out and "  .transformer_blocks" in out

@@ -14,6 +14,8 @@ COLUMNS = (
     "height",
     "width",
     "num_frames",
+    "input_images",
+    "controlnet",
     "steps",
     "denoiser_steps",
     "batch_size",
@@ -52,6 +54,9 @@ def profiles_csv(profiles: list[Profile]) -> str:
                 "height": p.height,
                 "width": p.width,
                 "num_frames": p.num_frames or "",
+                # WxH each, as the command line writes them, ";" between several; empty: text-to-image
+                "input_images": ";".join(f"{width}x{height}" for height, width in p.input_images),
+                "controlnet": p.controlnet or "",
                 "steps": p.steps,
                 "denoiser_steps": p.denoiser_steps,  # the table's "(21 denoiser steps)": PNDM at 20 steps
                 "batch_size": p.batch_size,
