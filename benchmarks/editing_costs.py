@@ -16,6 +16,7 @@ from pathlib import Path
 from diffmeter import units
 from diffmeter.catalog import all_entries
 from diffmeter.catalog.controlnets import all_controlnets
+from diffmeter.errors import DiffmeterError
 from diffmeter.families import get_family
 from diffmeter.families.hunyuanvideo15 import IMAGE_TOKENS
 from diffmeter.families.images import ImageConditioned
@@ -38,6 +39,15 @@ SEVERAL = [((1024, 1024),) * 2, ((1024, 1024),) * 4]
 def takes(family, images: tuple) -> bool:
     """Whether the family's pipeline takes this many input images (``max_images`` None: any number)."""
     return family.max_images is None or len(images) <= family.max_images
+
+
+def text_alone(spec: ProfileSpec):
+    """The checkpoint's generation from text alone, as ``profile`` compares an edit with it (FLUX.1 Kontext's
+    ``--no-image``), or None where the pipeline needs an image."""
+    try:
+        return profile_spec(spec)
+    except DiffmeterError:
+        return None
 
 
 def row(spec: ProfileSpec, gpu) -> dict:
@@ -97,11 +107,13 @@ def main() -> int:
         "measured on a GPU.",
         "",
         "Reproduce one row: `diffmeter profile flux1-kontext-dev --image-size 1024x1024 --gpu h100`.",
+        "Every row is at its model's default output size; where the output follows the input image (FLUX.2,",
+        "Qwen-Image-Edit), add it: `diffmeter profile flux2-dev --image-size 512x512 --height 1024 --width 1024`.",
     ]
     for entry in entries:
         family = get_family(entry.family)
-        needs_image = bool(entry.defaults.image_sizes)  # an image-to-video checkpoint: no text-only run of its own
-        if needs_image and not family.is_video:  # an editing checkpoint: every size, no text-only run
+        needs_image = bool(entry.defaults.image_sizes)  # its catalog call takes an image (Kontext's, an I2V's)
+        if needs_image and not family.is_video:  # an editing checkpoint: every size
             settings = [images for images in IMAGES + SEVERAL if images and takes(family, images)]
         elif needs_image:
             settings = [None]  # its catalog image, at the video's size (any image is resized to it)
@@ -114,6 +126,7 @@ def main() -> int:
         rows = [row(ProfileSpec(model=entry.name, image_sizes=images, **size), gpu) for images in settings]
         base = rows[0]
         plain = base["profile"]
+        text_only = plain if not needs_image else text_alone(ProfileSpec(model=entry.name, image_sizes=(), **size))
         lines += [
             "",
             f"## {entry.name} ({entry.pipeline_class})",
@@ -139,7 +152,7 @@ def main() -> int:
             usable = gpu.memory_bytes - CUDA_HOLDBACK_BYTES
             if found["peak"] > usable:  # the time of a run that cannot start as it is would mislead
                 expected = f"does not fit ({units.gib(usable)} usable): `diffmeter fit` names the settings that do"
-            ratio = "- (no text-only run)" if needs_image else f"{p.total_macs / plain.total_macs:.2f}x"
+            ratio = f"{p.total_macs / text_only.total_macs:.2f}x" if text_only else "- (no text-only run)"
             lines.append(
                 f"| {size_cell(p)} | {tokens} | {units.macs(p.denoiser_macs_per_step)} | "
                 f"{units.macs(found['encode']) if found['encode'] else '-'} | {units.macs(p.total_macs)} | "
@@ -155,7 +168,8 @@ def main() -> int:
                 "latents and concatenates them after them in every transformer call: at 1024x1024, 4,096 image",
                 "tokens beside 4,096 noisy-latent tokens, so its step counts exactly what FLUX.1-dev's does at 8,192",
                 "image tokens. The catalog's call edits an",
-                "image (the model card's), so there is no text-only row. Counted exactly, batch 2 and true CFG",
+                "image (the model card's); its x text-to-image column is against the same checkpoint called without",
+                "one (`profile --no-image`), as `profile` compares them. Counted exactly, batch 2 and true CFG",
                 "included: `tests/test_family_flux_kontext.py`.",
             ]
         elif entry.family in ("qwenimage_edit", "qwenimage_edit_plus"):
