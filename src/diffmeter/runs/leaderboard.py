@@ -58,14 +58,13 @@ def uncached(names: list[str]) -> list[str]:
 def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
     """One model's cells on ``gpus``: one fake run of its generation at the catalog defaults (or its answer from
     the disk cache, without torch), then per GPU."""
-    from diffmeter.predict.cached import cached_memory_and_work, cached_work
+    from diffmeter.predict.cached import cached_memory_and_work
     from diffmeter.predict.fit_formats import least_quantization
     from diffmeter.predict.kernel_kinds import of_architecture
     from diffmeter.predict.roofline import missing_figures
     from diffmeter.predict.techniques import fitting, peak_under
-    from diffmeter.predict.vae_decode import VAE_MODES
     from diffmeter.runs.fit_speedups import SettingWork
-    from diffmeter.runs.fitting import lower_times, plain_time, runnable, why_untimed
+    from diffmeter.runs.fitting import plain_time, runnable
 
     entry, spec = default_spec(name)
     found = cached_memory_and_work(spec)
@@ -77,7 +76,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
     plain = peak_under(prediction, ())
     output = "video" if spec.num_frames else "image"
     memory_note = f"memory: {prediction.checked}" if prediction.checked else "memory: tracked on fake tensors"
-    cells, decoded, by_kernels = [], {}, {}
+    cells, by_kernels = [], {}
     for gpu in gpus:
         kernels = of_architecture(gpu.architecture)
         if kernels not in by_kernels:  # shared by every GPU whose quantized kernels are of the kind
@@ -85,48 +84,56 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
             by_kernels[kernels] = formatted, SettingWork(work, formatted, spec, tuple(prediction.denoisers))
         quantized, setting_work = by_kernels[kernels]
         usable = gpu.memory_bytes - CUDA_HOLDBACK_BYTES
-        found, _ = runnable(fitting(prediction, usable, fp8="fp8" in gpu.tflops), entry, spec)
         time = plain_time(work, prediction, gpu, spec.batch_size)
-        times = lower_times(time, prediction, gpu, [chosen for chosen, _ in found])
-        rows = sorted(found, key=lambda row: times.get(row[0], float("inf")))
         by_time = time is not None and gpu.kind == "cuda"  # the fastest is ranked: fp8 matmuls kept, not dropped
+        # the memory settings fit offers (--quantize formats, not the bare int8|fp8 it times as torchao's)
         formats, _ = runnable(fitting(quantized, usable, fp8="fp8" in gpu.tflops, timed=by_time), entry, spec)
         cell = Cell(
             model=name,
             gpu=gpu.name,
             architecture=gpu.architecture,
             memory_bytes=gpu.memory_bytes,
-            fits=bool(rows),
+            fits=bool(formats),
             plain_peak_bytes=plain,
             least_format=least_quantization(quantized, formats),
             output=output,
             notes=[memory_note],
         )
-        if rows:
-            chosen, peak = rows[0]
-            cell.setting, cell.peak_bytes, cell.lower_s = list(chosen), peak, times.get(chosen)
+        if formats:
+            chosen, peak, found = quickest(formats, setting_work, gpu, spec) if time else (*formats[0], None)
+            cell.setting, cell.peak_bytes = list(chosen), peak
             if time is None:
                 cell.notes.append(f"no time: {missing_figures(gpu, work)}")
-            elif set(chosen) <= set(VAE_MODES):
-                if chosen:  # the decode's operators as the tiled or sliced decode runs them
-                    decoded[chosen] = decoded.get(chosen) or cached_work(spec, chosen) or _counted(spec, chosen)
-                    time = plain_time(decoded[chosen], prediction, gpu, spec.batch_size)
-                    cell.lower_s = time.lower_s
-                    cell.notes.append(f"time: the VAE decode as {' and '.join(chosen)} runs it")
-                cell.expected_s = time.expected_s
-                cell.energy_j = time.energy.per_output_j if time.energy else None
-                cell.notes.append(f"time: {time.calibration}")
-                if time.outside_calibration:
-                    cell.notes.append(f"time: the expected range is {time.outside_calibration}")
-                cell.notes.append(f"energy: {time.energy.calibration if time.energy else time.energy_left_out}")
-            elif cell.lower_s is None:  # an offloading setting on a card without a known host link
-                cell.notes.append(f"no time: {why_untimed(time, gpu, work, tf32=True, named=True)}")
+            elif found.time is not None:  # as fit and profile --gpu time the setting, its techniques in it
+                cell.lower_s, cell.expected_s = found.time.lower_s, found.time.expected_s
+                cell.energy_j = found.time.energy.per_output_j if found.time.energy else None
+                cell.notes.append(f"time: {found.time.calibration}")
+                if found.time.outside_calibration:
+                    cell.notes.append(f"time: the expected range is {found.time.outside_calibration}")
+                energy = found.time.energy
+                cell.notes.append(f"energy: {energy.calibration if energy else found.time.energy_left_out}")
             else:
-                cell.notes.append(f"time: lower bound only; no expected range for {', '.join(chosen)}")
+                cell.lower_s = found.lower
+                bound = "lower bound only" if found.lower is not None else "no time"
+                cell.notes.append(f"time: {bound}; {found.why}")
             if by_time:
                 fastest(cell, setting_work, formats, gpu, entry, spec)
         cells.append(cell)
     return cells
+
+
+def quickest(fits, setting_work, gpu: Device, spec):
+    """(setting, peak, ``fit_speedups.Timed``) of the memory setting among ``fits`` with the least expected
+    midpoint, as ``fit`` ranks them; one without a range after those, by its lower bound, then in ``fits``' order."""
+    from diffmeter.runs.fit_speedups import timed
+
+    found = [(chosen, peak, timed(setting_work, chosen, gpu, outputs=spec.batch_size)) for chosen, peak in fits]
+
+    def rank(row):
+        midpoint, lower = row[2].midpoint, row[2].lower
+        return (midpoint is None, midpoint or lower or float("inf"))
+
+    return min(found, key=rank)
 
 
 def card_formats(prediction, spec, gpu: Device):
@@ -154,13 +161,6 @@ def fastest(cell: Cell, setting_work, fits, gpu: Device, entry, spec) -> None:
     _, chosen, best = ranked[0]
     cell.fastest, cell.fastest_s = list(chosen), best.time.expected_s
     cell.notes.append(f"fastest: {setting_name(chosen) or 'plain'}, expected time with its techniques (fit_speedups)")
-
-
-def _counted(spec, decode_modes: tuple[str, ...]):
-    """The decode's operators under ``decode_modes``, counted on fake tensors (torch imported here only)."""
-    from diffmeter.predict.operators import operator_work
-
-    return operator_work(spec, decode_modes)
 
 
 def table_gpus() -> list[Device]:
