@@ -230,6 +230,17 @@ def test_profile_times_compile_and_names_what_it_cannot(cli):
     assert code == 2 and "the sage backend takes bfloat16 or float16 only" in err
 
 
+def test_max_autotune_says_it_is_timed_as_reduce_overhead(cli):
+    """A new user's trial: max-autotune printed the default mode's range with nothing left out, as if its autotuned
+    kernels were modelled; it is timed as CUDA graphs and fusion alone, and says so."""
+    asked = ("profile", "tiny-flux", "--gpu", "h100", "--opt")
+    graphs = json.loads(cli(*asked, "compile:mode=reduce-overhead", "--json")[1])["time"]["expected_s"]
+    code, out, _ = cli(*asked, "compile:mode=max-autotune", "--json")
+    assert code == 0 and json.loads(out)["time"]["expected_s"] == graphs
+    code, out, _ = cli(*asked, "compile:mode=max-autotune")
+    assert code == 0 and "max-autotune timed as reduce-overhead" in " ".join(out.split())
+
+
 def test_a_held_out_sources_eager_runs_never_reach_its_prediction():
     """The compiled run of source s0 predicted with s0's eager runs made 3x slower, or left out: the same."""
     from calibrate_techniques import held_out

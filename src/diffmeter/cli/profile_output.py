@@ -288,10 +288,18 @@ def print_predicted(
             console.print(
                 f"time with {', '.join(others)}; memory as without"
                 + (" (CUDA graphs' pool not counted)" if any("reduce-overhead" in t for t in others) else "")
+                + (AUTOTUNE if any("max-autotune" in t for t in others) else "")
                 + "; "
                 + TECHNIQUES_HELD_OUT,
                 markup=False,
             )
+
+
+#: compile's max-autotune as the time has it (``compiled_time.CUDA_GRAPH_MODES``): what it shares with reduce-overhead
+AUTOTUNE = (
+    "; compile mode=max-autotune timed as reduce-overhead (CUDA graphs, inductor's fusion): the kernels its "
+    "autotuning picks are not modelled, and no published run of it is held out"
+)
 
 
 def refuse_inapplicable(built: list, specs, results, formats=(), on_cpu: bool = False) -> None:
