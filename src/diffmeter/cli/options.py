@@ -256,11 +256,19 @@ Opt = Annotated[
         rich_help_panel=OPTIMIZATIONS,
     ),
 ]
+def _card_named(value: str | None) -> str | None:
+    """An empty ``--gpu`` names no card: refused, not read as no ``--gpu`` at all."""
+    if value is not None and not value.strip():
+        raise typer.BadParameter("an empty name: name the card, e.g. --gpu h100 (a wrong name lists them)")
+    return value
+
+
 GpuName = Annotated[
     str | None,
     typer.Option(
         "--gpu",
         metavar="NAME",
+        callback=_card_named,
         help="predict peak memory per stage for this GPU: h100, h200, l4, rtx 4090... (a wrong name lists them)",
     ),
 ]
