@@ -208,6 +208,9 @@ def test_fit_json_holds_the_generation_as_fitted_beside_as_asked(cli):
     assert code == 0 and found["settings"]["steps"] is None
     resolved = found["resolved"]
     assert (resolved["width"], resolved["height"], resolved["steps"], resolved["dtype"]) == (1024, 1024, 50, "bfloat16")
+    # the table's "left" column, which the JSON lacked (a new user's trial)
+    usable = found["memory_bytes"] - found["held_back_bytes"]
+    assert all(row["left_bytes"] == usable - row["peak_bytes"] > 0 for row in found["fits"])
 
 
 def test_a_reduce_overhead_row_predicted_as_its_default_mode_twin_is_said_once(cli):

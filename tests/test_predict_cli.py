@@ -26,6 +26,12 @@ def test_profile_json_holds_the_memory_prediction(cli):
     stages = data["memory"]["stages"]
     assert data["memory"]["peak_bytes"] == max(stage["peak_bytes"] for stage in stages)
     assert data["total_flops"] == 2 * data["total_macs"]  # the profile itself is unchanged
+    # under a technique, each stage's peak as bench's prediction stores it; "memory" stays the pipeline's without it
+    code, out, _ = cli("profile", "tiny-sd", "--gpu-spec", "0.004GB,100TFLOPS,1TB/s", "--offload", "model", "--json")
+    held = json.loads(out)
+    assert held["memory"]["peak_bytes"] == data["memory"]["peak_bytes"]
+    assert held["peak_memory_bytes"] == max(held["stage_peak_memory_bytes"].values()) < data["peak_memory_bytes"]
+    assert all(held["stage_peak_memory_bytes"][s] < data["stage_peak_memory_bytes"][s] for s in ("text encoding",))
 
 
 def test_a_generation_larger_than_the_card_does_not_fit(cli):

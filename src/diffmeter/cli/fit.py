@@ -259,6 +259,7 @@ def fit(
                     "bench": bench_flags(chosen),  # the bench options that run it
                     "peak_bytes": peak,
                     "borderline": borderline(peak, usable),  # within the memory prediction's checked error
+                    "left_bytes": usable - peak,  # the table's "left": the card's memory less held back and peak
                     "lower_s": time,
                     "expected_s": expected.get(chosen),  # the calibrated range with every technique of it
                     "not_ranked": unranked.get(chosen),  # why it has no expected range: a technique not timed

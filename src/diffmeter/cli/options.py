@@ -256,6 +256,8 @@ Opt = Annotated[
         rich_help_panel=OPTIMIZATIONS,
     ),
 ]
+
+
 def _card_named(value: str | None) -> str | None:
     """An empty ``--gpu`` names no card: refused, not read as no ``--gpu`` at all."""
     if value is not None and not value.strip():

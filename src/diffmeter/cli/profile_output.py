@@ -86,7 +86,7 @@ def print_predicted(
     from diffmeter.predict.quantized_time import held_out_claim, needs_fp8, quantized_work, why_not_modelled
     from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
     from diffmeter.predict.technique_names import AS_TORCHAO, memory_technique
-    from diffmeter.predict.techniques import peak_under, short_of
+    from diffmeter.predict.techniques import peak_under, short_of, stage_peaks_under
     from diffmeter.predict.timed_techniques import HELD_OUT as TECHNIQUES_HELD_OUT
     from diffmeter.predict.timed_techniques import TIME_ONLY, timed_work, without_untimed
     from diffmeter.predict.vae_decode import VAE_MODES
@@ -227,6 +227,8 @@ def print_predicted(
                 "memory_techniques": list(techniques),
                 "time_techniques": time_techniques,  # timed, memory as without them (compile, attention kernels)
                 "peak_memory_bytes": peak_under(memory, techniques),
+                # each stage's under those techniques ("memory" is without them), as bench's prediction stores it
+                "stage_peak_memory_bytes": stage_peaks_under(memory, techniques),
                 # the card's memory less the CUDA context held back (devices.CUDA_HOLDBACK_BYTES), against that peak:
                 # None where the card has no single memory size
                 "fits": None if not chosen.memory_bytes else short is None,
