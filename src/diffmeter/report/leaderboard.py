@@ -26,7 +26,7 @@ COLUMNS = (
     ("time lower bound", lambda c: c.lower_s, lambda c: _seconds(c.lower_s)),
     ("expected time", lambda c: _middle(c.expected_s), lambda c: _range(c.expected_s, units.seconds)),
     ("energy per output", lambda c: _middle(c.energy_j), lambda c: _range(c.energy_j, units.joules)),
-    ("least quantization that fits", lambda c: c.least_format or "", lambda c: _least(c)),
+    ("least quantization that fits (model offload allowed)", lambda c: c.least_format or "", lambda c: _least(c)),
     ("fastest predicted setting", lambda c: _fastest(c), lambda c: _fastest(c)),
     ("its expected time", lambda c: _middle(c.fastest_s), lambda c: _range(c.fastest_s, units.seconds)),
 )

@@ -64,7 +64,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
     from diffmeter.predict.roofline import missing_figures
     from diffmeter.predict.techniques import fitting, peak_under
     from diffmeter.runs.fit_speedups import SettingWork
-    from diffmeter.runs.fitting import plain_time, runnable
+    from diffmeter.runs.fitting import plain_time, runnable, why_untimed
 
     entry, spec = default_spec(name)
     found = cached_memory_and_work(spec)
@@ -112,10 +112,11 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
                     cell.notes.append(f"time: the expected range is {found.time.outside_calibration}")
                 energy = found.time.energy
                 cell.notes.append(f"energy: {energy.calibration if energy else found.time.energy_left_out}")
+            elif found.lower is None:  # an offloading setting on a card without a known host link
+                cell.notes.append(f"no time: {why_untimed(time, gpu, work, tf32=True, named=True)}")
             else:
                 cell.lower_s = found.lower
-                bound = "lower bound only" if found.lower is not None else "no time"
-                cell.notes.append(f"time: {bound}; {found.why}")
+                cell.notes.append(f"time: lower bound only; {found.why}")
             if by_time:
                 fastest(cell, setting_work, formats, gpu, entry, spec)
         cells.append(cell)
