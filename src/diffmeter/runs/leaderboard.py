@@ -63,6 +63,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
     from diffmeter.predict.kernel_kinds import of_architecture
     from diffmeter.predict.roofline import missing_figures
     from diffmeter.predict.techniques import fitting, peak_under
+    from diffmeter.predict.vae_decode import VAE_MODES
     from diffmeter.runs.fit_speedups import SettingWork
     from diffmeter.runs.fitting import plain_time, runnable, why_untimed
 
@@ -107,6 +108,8 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
             elif found.time is not None:  # as fit and profile --gpu time the setting, its techniques in it
                 cell.lower_s, cell.expected_s = found.time.lower_s, found.time.expected_s
                 cell.energy_j = found.time.energy.per_output_j if found.time.energy else None
+                if modes := [t for t in chosen if t in VAE_MODES]:  # its decode's operators as that mode runs them
+                    cell.notes.append(f"time: the VAE decode as {' and '.join(modes)} runs it")
                 cell.notes.append(f"time: {found.time.calibration}")
                 if found.time.outside_calibration:
                     cell.notes.append(f"time: the expected range is {found.time.outside_calibration}")
