@@ -219,6 +219,7 @@ def print_predicted(
         times = [time]
     shorts = [short_of(memory, chosen, techniques) for memory in memories]  # None: it fits, or no single size
     if as_json:
+        staged = [stage_peaks_under(memory, techniques) for memory in memories]
         payloads = [
             {
                 **found.to_json_dict(),
@@ -226,9 +227,9 @@ def print_predicted(
                 "memory": memory.model_dump(mode="json"),
                 "memory_techniques": list(techniques),
                 "time_techniques": time_techniques,  # timed, memory as without them (compile, attention kernels)
-                "peak_memory_bytes": peak_under(memory, techniques),
+                "peak_memory_bytes": max(stages.values(), default=0),  # the largest stage's (peak_under)
                 # each stage's under those techniques ("memory" is without them), as bench's prediction stores it
-                "stage_peak_memory_bytes": stage_peaks_under(memory, techniques),
+                "stage_peak_memory_bytes": stages,
                 # the card's memory less the CUDA context held back (devices.CUDA_HOLDBACK_BYTES), against that peak:
                 # None where the card has no single memory size
                 "fits": None if not chosen.memory_bytes else short is None,
@@ -243,7 +244,9 @@ def print_predicted(
                 "time_left_out": untimed + (parallel_untimed if time else []),
                 **({"parallel": group.model_dump(mode="json")} if group else {}),
             }
-            for found, memory, time, lacking, short in zip(results, memories, times, missing, shorts, strict=True)
+            for found, memory, stages, time, lacking, short in zip(
+                results, memories, staged, times, missing, shorts, strict=True
+            )
         ]
         print(json.dumps(payloads[0] if len(payloads) == 1 else {"profiles": payloads}, indent=2))
         return

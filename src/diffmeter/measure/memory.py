@@ -95,7 +95,7 @@ def read_peaks(
     import torch
 
     hwm = _vm_hwm_bytes() if rss_was_reset else None
-    rss = {
+    everywhere = {
         "weights_bytes": weights,
         "process_peak_rss_bytes": hwm if hwm is not None else peak_rss_bytes(),
         "process_peak_rss_scope": "measured iterations" if hwm is not None else "process lifetime",
@@ -110,9 +110,9 @@ def read_peaks(
             cuda_max_reserved_bytes=reserved,
             cuda_loaded_bytes=loaded,
             cuda_stage_max_allocated_bytes=stages,
-            **rss,
+            **everywhere,
         )
-    return PeakMemory(**rss)
+    return PeakMemory(**everywhere)
 
 
 def out_of_memory(error: BaseException) -> bool:

@@ -7,7 +7,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from diffmeter.optimize.base import Target
-from diffmeter.optimize.hook_cache import HookCache, denoiser_modules
+from diffmeter.optimize.hook_cache import HookCache, denoiser_modules, hooked_blocks
 from diffmeter.optimize.registry import register
 from diffmeter.predict.cache_threshold import DEFAULT_THRESHOLD
 
@@ -45,15 +45,9 @@ def head_and_tail_mismatch(module: torch.nn.Module) -> str | None:
     block's output as a list where the block returns a tuple (hooks/first_block_cache.py:118-124) and subtracts it
     from the last block's output, a tuple's entries from its entries, a tensor as a whole (:170-179): a tuple first
     with a tensor last raises TypeError (FLUX.2's double then single blocks), the reverse subtracts a batch entry."""
-    from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
     from diffusers.hooks._helpers import TransformerBlockRegistry
 
-    blocks = [
-        block
-        for name, child in module.named_children()
-        if name in _ALL_TRANSFORMER_BLOCK_IDENTIFIERS and isinstance(child, torch.nn.ModuleList)
-        for block in child
-    ]
+    blocks = hooked_blocks(module)
     if len(blocks) < 2:
         return None
     head, tail = (TransformerBlockRegistry.get(type(block)) for block in (blocks[0], blocks[-1]))
@@ -62,7 +56,6 @@ def head_and_tail_mismatch(module: torch.nn.Module) -> str | None:
         return None
     return (
         f"its first block ({type(blocks[0]).__name__}) returns {first} and its last ({type(blocks[-1]).__name__}) "
-        f"{last}, and "
-        "the hook subtracts the one's output from the other's as if alike (a TypeError at the first call for a tuple "
-        "first, wrong residuals for a tensor first)"
+        f"{last}, and the hook subtracts the one's output from the other's as if alike (a TypeError at the first "
+        "call for a tuple first, wrong residuals for a tensor first)"
     )

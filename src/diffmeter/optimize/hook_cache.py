@@ -96,18 +96,27 @@ def meta_build(class_name: str, config: str) -> torch.nn.Module:
         return build_component(ComponentEntry(class_name=class_name, config=json.loads(config)), "meta")
 
 
-def unregistered_blocks(module: torch.nn.Module) -> tuple[str, ...]:
-    """The classes of the blocks diffusers' block hooks attach to (the ``ModuleList``s its identifiers name,
-    hooks/_common.py) that its registry has no metadata for."""
+def hooked_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks diffusers' block hooks attach to, in order: those of the ``ModuleList``s its identifiers name
+    (hooks/_common.py)."""
     from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
+
+    return [
+        block
+        for name, child in module.named_children()
+        if name in _ALL_TRANSFORMER_BLOCK_IDENTIFIERS and isinstance(child, torch.nn.ModuleList)
+        for block in child
+    ]
+
+
+def unregistered_blocks(module: torch.nn.Module) -> tuple[str, ...]:
+    """The classes of ``hooked_blocks`` that diffusers' registry has no metadata for."""
     from diffusers.hooks._helpers import TransformerBlockRegistry
 
     missing = []
-    for name, child in module.named_children():
-        if name in _ALL_TRANSFORMER_BLOCK_IDENTIFIERS and isinstance(child, torch.nn.ModuleList):
-            for block in child:
-                try:
-                    TransformerBlockRegistry.get(type(block))
-                except ValueError:
-                    missing.append(type(block).__name__)
+    for block in hooked_blocks(module):
+        try:
+            TransformerBlockRegistry.get(type(block))
+        except ValueError:
+            missing.append(type(block).__name__)
     return tuple(dict.fromkeys(missing))

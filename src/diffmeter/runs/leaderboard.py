@@ -105,16 +105,15 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
             cell.setting, cell.peak_bytes = list(chosen), peak
             if time is None:
                 cell.notes.append(f"no time: {missing_figures(gpu, work)}")
-            elif found.time is not None:  # as fit and profile --gpu time the setting, its techniques in it
-                cell.lower_s, cell.expected_s = found.time.lower_s, found.time.expected_s
-                cell.energy_j = found.time.energy.per_output_j if found.time.energy else None
+            elif (timed := found.time) is not None:  # as fit and profile --gpu time the setting, its techniques in it
+                cell.lower_s, cell.expected_s = timed.lower_s, timed.expected_s
+                cell.energy_j = timed.energy.per_output_j if timed.energy else None
                 if modes := [t for t in chosen if t in VAE_MODES]:  # its decode's operators as that mode runs them
                     cell.notes.append(f"time: the VAE decode as {' and '.join(modes)} runs it")
-                cell.notes.append(f"time: {found.time.calibration}")
-                if found.time.outside_calibration:
-                    cell.notes.append(f"time: the expected range is {found.time.outside_calibration}")
-                energy = found.time.energy
-                cell.notes.append(f"energy: {energy.calibration if energy else found.time.energy_left_out}")
+                cell.notes.append(f"time: {timed.calibration}")
+                if timed.outside_calibration:
+                    cell.notes.append(f"time: the expected range is {timed.outside_calibration}")
+                cell.notes.append(f"energy: {timed.energy.calibration if timed.energy else timed.energy_left_out}")
             elif found.lower is None:  # an offloading setting on a card without a known host link
                 cell.notes.append(f"no time: {why_untimed(time, gpu, work, tf32=True, named=True)}")
             else:
