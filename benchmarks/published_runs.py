@@ -13,6 +13,7 @@ from diffmeter.predict.fit_energy import EnergyRun
 from diffmeter.predict.fit_published import GROUP_OF_KIND, GROUPS, PublishedRun, StageWork, era_of
 from diffmeter.predict.host_time import host_counts
 from diffmeter.predict.operators import operator_work
+from diffmeter.predict.power_limit import sustained
 from diffmeter.predict.roofline import (
     TORCH_FP32,
     flop_rates,
@@ -81,7 +82,7 @@ def run_of(figure: dict, transform=None) -> tuple[PublishedRun | None, str]:
     fp32 = figure["source"].get("fp32", TORCH_FP32)  # how the run did float32 work: PyTorch's defaults unless said
     if missing_figures(device, work, fp32):
         return None, "the GPU's figures lack a peak of a dtype the run uses, or the bandwidth"
-    rates = flop_rates(device, work, fp32)
+    rates = flop_rates(sustained(device), work, fp32)  # the expected time's input: the peaks the TDP sustains
     kernel = kernel_speedup(work, table.architecture, stack_attention(figure.get("stack") or {}, table.architecture))
     bounds = lower_bounds(work, rates, device.bandwidth_bytes_per_s, device.l2_bytes, kernel)
     hosts = host_counts(work)

@@ -42,6 +42,7 @@ from diffmeter.predict.energy import predict_energy, why_no_energy
 from diffmeter.predict.expected_range import expected_s, host_share, outside, stage_range, whole_range
 from diffmeter.predict.host_time import host_stage_s
 from diffmeter.predict.peaks import PRECISION, conv_key
+from diffmeter.predict.power_limit import power_limit, sustained
 from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork, StageTime, TimePrediction
 from diffmeter.stages import STAGES
 
@@ -309,6 +310,7 @@ def predict_time(
         if kind_peak(device, work.dtype, "matmul", fp32_math) != device.peak_tflops(work.dtype)
         else None,
         other_peaks=other_peaks(device, work, fp32_math),
+        power_limit=limit.describe() if ranges and (limit := power_limit(device)) else None,
         bandwidth_bytes_per_s=device.bandwidth_bytes_per_s,
         stages=stages,
         lower_s=lower,
@@ -336,11 +338,12 @@ def expected_ranges(
 ) -> dict[str, tuple[float, float]]:
     """Per stage, the range ``calibration`` expects of ``work`` (``expected_s``), each call priced by the fit of its
     variant (``Calibration.fits_for``: a CPU's bfloat16 and compiled calls by their own), each fit's fractions of
-    the peaks it was fitted on (``fitted_units``)."""
+    the peaks it was fitted on (``fitted_units``), each peak at the share of it the card's TDP sustains
+    (``power_limit``)."""
     found: dict[str, tuple[float, float]] = {}
     for fit, calls in calibration.fits_for(work):
         part = work.model_copy(update={"calls": calls})
-        rates = flop_rates(fitted_units(device, fit), part, fp32_math)
+        rates = flop_rates(fitted_units(sustained(device), fit), part, fp32_math)
         for stage, kinds in lower_bounds(part, rates, device.bandwidth_bytes_per_s, device.l2_bytes, kernel).items():
             operators = int(sum(count for _, count in kinds.values()))
             low, high = expected_s(kinds, operators, fit, stage_scores(part, stage, kernel))

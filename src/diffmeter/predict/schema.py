@@ -257,6 +257,9 @@ class TimePrediction(BaseModel):
     energy_left_out: str | None = None
     #: the peaks of operators charged another than ``peak_tflops``, as "component in dtype: TFLOP/s per kind"
     other_peaks: list[str] = []
+    #: how the card's board power holds its compute under the datasheet peaks in the expected time
+    #: (``power_limit``), or None: a card at full power, or the lower bound alone
+    power_limit: str | None = None
     #: an offload's host transfers, included in ``expected_s`` and ``lower_s`` (not in the stages)
     offload: OffloadTime | None = None
     #: a cache's skipped denoiser calls: the range is the time at the most and at the least skipped share

@@ -20,12 +20,13 @@ TIME_ONLY = ("compile", "sdpa-kernel", "attention", *CACHES)
 #: what the held-out test of these techniques found (benchmarks/calibrate_techniques.py, its committed output
 #: benchmarks/results/calibration_techniques.md, 2026-12-01): the claim printed beside such a time
 HELD_OUT = (
-    "held out by source, 92 of 183 published runs (50%) fell inside such a range, midpoint median error 18.6%: "
-    "compile's default mode 67% (4 of 6), reduce-overhead 44%, attention without SDPA 53%, xformers and flash-attn "
-    "49%; the misses mostly predicted too fast, on cards below their die's full power (A10, A100 PCIe, RTX A6000, "
-    "L40, RTX 6000 Ada, H100 PCIe), whose eager runs miss alike; against the same source's eager run the predicted "
-    "speed-up is off by 4.9% (median of 61 runs; compile 10-12% too optimistic); 27 runs compiled with graph breaks "
-    "left out (benchmarks/results/calibration_techniques.md)"
+    "held out by source, 113 of 183 published runs (62%) fell inside such a range, midpoint median error 15.8%: "
+    "compile's default mode 67% (4 of 6), reduce-overhead 56%, attention without SDPA 65%, xformers and flash-attn "
+    "61%; 66 of the 70 misses predicted too fast, most on A100 PCIe cards, the RTX A6000, the A10 in float32 and "
+    "the diffusers PyTorch 2.0 page's A100, whose eager runs miss alike; against the same source's eager run the "
+    "predicted speed-up is off by 3.5% (median of 61 runs; compile 11-13% too optimistic); 27 runs compiled with "
+    "graph breaks left out "
+    "(benchmarks/results/calibration_techniques.md)"
 )
 
 

@@ -115,6 +115,7 @@ def time_table(prediction: TimePrediction, short_bytes: int | None = None) -> Fi
         )
         + (f" The expected range is {prediction.outside_calibration}." if prediction.outside_calibration else "")
         + (f" For the stack {prediction.stack} (attention_kernels.py)." if prediction.stack else "")
+        + (f" On this card {prediction.power_limit}." if prediction.power_limit else "")
         + (
             f" Charged other peaks than the title's: {'; '.join(prediction.other_peaks)}."
             if prediction.other_peaks

@@ -1,0 +1,73 @@
+"""The compute a card's TDP sustains (``predict.power_limit``): the expected time reads it, the lower bound does not."""
+
+import pytest
+
+from diffmeter.predict.devices import named_gpu, spec_gpu
+from diffmeter.predict.peaks import PEAKS
+from diffmeter.predict.power_limit import EXPONENT, dies, power_limit, sustained
+
+
+def test_every_die_lists_table_cards_with_its_reference_among_them_and_a_source():
+    names = {row.name for row in PEAKS}
+    for die, entry in dies().items():
+        assert entry["reference"] in entry["cards"] and set(entry["cards"]) <= names, die
+        assert entry["source"], die
+    everywhere = [card for entry in dies().values() for card in entry["cards"]]
+    assert len(everywhere) == len(set(everywhere))  # a card is on one die
+
+
+def test_the_a100_pcie_at_250_w_sustains_the_cube_root_of_its_share_of_the_sxm_power():
+    """GA100 at 250 W (40 GB PCIe) against 400 W (SXM), the same datasheet peaks: (250 / 400)^(1/3) = 0.855 of each."""
+    limit = power_limit(named_gpu("A100 40GB PCIe"))
+    assert limit.die == "GA100" and limit.reference == "A100 80GB SXM"
+    assert set(limit.factors) == {"fp32", "tf32", "bf16", "fp16"}
+    assert all(factor == pytest.approx((250 / 400) ** EXPONENT) for factor in limit.factors.values())
+    pcie, sxm = sustained(named_gpu("A100 40GB PCIe")), named_gpu("A100 40GB SXM")
+    assert pcie.tflops["bf16"] == pytest.approx(312.0 * 0.855, rel=1e-3)
+    assert pcie.bandwidth_bytes_per_s == sxm.bandwidth_bytes_per_s  # memory is not power-limited here
+
+
+@pytest.mark.parametrize("name", ["A100 40GB SXM", "A100 80GB SXM", "RTX 4090", "H100 SXM", "T4", "RTX 5090"])
+def test_a_reference_a_card_at_its_power_or_one_of_no_listed_die_runs_at_its_peaks(name):
+    device = named_gpu(name)
+    assert power_limit(device) is None and sustained(device) is device
+
+
+def test_a_card_with_more_power_per_tflop_than_its_reference_is_not_sped_up():
+    """The H20 (GH100, export-limited to 148 TFLOP/s bf16 at 400 W) has more power per TFLOP than the H100 SXM:
+    its tensor peaks stay as they are (factor 1, never above)."""
+    limit = power_limit(named_gpu("H20"))
+    assert limit.factors["bf16"] == limit.factors["fp8"] == 1.0 and limit.factors["fp32"] < 1.0
+
+
+def test_the_workstation_ada_cards_run_full_rate_tensor_cores_on_less_power_than_the_4090():
+    """The L40S runs fp32-accumulate bf16 at twice the RTX 4090's rate per clock on 350 W against 450 W: about 0.71
+    of its datasheet peak; its fp32 (CUDA cores, about the 4090's rate) loses less."""
+    limit = power_limit(named_gpu("L40S"))
+    assert limit.die == "AD102" and limit.factors["bf16"] == pytest.approx(0.708, abs=0.002)
+    assert limit.factors["bf16"] < limit.factors["fp32"] < 1.0
+    assert "RTX 4090" in limit.describe() and "0.71 (tf32/bf16/fp16/fp8)" in limit.describe()
+
+
+def test_figures_given_with_gpu_spec_have_no_die():
+    given = '{"memory_gib": 40, "tflops": 312, "bandwidth_gb_s": 1555, "tdp_w": 250, "architecture": "ampere"}'
+    device = spec_gpu(given)
+    assert power_limit(device) is None
+
+
+@pytest.mark.slow
+def test_the_expected_time_on_a_power_limited_card_is_slower_while_its_lower_bound_is_the_datasheet_one():
+    """The A100 40GB PCIe and SXM share peaks and bandwidth: the same lower bound per stage, and the PCIe card's
+    GPU time longer where the stage computes (SD 1.5's denoising at batch 1 is host-bound on both: the GPU's side
+    of its range is compared), as its power note says."""
+    from diffmeter.predict.operators import operator_work
+    from diffmeter.predict.roofline import predict_time
+    from diffmeter.spec import ProfileSpec
+
+    work = operator_work(ProfileSpec(model="sd15", dtype="fp16"))
+    pcie, sxm = predict_time(work, named_gpu("A100 40GB PCIe")), predict_time(work, named_gpu("A100 40GB SXM"))
+    assert [s.lower_s for s in pcie.stages] == [s.lower_s for s in sxm.stages]
+    denoise = {s.stage: s for s in pcie.stages}["denoising"], {s.stage: s for s in sxm.stages}["denoising"]
+    slower = denoise[0].gpu_s[0] / denoise[1].gpu_s[0]
+    assert 1.0 < slower < (400 / 250) ** EXPONENT  # the compute slower by 1 / 0.855, the memory-bound share not
+    assert "A100 80GB SXM" in pcie.power_limit and sxm.power_limit is None
