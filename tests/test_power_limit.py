@@ -1,5 +1,7 @@
 """The compute a card's TDP sustains (``predict.power_limit``): the expected time reads it, the lower bound does not."""
 
+import json
+
 import pytest
 
 from diffmeter.predict.devices import named_gpu, spec_gpu
@@ -71,3 +73,21 @@ def test_the_expected_time_on_a_power_limited_card_is_slower_while_its_lower_bou
     slower = denoise[0].gpu_s[0] / denoise[1].gpu_s[0]
     assert 1.0 < slower < (400 / 250) ** EXPONENT  # the compute slower by 1 / 0.855, the memory-bound share not
     assert "A100 80GB SXM" in pcie.power_limit and sxm.power_limit is None
+
+
+def test_profile_and_fit_say_a_power_limited_cards_compute_runs_under_its_peaks(cli):
+    """On the L4 (AD104 at 72 W against the RTX 4070 Ti's 285 W) the expected range is at 0.55 of the bf16 peak:
+    profile --gpu says so in its caption and its JSON, fit beside its table and in its JSON; on the H100 SXM, the
+    GH100's reference, neither says anything."""
+    code, out, err = cli("profile", "tiny-flux", "--gpu", "L4", "--steps", "2", "--json")
+    assert code == 0, err
+    said = json.loads(out)["time"]["power_limit"]
+    assert "0.55 (tf32/bf16/fp16/fp8)" in said and "RTX 4070 Ti's (the same AD104 die)" in said
+    code, out, err = cli("profile", "tiny-flux", "--gpu", "L4", "--steps", "2")
+    assert code == 0 and f"On this card {said}." in " ".join(out.split())
+    code, out, err = cli("fit", "tiny-flux", "--gpu", "L4", "--steps", "2", "--json")
+    assert code == 0 and json.loads(out)["power_limit"] == said
+    code, out, err = cli("fit", "tiny-flux", "--gpu", "L4", "--steps", "2")
+    assert code == 0 and f"On the L4, {said}." in " ".join(out.split())
+    code, out, err = cli("fit", "tiny-flux", "--gpu", "h100", "--steps", "2", "--json")
+    assert code == 0 and json.loads(out)["power_limit"] is None

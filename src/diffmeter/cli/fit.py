@@ -276,6 +276,7 @@ def fit(
             "time_left_out": untimed,  # why a setting has no lower_s
             # the held-out figure of each expected range given (the eager calibration's, each technique's)
             "held_out": held_out_claims(plain, [c for c, *_ in rows if expected.get(c)]) if expected else None,
+            "power_limit": plain.power_limit if expected else None,  # the card's compute under its TDP, if limited
             "next_step": nothing,  # what to do when nothing fits
         }
         print(json.dumps(payload, indent=2))
@@ -297,6 +298,8 @@ def fit(
         skips,
         held_out_claims(plain, [chosen for chosen, _, _ in shown if expected.get(chosen)]) if expected else None,
     )
+    if expected and plain.power_limit:
+        table.caption += f"\nOn the {target.name}, {plain.power_limit}."
     if as_default:
         table.caption += (
             f"\n{len(as_default)} compile:mode=reduce-overhead rows left out: each predicted as its mode=default row, "
