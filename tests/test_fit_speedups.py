@@ -132,20 +132,26 @@ def test_an_untimed_offloads_bound_holds_the_settings_speed_ups_as_profile_bound
     assert code == 0 and compiled["lower_s"] == json.loads(out)["time"]["lower_s"] < plain["lower_s"]
 
 
-def test_a_cached_setting_with_an_untimed_offload_is_bounded_by_its_compute(tiny):
-    """A skipped call onloads only the blocks it runs: the transfers of every call would overstate the bound."""
-    from diffmeter.predict.offload_time import lower_s
+def test_a_cached_setting_with_an_untimed_offload_is_bounded_by_its_computing_calls_transfers():
+    """A skipped call onloads only the blocks it runs: every call's transfers would overstate the bound, none (its
+    compute alone) understate it: the text encoders', the decoder's and the denoiser's calls that compute in full at
+    the most skipped share still move their weights."""
+    from diffmeter.predict.offload_time import computing_shares, lower_s
     from diffmeter.runs.fitting import plain_time
 
-    _, memory, _, setting_work = tiny
+    spec = ProfileSpec(model="tiny-flux", steps=28)  # at diffusers' default threshold, up to 8 of 28 calls skip
+    memory, work = predict_memory_and_work(spec)
+    setting_work = SettingWork(work, memory, spec, tuple(memory.denoisers))
     gpu = named_gpu("RTX 4070")
     chosen = ("offload-group", "first-block-cache")
     found = timed(setting_work, chosen, gpu)
     cached, _ = setting_work.of(chosen)
     assert found.time is None and found.why.startswith("offload-group: ")
-    compute = plain_time(cached, memory, gpu).lower_s
-    with_transfers = lower_s(compute, memory, chosen, gpu.host_link_bytes_per_s)  # tiny: the transfers outlast it
-    assert found.lower == compute < with_transfers
+    plain = plain_time(cached, memory, gpu)
+    assert plain.cache.skipped_share[1] == pytest.approx(8 / 28)
+    every_call = lower_s(plain.lower_s, memory, chosen, gpu.host_link_bytes_per_s)  # tiny: the transfers outlast it
+    computing = lower_s(plain.lower_s, memory, chosen, gpu.host_link_bytes_per_s, computing_shares(plain))
+    assert plain.lower_s < found.lower == computing < every_call
 
 
 def test_the_fp8_text_encoders_casts_are_timed_and_its_settings_ranked_in_fit_as_in_profile(cli):

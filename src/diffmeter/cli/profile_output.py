@@ -204,10 +204,9 @@ def print_predicted(
     missing = [lacking or why for lacking, why in zip(missing, why_none, strict=True)]
     times = withheld
     if offload and offload_gap and chosen.host_link_bytes_per_s:  # no range, but its transfers may still bound it
-        link, names = (chosen.host_link, chosen.host_link_bytes_per_s), tuple(o.name for o in asked)
+        link = (chosen.host_link, chosen.host_link_bytes_per_s)
         times = [
-            time and with_transfer_bound(time, m, techniques, *link, names)
-            for time, m in zip(times, memories, strict=True)
+            time and with_transfer_bound(time, m, techniques, *link) for time, m in zip(times, memories, strict=True)
         ]
     group, parallel_untimed = None, []
     if split:

@@ -36,7 +36,6 @@ import math
 from importlib import resources
 
 from diffmeter import units
-from diffmeter.predict.cache_time import CACHES
 from diffmeter.predict.schema import TEXT_ENCODING, VAE_DECODE, MemoryPrediction, OffloadTime, TimePrediction
 from diffmeter.predict.techniques import stored_params
 
@@ -75,40 +74,51 @@ def model_offload_moves(prediction: MemoryPrediction) -> list[str]:
     return moved
 
 
-def moved_bytes(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> int:
-    """Bytes the setting moves between host and GPU per generation, both directions (0 without offload)."""
+def moved_bytes(
+    prediction: MemoryPrediction, techniques: tuple[str, ...], computing: dict[str, float] | None = None
+) -> int:
+    """Bytes the setting moves between host and GPU per generation, both directions (0 without offload);
+    ``computing``: per cached component, the least share of its calls that run every layer (``computing_shares``):
+    sequential and group offload move only its weights of those (a skipped call loads only the blocks it runs)."""
     params = stored_params(prediction, techniques)
     if "offload-model" in techniques:
         return 2 * sum(params[name] for name in model_offload_moves(prediction))
     if "offload-sequential" in techniques or "offload-group" in techniques:
-        return sum(call.count * params[call.component] for call in prediction.calls)
+        share = computing or {}
+        return round(sum(c.count * params[c.component] * share.get(c.component, 1.0) for c in prediction.calls))
     return 0
 
 
+def computing_shares(time: TimePrediction) -> dict[str, float]:
+    """Per component a cache skips calls of, the least share of its calls that compute in full: 1 - the most
+    skipped share (``CacheSkip.skipped_share``); empty without a cache."""
+    if time.cache is None:
+        return {}
+    return dict.fromkeys(time.cache.components, 1.0 - time.cache.skipped_share[1])
+
+
 def lower_s(
-    compute_s: float, prediction: MemoryPrediction, techniques: tuple[str, ...], link_bytes_per_s: float | None
+    compute_s: float,
+    prediction: MemoryPrediction,
+    techniques: tuple[str, ...],
+    link_bytes_per_s: float | None,
+    computing: dict[str, float] | None = None,
 ) -> float:
     """A lower bound of the generation's seconds under ``techniques``: ``compute_s`` (the roofline's bound)
-    plus the host-link transfers, or the longer of the two where they overlap (group offload). A setting that
-    moves nothing needs no link (a card whose host link is not in the table)."""
-    moved = moved_bytes(prediction, techniques)
+    plus the host-link transfers (a cached component's of its computing calls alone, ``moved_bytes``), or the longer
+    of the two where they overlap (group offload). A setting that moves nothing needs no link (a card whose host link
+    is not in the table)."""
+    moved = moved_bytes(prediction, techniques, computing)
     transfer = moved / link_bytes_per_s if moved else 0.0
     return max(compute_s, transfer) if "offload-group" in techniques else compute_s + transfer
 
 
-def transfers_bound(names) -> bool:
-    """Whether an offload's transfers at the datasheet rate bound a setting whose offload has no fitted rate: not
-    with a cache among ``names`` (its techniques' registry names): a skipped call onloads only the blocks it runs
-    (group and sequential offload load each layer as it is called)."""
-    return not any(name in CACHES for name in names)
-
-
 def untimed_lower_s(
-    compute_s: float, prediction: MemoryPrediction, techniques: tuple[str, ...], link_bytes_per_s: float, names
+    time: TimePrediction, prediction: MemoryPrediction, techniques: tuple[str, ...], link_bytes_per_s: float
 ) -> float:
-    """The lower bound of a setting whose offload has no fitted link rate: ``compute_s`` with the transfers at
-    ``link_bytes_per_s`` (``lower_s``) where they bound it (``transfers_bound``), else ``compute_s``."""
-    return lower_s(compute_s, prediction, techniques, link_bytes_per_s) if transfers_bound(names) else compute_s
+    """The lower bound of a setting whose offload has no fitted link rate: ``time``'s bound with the transfers at
+    ``link_bytes_per_s`` (``lower_s``), a cache's skipped calls moving none of their weights."""
+    return lower_s(time.lower_s, prediction, techniques, link_bytes_per_s, computing_shares(time))
 
 
 @functools.cache
@@ -181,18 +191,22 @@ def with_transfer_bound(
     techniques: tuple[str, ...],
     link: str | None,
     link_rate: float,
-    names: tuple[str, ...] = (),
 ) -> TimePrediction:
     """``time`` of a setting whose offload has no fitted link rate (no expected range): its lower bound still holds
-    the transfers at ``link_rate``, the datasheet's, as ``fit`` bounds the same setting (``untimed_lower_s``), unless
-    a cache is among ``names``, the run's techniques' registry names (``transfers_bound``): then ``time`` as it is."""
-    if not transfers_bound(names):
-        return time
-    bound = lower_s(time.lower_s, prediction, techniques, link_rate)
-    mode, moved = offload_of(techniques), moved_bytes(prediction, techniques)
+    the transfers at ``link_rate``, the datasheet's, as ``fit`` bounds the same setting (``untimed_lower_s``); with a
+    cache, those of the denoiser calls that compute in full at the most skipped share."""
+    computing = computing_shares(time)
+    bound = lower_s(time.lower_s, prediction, techniques, link_rate, computing)
+    mode, moved = offload_of(techniques), moved_bytes(prediction, techniques, computing)
     how = "the longer of them and the compute" if mode == "offload-group" else "added to the compute"
+    cached = (
+        f", the {', '.join(computing)}'s of the {min(computing.values()):.0%} of its calls that compute in full "
+        "alone (a skipped call loads only the blocks it runs)"
+        if computing
+        else ""
+    )
     said = (
-        f"; the whole generation's lower bound holds {mode}'s {units.gib(moved)} moved per generation at the "
+        f"; the whole generation's lower bound holds {mode}'s {units.gib(moved)} moved per generation{cached} at the "
         f"{link or 'host link'}'s datasheet {link_rate / 1e9:g} GB/s ({how})"
     )
     return time.model_copy(update={"lower_s": bound, "calibration": time.calibration + said})

@@ -188,15 +188,15 @@ def timed(setting_work: SettingWork, chosen: tuple[str, ...], gpu, tf32: bool = 
 def untimed_offload_lower(work, prediction, chosen: tuple[str, ...], gpu, outputs: int, tf32: bool) -> float | None:
     """The lower bound of a setting whose offload has no fitted link rate: its work's (a cache's skipped calls and
     compile's fusion in it), with the transfers at the datasheet rate where they bound it
-    (``offload_time.untimed_lower_s``); None without the card's host link or figures."""
+    (``offload_time.untimed_lower_s``: a cache's skipped calls move none of their weights); None without the card's
+    host link or figures."""
     from diffmeter.predict.offload_time import untimed_lower_s
     from diffmeter.runs.fitting import plain_time
 
     time = plain_time(work, prediction, gpu, outputs, tf32) if gpu.host_link_bytes_per_s else None
     if time is None:
         return None
-    names = [SPEEDUPS[t][0] for t in chosen if is_speedup(t)]
-    return untimed_lower_s(time.lower_s, prediction, chosen, gpu.host_link_bytes_per_s, names)
+    return untimed_lower_s(time, prediction, chosen, gpu.host_link_bytes_per_s)
 
 
 def ranked(rows: list, times: dict[tuple[str, ...], Timed]) -> list:
