@@ -21,6 +21,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from power_exponents import power_section
 from published_comparison import load_figures
 from published_runs import energy_run, published_run
 from published_tables import card_claims, per_source, table
@@ -200,7 +201,7 @@ def lend_power(shipped: dict) -> None:
 
 
 def main() -> int:
-    runs, energy, left_out, stacks, gpus = [], [], [], {}, {}
+    runs, energy, left_out, stacks, gpus, kept = [], [], [], {}, {}, []
     for figure in load_figures():
         if figure["kind"] != "latency":
             continue
@@ -209,6 +210,7 @@ def main() -> int:
             left_out.append(f"- {figure['id']}: {why}")
         else:
             runs.append(run)
+            kept.append(figure)
             stacks[run.id] = figure.get("stack") or {}
             gpus[run.id] = figure["gpu"]
             energy += [found] if (found := energy_run(figure, run)) else []
@@ -352,6 +354,7 @@ def main() -> int:
             "",
         ]
     lines += stack_section(runs, held)
+    lines += power_section(kept, held)
     lines += ["## Left out", "", *left_out, ""]
     EFFICIENCY.write_text(json.dumps(shipped, indent=2) + "\n")
     OUT.write_text("\n".join(lines))

@@ -49,6 +49,8 @@ TIME_ONLY = (
     "predict/host_time.py",
     "predict/offload_time.py",
     "predict/parallel.py",
+    "predict/power_limit.py",
+    "predict/data/gpu_dies.json",
     "predict/quantized_time.py",
     "predict/roofline.py",
     "predict/timed_techniques.py",

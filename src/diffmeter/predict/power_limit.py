@@ -58,9 +58,10 @@ def die_of(name: str) -> str | None:
     return next((die for die, entry in dies().items() if name in entry["cards"]), None)
 
 
-def power_limit(device: Device) -> PowerLimit | None:
+def power_limit(device: Device, exponent: float = EXPONENT) -> PowerLimit | None:
     """``device``'s power limit where its die's reference has more board power per TFLOP than it has at some
-    precision; None for a card at full power, a card of no listed die, without a TDP, or given by --gpu-spec."""
+    precision, each share to ``exponent``; None for a card at full power, a card of no listed die, without a TDP,
+    or given by --gpu-spec."""
     die = None if device.given or device.kind != "cuda" else die_of(device.name)
     if die is None or not device.tdp_w:
         return None
@@ -70,7 +71,7 @@ def power_limit(device: Device) -> PowerLimit | None:
     if not reference_tdp or device.name == reference_name:
         return None
     factors = {
-        key: min(1.0, (device.tdp_w / peak) / (reference_tdp / reference.tflops[key])) ** EXPONENT
+        key: min(1.0, (device.tdp_w / peak) / (reference_tdp / reference.tflops[key])) ** exponent
         for key, peak in device.tflops.items()
         if key in reference.tflops
     }
@@ -81,9 +82,9 @@ def power_limit(device: Device) -> PowerLimit | None:
     return PowerLimit(die, reference_name, factors)
 
 
-def sustained(device: Device) -> Device:
+def sustained(device: Device, exponent: float = EXPONENT) -> Device:
     """``device`` with each compute peak at the share its TDP sustains (``power_limit``); itself where none."""
-    limit = power_limit(device)
+    limit = power_limit(device, exponent)
     if limit is None:
         return device
     tflops = {key: peak * limit.factors.get(key, 1.0) for key, peak in device.tflops.items()}
