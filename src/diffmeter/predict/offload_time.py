@@ -202,7 +202,7 @@ def with_transfer_bound(
     cached = (
         f", the {', '.join(computing)}'s of the {min(computing.values()):.0%} of its calls that compute in full "
         "alone (a skipped call loads only the blocks it runs)"
-        if computing
+        if computing and min(computing.values()) < 1
         else ""
     )
     said = (
