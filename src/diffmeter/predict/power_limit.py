@@ -29,7 +29,7 @@ TENSOR_KEYS = ("tf32", "bf16", "fp16", "fp8")
 @dataclass(frozen=True)
 class PowerLimit:
     """A card's sustained share of each datasheet peak (``factors``, per ``Device.tflops`` key, each <= 1), read
-    against ``reference``, the card of its ``die`` with the most board power per TFLOP."""
+    against ``reference``, its ``die``'s full-power form (``data/gpu_dies.json``)."""
 
     die: str
     reference: str
