@@ -15,10 +15,10 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
+from fractions import Fraction
 from importlib import resources
 
-from diffmeter.predict.devices import Device, board_power
-from diffmeter.predict.peaks import PEAKS
+from diffmeter.predict.devices import Device, named_gpu
 
 #: sustained clock ~ (power available / power the datasheet peak needs) ^ (1/3): the cube law above
 EXPONENT = 1 / 3
@@ -29,11 +29,12 @@ TENSOR_KEYS = ("tf32", "bf16", "fp16", "fp8")
 @dataclass(frozen=True)
 class PowerLimit:
     """A card's sustained share of each datasheet peak (``factors``, per ``Device.tflops`` key, each <= 1), read
-    against ``reference``, its ``die``'s full-power form (``data/gpu_dies.json``)."""
+    against ``reference``, its ``die``'s full-power form (``data/gpu_dies.json``), to the power ``exponent``."""
 
     die: str
     reference: str
     factors: dict[str, float]
+    exponent: float
 
     def describe(self) -> str:
         shares: dict[str, list[str]] = {}
@@ -43,7 +44,8 @@ class PowerLimit:
         said = ", ".join(f"{share} ({'/'.join(keys)})" for share, keys in shares.items())
         return (
             f"the expected time runs the compute at {said} of the datasheet peaks: what its TDP sustains, its power "
-            f"per TFLOP against the {self.reference}'s (the same {self.die} die) to the 1/3 power"
+            f"per TFLOP against the {self.reference}'s (the same {self.die} die) to the "
+            f"{Fraction(self.exponent).limit_denominator(12)} power"
         )
 
 
@@ -65,13 +67,11 @@ def power_limit(device: Device, exponent: float = EXPONENT) -> PowerLimit | None
     die = None if device.given or device.kind != "cuda" else die_of(device.name)
     if die is None or not device.tdp_w:
         return None
-    reference_name = dies()[die]["reference"]
-    reference_tdp = board_power().get(reference_name, {}).get("tdp_w")
-    reference = next(row for row in PEAKS if row.name == reference_name)
-    if not reference_tdp or device.name == reference_name:
+    reference = named_gpu(dies()[die]["reference"])
+    if not reference.tdp_w or device.name == reference.name:
         return None
     factors = {
-        key: min(1.0, (device.tdp_w / peak) / (reference_tdp / reference.tflops[key])) ** exponent
+        key: min(1.0, (device.tdp_w / peak) / (reference.tdp_w / reference.tflops[key])) ** exponent
         for key, peak in device.tflops.items()
         if key in reference.tflops
     }
@@ -79,7 +79,7 @@ def power_limit(device: Device, exponent: float = EXPONENT) -> PowerLimit | None
         factors |= {key: factors["bf16"] for key in TENSOR_KEYS if key in device.tflops and key not in factors}
     if all(factor == 1.0 for factor in factors.values()):
         return None
-    return PowerLimit(die, reference_name, factors)
+    return PowerLimit(die, reference.name, factors, exponent)
 
 
 def sustained(device: Device, exponent: float = EXPONENT) -> Device:
