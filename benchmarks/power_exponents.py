@@ -1,47 +1,48 @@
-"""The power limit's exponent held out (``benchmarks/calibrate_published.py``): the eager fit's leave-one-source-out
-test with no power term and with a steeper one, beside the shipped cube law's (``diffmeter.predict.power_limit``)."""
+"""The power limit's exponent (``diffmeter.predict.power_limit``) in ``benchmarks/calibrate_published.py``'s report:
+which exponent each held-out fold chose, and the same test at each exponent fixed beside the nested one the claims
+quote."""
 
 from __future__ import annotations
 
-from published_runs import published_run
+from fractions import Fraction
 
 from diffmeter.predict.devices import chosen_gpu
-from diffmeter.predict.fit_holdout import HeldOut, leave_one_out, summary
-from diffmeter.predict.power_limit import EXPONENT, power_limit
-
-#: the power limit's exponents held out beside the shipped one (``power_limit.EXPONENT``, the cube law's): none, and
-#: a steeper one
-OTHER_EXPONENTS = (0.0, 0.5)
+from diffmeter.predict.fit_holdout import NestedTest, summary
+from diffmeter.predict.power_limit import power_limit
 
 
-def power_section(figures: list[dict], held: list[HeldOut]) -> list[str]:
-    """The power limit's exponent: the held-out test without the power term and with a steeper one beside the
-    shipped cube law's, over all runs, per architecture and on the power-limited cards' runs (reported, not used to
-    choose it)."""
-    tests = {EXPONENT: held}
-    for exponent in OTHER_EXPONENTS:
-        tests[exponent] = leave_one_out([run for figure in figures if (run := published_run(figure, exponent)[0])])
-    limited = {f["id"] for f in figures if f.get("gpu") and power_limit(chosen_gpu(f["gpu"], None)) is not None}
+def named(exponent: float) -> str:
+    return str(Fraction(exponent).limit_denominator(12))
+
+
+def power_section(figures: list[dict], test: NestedTest, shipped: float) -> list[str]:
+    """The nested test beside each exponent's fixed one, over all runs, the power-limited cards' runs (at the shipped
+    exponent) and per architecture; and how often each exponent was chosen."""
+    limited = {f["id"] for f in figures if f.get("gpu") and power_limit(chosen_gpu(f["gpu"], None), shipped)}
     columns = {"all": lambda h: True, "power-limited cards": lambda h: h.run.id in limited}
-    columns |= {a: lambda h, a=a: h.run.architecture == a for a in sorted({h.run.architecture for h in held})}
+    architectures = sorted({h.run.architecture for h in test.nested})
+    columns |= {a: lambda h, a=a: h.run.architecture == a for a in architectures}
+    picks = ", ".join(f"{named(exponent)} in {count}" for exponent, count in test.picks.items())
     lines = [
         "## The power limit",
         "",
-        "A card with less board power per datasheet TFLOP than its die's reference runs each peak at that share to "
-        f"the power {EXPONENT:.3g} (`diffmeter.predict.power_limit`: dynamic power grows with the cube of the clock; "
-        "the exponent is that law's, not fitted). The same held-out test with no power term and with a steeper one, "
-        f"{sum(h.run.id in limited for h in held)} of the held-out runs on power-limited cards (coverage, midpoint "
-        "median error):",
+        "A card with less board power per datasheet TFLOP than its die's reference runs each peak at that share to a "
+        "power between 1/3 (dynamic power grows as the clock cubed where voltage follows it) and 1 (at the voltage "
+        "floor); 0 is no power term. The fit chooses the exponent whose runs it fits best (least squared relative "
+        f"midpoint error, in sample): on all runs {named(shipped)}, shipped; held out, each fold chose again on its "
+        f"other runs ({picks} of {sum(test.picks.values())} folds). The claims quote that nested test; each "
+        f"exponent fixed beside it ({sum(h.run.id in limited for h in test.nested)} held-out runs on power-limited "
+        "cards; coverage, midpoint median error):",
         "",
         f"| exponent | {' | '.join(columns)} |",
         f"|---|{'---|' * len(columns)}",
     ]
-    for exponent, found in sorted(tests.items()):
+    rows = [*((f"{named(e)}{' (shipped)' * (e == shipped)}", found) for e, found in test.fixed.items())]
+    for label, found in [*rows, ("chosen in each fold (the claims')", test.nested)]:
         cells = []
         for keep in columns.values():
             mine = [h for h in found if keep(h)]
             stats = summary(mine) if mine else None
             cells.append(f"{stats['coverage']:.0%}, {stats['median_error']:.1%}" if stats else "-")
-        shipped = " (shipped)" if exponent == EXPONENT else ""
-        lines.append(f"| {exponent:.3g}{shipped} | {' | '.join(cells)} |")
+        lines.append(f"| {label} | {' | '.join(cells)} |")
     return [*lines, ""]

@@ -8,12 +8,13 @@ from __future__ import annotations
 from published_comparison import settings
 
 from diffmeter.predict.attention_kernels import MEASURED, sdpa_default
+from diffmeter.predict.calibration import shipped_power_exponent
 from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.fit_energy import EnergyRun
 from diffmeter.predict.fit_published import GROUP_OF_KIND, GROUPS, PublishedRun, StageWork, era_of
 from diffmeter.predict.host_time import host_counts
 from diffmeter.predict.operators import operator_work
-from diffmeter.predict.power_limit import EXPONENT, sustained
+from diffmeter.predict.power_limit import sustained
 from diffmeter.predict.roofline import (
     TORCH_FP32,
     flop_rates,
@@ -56,8 +57,9 @@ def energy_run(figure: dict, run: PublishedRun) -> EnergyRun | None:
     return EnergyRun(run, energy["value"], settings(figure)[0]["batch_size"] or 1, tdp)
 
 
-def published_run(figure: dict, exponent: float = EXPONENT) -> tuple[PublishedRun | None, str]:
-    """The run, or None and why it is left out; ``exponent``: the power limit's (``power_limit``)."""
+def published_run(figure: dict, exponent: float | None = None) -> tuple[PublishedRun | None, str]:
+    """The run, or None and why it is left out; ``exponent``: the power limit's (``power_limit``), the shipped
+    calibrations' where not given."""
     if not figure.get("usable", True):
         return None, "not usable"
     if figure.get("left_out_of_fit"):
@@ -68,9 +70,10 @@ def published_run(figure: dict, exponent: float = EXPONENT) -> tuple[PublishedRu
     return run_of(figure, exponent=exponent)
 
 
-def run_of(figure: dict, transform=None, exponent: float = EXPONENT) -> tuple[PublishedRun | None, str]:
+def run_of(figure: dict, transform=None, exponent: float | None = None) -> tuple[PublishedRun | None, str]:
     """The run of a figure whatever its techniques, its predicted work passed through ``transform`` first (a
-    technique's effect on the operators: ``benchmarks/calibrate_techniques.py``), or None and why."""
+    technique's effect on the operators: ``benchmarks/calibrate_techniques.py``), or None and why; its peaks at
+    the share the card's TDP sustains to ``exponent`` (the shipped calibrations' where not given)."""
     chosen, _ = settings(figure)
     spec_text = figure.get("gpu_spec")
     device = chosen_gpu(None if spec_text else figure["gpu"], spec_text)
@@ -82,6 +85,7 @@ def run_of(figure: dict, transform=None, exponent: float = EXPONENT) -> tuple[Pu
     fp32 = figure["source"].get("fp32", TORCH_FP32)  # how the run did float32 work: PyTorch's defaults unless said
     if missing_figures(device, work, fp32):
         return None, "the GPU's figures lack a peak of a dtype the run uses, or the bandwidth"
+    exponent = shipped_power_exponent() if exponent is None else exponent
     rates = flop_rates(sustained(device, exponent), work, fp32)  # the expected time's input: what the TDP sustains
     kernel = kernel_speedup(work, table.architecture, stack_attention(figure.get("stack") or {}, table.architecture))
     bounds = lower_bounds(work, rates, device.bandwidth_bytes_per_s, device.l2_bytes, kernel)

@@ -274,6 +274,21 @@ def test_a_techniques_factor_comes_from_the_other_sources_runs_alone():
         assert factored.midpoint == pytest.approx(k * plain.midpoint) and k > 1.2
 
 
+def test_a_run_on_an_architecture_without_a_shipped_fit_gets_the_range_a_card_of_it_is_given():
+    """An Ada run where only Hopper and Ampere ship fits (Ampere's matmuls made 1.5x Hopper's): predicted as an Ada
+    card is, Ampere's range widened by the error Ampere showed under Hopper's fit, not Ampere's range as it is."""
+    from calibrate_techniques import held_out
+    from test_fit_published import MADE, made
+
+    eager = [made(MADE, f"s{i % 3}", i) for i in range(24)]
+    eager += [made({**MADE, "matmul": 3.0}, f"s{i % 3}", i + 100, architecture="ampere") for i in range(24)]
+    run = ("c", made(MADE, "s0", 30, architecture="ada"))
+    widened = held_out(eager, [run], shipped={"hopper", "ampere"})[0][1]
+    plain = held_out(eager, [run])[0][1]
+    assert plain.high / plain.low == pytest.approx(1.5)
+    assert widened.high / widened.low > 1.6 and widened.low < plain.low < plain.high < widened.high
+
+
 #: how far the fused bytes compile is charged (counted dataflow, normalizations' inputs read again) may be from
 #: inductor's own estimate of its generated kernels on this CPU (measured: tiny FLUX -3.9%, tiny SD -14.0%; the
 #: rule before the count: -61.4% and -30.0%)

@@ -64,6 +64,9 @@ class Calibration(BaseModel):
     #: "compiled", "compiled bfloat16"): a CPU's (``benchmarks/roofline_cpu_variants.py``); with them, a call of a
     #: variant without a fit gets no range. None (CUDA): these fractions price every call, any dtype, compiled or not
     variants: dict[str, Calibration] | None = None
+    #: the power limit's exponent the fit was made with and chosen by (``power_limit``: each peak at the card's share
+    #: of its die's reference's power per TFLOP to this power); None: no power term (a CPU)
+    power_exponent: float | None = None
 
     def missing_for(self, work: OperatorWork) -> str | None:
         """Why this calibration cannot price ``work``: calls of a variant it has no fit for; None where it can."""
@@ -135,6 +138,11 @@ def unfitted_peak(device: Device, calibration: Calibration | None) -> str | None
 def on_convolutions(calibration: Calibration) -> bool:
     """Whether ``calibration`` was fitted with convolutions charged the rate measured on them."""
     return any(key in CONVOLUTIONS for key in calibration.fitted_tflops or {})
+
+
+def shipped_power_exponent() -> float | None:
+    """The power limit's exponent the shipped CUDA calibrations were fitted with (one fit makes them all)."""
+    return next((c.power_exponent for kind, c in calibrations().items() if kind.startswith("cuda:")), None)
 
 
 def calibrations() -> dict[str, Calibration]:

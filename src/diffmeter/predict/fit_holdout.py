@@ -6,11 +6,20 @@ quotes."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from diffmeter.predict.calibration import Calibration, borrowed
 from diffmeter.predict.expected_range import expected_s, stage_range, whole_range
-from diffmeter.predict.fit_published import LEAST_INSIDE, PublishedRun, as_calibration, covering, fit, lender_of
+from diffmeter.predict.fit_published import (
+    LEAST_INSIDE,
+    Fit,
+    PublishedRun,
+    as_calibration,
+    covering,
+    fit,
+    lender_of,
+)
 from diffmeter.predict.host_time import ISSUED, issue_s
 
 
@@ -46,22 +55,74 @@ def in_group(run: PublishedRun, by: str, name: str) -> bool:
     return run.source == name if by == "source" else f"{run.architecture}/{run.model}" == name
 
 
-def leave_one_out(runs: list[PublishedRun], eras: bool = False) -> list[HeldOut]:
-    """Each held group's runs (``held_groups``) against the fit of every other run, where the fit without them still
-    has the run's architecture; each run held out once (by model where its architecture has one source)."""
-    found = []
+def folds(runs: list[PublishedRun]) -> Iterator[tuple[set[str], set[str]]]:
+    """Each held group's run ids (``held_groups``) and the ids of every other run, the fit's; a run held out once (by
+    model where its architecture has one source)."""
     sources = {a: {r.source for r in runs if r.architecture == a} for a in {run.architecture for run in runs}}
     several = {architecture for architecture, found in sources.items() if len(found) > 1}
     for by, name in held_groups(runs):
-        held = [run for run in runs if in_group(run, by, name) and (by == "model" or run.architecture in several)]
-        others = [run for run in runs if not in_group(run, by, name)]
-        if not held:
-            continue
-        fitted = fit(others, eras)  # an architecture one source measured in one model alone: nothing left to fit
-        found += [
-            HeldOut(run, fitted.midpoint(run), *fitted.range(run)) for run in held if run.architecture in fitted.gpus
-        ]
+        held = {run.id for run in runs if in_group(run, by, name) and (by == "model" or run.architecture in several)}
+        if held:
+            yield held, {run.id for run in runs if not in_group(run, by, name)}
+
+
+def predicted(fitted: Fit, runs: list[PublishedRun], ids: set[str]) -> list[HeldOut]:
+    """``fitted``'s range of each of ``runs`` in ``ids`` whose architecture it fitted (an architecture one source
+    measured in one model alone has nothing left to fit without it)."""
+    return [
+        HeldOut(run, fitted.midpoint(run), *fitted.range(run))
+        for run in runs
+        if run.id in ids and run.architecture in fitted.gpus
+    ]
+
+
+def leave_one_out(runs: list[PublishedRun], eras: bool = False) -> list[HeldOut]:
+    """Each held group's runs against the fit of every other run (``folds``)."""
+    found = []
+    for held, others in folds(runs):
+        found += predicted(fit([run for run in runs if run.id in others], eras), runs, held)
     return found
+
+
+def misfit(fitted: Fit, runs: list[PublishedRun]) -> float:
+    """The sum of the squared relative errors of ``fitted``'s midpoints on ``runs``: what the exponent is chosen by."""
+    return sum((fitted.midpoint(run) / run.published_s - 1) ** 2 for run in runs)
+
+
+def chosen_fit(by_exponent: dict[float, list[PublishedRun]], keep=lambda run: True) -> tuple[float, Fit]:
+    """The power limit's exponent whose runs (``by_exponent``: the same runs built at each; those ``keep`` passes)
+    the fit fits best (``misfit``), with that fit."""
+    kept = {exponent: [run for run in runs if keep(run)] for exponent, runs in by_exponent.items()}
+    fits = {exponent: (fit(mine), mine) for exponent, mine in kept.items()}
+    best = min(fits, key=lambda exponent: misfit(*fits[exponent]))
+    return best, fits[best][0]
+
+
+@dataclass(frozen=True)
+class NestedTest:
+    """The held-out test with the power limit's exponent chosen inside each fold (``nested``: each group predicted
+    at the exponent the other runs chose, as ``chosen_fit`` chooses), beside each exponent's own test (``fixed``)."""
+
+    nested: list[HeldOut]
+    fixed: dict[float, list[HeldOut]]
+    #: how many folds chose each exponent
+    picks: dict[float, int]
+
+
+def nested_leave_one_out(by_exponent: dict[float, list[PublishedRun]]) -> NestedTest:
+    """``leave_one_out`` with the exponent chosen again in each fold on its other runs alone."""
+    nested, fixed, picks = [], {exponent: [] for exponent in by_exponent}, dict.fromkeys(by_exponent, 0)
+    for held, others in folds(next(iter(by_exponent.values()))):
+        tried = {}
+        for exponent, runs in by_exponent.items():
+            mine = [run for run in runs if run.id in others]
+            fitted = fit(mine)
+            tried[exponent] = (misfit(fitted, mine), predicted(fitted, runs, held))
+            fixed[exponent] += tried[exponent][1]
+        best = min(tried, key=lambda exponent: tried[exponent][0])
+        nested += tried[best][1]
+        picks[best] += 1
+    return NestedTest(nested, fixed, picks)
 
 
 def summary(held: list) -> dict[str, float]:
@@ -112,23 +173,33 @@ def calibrated_range(run: PublishedRun, calibration: Calibration) -> tuple[float
     return whole_range(ranges, calibration, run.whole_call)
 
 
+def width_without(runs: list[PublishedRun], shipped: set[str], architecture: str, found: Fit) -> tuple[str, float]:
+    """The lender a card of ``architecture`` borrows from among ``shipped`` and the factor its range is widened by,
+    measured on ``runs`` without the architecture's (``borrowed_test`` of the others); ``found``: the lender's fit."""
+    lender = lender_of(architecture, shipped - {architecture})
+    test = borrowed_test(runs, shipped, frozenset({architecture}))
+    return lender, borrowed_width(test, found.gpus[lender].width)
+
+
+def borrowed_held_out(run: PublishedRun, found: Fit, runs: list[PublishedRun], lender: str, width: float) -> HeldOut:
+    """``run`` as a card of its architecture is predicted: ``lender``'s calibration from ``found`` (fitted on
+    ``runs``) widened by ``width`` (``width_without``) through ``calibration.borrowed``; the midpoint is the range's
+    geometric middle."""
+    lent = as_calibration(found, lender, "", runs).model_copy(update={"borrowed_width": width})
+    low, high = calibrated_range(run, borrowed(lent, lender, run.architecture))
+    return HeldOut(run, (low * high) ** 0.5, low, high)
+
+
 def widened_test(runs: list[PublishedRun], shipped: set[str]) -> list[HeldOut]:
     """What a card that borrows sees, held out: each architecture with a neighbour in ``shipped``, its runs under
     that neighbour's calibration fitted without them, widened by ``calibration.borrowed`` by a factor measured
-    without them too (``borrowed_test`` of the other architectures, each fitted without both); the midpoint is the
-    range's geometric middle."""
+    without them too (``width_without``, each other architecture fitted without both)."""
     held = []
     for architecture in sorted({run.architecture for run in runs}):
-        lender = lender_of(architecture, shipped - {architecture})
-        if lender is None:
+        if lender_of(architecture, shipped - {architecture}) is None:
             continue
         others = [run for run in runs if run.architecture != architecture]
         found = fit(others)
-        width = borrowed_width(borrowed_test(runs, shipped, frozenset({architecture})), found.gpus[lender].width)
-        lent = as_calibration(found, lender, "", others).model_copy(update={"borrowed_width": width})
-        calibration = borrowed(lent, lender, architecture)
-        for run in runs:
-            if run.architecture == architecture:
-                low, high = calibrated_range(run, calibration)
-                held.append(HeldOut(run, (low * high) ** 0.5, low, high))
+        lender, width = width_without(runs, shipped, architecture, found)
+        held += [borrowed_held_out(r, found, others, lender, width) for r in runs if r.architecture == architecture]
     return held

@@ -3,12 +3,15 @@ SXM, 250 W in the 40 GB PCIe card; AD102 at 450 W in the RTX 4090, 300-350 W in 
 also run twice the 4090's rate per clock), and a card with less power per datasheet TFLOP than its die's reference
 holds lower clocks than the boost clock its datasheet peak assumes.
 
-Dynamic power is C V^2 f and, along a GPU's voltage-frequency curve, V rises about as f does, so power grows about
-as f^3 (en.wikipedia.org/wiki/Dynamic_frequency_scaling: "dynamic power ... scales with the cube of the frequency"
-when voltage scales with it). A card needing 1 / r of the reference's power per datasheet TFLOP therefore sustains
-about r^(1/3) of its peak: ``EXPONENT``, taken from that law, not fitted. Only the compute peaks scale; the memory
-bandwidth does not. The expected time reads the sustained peaks (``roofline.expected_ranges``, and the published
-runs it is fitted on); the lower bound keeps the datasheet's, so it stays a bound."""
+Dynamic power is C V^2 f. Near the top of a GPU's voltage-frequency curve V rises about as f does, so power grows
+about as f^3 (en.wikipedia.org/wiki/Dynamic_frequency_scaling: "dynamic power ... scales with the cube of the
+frequency" when voltage scales with it); at the curve's voltage floor it grows as f alone. A card needing 1 / r of
+the reference's power per datasheet TFLOP therefore sustains about r^k of its peak, k between 1/3 and 1. k is
+fitted: ``benchmarks/calibrate_published.py`` chooses it among ``EXPONENTS`` (0: no power term) by the eager fit's
+error, inside each held-out fold for the claims, and ships it with the calibrations it was fitted with
+(``Calibration.power_exponent``). Only the compute peaks scale; the memory bandwidth does not. The expected time
+reads the sustained peaks (``roofline.expected_ranges``, and the published runs it is fitted on); the lower bound
+keeps the datasheet's, so it stays a bound."""
 
 from __future__ import annotations
 
@@ -20,8 +23,8 @@ from importlib import resources
 
 from diffmeter.predict.devices import Device, named_gpu
 
-#: sustained clock ~ (power available / power the datasheet peak needs) ^ (1/3): the cube law above
-EXPONENT = 1 / 3
+#: the exponents the fit chooses among: no power term, the cube law's 1/3, and steeper ones toward the voltage floor
+EXPONENTS = (0.0, 1 / 3, 1 / 2, 2 / 3)
 #: the precisions run on the tensor cores: one without a reference figure of its own takes the bf16 factor
 TENSOR_KEYS = ("tf32", "bf16", "fp16", "fp8")
 
@@ -60,11 +63,11 @@ def die_of(name: str) -> str | None:
     return next((die for die, entry in dies().items() if name in entry["cards"]), None)
 
 
-def power_limit(device: Device, exponent: float = EXPONENT) -> PowerLimit | None:
+def power_limit(device: Device, exponent: float | None) -> PowerLimit | None:
     """``device``'s power limit where its die's reference has more board power per TFLOP than it has at some
-    precision, each share to ``exponent``; None for a card at full power, a card of no listed die, without a TDP,
-    or given by --gpu-spec."""
-    die = None if device.given or device.kind != "cuda" else die_of(device.name)
+    precision, each share to ``exponent`` (the calibration's); None for a card at full power, a card of no listed
+    die, without a TDP, or given by --gpu-spec, and for no exponent or 0 (no power term)."""
+    die = None if not exponent or device.given or device.kind != "cuda" else die_of(device.name)
     if die is None or not device.tdp_w:
         return None
     reference = named_gpu(dies()[die]["reference"])
@@ -82,7 +85,7 @@ def power_limit(device: Device, exponent: float = EXPONENT) -> PowerLimit | None
     return PowerLimit(die, reference.name, factors, exponent)
 
 
-def sustained(device: Device, exponent: float = EXPONENT) -> Device:
+def sustained(device: Device, exponent: float | None) -> Device:
     """``device`` with each compute peak at the share its TDP sustains (``power_limit``); itself where none."""
     limit = power_limit(device, exponent)
     if limit is None:

@@ -310,7 +310,9 @@ def predict_time(
         if kind_peak(device, work.dtype, "matmul", fp32_math) != device.peak_tflops(work.dtype)
         else None,
         other_peaks=other_peaks(device, work, fp32_math),
-        power_limit=limit.describe() if ranges and (limit := power_limit(device)) else None,
+        power_limit=limit.describe()
+        if ranges and calibration and (limit := power_limit(device, calibration.power_exponent))
+        else None,
         bandwidth_bytes_per_s=device.bandwidth_bytes_per_s,
         stages=stages,
         lower_s=lower,
@@ -339,11 +341,11 @@ def expected_ranges(
     """Per stage, the range ``calibration`` expects of ``work`` (``expected_s``), each call priced by the fit of its
     variant (``Calibration.fits_for``: a CPU's bfloat16 and compiled calls by their own), each fit's fractions of
     the peaks it was fitted on (``fitted_units``), each peak at the share of it the card's TDP sustains
-    (``power_limit``)."""
+    (``power_limit``, to the calibration's exponent)."""
     found: dict[str, tuple[float, float]] = {}
     for fit, calls in calibration.fits_for(work):
         part = work.model_copy(update={"calls": calls})
-        rates = flop_rates(fitted_units(sustained(device), fit), part, fp32_math)
+        rates = flop_rates(fitted_units(sustained(device, calibration.power_exponent), fit), part, fp32_math)
         for stage, kinds in lower_bounds(part, rates, device.bandwidth_bytes_per_s, device.l2_bytes, kernel).items():
             operators = int(sum(count for _, count in kinds.values()))
             low, high = expected_s(kinds, operators, fit, stage_scores(part, stage, kernel))

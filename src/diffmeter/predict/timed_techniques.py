@@ -20,11 +20,12 @@ TIME_ONLY = ("compile", "sdpa-kernel", "attention", *CACHES)
 #: what the held-out test of these techniques found (benchmarks/calibrate_techniques.py, its committed output
 #: benchmarks/results/calibration_techniques.md, 2026-12-01): the claim printed beside such a time
 HELD_OUT = (
-    "held out by source, 113 of 183 published runs (62%) fell inside such a range, midpoint median error 15.8%: "
-    "compile's default mode 67% (4 of 6), reduce-overhead 56%, attention without SDPA 65%, xformers and flash-attn "
-    "61%; 66 of the 70 misses predicted too fast, most on A100 PCIe cards, the RTX A6000, the A10 in float32 and "
-    "the diffusers PyTorch 2.0 page's A100, whose eager runs miss alike; against the same source's eager run the "
-    "predicted speed-up is off by 3.5% (median of 61 runs; compile 11-13% too optimistic); 27 runs compiled with "
+    "held out by source (the eager calibration and its power exponent fitted without it), 121 of 183 published runs "
+    "(66%) fell inside such a range, midpoint median error 13.9%: compile's default mode 50% (3 of 6), "
+    "reduce-overhead 52%, attention without SDPA 69%, xformers and flash-attn 70%; 61 of the 62 misses predicted "
+    "too fast, most in Lambda Labs' 2022 benchmark on A100 PCIe cards and the RTX A6000 and on the diffusers PyTorch "
+    "2.0 page's A100 and V100, whose eager runs miss alike; against the same source's eager run the predicted "
+    "speed-up is off by 4.1% (median of 61 runs; reduce-overhead 10.2%, too optimistic); 27 runs compiled with "
     "graph breaks left out "
     "(benchmarks/results/calibration_techniques.md)"
 )
