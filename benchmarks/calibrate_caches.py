@@ -168,7 +168,9 @@ def report(held: list[dict], rows: list[dict]) -> str:
         "benchmarks/published_caches.yaml. Each cached run is predicted with the skipped shares of every other "
         "source only: the hook's rule run on the first block's residual drift that reproduces them. "
         "\"expected\": `profile --gpu`'s range with the eager calibration refitted without the source's "
-        'harness (its eager run and every other of that harness left out); "ratio": the cache\'s effect alone, '
+        "harness (its eager run and every other of that harness left out), at the power limit's exponent the "
+        'shipped calibration was fitted with (chosen on all eager runs, these harnesses\' included); "ratio": the '
+        "cache's effect alone, "
         "the predicted cached / uncached times the published "
         "uncached time. Target (issue 46): coverage >= 80%, midpoint median error <= 15%, hi/lo <= 1.6.",
         "",

@@ -238,7 +238,8 @@ def main() -> int:
     wide = summary(widened) if widened else None
     borrowed_claim = (
         f"held out an architecture at a time, as a card that borrows sees it (its runs under its neighbour's "
-        f"calibration fitted without them, widened by a factor measured without them): "
+        f"calibration fitted without them, widened by a factor measured without them, at the power limit's exponent "
+        f"chosen on all runs): "
         f"{sum(h.inside for h in widened)} of {len(widened)} runs ({wide['coverage']:.0%}) inside their range, "
         f"midpoint median error {wide['median_error']:.1%}, median hi/lo "
         f"{wide['median_width']:.2f} (benchmarks/calibrate_published.py, {when})"

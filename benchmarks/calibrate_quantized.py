@@ -207,7 +207,8 @@ def main() -> int:
         f"- date: {when}; {len(quantized)} published quantized runs (benchmarks/published_quantized.yaml), each "
         "backend's effect on the operator work (`predict.quantized_time`) timed by the eager calibration "
         f"(`predict.fit_published`, {len(eager)} eager runs) refitted without the held-out source's runs, its "
-        "unquantized ones included; no factor fitted on the quantized runs",
+        "unquantized ones included, at the power limit's exponent the shipped calibration was fitted with (chosen on "
+        "all eager runs, these sources' included); no factor fitted on the quantized runs",
         f"- sources: {', '.join(sorted(sources))}; their unquantized runs are predicted the same way, for reference",
         f"- target (issue 46): coverage >= {TARGET['coverage']:.0%}, midpoint median error <= "
         f"{TARGET['median_error']:.0%}, hi/lo <= {TARGET['median_width']}",

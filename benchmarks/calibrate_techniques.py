@@ -24,6 +24,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from power_exponents import named
 from published_comparison import load_figures, settings
 from published_runs import published_run, run_of, source_of
 from published_tables import held_rows
@@ -34,7 +35,7 @@ from diffmeter.predict.attention_kernels import MEASURED, with_kernel
 from diffmeter.predict.calibration import calibrations, neighbours_of
 from diffmeter.predict.compiled_time import compiled_work
 from diffmeter.predict.fit_holdout import HeldOut, borrowed_held_out, chosen_fit, summary, width_without
-from diffmeter.predict.fit_published import Fit, PublishedRun, fit
+from diffmeter.predict.fit_published import Fit, PublishedRun, fit, lender_of
 from diffmeter.predict.power_limit import EXPONENTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,6 +112,15 @@ def chosen_without(by_exponent: dict[float, list[PublishedRun]], sources) -> dic
     }
 
 
+def borrowers(optimized: list[tuple[str, PublishedRun]], shipped: set[str] | None, fitted: Fit) -> set[str]:
+    """The architectures of ``optimized`` runs without a fit in ``shipped`` whose lender (``lender_of``) ``fitted``
+    has: predicted as such a card is (none where ``shipped`` is None: every run on the fit's own GPU fits)."""
+    if shipped is None:
+        return set()
+    found = {run.architecture for _, run in optimized} - shipped
+    return {a for a in found if (lender := lender_of(a, shipped - {a})) is not None and lender in fitted.gpus}
+
+
 def held_out(
     eager: list[PublishedRun],
     optimized: list[tuple[str, PublishedRun]],
@@ -128,9 +138,7 @@ def held_out(
         kept = [run for run in eager if run.source != source]
         lent = {
             architecture: width_without(kept, shipped, architecture, fitted)
-            for architecture in {
-                run.architecture for _, run in optimized if shipped and run.architecture not in shipped
-            }
+            for architecture in borrowers(optimized, shipped, fitted)
         }
         predicted = [
             (technique, run, borrowed_held_out(run, fitted, kept, *lent[run.architecture]))
@@ -160,18 +168,26 @@ def is_reference(figure: dict) -> bool:
     return not figure["techniques"] and (figure.get("stack") or {}).get("attention", "sdpa") == "sdpa"
 
 
-def speedups(eager: list[PublishedRun], optimized: list[tuple[str, PublishedRun]], references: dict[str, str], fits):
+def speedups(
+    eager: list[PublishedRun],
+    optimized: list[tuple[str, PublishedRun]],
+    references: dict[str, str],
+    fits,
+    shipped: set[str] | None = None,
+):
     """Each optimized run with a published eager run of its source at the same settings (``references``: its id to
     the eager run's): (technique, run, reference, published speed-up, predicted one), both runs predicted by the fit
     without their source (``fits``, ``fits_without``), so the predicted speed-up is the technique's modelled effect
-    alone, held out."""
+    alone, held out; a run on an architecture without a fit in ``shipped`` by its lender's, as a card of it is."""
     by_id = {run.id: run for run in eager}
     found = []
     for source, fitted in fits.items():
+        lenders = {a: lender_of(a, shipped - {a}) for a in borrowers(optimized, shipped, fitted)}
         for technique, run in optimized:
             if run.source != source or run.id not in references:
                 continue
-            gpu = gpu_for(fitted, run.architecture)
+            gpu = fitted.gpus[lenders[run.architecture]] if run.architecture in lenders else None
+            gpu = gpu or gpu_for(fitted, run.architecture)
             reference = by_id[references[run.id]]
             predicted = fitted.midpoint(reference, gpu) / fitted.midpoint(run, gpu)
             found.append((technique, run, reference, reference.published_s / run.published_s, predicted))
@@ -259,8 +275,8 @@ def main() -> int:
     shipped = {name.removeprefix("cuda:") for name in calibrations() if name.startswith("cuda:")}
     for source, (exponent, fitted) in chosen.items():
         held += held_out(eager[exponent], optimized[exponent], {source: fitted}, shipped)
-        found += speedups(eager[exponent], optimized[exponent], references, {source: fitted})
-    picks = ", ".join(f"{e:.3g} by {sum(c == e for c, _ in chosen.values())}" for e in EXPONENTS)
+        found += speedups(eager[exponent], optimized[exponent], references, {source: fitted}, shipped)
+    picks = ", ".join(f"{named(e)} by {sum(c == e for c, _ in chosen.values())}" for e in EXPONENTS)
     when = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
     lines = [
         "# The expected time of optimized runs, validated on published runs",

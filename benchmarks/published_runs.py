@@ -86,6 +86,8 @@ def run_of(figure: dict, transform=None, exponent: float | None = None) -> tuple
     if missing_figures(device, work, fp32):
         return None, "the GPU's figures lack a peak of a dtype the run uses, or the bandwidth"
     exponent = shipped_power_exponent() if exponent is None else exponent
+    if exponent is None:
+        raise SystemExit("efficiency.json has no power_exponent: run python benchmarks/calibrate_published.py first")
     rates = flop_rates(sustained(device, exponent), work, fp32)  # the expected time's input: what the TDP sustains
     kernel = kernel_speedup(work, table.architecture, stack_attention(figure.get("stack") or {}, table.architecture))
     bounds = lower_bounds(work, rates, device.bandwidth_bytes_per_s, device.l2_bytes, kernel)

@@ -42,3 +42,21 @@ def test_each_fold_chooses_without_its_held_out_runs():
         fixed = {h.run.id: h.midpoint for h in test.fixed[exponent] if h.run.source == source}
         assert fixed and all(nested[i] == midpoint for i, midpoint in fixed.items()), source
     assert [h.midpoint for h in test.fixed[0.5]] == pytest.approx([h.midpoint for h in leave_one_out(by_exponent[0.5])])
+
+
+def test_a_technique_sources_exponent_is_chosen_by_the_other_sources_eager_runs():
+    """calibrate_techniques' per-source choice: the big source's technique runs are predicted at the exponent the
+    small source's eager runs choose, and the other way round."""
+    from calibrate_techniques import chosen_without
+
+    by_exponent = exact_and_off({"big"}, source=lambda i: "small" if i % 3 == 0 else "big")
+    chosen = chosen_without(by_exponent, ["big", "small", "big"])
+    assert {source: exponent for source, (exponent, _) in chosen.items()} == {"big": 0.5, "small": 0.0}
+
+
+def test_runs_sharing_an_id_are_refused():
+    """A fold keeps its held-out runs out of the fit by id: two runs with one id would let one back in."""
+    runs = exact_and_off()[0.5]
+    twin = dataclasses.replace(runs[1], source="s0")
+    with pytest.raises(ValueError, match="share an id"):
+        leave_one_out([*runs, twin])

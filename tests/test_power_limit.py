@@ -112,3 +112,25 @@ def test_profile_and_fit_say_a_power_limited_cards_compute_runs_under_its_peaks(
     assert code == 0 and f"On the L4, {said}." in " ".join(out.split())
     code, out, err = cli("fit", "tiny-flux", "--gpu", "h100", "--steps", "2", "--json")
     assert code == 0 and json.loads(out)["power_limit"] is None
+
+
+def test_the_expected_time_reads_the_calibrations_exponent():
+    """The same work on the L4 (power-limited) under its shipped calibration with the exponent set to none, 1/3 and
+    2/3: no power note and the fastest GPU time without one, slower the steeper the exponent; the lower bound the
+    same throughout."""
+    from diffmeter.predict.calibration import calibration_for
+    from diffmeter.predict.operators import operator_work
+    from diffmeter.predict.roofline import predict_time
+    from diffmeter.spec import ProfileSpec
+
+    work = operator_work(ProfileSpec(model="tiny-flux", steps=2, height=512, width=512))
+    l4 = named_gpu("L4")
+    shipped = calibration_for(l4)
+    times = {
+        exponent: predict_time(work, l4, shipped.model_copy(update={"power_exponent": exponent}))
+        for exponent in (None, 1 / 3, 2 / 3)
+    }
+    assert times[None].power_limit is None and "to the 2/3 power" in times[2 / 3].power_limit
+    gpu = {exponent: sum(s.gpu_s[0] if s.gpu_s else s.expected_s[0] for s in t.stages) for exponent, t in times.items()}
+    assert gpu[None] < gpu[1 / 3] < gpu[2 / 3]
+    assert times[None].lower_s == times[1 / 3].lower_s == times[2 / 3].lower_s

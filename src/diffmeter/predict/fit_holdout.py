@@ -58,6 +58,8 @@ def in_group(run: PublishedRun, by: str, name: str) -> bool:
 def folds(runs: list[PublishedRun]) -> Iterator[tuple[set[str], set[str]]]:
     """Each held group's run ids (``held_groups``) and the ids of every other run, the fit's; a run held out once (by
     model where its architecture has one source)."""
+    if len({run.id for run in runs}) != len(runs):
+        raise ValueError("two published runs share an id: a held-out run would stay in its fold's fit")
     sources = {a: {r.source for r in runs if r.architecture == a} for a in {run.architecture for run in runs}}
     several = {architecture for architecture, found in sources.items() if len(found) > 1}
     for by, name in held_groups(runs):

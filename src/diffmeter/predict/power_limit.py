@@ -7,11 +7,11 @@ Dynamic power is C V^2 f. Near the top of a GPU's voltage-frequency curve V rise
 about as f^3 (en.wikipedia.org/wiki/Dynamic_frequency_scaling: "dynamic power ... scales with the cube of the
 frequency" when voltage scales with it); at the curve's voltage floor it grows as f alone. A card needing 1 / r of
 the reference's power per datasheet TFLOP therefore sustains about r^k of its peak, k between 1/3 and 1. k is
-fitted: ``benchmarks/calibrate_published.py`` chooses it among ``EXPONENTS`` (0: no power term) by the eager fit's
-error, inside each held-out fold for the claims, and ships it with the calibrations it was fitted with
-(``Calibration.power_exponent``). Only the compute peaks scale; the memory bandwidth does not. The expected time
-reads the sustained peaks (``roofline.expected_ranges``, and the published runs it is fitted on); the lower bound
-keeps the datasheet's, so it stays a bound."""
+fitted: ``benchmarks/calibrate_published.py`` chooses it among ``EXPONENTS`` (0: no power term; the grid stops at
+2/3, which held out did as well as the 1/2 chosen) by the eager fit's error, inside each held-out fold for the
+claims, and ships it with the calibrations it was fitted with (``Calibration.power_exponent``). Only the compute
+peaks scale; the memory bandwidth does not. The expected time reads the sustained peaks (``roofline.expected_ranges``,
+and the published runs it is fitted on); the lower bound keeps the datasheet's, so it stays a bound."""
 
 from __future__ import annotations
 
