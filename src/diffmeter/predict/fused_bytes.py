@@ -61,7 +61,9 @@ class FusedBytes:
         self.chains = 0
         self.pending: dict[int, Pending] = {}
         self.writes = 0  # the pending writes made so far (their ``serial``)
-        self.read: dict[int, set] = {}  # per storage, the views the open chain read from outside it
+        # per storage, the views the open chain read from outside it, with a weak reference to the storage: a key
+        # (the storage's address) reused by a new storage after the old one died starts afresh
+        self.read: dict[int, tuple[weakref.ref, set]] = {}
         self.read_bytes: Counter[int] = Counter()
         self.rebuilt: Counter[int] = Counter()  # sizes of a replayed block's outputs left to write (``apply``)
 
@@ -106,7 +108,11 @@ class FusedBytes:
                 continue  # made in this chain: in registers
             self.flush(key)
             view = (tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
-            views = self.read.setdefault(key, set())
+            entry = self.read.get(key)
+            if entry is None or entry[0]() is None:
+                entry = self.read[key] = (weakref.ref(tensor.untyped_storage()), set())
+                self.read_bytes[key] = 0
+            views = entry[1]
             if view not in views:
                 views.add(view)
                 size = storage_bytes(tensor)
