@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import sys
 from datetime import datetime, timezone
-from fractions import Fraction
 from pathlib import Path
 
 from power_exponents import power_section
@@ -48,7 +47,7 @@ from diffmeter.predict.fit_published import (
     full_model,
     lender_of,
 )
-from diffmeter.predict.power_limit import EXPONENTS
+from diffmeter.predict.power_limit import EXPONENTS, exponent_text
 
 ROOT = Path(__file__).resolve().parent.parent
 EFFICIENCY = ROOT / "src" / "diffmeter" / "predict" / "data" / "efficiency.json"
@@ -266,7 +265,7 @@ def main() -> int:
         "- validation: each source held out in turn (every architecture refitted without it) and predicted by the "
         "fit of the others; an architecture one source measured alone, a model at a time; the power limit's "
         "exponent (`diffmeter.predict.power_limit`) chosen again in each fold by the other runs' fit, as the shipped "
-        f"one ({Fraction(exponent).limit_denominator(12)}) is chosen by all runs' (`## The power limit`); the "
+        f"one ({exponent_text(exponent)}) is chosen by all runs' (`## The power limit`); the "
         "borrowed tests below and the software stack's use the shipped exponent",
         "- target (issue 50): per architecture and for all, coverage >= 80% with hi/lo <= 1.5, midpoint median "
         "error <= 12%",
@@ -323,7 +322,7 @@ def main() -> int:
                 architecture,
                 f"fitted on {len(mine)} published eager runs on {architecture} GPUs from {len(sources)} sources "
                 f"({', '.join(sources)}){shape(architecture, runs)}{stack_range(mine, stacks)}, each peak at its "
-                f"card's share of its die's power per TFLOP to the power {Fraction(exponent).limit_denominator(12)} "
+                f"card's share of its die's power per TFLOP to the power {exponent_text(exponent)} "
                 f"(`power_limit`, chosen by the fit), with "
                 f"{len(runs) - len(mine)} runs of other architectures for the host; {claim}",
                 runs,

@@ -24,7 +24,6 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from power_exponents import named
 from published_comparison import load_figures, settings
 from published_runs import published_run, run_of, source_of
 from published_tables import held_rows
@@ -36,7 +35,7 @@ from diffmeter.predict.calibration import calibrations, neighbours_of
 from diffmeter.predict.compiled_time import compiled_work
 from diffmeter.predict.fit_holdout import HeldOut, borrowed_held_out, chosen_fit, summary, width_without
 from diffmeter.predict.fit_published import Fit, PublishedRun, fit, lender_of
-from diffmeter.predict.power_limit import EXPONENTS
+from diffmeter.predict.power_limit import EXPONENTS, exponent_text
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "calibration_techniques.md"
@@ -186,8 +185,8 @@ def speedups(
         for technique, run in optimized:
             if run.source != source or run.id not in references:
                 continue
-            gpu = fitted.gpus[lenders[run.architecture]] if run.architecture in lenders else None
-            gpu = gpu or gpu_for(fitted, run.architecture)
+            lender = lenders.get(run.architecture)
+            gpu = fitted.gpus[lender] if lender else gpu_for(fitted, run.architecture)
             reference = by_id[references[run.id]]
             predicted = fitted.midpoint(reference, gpu) / fitted.midpoint(run, gpu)
             found.append((technique, run, reference, reference.published_s / run.published_s, predicted))
@@ -276,7 +275,7 @@ def main() -> int:
     for source, (exponent, fitted) in chosen.items():
         held += held_out(eager[exponent], optimized[exponent], {source: fitted}, shipped)
         found += speedups(eager[exponent], optimized[exponent], references, {source: fitted}, shipped)
-    picks = ", ".join(f"{named(e)} by {sum(c == e for c, _ in chosen.values())}" for e in EXPONENTS)
+    picks = ", ".join(f"{exponent_text(e)} by {sum(c == e for c, _ in chosen.values())}" for e in EXPONENTS)
     when = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
     lines = [
         "# The expected time of optimized runs, validated on published runs",

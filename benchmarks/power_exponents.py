@@ -4,15 +4,9 @@ quote."""
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.fit_holdout import NestedTest, summary
-from diffmeter.predict.power_limit import power_limit
-
-
-def named(exponent: float) -> str:
-    return str(Fraction(exponent).limit_denominator(12))
+from diffmeter.predict.power_limit import exponent_text, power_limit
 
 
 def power_section(figures: list[dict], test: NestedTest, shipped: float) -> list[str]:
@@ -22,22 +16,22 @@ def power_section(figures: list[dict], test: NestedTest, shipped: float) -> list
     columns = {"all": lambda h: True, "power-limited cards": lambda h: h.run.id in limited}
     architectures = sorted({h.run.architecture for h in test.nested})
     columns |= {a: lambda h, a=a: h.run.architecture == a for a in architectures}
-    picks = ", ".join(f"{named(exponent)} in {count}" for exponent, count in test.picks.items())
+    picks = ", ".join(f"{exponent_text(exponent)} in {count}" for exponent, count in test.picks.items())
     lines = [
         "## The power limit",
         "",
         "A card with less board power per datasheet TFLOP than its die's reference runs each peak at that share to a "
         "power between 1/3 (dynamic power grows as the clock cubed where voltage follows it) and 1 (at the voltage "
         "floor); 0 is no power term. The fit chooses the exponent whose runs it fits best (least squared relative "
-        f"midpoint error, in sample): on all runs {named(shipped)}, shipped; held out, each fold chose again on its "
-        f"other runs ({picks} of {sum(test.picks.values())} folds). The claims quote that nested test; each "
+        f"midpoint error, in sample): on all runs {exponent_text(shipped)}, shipped; held out, each fold chose again "
+        f"on its other runs ({picks} of {sum(test.picks.values())} folds). The claims quote that nested test; each "
         f"exponent fixed beside it ({sum(h.run.id in limited for h in test.nested)} held-out runs on power-limited "
         "cards; coverage, midpoint median error):",
         "",
         f"| exponent | {' | '.join(columns)} |",
         f"|---|{'---|' * len(columns)}",
     ]
-    rows = [*((f"{named(e)}{' (shipped)' * (e == shipped)}", found) for e, found in test.fixed.items())]
+    rows = [*((f"{exponent_text(e)}{' (shipped)' * (e == shipped)}", found) for e, found in test.fixed.items())]
     for label, found in [*rows, ("chosen in each fold (the claims')", test.nested)]:
         cells = []
         for keep in columns.values():

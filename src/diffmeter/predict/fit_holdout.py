@@ -91,13 +91,22 @@ def misfit(fitted: Fit, runs: list[PublishedRun]) -> float:
     return sum((fitted.midpoint(run) / run.published_s - 1) ** 2 for run in runs)
 
 
+def fits_by_exponent(by_exponent: dict[float, list[PublishedRun]], keep=lambda run: True) -> dict[float, tuple]:
+    """Per power limit exponent (``by_exponent``: the same runs built at each), the fit of the runs ``keep`` passes and
+    its ``misfit`` on them: (misfit, fit)."""
+    found = {}
+    for exponent, runs in by_exponent.items():
+        mine = [run for run in runs if keep(run)]
+        fitted = fit(mine)
+        found[exponent] = (misfit(fitted, mine), fitted)
+    return found
+
+
 def chosen_fit(by_exponent: dict[float, list[PublishedRun]], keep=lambda run: True) -> tuple[float, Fit]:
-    """The power limit's exponent whose runs (``by_exponent``: the same runs built at each; those ``keep`` passes)
-    the fit fits best (``misfit``), with that fit."""
-    kept = {exponent: [run for run in runs if keep(run)] for exponent, runs in by_exponent.items()}
-    fits = {exponent: (fit(mine), mine) for exponent, mine in kept.items()}
-    best = min(fits, key=lambda exponent: misfit(*fits[exponent]))
-    return best, fits[best][0]
+    """The power limit's exponent whose runs (those ``keep`` passes) the fit fits best (``misfit``), with that fit."""
+    fits = fits_by_exponent(by_exponent, keep)
+    best = min(fits, key=lambda exponent: fits[exponent][0])
+    return best, fits[best][1]
 
 
 @dataclass(frozen=True)
@@ -115,14 +124,11 @@ def nested_leave_one_out(by_exponent: dict[float, list[PublishedRun]]) -> Nested
     """``leave_one_out`` with the exponent chosen again in each fold on its other runs alone."""
     nested, fixed, picks = [], {exponent: [] for exponent in by_exponent}, dict.fromkeys(by_exponent, 0)
     for held, others in folds(next(iter(by_exponent.values()))):
-        tried = {}
-        for exponent, runs in by_exponent.items():
-            mine = [run for run in runs if run.id in others]
-            fitted = fit(mine)
-            tried[exponent] = (misfit(fitted, mine), predicted(fitted, runs, held))
-            fixed[exponent] += tried[exponent][1]
-        best = min(tried, key=lambda exponent: tried[exponent][0])
-        nested += tried[best][1]
+        fits = fits_by_exponent(by_exponent, lambda run, others=others: run.id in others)
+        for exponent, (_, fitted) in fits.items():
+            fixed[exponent] += predicted(fitted, by_exponent[exponent], held)
+        best = min(fits, key=lambda exponent: fits[exponent][0])
+        nested += predicted(fits[best][1], by_exponent[best], held)
         picks[best] += 1
     return NestedTest(nested, fixed, picks)
 

@@ -29,6 +29,11 @@ EXPONENTS = (0.0, 1 / 3, 1 / 2, 2 / 3)
 TENSOR_KEYS = ("tf32", "bf16", "fp16", "fp8")
 
 
+def exponent_text(exponent: float) -> str:
+    """An exponent as the fraction it is meant as: "1/2", "2/3", "0"."""
+    return str(Fraction(exponent).limit_denominator(12))
+
+
 @dataclass(frozen=True)
 class PowerLimit:
     """A card's sustained share of each datasheet peak (``factors``, per ``Device.tflops`` key, each <= 1), read
@@ -48,7 +53,7 @@ class PowerLimit:
         return (
             f"the expected time runs the compute at {said} of the datasheet peaks: what its TDP sustains, its power "
             f"per TFLOP against the {self.reference}'s (the same {self.die} die) to the "
-            f"{Fraction(self.exponent).limit_denominator(12)} power"
+            f"{exponent_text(self.exponent)} power"
         )
 
 
