@@ -82,6 +82,7 @@ def print_predicted(
     from diffmeter.predict.offload_time import offload_line, offload_of, with_offload, with_transfer_bound
     from diffmeter.predict.offload_time import why_untimed as why_offload_untimed
     from diffmeter.predict.operators import operator_work, predict_memory_and_work
+    from diffmeter.predict.predicted_profile import with_prediction
     from diffmeter.predict.quantized_memory import Format, split_values, with_formats
     from diffmeter.predict.quantized_time import held_out_claim, needs_fp8, quantized_work, why_not_modelled
     from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
@@ -220,29 +221,24 @@ def print_predicted(
     if as_json:
         staged = [stage_peaks_under(memory, techniques) for memory in memories]
         payloads = [
-            {
-                **found.to_json_dict(),
-                "gpu": chosen.model_dump(),
-                "memory": memory.model_dump(mode="json"),
-                "memory_techniques": list(techniques),
-                "time_techniques": time_techniques,  # timed, memory as without them (compile, attention kernels)
-                "peak_memory_bytes": max(stages.values(), default=0),  # the largest stage's (peak_under)
-                # each stage's under those techniques ("memory" is without them), as bench's prediction stores it
-                "stage_peak_memory_bytes": stages,
-                # the card's memory less the CUDA context held back (devices.CUDA_HOLDBACK_BYTES), against that peak:
-                # None where the card has no single memory size
-                "fits": None if not chosen.memory_bytes else short is None,
-                "short_of_bytes": short,
-                "time": time.model_dump(mode="json") if time else None,
-                "no_time": lacking,  # why "time" is None
-                # each timed quantized format's own held-out figure (quantized_time.held_out_claim)
-                "quantized_time_held_out": held_out_claim([f"{f.backend}:{f.type}" for f in timed_formats])
+            with_prediction(
+                found,
+                gpu=chosen,
+                memory=memory,
+                memory_techniques=list(techniques),
+                time_techniques=time_techniques,
+                peak_memory_bytes=max(stages.values(), default=0),  # the largest stage's (peak_under)
+                stage_peak_memory_bytes=stages,
+                fits=None if not chosen.memory_bytes else short is None,
+                short_of_bytes=short,
+                time=time,
+                no_time=lacking,
+                quantized_time_held_out=held_out_claim([f"{f.backend}:{f.type}" for f in timed_formats])
                 if time and timed_formats
                 else None,
-                # not in the time, "label: why" each
-                "time_left_out": untimed + (parallel_untimed if time else []),
-                **({"parallel": group.model_dump(mode="json")} if group else {}),
-            }
+                time_left_out=untimed + (parallel_untimed if time else []),
+                **({"parallel": group} if group else {}),
+            )
             for found, memory, stages, time, lacking, short in zip(
                 results, memories, staged, times, missing, shorts, strict=True
             )
