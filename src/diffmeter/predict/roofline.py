@@ -271,7 +271,7 @@ def predict_time(
         calibration = None
     hosts = host_stage_s(work, calibration.host) if calibration and calibration.host else {}
     bounds = lower_bounds(work, rates, device.bandwidth_bytes_per_s, device.l2_bytes)
-    ranges = expected_ranges(work, device, calibration, kernel, fp32_math) if calibration else {}
+    ranges, per_operator = expected_ranges(work, device, calibration, kernel, fp32_math) if calibration else ({}, 0)
     both = stage_bounds(work, weights or {}, rates, device.bandwidth_bytes_per_s, device.l2_bytes)
     stages = []
     for stage in STAGES:
@@ -300,7 +300,9 @@ def predict_time(
     lower, operators = sum(stage.lower_s for stage in stages), sum(stage.operators for stage in stages)
     call = calibration.host.call_s if calibration and calibration.host else None
     whole = whole_range([stage.expected_s for stage in stages], calibration) if calibration else None
-    launch_bound = outside(calibration, lower / operators) if calibration and operators else None
+    # on the fit's own measure (sustained peaks, the kernel's speed-up): the datasheet's bound would call a
+    # power-limited card's run smaller than the same run fitted
+    launch_bound = outside(calibration, per_operator) if calibration and operators else None
     busy, host_bound = host_share(stages, whole)
     return TimePrediction(
         device=device.name,
@@ -337,12 +339,14 @@ def predict_time(
 
 def expected_ranges(
     work: OperatorWork, device: Device, calibration: Calibration, kernel: Speedup, fp32_math: Mapping[str, str]
-) -> dict[str, tuple[float, float]]:
+) -> tuple[dict[str, tuple[float, float]], float]:
     """Per stage, the range ``calibration`` expects of ``work`` (``expected_s``), each call priced by the fit of its
     variant (``Calibration.fits_for``: a CPU's bfloat16 and compiled calls by their own), each fit's fractions of
     the peaks it was fitted on (``fitted_units``), each peak at the share of it the card's TDP sustains
-    (``power_limit``, to the calibration's exponent)."""
+    (``power_limit``, to the calibration's exponent); and the seconds per operator of those inputs, the measure
+    the fit's ``least_bound_per_operator_s`` is of (``fit_published.PublishedRun.eager_s`` per kernel)."""
     found: dict[str, tuple[float, float]] = {}
+    seconds, count = 0.0, 0
     for fit, calls in calibration.fits_for(work):
         part = work.model_copy(update={"calls": calls})
         rates = flop_rates(fitted_units(sustained(device, calibration.power_exponent), fit), part, fp32_math)
@@ -351,4 +355,5 @@ def expected_ranges(
             low, high = expected_s(kinds, operators, fit, stage_scores(part, stage, kernel))
             before = found.get(stage, (0.0, 0.0))
             found[stage] = (before[0] + low, before[1] + high)
-    return found
+            seconds, count = seconds + sum(s for s, _ in kinds.values()), count + operators
+    return found, seconds / count if count else 0.0
