@@ -111,7 +111,12 @@ def test_profile_all_leaves_out_the_models_that_refuse_the_settings(cli, monkeyp
     "args,message",
     [
         (["profile", "flux-deb"], "unknown model 'flux-deb'"),
-        (["profile", "sd15", "--gpu", "a100", "--offload", "bogus"], "offload: bad parameter mode"),
+        # a technique flag fit does not take: why, and where it goes (click suggested --gpu for --opt)
+        (["fit", "sdxl", "--gpu", "l4", "--opt", "compile"], "fit does not take --opt: fit tries the memory settings"),
+        (
+            ["profile", "sd15", "--gpu", "a100", "--offload", "bogus"],
+            "offload: bad parameter mode 'bogus': input should be 'model', 'sequential' or 'group'",
+        ),
         (["profile", "sd15", "--gpu", "a100", "--quantize", "int4"], "--quantize 'int4': write BACKEND:TYPE"),
         (["profile", "sd15", "--gpu", "a100", "--quantize", "fp8"], "the A100 80GB SXM lacks (no fp8 peak"),
         (["profile", "sd3-medium", "--height", "1000"], "not a multiple of 16"),

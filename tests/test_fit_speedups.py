@@ -17,7 +17,7 @@ from diffmeter.predict.compiled_time import compiled_work
 from diffmeter.predict.devices import named_gpu
 from diffmeter.predict.operators import predict_memory_and_work
 from diffmeter.predict.roofline import predict_time
-from diffmeter.runs.fit_speedups import SettingWork, Timed, ranked, timed
+from diffmeter.runs.fit_speedups import SettingWork, Timed, quicker_borderline, ranked, timed
 from diffmeter.spec import ProfileSpec
 
 
@@ -96,6 +96,13 @@ def test_a_setting_whose_time_is_not_modelled_says_why_and_follows_the_ranked(ti
     order = [row[0] for row in ranked(rows, times)]
     assert order == [("compile",), (), ("quantize-bnb-int8",)]  # the smallest lower bound, yet not ranked
     assert Timed(why="x").midpoint is None
+    # a faster setting whose peak is within the memory prediction's checked error of what is left may not fit in a
+    # real run: the slower one with room to spare ranks first, and the count of such faster ones hidden is said
+    usable = 100 * 2**30
+    close, roomy = (("compile",), usable - 2**20, compiled.time.lower_s), ((), usable // 2, plain.time.lower_s)
+    assert [row[0] for row in ranked([close, roomy], times, usable)] == [(), ("compile",)]
+    assert [row[0] for row in ranked([close, roomy], times)] == [("compile",), ()]  # no memory: by time alone
+    assert quicker_borderline([close], (), times, usable) == 1 and quicker_borderline([roomy], (), times, usable) == 0
 
 
 def test_fit_quotes_the_held_out_figure_of_every_range_it_shows_as_profile_does(cli):

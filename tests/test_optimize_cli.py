@@ -80,7 +80,7 @@ def test_lossless_technique_gives_identical_images_and_reuses_the_stored_baselin
         (["--cache", "compile"], "--cache compile: not a cache; the caches: "),
         (["--cache", "sea-cache"], "sea-cache cannot be used with tiny-sd"),  # reached the model's check
         # a new user's trial: a KeyError traceback, and the second threshold silently taken
-        (["--opt", "scheduler"], "scheduler: bad parameter name: Field required"),
+        (["--opt", "scheduler"], "scheduler: bad parameter name: field required (its parameters: name)"),
         (["--opt", "first-block-cache:threshold=0.1,threshold=0.3"], "threshold is given twice; give it once"),
     ],
 )

@@ -52,6 +52,9 @@ def test_every_key_profile_gpu_json_prints_is_in_the_committed_schema_with_a_uni
     plain = json.loads(out)
     jsonschema.validate(plain, schema)
     assert "gpu" not in plain and "*_s" not in plain["units"]
+    code, out, _ = cli("profile", "tiny-sd", "--steps", "2", "--cfg-degree", "2", "--json")  # a group, no --gpu
+    jsonschema.validate(split := json.loads(out), schema)
+    assert code == 0 and split["context_parallel_per_gpu_step"]["cfg_degree"] == 2 and "gpu" not in split
 
 
 def test_a_generation_larger_than_the_card_does_not_fit(cli):
@@ -59,6 +62,11 @@ def test_a_generation_larger_than_the_card_does_not_fit(cli):
     assert code == 0 and "does not fit" in out
     # the command that lists what does fit, with this model and card filled in
     assert "`diffmeter fit tiny-sd --gpu-spec 0.004GB` lists the memory settings that do" in " ".join(out.split())
+    # the settings asked for go with it: fit answers for this generation, not the catalog's default one
+    asked = ("--steps", "3", "--height", "96", "--width", "64", "--batch-size", "2", "--component-dtype", "vae=float32")
+    code, out, _ = cli("profile", "tiny-sd", "--gpu-spec", "0.004GB", *asked)
+    command = "diffmeter fit tiny-sd --gpu-spec 0.004GB --height 96 --width 64 --steps 3 --batch-size 2"
+    assert code == 0 and f"`{command} --component-dtype vae=float32` lists" in " ".join(out.split())
 
 
 def test_named_gpus_come_from_the_datasheet_table():

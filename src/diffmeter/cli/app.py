@@ -147,6 +147,9 @@ def main() -> None:
         if not message.strip() or "Usage:" in message:  # no arguments: the help was shown
             raise SystemExit(getattr(error, "exit_code", 2)) from None
         name = sys.argv[1] if len(sys.argv) > 1 else ""
+        option = getattr(error, "option_name", None)
+        if option in TECHNIQUE_FLAGS and name in CHOOSES_TECHNIQUES:  # not a typo of one of its own options
+            fail(f"{name} does not take {option}: {CHOOSES_TECHNIQUES[name]}", getattr(error, "exit_code", 2))
         hint = f" (see `diffmeter {name} --help`)" if name in app_commands() else " (see `diffmeter --help`)"
         fail(message + hint, getattr(error, "exit_code", 2))
     if code == INTERRUPTED:  # typer turns Ctrl-C into this exit code itself
@@ -155,6 +158,16 @@ def main() -> None:
     raise SystemExit(code if isinstance(code, int) else 0)
 
 
+#: bench's technique flags: a command that chooses the techniques itself refuses them with why, not a near name
+TECHNIQUE_FLAGS = (
+    "--opt", "--quantize", "--offload", "--compile", "--cache", "--attention", "--sdpa-kernel", "--vae-tiling",
+    "--vae-slicing", "--fp8-text-encoder", "--weights",
+)  # fmt: skip
+CHOOSES_TECHNIQUES = {
+    "fit": "fit tries the memory settings (offload, quantized formats, VAE tiling, the fp8 text encoder) and, on a "
+    "named GPU, the speed-ups bench combines with them (compile, a first-block cache) itself and lists those that "
+    "fit; to predict one setting, `diffmeter profile MODEL --gpu NAME` takes it",
+}
 #: what an interrupted command kept, and how to go on from it (the ladder says so itself, rung by rung)
 RESUMES = {
     "sweep": "; the cells that finished are stored: the same command again resumes the sweep",

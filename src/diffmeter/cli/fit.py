@@ -188,6 +188,7 @@ def fit(
         graphs_as_default,
         is_speedup,
         optimization,
+        quicker_borderline,
         ranked,
         timed,
         with_speedups,
@@ -235,7 +236,8 @@ def fit(
     # a setting with a technique the time leaves out has the bound profile gives it: none, as that technique can
     # make the run faster than the pipeline without it (an offload without a fitted rate: its own bound)
     lower = {c: found.time.lower_s if found.time else found.lower for c, found in timings.items()} or times
-    rows = ranked([(chosen, peak, lower.get(chosen)) for chosen, peak in fits], timings)
+    by_time = any(bound is not None for bound in lower.values())  # else in the settings' order, least offload first
+    rows = ranked([(chosen, peak, lower.get(chosen)) for chosen, peak in fits], timings, usable if by_time else None)
     # why a row has no bound, unless only a technique the time leaves out withholds it (``not_ranked`` says which)
     untimed = (
         why_untimed(plain, target, work, tf32, bool(gpu or gpu_spec))
@@ -244,6 +246,8 @@ def fit(
     )
     nothing = None if rows else next_step(prediction, entry, settled, fp8, table_gpus())
     if as_json:
+        from diffmeter.runs.fit_answer import FitAnswer
+
         payload = {
             "model": model,
             "device": target.name,  # the table's GPU, or the --memory given
@@ -279,7 +283,7 @@ def fit(
             "power_limit": plain.power_limit if expected else None,  # the card's compute under its TDP, if limited
             "next_step": nothing,  # what to do when nothing fits
         }
-        print(json.dumps(payload, indent=2))
+        print(json.dumps(FitAnswer.model_validate(payload).model_dump(mode="json"), indent=2))
         return
     as_default = [] if all_settings else graphs_as_default(rows, timings)  # --all-settings: every row
     rows = [row for row in rows if row[0] not in as_default]
@@ -300,9 +304,18 @@ def fit(
     )
     if expected and plain.power_limit:
         table.caption += f"\nOn the {target.name}, {plain.power_limit}."
+    from diffmeter.units import counted
+
+    if quicker := quicker_borderline(rows[len(shown) :], shown[0][0] if shown else None, timings, usable):
+        table.caption += (
+            f"\n{counted(quicker, 'borderline setting')} (within the memory prediction's checked error of what is "
+            "left: a real run may not fit) expected faster than the first row: ranked after the settings with room "
+            "to spare, --all-settings lists them"
+        )
     if as_default:
         table.caption += (
-            f"\n{len(as_default)} compile:mode=reduce-overhead rows left out: each predicted as its mode=default row, "
+            f"\n{counted(len(as_default), 'compile:mode=reduce-overhead row')} left out: each predicted as its "
+            "mode=default row, "
             "to the same peak and times (the GPU's work already hides the launches CUDA graphs remove; their memory "
             "pool is not counted); --all-settings lists them"
         )

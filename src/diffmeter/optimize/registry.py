@@ -34,13 +34,21 @@ def build(specs: list[OptimizationSpec]) -> list[Optimization]:
         try:
             built.append(cls(cls.Config(**spec.params)))
         except ValidationError as error:
-            problem = error.errors()[0]
-            where = ".".join(map(str, problem["loc"])) or "parameters"
-            fields = ", ".join(cls.Config.model_fields) or "none"
-            raise DiffmeterError(
-                f"{spec.name}: bad parameter {where}: {problem['msg']} (its parameters: {fields})"
-            ) from None
+            raise DiffmeterError(f"{spec.name}: {bad_parameter(error, spec.params, cls.Config)}") from None
     return sorted(built, key=lambda optimization: ORDER.index(optimization.kind))
+
+
+def bad_parameter(error: ValidationError, params: dict, config) -> str:
+    """What is wrong with a technique's parameters, as a user reads it: the value given and what it should be;
+    its parameters listed where a name is wrong or missing."""
+    problem = error.errors()[0]
+    where = ".".join(map(str, problem["loc"])) or "parameters"
+    said = str(problem["ctx"]["error"]) if problem["type"] == "value_error" else problem["msg"]
+    said = said[0].lower() + said[1:]
+    fields = f" (its parameters: {', '.join(config.model_fields) or 'none'})"
+    if problem["type"] in ("extra_forbidden", "missing") or where not in params:
+        return f"bad parameter {where}: {said}{fields}"
+    return f"bad parameter {where} {params[where]!r}: {said}"
 
 
 def check(optimizations: list[Optimization], target: Target, missing_ok: bool = False) -> None:

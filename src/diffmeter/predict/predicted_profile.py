@@ -4,6 +4,8 @@ the command writes is in the schema a user validates against, with its unit."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import ConfigDict, Field
 
 from diffmeter.flops.schema import UNITS, Profile
@@ -57,6 +59,12 @@ class PredictedProfile(Profile):
     #: one GPU of a parallel group (--ulysses-degree, --ring-degree, --cfg-degree, --tp-degree): memory and time
     #: above are that GPU's
     parallel: ParallelPrediction | None = Field(default=None, description=ONLY_WITH_GPU)
+
+    #: without --gpu, a context- or CFG-parallel group's split of one denoising step per GPU: its compute, the
+    #: bytes each GPU receives, the collectives per denoiser call (``distributed.communication.per_gpu_step``)
+    context_parallel_per_gpu_step: dict[str, Any] | None = Field(
+        default=None, description="present with --ulysses-degree, --ring-degree or --cfg-degree and no --gpu"
+    )
 
     def to_json_dict(self) -> dict:
         """The printed object: a profile's keys, and the prediction's where one was made (a key left unset is

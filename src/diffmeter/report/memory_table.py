@@ -140,6 +140,9 @@ def fit_table(
 
     some = any(time is not None for _, _, time in rows)  # no time at all: no column for it
     order = "by expected time" if expected else "by time's lower bound" if some else "least offload first"
+    usable = gpu.memory_bytes - held_back
+    if some and any(borderline(peak, usable) for _, peak, _ in rows):  # ranked after those with room to spare
+        order = f"room to spare first, {order}"
     held = f", {gib(held_back)} held back for {runtime(gpu)}" if held_back else ""
     table = FittedTable(
         escape(
@@ -155,7 +158,6 @@ def fit_table(
             Column("quality", drop=2),
         ],
     )
-    usable = gpu.memory_bytes - held_back
     for chosen, peak, time in rows:
         shown = figure(time) if time is not None else "-"  # a tiny model's 0.0042 s never reads 0.00
         shown += " unquantized" if time is not None and notes.get(chosen) else ""

@@ -102,10 +102,10 @@ def time_table(prediction: TimePrediction, short_bytes: int | None = None) -> Fi
     )
     l2 = f", bytes within its {units.gib(prediction.l2_bytes)} L2 not charged" if prediction.l2_bytes else ""
     table.caption = escape(
-        f"Ideal bound (no {prediction.dtype} implementation is faster, compiled or fused): each call's FLOPs at the "
-        "dense peak or its weights read once. Lower bound (of the eager operators): each operator at max(FLOPs / "
-        f"peak, bytes / bandwidth){l2}, a call never under its ideal. Expected: {prediction.calibration} "
-        "(docs/memory-prediction.md)."
+        "Ideal bound (no implementation of this run at its precisions is faster, compiled or fused): each call's FLOPs "
+        "at the dense peak of the precision it runs at or its weights read once. Lower bound (of the eager operators): "
+        f"each operator at max(FLOPs / peak, bytes / bandwidth){l2}, a call never under its ideal. Expected: "
+        f"{prediction.calibration} (docs/memory-prediction.md)."
         + (
             " Each stage takes the longer of the GPU's time and the host's issuing its work (dispatched operators, "
             "module calls, steps), as CUDA's asynchronous launch overlaps them"

@@ -9,9 +9,11 @@ ones, by its lower bound."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from diffmeter.predict.cache_threshold import DEFAULT_THRESHOLD
+from diffmeter.predict.techniques import borderline
 from diffmeter.quantization_spec import BACKENDS
 
 #: the speed-ups offered, as a setting names them, and the optimization each is (bench's ``--opt NAME:PARAMS``),
@@ -199,15 +201,31 @@ def untimed_offload_lower(work, prediction, chosen: tuple[str, ...], gpu, output
     return untimed_lower_s(time, prediction, chosen, gpu.host_link_bytes_per_s)
 
 
-def ranked(rows: list, times: dict[tuple[str, ...], Timed]) -> list:
-    """``rows`` ((setting, peak, lower bound) each) ranked: those with an expected range by its midpoint, then the
-    rest by their lower bound (none last), each group keeping its order among equal times."""
+def rank_key(peak: int, usable: int | None, midpoint: float | None, lower: float | None) -> tuple:
+    """Where a setting that fits ranks: one with room to spare before one whose peak is within the memory
+    prediction's checked error of ``usable`` (``borderline``: a real run may not fit); then those with an expected
+    range by its midpoint, the rest by their lower bound (none last)."""
+    close = usable is not None and borderline(peak, usable)
+    return (close, midpoint is None, midpoint if midpoint is not None else (lower if lower is not None else math.inf))
 
-    def key(row):
-        middle = times[row[0]].midpoint if row[0] in times else None
-        return (middle is None, middle if middle is not None else (row[2] if row[2] is not None else float("inf")))
 
-    return sorted(rows, key=key)
+def ranked(rows: list, times: dict[tuple[str, ...], Timed], usable: int | None = None) -> list:
+    """``rows`` ((setting, peak, lower bound) each) ranked by ``rank_key`` against ``usable`` bytes, each group
+    keeping its order among equal times."""
+    return sorted(
+        rows, key=lambda row: rank_key(row[1], usable, times[row[0]].midpoint if row[0] in times else None, row[2])
+    )
+
+
+def quicker_borderline(hidden: list, first, times: dict[tuple[str, ...], Timed], usable: int) -> int:
+    """How many of the ``hidden`` rows (past those shown) are borderline yet expected faster than ``first``, the
+    first row shown: ranked after the settings with room to spare, they are not where a user looks."""
+    best = times[first].midpoint if first in times else None
+    return sum(
+        1
+        for chosen, peak, _ in hidden
+        if borderline(peak, usable) and best and chosen in times and (times[chosen].midpoint or math.inf) < best
+    )
 
 
 def graphs_as_default(rows: list, times: dict[tuple[str, ...], Timed]) -> list[tuple[str, ...]]:

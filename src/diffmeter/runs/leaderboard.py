@@ -101,7 +101,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
             notes=[memory_note],
         )
         if formats:
-            chosen, peak, found = quickest(formats, setting_work, gpu, spec) if time else (*formats[0], None)
+            chosen, peak, found = quickest(formats, setting_work, gpu, spec, usable) if time else (*formats[0], None)
             cell.setting, cell.peak_bytes = list(chosen), peak
             if time is None:
                 cell.notes.append(f"no time: {missing_figures(gpu, work)}")
@@ -120,23 +120,18 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
                 cell.lower_s = found.lower
                 cell.notes.append(f"time: lower bound only; {found.why}")
             if by_time:
-                fastest(cell, setting_work, formats, gpu, entry, spec)
+                fastest(cell, setting_work, formats, gpu, entry, spec, usable)
         cells.append(cell)
     return cells
 
 
-def quickest(fits, setting_work, gpu: Device, spec):
-    """(setting, peak, ``fit_speedups.Timed``) of the memory setting among ``fits`` with the least expected
-    midpoint, as ``fit`` ranks them; one without a range after those, by its lower bound, then in ``fits``' order."""
-    from diffmeter.runs.fit_speedups import timed
+def quickest(fits, setting_work, gpu: Device, spec, usable: int):
+    """(setting, peak, ``fit_speedups.Timed``) of the memory setting among ``fits`` that ``fit`` ranks first
+    (``fit_speedups.rank_key``: room to spare, then the least expected midpoint), then in ``fits``' order."""
+    from diffmeter.runs.fit_speedups import rank_key, timed
 
     found = [(chosen, peak, timed(setting_work, chosen, gpu, outputs=spec.batch_size)) for chosen, peak in fits]
-
-    def rank(row):
-        midpoint, lower = row[2].midpoint, row[2].lower
-        return (midpoint is None, midpoint or lower or float("inf"))
-
-    return min(found, key=rank)
+    return min(found, key=lambda row: rank_key(row[1], usable, row[2].midpoint, row[2].lower))
 
 
 def card_formats(prediction, spec, gpu: Device):
@@ -149,15 +144,17 @@ def card_formats(prediction, spec, gpu: Device):
     return with_fit_formats(prediction, spec, of_architecture(gpu.architecture))
 
 
-def fastest(cell: Cell, setting_work, fits, gpu: Device, entry, spec) -> None:
+def fastest(cell: Cell, setting_work, fits, gpu: Device, entry, spec, usable: int) -> None:
     """``cell``'s fastest predicted setting: ``fits`` (the memory settings bench runs that fit) with every speed-up
-    bench accepts, the least expected midpoint (``fit_speedups``)."""
-    from diffmeter.runs.fit_speedups import setting_name, timed, with_speedups
+    bench accepts, the first as ``fit`` ranks them (``fit_speedups.rank_key``) among those with a modelled time."""
+    from diffmeter.runs.fit_speedups import rank_key, setting_name, timed, with_speedups
     from diffmeter.runs.fitting import runnable
 
     speedy, _ = runnable(with_speedups(fits), entry, spec)
-    times = [(chosen, timed(setting_work, chosen, gpu, outputs=spec.batch_size)) for chosen, _ in speedy]
-    ranked = sorted((found.midpoint, chosen, found) for chosen, found in times if found.midpoint)
+    times = [(chosen, peak, timed(setting_work, chosen, gpu, outputs=spec.batch_size)) for chosen, peak in speedy]
+    ranked = sorted(
+        (rank_key(peak, usable, found.midpoint, None), chosen, found) for chosen, peak, found in times if found.midpoint
+    )
     if not ranked:
         cell.notes.append("fastest: no fitting setting's time is modelled")
         return
