@@ -291,6 +291,9 @@ def test_long_times_read_in_minutes_and_hours():
         units.seconds_range(0.5, 12.25) == "0.500 s to 12.250 s"
         and units.seconds_range(0.5, 0.9) == "500.00 ms to 900.00 ms"
     )
+    # energy: a kWh and up with its prefix (an absurd size read "15,147,726.91 Wh"), small figures kept readable
+    assert units.watt_hours(15_147_726.91 * 3600) == "15.15 MWh" and units.watt_hours(2_500 * 3600) == "2.50 kWh"
+    assert units.watt_hours(12.7 * 3600) == f"{units.figure(12.7)} Wh" != units.watt_hours(0.0089 * 3600) != "0 Wh"
 
 
 def test_a_stored_prediction_names_a_family_whose_memory_is_not_yet_checked():

@@ -86,6 +86,12 @@ def joules(value: float) -> str:
     return _scaled(value, "J")
 
 
+def watt_hours(joules_: float) -> str:
+    """Joules as watt-hours, a kWh and up with its prefix ("15.15 MWh"), less as ``figure`` writes it ("12.7 Wh")."""
+    hours = joules_ / 3600
+    return _scaled(hours, "Wh") if abs(hours) >= 1e3 else f"{figure(hours)} Wh"
+
+
 def steps(count: int) -> str:
     """ "1 step", "50 steps"."""
     return counted(count, "step")

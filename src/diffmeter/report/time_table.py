@@ -32,7 +32,7 @@ def energy_line(prediction: TimePrediction, output: str = "image", fits: bool = 
     return (
         f"predicted energy per {each} on {prediction.device}{'' if fits else ' if it fit'}: "
         f"{units.joules(low)} to {units.joules(high)} "
-        f"({units.figure(low / 3600)} to {units.figure(high / 3600)} Wh): the expected time's geometric midpoint at "
+        f"({units.watt_hours(low)} to {units.watt_hours(high)}): the expected time's geometric midpoint at "
         f"{energy.power_w:,.0f} W{' while busy' if energy.waiting_unfitted else ''}, the share of its "
         f"{energy.tdp_w:,.0f} W TDP that turned predicted times into "
         "published energy"
