@@ -222,9 +222,9 @@ def fit_table(
     if expected:
         lines.append(
             "Expected: the calibrated range with every technique of the setting (compile, first-block-cache, a timed "
-            "format, offloading's transfers at their fitted rates), the rows ranked by its geometric midpoint; compile "
-            "and first-block-cache keep their memory setting's peak (CUDA graphs' pool and the cache's kept "
-            "activations not counted); each technique's time is held out alone on published runs, their "
+            "format, offloading's transfers at their fitted rates), the rows ranked by its geometric midpoint (room to "
+            "spare first); compile and first-block-cache keep their memory setting's peak (CUDA graphs' pool and the "
+            "cache's kept activations not counted); each technique's time is held out alone on published runs, their "
             "combinations are not."
         )
         if claims:

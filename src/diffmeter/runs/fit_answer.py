@@ -36,8 +36,8 @@ class FitSetting(BaseModel):
     left_bytes: int
     #: the lower bound of its time; null: see ``time_left_out``
     lower_s: float | None
-    #: the calibrated range with every technique of it (the rows are ranked by its geometric midpoint); null: see
-    #: ``not_ranked``
+    #: the calibrated range with every technique of it (the rows are ranked by its geometric midpoint, those with
+    #: room to spare first); null: see ``not_ranked``
     expected_s: tuple[float, float] | None
     #: why it has no expected range: a technique the time does not model
     not_ranked: str | None
