@@ -229,7 +229,7 @@ def test_a_run_with_smaller_operators_than_any_fitted_run_says_its_range_may_not
 @pytest.mark.slow
 def test_a_fitted_run_on_a_power_limited_card_is_inside_the_operators_its_fit_saw():
     """The A10 sustains about half its datasheet peaks (``power_limit``): its runs were fitted, and the least eager
-    bound per operator taken, at the sustained peaks. The same run predicted is measured the same way: at exactly
+    bound per operator taken, at the sustained peaks. The same run predicted is measured the same way: a hair under
     that least it is inside the fit, a hair over it outside (on the datasheet's peaks it read smaller, outside)."""
     import sys
     from pathlib import Path
@@ -249,7 +249,7 @@ def test_a_fitted_run_on_a_power_limited_card_is_inside_the_operators_its_fit_sa
     work = operator_work(ProfileSpec(model=figure["model"], **{k: v for k, v in chosen.items() if v is not None}))
     a10 = named_gpu(figure["gpu"])
     shipped = calibration_for(a10)
-    at_least = predict_time(work, a10, shipped.model_copy(update={"least_bound_per_operator_s": fitted}))
+    at_least = predict_time(work, a10, shipped.model_copy(update={"least_bound_per_operator_s": fitted * 0.999}))
     over = predict_time(work, a10, shipped.model_copy(update={"least_bound_per_operator_s": fitted * 1.001}))
     assert at_least.outside_calibration is None and "outside the fitted runs" in over.outside_calibration
 

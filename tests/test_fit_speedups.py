@@ -17,7 +17,7 @@ from diffmeter.predict.compiled_time import compiled_work
 from diffmeter.predict.devices import named_gpu
 from diffmeter.predict.operators import predict_memory_and_work
 from diffmeter.predict.roofline import predict_time
-from diffmeter.runs.fit_speedups import SettingWork, Timed, quicker_borderline, ranked, timed
+from diffmeter.runs.fit_speedups import SettingWork, Timed, quicker_borderline, rank_key, ranked, timed
 from diffmeter.spec import ProfileSpec
 
 
@@ -103,6 +103,12 @@ def test_a_setting_whose_time_is_not_modelled_says_why_and_follows_the_ranked(ti
     assert [row[0] for row in ranked([close, roomy], times, usable)] == [(), ("compile",)]
     assert [row[0] for row in ranked([close, roomy], times)] == [("compile",), ()]  # no memory: by time alone
     assert quicker_borderline([close], (), times, usable) == 1 and quicker_borderline([roomy], (), times, usable) == 0
+    # a borderline setting with a range still ranks before one with room to spare and none (the not-ranked follow)
+    spare_untimed = (("quantize-bnb-int8",), usable // 2, 0.0)
+    assert [row[0] for row in ranked([spare_untimed, close], times, usable)] == [("compile",), ("quantize-bnb-int8",)]
+    # the leaderboard's setting and fastest rank by the same key
+    assert rank_key(usable // 2, usable, 9.0, None) < rank_key(usable - 2**20, usable, 1.0, None)
+    assert rank_key(usable - 2**20, usable, 9.0, None) < rank_key(usable // 2, usable, None, 1.0)
 
 
 def test_fit_quotes_the_held_out_figure_of_every_range_it_shows_as_profile_does(cli):

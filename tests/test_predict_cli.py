@@ -45,7 +45,7 @@ def test_every_key_profile_gpu_json_prints_is_in_the_committed_schema_with_a_uni
     found = json.loads(out)
     jsonschema.validate(found, schema)
     assert code == 0 and {"gpu", "memory", "time", "time_left_out", "peak_memory_bytes"} <= set(found)
-    assert "*_s" in found["units"] and "bytes, *_bytes" in found["units"]
+    assert "*_s" in found["units"] and "*_bytes" in found["units"]
     with pytest.raises(jsonschema.ValidationError, match="not_a_key"):
         jsonschema.validate({**found, "not_a_key": 1}, schema)
     code, out, _ = cli("profile", "tiny-sd", "--steps", "2", "--json")  # without --gpu: no prediction keys
@@ -55,6 +55,11 @@ def test_every_key_profile_gpu_json_prints_is_in_the_committed_schema_with_a_uni
     code, out, _ = cli("profile", "tiny-sd", "--steps", "2", "--cfg-degree", "2", "--json")  # a group, no --gpu
     jsonschema.validate(split := json.loads(out), schema)
     assert code == 0 and split["context_parallel_per_gpu_step"]["cfg_degree"] == 2 and "gpu" not in split
+    code, out, _ = cli("profile", "tiny-sd", "--steps", "2,3", "--gpu", "h100", "--json")  # several: "profiles"
+    jsonschema.validate(several := json.loads(out), schema)
+    assert code == 0 and [p["steps"] for p in several["profiles"]] == [2, 3]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**several, "not_a_key": 1}, schema)
 
 
 def test_a_generation_larger_than_the_card_does_not_fit(cli):

@@ -293,7 +293,7 @@ def test_long_times_read_in_minutes_and_hours():
     )
     # energy: a kWh and up with its prefix (an absurd size read "15,147,726.91 Wh"), small figures kept readable
     assert units.watt_hours(15_147_726.91 * 3600) == "15.15 MWh" and units.watt_hours(2_500 * 3600) == "2.50 kWh"
-    assert units.watt_hours(12.7 * 3600) == f"{units.figure(12.7)} Wh" != units.watt_hours(0.0089 * 3600) != "0 Wh"
+    assert units.watt_hours(12.7 * 3600) == "12.70 Wh" and units.watt_hours(0.0089 * 3600) == "0.00890 Wh"
 
 
 def test_a_stored_prediction_names_a_family_whose_memory_is_not_yet_checked():

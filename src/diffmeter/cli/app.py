@@ -166,7 +166,8 @@ TECHNIQUE_FLAGS = (
 CHOOSES_TECHNIQUES = {
     "fit": "fit tries the memory settings (offload, quantized formats, VAE tiling, the fp8 text encoder) and, on a "
     "named GPU, the speed-ups bench combines with them (compile, a first-block cache) itself and lists those that "
-    "fit; to predict one setting, `diffmeter profile MODEL --gpu NAME` takes it",
+    "fit; to predict one setting, `diffmeter profile MODEL --gpu NAME` takes it as --opt NAME[:key=value], "
+    "--quantize BACKEND:TYPE or --offload MODE",
 }
 #: what an interrupted command kept, and how to go on from it (the ladder says so itself, rung by rung)
 RESUMES = {

@@ -53,32 +53,6 @@ def split_line(split: dict) -> str:
     )
 
 
-def fit_command(spec, card: str, lora: str | None = None) -> str:
-    """The `diffmeter fit` command for the generation ``spec`` counts (the settings the user gave, as fit takes
-    them) on ``card`` (its --gpu or --gpu-spec option); ``lora``: the --lora file or folder given."""
-    from diffmeter.spec import size_text
-
-    given = [
-        ("--height", spec.height),
-        ("--width", spec.width),
-        ("--steps", spec.steps),
-        ("--batch-size", spec.batch_size if spec.batch_size != 1 else None),
-        ("--guidance-scale", spec.guidance_scale),
-        ("--true-cfg-scale", spec.true_cfg_scale),
-        ("--num-frames", spec.num_frames),
-        ("--dtype", spec.dtype),
-        *(("--component-dtype", f"{name}={dtype}") for name, dtype in spec.component_dtypes),
-        *(("--image-size", size_text(size)) for size in spec.image_sizes or ()),
-        ("--controlnet", spec.controlnet),
-        ("--lora", lora),
-        ("--lora-rank", None if lora else spec.lora_rank),
-        ("--lora-targets", ",".join(spec.lora_targets) or None),
-    ]
-    options = [f"{flag} {shlex.quote(str(value))}" for flag, value in given if value is not None]
-    options += ["--no-image"] * (spec.image_sizes == ()) + ["--fuse-lora"] * spec.fuse_lora
-    return " ".join(["diffmeter fit", shlex.quote(spec.model), card, *options])
-
-
 def print_predicted(
     specs, results, gpu: str | None, gpu_spec: str | None, as_json: bool, as_csv: bool, flags, tf32: bool,
     parallel: tuple[int, int, int, int] | None = None, torch_version: str | None = None, lora: str | None = None,
@@ -87,6 +61,7 @@ def print_predicted(
     bench's technique options, parsed by bench's own parser and named as bench's stored prediction names them;
     ``tf32``: float32 matmuls and convolutions timed on TF32, as bench's ``--tf32``; ``parallel``: (ulysses, ring,
     cfg, tp) degrees: one GPU of that group's memory and the generation's time (``predict.parallel``)."""
+    from diffmeter.cli.fit_hint import fit_command
     from diffmeter.predict.devices import chosen_gpu, is_this_cpu, other_cards
     from diffmeter.report.memory_table import memory_table
     from diffmeter.report.tables import run_dtypes
@@ -276,7 +251,7 @@ def print_predicted(
         if group:
             console.print(parallel_line(group), highlight=False, markup=False)
         card = f"--gpu {shlex.quote(gpu)}" if gpu else f"--gpu-spec {shlex.quote(gpu_spec or '')}"
-        console.print(memory_table(memory, chosen, techniques, fit_command(spec, card, lora), run_dtypes(found)))
+        console.print(memory_table(memory, chosen, techniques, fit_command(spec, card, lora, tf32), run_dtypes(found)))
         console.print(time_table(time, short) if time else f"no time prediction: {lacking}", markup=False)
         if time and time.expected_s:
             console.print(energy_line(time, "video" if found.num_frames else "image", short is None), markup=False)

@@ -1,12 +1,12 @@
 """What ``diffmeter profile MODEL --gpu GPU --json`` prints (pydantic, importable without torch): the profile's
 counts with the card's memory and time prediction beside them. Exported as docs/profile.schema.json, so every key
-the command writes is in the schema a user validates against, with its unit."""
+the command writes is in the schema a user validates against, with its unit (unknown top-level keys refused)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from diffmeter.flops.schema import UNITS, Profile
 from diffmeter.predict.devices import Device
@@ -14,13 +14,14 @@ from diffmeter.predict.schema import MemoryPrediction, ParallelPrediction, TimeP
 
 #: the unit of each kind of figure a prediction adds, by its key ("*_bytes": every key ending so)
 PREDICTION_UNITS = {
-    "bytes, *_bytes": "bytes (every table prints them in GiB, 2^30 bytes)",
+    "*_bytes": "bytes (every table prints them in GiB, 2^30 bytes)",
+    "bytes": "bytes moved by the stage's operators",
     "*_bytes_per_s": "bytes per second",
     "*_s": "seconds; a pair is a range [low, high]",
     "*_w": "watts",
     "*_j": "joules; a pair is a range [low, high]",
     "*tflops": "TFLOP/s (10^12 floating-point operations per second), dense",
-    "*_share": "a fraction of the time, 0 to 1",
+    "*_share, share": "a fraction, 0 to 1 (of what, its key's description in the schema says)",
     "operators, calls, count, outputs": "counts",
 }
 #: with --gpu: only there, so only then are they in the printed object
@@ -70,6 +71,18 @@ class PredictedProfile(Profile):
         """The printed object: a profile's keys, and the prediction's where one was made (a key left unset is
         absent; inside the objects every key is written, defaults included)."""
         return {k: v for k, v in self.model_dump(mode="json", by_alias=True).items() if k in self.model_fields_set}
+
+
+class Profiles(BaseModel):
+    """Several profiles (models, sizes or step counts asked at once)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    profiles: list[PredictedProfile]
+
+
+class ProfileOutput(RootModel[PredictedProfile | Profiles]):
+    """What ``profile --json`` prints: one profile's object, or ``{"profiles": [...]}`` for several."""
 
 
 def with_prediction(profile: Profile, **prediction) -> dict:

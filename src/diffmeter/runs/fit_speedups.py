@@ -202,11 +202,11 @@ def untimed_offload_lower(work, prediction, chosen: tuple[str, ...], gpu, output
 
 
 def rank_key(peak: int, usable: int | None, midpoint: float | None, lower: float | None) -> tuple:
-    """Where a setting that fits ranks: one with room to spare before one whose peak is within the memory
-    prediction's checked error of ``usable`` (``borderline``: a real run may not fit); then those with an expected
-    range by its midpoint, the rest by their lower bound (none last)."""
+    """Where a setting that fits ranks: those with an expected range by its midpoint, then the rest by their lower
+    bound (none last); in each, one with room to spare before one whose peak is within the memory prediction's
+    checked error of ``usable`` (``borderline``: a real run may not fit)."""
     close = usable is not None and borderline(peak, usable)
-    return (close, midpoint is None, midpoint if midpoint is not None else (lower if lower is not None else math.inf))
+    return (midpoint is None, close, midpoint if midpoint is not None else (lower if lower is not None else math.inf))
 
 
 def ranked(rows: list, times: dict[tuple[str, ...], Timed], usable: int | None = None) -> list:
