@@ -33,6 +33,7 @@ from pathlib import Path
 from calibrate_techniques import TARGET
 from published_comparison import load_figures, settings
 from published_runs import source_of
+from published_tables import left_out_lines
 
 from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.fit_holdout import HeldOut, summary
@@ -264,7 +265,7 @@ def main() -> int:
             continue
         run, why = offload_run(figure, figures)
         if run is None:
-            left_out.append(f"- {figure['id']}: {why}")
+            left_out.append((figure["id"], why))
             continue
         runs.append(run)
         print(run, f"share {run.share()}", flush=True)
@@ -306,7 +307,7 @@ def main() -> int:
             f"source's run without it ({', '.join(sorted({r.source for r in mine if r.share()}))}): {min(shares):.1%} "
             f"to {max(shares):.1%} of the datasheet rate; {said} (benchmarks/results/calibration_offload.md, {when})",
         }
-    lines += [*WHY, "## Left out", "", *(left_out or ["none"]), ""]
+    lines += [*WHY, "## Left out", "", *left_out_lines(left_out), ""]
     about = (
         "Per offload mode: the achieved share of the host link's datasheet rate (data/host_links.json) its published "
         "runs imply, lowest, highest and geometric mean; written by benchmarks/calibrate_offload.py. A mode absent "

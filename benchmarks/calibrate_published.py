@@ -24,7 +24,7 @@ from pathlib import Path
 from power_exponents import power_section
 from published_comparison import load_figures
 from published_runs import energy_run, published_run
-from published_tables import card_claims, per_source, table
+from published_tables import card_claims, left_out_lines, per_source, table
 
 from diffmeter.predict.attention_kernels import CUDNN_OVER_FLASH
 from diffmeter.predict.calibration import neighbours_of
@@ -211,7 +211,7 @@ def main() -> int:
         built = {exponent: published_run(figure, exponent) for exponent in EXPONENTS}
         run, why = built[EXPONENTS[0]]
         if run is None:
-            left_out.append(f"- {figure['id']}: {why}")
+            left_out.append((figure["id"], why))
         else:
             for exponent, (same, _) in built.items():
                 by_exponent[exponent].append(same)
@@ -370,7 +370,7 @@ def main() -> int:
         ]
     lines += stack_section(runs, test.fixed[exponent])
     lines += power_section(kept, test, exponent)
-    lines += ["## Left out", "", *left_out, ""]
+    lines += ["## Left out", "", *left_out_lines(left_out), ""]
     EFFICIENCY.write_text(json.dumps(shipped, indent=2) + "\n")
     OUT.write_text("\n".join(lines))
     print(f"written to {OUT} and {EFFICIENCY}")

@@ -25,6 +25,7 @@ import yaml
 from calibrate_techniques import TARGET, gpu_for, section
 from published_comparison import load_figures, settings
 from published_runs import published_run, run_of, source_of
+from published_tables import left_out_lines
 
 from diffmeter.predict.fit_holdout import HeldOut, summary
 from diffmeter.predict.fit_published import PublishedRun, fit
@@ -187,7 +188,7 @@ def main() -> int:
     for figure in figures:
         chosen, why = quantized_run(figure)
         if chosen is None:
-            left_out.append(f"- {figure['id']}: {why}")
+            left_out.append((figure["id"], why))
             continue
         quantized.append(chosen)
         keys[figure["id"]] = same_run(as_published(figure))
@@ -218,7 +219,7 @@ def main() -> int:
         lines += section(technique, [h for name, h in held if name == technique])
     lines += section("all quantized runs", [h for name, h in held if not name.startswith("unquantized")])
     lines += slowdown_section(held, keys)
-    lines += ["## Left out", "", *(left_out or ["none"]), ""]
+    lines += ["## Left out", "", *left_out_lines(left_out), ""]
     OUT.write_text("\n".join(lines))
     write_claims(held, when)
     print("\n".join(lines))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from published_comparison import load_figures, settings
 from published_runs import published_run, run_of, source_of
-from published_tables import held_rows
+from published_tables import held_rows, left_out_lines
 
 from diffmeter.catalog import resolve
 from diffmeter.families import get_family
@@ -256,12 +256,12 @@ def main() -> int:
             continue
         technique, transform = chosen
         if (why := not_the_technique(figure)) is not None:
-            left_out.append(f"- {figure['id']} ({technique}): {why}")
+            left_out.append((f"{figure['id']} ({technique})", why))
             continue
         built = {exponent: run_of(figure, transform, exponent) for exponent in EXPONENTS}
         run, why = built[EXPONENTS[0]]
         if run is None:
-            left_out.append(f"- {figure['id']} ({technique}): {why}")
+            left_out.append((f"{figure['id']} ({technique})", why))
             continue
         for exponent, (same, _) in built.items():
             optimized[exponent].append((technique, same))
@@ -303,7 +303,7 @@ def main() -> int:
     for technique in sorted({name for name, _, _ in held}):
         lines += section(f"{technique}, with a factor", [h for name, _, h in held if name == technique])
     lines += speedup_section(found)
-    lines += ["## Left out", "", *(left_out or ["none"]), ""]
+    lines += ["## Left out", "", *left_out_lines(left_out), ""]
     OUT.write_text("\n".join(lines))
     print("\n".join(lines))
     return 0

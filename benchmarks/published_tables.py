@@ -10,6 +10,14 @@ from diffmeter.predict.fit_holdout import HeldOut, summary
 from diffmeter.units import counted
 
 
+def left_out_lines(found: list[tuple[str, str]]) -> list[str]:
+    """The "## Left out" list: each reason once, with the runs it leaves out (``found``: (run, why) pairs)."""
+    by_why: dict[str, list[str]] = {}
+    for run, why in found:
+        by_why.setdefault(why, []).append(run)
+    return [f"- {why} ({counted(len(runs), 'run')}: {', '.join(runs)})" for why, runs in by_why.items()] or ["none"]
+
+
 def held_rows(held: list[HeldOut]) -> list[str]:
     """The held-out runs as a markdown table: each run's published time, held-out midpoint and range."""
     return [
