@@ -72,7 +72,9 @@ def test_stages_add_up_to_the_total_and_the_total_to_the_wall_clock(runs, name):
         ]
         assert min(parts) >= 0 and stages.denoising_s == pytest.approx(sum(stages.steps_s))
         assert sum(parts) == pytest.approx(iteration.total_s, rel=1e-9)
-        assert sum(parts) == pytest.approx(iteration.wall_s, rel=0.05)
+        # the stages account for the call's wall clock: within 5%, or 10 ms on a tiny call (a shared machine's
+        # scheduler can hold the process between the outer timer and the first stage's; the fast suite saw 4 ms of 71)
+        assert sum(parts) == pytest.approx(iteration.wall_s, rel=0.05, abs=0.01)
     assert all(stats.median > 0 for name, stats in result.summary.stages_s.items() if "encoding" not in name)
     assert result.summary.stages_s["image_encoding"].max == 0  # text-to-image: no input image encoded
 
