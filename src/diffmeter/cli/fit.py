@@ -36,7 +36,7 @@ from diffmeter.cli.options import (
 from diffmeter.errors import DiffmeterError
 from diffmeter.quiet import load_libraries
 from diffmeter.spec import sizes_text
-from diffmeter.units import gib
+from diffmeter.units import counted, gib
 
 #: the settings the table lists without --all-settings
 TOP = 12
@@ -304,8 +304,6 @@ def fit(
     )
     if expected and plain.power_limit:
         table.caption += f"\nOn the {target.name}, {plain.power_limit}."
-    from diffmeter.units import counted
-
     if quicker := quicker_borderline(rows[len(shown) :], shown[0][0] if shown else None, timings, usable):
         table.caption += (
             f"\n{counted(quicker, 'borderline setting')} (within the memory prediction's checked error of what is "

@@ -276,11 +276,14 @@ def profile(
     if gpu or gpu_spec:
         print_predicted(specs, results, gpu, gpu_spec, as_json, as_csv, flags, tf32, parallel, torch_version, lora)
     elif as_json:
-        payload = results[0].to_json_dict() if len(results) == 1 else {"profiles": [p.to_json_dict() for p in results]}
         if split is not None:  # one profile (more are refused above)
             from diffmeter.predict.predicted_profile import with_prediction
 
             payload = with_prediction(results[0], context_parallel_per_gpu_step=split)
+        elif len(results) == 1:
+            payload = results[0].to_json_dict()
+        else:
+            payload = {"profiles": [p.to_json_dict() for p in results]}
         print(json.dumps(payload, indent=2))
     elif as_csv:
         sys.stdout.write(profiles_csv(results))

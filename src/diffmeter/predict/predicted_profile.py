@@ -37,7 +37,7 @@ class PredictedProfile(Profile):
     gpu: Device | None = Field(default=None, description=ONLY_WITH_GPU)
     #: the peak memory of each stage without any memory technique
     memory: MemoryPrediction | None = Field(default=None, description=ONLY_WITH_GPU)
-    #: the memory techniques asked for (--opt, --quantize, --fp8-text-encoder) that the peaks below apply
+    #: the memory techniques asked for (--opt, --quantize, --offload) that the peaks below apply
     memory_techniques: list[str] | None = Field(default=None, description=ONLY_WITH_GPU)
     #: the techniques the time applies and memory leaves as without them (compile, attention kernels, caches)
     time_techniques: list[str] | None = Field(default=None, description=ONLY_WITH_GPU)
@@ -88,7 +88,6 @@ class ProfileOutput(RootModel[PredictedProfile | Profiles]):
 def with_prediction(profile: Profile, **prediction) -> dict:
     """``profile``'s JSON object with ``prediction``'s keys (``PredictedProfile``'s fields), checked against the
     schema, and the units of the figures they add."""
-    found = PredictedProfile.model_validate(
-        {**profile.model_dump(by_alias=True), **prediction, "units": {**UNITS, **PREDICTION_UNITS}}
-    )
+    # the profile's fields as they are (its components already validated), not dumped and parsed again
+    found = PredictedProfile.model_validate({**dict(profile), **prediction, "units": {**UNITS, **PREDICTION_UNITS}})
     return found.to_json_dict()

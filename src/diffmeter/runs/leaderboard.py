@@ -127,7 +127,7 @@ def model_cells(name: str, gpus: list[Device]) -> list[Cell]:
 
 def quickest(fits, setting_work, gpu: Device, spec, usable: int):
     """(setting, peak, ``fit_speedups.Timed``) of the memory setting among ``fits`` that ``fit`` ranks first
-    (``fit_speedups.rank_key``: room to spare, then the least expected midpoint), then in ``fits``' order."""
+    (``fit_speedups.rank_key``: by expected midpoint, room to spare before borderline), then in ``fits``' order."""
     from diffmeter.runs.fit_speedups import rank_key, timed
 
     found = [(chosen, peak, timed(setting_work, chosen, gpu, outputs=spec.batch_size)) for chosen, peak in fits]
