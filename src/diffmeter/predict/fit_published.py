@@ -68,9 +68,14 @@ SCALE = {"score_s": 1e-12, "gap_s": 1e-6, "op_s": 1e-6, "module_s": 1e-6, "step_
 OUTER_ROUNDS = 4
 #: the era every other's GPU-time factor is relative to, and the bounds of a factor
 REFERENCE_ERA, ERA_BOUNDS = "torch 2.7+", (0.5, 2.0)
-#: torch 2.x eras by minor version: SDPA without FlashAttention-2 (2.0-2.1), with it (2.2-2.6), with cuDNN's
-#: attention and FlashAttention-3-era kernels (2.7+)
-ERAS = {"torch 2.0-2.1": (0, 1), "torch 2.2-2.6": (2, 6), REFERENCE_ERA: (7, 99)}
+#: torch eras by (major, minor), first and last: before SDPA (1.x), SDPA without FlashAttention-2 (2.0-2.1), with
+#: it (2.2-2.6), with cuDNN's attention and FlashAttention-3-era kernels (2.7+)
+ERAS = {
+    "torch 1.x": ((1, 0), (1, 99)),
+    "torch 2.0-2.1": ((2, 0), (2, 1)),
+    "torch 2.2-2.6": ((2, 2), (2, 6)),
+    REFERENCE_ERA: ((2, 7), (99, 99)),
+}
 
 #: at most this many rounds of choosing each stage's longer side and solving, from each of these multiples of the
 #: host's starting terms
@@ -335,8 +340,8 @@ def era_of(stack: dict) -> str:
     """The torch era of a published stack (``{"torch": "2.1.0", ...}``), "" where the source does not say."""
     if not stack.get("torch"):
         return ""
-    minor = int(str(stack["torch"]).split(".")[1])
-    return next(name for name, (low, high) in ERAS.items() if low <= minor <= high)
+    version = tuple(int(part) for part in str(stack["torch"]).split(".")[:2])
+    return next(name for name, (low, high) in ERAS.items() if low <= version <= high)
 
 
 def fit_eras(runs: list[PublishedRun], found: Fit) -> dict[str, float]:
