@@ -11,6 +11,7 @@ from diffmeter.cli import options as o
 from diffmeter.cli.app import command, console
 from diffmeter.cli.progress import progress_bar
 from diffmeter.errors import DiffmeterError
+from diffmeter.measure.speedup import DEFAULT_CALLS
 from diffmeter.quiet import load_libraries
 from diffmeter.spec import image_sizes_of, parse_component_dtypes
 
@@ -94,7 +95,7 @@ def bench(
     component_dtype: o.ComponentDtype = None,
     device: o.Device = None,
     warmup: o.Warmup = 1,
-    iterations: o.Iterations = 3,
+    iterations: o.Iterations = DEFAULT_CALLS,
     min_duration: Annotated[
         float,
         typer.Option(metavar="SECONDS", help="measure for at least this long", rich_help_panel=o.MEASUREMENT),

@@ -13,6 +13,7 @@ from diffmeter import units
 from diffmeter.cli import options as o
 from diffmeter.cli.app import command, console
 from diffmeter.cli.progress import progress_bar
+from diffmeter.measure.speedup import DEFAULT_CALLS
 from diffmeter.quiet import load_libraries
 
 
@@ -96,7 +97,9 @@ def ladder(
     warmup: Annotated[
         int, typer.Option(help="untimed calls per rung, the first one cold", rich_help_panel=o.MEASUREMENT)
     ] = 1,
-    iterations: Annotated[int, typer.Option(help="measured calls per rung", rich_help_panel=o.MEASUREMENT)] = 3,
+    iterations: Annotated[
+        int, typer.Option(help="measured calls per rung", rich_help_panel=o.MEASUREMENT)
+    ] = DEFAULT_CALLS,
     random_weights: o.RandomWeights = False,
     out: Annotated[
         str,

@@ -1,10 +1,13 @@
 """The one rule for a speed-up, wherever one is shown (`table`, `report`, `compare`, `show`, a sweep, a
 ladder): from every timing of both runs, the Hodges-Lehmann estimate of how many times faster the
 candidate is, its exact Mann-Whitney interval, a verdict (faster, slower, within noise) and the noise
-notes of both runs, so a figure from a noisy run never travels without them."""
+notes of both runs, so a figure from a noisy run never travels without them. A verdict needs the interval at the
+coverage asked (too few calls give a wider, less sure one), and a change in the machine's speed between the runs
+(``Drift``) widens the interval by it before the verdict is read."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -32,9 +35,33 @@ class Criteria(BaseModel):
         return (
             "Hodges-Lehmann estimate of the ratio of per-image times, with its exact Mann-Whitney interval "
             f"({self.confidence:.1%} asked; distribution-free, assuming B's times are A's scaled by one factor); "
-            f"faster or slower when the interval excludes 1x and the estimate differs from 1x by {self.min_effect:.0%} "
-            "or more"
+            f"faster or slower when the interval, at the coverage asked, excludes 1x and the estimate differs from 1x "
+            f"by {self.min_effect:.0%} or more"
         )
+
+
+class Drift(BaseModel):
+    """The machine's speed changed between the two runs, measured where the candidate's technique cannot act (the
+    stages it leaves alone, the baseline measured again later): the candidate's times may hold a factor from ``low``
+    (<= 1) to ``high`` (>= 1) that is the machine's, so the speed-up's interval is widened by it."""
+
+    low: float
+    high: float
+    note: str
+
+    @classmethod
+    def of(cls, ratios: Sequence[float], note: str) -> Drift:
+        """From the machine's time ratios (later / earlier) where the technique cannot act."""
+        return cls(low=min(1.0, *ratios), high=max(1.0, *ratios), note=note)
+
+    @staticmethod
+    def joined(found: Sequence[Drift | None]) -> Drift | None:
+        """Several changes seen at once: the widest factors, every note; None where none was seen."""
+        found = [drift for drift in found if drift is not None]
+        if not found:
+            return None
+        notes = "; ".join(drift.note for drift in found)
+        return Drift(low=min(d.low for d in found), high=max(d.high for d in found), note=notes)
 
 
 class Speedup(BaseModel):
@@ -48,6 +75,9 @@ class Speedup(BaseModel):
     verdict: Verdict
     #: why either run's timings are noisy ("baseline: noisy: ..."); empty for two quiet runs
     notes: list[str] = []
+    #: the coverage asked of the interval: below it, no verdict but "within noise"; None in figures read back from a
+    #: table's columns, which keep the verdict found
+    asked: float | None = None
 
     @property
     def noisy(self) -> bool:
@@ -61,7 +91,12 @@ class Speedup(BaseModel):
             return "one call each: no interval"
         if self.verdict == "slower":
             return f"{factor_text(1 / self.high)}-{factor_text(1 / self.low)}x"
-        return f"{factor_text(self.low)}-{factor_text(self.high)}x"
+        short = ""
+        if self.asked is not None and self.coverage < self.asked:
+            short = (
+                f" at {self.coverage:.0%} coverage; {self.asked:.0%} asked needs {calls_for(self.asked)} calls a run"
+            )
+        return f"{factor_text(self.low)}-{factor_text(self.high)}x{short}"
 
     def text(self) -> str:
         """The figure as every table shows it: a factor only where its interval supports one, and a slower
@@ -90,24 +125,44 @@ def factor_text(factor: float) -> str:
     return f"{factor:.2f}"
 
 
+def calls_for(confidence: float) -> int:
+    """The fewest calls each of two runs needs for an interval at ``confidence``: with n a side the widest one
+    covers 1 - 2 / C(2n, n) (4 a side for 95%, 97.1%)."""
+    calls = 1
+    while 1 - 2 / math.comb(2 * calls, calls) < confidence:
+        calls += 1
+    return calls
+
+
+#: measured calls a run takes by default: the fewest that give two runs' speed-up an interval at the coverage asked
+#: by default (4: 97.1% >= 95%)
+DEFAULT_CALLS = calls_for(CONFIDENCE)
+
+
 def estimate(
     baseline: Sequence[float],
     candidate: Sequence[float],
     criteria: Criteria | None = None,
     notes: Sequence[str] = (),
+    drift: Drift | None = None,
 ) -> Speedup:
-    """The speed-up of ``candidate`` over ``baseline`` from each one's per-image times (seconds)."""
+    """The speed-up of ``candidate`` over ``baseline`` from each one's per-image times (seconds); ``drift``: the
+    machine's change in speed between them, which widens the interval and joins the notes."""
     criteria = criteria or Criteria()
     factor, low, high, coverage = speedup_interval(list(baseline), list(candidate), criteria.confidence)
+    if drift is not None:
+        low, high, notes = low * drift.low, high * drift.high, [*notes, drift.note]
+    # one call each: the one pair's ratio, an "interval" that covers the true factor with probability 0; fewer calls
+    # than the coverage asked: an interval that supports no factor at it
+    sure = coverage > 0 and coverage >= criteria.confidence - 1e-12
     return Speedup(
         estimate=factor,
         low=low,
         high=high,
         coverage=coverage,
-        # one call each: the one pair's ratio, an "interval" that covers the true factor with probability 0, supports
-        # no factor
-        verdict=verdict(factor, low, high, criteria.min_effect) if coverage > 0 else "within noise",
+        verdict=verdict(factor, low, high, criteria.min_effect) if sure else "within noise",
         notes=list(notes),
+        asked=criteria.confidence,
     )
 
 

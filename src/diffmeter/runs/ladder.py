@@ -16,6 +16,7 @@ from diffmeter import units
 from diffmeter.catalog import entry_of
 from diffmeter.errors import DiffmeterError, MissingPackage
 from diffmeter.families import get_family
+from diffmeter.measure.speedup import Drift
 from diffmeter.optimize import OptimizationSpec, Target, build, check
 from diffmeter.runs import speedups, storage
 from diffmeter.runs.baseline import compare_with_baseline
@@ -164,6 +165,11 @@ def climb(
             finished(rung.name, results[-1][1], results[-1][2])
     baseline, baseline_folder = results[0][1], results[0][2]
     base = baseline.summary.latency_s
+    recheck_notes: list[str] = []
+    recheck_s, drift = None, None
+    if recheck and len([folder for _, _, folder in results if folder]) > 1:
+        recheck_s, drift = _recheck_baseline(rungs[0].spec, base, out, progress)
+        recheck_notes = [drift.note] if drift else []
     rows = []
     for rung, result, folder in results:
         if result is None:
@@ -173,7 +179,7 @@ def climb(
         memory = summary.peak_memory
         energy = summary.energy
         quality = None if rung.name == "baseline" else compare_with_baseline(result, folder, baseline, baseline_folder)
-        found = None if rung.name == "baseline" else speedups.between(baseline, result)
+        found = None if rung.name == "baseline" else speedups.between(baseline, result, drift=drift)
         rows.append(
             LadderRow(
                 rung=rung.name,
@@ -202,9 +208,9 @@ def climb(
         weights=baseline.weights,
         weights_random=baseline.weights_random,
     )
-    if recheck and len([row for row in rows if row.folder]) > 1:
-        _recheck_baseline(ladder, rungs[0].spec, base, out, progress)
-    ladder.notes += _trust_notes(rows)
+    if recheck_s is not None:
+        ladder.baseline_recheck_s, ladder.baseline_recheck_interval_s = recheck_s
+    ladder.notes += recheck_notes + _trust_notes(rows)
     # named by its baseline and its rungs: a ladder of other rungs beside it is another file, not overwritten
     climbed = "-".join(rung.name for rung in rungs[1:])
     storage.write_json(
@@ -214,20 +220,24 @@ def climb(
     return ladder
 
 
-def _recheck_baseline(ladder: Ladder, spec: BenchSpec, base, out: str | Path, progress) -> None:
-    """Measure the baseline again (not stored) and note when its interval moved away from the first one's."""
+def _recheck_baseline(
+    spec: BenchSpec, base, out: str | Path, progress
+) -> tuple[tuple[float, tuple[float, float]], Drift | None]:
+    """Measure the baseline again (not stored): (its median and interval, seconds), and where its interval moved
+    away from the first one's, the machine's change in speed that every rung's speed-up interval is widened by."""
     with tempfile.TemporaryDirectory(dir=Path(out).expanduser(), prefix=".ladder-recheck-") as scratch:
         again, _ = bench(spec.model_copy(update={"save_images": False}), out=scratch, force=True, progress=progress)
     latency = again.summary.latency_s
-    ladder.baseline_recheck_s = latency.median
-    ladder.baseline_recheck_interval_s = (latency.ci_low, latency.ci_high)
-    if latency.ci_low > base.ci_high or latency.ci_high < base.ci_low:
-        change = latency.median / base.median - 1
-        ladder.notes.append(
-            f"the machine's speed changed during the ladder: the baseline took {units.seconds(base.median)} at the "
-            f"start and {units.seconds(latency.median)} at the end ({100 * change:+.0f}%, intervals apart); speed-ups "
-            "carry that uncertainty: re-run with --force on a quieter machine"
-        )
+    measured = (latency.median, (latency.ci_low, latency.ci_high))
+    if not (latency.ci_low > base.ci_high or latency.ci_high < base.ci_low):
+        return measured, None
+    change = latency.median / base.median
+    return measured, Drift.of(
+        [change],
+        f"the machine's speed changed during the ladder: the baseline took {units.seconds(base.median)} at the "
+        f"start and {units.seconds(latency.median)} at the end ({100 * (change - 1):+.0f}%, intervals apart); every "
+        "speed-up's interval is widened by that: re-run with --force on a quieter machine",
+    )
 
 
 def _trust_notes(rows: list[LadderRow]) -> list[str]:

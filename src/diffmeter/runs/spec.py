@@ -10,6 +10,7 @@ from diffmeter.catalog.entry import PipelineEntry
 from diffmeter.errors import DiffmeterError
 from diffmeter.flops.schema import HEIGHT_WIDTH
 from diffmeter.lora_file import lora_fields
+from diffmeter.measure.speedup import DEFAULT_CALLS
 from diffmeter.optimization_spec import OptimizationSpec
 from diffmeter.spec import CPU_DTYPE, ProfileSpec, image_sizes_of, normalize_dtype, sizes_text
 
@@ -64,7 +65,7 @@ class BenchSpec(BaseModel):
     component_dtypes: dict[str, str] = {}
     device: str | None = None
     warmup: int = 1
-    iterations: int = 3
+    iterations: int = DEFAULT_CALLS
     min_duration_s: float = 0.0
     #: keep measuring until the median latency's 95% interval is within +- this fraction of it
     target_precision: float | None = None
