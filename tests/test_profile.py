@@ -42,6 +42,9 @@ def test_flux_true_cfg_calls_the_transformer_twice_per_step_and_encodes_the_nega
     [
         ("sd15", 3.0, "sd15 guides with --guidance-scale alone: drop --true-cfg-scale"),
         ("flux-dev", 1.0, "--true-cfg-scale must be above 1"),
+        # QwenImagePipeline's one guidance is its true_cfg_scale, which --guidance-scale sets (a new user's trial:
+        # "qwen-image guides with --guidance-scale alone")
+        ("qwen-image", 6.0, "true_cfg_scale is what --guidance-scale sets for qwen-image .* --guidance-scale 6 "),
     ],
 )
 def test_true_cfg_is_refused_where_it_means_nothing(model, scale, message):

@@ -199,7 +199,7 @@ class ProfileSpec:
             )
         if self.true_cfg_scale is not None and not 1 < self.true_cfg_scale < math.inf:
             raise DiffmeterError(
-                f"--true-cfg-scale must be above 1 (1 or less runs no true CFG: leave it out), "
+                f"--true-cfg-scale must be above 1 (at 1 or less the pipeline runs no true CFG), "
                 f"got {self.true_cfg_scale:g}"
             )
         for height, width in self.image_sizes or ():

@@ -9,6 +9,11 @@ from diffmeter.errors import DiffmeterError
 def refuse_unsupported(family, entry, spec) -> None:
     """Refuse an option ``family``'s pipeline does not take (``Family.true_cfg``, ``Family.truncates_cfg``)."""
     if spec.true_cfg_scale is not None and not family.true_cfg:
+        if "true_cfg_scale" in family.guidance_arguments(entry, 1.0):  # Qwen-Image: its one guidance is true CFG
+            raise DiffmeterError(
+                f"{entry.pipeline_class}'s true_cfg_scale is what --guidance-scale sets for {entry.name} (1: no CFG): "
+                f"use --guidance-scale {spec.true_cfg_scale:g} instead of --true-cfg-scale"
+            )
         raise DiffmeterError(
             f"--true-cfg-scale is FLUX.1's true CFG beside its embedded guidance; {entry.name} guides with "
             "--guidance-scale alone: drop --true-cfg-scale"
