@@ -239,6 +239,12 @@ def test_max_autotune_says_it_is_timed_as_reduce_overhead(cli):
     assert code == 0 and json.loads(out)["time"]["expected_s"] == graphs
     code, out, _ = cli(*asked, "compile:mode=max-autotune")
     assert code == 0 and "max-autotune timed as reduce-overhead" in " ".join(out.split())
+    # without CUDA graphs it is timed as mode=default, and says that (it said "timed as reduce-overhead" too)
+    default = json.loads(cli(*asked, "compile:mode=default", "--json")[1])["time"]["expected_s"]
+    code, out, _ = cli(*asked, "compile:mode=max-autotune-no-cudagraphs", "--json")
+    assert code == 0 and json.loads(out)["time"]["expected_s"] == default
+    said = " ".join(cli(*asked, "compile:mode=max-autotune-no-cudagraphs")[1].split())
+    assert "max-autotune-no-cudagraphs timed as mode=default" in said and "timed as reduce-overhead" not in said
 
 
 def test_a_held_out_sources_eager_runs_never_reach_its_prediction():

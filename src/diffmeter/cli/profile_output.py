@@ -4,6 +4,7 @@ and with --gpu/--gpu-spec the predicted memory and time."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 from diffmeter.cli.app import console, note
@@ -288,18 +289,27 @@ def print_predicted(
             console.print(
                 f"time with {', '.join(others)}; memory as without"
                 + (" (CUDA graphs' pool not counted)" if any("reduce-overhead" in t for t in others) else "")
-                + (AUTOTUNE if any("max-autotune" in t for t in others) else "")
+                + "".join(
+                    AUTOTUNE[mode]
+                    for mode in sorted({m for t in others for m in COMPILE_MODE.findall(t)} & set(AUTOTUNE))
+                )
                 + "; "
                 + TECHNIQUES_HELD_OUT,
                 markup=False,
             )
 
 
-#: compile's max-autotune as the time has it (``compiled_time.CUDA_GRAPH_MODES``): what it shares with reduce-overhead
-AUTOTUNE = (
-    "; compile mode=max-autotune timed as reduce-overhead (CUDA graphs, inductor's fusion): the kernels its "
-    "autotuning picks are not modelled, and no published run of it is held out"
-)
+#: a technique label's compile mode ("compile:mode=max-autotune-no-cudagraphs")
+COMPILE_MODE = re.compile(r"mode=([a-z-]+)")
+#: compile's autotuning modes as the time has them (``compiled_time.CUDA_GRAPH_MODES``): what each shares with a mode
+#: a published run measured
+AUTOTUNE = {
+    "max-autotune": "; compile mode=max-autotune timed as reduce-overhead (CUDA graphs, inductor's fusion): the "
+    "kernels its autotuning picks are not modelled, and no published run of it is held out",
+    "max-autotune-no-cudagraphs": "; compile mode=max-autotune-no-cudagraphs timed as mode=default (inductor's "
+    "fusion, no CUDA graphs): the kernels its autotuning picks are not modelled, and no published run of it is held "
+    "out",
+}
 
 
 def refuse_inapplicable(built: list, specs, results, formats=(), on_cpu: bool = False) -> None:
