@@ -185,6 +185,26 @@ def test_every_hover_value_names_its_unit(study):
     assert all("%{y:.4g} GiB" in trace.hovertemplate for trace in memory.figure.data)
 
 
+
+#: an axis title that reads as a time (or a figure of one) must say its unit
+TIMED = re.compile(r"\btime\b|measured|predicted|seconds")
+
+
+def test_every_time_axis_names_its_unit(study):
+    """A new user's trial: the step, trade-off and prediction plots' time axes read "time per step (log scale)",
+    "measured median (log)": seconds only on hover. Every axis title that is a time says "s" (or seconds)."""
+    checked = 0
+    for _, _, builder in SECTIONS:
+        for figure in builder(study):
+            layout = figure.figure.layout
+            for name in [key for key in layout.to_plotly_json() if key.startswith(("xaxis", "yaxis"))]:
+                title = (layout[name].title.text or "") if layout[name].title else ""
+                if TIMED.search(title):
+                    assert re.search(r"\(s[,)]|seconds", title), (layout.title.text, title)
+                    checked += 1
+    assert checked >= 3
+
+
 HEADERS, ROWS = "table.summary th", "table.summary tbody tr"
 
 

@@ -100,7 +100,7 @@ def step_times(runs: list[Run]) -> Figure | None:
                 legendgroup=run.label,
                 visible="legendonly",
             )
-    layout(figure, "Time of each denoising step", drawn, "denoising step (index)", "time per step (log scale)")
+    layout(figure, "Time of each denoising step", drawn, "denoising step (index)", "time per step (s, log scale)")
     figure.update_yaxes(**log_ticks(values, units.seconds))
     return Figure(
         figure,

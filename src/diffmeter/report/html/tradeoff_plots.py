@@ -111,7 +111,7 @@ def _pareto(
             name=f"{model}: Pareto frontier",
             legendgroup=model,
         )
-    layout(figure, title, runs, "time per image (median, log scale)", y + ", log scale")
+    layout(figure, title, runs, "time per image (s, median, log scale)", y + ", log scale")
     figure.update_xaxes(**log_ticks([run.row["s_per_image"] for run in runs], units.seconds))
     figure.update_yaxes(**log_ticks(values))
     return Figure(figure, caption + measured(runs))
