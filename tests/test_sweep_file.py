@@ -51,6 +51,10 @@ def test_axes_expand_to_every_combination_minus_exclude_plus_include():
         ("axes: {model: [tiny-sd]}\nfixed: {optimizations: fuse-qvk}\n", "unknown optimization 'fuse-qvk'"),
         ("axes: {model: [tiny-sd]}\ntimeout_s: -5\n", "timeout_s: Input should be greater than 0"),
         ("axis: {model: [tiny-sd]}\n", "unknown key 'axis'"),  # not only 'axes: Field required'
+        # a value of the wrong type is named where the file has it (a new user's trial: "cell model=tiny-sd:
+        # iterations: ...", without the file or that it is in fixed)
+        ("axes: {model: [tiny-sd]}\nfixed: {iterations: two}\n", "study.yaml: iterations two in fixed: Input should"),
+        ("axes: {model: [tiny-sd], steps: [1, x]}\n", "study.yaml: steps x in axes: Input should be a valid integer"),
     ],
 )
 def test_a_sweep_file_with_an_unknown_or_wrong_key_is_refused_naming_it(tmp_path, cli, text, named):

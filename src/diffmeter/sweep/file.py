@@ -24,7 +24,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from diffmeter.errors import DiffmeterError, validation_problem
 from diffmeter.optimize import build
@@ -112,6 +112,20 @@ def check_options(sweep: SweepFile, where: str) -> None:
                 build(parse_optimizations(value))
             except DiffmeterError as error:
                 raise DiffmeterError(f"{where}: optimizations {_show(value)} in {place}: {error}") from None
+    for place, options in places:  # a value of the wrong type is the file's error, named where it is written
+        for key, value in options.items():
+            for one in value if place == "axes" else [value]:
+                _check_value(where, place, key, one)
+
+
+def _check_value(where: str, place: str, key: str, value: Any) -> None:
+    """``value`` has the type of bench's option ``key`` (a sweep's own keys, size and optimizations, apart)."""
+    if key in SPECIAL_AXES or (key == "batch_size" and value == AUTO):
+        return
+    try:
+        TypeAdapter(BenchSpec.model_fields[key].annotation).validate_python(value)
+    except ValidationError as error:
+        raise DiffmeterError(f"{where}: {key} {_show(value)} in {place}: {error.errors()[0]['msg']}") from None
 
 
 class Cell(BaseModel):
