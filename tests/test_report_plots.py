@@ -185,7 +185,6 @@ def test_every_hover_value_names_its_unit(study):
     assert all("%{y:.4g} GiB" in trace.hovertemplate for trace in memory.figure.data)
 
 
-
 #: an axis title that reads as a time (or a figure of one) must say its unit
 TIMED = re.compile(r"\btime\b|measured|predicted|seconds")
 

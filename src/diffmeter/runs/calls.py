@@ -141,3 +141,13 @@ def call_failure(error: Exception, device, spec: BenchSpec) -> str:
             f"run every component at {spec.dtype})"
         )
     return message + "; its traceback is in the run's bench.log"
+
+
+def call_line(iteration) -> str:
+    """A measured call as the run's log has it: its seconds, whole and per stage."""
+    stages = iteration.stages
+    return (
+        f"iteration {iteration.index}: {iteration.total_s:.4f} s (text {stages.text_encoding_s:.4f}, "
+        f"{len(stages.steps_s)} steps {stages.denoising_s:.4f}, decode {stages.vae_decode_s:.4f}, "
+        f"other {stages.other_s:.4f})"
+    )

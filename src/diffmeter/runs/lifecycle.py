@@ -48,6 +48,9 @@ from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.summary import measurement_notes, summarize_run
 from diffmeter.runs.workload import Workload, outputs
 
+#: how the run's log begins the line it writes as each of its pipeline calls starts (a cell stopped in one names it)
+CALL_STARTS = "call starts: "
+
 
 class MeasuredRun:
     """One measured run in this process, phase by phase."""
@@ -227,6 +230,8 @@ class MeasuredRun:
         warmup = []
         for done, index in enumerate(indices):
             self.progress("warm-up", done, self.planned)
+            compiles = " (torch.compile compiles on it)" * (compiling and done == 0)
+            self.log.info("%swarm-up call %d of %d%s", CALL_STARTS, done + 1, len(indices), compiles)
             arguments = self.workload.call_arguments(self.pipe, self.workload.batch(index))
             with watch_compilation() as compiled:
                 iteration = calls.timed_call(self.pipe, self.timer, arguments, index, None, self.contexts)[0]
@@ -257,6 +262,7 @@ class MeasuredRun:
                 index = len(iterations)
                 planned = self.planned if index < spec.iterations else None
                 self.progress("measuring", len(self.figures["warmup_s"]) + index, planned)
+                self.log.info("%smeasured call %d", CALL_STARTS, index + 1)
                 batch = self.workload.batch(index)
                 arguments = self.workload.call_arguments(self.pipe, batch)
                 self.group.barrier()
@@ -264,7 +270,7 @@ class MeasuredRun:
                 iterations.append(iteration)
                 energy.append(iteration.energy)
                 elapsed += iteration.wall_s
-                self._log_call(iteration)
+                self.log.info(calls.call_line(iteration))
                 if spec.save_images:
                     images += calls.save_images(outputs(output), batch, index, self.staging)
             energy_loop = self.meter.end(loop)
@@ -273,19 +279,6 @@ class MeasuredRun:
         self.progress("measuring", done, done)
         self.compilation, self.energy = compilation, (energy if self.meter.available else [], energy_loop)
         self.figures.update(iterations=iterations, images=images)
-
-    def _log_call(self, iteration) -> None:
-        stages = iteration.stages
-        self.log.info(
-            "iteration %d: %.4f s (text %.4f, %d steps %.4f, decode %.4f, other %.4f)",
-            iteration.index,
-            iteration.total_s,
-            stages.text_encoding_s,
-            len(stages.steps_s),
-            stages.denoising_s,
-            stages.vae_decode_s,
-            stages.other_s,
-        )
 
     def summarize(self):
         """The measured calls' statistics, peaks, energy, FLOPs and rates."""

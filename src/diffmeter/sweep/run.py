@@ -12,6 +12,7 @@ from pathlib import Path
 from diffmeter import units
 from diffmeter.distributed import scaling
 from diffmeter.errors import DiffmeterError, DoesNotFit
+from diffmeter.runs.lifecycle import CALL_STARTS
 from diffmeter.runs.prepared import PreparedRun, prepare, store_failure
 from diffmeter.runs.storage import LOG, RESULTS
 from diffmeter.sweep import record as rec
@@ -263,6 +264,7 @@ def settle_outcome(
     else:
         why = f"the cell's process exited with code {outcome.code} without a result"
     staged = _staged_log(out, run.name)
+    why += _last_call(staged)
     said = [f"its last output:\n{outcome.tail}"] if outcome.tail.strip() else []
     if staged is not None and tail(staged):
         said.append(f"the last lines of its {LOG}:\n{tail(staged)}")
@@ -277,6 +279,17 @@ def _staged_log(out: Path, name: str) -> Path | None:
     its failure removes; the newest, should an earlier death have left one too."""
     logs = sorted(Path(out).glob(f".{name}.partial-*/{LOG}"), key=lambda path: path.stat().st_mtime_ns)
     return logs[-1] if logs else None
+
+
+def _last_call(log: Path | None) -> str:
+    """ " in warm-up call 1 of 1 (torch.compile compiles on it)": the pipeline call the run's log says it started last
+    (``lifecycle.CALL_STARTS``), or "" where it started none (loading, or no log)."""
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines() if log is not None else []
+    except OSError:
+        return ""
+    started = [line.split(CALL_STARTS, 1)[1] for line in lines if CALL_STARTS in line]
+    return f" in {started[-1].strip()}" if started else ""
 
 
 def _signal_name(number: int) -> str:

@@ -57,7 +57,8 @@ def predictions(study: Study) -> list[Figure]:
             hoverinfo="skip",  # a reference line: no values of its own
             name="predicted = measured",
         )
-        layout(figure, "Predicted against measured time per call", timed, "measured median (s, log)", "predicted (s, log)")
+        title = "Predicted against measured time per call"
+        layout(figure, title, timed, "measured median (s, log)", "predicted (s, log)")
         figure.update_xaxes(**log_ticks(ends, units.seconds))
         figure.update_yaxes(**log_ticks(ends, units.seconds))
         devices = sorted({t.device for t in times})
