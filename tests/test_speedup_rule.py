@@ -114,6 +114,9 @@ def test_every_command_gives_one_speedup_and_carries_the_noise_note(noisy_pair, 
     assert json.loads(text)["pairs"][0]["noise"] == [f"A: {n}" for n in baseline_notes] + [f"B: {n}" for n in notes]
     code, text, _ = cli("compare", baseline, candidate)
     assert code == 0 and shown in _plain(text) and _plain(notes[0]) in _plain(text)
+    # the stages as show names them, and why their medians do not add up to the call's (a new user's trial)
+    assert "text encoding" in text and "whole call" in text and "text_encoding" not in text
+    assert "need not add up to the whole call's" in _plain(text)
     assert _plain(text).count("Hodges-Lehmann") == 1  # the method is said once
 
     code, text, _ = cli("show", candidate)

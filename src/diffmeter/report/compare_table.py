@@ -13,6 +13,7 @@ from diffmeter.measure.speedup import Speedup
 from diffmeter.report.layout import Column, FittedTable
 from diffmeter.report.run_table import RANDOM_QUALITY
 from diffmeter.runs.compare import Comparison, RunComparison
+from diffmeter.stages import STAGE_NAMES
 
 _VERDICT_STYLE = {"faster": "green", "slower": "red", "within noise": "dim"}
 
@@ -61,7 +62,7 @@ def pair_table(pair: RunComparison) -> Group:
             notes=pair.noise,
         )
         table.add_row(
-            stage.stage,
+            STAGE_NAMES.get(stage.stage, "whole call" if stage.stage == "call" else stage.stage),
             units.seconds(stage.a_s_per_image),
             units.seconds(stage.b_s_per_image),
             f"[{style}]{escape(found.text())}[/]",
@@ -74,6 +75,7 @@ def pair_table(pair: RunComparison) -> Group:
 
 def _facts(pair: RunComparison) -> list[str]:
     lines = list(pair.differences) or ["same settings"]
+    lines.append("each stage's median over the calls: the stages' medians need not add up to the whole call's")
     memory = "CUDA max allocated" if pair.memory_kind == "cuda" else "process peak RSS"
     if pair.a_peak_memory_bytes is not None and pair.b_peak_memory_bytes is not None:
         change = pair.b_peak_memory_bytes - pair.a_peak_memory_bytes
