@@ -9,6 +9,7 @@ from diffmeter.cli.app import app, main
 from diffmeter.cli import profile  # noqa: F401  (registers profile)
 from diffmeter.cli import models  # noqa: F401  (registers models)
 from diffmeter.cli import fit  # noqa: F401  (registers fit)
+from diffmeter.cli import gpus  # noqa: F401  (registers gpus)
 from diffmeter.cli import bench  # noqa: F401  (registers bench, show)
 from diffmeter.cli import optimizations  # noqa: F401  (registers optimizations, ladder)
 from diffmeter.cli import sweep  # noqa: F401  (registers sweep, table)
