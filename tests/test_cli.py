@@ -128,7 +128,7 @@ def test_profile_all_leaves_out_the_models_that_refuse_the_settings(cli, monkeyp
         (["profile", "sd15", "--json", "--csv"], "pick one"),
         (["profile", "sd15", "--gpu", ""], "'--gpu': an empty name"),  # it had printed the count, no prediction
         # counted first, then refused without naming the flag; a bad format now first, in bench's words
-        (["profile", "tiny-flux", "--quantize", "bnb:nf4"], "--quantize bnb:nf4: techniques are predicted with --gpu"),
+        (["profile", "tiny-flux", "--quantize", "bnb:nf4"], "--quantize bnb:nf4 needs a device to predict for"),
         (["profile", "tiny-flux", "--quantize", "foo"], "--quantize 'foo': write BACKEND:TYPE"),
         (["profile", "tiny-flux", "--offload", "banana"], "offload: bad parameter mode"),  # not "add --gpu"
         (["profile", "tiny-flux", "--opt", "nonsense"], "unknown optimization 'nonsense'"),

@@ -316,8 +316,8 @@ def refuse_without_gpu(flags: dict, gpu: bool, tf32: bool, torch_version: str | 
     given = [flag_text(name, value) for name, value in flags.items() if value]
     if given and not gpu:
         raise DiffmeterError(
-            f"{' '.join(given)}: techniques are predicted with --gpu NAME (or --gpu-spec): their memory, and a tiled "
-            "decode's operators in the time; the MACs table counts the plain run"
+            f"{' '.join(given)} needs a device to predict for: add --gpu NAME (diffmeter gpus lists them), --gpu-spec "
+            "or --gpu cpu; without one, profile counts the plain run's MACs"
         )
 
 
