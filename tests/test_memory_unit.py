@@ -13,6 +13,7 @@ from rich.console import Console
 from diffmeter import units
 from diffmeter.predict.devices import named_gpu
 from diffmeter.predict.peaks import PEAKS
+from diffmeter.spec import CPU_DTYPE_NOTE
 
 #: a decimal byte unit ("33.74 GB", "512 MB"), the unit that must be gone; bandwidths (GB/s, TB/s) stay
 DECIMAL_BYTES = re.compile(r"\d\s?[kMGTPE]?B\b(?!/s)")
@@ -86,7 +87,10 @@ def test_fit_on_the_cpu_holds_nothing_back_for_cuda(cli):
     assert code == 0 and payload["held_back_bytes"] == 0
     left = payload["memory_bytes"] - payload["fits"][0]["peak_bytes"]
     code, out, _ = cli("fit", "tiny-sd", "--gpu", "cpu")
-    assert code == 0 and "CUDA" not in out and units.gib(left) in " ".join(out.split())
+    said = " ".join(out.split())
+    # it says why it predicts float32, not the model's own dtype (a new user's trial: switched without a word)
+    assert f"note: {CPU_DTYPE_NOTE}" in said
+    assert code == 0 and "CUDA" not in said.replace(CPU_DTYPE_NOTE, "") and units.gib(left) in said
 
 
 def test_every_command_prints_one_specs_memory_in_gib_with_the_same_value(cli, tmp_path, monkeypatch):

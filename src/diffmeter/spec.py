@@ -12,6 +12,8 @@ DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 #: the dtype a run on a CPU takes when none is asked: half precision there is slow and partly unsupported, and a
 #: model card's dtype means a GPU (bench's ``BenchSpec.settle``, and profile and fit predicting ``--gpu cpu``)
 CPU_DTYPE = "float32"
+#: said where a prediction for this CPU takes it in place of the model's own dtype
+CPU_DTYPE_NOTE = f"{CPU_DTYPE}: what bench runs on a CPU (the model's own dtype is for CUDA); --dtype for another"
 
 
 def normalize_dtype(name: str | None) -> str | None:

@@ -103,7 +103,7 @@ def fit(
     from diffmeter.lora_file import lora_fields
     from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, chosen_gpu, other_cards, spec_gpu
     from diffmeter.report.memory_table import fit_table, runtime
-    from diffmeter.spec import CPU_DTYPE, ProfileSpec, asked_images, parse_component_dtypes
+    from diffmeter.spec import CPU_DTYPE, CPU_DTYPE_NOTE, ProfileSpec, asked_images, parse_component_dtypes
 
     if all_models:
         from diffmeter.cli.leaderboard import leaderboard
@@ -151,6 +151,7 @@ def fit(
     held = CUDA_HOLDBACK_BYTES if target.kind == "cuda" else 0  # the CPU's memory keeps no CUDA context
     if dtype is None and target.kind == "cpu":
         dtype = CPU_DTYPE  # what bench runs on a CPU
+        note(CPU_DTYPE_NOTE, as_json)
     usable = target.memory_bytes - held
     if usable <= 0:
         raise DiffmeterError(

@@ -166,7 +166,7 @@ def profile(
     from diffmeter.lora_file import lora_fields
     from diffmeter.report.export import profiles_csv
     from diffmeter.report.tables import summary_table
-    from diffmeter.spec import CPU_DTYPE, ProfileSpec, asked_images, parse_component_dtypes
+    from diffmeter.spec import CPU_DTYPE, CPU_DTYPE_NOTE, ProfileSpec, asked_images, parse_component_dtypes
 
     names = list(models or [])
     if scheduler is not None:
@@ -207,6 +207,7 @@ def profile(
 
     if dtype is None and is_this_cpu(gpu):
         dtype = CPU_DTYPE  # what bench runs on a CPU
+        note(CPU_DTYPE_NOTE, as_json or as_csv)
     adapters = {}
     for name in names:
         adapters[name], lora_notes = lora_fields(name, lora_rank, lora_targets, lora, fuse_lora)
