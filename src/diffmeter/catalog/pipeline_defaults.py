@@ -78,3 +78,34 @@ def _model_max_length(path: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return int(value) if isinstance(value, int | float) and 0 < value < UNLIMITED else None
+
+
+def bare_call_differences(entry: PipelineEntry) -> dict[str, str]:
+    """Where a bare ``pipeline(prompt)`` call runs otherwise than the entry's defaults (a catalog entry's are its
+    model card's): {"steps": "28 steps", "size": "832x480 px", "guidance_scale": "guidance 5", "num_frames": ...},
+    each as the call runs it; empty where they agree or diffusers lacks the class."""
+    from diffmeter.families import get_family
+
+    called = call_defaults(entry.pipeline_class)
+    if not called:
+        return {}
+    family, ours = get_family(entry.family), entry.defaults
+    found = {}
+    steps = called.get("num_inference_steps")
+    if isinstance(steps, int) and steps != ours.steps:
+        found["steps"] = f"{steps} steps"
+    height, width = called.get("height"), called.get("width")
+    if height is None or width is None:
+        try:
+            height, width = family.default_size(entry)
+        except (KeyError, TypeError):  # a config without the sample size the rule reads: the size is not said
+            height = width = None
+    if height and width and (height, width) != (ours.height, ours.width):
+        found["size"] = f"{width}x{height} px"
+    guidance = family.called_guidance(entry, called)
+    if isinstance(guidance, int | float) and guidance != ours.guidance_scale:
+        found["guidance_scale"] = f"guidance {guidance:g}" + (" (no CFG)" if guidance <= 1 else "")
+    frames = (called.get("num_frames") or family.default_frames(entry)) if family.is_video else None
+    if isinstance(frames, int) and frames != ours.num_frames:
+        found["num_frames"] = f"{frames} frames"
+    return found

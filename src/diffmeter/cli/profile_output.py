@@ -7,6 +7,7 @@ import json
 import re
 import shlex
 
+from diffmeter.cli import call_settings
 from diffmeter.cli.app import console, note
 from diffmeter.errors import DiffmeterError
 from diffmeter.quiet import load_libraries
@@ -20,6 +21,8 @@ def print_profile(found, spec) -> None:
     from diffmeter.report.tables import conditioning_line, profile_table
 
     console.print(profile_table(found))
+    if said := call_settings.settings_line(spec):
+        console.print(said, highlight=False, markup=False)
     if not found.input_images and not found.controlnet:
         return
     # at the edit's output size, which its images set where none was asked (FLUX.2)
