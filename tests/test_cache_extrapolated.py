@@ -95,6 +95,10 @@ def test_profile_says_it_in_the_text_and_the_json_only_outside(cli):
         outside = [f"threshold {threshold:g} {side} the published {low:g}-{high:g}"] if side else []
         expected = f"skipped share extrapolated: {'; '.join([*outside, TINY])}"  # tiny-flux is never published
         assert said == expected and f"denoiser calls skipped ({expected}; threshold" in text
+        # a threshold outside the published runs' is said apart, as a note (a new user's threshold=2 was buried)
+        assert ("note: first-block-cache threshold" in text and "held-out test below did not cover" in text) == bool(
+            side
+        )
 
 
 def test_fit_says_it_for_its_cached_settings(cli):
