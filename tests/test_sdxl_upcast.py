@@ -77,6 +77,16 @@ def test_the_float16_decode_is_predicted_and_counted_as_the_float32_one():
     assert vae32 == 2 * vae16 and decode.component_param_bytes == vae32
     assert decode.resident_param_bytes == sum(half.component_param_bytes.values()) - vae16 + vae32
     assert decode.activation_bytes == pytest.approx(decode32.activation_bytes, rel=1e-9)
+    # the stage says so, and the table's call names it (a new user's trial: the parameters rose at the decode unsaid)
+    assert decode.cast_to == "float32" and decode32.cast_to is None
+    assert {stage.cast_to for stage in half.stages if stage.stage != VAE_DECODE} == {None}
+    from rich.console import Console
+
+    from diffmeter.report.memory_table import memory_table
+
+    console = Console(width=200, record=True)
+    console.print(memory_table(half, None))
+    assert "vae (batch 1, cast to float32)" in console.export_text()
     # what fit, "left" and bench's stored prediction read: the same peak, the upcast VAE counted as the stages count it
     assert peak_under(half, ()) == half.peak_bytes
     with_offload = stage_peaks_under(half, ("offload-model",))[VAE_DECODE]

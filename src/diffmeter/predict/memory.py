@@ -289,7 +289,8 @@ def predict_tracked(
         also = watch(call) if watch else None
         module, own = modules[call.component], params[call.component]
         dtype = DTYPES[spec.dtype_of(call.component, call.dtype)]  # as the pipeline casts it for the call
-        if dtype != dtype_of[call.component]:  # cast for this call alone (SDXL's float32 decode)
+        cast = dtype != dtype_of[call.component]
+        if cast:  # for this call alone (SDXL's float32 decode)
             module = fake_module(entry.components[call.component], dtype)
             own = param_bytes(module)
         held = resident - params[call.component] + own  # the other components' parameters, and this one's as cast
@@ -317,6 +318,7 @@ def predict_tracked(
                 component=call.component,
                 batch=call.batch,
                 count=call.count,
+                cast_to=str(dtype).removeprefix("torch.") if cast else None,
                 resident_param_bytes=held,
                 component_param_bytes=own,
                 carried_bytes=carried,

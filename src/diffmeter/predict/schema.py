@@ -20,6 +20,8 @@ class StageMemory(BaseModel):
     batch: int
     #: how many times per generation the call runs (a denoiser: once per step, twice with separate CFG calls)
     count: int = 1
+    #: the dtype the pipeline casts the component to for this call alone (SDXL's float32 decode), else None
+    cast_to: str | None = None
     #: parameters and buffers of every loaded component, at the run's dtype
     resident_param_bytes: int
     #: of which this component's own

@@ -68,7 +68,7 @@ def memory_table(
     for stage in prediction.stages:
         table.add_row(
             stage.stage,
-            escape(f"{stage.component} (batch {stage.batch})"),
+            escape(f"{stage.component} (batch {stage.batch}{f', cast to {stage.cast_to}' if stage.cast_to else ''})"),
             gib(stage.resident_param_bytes),
             gib(stage.carried_bytes),
             gib(stage.activation_bytes),
