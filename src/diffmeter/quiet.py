@@ -26,6 +26,9 @@ def keep_library_warnings_off_the_terminal() -> None:
     os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("AR_LOG_LEVEL", "ERROR")  # auto-round sets its logger's level from it at import (envs.py:60)
+    # the Hub's and transformers' progress bars ("Loading weights", "Writing model shards" as a text encoder is
+    # quantized at load): transformers reads it at import (transformers 5.24.0 utils/logging.py:55)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     for name in LIBRARY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
 
