@@ -283,7 +283,7 @@ def test_one_call_has_no_interval_so_it_is_noisy_and_supports_no_factor(tmp_path
     # two calls each: an interval at 67% coverage, which supports no factor at the 95% asked; four: 97.1%
     short = estimate([1.0, 1.01], [0.5, 0.505])
     assert short.coverage == pytest.approx(2 / 3) and short.verdict == "within noise"
-    assert short.text() == "within noise (1.98-2.02x at 67% coverage; 95% asked needs 4 calls a run)"
+    assert short.text() == "within noise: too few calls (1.98-2.02x at 67% coverage; 95% asked needs 4 calls a run)"
     assert estimate([1.0, 1.01, 1.02, 1.0], [0.5, 0.505, 0.51, 0.5]).verdict == "faster"
 
 

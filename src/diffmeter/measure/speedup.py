@@ -92,18 +92,24 @@ class Speedup(BaseModel):
         if self.verdict == "slower":
             return f"{factor_text(1 / self.high)}-{factor_text(1 / self.low)}x"
         short = ""
-        if self.asked is not None and self.coverage < self.asked:
+        if self.short:
             short = (
                 f" at {self.coverage:.0%} coverage; {self.asked:.0%} asked needs {calls_for(self.asked)} calls a run"
             )
         return f"{factor_text(self.low)}-{factor_text(self.high)}x{short}"
+
+    @property
+    def short(self) -> bool:
+        """Whether the interval covers less than asked (too few calls for a verdict)."""
+        return self.asked is not None and 0 < self.coverage < self.asked
 
     def text(self) -> str:
         """The figure as every table shows it: a factor only where its interval supports one, and a slower
         candidate's as how many times slower ("11.1x slower (1.96-100x)"), never a fraction."""
         mark = " (noisy)" if self.noisy else ""
         if self.verdict == "within noise":
-            return f"within noise ({self.interval_text()}){mark}"
+            few = ": too few calls" if self.short else ""  # an interval clear of 1x, but at less than asked
+            return f"within noise{few} ({self.interval_text()}){mark}"
         factor = 1 / self.estimate if self.verdict == "slower" else self.estimate
         return f"{factor_text(factor)}x {self.verdict} ({self.interval_text()}){mark}"
 
