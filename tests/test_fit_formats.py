@@ -75,6 +75,17 @@ def test_benchs_own_check_lets_the_formats_through_on_cuda():
     assert [found for found, _ in refusals(chosen, entry, spec)] == [("quantize-torchao-float8dq-row", "offload-model")]
 
 
+def test_a_gguf_setting_is_refused_for_a_model_with_two_denoisers():
+    """Wan 2.2 A14B's two experts cannot take a GGUF file each: bench takes one --weights file, which holds one
+    component ("a GGUF file holds one component's weights: name one"). fit offered `offload-model + gguf:Q4_K_S` for
+    wan22-t2v-a14b on an RTX 4090 all the same (a new user's trial); the other formats quantize both experts."""
+    entry = resolve("tiny-wan22")
+    spec = ProfileSpec(model="tiny-wan22", dtype="bfloat16").with_defaults(entry.defaults)
+    chosen = [("offload-model", technique("gguf", "Q4_K_S")), ("offload-model", technique("bnb", "nf4"))]
+    ((refused, why),) = refusals(chosen, entry, spec)
+    assert refused == chosen[0] and "tiny-wan22 has 2 denoisers (transformer, transformer_2)" in why
+
+
 def test_on_this_cpu_bench_refuses_offloading_and_cuda_only_formats_and_fit_says_so(cli):
     """``fit --gpu cpu`` fits this CPU's run: bench refuses offloading and bitsandbytes there, so fit leaves them out
     with bench's reason; torchao int8 runs there; the run is float32, as bench runs on a CPU."""

@@ -51,7 +51,14 @@ def refusals(settings, entry, spec, device: str = "cuda") -> list[tuple[tuple[st
     with quiet_import():  # a backend's check imports it: SDNQ and bitsandbytes say which kernels they lack
         for chosen in settings:
             checked = tuple(t for t in chosen if not t.startswith("quantize-gguf-"))
+            files = [t for t in chosen if t.startswith("quantize-gguf-")]
             try:
+                for gguf in registry.build(memory_setting_specs(tuple(files))):  # a file per run: one component
+                    if len(named := gguf.components(target)) != 1:
+                        raise DiffmeterError(
+                            f"a GGUF file holds one component's weights, and {entry.name} has {len(named)} denoisers "
+                            f"({', '.join(named)}), while bench takes one --weights file"
+                        )
                 registry.check(registry.build(memory_setting_specs(checked)), target)
             except MissingPackage:
                 pass
