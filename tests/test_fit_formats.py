@@ -297,3 +297,17 @@ def test_each_fit_row_names_the_bench_options_that_run_it(cli, monkeypatch, tmp_
         assert sorted(map(key, found)) == sorted(map(key, expected)), row
     assert rows[-1]["bench"] == "--offload model --quantize gguf:Q4_K_S --weights FILE.gguf --vae-tiling"
     assert any("--opt compile" in row["bench"] for row in rows) and any("bnb:nf4" in row["bench"] for row in rows)
+
+
+def test_a_gguf_type_without_a_listed_published_file_is_said():
+    """fit offered Qwen-Image's gguf:Q8_0 and Q5_K_S and pointed to `diffmeter models qwen-image`, which lists
+    neither (a new user's trial); FLUX.1-dev's Q8_0 is listed, so nothing is said for it."""
+    from diffmeter.catalog.quantized_files import files_of
+    from diffmeter.report.memory_table import unlisted_gguf
+
+    rows = [(("offload-model", technique("gguf", "Q8_0")), 0, None), ((technique("gguf", "Q4_K_S"),), 0, None)]
+    listed = {f.quant_type for f in files_of("qwen-image") if f.format == "gguf"}
+    assert "Q4_K_S" in listed and "Q8_0" not in listed  # the catalog's own list, as `models qwen-image` shows it
+    said = unlisted_gguf("qwen-image", rows)
+    assert "the catalog lists none of type Q8_0:" in said and "Q4_K_S" not in said
+    assert unlisted_gguf("flux-dev", rows) == ""

@@ -302,6 +302,7 @@ def fit(
         len(rows),
         skips,
         held_out_claims(plain, [chosen for chosen, _, _ in shown if expected.get(chosen)]) if expected else None,
+        catalog_name=entry.name,
     )
     if expected and plain.power_limit:
         table.caption += f"\nOn the {target.name}, {plain.power_limit}."

@@ -127,6 +127,7 @@ def fit_table(
     fitting: int | None = None,
     skips: dict | None = None,
     claims: list[str] | None = None,
+    catalog_name: str = "",
 ) -> FittedTable:
     """The settings that fit once ``held_back`` bytes are kept for CUDA, with their lower bounds of time (no column
     where none has one), ranked by time where known, else in ``predict.techniques.settings``' order, and ``untimed``:
@@ -135,7 +136,8 @@ def fit_table(
     pipeline's (``runs.fitting.time_note``), its expected range (the rows ranked by it) and why a row has none
     (``unranked``); ``fitting``: how many settings fit (``rows`` may be the first of them); ``skips``: a cached
     setting's skipped calls (``CacheSkip``), said once per cache shown; ``claims``: the held-out figure of each
-    expected range shown (``runs.fitting.held_out_claims``)."""
+    expected range shown (``runs.fitting.held_out_claims``); ``catalog_name``: the model as resolved, whose listed
+    published files a GGUF row is checked against."""
     qualities, notes, expected, unranked = per_row
 
     some = any(time is not None for _, _, time in rows)  # no time at all: no column for it
@@ -249,7 +251,7 @@ def fit_table(
             "checked."
         )
     if any(t.startswith("quantize-gguf-") for chosen, _, _ in rows for t in chosen):
-        lines.append(GGUF_LINE)
+        lines.append(GGUF_LINE + (unlisted_gguf(catalog_name, rows) if catalog_name else ""))
     if untimed:
         lines.append(f"No time: {escape(untimed)}.")
     if refused:
@@ -258,6 +260,24 @@ def fit_table(
         lines.append(f"Memory: {escape(prediction.checked)}.")
     table.caption = " ".join(lines)
     return table
+
+
+def unlisted_gguf(model: str, rows) -> str:
+    """The GGUF types offered for which the catalog lists no published file of ``model`` (a new user's trial: fit
+    offered Qwen-Image's gguf:Q8_0, which ``diffmeter models qwen-image`` does not list), as a sentence, or ""."""
+    from diffmeter.catalog import resolve
+    from diffmeter.catalog.quantized_files import files_of
+
+    listed = {found.quant_type for found in files_of(resolve(model).name) if found.format == "gguf"}
+    prefix = "quantize-gguf-"
+    offered = {t.removeprefix(prefix) for chosen, _, _ in rows for t in chosen if t.startswith(prefix)}
+    missing = sorted(offered - listed)
+    if not missing:
+        return ""
+    return (
+        f" Of {model}'s published files the catalog lists none of type {', '.join(missing)}: bench needs one "
+        "(--weights), made with city96's tools or found elsewhere."
+    )
 
 
 def setting_text(chosen: tuple[str, ...]) -> str:
