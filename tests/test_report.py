@@ -12,9 +12,11 @@ from browser import browser_tools
 
 from diffmeter.flops.profile import profile
 from diffmeter.optimize.options import parse_opt
+from diffmeter.runs import speedups
 from diffmeter.runs.ladder import climb, plan
 from diffmeter.runs.lifecycle import bench
 from diffmeter.runs.spec import BenchSpec
+from diffmeter.runs.storage import read_result
 
 #: a study of real tiny runs behind most tests here (a minute and a half on 2 cores): the module with the slow part
 pytestmark = pytest.mark.slow
@@ -199,8 +201,15 @@ def test_compare_a_cache_that_skips_steps_is_faster(cli, study):
     assert code == 0, err
     (pair,) = json.loads(out)["pairs"]
     stages = {stage["stage"]: stage for stage in pair["stages"]}
-    assert stages["call"]["verdict"] == stages["denoising"]["verdict"] == "faster"
-    assert stages["denoising"]["ci_low"] > 1.5 and stages["denoising"]["ci_level"] >= 0.95
+    assert stages["denoising"]["ci_level"] >= 0.95
+    # a cache changes the denoiser alone: where this busy machine moved the stages it leaves alone between the two
+    # runs, the rule widens every interval by that and may say "within noise" (runs.speedups.machine_drift)
+    drift = speedups.machine_drift(read_result(baseline), read_result(cached))
+    if drift is None:
+        assert stages["call"]["verdict"] == stages["denoising"]["verdict"] == "faster"
+        assert stages["denoising"]["ci_low"] > 1.5
+    else:
+        assert drift.note in pair["noise"] and stages["denoising"]["ci_high"] >= stages["denoising"]["speedup"]
     assert pair["differences"] == ["optimizations: none -> deep-cache-cache_interval=5"]
     assert pair["quality"]["identical"] < len(pair["quality"]["images"]) == FAST["iterations"]  # lossy
     assert pair["memory_kind"] == "rss" and pair["b_peak_memory_bytes"] > 0

@@ -304,6 +304,10 @@ def test_a_cache_whose_untouched_stages_slowed_says_the_machine_changed(tmp_path
     plain = estimate(speedups.per_image(baseline), speedups.per_image(slowed))
     assert drift.note in found.notes and plain.verdict == "slower" and found.verdict == "within noise"
     assert (found.low, found.high) == (pytest.approx(plain.low), pytest.approx(plain.high * 5.0))
+    from diffmeter.runs.compare import compare_runs
+
+    compared = compare_runs(baseline, slowed, "A", "B", images=False)  # compare says why its intervals are wide
+    assert compared.noise[-1] == drift.note and {stage.verdict for stage in compared.stages} == {"within noise"}
     loop_only = [
         it.model_copy(update={"stages": it.stages.model_copy(update={"denoising_s": it.stages.denoising_s * 5})})
         for it in baseline.iterations

@@ -174,7 +174,9 @@ def compare_runs(
         energy_kind=energy_kind,
         quality=quality,
         notes=notes,
-        noise=[f"A: {note}" for note in speedups.noise_notes(a)] + [f"B: {note}" for note in speedups.noise_notes(b)],
+        noise=[f"A: {note}" for note in speedups.noise_notes(a)]
+        + [f"B: {note}" for note in speedups.noise_notes(b)]
+        + ([drift.note] if (drift := speedups.machine_drift(a, b)) else []),  # it widened every interval above
     )
 
 
