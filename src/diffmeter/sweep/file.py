@@ -118,10 +118,16 @@ def check_options(sweep: SweepFile, where: str) -> None:
                 _check_value(where, place, key, one)
 
 
+#: bench options whose own validator turns what a file writes into their type (image sizes as "40x24")
+_CONVERTED = {
+    name for found in BenchSpec.__pydantic_decorators__.field_validators.values() for name in found.info.fields
+}
+
+
 def _check_value(where: str, place: str, key: str, value: Any) -> None:
     """``value`` has the type of bench's option ``key`` (a sweep's own keys, size and optimizations, apart)."""
-    if key in SPECIAL_AXES or (key == "batch_size" and value == AUTO):
-        return
+    if key in SPECIAL_AXES or key in _CONVERTED or (key == "batch_size" and value == AUTO):
+        return  # a field its own validator reads ("40x24" image sizes): checked as the cell's spec is built
     try:
         TypeAdapter(BenchSpec.model_fields[key].annotation).validate_python(value)
     except ValidationError as error:
