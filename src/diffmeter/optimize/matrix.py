@@ -25,6 +25,9 @@ class Compatibility(BaseModel):
     reason: str | None = None
     #: in a family's row, the family's models it applies to where that is not all of them (``family_compatibility``)
     models: list[str] = []
+    #: a backend that reads the user's pre-quantized file or folder (``--weights``): without one, whether it applies is
+    #: not known (GGUF, BFL, Nunchaku, AutoRound)
+    needs_weights: bool = False
 
 
 def compatibility(entry: PipelineEntry, device: torch.device, dtype: str | None = None) -> list[Compatibility]:
@@ -46,9 +49,18 @@ def compatibility(entry: PipelineEntry, device: torch.device, dtype: str | None 
                 applies=bool(fitting),
                 variants=fitting if len(reasons) > 1 else [],
                 reason=None if fitting else next(iter(reasons.values())),
+                needs_weights=_needs_weights(cls.variants()[0], target),
             )
         )
     return rows
+
+
+def _needs_weights(variant, target: Target) -> bool:
+    """Whether only the user's file is missing to tell: a backend reading one, none given, and able to run on this
+    device (Nunchaku on a CPU is refused there whatever the file)."""
+    if getattr(variant.config, "file", "") is not None:
+        return False
+    return getattr(variant, "cannot_run", lambda target: None)(target) is None
 
 
 def family_compatibility(entries: list[PipelineEntry], device: torch.device) -> list[Compatibility]:

@@ -54,6 +54,9 @@ def matrix_table(title: str, columns: list[str], rows: dict[str, list[Compatibil
             if cell.applies
         ]
         misses = [column for column, cell in zip(columns, cells, strict=True) if not cell.applies]
+        if not fits and all(cell.needs_weights for cell in cells):  # no file here to tell: not "none"
+            table.add_row(name, "[dim]checked with its file (--weights)[/]", "-")
+            continue
         table.add_row(name, ", ".join(fits) or "[dim]none here[/]", ", ".join(misses) or "-")
     return table
 
