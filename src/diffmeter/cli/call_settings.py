@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 #: the asked fields each difference of a bare call stands for (``pipeline_defaults.bare_call_differences``)
-UNSET = {"steps": ("steps",), "size": ("height", "width"), "guidance_scale": ("guidance_scale",)}
-UNSET |= {"num_frames": ("num_frames",)}
+UNSET = {
+    "steps": ("steps",),
+    "size": ("height", "width"),
+    "guidance_scale": ("guidance_scale",),
+    "num_frames": ("num_frames",),
+}
 
 
 def settings_line(spec) -> str | None:

@@ -81,6 +81,7 @@ def print_predicted(
     from diffmeter.optimize import build
     from diffmeter.optimize.options import from_flags
     from diffmeter.predict.attention_kernels import asked_kernel
+    from diffmeter.predict.cache_published import threshold_outside
     from diffmeter.predict.cache_time import CACHES, skipped_line
     from diffmeter.predict.kernel_kinds import of_architecture
     from diffmeter.predict.layerwise_casting import cast_work
@@ -288,7 +289,7 @@ def print_predicted(
             console.print(f"no expected range without {'; '.join(untimed)}", markup=False)
         if time and time.cache:  # a cache: its skipped share, how it was obtained, how well it held
             console.print(skipped_line(time.cache), markup=False)
-            if time.cache.extrapolated and THRESHOLD_OUTSIDE.search(time.cache.extrapolated):
+            if threshold_outside(time.cache.extrapolated):
                 note(
                     f"{time.cache.technique}: the threshold is outside every published run's, so its skipped share "
                     "and expected range are extrapolated: the held-out test below did not cover them"
@@ -307,8 +308,6 @@ def print_predicted(
             )
 
 
-#: how ``predict.cache_published.extrapolated`` says a threshold lies outside the published runs'
-THRESHOLD_OUTSIDE = re.compile(r"threshold \S+ (below|above) the published")
 #: a technique label's compile mode ("compile:mode=max-autotune-no-cudagraphs")
 COMPILE_MODE = re.compile(r"mode=([a-z-]+)")
 #: compile's autotuning modes as the time has them (``compiled_time.CUDA_GRAPH_MODES``): what each shares with a mode

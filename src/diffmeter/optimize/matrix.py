@@ -34,7 +34,8 @@ def compatibility(entry: PipelineEntry, device: torch.device, dtype: str | None 
     target = Target(entry, get_family(entry.family), device, dtype or entry.defaults.dtype, entry.defaults.steps)
     rows = []
     for name, cls in sorted(REGISTRY.items(), key=lambda item: (item[1].kind, item[0])):
-        reasons = {variant.label(): variant.refusal(target)[0] for variant in cls.variants()}
+        variants = cls.variants()
+        reasons = {variant.label(): variant.refusal(target)[0] for variant in variants}
         fitting = [label for label, reason in reasons.items() if reason is None]
         rows.append(
             Compatibility(
@@ -49,7 +50,7 @@ def compatibility(entry: PipelineEntry, device: torch.device, dtype: str | None 
                 applies=bool(fitting),
                 variants=fitting if len(reasons) > 1 else [],
                 reason=None if fitting else next(iter(reasons.values())),
-                needs_weights=_needs_weights(cls.variants()[0], target),
+                needs_weights=_needs_weights(variants[0], target),
             )
         )
     return rows

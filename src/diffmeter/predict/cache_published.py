@@ -6,6 +6,7 @@ benchmarks/published_caches.yaml); the range spans the constants of every publis
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from pathlib import Path
 
@@ -89,6 +90,16 @@ def extrapolated(technique: str, params: dict, rows, spec=None) -> str | None:
         if (spec.height, spec.width) not in sizes:
             outside.append(f"{size_text((spec.height, spec.width))} px, the published {sizes_text(sizes)}")
     return f"skipped share extrapolated: {'; '.join(outside)}" if outside else None
+
+
+#: how ``extrapolated`` says the threshold itself lies outside the published runs' (``threshold_outside`` reads it)
+THRESHOLD_OUTSIDE = re.compile(r"threshold \S+ (below|above) the published")
+
+
+def threshold_outside(said: str | None) -> bool:
+    """Whether an ``extrapolated`` reason says the threshold itself lies outside the published runs' (not only the
+    model, steps or size)."""
+    return bool(said) and THRESHOLD_OUTSIDE.search(said) is not None
 
 
 def published_settings(technique: str, params: dict, rows) -> str:

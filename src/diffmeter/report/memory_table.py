@@ -263,12 +263,12 @@ def fit_table(
 
 
 def unlisted_gguf(model: str, rows) -> str:
-    """The GGUF types offered for which the catalog lists no published file of ``model`` (a new user's trial: fit
+    """The GGUF types offered for which the catalog lists no published file of ``model`` (its catalog name, as
+    ``fit`` resolved it; a new user's trial: fit
     offered Qwen-Image's gguf:Q8_0, which ``diffmeter models qwen-image`` does not list), as a sentence, or ""."""
-    from diffmeter.catalog import resolve
     from diffmeter.catalog.quantized_files import files_of
 
-    listed = {found.quant_type for found in files_of(resolve(model).name) if found.format == "gguf"}
+    listed = {found.quant_type for found in files_of(model) if found.format == "gguf"}
     prefix = "quantize-gguf-"
     offered = {t.removeprefix(prefix) for chosen, _, _ in rows for t in chosen if t.startswith(prefix)}
     missing = sorted(offered - listed)

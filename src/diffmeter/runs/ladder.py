@@ -165,11 +165,9 @@ def climb(
             finished(rung.name, results[-1][1], results[-1][2])
     baseline, baseline_folder = results[0][1], results[0][2]
     base = baseline.summary.latency_s
-    recheck_notes: list[str] = []
-    recheck_s, drift = None, None
+    again, drift = None, None
     if recheck and len([folder for _, _, folder in results if folder]) > 1:
-        recheck_s, drift = _recheck_baseline(rungs[0].spec, base, out, progress)
-        recheck_notes = [drift.note] if drift else []
+        again, drift = _recheck_baseline(rungs[0].spec, base, out, progress)
     rows = []
     for rung, result, folder in results:
         if result is None:
@@ -208,9 +206,9 @@ def climb(
         weights=baseline.weights,
         weights_random=baseline.weights_random,
     )
-    if recheck_s is not None:
-        ladder.baseline_recheck_s, ladder.baseline_recheck_interval_s = recheck_s
-    ladder.notes += recheck_notes + _trust_notes(rows)
+    if again is not None:
+        ladder.baseline_recheck_s, ladder.baseline_recheck_interval_s = again
+    ladder.notes += ([drift.note] if drift else []) + _trust_notes(rows)
     # named by its baseline and its rungs: a ladder of other rungs beside it is another file, not overwritten
     climbed = "-".join(rung.name for rung in rungs[1:])
     storage.write_json(

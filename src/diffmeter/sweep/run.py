@@ -264,12 +264,13 @@ def settle_outcome(
     else:
         why = f"the cell's process exited with code {outcome.code} without a result"
     staged = _staged_log(out, run.name)
-    why += _last_call(staged)
+    logged = staged.read_text(encoding="utf-8", errors="replace") if staged is not None else ""  # read once
+    why += _last_call(logged)
     said = [f"its last output:\n{outcome.tail}"] if outcome.tail.strip() else []
-    if staged is not None and tail(staged):
-        said.append(f"the last lines of its {LOG}:\n{tail(staged)}")
+    if staged is not None and (last_lines := tail(staged)):
+        said.append(f"the last lines of its {LOG}:\n{last_lines}")
     error = f"{why} after {outcome.seconds:.1f} s on {outcome.where}; " + ("\n".join(said) or "it printed nothing")
-    logs = {LOG: staged.read_text(encoding="utf-8", errors="replace")} if staged is not None else None
+    logs = {LOG: logged} if staged is not None else None
     store_failure(run, out, error, logs)
     return rec.FAILED, error
 
@@ -281,14 +282,10 @@ def _staged_log(out: Path, name: str) -> Path | None:
     return logs[-1] if logs else None
 
 
-def _last_call(log: Path | None) -> str:
-    """ " in warm-up call 1 of 1 (torch.compile compiles on it)": the pipeline call the run's log says it started last
-    (``lifecycle.CALL_STARTS``), or "" where it started none (loading, or no log)."""
-    try:
-        lines = log.read_text(encoding="utf-8", errors="replace").splitlines() if log is not None else []
-    except OSError:
-        return ""
-    started = [line.split(CALL_STARTS, 1)[1] for line in lines if CALL_STARTS in line]
+def _last_call(logged: str) -> str:
+    """ " in warm-up call 1 of 1 (torch.compile compiles on it)": the pipeline call the run's log (its text) says it
+    started last (``lifecycle.CALL_STARTS``), or "" where it started none (loading, or no log)."""
+    started = [line.split(CALL_STARTS, 1)[1] for line in logged.splitlines() if CALL_STARTS in line]
     return f" in {started[-1].strip()}" if started else ""
 
 
