@@ -108,12 +108,11 @@ def test_a_format_whose_time_is_modelled_is_timed_as_profile_times_it_and_the_ot
     plain = plain_time(work, prediction, gpu)
     settings = [("offload-model", "quantize-bnb-nf4"), ("offload-model", "quantize-quanto-int4")]
     timed = format_times(work, prediction, spec, gpu, True, settings)
-    assert set(timed) == {"quantize-bnb-nf4"} and timed["quantize-bnb-nf4"].lower_s > plain.lower_s  # dequantizes
+    nf4 = ("quantize-bnb-nf4",)
+    assert set(timed) == {nf4} and timed[nf4].lower_s > plain.lower_s  # dequantizes
     times = lower_times(plain, prediction, gpu, settings, timed)
     link = gpu.host_link_bytes_per_s  # model offload: its transfers added to the format's own bound
-    assert times[settings[0]] == pytest.approx(
-        timed["quantize-bnb-nf4"].lower_s + moved_bytes(prediction, settings[0]) / link
-    )
+    assert times[settings[0]] == pytest.approx(timed[nf4].lower_s + moved_bytes(prediction, settings[0]) / link)
     assert times[settings[1]] == pytest.approx(plain.lower_s + moved_bytes(prediction, settings[1]) / link)
     assert time_note(settings[0], timed) is None and "quanto:int4 not timed" in time_note(settings[1], timed)
 

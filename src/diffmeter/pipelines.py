@@ -22,8 +22,6 @@ from diffmeter.quiet import quiet_libraries
 #: layers the fp8 text-encoder technique keeps in the compute dtype, as its prediction does: T5's feed-forward
 #: casts its input to wo's weight dtype, so wo stays
 FP8_SKIP_MODULES_PATTERN = ("embed", "norm", "shared", r"\.wo$")
-#: text encoders big enough for fp8 storage to matter (T5-XXL, UMT5, Gemma, ...)
-LARGE_TEXT_ENCODERS = ("T5EncoderModel", "UMT5EncoderModel", "Gemma2Model", "Gemma2ForCausalLM", "Qwen2_5_VLModel")
 
 
 def component_class(class_name: str) -> type:

@@ -267,7 +267,7 @@ def print_predicted(
                 markup=False,
             )
         if time and timed_formats:
-            named = [f"{f.backend}:{f.type}" for f in timed_formats]
+            named = list(dict.fromkeys(f"{f.backend}:{f.type}" for f in timed_formats))  # each format once
             compiled = any(t.startswith("compile") for t in time_techniques)
             how = (
                 "compiled (GGUF's and torchao's dequantization fused into inductor's kernels, bitsandbytes' and "

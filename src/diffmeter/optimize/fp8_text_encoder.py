@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict
 
 from diffmeter.optimize.base import Optimization, Target
 from diffmeter.optimize.registry import register
-from diffmeter.pipelines import FP8_SKIP_MODULES_PATTERN, LARGE_TEXT_ENCODERS
+from diffmeter.pipelines import FP8_SKIP_MODULES_PATTERN
+from diffmeter.text_encoders import LARGE_TEXT_ENCODERS
 
 
 class Config(BaseModel):

@@ -13,6 +13,8 @@ from typing import Any
 from diffmeter.errors import DiffmeterError
 from diffmeter.optimize.base import OptimizationSpec
 from diffmeter.optimize.registry import REGISTRY
+from diffmeter.predict.technique_names import format_parts
+from diffmeter.quantization_spec import DENOISER
 from diffmeter.quantization_spec import optimization_specs as quantization_specs
 
 #: which parameter --cache-threshold and --cache-interval set, per cache
@@ -210,8 +212,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 def memory_setting_specs(setting: tuple[str, ...]) -> list[OptimizationSpec]:
     """The techniques of a memory setting as ``predict.techniques`` names them ("offload-model",
-    "quantize-fp8", "vae-tiling" ...), as ``bench`` is asked for them."""
-    specs = []
+    "quantize-fp8", "vae-tiling" ...), as ``bench`` is asked for them: formats of one backend and type on several
+    components as one technique holding them, as ``--quantize`` groups its values."""
+    specs: list[OptimizationSpec | tuple[str, str, list[str]]] = []
     for label in setting:
         if label.startswith("offload-"):
             specs.append(OptimizationSpec(name="offload", params={"mode": label.removeprefix("offload-")}))
@@ -219,9 +222,19 @@ def memory_setting_specs(setting: tuple[str, ...]) -> list[OptimizationSpec]:
             specs.append(OptimizationSpec(name="quantize", params={"weights": label.removeprefix("quantize-")}))
         elif label.startswith("compile-"):  # a compile mode fit offers (runs.fit_speedups): compile-reduce-overhead
             specs.append(OptimizationSpec(name="compile", params={"mode": label.removeprefix("compile-")}))
-        elif label.startswith("quantize-"):  # a --quantize BACKEND:TYPE format on the denoisers (fit_formats)
-            backend, _, kind = label.removeprefix("quantize-").partition("-")
-            specs.append(OptimizationSpec(name=backend, params={"type": kind}))
+        elif label.startswith("quantize-"):  # a --quantize [NAME=]BACKEND:TYPE format (fit_formats)
+            backend, kind, components = format_parts(label)
+            same = next((s for s in specs if isinstance(s, tuple) and s[:2] == (backend, kind)), None)
+            if same is None:
+                specs.append((backend, kind, list(components) or [DENOISER]))
+            else:
+                same[2].extend(components or [DENOISER])
         else:
             specs.append(OptimizationSpec(name=label))
-    return specs
+    return [spec if isinstance(spec, OptimizationSpec) else format_spec(*spec) for spec in specs]
+
+
+def format_spec(backend: str, kind: str, components: list[str]) -> OptimizationSpec:
+    """A backend's type on ``components`` as bench stores it (no component list for the denoisers alone)."""
+    params = {"type": kind} | ({} if components == [DENOISER] else {"components": components})
+    return OptimizationSpec(name=backend, params=params)

@@ -30,7 +30,6 @@ from diffmeter import cache
 from diffmeter.catalog import ComponentEntry, entry_of
 from diffmeter.errors import DiffmeterError
 from diffmeter.families import DENOISER, IMAGE_ENCODER, TEXT_ENCODER, VAE_DECODER, Call, get_family, lora
-from diffmeter.pipelines import LARGE_TEXT_ENCODERS
 from diffmeter.predict.cached import cache_key, cached_memory
 from diffmeter.predict.convolution_copies import CPU, TOTAL, ConvolutionCopies
 from diffmeter.predict.fake_run import fake_run
@@ -55,6 +54,7 @@ from diffmeter.predict.schema import (
 from diffmeter.predict.vae_decode import DECODE_SWITCHES, VAE_MODES, decode_units
 from diffmeter.spec import ProfileSpec
 from diffmeter.stages import VAE_ROLES
+from diffmeter.text_encoders import LARGE_TEXT_ENCODERS
 
 STAGE_OF_ROLE = {
     TEXT_ENCODER: TEXT_ENCODING,

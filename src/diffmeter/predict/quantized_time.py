@@ -104,7 +104,7 @@ def held_out_claim(names: list[str]) -> str:
             f"such a range, midpoint median error {stats['median_error']:.1%}{where if misses else ''}"
         )
 
-    formats = found["formats"]
+    formats, names = found["formats"], list(dict.fromkeys(names))  # one format on several components: said once
     claims = [f"{name}: its published runs {said(formats[name])}" for name in names if name in formats]
     if unpublished := [name for name in names if name not in formats]:  # said once for all of them
         which = "these formats" if len(unpublished) > 1 else "this format"

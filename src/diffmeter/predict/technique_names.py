@@ -10,9 +10,29 @@ from diffmeter.quantization_spec import BACKENDS
 AS_TORCHAO = {"quantize-int8": "int8wo", "quantize-fp8": "float8wo"}
 
 
-def technique(backend: str, kind: str) -> str:
-    """A ``--quantize BACKEND:TYPE`` format's name: ``quantize-gguf-Q4_K_S``."""
-    return f"quantize-{backend}-{kind}"
+#: what joins the components a format is put on to its name (none named: the denoisers), and them to each other
+ON, AND = "@", "+"
+
+
+def technique(backend: str, kind: str, components: tuple[str, ...] = ()) -> str:
+    """A ``--quantize BACKEND:TYPE`` format's name: ``quantize-gguf-Q4_K_S`` on the denoisers,
+    ``quantize-bnb-nf4@text_encoder`` on named components (``fit``'s formats on the large text encoders)."""
+    name = f"quantize-{backend}-{kind}"
+    return f"{name}{ON}{AND.join(components)}" if components else name
+
+
+def format_parts(name: str) -> tuple[str, str, tuple[str, ...]]:
+    """A format's name (``technique``) as (backend, type, the components it names: () for the denoisers)."""
+    base, _, named = name.removeprefix("quantize-").partition(ON)
+    backend, _, kind = base.partition("-")
+    return backend, kind, tuple(named.split(AND)) if named else ()
+
+
+def quantize_values(name: str) -> list[str]:
+    """A format's name as the ``--quantize`` values that ask for it: ``["gguf:Q4_K_S"]``,
+    ``["text_encoder_3=bnb:nf4", "text_encoder_4=bnb:nf4"]``."""
+    backend, kind, components = format_parts(name)
+    return [f"{component}={backend}:{kind}" for component in components] or [f"{backend}:{kind}"]
 
 
 def memory_technique(name: str, params: dict) -> str | None:

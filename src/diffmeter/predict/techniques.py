@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import itertools
 
-from diffmeter.predict.fit_formats import FASTER_MATMULS, offered
+from diffmeter.predict.fit_formats import FASTER_MATMULS, offered, on_encoders
 from diffmeter.predict.in_flight import in_flight_peak
 from diffmeter.predict.memory_checks import TOLERANCE
 from diffmeter.predict.schema import VAE_DECODE, MemoryPrediction
+from diffmeter.predict.technique_names import format_parts
 
 #: fastest first: what each costs in time, as its mechanism says (no roofline yet): quantized weights
 #: dequantize in the matmul (small cost), model offload moves each component once per generation,
@@ -125,22 +126,35 @@ def supported(prediction: MemoryPrediction) -> dict[str, bool]:
 
 
 def settings(prediction: MemoryPrediction, fp8: bool = True) -> list[tuple[str, ...]]:
-    """Every combination of at most one offload, one quantization, one VAE mode and the fp8 text
-    encoder, fastest first (fewer and cheaper techniques first: the order of ``OFFLOADS`` ...);
-    ``fp8``: whether the GPU has FP8 tensor cores (``quantize-fp8`` and the float8 formats need them). The
-    quantizations are the ``--quantize BACKEND:TYPE`` formats the prediction holds (``fit_formats``), else
-    ``QUANTIZATIONS``."""
+    """Every combination of at most one offload, one quantization, one VAE mode and one technique on the large text
+    encoders (fp8 storage or a quantized format), fastest first (fewer and cheaper techniques first: the order of
+    ``OFFLOADS`` ...); ``fp8``: whether the GPU has FP8 tensor cores (``quantize-fp8`` and the float8 formats need
+    them). The quantizations are the ``--quantize BACKEND:TYPE`` formats the prediction holds (``fit_formats``), else
+    ``QUANTIZATIONS``; a backend takes one type in a run, so an encoder format beside another type of its backend on
+    the denoisers is left out."""
     can = supported(prediction)
     text = ("none", "fp8-text-encoder") if can["fp8-text-encoder"] else ("none",)
+    text += on_encoders(prediction)
     vae = tuple(mode for mode in VAE_MODES if mode == "none" or can[mode])
     quantizations = ("none", *offered(prediction, fp8)) if offered(prediction) else QUANTIZATIONS
     quantizations = tuple(q for q in quantizations if fp8 or q != "quantize-fp8")
     found = []
     for offload, quantization, vae_mode, encoder in itertools.product(OFFLOADS, quantizations, vae, text):
+        if not one_type_per_backend(quantization, encoder):
+            continue
         chosen = tuple(t for t in (offload, quantization, vae_mode, encoder) if t != "none")
         cost = (OFFLOADS.index(offload), quantization != "none", len(chosen), quantizations.index(quantization))
         found.append((cost, chosen))
     return [chosen for _, chosen in sorted(found, key=lambda item: item[0])]
+
+
+def one_type_per_backend(quantization: str, encoder: str) -> bool:
+    """Whether a denoiser's format and an encoder's can run together: not one backend at two types (bench's
+    ``--quantize`` takes one type per backend in a run)."""
+    if not (quantization.startswith("quantize-") and encoder.startswith("quantize-")):
+        return True
+    mine, theirs = format_parts(quantization), format_parts(encoder)
+    return mine[0] != theirs[0] or mine[1] == theirs[1]
 
 
 def fitting(

@@ -13,8 +13,9 @@ import math
 from dataclasses import dataclass
 
 from diffmeter.predict.cache_threshold import DEFAULT_THRESHOLD
+from diffmeter.predict.technique_names import format_parts, quantize_values
 from diffmeter.predict.techniques import borderline
-from diffmeter.quantization_spec import BACKENDS
+from diffmeter.quantization_spec import BACKENDS, DENOISER
 
 #: the speed-ups offered, as a setting names them, and the optimization each is (bench's ``--opt NAME:PARAMS``),
 #: its parameters as bench runs it by default (optimize/compile.py's and optimize/first_block_cache.py's Config)
@@ -83,7 +84,6 @@ def bench_flags(chosen: tuple[str, ...]) -> str:
     """A setting as ``bench`` options that run it: ``--offload model --quantize gguf:Q4_K_S --weights FILE.gguf
     --vae-tiling --opt compile:mode=reduce-overhead`` (a GGUF format's published file for FILE); "" for the plain
     pipeline."""
-    from diffmeter.predict.fit_formats import label
 
     def flag(technique: str) -> str:
         if is_speedup(technique):
@@ -91,9 +91,10 @@ def bench_flags(chosen: tuple[str, ...]) -> str:
         if technique in ("quantize-int8", "quantize-fp8"):  # torchao after loading, --quantize's bare names
             return f"--quantize {technique.removeprefix('quantize-')}"
         if technique.startswith("quantize-"):
-            backend = BACKENDS.get(label(technique).partition(":")[0])
+            backend = BACKENDS.get(format_parts(technique)[0])
             pre = backend is not None and backend.single_file  # GGUF: the published file, loaded as users load it
-            return f"--quantize {label(technique)}" + (" --weights FILE.gguf" if pre else "")
+            values = " ".join(f"--quantize {value}" for value in quantize_values(technique))
+            return values + (" --weights FILE.gguf" if pre else "")
         if technique.startswith("offload-"):
             return f"--offload {technique.removeprefix('offload-')}"
         return f"--{technique}"  # vae-tiling, vae-slicing, fp8-text-encoder: bench's flags of the same names
@@ -143,8 +144,8 @@ class SettingWork:
                 if why := why_untimed_format(name):
                     work, why = None, f"{name}: {why}"
                     break
-                backend, _, kind = name.removeprefix("quantize-").partition("-")
-                work = quantized_work(work, self.spec, [Format(backend, kind)])
+                backend, kind, components = format_parts(name)
+                work = quantized_work(work, self.spec, [Format(backend, kind, components or (DENOISER,))])
             self.bases[base] = (work, why)
         work, why = self.bases[base]
         if work is None:

@@ -8,6 +8,8 @@ import re
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.predict.fit_formats import NEEDS_FP8, label
+from diffmeter.predict.technique_names import format_parts
+from diffmeter.quantization_spec import DENOISER
 
 
 def runnable(fits, entry, spec, device: str = "cuda"):
@@ -81,7 +83,7 @@ def plain_time(work, prediction, gpu, outputs: int = 1, tf32: bool = True):
 def lower_times(time, prediction, gpu, settings, formats: dict | None = None) -> dict[tuple[str, ...], float]:
     """Each setting's lower bound of seconds per generation on ``gpu``, from the plain pipeline's ``time``
     (``plain_time``; none without it, or without the GPU's host link for an offloading setting), or from its
-    format's (``formats``: ``format_times``) where that format's time is modelled."""
+    formats' (``formats``: ``format_times``) where their time is modelled."""
     from diffmeter.predict.offload_time import lower_s, moved_bytes
 
     if time is None:
@@ -94,35 +96,40 @@ def lower_times(time, prediction, gpu, settings, formats: dict | None = None) ->
     }
 
 
+def quantized_of(chosen: tuple[str, ...]) -> tuple[str, ...]:
+    """A setting's quantized formats (on the denoisers, on the text encoders), as ``format_times`` keys them."""
+    return tuple(t for t in chosen if t.startswith("quantize-"))
+
+
 def base_time(time, chosen: tuple[str, ...], formats: dict):
-    """The time a setting's compute is predicted from: its format's where modelled, else the plain pipeline's."""
-    return next((formats[t] for t in chosen if t in formats), time)
+    """The time a setting's compute is predicted from: its formats' where modelled, else the plain pipeline's."""
+    return formats.get(quantized_of(chosen), time)
 
 
 def format_times(work, prediction, spec, gpu, tf32: bool, settings) -> dict:
-    """Each format among ``settings`` whose time is modelled (``predict.quantized_time``), as ``profile --gpu
-    --quantize`` predicts it: the plain pipeline's work with the denoisers' quantized layers as the backend runs them
-    (``TimePrediction`` per technique; none without the GPU's figures). Remembered on disk (a meta build each)."""
+    """The formats of each setting among ``settings`` whose time is modelled (``predict.quantized_time``), as
+    ``profile --gpu --quantize`` predicts them: the plain pipeline's work with each named component's quantized layers
+    as the backend runs them (``TimePrediction`` per ``quantized_of`` tuple; none without the GPU's figures).
+    Remembered on disk (a meta build each)."""
     from diffmeter import cache
     from diffmeter.predict.cached import cache_key
     from diffmeter.predict.schema import TimePrediction
 
-    quantized = {t for chosen in settings for t in chosen if t.startswith("quantize-")}
-    names = sorted(t for t in quantized if not why_untimed_format(t))
+    wanted = {quantized_of(chosen) for chosen in settings} - {()}
     found = {}
-    for name in names:
-        key = {"spec": cache_key(spec), "gpu": gpu.model_dump(mode="json"), "tf32": tf32, "format": name}
+    for names in sorted(n for n in wanted if not any(why_untimed_format(t) for t in n)):
+        key = {"spec": cache_key(spec), "gpu": gpu.model_dump(mode="json"), "tf32": tf32, "formats": list(names)}
         stored = cache.load("fit-format-time", key)
         if stored is None:
             from diffmeter.predict.quantized_memory import Format
             from diffmeter.predict.quantized_time import quantized_work
 
-            backend, _, kind = label(name).partition(":")
-            time = plain_time(quantized_work(work, spec, [Format(backend, kind)]), prediction, gpu, tf32=tf32)
+            formats = [Format(b, k, named or (DENOISER,)) for b, k, named in map(format_parts, names)]
+            time = plain_time(quantized_work(work, spec, formats), prediction, gpu, tf32=tf32)
             stored = {"time": time.model_dump(mode="json") if time else None}
             cache.store("fit-format-time", key, stored)
         if stored["time"] is not None:
-            found[name] = TimePrediction.model_validate(stored["time"])
+            found[names] = TimePrediction.model_validate(stored["time"])
     return found
 
 
@@ -133,15 +140,16 @@ def why_untimed_format(name: str) -> str | None:
 
     if name in ("quantize-int8", "quantize-fp8"):
         return "torchao applied after loading is not timed"
-    return why_not_modelled(*label(name).split(":"))
+    return why_not_modelled(*format_parts(name)[:2])
 
 
 def time_note(chosen: tuple[str, ...], timed: dict) -> str | None:
-    """Why a setting's time is the unquantized pipeline's: its quantization's time is not modelled (``timed``: the
-    formats ``format_times`` timed); None where the setting has no such quantization."""
-    untimed = [t for t in chosen if t.startswith("quantize-") and t not in timed]
-    if not untimed:
+    """Why a setting's time is the unquantized pipeline's: a format's time is not modelled, or the GPU lacks a figure
+    (``timed``: ``format_times``' answer); None where the setting has no such quantization."""
+    formats = quantized_of(chosen)
+    if not formats or formats in timed:
         return None
+    untimed = [t for t in formats if why_untimed_format(t)] or formats
     legacy = ("quantize-int8", "quantize-fp8")
     return "; ".join(
         f"{t if t in legacy else label(t)} not timed ({why_untimed_format(t) or 'no time for this GPU'})"
@@ -244,7 +252,8 @@ def held_out_claims(plain, ranged: list[tuple[str, ...]]) -> list[str]:
         claims.append(f"compile: {TECHNIQUES}")
     if "first-block-cache" in used:
         claims.append(f"first-block-cache: {CACHED}")
-    if formats := sorted({label(t) for t in used if t.startswith("quantize-") and not label(t).endswith(":")}):
+    named = {format_parts(t)[:2] for t in used if t.startswith("quantize-")}
+    if formats := sorted(f"{backend}:{kind}" for backend, kind in named if kind):  # not the legacy int8/fp8
         claims.append(held_out_claim(formats))
     claims += [f"{mode}: {rates()[mode]['calibration']}" for mode in sorted(used & set(rates()))]
     return claims
