@@ -40,8 +40,11 @@ def test_fit_offers_compile_and_the_cache_and_ranks_by_expected_time(cli):
     found = {tuple(row["techniques"]): row for row in fits}
     compiled = ("compile",), ("compile-reduce-overhead",)
     speedups = {(), *compiled, ("first-block-cache",), ("compile", "first-block-cache")}
-    fp8dq = "quantize-torchao-float8dq-row"  # fp8 matmuls on an H100's FP8 tensor cores: ranked, not dropped
-    assert set(found) == speedups | {(fp8dq, *chosen) for chosen in speedups}
+    # fp8 matmuls on an H100's FP8 tensor cores: a memory saving listed only where predicted faster than without
+    fp8dq = "quantize-torchao-float8dq-row"
+    assert speedups <= set(found) <= speedups | {(fp8dq, *chosen) for chosen in speedups}
+    faster = [c[1:] for c in found if c[:1] == (fp8dq,)]
+    assert all(middle(found[(fp8dq, *c)]["expected_s"]) < middle(found[c]["expected_s"]) for c in faster)
     middles = [middle(row["expected_s"]) for row in fits]
     assert middles == sorted(middles) and all(row["not_ranked"] is None for row in fits)
     assert middle(found[("compile",)]["expected_s"]) < middle(found[()]["expected_s"])
@@ -116,7 +119,8 @@ def test_fit_quotes_the_held_out_figure_of_every_range_it_shows_as_profile_does(
     the eager calibration's, compile's and the cache's, in the table and in --json."""
     code, out, err = cli("fit", "tiny-flux", "--gpu", "h100", "--json", "--steps", "2", "--dtype", "bfloat16")
     assert code == 0, err
-    claims = json.loads(out)["held_out"]
+    claims, fits = json.loads(out)["held_out"], json.loads(out)["fits"]
+    fp8dq = any("quantize-torchao-float8dq-row" in row["techniques"] for row in fits)  # shown where it is faster
     code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--steps", "2", "--json", "--opt", "compile")
     eager = json.loads(out)["time"]["calibration"]
     marker = "held out a source at a time"
@@ -124,7 +128,8 @@ def test_fit_quotes_the_held_out_figure_of_every_range_it_shows_as_profile_does(
     # whose fit it is stays beside the figure (an RTX 4070's line read as the figure of all 225 runs)
     assert "published eager runs on hopper GPUs" in eager
     assert claims[0] == f"the eager range (hopper GPUs' fit): {eager[eager.index(marker) :]}"
-    assert [claim.split(": ")[0] for claim in claims[1:]] == ["compile", "first-block-cache", "torchao:float8dq-row"]
+    named = ["compile", "first-block-cache"] + ["torchao:float8dq-row"] * fp8dq
+    assert [claim.split(": ")[0] for claim in claims[1:]] == named
     assert "calibration_techniques.md" in claims[1] and "calibration_caches.md" in claims[2]
     code, out, _ = cli("fit", "tiny-flux", "--gpu", "h100", "--steps", "2")
     said = " ".join(out.split())
@@ -187,7 +192,8 @@ def test_the_fp8_text_encoders_casts_are_timed_and_its_settings_ranked_in_fit_as
     card = f"{(CUDA_HOLDBACK_BYTES + between) / 2**30:.9f}GB,100TFLOPS,1TB/s,arch=hopper,link=64GB/s"
     code, out, err = cli("fit", "tiny-flux", "--steps", "2", "--json", "--gpu-spec", card)
     assert code == 0, err
-    rows = {tuple(r["techniques"]): r for r in json.loads(out)["fits"] if "fp8-text-encoder" in r["techniques"]}
+    fits = json.loads(out)["fits"]  # without offloading: under it the encoder's smaller weights may be faster too
+    rows = {tuple(r["techniques"]): r for r in fits if r["techniques"][:1] == ["fp8-text-encoder"]}
     with_it = ("fp8-text-encoder",)
     assert set(rows) >= {with_it, (*with_it, "compile"), (*with_it, "first-block-cache")}
     assert all(r["expected_s"] and r["not_ranked"] is None for r in rows.values())

@@ -5,6 +5,7 @@ run it; each such row asks bench for what fit predicted; and bench loads it so o
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -22,7 +23,7 @@ from diffmeter.predict.quantized_formats import quantized_bytes
 from diffmeter.predict.technique_names import format_parts
 from diffmeter.predict.techniques import fitting, peak_under, settings
 from diffmeter.quantization_spec import optimization_specs
-from diffmeter.runs.fit_speedups import bench_flags, setting_name
+from diffmeter.runs.fit_speedups import Timed, bench_flags, no_faster, setting_name
 from diffmeter.spec import ProfileSpec
 
 ENCODER = "quantize-bnb-nf4@text_encoder"
@@ -68,7 +69,7 @@ def test_a_backend_runs_at_one_type_and_the_encoder_formats_pair_with_other_back
     ("setting", "values", "specs"),
     [
         (
-            ("offload-model", "quantize-bnb-nf4", "quantize-bnb-nf4@text_encoder_3+text_encoder_4"),
+            ("offload-model", "quantize-bnb-nf4", "quantize-bnb-nf4@text_encoder_3,text_encoder_4"),
             ["bnb:nf4", "text_encoder_3=bnb:nf4", "text_encoder_4=bnb:nf4"],
             [{"type": "nf4", "components": ["denoiser", "text_encoder_3", "text_encoder_4"]}],
         ),
@@ -121,3 +122,19 @@ def test_a_fit_row_with_its_text_encoder_quantized_loads_both_quantized_on_its_o
     }
     assert all(config["bnb_4bit_quant_type"] == "nf4" and config["load_in_4bit"] for _, config in seen.values())
     LEDGER.append((f"fit -> bench ({' + '.join(chosen)}) on tiny-flux2", "placement covered, loader recorded"))
+
+
+def test_under_offloading_a_smaller_format_is_offered_and_kept_only_where_predicted_faster(flux2):
+    """On a 16 GB card FLUX.2-dev fits only offloading layer by layer; NF4 weights then cross the host link in a third
+    of the bytes, so fit offers the format there (``faster``), and keeps a row only where its time beats the row it
+    adds to (``no_faster``): by the lower bound where neither has a range."""
+    usable = named_gpu("RTX 4060 Ti").memory_bytes - CUDA_HOLDBACK_BYTES
+    sequential, nf4 = ("offload-sequential",), ("offload-sequential", "quantize-bnb-nf4")
+    assert nf4 in dict(fitting(flux2, usable, timed=True)) and nf4 not in dict(fitting(flux2, usable))
+    rows = [(sequential, 2, 596.0), (nf4, 2, 465.0), ((*sequential, "vae-tiling"), 1, 600.0)]
+    assert no_faster(rows, {}, usable) == {(*sequential, "vae-tiling")}
+    times = {c: Timed(time=SimpleNamespace(expected_s=e)) for c, e in ((sequential, (4, 9)), (nf4, (5, 9)))}
+    assert no_faster(rows[:2], times, usable) == {nf4}  # by the ranges where both have one
+    assert no_faster(rows[:2], {nf4: times[nf4]}, usable) == set()  # a range against a bound: not compared
+    # the setting it adds to is borderline (within 2% of the card) and it lowers the peak: kept, a real run may not fit
+    assert no_faster([(sequential, usable, 596.0), (nf4, usable // 2, 700.0)], {}, usable) == set()

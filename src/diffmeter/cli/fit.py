@@ -188,6 +188,7 @@ def fit(
         bench_flags,
         graphs_as_default,
         is_speedup,
+        no_faster,
         optimization,
         quicker_borderline,
         ranked,
@@ -239,6 +240,8 @@ def fit(
     lower = {c: found.time.lower_s if found.time else found.lower for c, found in timings.items()} or times
     by_time = any(bound is not None for bound in lower.values())  # else in the settings' order, least offload first
     rows = ranked([(chosen, peak, lower.get(chosen)) for chosen, peak in fits], timings, usable if by_time else None)
+    if speeds:  # a memory saving added where it may be faster (fitting's ``faster``) is kept only where it is
+        rows = [row for row in rows if row[0] not in no_faster(rows, timings, usable)]
     # why a row has no bound, unless only a technique the time leaves out withholds it (``not_ranked`` says which)
     untimed = (
         why_untimed(plain, target, work, tf32, bool(gpu or gpu_spec))

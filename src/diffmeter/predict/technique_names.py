@@ -11,7 +11,7 @@ AS_TORCHAO = {"quantize-int8": "int8wo", "quantize-fp8": "float8wo"}
 
 
 #: what joins the components a format is put on to its name (none named: the denoisers), and them to each other
-ON, AND = "@", "+"
+ON, AND = "@", ","
 
 
 def technique(backend: str, kind: str, components: tuple[str, ...] = ()) -> str:

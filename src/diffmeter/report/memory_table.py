@@ -193,8 +193,9 @@ def fit_table(
         )
     if rows and prediction.peak_bytes > usable:
         lines.append(
-            "A setting that adds a memory saving to one listed (not borderline) is left out: it only costs time "
-            "here; profile --gpu with --quantize BACKEND:TYPE or --offload predicts one."
+            "A setting that adds a memory saving to one listed (not borderline) is left out unless it is predicted "
+            "faster (weights stored smaller crossing the host link under offloading, fp8 matmuls): else it only "
+            "costs time; profile --gpu with --quantize BACKEND:TYPE or --offload predicts one."
         )
     if any(borderline(peak, usable) for _, peak, _ in rows):
         lines.append(

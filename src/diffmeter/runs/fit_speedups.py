@@ -243,3 +243,29 @@ def graphs_as_default(rows: list, times: dict[tuple[str, ...], Timed]) -> list[t
         if twin in found and found[twin][1:] == (peak, lower) and expected[0] == expected[1]:
             same.append(chosen)
     return same
+
+
+def no_faster(rows: list, times: dict[tuple[str, ...], Timed], usable: int) -> set[tuple[str, ...]]:
+    """The settings among ``rows`` ((setting, peak, lower bound) each) that add memory techniques to another row's
+    setting, its speed-ups the same, and are predicted no faster than it: by the expected midpoint where both have
+    one, else by the lower bound where neither has: they only cost time. Kept where the other's peak is within the
+    memory prediction's checked error of ``usable`` (``borderline``) and theirs is lower, and where the two cannot be
+    compared."""
+    dropped = set()
+    for chosen, peak, lower in rows:
+        for kept, kept_peak, kept_lower in rows:
+            added = set(chosen) - set(kept)
+            if not set(kept) < set(chosen) or any(is_speedup(t) for t in added):
+                continue
+            if borderline(kept_peak, usable) and peak < kept_peak:
+                continue
+            mine, theirs = (times[c].midpoint if c in times else None for c in (chosen, kept))
+            if mine is not None and theirs is not None:
+                slower = mine >= theirs
+            else:
+                bounds = mine is None and theirs is None and lower is not None and kept_lower is not None
+                slower = bounds and lower >= kept_lower
+            if slower:
+                dropped.add(chosen)
+                break
+    return dropped
