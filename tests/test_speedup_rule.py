@@ -338,3 +338,18 @@ def test_a_ladders_baseline_measured_again_widens_every_interval_by_its_change()
     assert estimate(baseline, compiled, drift=Drift.of([1.02], "2% slower at the end")).verdict == "faster"
     both = Drift.joined([Drift.of([0.5], "a"), None, Drift.of([1.5], "b")])
     assert (both.low, both.high, both.note) == (0.5, 1.5, "a; b")
+
+
+def test_too_few_calls_read_so_in_every_command(tmp_path, cli):
+    """Two calls against six give an interval short of the 95% asked: the rule said "too few calls" while `compare`
+    and `table`, which rebuilt the figure from its stored columns without the coverage asked, said only "within
+    noise" (a new user's trial)."""
+    _, baseline = bench(BenchSpec(**{**FAST, "iterations": 2}), out=tmp_path)
+    _, candidate = bench(BenchSpec(**FAST, optimizations=[parse_opt("vae-slicing")]), out=tmp_path)
+    expected = speedups.between(storage.read_result(baseline), storage.read_result(candidate))
+    assert expected.short and expected.coverage == pytest.approx(1 - 2 / 28) and "too few calls" in expected.text()
+    said = f"within noise: too few calls ({expected.interval_text()})"
+    code, text, err = cli("compare", baseline, candidate)
+    assert code == 0 and said in _plain(text), err
+    code, _, err = cli("report", tmp_path, "--out", tmp_path / "report.html")  # the table's rows, as report shows them
+    assert code == 0 and said in (tmp_path / "report.html").read_text(), err

@@ -75,8 +75,8 @@ class Speedup(BaseModel):
     verdict: Verdict
     #: why either run's timings are noisy ("baseline: noisy: ..."); empty for two quiet runs
     notes: list[str] = []
-    #: the coverage asked of the interval: below it, no verdict but "within noise"; None in figures read back from a
-    #: table's columns, which keep the verdict found
+    #: the coverage asked of the interval: below it, no verdict but "within noise"; None where it is not known (a
+    #: figure stored before it was), whose verdict is kept as found
     asked: float | None = None
 
     @property

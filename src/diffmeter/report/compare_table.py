@@ -60,6 +60,7 @@ def pair_table(pair: RunComparison) -> Group:
             coverage=stage.ci_level,
             verdict=stage.verdict,
             notes=pair.noise,
+            asked=stage.ci_asked,
         )
         table.add_row(
             STAGE_NAMES.get(stage.stage, "whole call" if stage.stage == "call" else stage.stage),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from diffmeter.measure.speedup import Speedup, factor_text
+from diffmeter.measure.speedup import Criteria, Speedup, factor_text
 from diffmeter.runs.collect import NOTES_JOINER
 from diffmeter.runs.parallel_records import superlinear
 
@@ -26,6 +26,7 @@ def row_speedup(row: dict[str, Any]) -> Speedup | None:
         coverage=row["speedup_coverage"],
         verdict=row["speedup_verdict"],
         notes=notes,
+        asked=Criteria().confidence,  # the coverage runs.collect asks of every row's (speedups.between's default)
     )
 
 

@@ -39,6 +39,8 @@ class StageComparison(BaseModel):
     #: the probability the interval covers the true ratio (below the asked 95% with few calls)
     ci_level: float
     verdict: Verdict
+    #: the coverage asked (--confidence): below it no verdict, "within noise: too few calls"
+    ci_asked: float | None = None
 
 
 class RunComparison(BaseModel):
@@ -201,6 +203,7 @@ def _stage(a: BenchResult, b: BenchResult, name: str, criteria: Criteria) -> Sta
         ci_high=found.high,
         ci_level=found.coverage,
         verdict=found.verdict,
+        ci_asked=found.asked,
     )
 
 
