@@ -285,6 +285,9 @@ def test_a_word_of_one_cards_name_is_that_card():
     # one cut inside a model number is said (a new user's typos "rtx 409" and "b20" passed without a word)
     assert other_cards("rtx 409") == "--gpu rtx 409 is read as the RTX 4090, whose name it starts: name the card whole"
     assert "read as the B200" in other_cards("b20") and other_cards("l40") is None and other_cards("rtx 4090") is None
+    # a bare family word names every card it holds, the Ti and Super ones too (a new user's trial: five were missing)
+    assert all(f" {card}," in other_cards("rtx") for card in ("RTX 4070 Ti", "RTX 4070 Ti Super", "RTX 4060 Ti 16GB"))
+    assert other_cards("rtx 4070") is None  # the card of that name: its Ti is another card
 
 
 @pytest.mark.parametrize(

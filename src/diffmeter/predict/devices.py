@@ -49,8 +49,7 @@ class Device(BaseModel):
     architecture: str | None = None
     #: the L2 cache, bytes (``data/gpu_cache.json``, each cited; whitepaper MB as 2^20 bytes)
     l2_bytes: int | None = None
-    #: the card's TDP (maximum board power), watts (``data/gpu_power.json``, each cited): what the energy
-    #: prediction's calibrated share of it applies to
+    #: the card's TDP (board power), watts (``data/gpu_power.json``, cited): what the energy prediction's share is of
     tdp_w: float | None = None
 
     @property
@@ -381,13 +380,14 @@ def spec_gpu(text: str) -> Device:
 
 
 def other_cards(name: str | None) -> str | None:
-    """What a short ``--gpu`` name left out ("a100": three more A100s), or that one cut inside a model number ("rtx
-    409") was read as the card it starts; None where its words name one row."""
+    """What a short ``--gpu`` name left out ("a100": three more A100s; "rtx": every RTX, Ti and Super ones too), or
+    that one cut inside a model number ("rtx 409") was read as the card it starts; None where its words name one row."""
     rows = [] if not name or is_this_cpu(name) else [row.name for row in _matching(name)]
     if len(rows) < 2:  # a model number cut short: a word of the card's name goes on with a digit
         last = (tokens(name or "") or [""])[-1]
         cut = rows and any(w.startswith(last) and w[len(last) : len(last) + 1].isdigit() for w in tokens(rows[0]))
         return f"--gpu {name} is read as the {rows[0]}, whose name it starts: name the card whole" if cut else None
+    rows += [row.name for row in PEAKS if row.name not in rows and all(_holds(row, w) for w in tokens(name))]
     return f"--gpu {name} is the {rows[0]}; the table also has the {', '.join(rows[1:])}: name one for another card"
 
 
