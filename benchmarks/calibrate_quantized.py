@@ -30,7 +30,8 @@ from published_tables import left_out_lines
 from diffmeter.predict.fit_holdout import HeldOut, summary
 from diffmeter.predict.fit_published import PublishedRun, fit
 from diffmeter.predict.quantized_memory import Format
-from diffmeter.predict.quantized_time import HELD_OUT, quantized_work, why_not_modelled
+from diffmeter.predict.quantized_modelled import HELD_OUT, why_not_modelled
+from diffmeter.predict.quantized_work import quantized_work
 from diffmeter.spec import ProfileSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -170,7 +171,7 @@ def figures(held: list[HeldOut]) -> dict:
 
 
 def write_claims(held: list[tuple[str, HeldOut]], when: str) -> None:
-    """Each format's held-out figures and all quantized runs' into the shipped data (``quantized_time.HELD_OUT``)."""
+    """Each format's held-out figures and all quantized runs' into the shipped data (``quantized_modelled``)."""
     quantized = [(name, h) for name, h in held if not name.startswith("unquantized")]
     found = {
         "written_by": f"benchmarks/calibrate_quantized.py, {when}",

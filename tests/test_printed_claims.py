@@ -8,8 +8,8 @@ import json
 import re
 from pathlib import Path
 
-from diffmeter.predict.quantized_time import HELD_OUT as QUANTIZED
-from diffmeter.predict.quantized_time import held_out_claim
+from diffmeter.predict.quantized_modelled import HELD_OUT as QUANTIZED
+from diffmeter.predict.quantized_modelled import held_out_claim
 from diffmeter.predict.timed_techniques import HELD_OUT as TECHNIQUES
 
 RESULTS = Path(__file__).parents[1] / "benchmarks" / "results"

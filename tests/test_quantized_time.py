@@ -16,6 +16,7 @@ import torch
 
 from diffmeter.predict.operators import operator_work
 from diffmeter.predict.quantized_memory import Format
+from diffmeter.predict.quantized_modelled import why_not_modelled
 from diffmeter.predict.quantized_time import (
     SYNC,
     DequantizeTally,
@@ -24,10 +25,8 @@ from diffmeter.predict.quantized_time import (
     gguf_dequantize,
     layer_ops,
     narrow_bytes,
-    quantized_layers,
-    quantized_work,
-    why_not_modelled,
 )
+from diffmeter.predict.quantized_work import quantized_layers, quantized_work
 from diffmeter.spec import ProfileSpec
 
 K, N, T, DTYPE = 256, 512, 64, torch.bfloat16

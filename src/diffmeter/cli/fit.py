@@ -241,7 +241,8 @@ def fit(
     by_time = any(bound is not None for bound in lower.values())  # else in the settings' order, least offload first
     rows = ranked([(chosen, peak, lower.get(chosen)) for chosen, peak in fits], timings, usable if by_time else None)
     if speeds:  # a memory saving added where it may be faster (fitting's ``faster``) is kept only where it is
-        rows = [row for row in rows if row[0] not in no_faster(rows, timings, usable)]
+        slower = no_faster(rows, timings, usable)
+        rows = [row for row in rows if row[0] not in slower]
     # why a row has no bound, unless only a technique the time leaves out withholds it (``not_ranked`` says which)
     untimed = (
         why_untimed(plain, target, work, tf32, bool(gpu or gpu_spec))

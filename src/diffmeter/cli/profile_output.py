@@ -90,7 +90,8 @@ def print_predicted(
     from diffmeter.predict.operators import operator_work, predict_memory_and_work
     from diffmeter.predict.predicted_profile import with_prediction
     from diffmeter.predict.quantized_memory import Format, split_values, with_formats
-    from diffmeter.predict.quantized_time import held_out_claim, needs_fp8, quantized_work, why_not_modelled
+    from diffmeter.predict.quantized_modelled import held_out_claim, needs_fp8, why_not_modelled
+    from diffmeter.predict.quantized_work import quantized_work
     from diffmeter.predict.roofline import bench_fp32_math, missing_figures, predict_time
     from diffmeter.predict.technique_names import AS_TORCHAO, memory_technique
     from diffmeter.predict.techniques import peak_under, short_of, stage_peaks_under
@@ -355,7 +356,7 @@ def refuse_inapplicable(built: list, specs, results, formats=(), on_cpu: bool = 
 def untimed_format(technique: str, formats) -> str:
     """Why a memory technique's time is not modelled: a ``--quantize BACKEND:TYPE`` format's own reason (on this
     CPU none is timed), else none has been modelled."""
-    from diffmeter.predict.quantized_time import why_not_modelled
+    from diffmeter.predict.quantized_modelled import why_not_modelled
 
     found = next((f for f in formats if f.technique == technique), None)
     if found is None:

@@ -49,22 +49,23 @@ def with_fit_formats(prediction: MemoryPrediction, spec, kernels: str | None = N
     one the pipeline's layers cannot take (``quantized_formats`` raises: SDNQ on a transformers model) is left out;
     ``kernels``: the device they run on (``quantized_kernels``; None: ``with_formats``' default)."""
     from diffmeter.catalog import entry_of
-    from diffmeter.families import get_family
-    from diffmeter.text_encoders import quantizable_text_encoders
 
-    entry = entry_of(spec)
-    encoders = tuple(quantizable_text_encoders(entry, get_family(entry.family)))
     key = {
-        "entry": entry.model_dump(mode="json"),
+        "entry": entry_of(spec).model_dump(mode="json"),  # which encoders are large: its classes (text_encoders.py)
         "dtype": spec.dtype,
         "component_dtypes": sorted(spec.component_dtypes),  # (name, dtype) pairs (ProfileSpec)
         "formats": [technique(*found) for found in FIT_FORMATS],
-        "encoder_formats": [technique(*found, encoders) for found in ENCODER_FORMATS] if encoders else [],
+        "encoder_formats": [technique(*found) for found in ENCODER_FORMATS],
         "on_cuda": prediction.on_cuda,
         "kernels": kernels,
     }
     stored = cache.load("fit-formats", key)
-    if stored is None:
+    if stored is None:  # the families, and with them torch, imported only here: a cached fit loads no library
+        from diffmeter.families import get_family
+        from diffmeter.text_encoders import quantizable_text_encoders
+
+        entry = entry_of(spec)
+        encoders = tuple(quantizable_text_encoders(entry, get_family(entry.family)))
         stored = _computed(prediction, spec, kernels, encoders)
         cache.store("fit-formats", key, stored)
     return prediction.model_copy(

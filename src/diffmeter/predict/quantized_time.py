@@ -48,85 +48,17 @@ torchao int4 and quanto int4 (packed int4 kernels whose eager speed the publishe
 from __future__ import annotations
 
 import functools
-import json
-from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch.utils._pytree import tree_leaves
 
-from diffmeter.errors import DiffmeterError
-from diffmeter.families import get_family
 from diffmeter.flops.kinds import kind_of
 from diffmeter.predict.operators import NO_TRAFFIC_KEY, OperatorTally, moves_nothing, tensor_bytes
-from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork
-from diffmeter.quantization_spec import DENOISER
 
-#: the types whose time is modelled, per backend
-MODELLED = {
-    "gguf": None,  # every block type (BF16 and F16 tensors are whole: no change)
-    "bnb": ("nf4", "fp4"),
-    "quanto": ("int8", "float8"),
-    "torchao": ("int8wo", "float8wo", "float8dq-tensor", "float8dq-row"),
-}
-INT4 = (
-    "its packed int4 kernels run far from any bound in eager mode: FLUX.1-dev on an H100, 109 s against 12 s in "
-    "bfloat16 (benchmarks/published_quantized.yaml)"
-)
-#: why a type's time is not modelled
-NOT_MODELLED = {
-    "bnb": "LLM.int8() splits outlier columns by their values at run time",
-    "torchao": INT4,
-    "quanto": INT4,
-    "sdnq": "no published quantized latency to check it on",
-}
 FP8 = "float8_e4m3fn"
 #: bitsandbytes' stored NF4/FP4 code table (``quantized_layouts.bnb_bytes``), which ``dequantize_4bit`` does not read
 BNB_CODE = 16 * 4
-
-#: what the held-out test of these formats found, per format and for all (benchmarks/calibrate_quantized.py writes
-#: it beside benchmarks/results/calibration_quantized.md): the claim printed beside a quantized time
-HELD_OUT = Path(__file__).parent / "data" / "quantized_held_out.json"
-
-
-def held_out_claim(names: list[str]) -> str:
-    """The held-out figure of each quantized format in ``names`` ("gguf:Q4_K_S"): its own published eager runs'
-    where there are any, else that there are none (benchmarks/calibrate_quantized.py leaves compiled runs out:
-    torchao:float8dq-row's published runs are all compiled), with every eager quantized run's."""
-    found = json.loads(HELD_OUT.read_text())
-
-    def said(stats: dict) -> str:
-        misses = stats["runs"] - stats["inside"]
-        where = f"; the misses predicted too fast {stats['too_fast']}, too slow {misses - stats['too_fast']}"
-        return (
-            f"held out by source, {stats['inside']} of {stats['runs']} ({stats['inside'] / stats['runs']:.0%}) inside "
-            f"such a range, midpoint median error {stats['median_error']:.1%}{where if misses else ''}"
-        )
-
-    formats, names = found["formats"], list(dict.fromkeys(names))  # one format on several components: said once
-    claims = [f"{name}: its published runs {said(formats[name])}" for name in names if name in formats]
-    if unpublished := [name for name in names if name not in formats]:  # said once for all of them
-        which = "these formats" if len(unpublished) > 1 else "this format"
-        claims.append(
-            f"{', '.join(unpublished)}: no published eager run of {which} (the test takes eager runs only: no "
-            f"compiled quantized run is held out); all {found['all']['runs']} published eager quantized runs: "
-            f"{said(found['all'])}"
-        )
-    return "; ".join(claims) + " (benchmarks/results/calibration_quantized.md)"
-
-
-def why_not_modelled(backend: str, kind: str) -> str | None:
-    """Why the time of ``backend``:``kind`` is not modelled, or None where it is."""
-    types = MODELLED.get(backend, ())
-    if backend in MODELLED and (types is None or kind in types):
-        return None
-    return NOT_MODELLED.get(backend, "not modelled")
-
-
-def needs_fp8(backend: str, kind: str) -> bool:
-    """Whether the type runs its matmuls on FP8 tensor cores (CUDA, compute capability 8.9 and up)."""
-    return backend == "torchao" and kind.startswith("float8dq")
 
 
 @dataclass(frozen=True)
@@ -276,26 +208,6 @@ def gguf_dequantize(kind: str, k: int, n: int, dtype: str) -> Dequantized:
     return Dequantized((*ops, *[SYNC] * tally.syncs), counted["dispatched"], tally.syncs, counted["fused_bytes"])
 
 
-def quantized_layers(module: torch.nn.Module, backend: str, kind: str, dtype: torch.dtype) -> dict[tuple, list]:
-    """Per (in, out features, bias) of ``module``'s ``nn.Linear`` layers: a ``Layer`` per quantized one, None per
-    one the backend leaves whole (``quantized_formats.stored_tensors``)."""
-    from diffmeter.predict.quantized_formats import gguf_file_types, stored_tensors
-
-    stored = {t.name: t for t in stored_tensors(module, backend, kind, dtype)}
-    types = gguf_file_types(module, kind) if backend == "gguf" else {}
-    found = defaultdict(list)
-    for name, linear in module.named_modules():
-        if not isinstance(linear, torch.nn.Linear):
-            continue
-        weight = stored.get(f"{name}.weight" if name else "weight")
-        key = (linear.in_features, linear.out_features, linear.bias is not None)
-        if weight is None or not weight.quantized:
-            found[key].append(None)
-            continue
-        found[key].append(Layer(*key, weight.bytes, types.get(weight.name)))
-    return dict(found)
-
-
 def added_dispatches(backend: str, layer: Layer, ops: list[Op], s: int) -> int:
     """The operators the host dispatches per call of ``layer`` beyond the matmul it replaces: GGUF's as counted
     (views, the shift tables' copies), the other backends' one per operator."""
@@ -325,76 +237,3 @@ def fused_dequantize(backend: str, kind: str, layer: Layer, ops: list[Op], s: in
         before = ops[: [op[0] for op in ops].index("matmul")]
         return sum(op[2] for op in before), len(before)
     return 0, 0
-
-
-def match(group: OperatorGroup, s: int, shapes) -> tuple[tuple, int] | None:
-    """The (in, out, bias) of the linear layers a matmul ``group`` is, and their tokens, where its FLOPs and bytes
-    are exactly such a layer's (2.T.K.N FLOPs; s.(T.K + K.N + T.N + bias N) bytes)."""
-    if group.kind != "matmul" or group.scores:
-        return None
-    for key in shapes:
-        k, n, bias = key
-        tokens, rest = divmod(group.flops, 2 * k * n)
-        if tokens and not rest and group.bytes == s * (tokens * k + k * n + tokens * n + bias * n):
-            return key, tokens
-    return None
-
-
-def rewrite_call(call: CallWork, backend: str, kind: str, layers: dict[tuple, list], s: int) -> CallWork:
-    """``call`` with each matmul group of quantized layers replaced by their operators (their share of the group's
-    calls: the layers of that shape the backend quantizes, each type of a GGUF mix in proportion), its fused chains
-    with what their dequantization adds compiled (``fused_dequantize``)."""
-    operators, extra, fused, kernels = [], 0, 0, 0
-    for group in call.operators:
-        found = match(group, s, layers) if group.dtype is None else None
-        if found is None:
-            operators.append(group)
-            continue
-        key, tokens = found
-        kinds = layers[key]
-        shares = defaultdict(int)
-        for layer in kinds:
-            shares[layer] += 1
-        left = group.calls
-        for layer, count in shares.items():
-            if layer is None:
-                continue
-            calls = round(group.calls * count / len(kinds))
-            left -= calls
-            ops = layer_ops(backend, kind, layer, tokens, s)
-            for op_kind, flops, moved, dtype in ops:
-                operators.append(OperatorGroup(kind=op_kind, flops=flops, bytes=moved, calls=calls, dtype=dtype))
-            extra += calls * added_dispatches(backend, layer, ops, s)
-            moved, made = fused_dequantize(backend, kind, layer, ops, s)
-            fused, kernels = fused + calls * moved, kernels + calls * made
-        if left:
-            operators.append(group.model_copy(update={"calls": left}))
-    update = {"operators": operators, "dispatched": call.dispatched + extra}
-    if call.fused_bytes is not None and call.fused_chains is not None:
-        update |= {"fused_bytes": call.fused_bytes + fused, "fused_chains": call.fused_chains + kernels}
-    return call.model_copy(update=update)
-
-
-def quantized_work(work: OperatorWork, spec, formats) -> OperatorWork:
-    """``work`` (of ``spec``) with every modelled format's quantized linear layers as the backend runs them; a format
-    whose time is not modelled raises (``why_not_modelled``)."""
-    from diffmeter.predict.footprints import meta_module
-    from diffmeter.predict.memory import DTYPES, settled_plan
-
-    entry, settled, _ = settled_plan(spec)
-    denoisers = [name for name in get_family(entry.family).denoisers(entry) if name in entry.components]
-    calls = list(work.calls)
-    for found in formats:
-        why = why_not_modelled(found.backend, found.type)
-        if why:
-            raise DiffmeterError(f"--quantize {found.backend}:{found.type}: its time is not modelled ({why})")
-        for name in [n for named in found.components for n in (denoisers if named == DENOISER else [named])]:
-            dtype = DTYPES[settled.dtype_of(name)]
-            layers = quantized_layers(meta_module(entry.components[name], dtype), found.backend, found.type, dtype)
-            calls = [
-                rewrite_call(call, found.backend, found.type, layers, dtype.itemsize)
-                if call.component == name
-                else call
-                for call in calls
-            ]
-    return work.model_copy(update={"calls": calls})

@@ -123,11 +123,8 @@ class SettingWork:
         return self.found[chosen]
 
     def _made(self, chosen: tuple[str, ...]) -> tuple[object | None, str | None]:
-        from diffmeter.predict.quantized_memory import Format
-        from diffmeter.predict.quantized_time import quantized_work
         from diffmeter.predict.timed_techniques import timed_work
         from diffmeter.predict.vae_decode import VAE_MODES
-        from diffmeter.runs.fitting import why_untimed_format
 
         if "fp8-text-encoder" in chosen:  # the setting's work without it, and its layers' casts in each encoder call
             from diffmeter.predict.layerwise_casting import cast_work
@@ -139,19 +136,39 @@ class SettingWork:
         base = tuple(t for t in chosen if t in VAE_MODES or t.startswith("quantize-"))
         if base not in self.bases:  # the work without speed-ups, shared by every speed-up of the setting
             modes = tuple(t for t in base if t in VAE_MODES)
-            work, why = self._decoded(modes) if modes else self.work, None
-            for name in (t for t in base if t.startswith("quantize-")):
-                if why := why_untimed_format(name):
-                    work, why = None, f"{name}: {why}"
-                    break
-                backend, kind, components = format_parts(name)
-                work = quantized_work(work, self.spec, [Format(backend, kind, components or (DENOISER,))])
-            self.bases[base] = (work, why)
+            self.bases[base] = self._base(modes, [t for t in base if t not in modes])
         work, why = self.bases[base]
         if work is None:
             return None, why
         work, _, untimed = timed_work(work, asked(chosen), self.denoisers, self.spec)
         return (None, "; ".join(untimed)) if untimed else (work, None)
+
+    def _base(self, modes: tuple[str, ...], formats: list[str]) -> tuple[object | None, str | None]:
+        """The work with its decode as ``modes`` runs it and each of ``formats``' quantized layers as its backend
+        runs them (remembered on disk: a meta build of each component a format names), or why it has none."""
+        from diffmeter import cache
+        from diffmeter.predict.cached import cache_key
+        from diffmeter.predict.schema import OperatorWork
+        from diffmeter.runs.fitting import why_untimed_format
+
+        for name in formats:
+            if why := why_untimed_format(name):
+                return None, f"{name}: {why}"
+        if not formats:
+            return self._decoded(modes) if modes else self.work, None
+        key = {"spec": cache_key(self.spec), "modes": list(modes), "formats": formats}
+        stored = cache.load("quantized-work", key)
+        if stored is not None:
+            return OperatorWork.model_validate(stored), None
+        from diffmeter.predict.quantized_memory import Format
+        from diffmeter.predict.quantized_work import quantized_work
+
+        work = self._decoded(modes) if modes else self.work
+        for name in formats:
+            backend, kind, components = format_parts(name)
+            work = quantized_work(work, self.spec, [Format(backend, kind, components or (DENOISER,))])
+        cache.store("quantized-work", key, work.model_dump(mode="json"))
+        return work, None
 
     def _decoded(self, modes: tuple[str, ...]):
         """The generation's work with its decode as ``modes`` runs it (a fake run, unless cached on disk)."""

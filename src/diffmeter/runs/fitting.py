@@ -122,7 +122,7 @@ def format_times(work, prediction, spec, gpu, tf32: bool, settings) -> dict:
         stored = cache.load("fit-format-time", key)
         if stored is None:
             from diffmeter.predict.quantized_memory import Format
-            from diffmeter.predict.quantized_time import quantized_work
+            from diffmeter.predict.quantized_work import quantized_work
 
             formats = [Format(b, k, named or (DENOISER,)) for b, k, named in map(format_parts, names)]
             time = plain_time(quantized_work(work, spec, formats), prediction, gpu, tf32=tf32)
@@ -136,7 +136,7 @@ def format_times(work, prediction, spec, gpu, tf32: bool, settings) -> dict:
 def why_untimed_format(name: str) -> str | None:
     """Why a quantization technique's time is not modelled (None: it is); the legacy torchao-after-loading names
     are not."""
-    from diffmeter.predict.quantized_time import why_not_modelled
+    from diffmeter.predict.quantized_modelled import why_not_modelled
 
     if name in ("quantize-int8", "quantize-fp8"):
         return "torchao applied after loading is not timed"
@@ -242,7 +242,7 @@ def held_out_claims(plain, ranged: list[tuple[str, ...]]) -> list[str]:
     the eager calibration's, and each technique's in the settings ``ranged`` (those shown with a range)."""
     from diffmeter.predict.cache_time import HELD_OUT as CACHED
     from diffmeter.predict.offload_time import rates
-    from diffmeter.predict.quantized_time import held_out_claim
+    from diffmeter.predict.quantized_modelled import held_out_claim
     from diffmeter.predict.timed_techniques import HELD_OUT as TECHNIQUES
 
     said = plain.calibration
