@@ -135,6 +135,8 @@ def test_under_offloading_a_smaller_format_is_offered_and_kept_only_where_predic
     assert no_faster(rows, {}, usable) == {(*sequential, "vae-tiling")}
     times = {c: Timed(time=SimpleNamespace(expected_s=e)) for c, e in ((sequential, (4, 9)), (nf4, (5, 9)))}
     assert no_faster(rows[:2], times, usable) == {nf4}  # by the ranges where both have one
-    assert no_faster(rows[:2], {nf4: times[nf4]}, usable) == set()  # a range against a bound: not compared
+    assert no_faster(rows[:2], {nf4: times[nf4]}, usable) == set()  # a range of its own against a bound
+    assert no_faster(rows[:2], {sequential: times[sequential]}, usable) == {nf4}  # no range against one: not faster
+    assert no_faster([(sequential, 2, 596.0), (nf4, 2, None)], {}, usable) == {nf4}  # no time at all
     # the setting it adds to is borderline (within 2% of the card) and it lowers the peak: kept, a real run may not fit
     assert no_faster([(sequential, usable, 596.0), (nf4, usable // 2, 700.0)], {}, usable) == set()

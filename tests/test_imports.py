@@ -115,6 +115,7 @@ LAYERS = (
         "quantized_loading",
         "lora_file",
         "weights",
+        "text_encoders",
     ),
     ("flops",),
     ("predict",),

@@ -51,7 +51,9 @@ TIME_ONLY = (
     "predict/parallel.py",
     "predict/power_limit.py",
     "predict/data/gpu_dies.json",
+    "predict/quantized_modelled.py",
     "predict/quantized_time.py",
+    "predict/quantized_work.py",
     "predict/roofline.py",
     "predict/timed_techniques.py",
 )

@@ -83,19 +83,19 @@ class Speedup(BaseModel):
     def noisy(self) -> bool:
         return bool(self.notes)
 
-    def interval_text(self) -> str:
+    def interval_text(self, compact: bool = False) -> str:
         """The interval as times faster ("0.90-1.20x"), or as times slower for a slower verdict ("1.96-100x"):
         the inverse of each end, low and high swapped, so a factor never reads as a fraction; from one call each,
-        no interval."""
+        no interval; one short of the coverage asked with its coverage and, unless ``compact`` (a table's cell),
+        the calls a run the coverage asked needs."""
         if self.coverage == 0:
             return "one call each: no interval"
         if self.verdict == "slower":
             return f"{factor_text(1 / self.high)}-{factor_text(1 / self.low)}x"
         short = ""
         if self.short:
-            short = (
-                f" at {self.coverage:.0%} coverage; {self.asked:.0%} asked needs {calls_for(self.asked)} calls a run"
-            )
+            short = f" at {self.coverage:.0%} coverage"
+            short += "" if compact else f"; {self.asked:.0%} asked needs {calls_for(self.asked)} calls a run"
         return f"{factor_text(self.low)}-{factor_text(self.high)}x{short}"
 
     @property
@@ -103,13 +103,14 @@ class Speedup(BaseModel):
         """Whether the interval covers less than asked (too few calls for a verdict)."""
         return self.asked is not None and 0 < self.coverage < self.asked
 
-    def text(self) -> str:
+    def text(self, compact: bool = False) -> str:
         """The figure as every table shows it: a factor only where its interval supports one, and a slower
-        candidate's as how many times slower ("11.1x slower (1.96-100x)"), never a fraction."""
+        candidate's as how many times slower ("11.1x slower (1.96-100x)"), never a fraction; ``compact``: a
+        results table's cell (``interval_text``)."""
         mark = " (noisy)" if self.noisy else ""
         if self.verdict == "within noise":
             few = ": too few calls" if self.short else ""  # an interval clear of 1x, but at less than asked
-            return f"within noise{few} ({self.interval_text()}){mark}"
+            return f"within noise{few} ({self.interval_text(compact)}){mark}"
         factor = 1 / self.estimate if self.verdict == "slower" else self.estimate
         return f"{factor_text(factor)}x {self.verdict} ({self.interval_text()}){mark}"
 

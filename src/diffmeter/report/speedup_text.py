@@ -35,7 +35,7 @@ def speedup_cell(row: dict[str, Any]) -> str:
     if row.get("speedup_verdict") == "baseline":
         return "baseline"
     found = row_speedup(row)
-    return found.text() if found is not None else "-"
+    return found.text(compact=True) if found is not None else "-"
 
 
 def noise_lines(rows: list[dict[str, Any]]) -> list[str]:

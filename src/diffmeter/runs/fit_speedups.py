@@ -264,10 +264,10 @@ def graphs_as_default(rows: list, times: dict[tuple[str, ...], Timed]) -> list[t
 
 def no_faster(rows: list, times: dict[tuple[str, ...], Timed], usable: int) -> set[tuple[str, ...]]:
     """The settings among ``rows`` ((setting, peak, lower bound) each) that add memory techniques to another row's
-    setting, its speed-ups the same, and are predicted no faster than it: by the expected midpoint where both have
-    one, else by the lower bound where neither has: they only cost time. Kept where the other's peak is within the
-    memory prediction's checked error of ``usable`` (``borderline``) and theirs is lower, and where the two cannot be
-    compared."""
+    setting, its speed-ups the same, and are not predicted faster than it (by the expected midpoint where the other
+    has one, else by the lower bound; one without the figure is not shown faster): they only cost time. Kept where
+    the other's peak is within the memory prediction's checked error of ``usable`` (``borderline``) and theirs is
+    lower."""
     dropped = set()
     for chosen, peak, lower in rows:
         for kept, kept_peak, kept_lower in rows:
@@ -277,11 +277,12 @@ def no_faster(rows: list, times: dict[tuple[str, ...], Timed], usable: int) -> s
             if borderline(kept_peak, usable) and peak < kept_peak:
                 continue
             mine, theirs = (times[c].midpoint if c in times else None for c in (chosen, kept))
-            if mine is not None and theirs is not None:
-                slower = mine >= theirs
-            else:
-                bounds = mine is None and theirs is None and lower is not None and kept_lower is not None
-                slower = bounds and lower >= kept_lower
+            if theirs is not None:  # a range to beat: without one of its own it is not shown faster
+                slower = mine is None or mine >= theirs
+            elif mine is not None:
+                slower = False
+            else:  # neither has a range: by the lower bounds, and without one it is not shown faster
+                slower = lower is None or (kept_lower is not None and lower >= kept_lower)
             if slower:
                 dropped.add(chosen)
                 break
