@@ -225,7 +225,10 @@ def optimization_specs(values: list[str], weights: str | None = None) -> list[Op
                     f"--quantize {name}:{params['type']} loads a pre-quantized single file: add --weights FILE"
                 )
             params = {**params, "file": weights} if weights is not None else params
-        if components != [DENOISER]:  # the default: the denoisers
-            params = {**params, "components": components}
-        specs.append(OptimizationSpec(name=name, params=params))
+        specs.append(OptimizationSpec(name=name, params=with_components(params, components)))
     return specs
+
+
+def with_components(params: dict, components: list[str]) -> dict:
+    """A backend's parameters with the components it quantizes: none named for the denoisers alone, its default."""
+    return params if components == [DENOISER] else {**params, "components": components}

@@ -21,9 +21,11 @@ LANGUAGE_MODEL_ENCODERS = (
     "Qwen3Model",
     "Qwen3VLForConditionalGeneration",
 )
+#: the text encoders ``fit`` offers a quantized format on
+QUANTIZABLE = (*LARGE_TEXT_ENCODERS, *LANGUAGE_MODEL_ENCODERS)
 
 
-def quantizable_text_encoders(entry, family) -> list[str]:
-    """The names of ``entry``'s text encoders (its ``family``'s) that ``fit`` offers a quantized format on."""
-    classes = (*LARGE_TEXT_ENCODERS, *LANGUAGE_MODEL_ENCODERS)
+def text_encoders_of(entry, family, classes: tuple[str, ...] = LARGE_TEXT_ENCODERS) -> list[str]:
+    """The names of ``entry``'s text encoders (its ``family``'s) of ``classes``: those ``fp8-text-encoder`` stores in
+    float8 by default; with ``QUANTIZABLE``, those ``fit`` offers a quantized format on."""
     return [n for n in family.text_encoders if n in entry.components and entry.components[n].class_name in classes]

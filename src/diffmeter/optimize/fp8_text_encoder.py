@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict
 from diffmeter.optimize.base import Optimization, Target
 from diffmeter.optimize.registry import register
 from diffmeter.pipelines import FP8_SKIP_MODULES_PATTERN
-from diffmeter.text_encoders import LARGE_TEXT_ENCODERS
+from diffmeter.text_encoders import text_encoders_of
 
 
 class Config(BaseModel):
@@ -29,11 +29,7 @@ class FP8TextEncoder(Optimization):
     Config = Config
 
     def encoders(self, target: Target) -> list[str]:
-        return [
-            name
-            for name in target.family.text_encoders
-            if name in target.entry.components and target.entry.components[name].class_name in LARGE_TEXT_ENCODERS
-        ]
+        return text_encoders_of(target.entry, target.family)
 
     def one_byte_components(self, target: Target) -> tuple[str, ...]:
         return tuple(self.encoders(target))

@@ -14,7 +14,7 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.optimize.base import OptimizationSpec
 from diffmeter.optimize.registry import REGISTRY
 from diffmeter.predict.technique_names import format_parts
-from diffmeter.quantization_spec import DENOISER
+from diffmeter.quantization_spec import DENOISER, with_components
 from diffmeter.quantization_spec import optimization_specs as quantization_specs
 
 #: which parameter --cache-threshold and --cache-interval set, per cache
@@ -235,6 +235,5 @@ def memory_setting_specs(setting: tuple[str, ...]) -> list[OptimizationSpec]:
 
 
 def format_spec(backend: str, kind: str, components: list[str]) -> OptimizationSpec:
-    """A backend's type on ``components`` as bench stores it (no component list for the denoisers alone)."""
-    params = {"type": kind} | ({} if components == [DENOISER] else {"components": components})
-    return OptimizationSpec(name=backend, params=params)
+    """A backend's type on ``components`` as bench stores it (``--quantize``'s grouping)."""
+    return OptimizationSpec(name=backend, params=with_components({"type": kind}, components))

@@ -8,7 +8,6 @@ from __future__ import annotations
 from diffmeter import cache
 from diffmeter.predict.schema import MemoryPrediction
 from diffmeter.predict.technique_names import ON, format_parts, quantize_values, technique
-from diffmeter.quantization_spec import DENOISER
 
 #: (backend, type): the common files and configs people run (city96's GGUF files, diffusers' NF4 folders, torchao's
 #: weight-only and fp8 dynamic-activation configs), in the order kept among settings whose times are equal
@@ -50,8 +49,9 @@ def with_fit_formats(prediction: MemoryPrediction, spec, kernels: str | None = N
     ``kernels``: the device they run on (``quantized_kernels``; None: ``with_formats``' default)."""
     from diffmeter.catalog import entry_of
 
+    entry = entry_of(spec)
     key = {
-        "entry": entry_of(spec).model_dump(mode="json"),  # which encoders are large: its classes (text_encoders.py)
+        "entry": entry.model_dump(mode="json"),  # which encoders are large: its classes (text_encoders.py)
         "dtype": spec.dtype,
         "component_dtypes": sorted(spec.component_dtypes),  # (name, dtype) pairs (ProfileSpec)
         "formats": [technique(*found) for found in FIT_FORMATS],
@@ -62,10 +62,9 @@ def with_fit_formats(prediction: MemoryPrediction, spec, kernels: str | None = N
     stored = cache.load("fit-formats", key)
     if stored is None:  # the families, and with them torch, imported only here: a cached fit loads no library
         from diffmeter.families import get_family
-        from diffmeter.text_encoders import quantizable_text_encoders
+        from diffmeter.text_encoders import QUANTIZABLE, text_encoders_of
 
-        entry = entry_of(spec)
-        encoders = tuple(quantizable_text_encoders(entry, get_family(entry.family)))
+        encoders = tuple(text_encoders_of(entry, get_family(entry.family), QUANTIZABLE))
         stored = _computed(prediction, spec, kernels, encoders)
         cache.store("fit-formats", key, stored)
     return prediction.model_copy(
@@ -91,10 +90,9 @@ def _computed(prediction: MemoryPrediction, spec, kernels: str | None, encoders:
                 made = with_formats(prediction, spec, [form], built, kernels)
             except DiffmeterError:
                 continue
-            name = technique(form.backend, form.type, () if form.components == (DENOISER,) else form.components)
-            found["quantized_bytes"][name] = made.quantized_bytes[form.technique]
-            found["dequantized_bytes"][name] = made.dequantized_bytes[form.technique]
-            found["dequantized_layers"][name] = made.dequantized_layers[form.technique]
+            found["quantized_bytes"][form.name] = made.quantized_bytes[form.technique]
+            found["dequantized_bytes"][form.name] = made.dequantized_bytes[form.technique]
+            found["dequantized_layers"][form.name] = made.dequantized_layers[form.technique]
     return found
 
 

@@ -54,7 +54,7 @@ from diffmeter.predict.schema import (
 from diffmeter.predict.vae_decode import DECODE_SWITCHES, VAE_MODES, decode_units
 from diffmeter.spec import ProfileSpec
 from diffmeter.stages import VAE_ROLES
-from diffmeter.text_encoders import LARGE_TEXT_ENCODERS
+from diffmeter.text_encoders import text_encoders_of
 
 STAGE_OF_ROLE = {
     TEXT_ENCODER: TEXT_ENCODING,
@@ -335,11 +335,7 @@ def predict_tracked(
             stages[found.stage] = found
     ordered = [stages[stage] for stage in STAGE_OF_ROLE.values() if stage in stages]
     top = max(ordered, key=lambda s: s.peak_bytes)
-    encoders = [
-        name
-        for name in family.text_encoders
-        if name in entry.components and entry.components[name].class_name in LARGE_TEXT_ENCODERS
-    ]
+    encoders = text_encoders_of(entry, family)
     return MemoryPrediction(
         dtype=spec.dtype,
         on_cuda=on_cuda,

@@ -14,7 +14,7 @@ from diffmeter.predict.kernel_kinds import CPU, SM80
 from diffmeter.predict.memory import DTYPES, settled_plan
 from diffmeter.predict.quantized_formats import checkpoint_types, footprint
 from diffmeter.predict.schema import MemoryPrediction
-from diffmeter.predict.technique_names import technique
+from diffmeter.predict.technique_names import format_parts, technique
 from diffmeter.quantization_spec import BACKENDS, DENOISER, parse
 
 #: the backends whose stored layout is predicted: every one ``--quantize`` takes
@@ -36,6 +36,17 @@ class Format:
     @property
     def technique(self) -> str:
         return technique(self.backend, self.type)
+
+    @property
+    def name(self) -> str:
+        """Its name among ``fit``'s settings: the components it names after the type, none for the denoisers."""
+        return technique(self.backend, self.type, () if self.components == (DENOISER,) else self.components)
+
+    @classmethod
+    def named(cls, name: str) -> Format:
+        """The format a setting's technique ``name`` stands for (``quantize-bnb-nf4@text_encoder``)."""
+        backend, kind, components = format_parts(name)
+        return cls(backend, kind, components or (DENOISER,))
 
 
 def split_values(values) -> tuple[list[str], list[Format]]:

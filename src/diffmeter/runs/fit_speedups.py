@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from diffmeter.predict.cache_threshold import DEFAULT_THRESHOLD
 from diffmeter.predict.technique_names import format_parts, quantize_values
 from diffmeter.predict.techniques import borderline
-from diffmeter.quantization_spec import BACKENDS, DENOISER
+from diffmeter.quantization_spec import BACKENDS
 
 #: the speed-ups offered, as a setting names them, and the optimization each is (bench's ``--opt NAME:PARAMS``),
 #: its parameters as bench runs it by default (optimize/compile.py's and optimize/first_block_cache.py's Config)
@@ -163,10 +163,7 @@ class SettingWork:
         from diffmeter.predict.quantized_memory import Format
         from diffmeter.predict.quantized_work import quantized_work
 
-        work = self._decoded(modes) if modes else self.work
-        for name in formats:
-            backend, kind, components = format_parts(name)
-            work = quantized_work(work, self.spec, [Format(backend, kind, components or (DENOISER,))])
+        work = quantized_work(self._decoded(modes) if modes else self.work, self.spec, list(map(Format.named, formats)))
         cache.store("quantized-work", key, work.model_dump(mode="json"))
         return work, None
 

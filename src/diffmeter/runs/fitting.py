@@ -9,7 +9,6 @@ import re
 from diffmeter.errors import DiffmeterError
 from diffmeter.predict.fit_formats import NEEDS_FP8, label
 from diffmeter.predict.technique_names import format_parts
-from diffmeter.quantization_spec import DENOISER
 
 
 def runnable(fits, entry, spec, device: str = "cuda"):
@@ -124,8 +123,7 @@ def format_times(work, prediction, spec, gpu, tf32: bool, settings) -> dict:
             from diffmeter.predict.quantized_memory import Format
             from diffmeter.predict.quantized_work import quantized_work
 
-            formats = [Format(b, k, named or (DENOISER,)) for b, k, named in map(format_parts, names)]
-            time = plain_time(quantized_work(work, spec, formats), prediction, gpu, tf32=tf32)
+            time = plain_time(quantized_work(work, spec, list(map(Format.named, names))), prediction, gpu, tf32=tf32)
             stored = {"time": time.model_dump(mode="json") if time else None}
             cache.store("fit-format-time", key, stored)
         if stored["time"] is not None:
