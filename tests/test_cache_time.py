@@ -317,4 +317,4 @@ def test_a_cache_that_reuses_attention_alone_says_how_much_of_a_call_still_runs(
     spec, memory, work = planned
     skip = cache_skip(work, "pab", {}, tuple(memory.denoisers), spec)
     assert 0.05 < skip.kept_share < 1
-    assert skip.skips_text().endswith(f", each still running {skip.kept_share:.0%} of its work")
+    assert skip.skips_text().endswith(f", a skipped call still running {skip.kept_share:.0%} of its work")

@@ -68,5 +68,40 @@ def test_the_peak_under_a_format_names_the_components_it_quantizes(cli):
         code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--quantize", value)
         assert code == 0
         said[value] = " ".join(out.split())
-    assert "under quantize-bnb-nf4 on text_encoder_2 " in said["text_encoder_2=bnb:nf4"]
-    assert "under quantize-bnb-nf4 on transformer " in said["bnb:nf4"]
+    assert "under quantize-bnb-nf4 on text_encoder_2)" in said["text_encoder_2=bnb:nf4"]
+    assert "under quantize-bnb-nf4 on transformer)" in said["bnb:nf4"]
+
+
+def test_the_memory_table_under_a_format_shows_its_stages_not_the_plain_runs(cli):
+    """``profile --quantize bnb:nf4`` printed each stage with the unquantized weights (a new user's trial: FLUX.1-dev's
+    rows said 31.42 GiB of parameters above a 17.88 GiB peak): the stage rows are the quantized run's, as the JSON's
+    stage peaks are, the plain run's peak beside them."""
+    import json
+
+    from diffmeter.predict.techniques import stages_under, stored_params
+    from diffmeter.units import gib
+
+    spec = ProfileSpec(model="tiny-flux")
+    plain = predict_memory(spec)
+    prediction = with_formats(plain, spec, [Format("bnb", "nf4")])
+    techniques = (Format("bnb", "nf4").technique,)
+    under = stages_under(prediction, techniques)
+    assert [s.stage for s in under] == [s.stage for s in plain.stages]
+    assert [s.peak_bytes for s in stages_under(plain, ())] == [s.peak_bytes for s in plain.stages]
+    weights = sum(stored_params(prediction, techniques).values())
+    assert weights < sum(plain.component_param_bytes.values())
+    assert all(s.resident_param_bytes == weights for s in under)  # nothing offloaded, no stage casts
+    code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--quantize", "bnb:nf4", "--json")
+    assert code == 0
+    staged = json.loads(out)["stage_peak_memory_bytes"]
+    assert staged == {s.stage: s.peak_bytes for s in under}
+    code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--quantize", "bnb:nf4")
+    rows = {line.split("│")[1].strip(): line.split("│")[2:] for line in out.splitlines() if line.count("│") > 5}
+    step = next(s for s in under if s.stage == DENOISING_STEP)
+    assert [cell.strip() for cell in rows[DENOISING_STEP][1:5]] == [
+        gib(step.resident_param_bytes),
+        gib(step.carried_bytes),
+        gib(step.activation_bytes),
+        gib(step.peak_bytes),
+    ]
+    assert rows["without the techniques"][-2].strip() == gib(plain.peak_bytes)

@@ -161,3 +161,17 @@ def test_one_token_over_the_limit_is_refused_by_the_pipeline_and_by_diffmeter(na
         tiny_pipeline(entry)(prompt="a cat", num_inference_steps=1, max_sequence_length=limit + 1)
     with pytest.raises(DiffmeterError, match=f"refuses more than {limit} tokens; use at most {limit}"):
         profile(name, max_sequence_length=limit + 1)
+
+
+def test_a_bench_a_rounding_pipeline_runs_at_another_size_says_so(cli, tmp_path):
+    """A new user's trial: ``bench tiny-flux --height 33`` ran at 32x32, said nowhere (the pipeline only warns)."""
+    from diffmeter.runs.storage import read_result
+
+    code, out, _ = cli("bench", "tiny-flux", "--height", "33", "--iterations", "1", "--out", tmp_path)
+    said = "FluxPipeline generates 33x33 (WxH) at 32x32: it rounds each side down to a multiple of 4 pixels"
+    assert code == 0 and said in " ".join(out.split())
+    (folder,) = tmp_path.iterdir()
+    result = read_result(folder)
+    assert said in result.notes and (result.spec.width, result.spec.height) == (32, 32)
+    code, out, _ = cli("bench", "tiny-flux", "--height", "32", "--iterations", "1", "--out", tmp_path / "b")
+    assert code == 0 and "generates" not in out

@@ -206,10 +206,19 @@ def with_transfer_bound(
         else ""
     )
     said = (
-        f"; the whole generation's lower bound holds {mode}'s {units.gib(moved)} moved per generation{cached} at the "
+        f"; the whole generation's lower bound holds {mode}'s {units.gib(moved)} moved per generation "
+        f"({DIRECTIONS[mode]}){cached} at the "
         f"{link or 'host link'}'s datasheet {link_rate / 1e9:g} GB/s ({how})"
     )
     return time.model_copy(update={"lower_s": bound, "calibration": time.calibration + said})
+
+
+#: which way each mode's bytes cross the link (the module docstring's reading of accelerate and diffusers)
+DIRECTIONS = {
+    "offload-model": "each component to the GPU for its calls and back to the host after",
+    "offload-sequential": "each layer to the GPU at every call, nothing back",
+    "offload-group": "each layer to the GPU at every call, nothing back",
+}
 
 
 def offload_line(offload: OffloadTime) -> str:
@@ -217,7 +226,8 @@ def offload_line(offload: OffloadTime) -> str:
     low, high = offload.achieved_share
     how = "the longer of them and the compute" if offload.overlapped else "added to the compute"
     return (
-        f"{offload.technique}: {units.gib(offload.moved_bytes)} moved per generation over the "
+        f"{offload.technique}: {units.gib(offload.moved_bytes)} moved per generation "
+        f"({DIRECTIONS[offload.technique]}) over the "
         f"{offload.link or 'host link'} ({offload.link_bytes_per_s / 1e9:g} GB/s per direction on its datasheet) at "
         f"{low:.1%} to {high:.1%} of that rate ({offload.memory} host memory): "
         f"{units.seconds_range(*offload.transfer_s)}, {how} in the expected time; {offload.calibration}"

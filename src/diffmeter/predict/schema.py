@@ -149,8 +149,9 @@ class CacheSkip(BaseModel):
     def skips_text(self, extrapolated: str = "") -> str:
         """What the cache skips (``extrapolated``: said right after the share), and how much of a skipped call still
         runs where that is not nearly nothing: PAB's skipped calls reuse attention alone ("skips 0% to 50% of the 2
-        denoiser calls, each still running 85% of its work")."""
-        kept = f", each still running {self.kept_share:.0%} of its work" if self.kept_share >= 0.05 else ""
+        denoiser calls, a skipped call still running 85% of its work"); none where no call skips."""
+        skipping = self.skipped_share[1] > 0 and self.kept_share >= 0.05
+        kept = f", a skipped call still running {self.kept_share:.0%} of its work" if skipping else ""
         return f"skips {self.share_text()}{extrapolated}{kept}"
 
 

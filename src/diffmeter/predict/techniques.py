@@ -27,7 +27,7 @@ import itertools
 from diffmeter.predict.fit_formats import FASTER_MATMULS, offered, on_encoders
 from diffmeter.predict.in_flight import in_flight_peak
 from diffmeter.predict.memory_checks import TOLERANCE
-from diffmeter.predict.schema import VAE_DECODE, MemoryPrediction
+from diffmeter.predict.schema import VAE_DECODE, MemoryPrediction, StageMemory
 from diffmeter.predict.technique_names import format_parts
 
 #: fastest first: what each costs in time, as its mechanism says (no roofline yet): quantized weights
@@ -83,11 +83,16 @@ def short_of(prediction: MemoryPrediction, gpu, techniques: tuple[str, ...] = ()
 
 
 def stage_peaks_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> dict[str, int]:
-    """Each stage's peak bytes with ``techniques`` applied: its heaviest call's resident weights, carried
-    tensors and activations. A component its pipeline casts for a call (SDXL's float16 VAE upcast to float32 for
+    """Each stage's peak bytes with ``techniques`` applied (``stages_under``)."""
+    return {stage.stage: stage.peak_bytes for stage in stages_under(prediction, techniques)}
+
+
+def stages_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> list[StageMemory]:
+    """Each stage's heaviest call with ``techniques`` applied: its resident weights, carried tensors and
+    activations, in stage order. A component its pipeline casts for a call (SDXL's float16 VAE upcast to float32 for
     the decode, ``Call.dtype``) weighs what it does cast, as the plain prediction's stages count it."""
     params = stored_params(prediction, techniques)
-    peaks: dict[str, int] = {}
+    heaviest: dict[str, StageMemory] = {}
     for call in prediction.calls:
         loaded = prediction.component_param_bytes[call.component]
         cast = call.component_param_bytes - loaded  # 0 unless the call casts its component
@@ -112,8 +117,17 @@ def stage_peaks_under(prediction: MemoryPrediction, techniques: tuple[str, ...])
                     raise ValueError(f"this prediction was made without {mode}: predict_memory(vae_modes=...)")
                 if mode in techniques and prediction.vae_activation_bytes[mode] is not None:
                     activations = min(activations, prediction.vae_activation_bytes[mode])
-        peaks[call.stage] = max(peaks.get(call.stage, 0), resident + call.carried_bytes + activations)
-    return peaks
+        peak = resident + call.carried_bytes + activations
+        if call.stage not in heaviest or peak > heaviest[call.stage].peak_bytes:
+            heaviest[call.stage] = call.model_copy(
+                update={
+                    "resident_param_bytes": resident,
+                    "component_param_bytes": params[call.component] + cast,
+                    "activation_bytes": activations,
+                    "peak_bytes": peak,
+                }
+            )
+    return list(heaviest.values())
 
 
 def supported(prediction: MemoryPrediction) -> dict[str, bool]:

@@ -9,7 +9,7 @@ from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, Device
 from diffmeter.predict.fit_formats import NEEDS_FP8
 from diffmeter.predict.memory_checks import TOLERANCE
 from diffmeter.predict.schema import MemoryPrediction
-from diffmeter.predict.techniques import borderline, peak_under, short_of
+from diffmeter.predict.techniques import borderline, short_of, stages_under
 from diffmeter.report.layout import Column, FittedTable
 from diffmeter.units import figure, gib
 
@@ -48,12 +48,15 @@ def memory_table(
     fit_command: str = "",
     dtypes: str | None = None,
 ) -> FittedTable:
-    """A row per stage with every component loaded; then the whole generation (under ``techniques``, the names
-    ``predict.techniques`` models them by) and whether it fits ``gpu``; ``fit_command``: the ``diffmeter fit`` line
-    for this model and card, offered when it does not fit; ``dtypes``: the run's dtypes as the title names them
-    (``report.tables.run_dtypes``: "bfloat16, vae float32"), the prediction's own dtype where not given."""
+    """A row per stage, with every component loaded or as ``techniques`` (the names ``predict.techniques`` models
+    them by) keep them; then the whole generation, the run without the techniques beside it, and whether it fits
+    ``gpu``; ``fit_command``: the ``diffmeter fit`` line for this model and card, offered when it does not fit;
+    ``dtypes``: the run's dtypes as the title names them (``report.tables.run_dtypes``: "bfloat16, vae float32"),
+    the prediction's own dtype where not given."""
 
-    title = f"predicted peak memory ({dtypes or prediction.dtype}; every component loaded)"
+    named = ", ".join(_on_components(prediction, t) for t in techniques)
+    loaded = f"under {named}" if named else "every component loaded"
+    title = f"predicted peak memory ({dtypes or prediction.dtype}; {loaded})"
     table = FittedTable(
         escape(title),
         [
@@ -65,7 +68,8 @@ def memory_table(
             Column("peak"),
         ],
     )
-    for stage in prediction.stages:
+    stages = stages_under(prediction, techniques) if techniques else prediction.stages
+    for stage in stages:
         table.add_row(
             stage.stage,
             escape(f"{stage.component} (batch {stage.batch}{f', cast to {stage.cast_to}' if stage.cast_to else ''})"),
@@ -74,13 +78,12 @@ def memory_table(
             gib(stage.activation_bytes),
             gib(stage.peak_bytes),
         )
-    table.add_row(
-        "whole generation", f"at {prediction.peak_stage}", "", "", "", gib(prediction.peak_bytes), section=True
-    )
-    peak = peak_under(prediction, techniques)
+    heaviest = max(stages, key=lambda stage: stage.peak_bytes)  # the first of equal peaks, as the prediction's
+    peak = heaviest.peak_bytes
+    table.add_row("whole generation", f"at {heaviest.stage}", "", "", "", gib(peak), section=True)
     if techniques:
-        named = ", ".join(_on_components(prediction, t) for t in techniques)
-        table.add_row(escape(f"under {named}"), "whole generation", "", "", "", gib(peak))
+        without = f"at {prediction.peak_stage}"
+        table.add_row("without the techniques", without, "", "", "", gib(prediction.peak_bytes), style="dim")
     if gpu is not None and gpu.memory_bytes:
         held = CUDA_HOLDBACK_BYTES if gpu.kind == "cuda" else 0
         short = short_of(prediction, gpu, techniques)

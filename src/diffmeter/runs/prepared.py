@@ -20,6 +20,7 @@ from diffmeter.runs.parallel_support import check as check_parallel
 from diffmeter.runs.prompts import read_prompts
 from diffmeter.runs.results import AppliedOptimization, BenchResult, ModelInfo
 from diffmeter.runs.spec import BenchSpec
+from diffmeter.spec import paired_size
 from diffmeter.weights import WeightsSource, locate_weights
 
 
@@ -46,9 +47,9 @@ def prepare(
     devices), the memory lower bound on ``device`` (the run's own, placed device; else the spec's), unless
     ``check_memory`` is False (a launcher: each rank checks its own GPU). Raises DiffmeterError with the reason."""
     entry = entry_of(spec)
-    compared = spec.compare_baseline
+    compared, asked = spec.compare_baseline, paired_size(spec.height, spec.width)
     spec = spec.settle(entry, here=here)
-    settled = []
+    settled = [note] if (note := size_note(entry, asked, spec)) else []
     if compared and not spec.compare_baseline:
         settled.append(
             "--compare-baseline: nothing compared, the run applies no technique and is its own baseline (a LoRA, a "
@@ -79,6 +80,18 @@ def prepare(
         check_fits(spec, entry, target.family.decoder, profile, device or torch.device(spec.device), one_byte)
     name = run_name(spec, entry, optimizations)
     return PreparedRun(spec, entry, profile, target, optimizations, source, name, settled)
+
+
+def size_note(entry: PipelineEntry, asked: tuple[int | None, int | None], spec: BenchSpec) -> str | None:
+    """Why the images come out at another size than ``asked`` (--height, --width paired; None: not given), or None: a
+    pipeline that rounds a side to its multiple only warns (a new user's trial: --height 33 ran at 32, said nowhere)."""
+    height, width = (given or made for given, made in zip(asked, (spec.height, spec.width), strict=True))
+    if (height, width) == (spec.height, spec.width):
+        return None
+    why = get_family(entry.family).pipeline_size(entry, height, width)[2]
+    return why or (
+        f"{entry.pipeline_class} generates {width}x{height} (WxH) at {spec.width}x{spec.height}: its own size rule"
+    )
 
 
 def run_name(spec: BenchSpec, entry, optimizations) -> str:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import statistics
 
 from diffmeter.measure.speedup import Criteria, Drift, Speedup, estimate
-from diffmeter.runs.results import BenchResult
+from diffmeter.quantization_spec import DENOISER
+from diffmeter.runs.results import AppliedOptimization, BenchResult
 from diffmeter.stages import STAGE_NAMES
 from diffmeter.stages import STAGES as PIPELINE_STAGES
 
@@ -86,10 +87,10 @@ def machine_drift(baseline: BenchResult, candidate: BenchResult) -> Drift | None
     (or shorter) in it: the machine's speed changed between them, and the speed-up holds that change too (new users'
     trials: "23.3x slower" for SeaCache while the untouched text encoding took 24x as long; "22.2x faster" for fused
     QKV while text encoding took a third). The interval is widened by every untouched stage's ratio. None otherwise."""
-    added = {o.label: o.kind for o in candidate.optimizations}
+    added = {o.label: o for o in candidate.optimizations}
     for applied in baseline.optimizations:
         added.pop(applied.label, None)
-    if not added or any(kind not in DENOISER_ONLY for kind in added.values()) or not _same_work(baseline, candidate):
+    if not added or not all(map(denoiser_only, added.values())) or not _same_work(baseline, candidate):
         return None
     ratios = {}
     for stage in PIPELINE_STAGES:
@@ -107,6 +108,15 @@ def machine_drift(baseline: BenchResult, candidate: BenchResult) -> Drift | None
         f"machine changed speed: stages that {techniques} leaves alone took other times than in the baseline "
         f"({said} as long), so the interval is widened by that; measure both again (--force)",
     )
+
+
+def denoiser_only(applied: AppliedOptimization) -> bool:
+    """Whether ``applied`` changes the denoisers or their loop alone: a ``DENOISER_ONLY`` kind, or a quantization of
+    the denoisers (``--quantize`` names no component, or "denoiser": its default; a new user's trial: "other 1.85x
+    faster" under quanto:int8, which leaves the pipeline's own work alone, while the machine's load changed)."""
+    if applied.kind == "quantization":
+        return set(applied.params.get("components") or [DENOISER]) == {DENOISER}
+    return applied.kind in DENOISER_ONLY
 
 
 def _same_work(baseline: BenchResult, candidate: BenchResult) -> bool:
