@@ -310,3 +310,17 @@ def test_a_gguf_type_without_a_listed_published_file_is_said():
     said = unlisted_gguf("qwen-image", rows)
     assert "the catalog lists none of type Q8_0:" in said and "Q4_K_S" not in said
     assert unlisted_gguf("flux-dev", rows) == ""
+
+
+def test_settings_bench_refuses_are_said_once_per_reason_by_their_table_names():
+    """A new user's trial: fit wan22-t2v-a14b listed its one GGUF reason 32 times, each setting by its technique name
+    (quantize-gguf-Q8_0) where the table says gguf:Q8_0."""
+    from diffmeter.report.memory_table import refused_text
+
+    why, other = "a GGUF file holds one component's weights", "another reason"
+    refused = [(("offload-group", f"quantize-gguf-{kind}", "vae-tiling"), why) for kind in ("Q8_0", "Q6_K", "Q5_K_S")]
+    refused += [(("offload-model", "quantize-gguf-Q4_K_S"), why), (("offload-model",), other)]
+    said = refused_text(refused)
+    assert said.count(why) == 1 and said.count(other) == 1 and "quantize-gguf" not in said
+    assert said.startswith("offload-group + gguf:Q8_0 + vae-tiling, offload-group + gguf:Q6_K + vae-tiling, ")
+    assert f"vae-tiling and 1 more: {why}; offload-model: {other}" in said

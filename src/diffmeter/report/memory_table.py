@@ -259,11 +259,24 @@ def fit_table(
     if untimed:
         lines.append(f"No time: {escape(untimed)}.")
     if refused:
-        lines.append(f"Left out, bench refuses them: {'; '.join(escape(' + '.join(c)) + ': ' + r for c, r in refused)}")
+        lines.append(f"Left out, bench refuses them: {escape(refused_text(refused))}.")
     if prediction.checked and not prediction.checked.startswith("checked"):
         lines.append(f"Memory: {escape(prediction.checked)}.")
     table.caption = " ".join(lines)
     return table
+
+
+def refused_text(refused: list[tuple[tuple[str, ...], str]], shown: int = 3) -> str:
+    """The settings bench refuses, one clause per reason, each naming its first ``shown`` settings as the table
+    does and counting the rest (a new user's trial: Wan 2.2's one GGUF reason said 32 times over)."""
+    by_reason: dict[str, list[str]] = {}
+    for chosen, why in refused:
+        by_reason.setdefault(why, []).append(setting_text(chosen))
+    said = []
+    for why, names in by_reason.items():
+        more = f" and {len(names) - shown} more" if len(names) > shown else ""
+        said.append(f"{', '.join(names[:shown])}{more}: {why}")
+    return "; ".join(said)
 
 
 def unlisted_gguf(model: str, rows) -> str:
