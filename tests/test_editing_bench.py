@@ -106,7 +106,7 @@ def test_fit_takes_images_and_a_lora(cli):
     code, out, err = cli("fit", "tiny-flux-kontext", "--image-size", "40x24", "--lora-rank", "4", "--memory", "8GB")
     assert code == 0, err
     # the header names what is fitted: another input image or LoRA had read as the plain run (a new user's trial)
-    header = "tiny-flux-kontext (2 steps, batch 1, input image 40x24, LoRA rank 4) on --memory 8GB, read as GiB (8.00"
+    header = "tiny-flux-kontext (32x32 px (WxH), 2 steps, batch 1, input image 40x24, LoRA rank 4) on --memory 8GB"
     assert header in " ".join(out.split())
     assert "predicted peak" in out
     code, _, err = cli("fit", "--all", "--image-size", "40x24", "--lora-rank", "4")

@@ -55,7 +55,7 @@ def test_fit_offers_compile_and_the_cache_and_ranks_by_expected_time(cli):
     assert ("compile-reduce-overhead", "first-block-cache") not in found and not refused  # bench refuses the pair
     code, out, _ = cli("fit", "tiny-flux", "--gpu", "h100", "--steps", "2")
     assert code == 0 and "setting (by expected time)" in out and "compile:mode=reduce-overhead" in out
-    assert "tiny-flux (2 steps, batch 1) on H100 SXM" in out  # the settings the times are of
+    assert "tiny-flux (32x32 px (WxH), 2 steps, batch 1) on H100 SXM" in out  # the settings the times are of
 
 
 def test_fit_names_each_speed_up_with_the_parameters_bench_runs_it_with(cli):

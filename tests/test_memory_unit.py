@@ -75,9 +75,10 @@ def test_gpu_spec_reads_gb_as_gib_and_takes_memory_gib_in_json():
 
 def test_fit_reads_a_gb_memory_as_gib_and_says_so(cli):
     code, out, _ = cli("fit", "tiny-sd", "--memory", "16GB")
-    assert code == 0 and "tiny-sd (2 steps, batch 1) on --memory 16GB, read as GiB (16.00 GiB," in " ".join(out.split())
+    said = " ".join(out.split())
+    assert code == 0 and "tiny-sd (32x32 px (WxH), 2 steps, batch 1) on --memory 16GB, read as GiB (16.00 GiB," in said
     code, out, _ = cli("fit", "tiny-sd", "--gpu", "rtx 4080")
-    assert code == 0 and "tiny-sd (2 steps, batch 1) on RTX 4080 (15.99 GiB," in " ".join(out.split())
+    assert code == 0 and "tiny-sd (32x32 px (WxH), 2 steps, batch 1) on RTX 4080 (15.99 GiB," in " ".join(out.split())
 
 
 def test_fit_on_the_cpu_holds_nothing_back_for_cuda(cli):

@@ -175,3 +175,12 @@ def test_a_bench_a_rounding_pipeline_runs_at_another_size_says_so(cli, tmp_path)
     assert said in result.notes and (result.spec.width, result.spec.height) == (32, 32)
     code, out, _ = cli("bench", "tiny-flux", "--height", "32", "--iterations", "1", "--out", tmp_path / "b")
     assert code == 0 and "generates" not in out
+
+
+def test_fit_names_the_size_and_frames_it_fitted_as_profile_does(cli):
+    """A new user's trial: `fit wan22-t2v-a14b` said "(40 steps, batch 1)", no size nor frames, which drive a video
+    model's memory; the header has the size the pipeline makes (its rounding applied), as profile's does."""
+    code, out, _ = cli("fit", "tiny-wan", "--memory", "8GB")
+    assert code == 0 and "tiny-wan (16x16 px (WxH), 9 frames, 2 steps, batch 1) on" in " ".join(out.split())
+    code, out, _ = cli("fit", "tiny-flux", "--height", "33", "--memory", "8GB")  # FLUX rounds down to 32
+    assert code == 0 and "tiny-flux (32x32 px (WxH), 2 steps" in " ".join(out.split())

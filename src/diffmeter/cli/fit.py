@@ -294,7 +294,7 @@ def fit(
     rows = [row for row in rows if row[0] not in as_default]
     shown = rows if all_settings else rows[:TOP]
     table = fit_table(  # the output's size is profile's to state: input images, binning or rounding may set it
-        f"{model} ({', '.join(asked_generation(settled))})",
+        f"{model} ({', '.join(asked_generation(settled, prediction))})",
         prediction,
         target,
         shown,
@@ -346,10 +346,13 @@ def _memory_name(text: str) -> str:
     return f"--memory {text.strip()}{read}"
 
 
-def asked_generation(settled) -> list[str]:
-    """What the fitted generation is, as the header says it: steps and batch, and the inputs, ControlNet and LoRA
-    asked for (a new user's trial: three runs of one model with other input images read alike)."""
-    said = [f"{settled.steps} steps", f"batch {settled.batch_size}"]
+def asked_generation(settled, prediction) -> list[str]:
+    """What the fitted generation is, as the header says it: the size the pipeline makes (``prediction``'s) and a
+    video's frames, steps and batch, and the inputs, ControlNet and LoRA asked for (new users' trials: three runs of
+    one model with other input images read alike; a video model's fit said no size nor frames)."""
+    frames = [f"{prediction.num_frames} frames"] if prediction.num_frames else []
+    said = [f"{prediction.width}x{prediction.height} px (WxH)", *frames] if prediction.width else []
+    said += [f"{settled.steps} steps", f"batch {settled.batch_size}"]
     if settled.image_sizes:
         said.append(f"input image{'s' * (len(settled.image_sizes) > 1)} {sizes_text(settled.image_sizes)}")
     if settled.controlnet:

@@ -338,6 +338,9 @@ def predict_tracked(
     encoders = text_encoders_of(entry, family)
     return MemoryPrediction(
         dtype=spec.dtype,
+        height=spec.height,
+        width=spec.width,
+        num_frames=spec.num_frames if family.is_video else None,
         on_cuda=on_cuda,
         stages=ordered,
         component_param_bytes=params,

@@ -41,6 +41,11 @@ class MemoryPrediction(BaseModel):
     every component run on fake tensors (``torch.distributed._tools.mem_tracker.MemTracker``)."""
 
     dtype: str
+    #: the size the pipeline generates at (its rounding or resolution binning applied) and a video's frames: what
+    #: every figure is of (0: a prediction stored before they were recorded)
+    height: int = 0
+    width: int = 0
+    num_frames: int | None = None
     #: predicted for a CUDA device: with cuDNN's copies of a convolution's input, weight and output
     #: (``predict.convolution_copies.ConvolutionCopies``); False: for the CPU, without them
     on_cuda: bool = True
