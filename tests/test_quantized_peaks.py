@@ -68,8 +68,8 @@ def test_the_peak_under_a_format_names_the_components_it_quantizes(cli):
         code, out, _ = cli("profile", "tiny-flux", "--gpu", "h100", "--quantize", value)
         assert code == 0
         said[value] = " ".join(out.split())
-    assert "under quantize-bnb-nf4 on text_encoder_2)" in said["text_encoder_2=bnb:nf4"]
-    assert "under quantize-bnb-nf4 on transformer)" in said["bnb:nf4"]
+    assert "under bnb:nf4 on text_encoder_2)" in said["text_encoder_2=bnb:nf4"]
+    assert "under bnb:nf4 on transformer)" in said["bnb:nf4"]
 
 
 def test_the_memory_table_under_a_format_shows_its_stages_not_the_plain_runs(cli):

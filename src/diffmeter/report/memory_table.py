@@ -306,7 +306,9 @@ def setting_text(chosen: tuple[str, ...]) -> str:
 
 
 def _on_components(prediction, technique: str) -> str:
-    """A --quantize BACKEND:TYPE format with the components it quantizes ("quantize-bnb-nf4 on text_encoder_2"):
-    the same name on the denoiser or a text encoder peaks differently."""
+    """A technique as the user asks for it, a --quantize BACKEND:TYPE format with the components it quantizes
+    ("bnb:nf4 on transformer"): the same name on the denoiser or a text encoder peaks differently (new users'
+    trials: "quantize-bnb-nf4" for a format typed as bnb:nf4, and no word of what it quantizes)."""
     components = prediction.quantized_bytes.get(technique) if technique.startswith("quantize-") else None
-    return f"{technique} on {'+'.join(components)}" if components else technique
+    named = setting_text((technique,))
+    return f"{named} on {'+'.join(components)}" if components else named
