@@ -324,3 +324,16 @@ def test_settings_bench_refuses_are_said_once_per_reason_by_their_table_names():
     assert said.count(why) == 1 and said.count(other) == 1 and "quantize-gguf" not in said
     assert said.startswith("offload-group + gguf:Q8_0 + vae-tiling, offload-group + gguf:Q6_K + vae-tiling, ")
     assert f"vae-tiling and 1 more: {why}; offload-model: {other}" in said
+
+
+def test_an_unranked_setting_whose_bound_is_under_the_first_rows_range_is_said_maybe_faster():
+    """A new user's trial: fit flux2-dev --gpu rtx4090 listed group offload's 50.86 s lower bound below a first row
+    expected at 116-178 s, ranked after it only because group offload has no fitted range."""
+    from diffmeter.report.memory_table import maybe_faster
+
+    first, group, slow = ("offload-model", "quantize-bnb-nf4"), ("offload-group", "quantize-gguf-Q8_0"), ("x",)
+    rows = [(first, 1, 95.37), (group, 1, 50.86), (slow, 1, 130.0)]
+    said = maybe_faster(rows, {first: (116.06, 177.78)})
+    assert said.startswith("May be faster than the first row, whose expected range starts at 116.06 s")
+    assert "offload-group + gguf:Q8_0 (50.86 s)" in said and "x (" not in said
+    assert maybe_faster(rows, {first: (40.0, 60.0)}) is None and maybe_faster(rows, {}) is None
