@@ -242,6 +242,8 @@ def profile(
         )
         for name, (h, w), n in itertools.product(names, sizes(height, width), numbers(steps, "--steps"))
     ]
+    for spec in specs:  # a value no run takes is refused before any counting (--steps 0 took 9 s to refuse)
+        spec.check()
     if all_models:
         specs = runnable(specs, as_json or as_csv)
     elif no_image:
