@@ -50,6 +50,7 @@ from diffmeter.predict.schema import (
     VAE_DECODE,
     MemoryPrediction,
     StageMemory,
+    heaviest_calls,
 )
 from diffmeter.predict.vae_decode import DECODE_SWITCHES, VAE_MODES, decode_units
 from diffmeter.spec import ProfileSpec
@@ -329,11 +330,7 @@ def predict_tracked(
         )
         if call.role == VAE_DECODER and call.component == family.decoder:  # not LTX-2's audio decoder
             decoded = _vae_modes(entry, module, call, dtype, on_cuda, vae_modes)
-    stages = {}
-    for found in calls:
-        if found.stage not in stages or found.peak_bytes > stages[found.stage].peak_bytes:
-            stages[found.stage] = found
-    ordered = [stages[stage] for stage in STAGE_OF_ROLE.values() if stage in stages]
+    ordered = heaviest_calls(calls)
     top = max(ordered, key=lambda s: s.peak_bytes)
     encoders = text_encoders_of(entry, family)
     return MemoryPrediction(

@@ -160,6 +160,16 @@ class CacheSkip(BaseModel):
         return f"skips {self.share_text()}{extrapolated}{kept}"
 
 
+def heaviest_calls(calls: list[StageMemory]) -> list[StageMemory]:
+    """Each stage's heaviest call (the first of equal peaks), in the order a generation runs the stages."""
+    heaviest: dict[str, StageMemory] = {}
+    for call in calls:
+        if call.stage not in heaviest or call.peak_bytes > heaviest[call.stage].peak_bytes:
+            heaviest[call.stage] = call
+    order = (TEXT_ENCODING, IMAGE_ENCODING, DENOISING_STEP, VAE_DECODE)
+    return [heaviest[stage] for stage in order if stage in heaviest]
+
+
 class OperatorWork(BaseModel):
     """Every operator of one generation, from fake-tensor execution of the profile's call plan."""
 

@@ -27,7 +27,7 @@ import itertools
 from diffmeter.predict.fit_formats import FASTER_MATMULS, offered, on_encoders
 from diffmeter.predict.in_flight import in_flight_peak
 from diffmeter.predict.memory_checks import TOLERANCE
-from diffmeter.predict.schema import VAE_DECODE, MemoryPrediction, StageMemory
+from diffmeter.predict.schema import VAE_DECODE, MemoryPrediction, StageMemory, heaviest_calls
 from diffmeter.predict.technique_names import format_parts
 
 #: fastest first: what each costs in time, as its mechanism says (no roofline yet): quantized weights
@@ -92,7 +92,7 @@ def stages_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> l
     activations, in stage order. A component its pipeline casts for a call (SDXL's float16 VAE upcast to float32 for
     the decode, ``Call.dtype``) weighs what it does cast, as the plain prediction's stages count it."""
     params = stored_params(prediction, techniques)
-    heaviest: dict[str, StageMemory] = {}
+    under = []
     for call in prediction.calls:
         loaded = prediction.component_param_bytes[call.component]
         cast = call.component_param_bytes - loaded  # 0 unless the call casts its component
@@ -117,17 +117,14 @@ def stages_under(prediction: MemoryPrediction, techniques: tuple[str, ...]) -> l
                     raise ValueError(f"this prediction was made without {mode}: predict_memory(vae_modes=...)")
                 if mode in techniques and prediction.vae_activation_bytes[mode] is not None:
                     activations = min(activations, prediction.vae_activation_bytes[mode])
-        peak = resident + call.carried_bytes + activations
-        if call.stage not in heaviest or peak > heaviest[call.stage].peak_bytes:
-            heaviest[call.stage] = call.model_copy(
-                update={
-                    "resident_param_bytes": resident,
-                    "component_param_bytes": params[call.component] + cast,
-                    "activation_bytes": activations,
-                    "peak_bytes": peak,
-                }
-            )
-    return list(heaviest.values())
+        update = {
+            "resident_param_bytes": resident,
+            "component_param_bytes": params[call.component] + cast,
+            "activation_bytes": activations,
+            "peak_bytes": resident + call.carried_bytes + activations,
+        }
+        under.append(call.model_copy(update=update))
+    return heaviest_calls(under)
 
 
 def supported(prediction: MemoryPrediction) -> dict[str, bool]:
