@@ -30,8 +30,8 @@ from published_runs import run_of, source_of
 
 from diffmeter.predict.cache_published import SKIPS
 from diffmeter.predict.cache_time import at_share, cache_skip
-from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.fit_published import fit
+from diffmeter.predict.gpu_spec import chosen_gpu
 from diffmeter.predict.operators import predict_memory_and_work
 from diffmeter.predict.roofline import predict_time
 from diffmeter.spec import ProfileSpec

@@ -35,8 +35,8 @@ from published_comparison import load_figures, settings
 from published_runs import source_of
 from published_tables import left_out_lines
 
-from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.fit_holdout import HeldOut, summary
+from diffmeter.predict.gpu_spec import chosen_gpu
 from diffmeter.predict.offload_time import MEMORY, OFFLOADS, model_offload_moves, moved_bytes
 from diffmeter.predict.operators import operator_work, predict_memory_and_work
 from diffmeter.predict.roofline import TORCH_FP32, missing_figures, predict_time

@@ -4,8 +4,8 @@ quote."""
 
 from __future__ import annotations
 
-from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.fit_holdout import NestedTest, summary
+from diffmeter.predict.gpu_spec import chosen_gpu
 from diffmeter.predict.power_limit import exponent_text, power_limit
 
 

@@ -8,8 +8,8 @@ from math import prod
 
 from diffmeter.distributed.group_prediction import RankSplit
 from diffmeter.predict.calibration import Calibration
-from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.fit_published import Fit, PublishedRun, as_calibration
+from diffmeter.predict.gpu_spec import chosen_gpu
 from diffmeter.predict.operators import predict_memory_and_work
 from diffmeter.predict.roofline import bench_fp32_math, predict_time
 from diffmeter.predict.techniques import peak_under

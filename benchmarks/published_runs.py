@@ -9,9 +9,9 @@ from published_comparison import settings
 
 from diffmeter.predict.attention_kernels import MEASURED, sdpa_default
 from diffmeter.predict.calibration import shipped_power_exponent
-from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.fit_energy import EnergyRun
 from diffmeter.predict.fit_published import GROUP_OF_KIND, GROUPS, PublishedRun, StageWork, era_of
+from diffmeter.predict.gpu_spec import chosen_gpu
 from diffmeter.predict.host_time import host_counts
 from diffmeter.predict.operators import operator_work
 from diffmeter.predict.power_limit import sustained

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import statistics
 
-from diffmeter.predict.devices import chosen_gpu
 from diffmeter.predict.fit_holdout import HeldOut, summary
+from diffmeter.predict.gpu_spec import chosen_gpu
 from diffmeter.units import counted
 
 

@@ -24,7 +24,7 @@ from diffmeter.predict.cache_published import threshold_share
 from diffmeter.predict.cache_threshold import kappas_of, sigmas, skipped
 from diffmeter.predict.cache_time import HELD_OUT, cache_skip, module_macs
 from diffmeter.predict.cache_time import label as cache_time_label
-from diffmeter.predict.devices import chosen_gpu
+from diffmeter.predict.gpu_spec import chosen_gpu
 from diffmeter.predict.operators import predict_memory_and_work
 from diffmeter.predict.roofline import predict_time
 from diffmeter.spec import ProfileSpec

@@ -66,7 +66,7 @@ def test_cards_without_a_driver_figure_read_the_datasheet_gb_as_gib_less_the_mea
 
 
 def test_gpu_spec_reads_gb_as_gib_and_takes_memory_gib_in_json():
-    from diffmeter.predict.devices import spec_gpu
+    from diffmeter.predict.gpu_spec import spec_gpu
 
     for text in ("16GB", '{"memory_gib": 16}', '{"memory_gb": 16}'):
         device = spec_gpu(text)

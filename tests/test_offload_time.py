@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from diffmeter.catalog import resolve
-from diffmeter.predict.devices import chosen_gpu
+from diffmeter.predict.gpu_spec import chosen_gpu
 from diffmeter.predict.offload_time import (
     MEMORY,
     OFFLOADS,

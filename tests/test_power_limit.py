@@ -5,7 +5,8 @@ import json
 import pytest
 
 from diffmeter.predict.calibration import calibrations, shipped_power_exponent
-from diffmeter.predict.devices import named_gpu, spec_gpu
+from diffmeter.predict.devices import named_gpu
+from diffmeter.predict.gpu_spec import spec_gpu
 from diffmeter.predict.peaks import PEAKS
 from diffmeter.predict.power_limit import EXPONENTS, dies, power_limit, sustained
 

@@ -8,7 +8,8 @@ import pytest
 
 from diffmeter.errors import DiffmeterError
 from diffmeter.optimization_spec import OptimizationSpec
-from diffmeter.predict.devices import named_gpu, other_cards, spec_gpu
+from diffmeter.predict.devices import named_gpu, other_cards
+from diffmeter.predict.gpu_spec import spec_gpu
 from diffmeter.predict.peaks import PEAKS
 
 

@@ -12,7 +12,8 @@ from diffmeter import units
 from diffmeter.catalog import resolve
 from diffmeter.flops.profile import profile_spec
 from diffmeter.predict.calibration import Calibration, calibrations
-from diffmeter.predict.devices import Device, named_gpu, spec_gpu
+from diffmeter.predict.devices import Device, named_gpu
+from diffmeter.predict.gpu_spec import spec_gpu
 from diffmeter.predict.operators import OperatorTally, operator_work
 from diffmeter.predict.roofline import TORCH_FP32, predict_time
 from diffmeter.predict.schema import CallWork, OperatorGroup, OperatorWork

@@ -182,7 +182,7 @@ def test_a_card_without_a_bandwidth_names_it_and_the_option_that_gives_it():
 def test_a_leaderboard_cell_without_a_time_says_why():
     """An offloading setting on a card without a host link has no lower bound: its cell said "time: lower bound
     only"."""
-    from diffmeter.predict.devices import spec_gpu
+    from diffmeter.predict.gpu_spec import spec_gpu
     from diffmeter.runs.leaderboard import model_cells
 
     card = spec_gpu(f"{CUDA_HOLDBACK_BYTES / 2**30 + 0.004:.6f}GB,100TFLOPS,1TB/s")  # tiny-flux fits offloaded only

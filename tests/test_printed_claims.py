@@ -121,7 +121,7 @@ def test_a_card_with_published_runs_says_what_its_own_runs_showed_held_out(cli):
 
     import yaml
 
-    from diffmeter.predict.devices import chosen_gpu
+    from diffmeter.predict.gpu_spec import chosen_gpu
 
     figures = yaml.safe_load((RESULTS.parent / "published_figures.yaml").read_text())["figures"]
     cards = {figure["id"]: chosen_gpu(figure["gpu"], None).name for figure in figures if figure.get("gpu")}

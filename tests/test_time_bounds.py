@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from diffmeter.predict.devices import Device, chosen_gpu, named_gpu
+from diffmeter.predict.devices import Device, named_gpu
+from diffmeter.predict.gpu_spec import chosen_gpu
 from diffmeter.predict.memory import weight_reads
 from diffmeter.predict.operators import modes_that_change_the_decode, operator_work, predict_memory_and_work
 from diffmeter.predict.roofline import TORCH_FP32, FlopRates, lower_bounds, missing_figures, predict_time, stage_bounds

@@ -101,7 +101,8 @@ def fit(
     every GPU (or --gpu's), as a sortable page and CSV."""
     from diffmeter.catalog import entry_of
     from diffmeter.lora_file import lora_fields
-    from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, chosen_gpu, other_cards, spec_gpu
+    from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, other_cards
+    from diffmeter.predict.gpu_spec import chosen_gpu, spec_gpu
     from diffmeter.report.memory_table import fit_table, runtime
     from diffmeter.spec import CPU_DTYPE, CPU_DTYPE_NOTE, ProfileSpec, asked_images, parse_component_dtypes
 

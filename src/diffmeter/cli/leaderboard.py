@@ -19,7 +19,7 @@ def leaderboard(
     """Predict every pair, write the page (and the CSV), print a summary (or every cell as JSON); ``gpu`` or
     ``gpu_spec``: one GPU instead of the table's."""
     from diffmeter.catalog import all_entries
-    from diffmeter.predict.devices import chosen_gpu
+    from diffmeter.predict.gpu_spec import chosen_gpu
     from diffmeter.report.leaderboard import leaderboard_csv, leaderboard_html
     from diffmeter.runs import prediction_times
     from diffmeter.runs.leaderboard import model_cells, table_gpus, uncached

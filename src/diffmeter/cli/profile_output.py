@@ -66,7 +66,8 @@ def print_predicted(
     ``tf32``: float32 matmuls and convolutions timed on TF32, as bench's ``--tf32``; ``parallel``: (ulysses, ring,
     cfg, tp) degrees: one GPU of that group's memory and the generation's time (``predict.parallel``)."""
     from diffmeter.cli.fit_hint import fit_command
-    from diffmeter.predict.devices import chosen_gpu, is_this_cpu, other_cards
+    from diffmeter.predict.devices import is_this_cpu, other_cards
+    from diffmeter.predict.gpu_spec import chosen_gpu
     from diffmeter.report.memory_table import memory_table
     from diffmeter.report.tables import run_dtypes
     from diffmeter.report.time_table import energy_line, time_table
