@@ -206,6 +206,9 @@ def main() -> None:
         f"Time outside operators (Python, the pipeline's code, dispatch) per operator: "
         f"{shipped.overhead_s[0] * 1e6:,.1f} to {shipped.overhead_s[1] * 1e6:,.1f} µs.",
         "",
+        f"Least eager lower bound per operator of any run: {shipped.least_bound_per_operator_s * 1e6:,.1f} µs; a "
+        "prediction whose operators are smaller on average is said to be outside the fitted runs.",
+        "",
         "Other processes during the measured calls (`bench`'s conditions), in cores of 2: "
         + "; ".join(
             f"{c['model']} {c['size']}px: {c['other_cores']:.1f}" if c["other_cores"] is not None else "not recorded"

@@ -70,6 +70,10 @@ def test_a_traced_run_calibrates_fractions_below_one(tmp_path):
     # a lower bound is never beaten: no kind reaches more than its whole roofline
     assert all(0 < low <= high <= 1 for low, high in calibration.fractions.values()), calibration.fractions
     assert calibration.overhead_s[0] > 0
+    # the run's own eager bound per operator: a prediction of smaller operators is outside what it was fitted on
+    kinds = [figures for stage in lower.values() for figures in stage.values()]
+    per_operator = sum(seconds for seconds, _ in kinds) / sum(count for _, count in kinds)
+    assert calibration.least_bound_per_operator_s == pytest.approx(per_operator)
 
 
 def test_a_prediction_that_cannot_be_made_is_a_note_and_the_run_is_kept(tmp_path, monkeypatch):

@@ -95,9 +95,13 @@ def samples(
 
 def calibrate(runs: list[tuple[dict[str, StageMeasurement], dict]], source: str) -> Calibration:
     """The lowest and highest fraction per kind, and overhead, over ``runs`` (measurements, lower bounds);
-    "other" spans every kind's when no operator of its own was sampled."""
-    fractions, overheads = defaultdict(list), []
+    "other" spans every kind's when no operator of its own was sampled; the least eager bound per operator of any
+    run, under which a prediction is said to be outside the fitted runs (``expected_range.outside``)."""
+    fractions, overheads, per_operator = defaultdict(list), [], []
     for measured, lower in runs:
+        kinds = [figures for stage in lower.values() for figures in stage.values()]
+        if operators := sum(count for _, count in kinds):
+            per_operator.append(sum(seconds for seconds, _ in kinds) / operators)
         found, outside = samples(measured, lower)
         for kind, value in found.items():
             fractions[kind].append(value)
@@ -109,4 +113,5 @@ def calibrate(runs: list[tuple[dict[str, StageMeasurement], dict]], source: str)
         source=source,
         fractions={kind: (min(values), max(values)) for kind, values in sorted(fractions.items())},
         overhead_s=(min(overheads), max(overheads)),
+        least_bound_per_operator_s=min(per_operator, default=None),
     )

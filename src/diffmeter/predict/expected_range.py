@@ -55,8 +55,8 @@ def outside(calibration: Calibration, bound_per_operator_s: float) -> str | None
         return None
     return (
         f"outside the fitted runs: {bound_per_operator_s * 1e6:.1f} us of eager bound per operator, under the "
-        f"{least * 1e6:.1f} us of every run the range was fitted on: no fitted run had operators so small, so its "
-        "launches and its host may cost more than the fit says"
+        f"{least * 1e6:,.1f} us of every run the range was fitted on: no fitted run had operators so small, so what "
+        "each costs beyond its bound (launches, the host's dispatch) may be more or less than the fit says"
     )
 
 
