@@ -188,6 +188,11 @@ def test_report_refuses_bad_input_in_one_line(cli, tmp_path, report_file, study)
     assert report_file.read_bytes() == before
     code, _, err = cli("report", study, "-o", tmp_path, "--force")  # a folder, even forced: one line
     assert code == 2 and "is a folder: name a file in it" in err and len(err.strip().splitlines()) == 1
+    # a folder no file can be made in (/proc, whatever the user's rights): a traceback for a new user, now one line
+    code, _, err = cli("report", study, "-o", "/proc/report.html")
+    assert (
+        code == 2 and err.startswith("error: cannot write /proc/report.html: ") and len(err.strip().splitlines()) == 1
+    )
 
 
 def _baseline_and_cached(study):

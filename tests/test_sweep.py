@@ -379,3 +379,10 @@ def test_a_sweep_whose_every_cell_is_refused_fails_and_suggests_nothing(tmp_path
     assert code == 2 and "all 2 cells of sweep 'nothing' were refused" in err and "Traceback" not in err
     assert "refused" in out and "diffmeter table" not in out
     assert (tmp_path / "out" / "sweep-nothing.json").exists()  # the record keeps the reasons
+
+
+def test_a_sweep_into_a_folder_it_cannot_write_is_one_line(cli):
+    """--out /proc/x: a new user's sweep ended in a FileNotFoundError traceback where bench says one line."""
+    code, _, err = cli("sweep", "--model", "tiny-sd", "--steps", "1", "--out", "/proc/diffmeter-sweep")
+    assert code == 2 and err.startswith("error: cannot write results under /proc/diffmeter-sweep: ")
+    assert len(err.strip().splitlines()) == 1

@@ -19,6 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import psutil
 from pydantic import ValidationError
 
 from diffmeter.catalog.entry import PipelineEntry
@@ -207,16 +208,9 @@ class RunDirectory:
                 f"a result for this spec already exists at {self.final}{self._difference(existing)}; "
                 "pass --force to replace it, or --out DIR to write elsewhere"
             )
-        try:
-            missing = [folder for folder in (self.final.parent, *self.final.parent.parents) if not folder.exists()]
-            self.made = self.made or (missing[-1] if missing else None)
-            self.final.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=self.final.parent):
-                pass
-        except OSError as error:
-            raise DiffmeterError(
-                f"cannot write results under {self.final.parent}: {error.strerror or error}; pass --out DIR"
-            ) from None
+        missing = [folder for folder in (self.final.parent, *self.final.parent.parents) if not folder.exists()]
+        self.made = self.made or (missing[-1] if missing else None)
+        writable_folder(self.final.parent)
 
     def _difference(self, existing: Path) -> str:
         """What the stored run and the new one share (the folder name) and where they differ."""
@@ -253,12 +247,22 @@ class RunDirectory:
         return self.staging
 
     def clear_staged(self) -> None:
-        """Remove this run's staged folders that interrupted runs left (a parallel run's rank 0 stopped mid-run)."""
+        """Remove this run's staged folders that interrupted runs left (a parallel run's rank 0 stopped mid-run); one
+        whose process still runs is another run of the same settings into the same folder, and stays."""
         for stale in self.final.parent.glob(f".{self.final.name}.partial-*"):
+            owner = stale.name.rpartition("-")[2]
+            if owner.isdigit() and int(owner) != os.getpid() and psutil.pid_exists(int(owner)):
+                continue
             shutil.rmtree(stale, ignore_errors=True)
 
     def commit(self, result: BenchResult) -> Path:
-        """Write results.json, then swap the staged folder in for any previous one."""
+        """Write results.json, then swap the staged folder in for any previous one: with ``force``, or none was
+        there when ``check`` looked (another run of the same settings may have stored one since)."""
+        if not self.force and (self.final / RESULTS).exists():
+            raise DiffmeterError(
+                f"another run of the same settings stored a result at {self.final} while this one ran, and this one "
+                "does not replace it: pass --force to replace it, or --out DIR to write elsewhere"
+            )
         write_json(self.staging / RESULTS, result.to_json_dict())
         previous = self.final.parent / f".{self.final.name}.replaced-{os.getpid()}"
         if self.final.exists():
@@ -306,7 +310,26 @@ def writable(path: str | Path) -> Path:
     if not path.parent.is_dir():
         problem = "is not a folder" if path.parent.exists() else "does not exist"
         raise DiffmeterError(f"cannot write {path}: {path.parent} {problem}; name a file in an existing folder")
+    try:
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as error:  # a folder one may not write in (/sys), or none a file can be made in (/proc)
+        raise DiffmeterError(
+            f"cannot write {path}: {error.strerror or error}; name a file in a folder you can write"
+        ) from None
     return path
+
+
+def writable_folder(folder: Path) -> None:
+    """``folder`` made where missing and written to once; else one line saying why and what to do."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise DiffmeterError(
+            f"cannot write results under {folder}: {error.strerror or error}; pass --out DIR"
+        ) from None
 
 
 def write_file(path: Path, write) -> None:

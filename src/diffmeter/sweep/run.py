@@ -14,7 +14,7 @@ from diffmeter.distributed import scaling
 from diffmeter.errors import DiffmeterError, DoesNotFit
 from diffmeter.runs.lifecycle import CALL_STARTS
 from diffmeter.runs.prepared import PreparedRun, prepare, store_failure
-from diffmeter.runs.storage import LOG, RESULTS
+from diffmeter.runs.storage import LOG, RESULTS, writable_folder
 from diffmeter.sweep import record as rec
 from diffmeter.sweep.file import Cell, SweepFile, expand
 from diffmeter.sweep.local import Job, Outcome, clear_left_specs, tail
@@ -62,7 +62,7 @@ def run_sweep(
     stored complete but measured otherwise (``storage.MEASURED_BY``) is refused before anything runs, or, with
     ``remeasure``, measured again."""
     callbacks = callbacks or Callbacks()
-    out.mkdir(parents=True, exist_ok=True)
+    writable_folder(out)
     with rec.exclusive(out):
         clear_left_specs(out)
         planned = plan(expand(sweep), out, retry_failed, here, remeasure)
