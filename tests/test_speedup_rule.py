@@ -8,7 +8,7 @@ import pytest
 from speedup_key import hodges_lehmann, per_image_times, rank_symmetric
 
 from diffmeter.measure.conditions import Conditions, Range
-from diffmeter.measure.speedup import Speedup, estimate, factor_text, verdict
+from diffmeter.measure.speedup import Speedup, estimate, factor_text, verdict, within_noise_rule
 from diffmeter.optimize.options import parse_opt
 from diffmeter.runs import collect, speedups, storage
 from diffmeter.runs.iteration import Iteration
@@ -286,6 +286,11 @@ def test_one_call_has_no_interval_so_it_is_noisy_and_supports_no_factor(tmp_path
     assert short.coverage == pytest.approx(2 / 3) and short.verdict == "within noise"
     assert short.text() == "within noise: too few calls (1.98-2.02x at 67% coverage; 95% asked needs 4 calls a run)"
     assert estimate([1.0, 1.01, 1.02, 1.0], [0.5, 0.505, 0.51, 0.5]).verdict == "faster"
+    # three calls each, a candidate 4x slower with one call far out: the interval's far end 1 / 215, which two
+    # decimals printed "0.00-0.39x" (a new user's compare); and the captions' rule names the too-few case
+    slow = estimate([1.0, 1.06, 0.05], [4.0, 4.1, 4.4])
+    assert slow.short and slow.interval_text(compact=True).startswith(f"{slow.low:.2g}-") and slow.low < 0.05
+    assert "the calls are too few for the coverage asked" in within_noise_rule()
 
 
 def test_a_cache_whose_untouched_stages_slowed_says_the_machine_changed(tmp_path):

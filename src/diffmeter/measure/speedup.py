@@ -18,6 +18,16 @@ from diffmeter.measure.stats import CONFIDENCE, speedup_interval
 #: differences smaller than this are within noise even when the calls' interval excludes 1x
 MIN_EFFECT = 0.05
 
+
+def within_noise_rule(min_effect: float = MIN_EFFECT) -> str:
+    """When a speed-up is "within noise", as every table's caption says it (``estimate``'s rule)."""
+    return (
+        f"the interval holds 1x, the estimate is within {min_effect:.0%} of it, or the calls are too few for the "
+        f"coverage asked ({calls_for(CONFIDENCE)} a run for {CONFIDENCE:.0%}; the interval shown is then at the "
+        "coverage they reach)"
+    )
+
+
 Verdict = Literal["faster", "slower", "within noise"]
 
 
@@ -129,6 +139,8 @@ def factor_text(factor: float) -> str:
         return f"{factor:.0f}"
     if factor >= 9.995:
         return f"{factor:.1f}"
+    if factor < 0.0995:  # an interval's far end (1 / 215): "0.0047", where two decimals said "0.00"
+        return f"{factor:.2g}"
     return f"{factor:.2f}"
 
 

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from diffmeter import units
-from diffmeter.measure.speedup import Speedup
+from diffmeter.measure.speedup import Speedup, within_noise_rule
 from diffmeter.report.layout import Column, FittedTable
 from diffmeter.report.run_table import RANDOM_QUALITY
 from diffmeter.runs.compare import Comparison, RunComparison
@@ -33,8 +33,8 @@ def footnote(min_effect: float) -> str:
         "A, B: each run's median time per image over its measured calls. speed-up: A's time / B's, the "
         "Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney interval and that interval's "
         "coverage; it is not the ratio of the two medians, and differs from it when a run's calls are spread "
-        f"unevenly. within noise: the interval holds 1x, or the estimate is under {min_effect:.0%} either way "
-        "(--min-effect: two runs of the same settings differ by more than their calls' interval shows). (noisy): "
+        f"unevenly. within noise: {within_noise_rule(min_effect)} (--min-effect: two runs of the same settings "
+        "differ by more than their calls' interval shows). (noisy): "
         "A's or B's timings were noisy, as the notes under the table say."
     )
 

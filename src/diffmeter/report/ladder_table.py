@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.markup import escape
 
 from diffmeter import units
-from diffmeter.measure.speedup import MIN_EFFECT
+from diffmeter.measure.speedup import within_noise_rule
 from diffmeter.report.layout import Column, FittedTable
 from diffmeter.report.run_table import RANDOM_QUALITY
 from diffmeter.runs.ladder_record import Ladder
@@ -70,8 +70,8 @@ def ladder_table(ladder: Ladder) -> FittedTable:
     captions = [
         "each rung adds one technique to the one above; latency = median per call; speed-up over the baseline per "
         "image: Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney interval (coverage: "
-        "how often such an interval holds the true factor), within noise when the interval holds 1x or the "
-        f"estimate is within {MIN_EFFECT:.0%} of it; (noisy): a run's timings were noisy (notes below); cold start = "
+        "how often such an interval holds the true factor), within noise when "
+        f"{within_noise_rule()}; (noisy): a run's timings were noisy (notes below); cold start = "
         "first call minus median (compilation); peak memory = CUDA max allocated, else process peak RSS; "
         "quality = images against the baseline's at the same seeds; expected: the range each rung's run predicted "
         "from its settings alone (as `profile --gpu` does for its device) and where the median fell: inside, or "

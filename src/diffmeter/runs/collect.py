@@ -10,6 +10,7 @@ from typing import Any
 from diffmeter.errors import DiffmeterError
 from diffmeter.measure.environment import device_name
 from diffmeter.measure.quality_schema import Quality
+from diffmeter.measure.speedup import within_noise_rule
 from diffmeter.runs import speedups, storage
 from diffmeter.runs.ladder_rungs import LadderRung, ladder_rungs
 from diffmeter.runs.results import BenchResult
@@ -67,8 +68,7 @@ COLUMNS: dict[str, str] = {
     "speedup_ci_low": "lower end of the speed-up's exact Mann-Whitney interval (empty for a baseline: 1 by definition)",
     "speedup_ci_high": "upper end of that interval",
     "speedup_coverage": "the probability that interval covers the true speed-up (below 95% with few calls)",
-    "speedup_verdict": "faster | slower | within noise (the interval holds 1x, or the estimate is within 5% of it) | "
-    "baseline",
+    "speedup_verdict": f"faster | slower | within noise ({within_noise_rule()}) | baseline",
     "speedup_noise": "the noise notes of this run and its baseline, joined by ' | ', which the speed-up carries "
     "(empty: both quiet)",
     "speedup_against": "ladder baseline (a ladder rung: its speed-up, PSNR and SSIM are against the ladder's first "
@@ -79,8 +79,8 @@ COLUMNS: dict[str, str] = {
     "joined by ' | '",
     "scaling_speedup": "parallel runs: the one-device run's median s/image (same spec, same folder) / this run's",
     "scaling_efficiency": "scaling_speedup / processes (empty: no one-device run of the same spec stored beside it)",
-    "scaling_verdict": "the speed-up rule's verdict on the same two runs (faster | slower | within noise: its "
-    "interval holds 1x or its estimate is within 5% of it); empty in runs stored before it",
+    "scaling_verdict": "the speed-up rule's verdict on the same two runs (faster | slower | within noise: "
+    f"{within_noise_rule()}); empty in runs stored before it",
     "iterations": "measured calls",
     "created_utc": "when the run was stored",
 }

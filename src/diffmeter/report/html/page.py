@@ -7,6 +7,7 @@ import html
 from datetime import datetime, timezone
 
 from diffmeter import __version__, units
+from diffmeter.measure.speedup import within_noise_rule
 from diffmeter.report import outputs
 from diffmeter.report.html import figures as plots
 from diffmeter.report.html.gallery import gallery_html
@@ -196,7 +197,7 @@ def _summary(runs: list[Run]) -> str:
         f"{word} against the unoptimized run of the same settings (on CUDA the --no-tf32 run where one was measured, "
         "else TF32 alone; a ladder's rungs: against the ladder's baseline), "
         "the Hodges-Lehmann estimate over every pair of calls with its exact Mann-Whitney interval, within noise "
-        "when the interval holds 1x or the estimate is within 5% of it; PSNR/SSIM against its images at the same "
+        f"when {within_noise_rule()}; PSNR/SSIM against its images at the same "
         f"seeds. {html.escape(coverage_line([run.row for run in runs]) or '')} Hover a row "
         "for its folder (or a failed run's error). Weights: pretrained, random (real size) or tiny-random (a "
         f"test pipeline). {html.escape(outputs.explained(word))} The same table: <code>diffmeter table DIR</code>.</p>"
