@@ -12,6 +12,8 @@ import pytest
 import torch
 from parallel_runs import assert_same_images, cpu_spec, with_a_rank_fault
 
+from diffmeter import units
+from diffmeter.distributed.merge import parallel_lines
 from diffmeter.errors import DiffmeterError
 from diffmeter.execute import bench
 from diffmeter.report.prediction_lines import prediction_lines
@@ -149,6 +151,9 @@ def test_ulysses_2_gives_the_one_process_images_and_rank_0_writes_once(model, se
     assert group.lower_s < one.lower_s  # half the denoiser's work each
     # a CPU has no link figure: the communication is named as left out, not silently missing
     assert any(said.startswith("multi-GPU communication: no link figure") for said in predicted.time_left_out)
+    assert not any("datasheet rate" in said for said in predicted.time_left_out)  # nothing timed at any rate
+    (communication,) = [line for line in parallel_lines(result.parallel) if line.startswith("communication")]
+    assert f"{units.gib(offline.bytes_per_denoiser_call)} received in the first denoiser call" in communication
     said = " ".join(prediction_lines(result))
     assert "predicted for one GPU of 2 (ulysses 2 x ring 1 x CFG 1)" in said and "not timed (no link figure)" in said
     assert f"no one-device run of the same spec under {tmp_path / 'two'}" in scaling.reason

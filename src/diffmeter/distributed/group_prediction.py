@@ -66,11 +66,11 @@ class RankSplit:
         link = gpu_link(device, prod(self.degrees))
         fit = communication_fit()
         group = summarize(self.degrees, peaks, self.ranks, link, self.received, assumptions(*self.degrees[1:]), fit)
-        left_out = parallel_left_out(group)
         if group.communication_s is not None:
             time = time and with_communication(time, group.communication_s, group.communication_host_s)
-        else:
-            left_out.append(f"multi-GPU communication: no link figure for {device.name}, not timed")
+            left_out = parallel_left_out(group)
+        else:  # nothing timed, at the datasheet rate or the fit's
+            left_out = [f"multi-GPU communication: no link figure for {device.name}, not timed", LEFT_OUT]
         return time, group, left_out
 
 

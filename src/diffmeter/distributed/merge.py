@@ -118,9 +118,10 @@ def parallel_lines(parallel: Parallel) -> list[str]:
         if moved.cfg_degree > 1:
             parts.append(f"CFG {units.gib(moved.cfg_bytes_per_step)} per step (the other half's prediction)")
         received = units.gib(moved.bytes_per_step)
+        first = f"; measured: {check} received in the first denoiser call (counted at the collectives)"
         lines.append(
             f"communication per {unit(parallel)}: {received} received per denoising step (offline: "
-            f"{'; '.join(parts)})" + (f"; the first call moved {check} (counted at the collectives)" if check else "")
+            f"{'; '.join(parts)})" + (first if check else "")
         )
     if parallel.scaling is not None:
         from diffmeter.distributed.scaling import line
