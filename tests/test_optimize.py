@@ -316,3 +316,16 @@ def test_a_timestep_window_is_ordered_and_takes_its_commas_on_the_command_line()
         build([parse_opt("pab:timestep_skip_range=[800,100]")])
     with pytest.raises(DiffmeterError, match="low < high"):
         build([parse_opt("faster-cache:unconditional_batch_timestep_skip_range=[641,-1]")])
+
+
+def test_a_quantization_type_without_its_key_names_both_ways_to_ask_for_it():
+    """``--opt torchao:int8wo`` (bench's --quantize spelling) said only "write parameters as key=value"."""
+    from diffmeter.optimize.options import parse_opt
+
+    with pytest.raises(DiffmeterError, match="--quantize torchao:int8wo, or --opt torchao:type=int8wo"):
+        parse_opt("torchao:int8wo")
+    (backend,) = build([parse_opt("torchao:type=int8wo")])
+    assert backend.config.type == "int8wo"
+    with pytest.raises(DiffmeterError) as refused:  # not a quantization backend: no such hint
+        parse_opt("deep-cache:3")
+    assert "--quantize" not in str(refused.value)

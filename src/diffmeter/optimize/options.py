@@ -14,7 +14,7 @@ from diffmeter.errors import DiffmeterError
 from diffmeter.optimize.base import OptimizationSpec
 from diffmeter.optimize.registry import REGISTRY
 from diffmeter.predict.technique_names import format_parts
-from diffmeter.quantization_spec import DENOISER, with_components
+from diffmeter.quantization_spec import BACKENDS, DENOISER, with_components
 from diffmeter.quantization_spec import optimization_specs as quantization_specs
 
 #: which parameter --cache-threshold and --cache-interval set, per cache
@@ -136,7 +136,10 @@ def parse_opt(text: str) -> OptimizationSpec:
     for item in filter(None, (part.strip() for part in _top_level(rest))):
         key, equals, value = item.partition("=")
         if not equals:
-            raise DiffmeterError(f"--opt {text}: write parameters as key=value, got '{item}'")
+            quantize = (
+                f"; a quantization type: --quantize {text}, or --opt {name}:type={item}" if name in BACKENDS else ""
+            )
+            raise DiffmeterError(f"--opt {text}: write parameters as key=value, got '{item}'{quantize}")
         key = key.strip().replace("-", "_")
         if key in params:  # the last one would win unseen
             raise DiffmeterError(f"--opt {text}: {key} is given twice; give it once")
