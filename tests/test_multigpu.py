@@ -157,6 +157,11 @@ def test_ulysses_2_gives_the_one_process_images_and_rank_0_writes_once(model, se
     said = " ".join(prediction_lines(result))
     assert "predicted for one GPU of 2 (ulysses 2 x ring 1 x CFG 1)" in said and "not timed (no link figure)" in said
     assert f"no one-device run of the same spec under {tmp_path / 'two'}" in scaling.reason
+    # the way to a figure, as it works: at each rank's threads (a one-device run at all of them is refused as
+    # unlike), then the parallel run again
+    threads = result.environment.torch_threads
+    assert f"without the parallel degrees with OMP_NUM_THREADS={threads} into the same --out" in scaling.reason
+    assert scaling.reason.endswith("then this one again with --force")
 
 
 def _median_s_per_image(result, stage: str | None = None) -> float:

@@ -47,10 +47,13 @@ def against_one_device(result: BenchResult, out: str | Path, name: str) -> Scali
     processes = result.parallel.world_size
     folder = Path(out).expanduser() / name
     if not (folder / storage.RESULTS).is_file():
+        # the figure is found when the parallel run is stored: the one-device run first, at each rank's threads
+        threads = f" with OMP_NUM_THREADS={result.environment.torch_threads}" if result.spec.device == "cpu" else ""
         return Scaling(
             processes=processes,
             reason=f"no one-device run of the same spec under {Path(out).expanduser()} (folder {name}); "
-            "run the same bench without the parallel degrees into the same --out to get one",
+            f"run the same bench without the parallel degrees{threads} into the same --out, then this one again "
+            "with --force",
         )
     try:
         single = storage.read_result(folder)
