@@ -146,6 +146,16 @@ def test_show_refuses_what_is_not_a_result(cli, tmp_path):
     (tmp_path / RESULTS).write_text("[]")  # valid JSON, the wrong shape: pydantic's location is empty
     code, _, err = cli("show", tmp_path)
     assert code == 2 and "(the file as a whole: Input should be an object)" in err and "(: " not in err
+    # the --out folder of several runs (a new user's `show sw`): said so, not "an interrupted run leaves none"; and
+    # `report` on a folder whose one run cannot be read says why, not "no run folder"
+    study = tmp_path / "study"
+    for name in ("a", "b"):
+        (study / name).mkdir(parents=True)
+        (study / name / RESULTS).write_text('{"status": "compl')
+    code, _, err = cli("show", study)
+    assert code == 2 and f"{study} holds 2 run folders, not one run: point at one of them ({study / 'a'})" in err
+    code, _, err = cli("report", study, "--out", tmp_path / "r.html")
+    assert code == 2 and "is not a readable diffmeter result (Invalid JSON: " in err and "(and 1 more)" in err
 
 
 def test_a_result_from_a_newer_diffmeter_is_refused_naming_both_schemas(cli, tmp_path):

@@ -358,6 +358,12 @@ def read_result(path: str | Path) -> BenchResult:
     path = Path(path).expanduser()
     file = path / RESULTS if path.is_dir() else path
     if not file.is_file():
+        runs = sorted(path.glob(f"*/{RESULTS}")) if path.is_dir() else []
+        if runs:  # the --out folder of several runs
+            raise DiffmeterError(
+                f"{path} holds {len(runs)} run folders, not one run: point at one of them ({runs[0].parent}), or "
+                f"see them all with `diffmeter table {path}`"
+            )
         hint = " (an interrupted run leaves none)" if path.is_dir() else ""
         raise DiffmeterError(f"no {RESULTS} at {file}{hint}; point at a run folder written by `diffmeter bench`")
     return read_model(file, BenchResult, "result", "re-run the benchmark").stored_in(file.parent)

@@ -122,6 +122,9 @@ def read_study(directory: str | Path) -> Study:
             seen.add(_profile_key(profile))
             study.profiles.append(profile)
     if not study.runs and not study.ladders and not study.profiles:
+        if study.skipped:  # run folders whose results cannot be read: what is wrong with them, not "none"
+            more = f" (and {len(study.skipped) - 1} more)" if len(study.skipped) > 1 else ""
+            raise DiffmeterError(f"nothing to report under {root}: {study.skipped[0].removeprefix('skipped: ')}{more}")
         raise DiffmeterError(
             f"nothing to report under {root}: no run folder (results.json), ladder-*.json or profile JSON; "
             "point at the --out folder of bench, ladder or sweep"
