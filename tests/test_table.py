@@ -333,6 +333,13 @@ def test_a_rate_column_reads_alike_and_a_noise_note_says_its_latency_is_per_call
     (note,) = [note for note in notes if note.startswith("noisy:")]
     per_image = units.seconds(median / 2)
     assert f"median call latency {units.seconds(median)} (2 images per call: {per_image} per image)" in note
+    assert note.endswith("measure longer with --target-precision 0.02 on a quieter machine")
+    # a target asked and not reached: the note advised the very option that had just failed
+    asked = summary.model_copy(update={"latency_s": wide, "conditions": None, "target_precision": 0.05})
+    notes = measurement_notes(asked, 0)
+    assert any(note.startswith("--target-precision 0.05 not reached") for note in notes)
+    (note,) = [note for note in notes if note.startswith("noisy:")]
+    assert note.endswith("measure longer with more calls (--max-iterations) on a quieter machine")
     assert units.counted(1, "thread") == "1 thread" and units.counted(3, "profile") == "3 profiles"
     busy = Conditions(samples=3, cpu_count=1, other_processes_cores=Range(mean=0.9, min=0.8, max=1.0))
     assert "used 0.9 of 1 CPU core on average" in busy.disturbed()

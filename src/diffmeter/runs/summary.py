@@ -98,14 +98,16 @@ def measurement_notes(summary: Summary, shape_warmups: int, video: bool = False)
             f"noisy: one measured call ({units.seconds(latency.median)}): its median has no interval, so how well it "
             "is known is unknown; do not compare it: measure at least 6 calls (--iterations 6) for a 95% interval"
         )
-    elif latency.relative_ci > NOISY:
+    target = summary.target_precision
+    if latency.ci_level != 0 and latency.relative_ci > NOISY:
         interval = f"{units.seconds(latency.ci_low)} - {units.seconds(latency.ci_high)}"
+        # a target already asked and not reached: more calls (--max-iterations), not the same advice again
+        longer = "more calls (--max-iterations)" if target else "--target-precision 0.02"
         notes.append(
             f"noisy: the median call latency {_per_call(summary, video)} is only known to within {interval} "
             f"({100 * latency.ci_level:.0f}% interval, {latency.n} calls); do not compare it closely: "
-            "measure longer with --target-precision 0.02 on a quieter machine"
+            f"measure longer with {longer} on a quieter machine"
         )
-    target = summary.target_precision
     if target and (latency.ci_level < CONFIDENCE or latency.relative_ci > target):
         notes.append(
             f"--target-precision {target:g} not reached: +-{100 * latency.relative_ci:.1f}% after "
