@@ -75,7 +75,11 @@ def profile(
     ] = None,
     width: Annotated[
         str | None,
-        typer.Option(metavar="N[,N...]", help="pixels, a list paired with --height", rich_help_panel=GENERATION),
+        typer.Option(
+            metavar="N[,N...]",
+            help="pixels, a list paired with --height; alone, the height follows",
+            rich_help_panel=GENERATION,
+        ),
     ] = None,
     steps: Annotated[
         str | None,
@@ -244,6 +248,9 @@ def profile(
     ]
     for spec in specs:  # a value no run takes is refused before any counting (--steps 0 took 9 s to refuse)
         spec.check()
+    if (height is None) != (width is None):  # 832x832 where a user of --width 832 may have meant 832x480
+        given, other = ("--height", "width") if width is None else ("--width", "height")
+        note(f"{given} alone: the {other} follows it (a square); give both for another shape", as_json or as_csv)
     if all_models:
         specs = runnable(specs, as_json or as_csv)
     elif no_image:
