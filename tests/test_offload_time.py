@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from diffmeter import units
 from diffmeter.catalog import resolve
 from diffmeter.predict.gpu_spec import chosen_gpu
 from diffmeter.predict.offload_time import (
@@ -170,6 +171,21 @@ def test_profile_gpu_carries_model_offload_inside_the_time_and_leaves_it_out_of_
     both = "moved per generation (each component to the GPU for its calls and back to the host after) over the PCIe"
     assert code == 0 and "offload-model: " in said and both in said
     assert "│ offload-model transfers │" in said  # a row of the time table, its expected range beside the stages
+
+
+def test_an_untimed_offloads_transfers_are_a_row_so_the_lower_bound_column_adds_up(cli):
+    """Sequential offload on FLUX.1-dev: its stages' lower bounds summed to 84.05 s under a whole generation of
+    121.55 s, the transfers in the prose alone (a new user's trial)."""
+    code, out, err = cli("profile", "tiny-flux", "--gpu", "RTX 4070", "--offload", "sequential", "--json")
+    assert code == 0, err
+    time = json.loads(out)["time"]
+    beyond = time["lower_s"] - sum(stage["lower_s"] for stage in time["stages"])
+    assert beyond > 0 and time["offload"] is None
+    code, out, _ = cli("profile", "tiny-flux", "--gpu", "RTX 4070", "--offload", "sequential")
+    (row,) = [line for line in out.splitlines() if "offload transfers beyond compute" in line]
+    assert units.seconds(beyond) in row
+    code, out, _ = cli("profile", "tiny-flux", "--gpu", "RTX 4070")
+    assert code == 0 and "offload transfers beyond compute" not in out
 
 
 def test_benchs_stored_prediction_of_a_model_offload_run_holds_its_transfers(monkeypatch):

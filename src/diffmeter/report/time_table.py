@@ -89,6 +89,12 @@ def time_table(prediction: TimePrediction, short_bytes: int | None = None) -> Fi
         copies = "overlapped" if offload.overlapped else expected_range(offload.transfer_s)
         row = (f"{offload.technique} transfers", "", "", moved, "-", units.seconds(fastest))
         table.add_row(*row, *(["-"] if hosted else []), copies)
+    elif (beyond := prediction.lower_s - sum(stage.lower_s for stage in prediction.stages)) > 1e-9:
+        # an offload with no fitted rate: its transfers at the datasheet rate, in the whole bound alone (the note
+        # below the table says how), a row so the column adds up
+        table.add_row(
+            "offload transfers beyond compute", "", "", "", "-", units.seconds(beyond), *(["-"] if hosted else []), "-"
+        )
     table.add_row(
         "whole generation",
         "",
