@@ -10,6 +10,7 @@ import pytest
 import torch
 from diffusers.hooks import FirstBlockCacheConfig
 
+from diffmeter import units
 from diffmeter.catalog import resolve
 from diffmeter.optimize import OptimizationSpec, build
 from diffmeter.optimize.options import parse_opt
@@ -253,3 +254,27 @@ def test_a_reduce_overhead_row_predicted_as_its_default_mode_twin_is_said_once(c
     assert "compile:mode=reduce-overhead rows left out: each predicted as its mode=default row" in said
     code, out, _ = cli("fit", "flux-dev", "--gpu", "h100", "--all-settings")
     assert code == 0 and "compile:mode=reduce-overhead" in out and "rows left out" not in out
+
+
+def test_the_offloaded_settings_say_what_they_keep_in_the_machines_memory(cli):
+    """fit flux2-dev on a 12 GB card ranked group and sequential offload first, 104.90 GiB of weights in the
+    machine's RAM, with no word of it (a new user's trial): the footer says how much the listed settings keep."""
+    from diffmeter.predict.techniques import stored_params
+    from diffmeter.report.memory_table import host_memory_line
+
+    card = "2GB,5TFLOPS,0.1TB/s,arch=ampere,link=32GB/s"  # sd15 fits only offloaded
+    code, out, err = cli("fit", "sd15", "--gpu-spec", card, "--steps", "4", "--all-settings", "--json")
+    assert code == 0, err
+    settings = [tuple(row["techniques"]) for row in json.loads(out)["fits"]]
+    code, out, _ = cli("fit", "sd15", "--gpu-spec", card, "--steps", "4", "--all-settings")
+    said = " ".join(out.split())
+    assert "Host memory: an offloaded setting keeps the pipeline's weights in the machine's RAM" in said
+    # the most: an unquantized offloaded setting's, every component's weights at the run's dtype; a quantized
+    # offloaded one's is less
+    assert ("offload-sequential",) in settings and any(
+        "quantize" in "".join(s) and "offload" in "".join(s) for s in settings
+    )
+    prediction, _ = predict_memory_and_work(ProfileSpec(model="sd15", steps=4))
+    most = units.gib(sum(stored_params(prediction, ("offload-sequential",)).values()))
+    assert f" to {most} as those settings store them, which the machine needs free beside the GPU" in said
+    assert host_memory_line(prediction, [("vae-tiling",)]) is None

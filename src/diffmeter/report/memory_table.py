@@ -9,7 +9,7 @@ from diffmeter.predict.devices import CUDA_HOLDBACK_BYTES, Device
 from diffmeter.predict.fit_formats import NEEDS_FP8
 from diffmeter.predict.memory_checks import TOLERANCE
 from diffmeter.predict.schema import MemoryPrediction
-from diffmeter.predict.techniques import borderline, short_of, stages_under
+from diffmeter.predict.techniques import borderline, short_of, stages_under, stored_params
 from diffmeter.report.layout import Column, FittedTable
 from diffmeter.units import figure, gib
 
@@ -215,6 +215,8 @@ def fit_table(
             "each moves more weights per generation), unquantized before quantized, fewer techniques first, then "
             "the formats in fit's list order (predict/fit_formats.py FIT_FORMATS)."
         )
+    if host := host_memory_line(prediction, [chosen for chosen, _, _ in rows]):
+        lines.append(host)
     if some:
         lines.append(
             f"Time: a lower bound, the roofline plus offloading's weight transfers{link} at its standard rate."
@@ -266,6 +268,24 @@ def fit_table(
         lines.append(f"Memory: {escape(prediction.checked)}.")
     table.caption = " ".join(lines)
     return table
+
+
+def host_memory_line(prediction: MemoryPrediction, settings: list[tuple[str, ...]]) -> str | None:
+    """What the offloaded settings listed keep in the machine's own memory: every component's weights as the
+    setting stores them (each moved to the GPU only while it runs), which the machine needs free beside the GPU."""
+    held = sorted(
+        sum(stored_params(prediction, chosen).values())
+        for chosen in settings
+        if any(t.startswith("offload-") for t in chosen)
+    )
+    if not held:
+        return None
+    amount = gib(held[0]) if held[0] == held[-1] else f"{gib(held[0])} to {gib(held[-1])}"
+    return (
+        f"Host memory: an offloaded setting keeps the pipeline's weights in the machine's RAM, each component on "
+        f"the GPU only while it runs: {amount} as those settings store them, which the machine needs free beside "
+        "the GPU (not checked here)."
+    )
 
 
 def maybe_faster(rows, expected: dict) -> str | None:
