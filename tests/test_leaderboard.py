@@ -99,6 +99,11 @@ def test_the_fastest_setting_is_named_with_every_parameter_as_bench_takes_it():
     )
     named = f"torchao:int8wo + offload-model + compile:mode=default + first-block-cache:threshold={threshold}"
     assert next(csv.DictReader(io.StringIO(leaderboard_csv([board]))))["fastest"] == named
+    # the memory setting named alike (it read "offload-model+quantize-bnb-nf4+quantize-bnb-nf4@text_encoder")
+    quantized = board.model_copy(update={"setting": ["offload-model", "quantize-bnb-nf4@text_encoder"]})
+    assert next(csv.DictReader(io.StringIO(leaderboard_csv([quantized]))))["setting"] == (
+        "offload-model + text_encoder=bnb:nf4"
+    )
     assert html.escape(named) in leaderboard_html([board], [])
     shown = Console(width=400, record=True)
     shown.print(summary_table([board]))

@@ -40,7 +40,7 @@ CSV_FIELDS = (
 def _setting(cell: Cell) -> str:
     if cell.setting is None:
         return "does not fit"
-    return ", ".join(cell.setting) or "plain"
+    return setting_name(tuple(cell.setting)) or "plain"  # as fit and the fastest column name it
 
 
 def _fastest(cell: Cell) -> str:
@@ -95,7 +95,7 @@ def leaderboard_csv(cells: list[Cell]) -> str:
         writer.writerow(
             {
                 **{key: getattr(cell, key) for key in ("model", "gpu", "architecture", "memory_bytes", "fits")},
-                "setting": "" if cell.setting is None else "+".join(cell.setting) or "plain",
+                "setting": "" if cell.setting is None else _setting(cell),
                 "least_format": cell.least_format or "",
                 **{key: getattr(cell, key) for key in ("peak_bytes", "plain_peak_bytes", "lower_s", "output")},
                 "expected_low_s": expected[0],
