@@ -99,10 +99,12 @@ def test_profile_all_leaves_out_the_models_that_refuse_the_settings(cli, monkeyp
     two = (resolve("dit-xl-2-256"), resolve("sd15"))
     monkeypatch.setattr(diffmeter.catalog, "all_entries", lambda: two)
     code, out, err = cli("profile", "--all", "--height", "512", "--steps", "2", "--json")
-    assert code == 0 and err.startswith("note: left out dit-xl-2-256: dit-xl-2-256 generates 256x256 images only")
+    notes = err.splitlines()  # --height alone's note first, then the models left out
+    assert code == 0 and notes[0].startswith("note: --height alone: the width follows it")
+    assert notes[1].startswith("note: left out dit-xl-2-256: dit-xl-2-256 generates 256x256 images only")
     assert json.loads(out)["model"] == "stable-diffusion-v1-5/stable-diffusion-v1-5"  # the notes beside, on stderr
     code, out, _ = cli("profile", "--all", "--height", "512", "--steps", "2")
-    assert code == 0 and out.startswith("note: left out dit-xl-2-256") and "sd15" in out
+    assert code == 0 and out.splitlines()[1].startswith("note: left out dit-xl-2-256") and "sd15" in out
     code, out, err = cli("profile", "--all", "--num-frames", "9")
     assert code == 2 and "--all: every catalog model refuses these settings" in err and out.count("left out") == 2
 
