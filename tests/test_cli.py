@@ -304,3 +304,13 @@ def test_a_command_line_sweep_is_named_so_and_its_title_counts_cells(tmp_path, c
     assert code == 2 and "all 2 cells of sweep 'command-line' were refused" in err
     assert "sweep 'command-line', 2 cells: 2 refused" in out
     assert (tmp_path / "sweep-command-line.json").exists()
+
+
+def test_one_side_alone_says_the_other_follows_it(cli):
+    """`profile wan22-t2v-a14b --width 832` counted 832x832 with no word (a user may have meant 832x480)."""
+    code, out, _ = cli("profile", "tiny-flux", "--width", "64")
+    assert code == 0 and "note: --width alone: the height follows it (a square)" in out and "64x64 px" in out
+    code, out, err = cli("profile", "tiny-flux", "--height", "64", "--json")
+    assert code == 0 and "--height alone: the width follows it" in err and json.loads(out)
+    code, out, _ = cli("profile", "tiny-flux", "--height", "64", "--width", "32")
+    assert code == 0 and "alone" not in out

@@ -394,13 +394,3 @@ def test_a_time_for_a_run_that_does_not_fit_says_it_is_one_if_it_fit(cli):
         assert code == 0, err
         assert ("if it fit (it does not: 0.000977 GiB short)" in said) is short
         assert ("does not fit" in said) is short and "predicted time on" in said
-
-
-def test_one_side_alone_says_the_other_follows_it(cli):
-    """`profile wan22-t2v-a14b --width 832` counted 832x832 with no word (a user may have meant 832x480)."""
-    code, out, _ = cli("profile", "tiny-flux", "--width", "64")
-    assert code == 0 and "note: --width alone: the height follows it (a square)" in out and "64x64 px" in out
-    code, out, err = cli("profile", "tiny-flux", "--height", "64", "--json")
-    assert code == 0 and "--height alone: the width follows it" in err and json.loads(out)
-    code, out, _ = cli("profile", "tiny-flux", "--height", "64", "--width", "32")
-    assert code == 0 and "alone" not in out

@@ -9,8 +9,9 @@ import pytest
 from diffmeter.errors import DiffmeterError
 from diffmeter.runs.prepared import prepare, result_fields
 from diffmeter.runs.results import BenchResult
+from diffmeter.runs.run_directory import RunDirectory
 from diffmeter.runs.spec import BenchSpec
-from diffmeter.runs.storage import RESULTS, RunDirectory, read_result
+from diffmeter.runs.storage import RESULTS, read_result
 
 
 def test_a_staged_folder_whose_run_still_runs_is_kept_and_a_dead_runs_is_cleared(tmp_path):

@@ -22,6 +22,7 @@ from diffmeter.runs.parallel_records import Parallel
 from diffmeter.runs.parallel_support import guided_mode
 from diffmeter.runs.prepared import PreparedRun, store_failure
 from diffmeter.runs.results import BenchResult
+from diffmeter.runs.run_directory import RunDirectory
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.workload import Workload
 
@@ -92,7 +93,7 @@ class RankGroup:
         if dist.is_initialized():
             dist.destroy_process_group()
 
-    def open(self, directory: storage.RunDirectory, requests) -> tuple[Path, Path]:
+    def open(self, directory: RunDirectory, requests) -> tuple[Path, Path]:
         """Rank 0 opens the run folder and tells the others; each group's leader saves the images there."""
         place, spec = self.place, self.run.spec
         shared = [str(directory.open()) if place.rank == 0 else None]

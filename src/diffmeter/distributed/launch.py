@@ -24,6 +24,7 @@ from pathlib import Path
 from diffmeter.distributed.group_result import RANKS
 from diffmeter.errors import DiffmeterError
 from diffmeter.runs import storage
+from diffmeter.runs.run_directory import RunDirectory
 from diffmeter.runs.spec import BenchSpec
 
 #: lines of a failed rank's output kept in the failed result
@@ -55,7 +56,7 @@ def bench_parallel(spec: BenchSpec, out, force: bool = False, progress=None):
     # every refusal here, before any process starts; memory is checked by each rank on its own GPU, after placing
     # itself there (a check here would open a CUDA context on GPU 0 that stays for the whole run)
     prepared = prepare(spec, check_memory=False)
-    storage.RunDirectory(out, prepared.name, force, prepared.spec).check()
+    RunDirectory(out, prepared.name, force, prepared.spec).check()
     if progress is not None:
         progress(f"starting {spec.world_size} processes", 0, None)
     started = datetime.now(timezone.utc).replace(microsecond=0)
@@ -66,7 +67,7 @@ def bench_parallel(spec: BenchSpec, out, force: bool = False, progress=None):
             # Ctrl-C, as the agent's SignalException says it, raised once it has shut its workers down (torch 2.13
             # torch/distributed/elastic/agent/server/api.py:752-756, launcher/api.py:391-397)
             if getattr(error, "sigval", None) == signal.SIGINT:
-                storage.RunDirectory(out, prepared.name, force, prepared.spec).clear_staged()  # rank 0's, stopped
+                RunDirectory(out, prepared.name, force, prepared.spec).clear_staged()  # rank 0's, stopped
                 raise KeyboardInterrupt from None  # by the user, not failed: nothing stored (exit 130)
             stored = Path(out).expanduser() / prepared.name
             if not _failed_since(stored, started):  # rank 0 could not record it itself

@@ -10,6 +10,7 @@ from typing import Protocol
 from diffmeter.runs import storage
 from diffmeter.runs.prepared import PreparedRun
 from diffmeter.runs.results import BenchResult
+from diffmeter.runs.run_directory import RunDirectory
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.workload import Workload
 
@@ -20,7 +21,7 @@ class Group(Protocol):
     def join(self, run: PreparedRun) -> None:
         """Join the group, once the run is checked."""
 
-    def open(self, directory: storage.RunDirectory, requests) -> tuple[Path, Path]:
+    def open(self, directory: RunDirectory, requests) -> tuple[Path, Path]:
         """The run's folder opened (by one process) and known to all: (where this process saves the run's
         images, where it keeps its log). ``requests(calls)`` lists the group's requests for the folder."""
 
@@ -60,7 +61,7 @@ class Alone:
     def join(self, run: PreparedRun) -> None:
         pass
 
-    def open(self, directory: storage.RunDirectory, requests) -> tuple[Path, Path]:
+    def open(self, directory: RunDirectory, requests) -> tuple[Path, Path]:
         staging = directory.open()
         storage.write_json(staging / storage.REQUESTS, requests(None))
         return staging, staging

@@ -44,6 +44,7 @@ from diffmeter.runs.placement import Placement
 from diffmeter.runs.prepared import prepare, result_fields, run_name
 from diffmeter.runs.prompt_profile import profile_of_the_prompts
 from diffmeter.runs.results import BenchResult, Speedup
+from diffmeter.runs.run_directory import RunDirectory
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.runs.summary import measurement_notes, summarize_run
 from diffmeter.runs.workload import Workload, outputs
@@ -67,7 +68,7 @@ class MeasuredRun:
         self.run_ = run = prepare(self.spec, device=self.place.device)  # every check on the run's own device
         self.workload = self.group.workload(run.spec, run.entry)  # reads the prompts file: a refusal, too
         speed = speed_settings(collect_environment(), str(self.place.device))  # threads etc.: not in the folder name
-        self.directory = storage.RunDirectory(self.out, run.name, self.force, run.spec, speed)
+        self.directory = RunDirectory(self.out, run.name, self.force, run.spec, speed)
         self.directory.check()
         earlier = self.baseline()
         self.group.join(run)

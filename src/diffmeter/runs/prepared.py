@@ -19,6 +19,7 @@ from diffmeter.runs.memory_check import check_fits
 from diffmeter.runs.parallel_support import check as check_parallel
 from diffmeter.runs.prompts import read_prompts
 from diffmeter.runs.results import AppliedOptimization, BenchResult, ModelInfo
+from diffmeter.runs.run_directory import RunDirectory
 from diffmeter.runs.spec import BenchSpec
 from diffmeter.spec import paired_size
 from diffmeter.weights import WeightsSource, locate_weights
@@ -132,7 +133,7 @@ def applied(optimizations: list) -> list[AppliedOptimization]:
 def store_failure(run: PreparedRun, out: str | Path, error: str, logs: dict[str, str] | None = None) -> Path:
     """A failed result for a run that died before it could store one itself (killed, crashed, timed out);
     ``logs`` (path in the run folder: text) keeps what its processes logged."""
-    folder = storage.RunDirectory(out, run.name, force=True, spec=run.spec)
+    folder = RunDirectory(out, run.name, force=True, spec=run.spec)
     staging = folder.open()
     for relative, text in (logs or {}).items():
         (staging / relative).parent.mkdir(parents=True, exist_ok=True)

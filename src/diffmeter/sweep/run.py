@@ -276,7 +276,7 @@ def settle_outcome(
 
 
 def _staged_log(out: Path, name: str) -> Path | None:
-    """The log a cell that died was writing in its staged run folder (``storage.RunDirectory``), which storing
+    """The log a cell that died was writing in its staged run folder (``run_directory.RunDirectory``), which storing
     its failure removes; the newest, should an earlier death have left one too."""
     logs = sorted(Path(out).glob(f".{name}.partial-*/{LOG}"), key=lambda path: path.stat().st_mtime_ns)
     return logs[-1] if logs else None
