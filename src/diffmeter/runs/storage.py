@@ -193,20 +193,14 @@ def write_text(path: Path, text: str) -> None:
 
 
 def writable(path: str | Path) -> Path:
-    """``path`` (``~`` expanded) if a file can be written there; else one line saying why and what to do."""
-    path = Path(path).expanduser()
-    if path.is_dir():
-        raise DiffmeterError(f"{path} is a folder: name a file in it")
-    if not path.parent.is_dir():
-        problem = "is not a folder" if path.parent.exists() else "does not exist"
-        raise DiffmeterError(f"cannot write {path}: {path.parent} {problem}; name a file in an existing folder")
+    """``path`` (``~`` expanded) if a file can be written there, checked by making one beside it; else one line
+    saying why and what to do."""
+    path = _file_path(path)
     try:
         with tempfile.TemporaryFile(dir=path.parent):
             pass
     except OSError as error:  # a folder one may not write in (/sys), or none a file can be made in (/proc)
-        raise DiffmeterError(
-            f"cannot write {path}: {error.strerror or error}; name a file in a folder you can write"
-        ) from None
+        raise _cannot_write(path, error) from None
     return path
 
 
@@ -225,8 +219,11 @@ def writable_folder(folder: Path) -> None:
 def write_file(path: Path, write) -> None:
     """``write(temporary path)`` into a temporary file in the same folder, renamed over ``path``: never half a
     file; the file gets the permissions of an ordinary one (mkstemp makes it private)."""
-    path = writable(path)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    path = _file_path(path)
+    try:
+        descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:  # the temporary file is the check ``writable`` makes
+        raise _cannot_write(path, error) from None
     os.close(descriptor)
     try:
         os.chmod(temporary, 0o666 & ~_umask())
@@ -235,6 +232,21 @@ def write_file(path: Path, write) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _file_path(path: str | Path) -> Path:
+    """``path`` (``~`` expanded) if it names a file in an existing folder; else one line saying why."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise DiffmeterError(f"{path} is a folder: name a file in it")
+    if not path.parent.is_dir():
+        problem = "is not a folder" if path.parent.exists() else "does not exist"
+        raise DiffmeterError(f"cannot write {path}: {path.parent} {problem}; name a file in an existing folder")
+    return path
+
+
+def _cannot_write(path: Path, error: OSError) -> DiffmeterError:
+    return DiffmeterError(f"cannot write {path}: {error.strerror or error}; name a file in a folder you can write")
 
 
 def _umask() -> int:
